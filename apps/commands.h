@@ -1,0 +1,10 @@
+// Subcommands of the tptrain binary. Each returns the process exit status or throws
+// InputError / InternalError (main turns those into 2 / 1).
+#pragma once
+
+namespace tpt {
+
+int train_main(int argc, char** argv);       // apps/train.cpp:   tptrain [train] --config FILE [--set k=v]...
+int preprocess_main(int argc, char** argv);  // apps/preprocess_cmd.cpp: tptrain preprocess ...
+
+}  // namespace tpt

@@ -1,0 +1,38 @@
+#include "apps/help.h"
+
+namespace tpt {
+
+std::string help_text() {
+  return R"(tptrain - Megatron-style GPT training (TP x PP x DP) on CPU ranks and CUDA GPUs
+
+Usage:
+  tptrain [train] --config FILE [--set section.key=value]...   train a GPT
+  tptrain preprocess --input FILE... --output-prefix PREFIX [--json-key KEY] [--append-eod]
+                                                               text / JSON lines -> Megatron .bin/.idx
+                                                               (byte-level tokenizer: 256 bytes + EOD = 256)
+  tptrain --help | --version
+
+Config: YAML with sections model, parallel, training, optimizer, data, checkpoint, logging
+(keys named after Megatron's arguments; see README.md and configs/).
+
+Logged TFLOP/s per device use Megatron's model-FLOPs formula (no recompute):
+  72 * B * s * l * h^2 * (1 + s/(12h) + V/(12 l h))  per iteration, B = global batch size.
+
+Exit status: 0 done, 2 bad input (config, data, checkpoint, arguments), 1 internal failure.
+)";
+}
+
+std::string version_text() {
+  std::string s = "tptrain " TPTRAIN_VERSION "\nbackends: cpu (OpenBLAS)";
+#ifdef TPTRAIN_HAVE_CUDA
+  s += ", cuda toolkit found (CUDA backend not built yet)";
+#endif
+#ifdef TPTRAIN_HAVE_MPI
+  s += "\ncommunication: MPI";
+#else
+  s += "\ncommunication: none (single process)";
+#endif
+  return s + "\n";
+}
+
+}  // namespace tpt

@@ -1,0 +1,6 @@
+#pragma once
+#include <string>
+namespace tpt {
+std::string help_text();
+std::string version_text();
+}  // namespace tpt

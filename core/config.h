@@ -1,0 +1,119 @@
+// The resolved run configuration (DESIGN "Config (contract)"): YAML sections and keys named after
+// Megatron's arguments. load_config() fills every key with its default, applies --set overrides,
+// validates types and constraints, and throws InputError naming the key (and the closest valid key
+// for a misspelling).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tpt {
+
+struct ModelConfig {
+  int num_layers = 0;                   // required
+  int hidden_size = 0;                  // required
+  int num_attention_heads = 0;          // required
+  int ffn_hidden_size = 0;              // default 4 * hidden_size (resolved by load_config)
+  int seq_length = 0;                   // required
+  int max_position_embeddings = 0;      // default seq_length (resolved)
+  int vocab_size = 0;                   // required
+  int make_vocab_size_divisible_by = 128;
+  double layernorm_epsilon = 1e-5;
+  double init_method_std = 0.02;
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
+  std::string init_from;                // empty = null
+};
+
+struct ParallelConfig {
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  int data_parallel_size = 0;           // 0 = null: derived as world / (TP * PP)
+  std::string pipeline_schedule = "1f1b";   // 1f1b | gpipe
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+};
+
+struct TrainingConfig {
+  int micro_batch_size = 1;
+  int global_batch_size = 0;            // 0 = null: micro_batch_size * DP
+  int64_t train_iters = 0;              // required
+  std::string precision = "fp32";       // fp32 | bf16 | fp16
+  std::string recompute = "none";       // none | selective | full
+  uint64_t seed = 1234;
+  std::string device = "auto";          // auto | cpu | cuda
+  int cpu_threads = 0;                  // 0 = null: cores on this host / ranks on this host
+};
+
+struct OptimizerConfig {
+  double lr = 6.0e-4;
+  double min_lr = 0.0;
+  int64_t lr_warmup_iters = 0;
+  std::string lr_decay_style = "cosine";  // cosine | linear | constant
+  int64_t lr_decay_iters = 0;           // 0 = null: train_iters (resolved)
+  double weight_decay = 0.1;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1.0e-8;
+  double clip_grad = 1.0;               // 0 disables clipping
+  double initial_loss_scale = 4294967296.0;
+};
+
+struct DataConfig {
+  std::string path;                     // required: Megatron prefix, or llm.c .bin shard / glob
+  bool shuffle = true;
+  std::vector<double> split = {969, 30, 1};  // train / valid / test weights, by documents
+  std::string valid_path;               // empty = null
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 10;
+};
+
+struct CheckpointConfig {
+  std::string save;                     // empty = null
+  int64_t save_interval = 1000;
+  std::string load;                     // empty = null
+  int keep_last = 0;                    // 0 = null: keep all
+  std::string exit_signal = "SIGTERM";
+  double exit_duration_mins = 0;        // 0 = null
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 1;
+  std::string metrics_file;             // empty = null
+  std::string trace_file;               // empty = null
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+};
+
+// Reads a YAML file, applies "section.key=value" overrides (values parsed as YAML scalars or flow
+// sequences), checks every key/type/constraint that does not need the world size, and resolves the
+// derived defaults (ffn_hidden_size, max_position_embeddings, lr_decay_iters). Throws InputError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from YAML text (source_name is used in error messages).
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+// Checks that need the world size (TP*PP divides the world, a given DP matches, batch sizes
+// divisible) and resolves data_parallel_size and global_batch_size. Throws InputError.
+void resolve_parallel(Config& cfg, int world_size);
+
+// The resolved config as YAML (for the log) and as JSON (for checkpoints/metrics).
+std::string config_to_yaml(const Config& cfg);
+nlohmann::json config_to_json(const Config& cfg);
+
+// Padded vocabulary: vocab_size rounded up to a multiple of make_vocab_size_divisible_by * TP.
+int padded_vocab_size(int vocab_size, int divisible_by, int tp);
+
+}  // namespace tpt

@@ -1,0 +1,51 @@
+// Token datasets (DESIGN "Data formats (contract)" and "Numerics"): memory-mapped Megatron
+// .bin/.idx and llm.c shards, split by documents, concatenated into one token stream per split,
+// cut into samples of seq_length + 1 tokens, visited sequentially or by a seeded per-epoch
+// permutation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tpt {
+
+// A validated, memory-mapped token corpus: a list of documents. Throws InputError naming the
+// file on any inconsistency (magic, version, dtype, sizes/pointers past the end, tokens >= vocab).
+class TokenCorpus {
+ public:
+  virtual ~TokenCorpus() = default;
+  virtual int64_t num_documents() const = 0;
+  virtual int64_t document_length(int64_t doc) const = 0;  // in tokens
+  // Copies tokens [offset, offset + n) of document `doc` into out.
+  virtual void read(int64_t doc, int64_t offset, int64_t n, int32_t* out) const = 0;
+  virtual std::string description() const = 0;  // e.g. "Megatron dataset data/x (1234 docs, 5.6M tokens)"
+};
+
+// path: a Megatron prefix (path.idx + path.bin), an llm.c .bin shard, or a glob of llm.c shards
+// (read in sorted order, one document each). Every token must be < vocab_size.
+std::unique_ptr<TokenCorpus> open_corpus(const std::string& path, int vocab_size);
+
+// Megatron's split of `num_documents` by weights (e.g. {949, 50, 1}) into [begin, end) ranges
+// for train / valid / test.
+struct DocRange {
+  int64_t begin = 0, end = 0;
+};
+std::vector<DocRange> split_documents(int64_t num_documents, const std::vector<double>& weights);
+
+// The documents of one split concatenated in order into one token stream, cut into samples:
+// sample i = tokens [i*S, i*S + S + 1). Visiting order: with shuffle=false position p is sample
+// p % num_samples; with shuffle=true epoch e = p / num_samples uses a permutation seeded by
+// (seed, e). Positions past one epoch wrap into the next epoch.
+class GPTDataset {
+ public:
+  GPTDataset(std::shared_ptr<const TokenCorpus> corpus, DocRange docs, int seq_length, bool shuffle,
+             uint64_t seed);
+  int64_t num_tokens() const;
+  int64_t num_samples() const;  // (num_tokens - 1) / seq_length
+  // The sample at visiting position `position` (0-based), as S + 1 tokens.
+  void get(int64_t position, int32_t* tokens) const;
+  int64_t sample_index(int64_t position) const;  // which sample a position visits
+};
+
+}  // namespace tpt
