@@ -1,25 +1,108 @@
+// tptrain [train] --config FILE [--set section.key=value]...
+// Start-up order matters for "no hang on bad input": every rank loads and validates the config
+// and the grid identically before any collective, so a bad input fails the same way everywhere
+// (rank 0 reports it). After that, a failure on one rank aborts the whole job.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/trainer.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "parallel/runtime.h"
 
 namespace tpt {
 
-int train_main(int argc, char** argv) {
+namespace {
+
+struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
+};
+
+TrainArgs parse_args(int argc, char** argv) {
+  TrainArgs a;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--config" && i + 1 < argc) config_path = argv[++i];
-    else if (a == "--set" && i + 1 < argc) overrides.push_back(argv[++i]);
-    else input_error("unknown argument '" + a + "' (try: tptrain --help)");
+    std::string s = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) input_error(std::string(flag) + " needs a value (try: tptrain --help)");
+      return argv[++i];
+    };
+    if (s == "--config") a.config_path = value("--config");
+    else if (s.rfind("--config=", 0) == 0) a.config_path = s.substr(9);
+    else if (s == "--set") a.overrides.push_back(value("--set"));
+    else if (s.rfind("--set=", 0) == 0) a.overrides.push_back(s.substr(6));
+    else input_error("unknown argument '" + s + "' (try: tptrain --help)");
   }
-  if (config_path.empty()) input_error("missing --config FILE (try: tptrain --help)");
-  Config cfg = load_config(config_path, overrides);
-  (void)cfg;
-  return 0;
+  if (a.config_path.empty()) input_error("missing --config FILE (try: tptrain --help)");
+  return a;
+}
+
+// Features whose keys exist in the contract but whose implementation lands in a later issue.
+void reject_unimplemented(const Config& c) {
+  auto no = [](const std::string& key, const std::string& what) {
+    input_error(key + ": " + what + " is not implemented in this version of tptrain");
+  };
+  if (c.training.precision != "fp32") no("training.precision", c.training.precision);
+  if (c.training.recompute != "none") no("training.recompute", "recompute " + c.training.recompute);
+  if (c.training.device == "cuda") no("training.device", "the CUDA backend");
+  if (c.model.hidden_dropout > 0 || c.model.attention_dropout > 0) no("model.hidden_dropout/attention_dropout", "dropout");
+  if (c.parallel.sequence_parallel) no("parallel.sequence_parallel", "sequence parallelism");
+  if (c.parallel.distributed_optimizer) no("parallel.distributed_optimizer", "the distributed optimizer");
+  if (c.parallel.pipeline_model_parallel_size > 1) no("parallel.pipeline_model_parallel_size", "pipeline parallelism");
+  if (!c.checkpoint.save.empty() || !c.checkpoint.load.empty()) no("checkpoint.save/load", "checkpointing");
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv) {
+  TrainArgs args = parse_args(argc, argv);
+  runtime_init(&argc, &argv);
+  const int world = runtime_world_size(), rank = runtime_world_rank();
+  spdlog::set_pattern("%v");
+  if (rank != 0) spdlog::set_level(spdlog::level::warn);
+
+  // Phase 1: identical on every rank, no communication. Errors: reported by rank 0, exit 2.
+  Config cfg;
+  try {
+    cfg = load_config(args.config_path, args.overrides);
+    resolve_parallel(cfg, world);
+    reject_unimplemented(cfg);
+  } catch (const InputError& e) {
+    if (rank == 0) std::fprintf(stderr, "tptrain: error: %s\n", e.what());
+    runtime_finalize();
+    return 2;
+  }
+
+  // Phase 2: any failure on any rank ends the job.
+  int status = 0;
+  try {
+    Grid grid = make_grid(cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size,
+                          cfg.parallel.data_parallel_size);
+    if (rank == 0) {
+      spdlog::info("tptrain {} | config {}", TPTRAIN_VERSION, args.config_path);
+      spdlog::info("resolved config:\n{}", config_to_yaml(cfg));
+      spdlog::info("{}", grid.table());
+    }
+    Trainer trainer(cfg, grid);
+    status = trainer.train();
+    grid.world->barrier();
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "tptrain: error: rank %d: %s\n", rank, e.what());
+    if (world > 1) runtime_abort(2);
+    runtime_finalize();
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tptrain: internal error: rank %d: %s\n", rank, e.what());
+    if (world > 1) runtime_abort(1);
+    runtime_finalize();
+    return 1;
+  }
+  runtime_finalize();
+  return status;
 }
 
 }  // namespace tpt

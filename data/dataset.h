@@ -46,6 +46,24 @@ class GPTDataset {
   // The sample at visiting position `position` (0-based), as S + 1 tokens.
   void get(int64_t position, int32_t* tokens) const;
   int64_t sample_index(int64_t position) const;  // which sample a position visits
+
+ private:
+  struct PermutationCache;  // the permutation of the most recently visited epoch (thread-safe)
+  std::shared_ptr<const std::vector<int64_t>> permutation(int64_t epoch) const;
+
+  std::shared_ptr<const TokenCorpus> corpus_;
+  DocRange docs_;
+  int seq_length_ = 0;
+  bool shuffle_ = false;
+  uint64_t seed_ = 0;
+  std::vector<int64_t> doc_start_;  // token offset of each split document in the stream; back() = num_tokens
+  int64_t num_samples_ = 0;
+  std::shared_ptr<PermutationCache> cache_;
 };
+
+// The permutation of [0, n) that GPTDataset uses for epoch `epoch`: Fisher-Yates driven by a
+// splitmix64 stream seeded from (seed, epoch). Fully specified here (no std:: distributions), so
+// it is the same on every platform and standard library.
+std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch);
 
 }  // namespace tpt

@@ -1,0 +1,268 @@
+#include "apps/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/hf_gpt2.h"
+
+namespace tpt {
+
+namespace {
+
+// Megatron's model FLOPs of one iteration (no recompute): 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
+double model_flops_per_iteration(const Config& c, int64_t padded_vocab) {
+  double B = c.training.global_batch_size, s = c.model.seq_length, l = c.model.num_layers,
+         h = c.model.hidden_size, V = double(padded_vocab);
+  return 72.0 * B * s * l * h * h * (1.0 + s / (12.0 * h) + V / (12.0 * l * h));
+}
+
+std::string hms(double seconds) {
+  int64_t t = int64_t(seconds + 0.5);
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", (long long)(t / 3600), (long long)(t / 60 % 60),
+           (long long)(t % 60));
+  return buf;
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
+  const bool rank0 = grid.world_rank == 0;
+  // threads: cores on this host shared among its ranks, unless cpu_threads says otherwise
+  int threads = cfg.training.cpu_threads;
+  if (threads <= 0) {
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    threads = std::max(1, int(hw) / std::max(1, grid.local_size));
+  }
+  ops_ = make_cpu_ops(threads);
+
+  // data
+  corpus_ = open_corpus(cfg.data.path, cfg.model.vocab_size);
+  auto splits = split_documents(corpus_->num_documents(), cfg.data.split);
+  train_data_ = std::make_unique<GPTDataset>(corpus_, splits[0], cfg.model.seq_length, cfg.data.shuffle,
+                                             cfg.training.seed);
+  if (train_data_->num_samples() < 1)
+    input_error(cfg.data.path + ": the train split has " + std::to_string(train_data_->num_tokens()) +
+                " tokens, fewer than one sample of seq_length + 1 = " +
+                std::to_string(cfg.model.seq_length + 1));
+  if (!cfg.data.valid_path.empty()) {
+    valid_corpus_ = open_corpus(cfg.data.valid_path, cfg.model.vocab_size);
+    valid_data_ = std::make_unique<GPTDataset>(valid_corpus_, DocRange{0, valid_corpus_->num_documents()},
+                                               cfg.model.seq_length, false, cfg.training.seed);
+  } else if (splits[1].end > splits[1].begin) {
+    valid_data_ = std::make_unique<GPTDataset>(corpus_, splits[1], cfg.model.seq_length, false, cfg.training.seed);
+  }
+  if (valid_data_ && valid_data_->num_samples() < 1) valid_data_.reset();
+  if (rank0) {
+    spdlog::info("data: {}", corpus_->description());
+    spdlog::info("data: train split {} documents, {} tokens, {} samples of {} tokens", splits[0].end - splits[0].begin,
+                 train_data_->num_tokens(), train_data_->num_samples(), cfg.model.seq_length);
+    if (valid_data_)
+      spdlog::info("data: validation {} tokens, {} samples", valid_data_->num_tokens(), valid_data_->num_samples());
+    else if (cfg.data.eval_iters > 0)
+      spdlog::warn("WARNING: no validation data (empty valid split and no data.valid_path): evaluation is skipped");
+  }
+
+  // model
+  dims_ = make_dims(cfg, grid.tp, grid.tp_rank, grid.pp, grid.pp_rank);
+  layout_ = make_param_layout(dims_);
+  std::vector<float> host(size_t(layout_.total), 0.0f);
+  if (!cfg.model.init_from.empty()) load_hf_gpt2(cfg.model.init_from, dims_, layout_, host.data());
+  else init_params_host(layout_, cfg.training.seed, host.data());
+  params_ = ops_->alloc(size_t(layout_.total));
+  grads_ = ops_->alloc(size_t(layout_.total));
+  ops_->to_device(params_, host.data(), host.size());
+  const int dp = grid.dp;
+  num_micro_ = int(cfg.training.global_batch_size / (cfg.training.micro_batch_size * dp));
+  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, *grid.tp_group, params_, grads_,
+                                      cfg.training.micro_batch_size, 1);
+  adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_);
+  const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
+  tokens_.resize(n);
+  targets_.resize(n);
+  dev_tokens_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
+  dev_targets_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
+
+  if (rank0) {
+    int64_t total = 0;
+    for (const ParamInfo& p : layout_.params)
+      if (!p.tied_copy) {
+        int64_t e = 1;
+        for (int64_t s : p.global_shape) e *= s;
+        total += e;
+      }
+    spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters",
+                 cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
+                 cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.vocab_size, dims_.Vp, total / 1e6);
+    spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration", ops_->name(), num_micro_,
+                 cfg.training.micro_batch_size);
+    if (!cfg.logging.metrics_file.empty()) {
+      metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
+      if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
+    }
+  }
+}
+
+Trainer::~Trainer() {
+  if (metrics_) std::fclose(metrics_);
+  stage_.reset();
+  adamw_.reset();
+  if (ops_) {
+    ops_->free(params_);
+    ops_->free(grads_);
+    ops_->free(reinterpret_cast<float*>(dev_tokens_));
+    ops_->free(reinterpret_cast<float*>(dev_targets_));
+  }
+}
+
+void Trainer::load_microbatch(const GPTDataset& ds, int64_t base, int m) {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  // Megatron's order: micro-batch m of a global batch is B * DP consecutive samples, this DP rank's B.
+  std::vector<int32_t> sample(size_t(S + 1));
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t pos = base + int64_t(m) * B * grid_.dp + int64_t(grid_.dp_rank) * B + b;
+    ds.get(pos, sample.data());
+    std::copy(sample.begin(), sample.end() - 1, tokens_.begin() + b * S);
+    std::copy(sample.begin() + 1, sample.end(), targets_.begin() + b * S);
+  }
+  ops_->to_device(reinterpret_cast<float*>(dev_tokens_), reinterpret_cast<const float*>(tokens_.data()),
+                  tokens_.size());
+  ops_->to_device(reinterpret_cast<float*>(dev_targets_), reinterpret_cast<const float*>(targets_.data()),
+                  targets_.size());
+}
+
+// Forward (and backward) of every micro-batch of this rank's share of the global batch starting at
+// position `base`. Returns the sum of token losses of this DP rank.
+double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_grad) {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  // d(mean loss over this rank's B*S*M tokens) / d(token loss); DP averaging divides by DP later.
+  const float dloss = float(1.0 / double(B * S * num_micro_));
+  double loss_sum = 0;
+  for (int m = 0; m < num_micro_; ++m) {
+    load_microbatch(ds, base, m);
+    stage_->forward(0, dev_tokens_, nullptr);
+    loss_sum += stage_->loss(0, dev_targets_, dloss, want_grad);
+    if (want_grad) stage_->backward(0, nullptr);
+  }
+  return loss_sum;
+}
+
+// Gradients averaged over DP; the tied word embedding's summed over the embedding group.
+void Trainer::reduce_gradients() {
+  if (grid_.dp > 1) {
+    grid_.dp_group->all_reduce(grads_, layout_.total, ReduceOp::Sum);
+    ops_->scale(grads_, 1.0f / float(grid_.dp), layout_.total);
+  }
+  if (grid_.embedding_group) {
+    const ParamInfo* wte = layout_.find("wte.weight");
+    grid_.embedding_group->all_reduce(grads_ + wte->offset, wte->numel, ReduceOp::Sum);
+  }
+}
+
+Trainer::StepResult Trainer::train_step(int64_t k) {
+  const int64_t G = cfg_.training.global_batch_size;
+  ops_->zero(grads_, size_t(layout_.total));
+  double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
+  reduce_gradients();
+  // loss: sum over the whole global batch (all DP ranks), on the last stage; broadcast over the model
+  double stats[2] = {grid_.last_stage() && grid_.tp_rank == 0 ? loss_sum : 0.0,
+                     local_grad_sum_squares(layout_, *ops_, grads_, grid_.tp_rank)};
+  grid_.mp_group->all_reduce(stats, 2, ReduceOp::Sum);
+  double dp_loss = stats[0];
+  grid_.dp_group->all_reduce(&dp_loss, 1, ReduceOp::Sum);
+  StepResult r;
+  r.lm_loss = dp_loss / double(G * cfg_.model.seq_length);
+  r.grad_norm = std::sqrt(stats[1]);
+  const double clip = cfg_.optimizer.clip_grad;
+  if (clip > 0 && r.grad_norm > clip) ops_->scale(grads_, float(clip / (r.grad_norm + 1e-6)), layout_.total);
+  adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);
+  return r;
+}
+
+double Trainer::evaluate() {
+  const int64_t G = cfg_.training.global_batch_size;
+  double sum = 0;
+  for (int64_t i = 0; i < cfg_.data.eval_iters; ++i) {
+    double s = forward_backward(i * G, *valid_data_, false);
+    double v = grid_.last_stage() && grid_.tp_rank == 0 ? s : 0.0;
+    grid_.world->all_reduce(&v, 1, ReduceOp::Sum);
+    sum += v;
+  }
+  return sum / double(cfg_.data.eval_iters * G * cfg_.model.seq_length);
+}
+
+void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
+                            std::optional<double> val_loss) {
+  const Config& c = cfg_;
+  const int64_t G = c.training.global_batch_size;
+  const double per_iter_ms = elapsed_ms / double(std::max<int64_t>(1, n_iters));
+  const double tokens_per_s = double(G * c.model.seq_length) / (per_iter_ms / 1000.0);
+  const double tflops = model_flops_per_iteration(c, dims_.Vp) / (per_iter_ms / 1000.0) / grid_.world_size / 1e12;
+  const double eta_s = double(c.training.train_iters - k) * per_iter_ms / 1000.0;
+  spdlog::info(
+      "iteration {:>8}/{:>8} | consumed samples {:>12} | elapsed time per iteration (ms): {:.1f} | "
+      "learning rate {:.3E} | global batch size {:>5} | lm loss {:.6E} | loss scale {:.1f} | grad norm {:.3f} | "
+      "number of skipped iterations {:>3} | number of nan iterations {:>3} | tokens/s {:.0f} | "
+      "TFLOP/s/device {:.3f} | ETA {}",
+      k, c.training.train_iters, k * G, per_iter_ms, lr, G, r.lm_loss, 1.0, r.grad_norm, 0,
+      std::isfinite(r.lm_loss) ? 0 : 1, tokens_per_s, tflops, hms(eta_s));
+  if (metrics_) {
+    nlohmann::json j = {{"iteration", k},
+                        {"consumed_samples", k * G},
+                        {"lm_loss", r.lm_loss},
+                        {"lr", lr},
+                        {"grad_norm", r.grad_norm},
+                        {"loss_scale", 1.0},
+                        {"skipped_iterations", 0},
+                        {"nan_iterations", std::isfinite(r.lm_loss) ? 0 : 1},
+                        {"elapsed_ms", per_iter_ms},
+                        {"tokens_per_s", tokens_per_s},
+                        {"tflops_per_device", tflops},
+                        {"mfu", nullptr}};
+    if (val_loss) j["val_lm_loss"] = *val_loss;
+    std::fprintf(metrics_, "%s\n", j.dump().c_str());
+    std::fflush(metrics_);
+  }
+}
+
+int Trainer::train() {
+  const Config& c = cfg_;
+  const bool rank0 = grid_.world_rank == 0;
+  using clock = std::chrono::steady_clock;
+  auto window_start = clock::now();
+  int64_t window_iters = 0;
+  double window_loss = 0;
+  for (int64_t k = iteration_ + 1; k <= c.training.train_iters; ++k) {
+    StepResult r = train_step(k);
+    iteration_ = k;
+    window_loss += r.lm_loss;
+    ++window_iters;
+    std::optional<double> val;
+    const bool eval_now = valid_data_ && c.data.eval_iters > 0 && k % c.data.eval_interval == 0;
+    const bool log_now = k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now;
+    if (log_now) {
+      double ms = std::chrono::duration<double, std::milli>(clock::now() - window_start).count();
+      StepResult avg = r;
+      avg.lm_loss = window_loss / double(window_iters);
+      if (eval_now) {
+        val = evaluate();
+        if (rank0)
+          spdlog::info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", k, *val,
+                       std::exp(std::min(*val, 20.0)));
+      }
+      if (rank0) log_iteration(k, avg, learning_rate(c.optimizer, k), ms, window_iters, val);
+      window_start = clock::now();
+      window_iters = 0;
+      window_loss = 0;
+    }
+  }
+  return 0;
+}
+
+}  // namespace tpt

@@ -1,0 +1,628 @@
+// Config loading (DESIGN "Config (contract)"). One table, kFields, lists every section.key with its
+// C++ field, whether it is required or nullable, and its allowed values; parsing, suggestions for
+// misspellings, YAML and JSON output all walk that table, so a new key is added in one place.
+#include "core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <variant>
+
+#include "core/error.h"
+
+namespace tpt {
+namespace {
+
+using FieldRef =
+    std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*>;
+
+enum class Presence {
+  kDefault,   // has a default value; null is a type error
+  kNullable,  // null (0 / empty in the struct) means "use the default or derived value"
+  kRequired,  // must be given, not null
+};
+
+struct Field {
+  std::string_view section;
+  std::string_view key;
+  FieldRef (*ref)(Config&);
+  Presence presence = Presence::kDefault;
+  std::vector<std::string_view> choices = {};  // non-empty: an enum (string field)
+
+  std::string name() const { return std::string(section) + "." + std::string(key); }
+};
+
+#define TPT_FIELD(sec, k, ...) \
+  Field { #sec, #k, [](Config& c) -> FieldRef { return &c.sec.k; }, __VA_ARGS__ }
+
+constexpr Presence kReq = Presence::kRequired;
+constexpr Presence kNull = Presence::kNullable;
+constexpr Presence kDef = Presence::kDefault;
+
+// Sections in contract order, keys in struct order (the order of config_to_yaml's output).
+const std::vector<std::string_view> kSections = {"model", "parallel",   "training", "optimizer",
+                                                 "data",  "checkpoint", "logging"};
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> kFields = {
+      TPT_FIELD(model, num_layers, kReq),
+      TPT_FIELD(model, hidden_size, kReq),
+      TPT_FIELD(model, num_attention_heads, kReq),
+      TPT_FIELD(model, ffn_hidden_size, kNull),
+      TPT_FIELD(model, seq_length, kReq),
+      TPT_FIELD(model, max_position_embeddings, kNull),
+      TPT_FIELD(model, vocab_size, kReq),
+      TPT_FIELD(model, make_vocab_size_divisible_by),
+      TPT_FIELD(model, layernorm_epsilon),
+      TPT_FIELD(model, init_method_std),
+      TPT_FIELD(model, hidden_dropout),
+      TPT_FIELD(model, attention_dropout),
+      TPT_FIELD(model, init_from, kNull),
+      TPT_FIELD(parallel, tensor_model_parallel_size),
+      TPT_FIELD(parallel, pipeline_model_parallel_size),
+      TPT_FIELD(parallel, data_parallel_size, kNull),
+      TPT_FIELD(parallel, pipeline_schedule, kDef, {"1f1b", "gpipe"}),
+      TPT_FIELD(parallel, sequence_parallel),
+      TPT_FIELD(parallel, distributed_optimizer),
+      TPT_FIELD(training, micro_batch_size),
+      TPT_FIELD(training, global_batch_size, kNull),
+      TPT_FIELD(training, train_iters, kReq),
+      TPT_FIELD(training, precision, kDef, {"fp32", "bf16", "fp16"}),
+      TPT_FIELD(training, recompute, kDef, {"none", "selective", "full"}),
+      TPT_FIELD(training, seed),
+      TPT_FIELD(training, device, kDef, {"auto", "cpu", "cuda"}),
+      TPT_FIELD(training, cpu_threads, kNull),
+      TPT_FIELD(optimizer, lr),
+      TPT_FIELD(optimizer, min_lr),
+      TPT_FIELD(optimizer, lr_warmup_iters),
+      TPT_FIELD(optimizer, lr_decay_style, kDef, {"cosine", "linear", "constant"}),
+      TPT_FIELD(optimizer, lr_decay_iters, kNull),
+      TPT_FIELD(optimizer, weight_decay),
+      TPT_FIELD(optimizer, adam_beta1),
+      TPT_FIELD(optimizer, adam_beta2),
+      TPT_FIELD(optimizer, adam_eps),
+      TPT_FIELD(optimizer, clip_grad),
+      TPT_FIELD(optimizer, initial_loss_scale),
+      TPT_FIELD(data, path, kReq),
+      TPT_FIELD(data, shuffle),
+      TPT_FIELD(data, split),
+      TPT_FIELD(data, valid_path, kNull),
+      TPT_FIELD(data, eval_interval),
+      TPT_FIELD(data, eval_iters),
+      TPT_FIELD(checkpoint, save, kNull),
+      TPT_FIELD(checkpoint, save_interval),
+      TPT_FIELD(checkpoint, load, kNull),
+      TPT_FIELD(checkpoint, keep_last, kNull),
+      TPT_FIELD(checkpoint, exit_signal, kDef, {"SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"}),
+      TPT_FIELD(checkpoint, exit_duration_mins, kNull),
+      TPT_FIELD(logging, log_interval),
+      TPT_FIELD(logging, metrics_file, kNull),
+      TPT_FIELD(logging, trace_file, kNull),
+  };
+  return kFields;
+}
+#undef TPT_FIELD
+
+// Reading a field through the table: the table's accessor takes a mutable Config, reads don't write.
+FieldRef cref(const Field& f, const Config& cfg) { return f.ref(const_cast<Config&>(cfg)); }
+
+bool is_section(std::string_view s) {
+  return std::find(kSections.begin(), kSections.end(), s) != kSections.end();
+}
+
+const Field* find_field(std::string_view section, std::string_view key) {
+  for (const Field& f : fields())
+    if (f.section == section && f.key == key) return &f;
+  return nullptr;
+}
+
+// ---- Suggestions for misspelt names ----
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The valid name closest to `word`, or "" when nothing is close. `section` is the section the
+// word was found in, or empty for a top-level name; a key that is valid in another section costs
+// one edit more than in its own (so "training.lr" finds "optimizer.lr"), and a top-level word may
+// be a misspelt section or a key without its section.
+std::string closest_name(std::string_view section, std::string_view word) {
+  std::string best;
+  size_t best_score = std::numeric_limits<size_t>::max();
+  auto consider = [&](const std::string& name, size_t score) {
+    if (score < best_score) best_score = score, best = name;
+  };
+  if (section.empty())
+    for (std::string_view s : kSections) consider(std::string(s), edit_distance(word, s));
+  for (const Field& f : fields())
+    consider(f.name(), edit_distance(word, f.key) + (f.section == section ? 0 : 1));
+  size_t limit = std::max<size_t>(2, word.size() / 3);
+  return best_score <= limit ? best : "";
+}
+
+std::string did_you_mean(const std::string& name) {
+  return name.empty() ? "" : " (did you mean '" + name + "'?)";
+}
+
+std::string suggestion(std::string_view section, std::string_view word) {
+  return did_you_mean(closest_name(section, word));
+}
+
+// ---- Scalars ----
+
+struct Ctx {
+  std::string source;                         // the config file (or parse_config's source name)
+  std::map<std::string, std::string> origin;  // key -> where its current non-null value came from
+
+  // Where `key`'s value came from: its override, else the file.
+  const std::string& where(const std::string& key) const {
+    auto it = origin.find(key);
+    return it == origin.end() ? source : it->second;
+  }
+  bool given(const std::string& key) const { return origin.count(key) != 0; }
+  [[noreturn]] void fail(const std::string& key, const std::string& reason) const {
+    input_error(where(key) + ": " + key + ": " + reason);
+  }
+  // A constraint between `key` and `other`: blamed on whichever was overridden, else the file.
+  [[noreturn]] void fail(const std::string& key, const std::string& other, const std::string& reason) const {
+    const std::string& w = where(key) != source ? where(key) : where(other);
+    input_error(w + ": " + key + ": " + reason);
+  }
+};
+
+std::string describe(const YAML::Node& v) {
+  if (v.IsNull()) return "null";
+  if (v.IsMap()) return "a map";
+  if (v.IsSequence()) return "a list";
+  return "'" + v.Scalar() + "'";
+}
+
+// A scalar that may be read as a number or bool: plain (not quoted, no !!str tag).
+bool is_plain(const YAML::Node& v) {
+  return v.IsScalar() && v.Tag() != "!" && v.Tag() != "tag:yaml.org,2002:str";
+}
+
+// An integer of type T (int64_t or uint64_t); "out of range" when it is an integer T cannot hold.
+struct IntResult {
+  bool is_int = false;
+  bool in_range = false;
+};
+
+template <typename T>
+IntResult parse_int(const YAML::Node& v, T& out) {
+  static const std::regex kInt("[-+]?[0-9]+");
+  if (!is_plain(v) || !std::regex_match(v.Scalar(), kInt)) return {};
+  std::string s = v.Scalar();
+  if (s[0] == '+') s.erase(0, 1);
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return {true, ec == std::errc() && end == s.data() + s.size()};
+}
+
+std::optional<double> parse_double(const std::string& s) {
+  static const std::regex kFloat(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+  if (!std::regex_match(s, kFloat)) return std::nullopt;
+  errno = 0;
+  double x = std::strtod(s.c_str(), nullptr);
+  if (errno == ERANGE && std::isinf(x)) return std::nullopt;
+  return x;
+}
+
+std::optional<double> parse_double(const YAML::Node& v) {
+  if (!is_plain(v)) return std::nullopt;
+  return parse_double(v.Scalar());
+}
+
+std::optional<bool> parse_bool(const YAML::Node& v) {
+  if (!is_plain(v)) return std::nullopt;
+  const std::string& s = v.Scalar();
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+std::string join(const std::vector<std::string_view>& xs, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? std::string(sep) : "") + std::string(xs[i]);
+  return out;
+}
+
+// The split as Megatron writes it: a list [949, 50, 1] or a string "949,50,1".
+std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
+  std::vector<double> out;
+  if (v.IsSequence()) {
+    for (const YAML::Node& e : v) {
+      auto x = parse_double(e);
+      if (!x) return std::nullopt;
+      out.push_back(*x);
+    }
+  } else if (v.IsScalar()) {
+    std::stringstream ss(v.Scalar());
+    std::string part;
+    while (std::getline(ss, part, ',')) {
+      part.erase(0, part.find_first_not_of(" \t"));
+      part.erase(part.find_last_not_of(" \t") + 1);
+      auto x = parse_double(part);
+      if (!x) return std::nullopt;
+      out.push_back(*x);
+    }
+  }
+  if (out.size() != 3) return std::nullopt;
+  return out;
+}
+
+// Sets field `f` from YAML value `v`; `where` names the file or the --set that gave it.
+void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const std::string& where) {
+  const std::string name = f.name();
+  auto bad = [&](const std::string& expected) {
+    input_error(where + ": " + name + ": expected " + expected + ", got " + describe(v));
+  };
+  FieldRef ref = f.ref(cfg);
+  if (v.IsNull()) {
+    if (f.presence == Presence::kRequired) input_error(where + ": " + name + ": required, may not be null");
+    if (f.presence == Presence::kDefault) {
+      if (!f.choices.empty()) bad("one of " + join(f.choices, " | "));
+      std::visit([&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) bad("a bool (true | false)");
+        else if constexpr (std::is_same_v<T, std::string>) bad("a string");
+        else if constexpr (std::is_same_v<T, std::vector<double>>) bad("a list of 3 numbers");
+        else if constexpr (std::is_same_v<T, double>) bad("a number");
+        else bad("an integer");
+      }, ref);
+    }
+    std::visit([](auto* p) { *p = {}; }, ref);  // null: 0 / empty, resolved later
+    ctx.origin.erase(name);
+    return;
+  }
+  std::visit([&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      T x{};
+      IntResult r = parse_int(v, x);
+      if (!r.is_int || (std::is_unsigned_v<T> && v.Scalar()[0] == '-'))
+        bad(std::is_unsigned_v<T> ? "a non-negative integer" : "an integer");
+      if (!r.in_range) input_error(where + ": " + name + ": " + v.Scalar() + " is out of range");
+      *p = x;
+    } else if constexpr (std::is_same_v<T, double>) {
+      auto x = parse_double(v);
+      if (!x) bad("a number");
+      *p = *x;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      auto x = parse_bool(v);
+      if (!x) bad("a bool (true | false)");
+      *p = *x;
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.IsScalar()) bad(f.choices.empty() ? "a string" : "one of " + join(f.choices, " | "));
+      if (!f.choices.empty() &&
+          std::find(f.choices.begin(), f.choices.end(), v.Scalar()) == f.choices.end())
+        input_error(where + ": " + name + ": unknown value '" + v.Scalar() +
+                    "' (allowed: " + join(f.choices, " | ") + ")");
+      *p = v.Scalar();
+    } else {
+      auto x = parse_split(v);
+      if (!x) bad("a list of 3 numbers (train, valid, test)");
+      *p = *x;
+    }
+  }, ref);
+  ctx.origin[name] = where;
+}
+
+// ---- Validation and derived values ----
+
+int64_t as_int(const FieldRef& r) {
+  if (auto p = std::get_if<int*>(&r)) return **p;
+  if (auto p = std::get_if<int64_t*>(&r)) return **p;
+  internal_error("config: as_int on a non-integer field");
+}
+
+void validate(Config& c, const Ctx& ctx) {
+  for (const Field& f : fields()) {
+    const std::string name = f.name();
+    if (f.presence == Presence::kRequired && !ctx.given(name)) ctx.fail(name, "missing required key");
+    // Every integer size/count/interval is >= 1 when given, except these two counts.
+    bool is_int = std::holds_alternative<int*>(cref(f, c)) || std::holds_alternative<int64_t*>(cref(f, c));
+    if (!is_int) continue;
+    int64_t x = as_int(cref(f, c));
+    if (name == "data.eval_iters" || name == "optimizer.lr_warmup_iters") {
+      if (x < 0) ctx.fail(name, "must be >= 0, got " + std::to_string(x));
+    } else if ((f.presence != Presence::kNullable || ctx.given(name)) && x < 1) {
+      ctx.fail(name, "must be >= 1, got " + std::to_string(x) +
+                         (f.presence == Presence::kNullable ? " (use null for the default)" : ""));
+    }
+  }
+
+  ModelConfig& m = c.model;
+  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+  if (c.optimizer.lr_decay_iters == 0) c.optimizer.lr_decay_iters = c.training.train_iters;
+
+  auto str = [](double x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
+  if (m.hidden_size % m.num_attention_heads != 0)
+    ctx.fail("model.hidden_size", "model.num_attention_heads", std::to_string(m.hidden_size) +
+                                      " is not divisible by model.num_attention_heads (" +
+                                      std::to_string(m.num_attention_heads) + ")");
+  if (m.seq_length > m.max_position_embeddings)
+    ctx.fail("model.seq_length", "model.max_position_embeddings", std::to_string(m.seq_length) +
+                                     " is longer than model.max_position_embeddings (" +
+                                     std::to_string(m.max_position_embeddings) + ")");
+  auto check = [&](const char* key, double x, bool ok, const char* rule) {
+    if (!ok) ctx.fail(key, std::string("must be ") + rule + ", got " + str(x));
+  };
+  auto in_unit = [](double x) { return x >= 0.0 && x < 1.0; };
+  check("model.hidden_dropout", m.hidden_dropout, in_unit(m.hidden_dropout), "in [0, 1)");
+  check("model.attention_dropout", m.attention_dropout, in_unit(m.attention_dropout), "in [0, 1)");
+  check("model.layernorm_epsilon", m.layernorm_epsilon, m.layernorm_epsilon > 0, "> 0");
+  check("model.init_method_std", m.init_method_std, m.init_method_std > 0, "> 0");
+
+  const OptimizerConfig& o = c.optimizer;
+  check("optimizer.lr", o.lr, o.lr >= 0, ">= 0");
+  check("optimizer.min_lr", o.min_lr, o.min_lr >= 0, ">= 0");
+  if (o.min_lr > o.lr)
+    ctx.fail("optimizer.min_lr", "optimizer.lr", str(o.min_lr) + " is greater than optimizer.lr (" + str(o.lr) + ")");
+  check("optimizer.adam_beta1", o.adam_beta1, in_unit(o.adam_beta1), "in [0, 1)");
+  check("optimizer.adam_beta2", o.adam_beta2, in_unit(o.adam_beta2), "in [0, 1)");
+  check("optimizer.adam_eps", o.adam_eps, o.adam_eps > 0, "> 0");
+  check("optimizer.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0");
+  check("optimizer.clip_grad", o.clip_grad, o.clip_grad >= 0, ">= 0 (0 disables clipping)");
+  check("optimizer.initial_loss_scale", o.initial_loss_scale, o.initial_loss_scale > 0, "> 0");
+
+  const CheckpointConfig& ck = c.checkpoint;
+  if (ctx.given("checkpoint.exit_duration_mins"))
+    check("checkpoint.exit_duration_mins", ck.exit_duration_mins, ck.exit_duration_mins > 0,
+          "> 0 (use null to disable)");
+
+  const std::vector<double>& sp = c.data.split;
+  double sum = 0;
+  for (double x : sp) {
+    if (x < 0) ctx.fail("data.split", "weights must be non-negative, got " + str(x));
+    sum += x;
+  }
+  if (sp.size() != 3 || !(sum > 0))
+    ctx.fail("data.split", "expected 3 non-negative weights (train, valid, test) with a positive sum");
+
+  const TrainingConfig& t = c.training;
+  if (t.global_batch_size != 0 && t.global_batch_size % t.micro_batch_size != 0)
+    ctx.fail("training.global_batch_size", "training.micro_batch_size",
+             std::to_string(t.global_batch_size) + " is not a multiple of training.micro_batch_size (" +
+                 std::to_string(t.micro_batch_size) + ")");
+
+  if (!m.init_from.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(m.init_from, ec))
+      ctx.fail("model.init_from", "no such file '" + m.init_from + "'");
+  }
+}
+
+// ---- Reading ----
+
+YAML::Node load_yaml(const std::string& text, const std::string& where) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    input_error(where + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                ": YAML syntax error: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    input_error(where + ": YAML error: " + e.msg);
+  }
+}
+
+std::string key_text(const YAML::Node& k, const std::string& where) {
+  if (!k.IsScalar()) input_error(where + ": keys must be plain names, got " + describe(k));
+  return k.Scalar();
+}
+
+void apply_file(Config& cfg, Ctx& ctx, const YAML::Node& root) {
+  const std::string& src = ctx.source;
+  std::set<std::string> seen;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    std::string sec = key_text(it->first, src);
+    if (!is_section(sec)) input_error(src + ": " + sec + ": unknown section" + suggestion("", sec));
+    if (!seen.insert(sec).second) input_error(src + ": " + sec + ": duplicate section");
+    const YAML::Node& body = it->second;
+    if (body.IsNull()) continue;
+    if (!body.IsMap()) input_error(src + ": " + sec + ": expected a map of keys, got " + describe(body));
+    for (auto kv = body.begin(); kv != body.end(); ++kv) {
+      std::string key = key_text(kv->first, src);
+      const Field* f = find_field(sec, key);
+      if (!f) input_error(src + ": " + sec + "." + key + ": unknown key" + suggestion(sec, key));
+      if (!seen.insert(sec + "." + key).second) input_error(src + ": " + sec + "." + key + ": duplicate key");
+      assign(cfg, ctx, *f, kv->second, src);
+    }
+  }
+}
+
+void apply_override(Config& cfg, Ctx& ctx, const std::string& ov) {
+  const std::string where = "--set " + ov;
+  size_t eq = ov.find('=');
+  std::string name = ov.substr(0, eq);
+  size_t dot = name.find('.');
+  if (eq == std::string::npos) input_error(where + ": expected section.key=value (no '=')");
+  if (dot == std::string::npos || dot == 0)
+    input_error(where + ": expected section.key=value" +
+                suggestion("", dot == std::string::npos ? name : name.substr(dot + 1)));
+  std::string sec = name.substr(0, dot), key = name.substr(dot + 1);
+  if (!is_section(sec)) {
+    std::string best = closest_name("", sec);
+    if (is_section(best) && find_field(best, key)) best += "." + key;  // only the section is misspelt
+    input_error(where + ": " + sec + ": unknown section" + did_you_mean(best));
+  }
+  const Field* f = find_field(sec, key);
+  if (!f) input_error(where + ": " + name + ": unknown key" + suggestion(sec, key));
+  assign(cfg, ctx, *f, load_yaml(ov.substr(eq + 1), where), where);
+}
+
+// ---- Writing ----
+
+// Shortest text that reads back to the same double; "1e-05" is written "1.0e-05" so YAML 1.1
+// readers (PyYAML) also see a float.
+std::string format_double(double x) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  TPT_CHECK(ec == std::errc());
+  std::string s(buf, end);
+  size_t e = s.find('e');
+  if (e != std::string::npos && s.find('.') == std::string::npos) s.insert(e, ".0");
+  return s;
+}
+
+// A string as a YAML scalar: plain when it cannot be mistaken for anything else, else JSON-quoted
+// (a JSON string is a valid YAML double-quoted scalar).
+std::string yaml_string(const std::string& s) {
+  // Plain: a path-like name, or a name starting with a digit that holds a letter (1f1b) but is no
+  // number in YAML 1.1 or 1.2 (1e5, 0x1f).
+  static const std::regex kPlain("[A-Za-z_./][A-Za-z0-9_./+-]*|[1-9][A-Za-z0-9_]*[A-Za-z][A-Za-z0-9_]*");
+  static const std::regex kReserved(
+      "null|Null|NULL|true|True|TRUE|false|False|FALSE|yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|y|Y|n|N|"
+      "\\.(inf|Inf|INF|nan|NaN|NAN)");
+  if (std::regex_match(s, kPlain) && !std::regex_match(s, kReserved) && !parse_double(s)) return s;
+  return nlohmann::json(s).dump();
+}
+
+std::string value_yaml(const Field& f, const Config& cfg) {
+  return std::visit([&](auto* p) -> std::string {
+    using T = std::remove_pointer_t<decltype(p)>;
+    bool null_value = f.presence == Presence::kNullable && *p == T{};
+    if (null_value) return "null";
+    if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
+    else if constexpr (std::is_same_v<T, std::string>) return yaml_string(*p);
+    else if constexpr (std::is_same_v<T, double>) return format_double(*p);
+    else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      std::string s = "[";
+      for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + format_double((*p)[i]);
+      return s + "]";
+    } else return std::to_string(*p);
+  }, cref(f, cfg));
+}
+
+nlohmann::json value_json(const Field& f, const Config& cfg) {
+  return std::visit([&](auto* p) -> nlohmann::json {
+    using T = std::remove_pointer_t<decltype(p)>;
+    if (f.presence == Presence::kNullable && *p == T{}) return nullptr;
+    return *p;
+  }, cref(f, cfg));
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root = load_yaml(yaml_text, source_name);
+  if (root.IsNull())
+    input_error(source_name + ": the config is empty (expected sections: " + join(kSections, ", ") + ")");
+  if (!root.IsMap())
+    input_error(source_name + ": the top level must be a map of sections (" + join(kSections, ", ") +
+                "), got " + describe(root));
+  Config cfg;
+  Ctx ctx{source_name, {}};
+  apply_file(cfg, ctx, root);
+  for (const std::string& ov : overrides) apply_override(cfg, ctx, ov);
+  validate(cfg, ctx);
+  return cfg;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) input_error(path + ": cannot read config file: is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) input_error(path + ": cannot read config file: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) input_error(path + ": cannot read config file: " + std::strerror(errno));
+  return parse_config(text.str(), path, overrides);
+}
+
+void resolve_parallel(Config& cfg, int world_size) {
+  TPT_CHECK(world_size >= 1);
+  const std::string ws = std::to_string(world_size);
+  ParallelConfig& p = cfg.parallel;
+  const int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
+  TPT_CHECK(tp >= 1 && pp >= 1);
+  auto s = [](int64_t x) { return std::to_string(x); };
+  if (world_size % (tp * pp) != 0)
+    input_error("parallel.tensor_model_parallel_size (" + s(tp) + ") * parallel.pipeline_model_parallel_size (" +
+                s(pp) + ") = " + s(tp * pp) + " does not divide the world size " + ws);
+  const int64_t dp = world_size / (tp * pp);
+  if (p.data_parallel_size != 0 && p.data_parallel_size != dp)
+    input_error("parallel.data_parallel_size: " + s(p.data_parallel_size) + " does not match world size " + ws +
+                " / (tensor_model_parallel_size " + s(tp) + " * pipeline_model_parallel_size " + s(pp) +
+                ") = " + s(dp) + " (leave it null to derive it)");
+  const ModelConfig& m = cfg.model;
+  if (m.num_attention_heads % tp != 0)
+    input_error("model.num_attention_heads (" + s(m.num_attention_heads) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
+  if (m.ffn_hidden_size % tp != 0)
+    input_error("model.ffn_hidden_size (" + s(m.ffn_hidden_size) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
+  if (m.num_layers % pp != 0)
+    input_error("model.num_layers (" + s(m.num_layers) +
+                ") is not divisible by parallel.pipeline_model_parallel_size (" + s(pp) + ")");
+  if (p.sequence_parallel && m.seq_length % tp != 0)
+    input_error("parallel.sequence_parallel: model.seq_length (" + s(m.seq_length) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
+  TrainingConfig& t = cfg.training;
+  const int64_t per_step = int64_t{t.micro_batch_size} * dp;
+  if (t.global_batch_size == 0) {
+    TPT_CHECK(per_step <= std::numeric_limits<int>::max());
+    t.global_batch_size = static_cast<int>(per_step);
+  } else if (t.global_batch_size % per_step != 0) {
+    input_error("training.global_batch_size (" + s(t.global_batch_size) +
+                ") is not a multiple of training.micro_batch_size (" + s(t.micro_batch_size) +
+                ") * data-parallel size (" + s(dp) + ") = " + s(per_step));
+  }
+  p.data_parallel_size = static_cast<int>(dp);
+}
+
+std::string config_to_yaml(const Config& cfg) {
+  std::string out;
+  for (std::string_view sec : kSections) {
+    out += std::string(sec) + ":\n";
+    for (const Field& f : fields())
+      if (f.section == sec) out += "  " + std::string(f.key) + ": " + value_yaml(f, cfg) + "\n";
+  }
+  return out;
+}
+
+nlohmann::json config_to_json(const Config& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::string_view sec : kSections) j[std::string(sec)] = nlohmann::json::object();
+  for (const Field& f : fields()) j[std::string(f.section)][std::string(f.key)] = value_json(f, cfg);
+  return j;
+}
+
+int padded_vocab_size(int vocab_size, int divisible_by, int tp) {
+  TPT_CHECK(vocab_size >= 1 && divisible_by >= 1 && tp >= 1);
+  const int64_t multiple = int64_t{divisible_by} * tp;
+  const int64_t padded = (vocab_size + multiple - 1) / multiple * multiple;
+  if (padded > std::numeric_limits<int>::max())
+    input_error("model.vocab_size (" + std::to_string(vocab_size) + ") padded to a multiple of " +
+                std::to_string(multiple) + " overflows");
+  return static_cast<int>(padded);
+}
+
+}  // namespace tpt

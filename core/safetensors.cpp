@@ -1,0 +1,273 @@
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace tpt {
+namespace {
+
+// Bytes per element of every dtype the safetensors format defines; 0 = unknown.
+size_t dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2},
+      {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},  {"BOOL", 1},
+      {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+// Converts n elements of a float dtype starting at src (any alignment) to fp32.
+void convert_to_fp32(const std::string& dtype, const uint8_t* src, int64_t n, float* out) {
+  if (dtype == "F32") {
+    std::memcpy(out, src, static_cast<size_t>(n) * 4);
+  } else if (dtype == "BF16") {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      out[i] = bf16_to_fp32(h);
+    }
+  } else if (dtype == "F16") {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      out[i] = fp16_to_fp32(h);
+    }
+  } else if (dtype == "F64") {
+    for (int64_t i = 0; i < n; ++i) {
+      double d;
+      std::memcpy(&d, src + 8 * i, 8);
+      out[i] = static_cast<float>(d);
+    }
+  } else {
+    TPT_CHECK(false && "convert_to_fp32: dtype checked by the caller");
+  }
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+int64_t SafetensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
+  const size_t file_size = file_.size();
+  auto fail = [&](const std::string& what) -> void { input_error(path + ": bad safetensors file: " + what); };
+  if (file_size < 8) fail("only " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+  uint64_t header_len;
+  std::memcpy(&header_len, file_.data(), 8);
+  if (header_len > file_size - 8)
+    fail("header length " + std::to_string(header_len) + " runs past the end of the file (" +
+         std::to_string(file_size) + " bytes)");
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = file_size - data_start_;
+
+  const char* hbegin = reinterpret_cast<const char*>(file_.data() + 8);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(hbegin, hbegin + header_len);
+  } catch (const nlohmann::json::exception& e) {
+    fail(std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) fail("header is not a JSON object");
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) fail("__metadata__ value of '" + m.key() + "' is not a string");
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail("tensor '" + name + "': " + what); };
+    if (!v.is_object()) bad("entry is not an object");
+    if (!v.contains("dtype") || !v["dtype"].is_string()) bad("missing or non-string \"dtype\"");
+    if (!v.contains("shape") || !v["shape"].is_array()) bad("missing or non-array \"shape\"");
+    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+      bad("\"data_offsets\" must be an array [begin, end]");
+    SafetensorInfo info;
+    info.name = name;
+    info.dtype = v["dtype"].get<std::string>();
+    const size_t esize = dtype_size(info.dtype);
+    if (esize == 0) bad("unknown dtype '" + info.dtype + "'");
+    uint64_t numel = 1;
+    bool too_big = false, has_zero = false;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) bad("shape entries must be non-negative integers");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel)) too_big = true;
+      has_zero = has_zero || dim == 0;
+      info.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, INT64_MAX)));
+    }
+    if (has_zero) numel = 0;
+    uint64_t nbytes = 0;
+    if ((too_big && !has_zero) || __builtin_mul_overflow(numel, esize, &nbytes) || nbytes > data_size)
+      bad("shape " + v["shape"].dump() + " of dtype " + info.dtype + " needs more bytes than the file holds");
+    for (const auto& o : v["data_offsets"])
+      if (!o.is_number_unsigned()) bad("data_offsets must be non-negative integers");
+    info.begin = v["data_offsets"][0].get<uint64_t>();
+    info.end = v["data_offsets"][1].get<uint64_t>();
+    if (info.begin > info.end)
+      bad("data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) + ") are reversed");
+    if (info.end > data_size)
+      bad("data_offsets end " + std::to_string(info.end) + " is past the end of the data (" +
+          std::to_string(data_size) + " bytes)");
+    if (info.end - info.begin != nbytes)
+      bad("data_offsets cover " + std::to_string(info.end - info.begin) + " bytes but dtype " + info.dtype +
+          " and shape " + shape_string(info.shape) + " need " + std::to_string(nbytes));
+    tensors_.emplace(name, std::move(info));
+  }
+
+  // No two tensors may share bytes.
+  std::vector<const SafetensorInfo*> by_offset;
+  for (const auto& [n, info] : tensors_)
+    if (info.end > info.begin) by_offset.push_back(&info);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const SafetensorInfo* a, const SafetensorInfo* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    if (by_offset[i]->begin < by_offset[i - 1]->end)
+      fail("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");
+}
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, info] : tensors_) out.push_back(name);
+  return out;
+}
+
+bool SafetensorsReader::contains(const std::string& name) const { return tensors_.count(name) != 0; }
+
+const SafetensorInfo& SafetensorsReader::info(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) input_error(path() + ": no tensor '" + name + "'");
+  return it->second;
+}
+
+const uint8_t* SafetensorsReader::raw(const std::string& name) const {
+  return file_.data() + data_start_ + info(name).begin;
+}
+
+void SafetensorsReader::read(const std::string& name, float* out) const {
+  const SafetensorInfo& t = info(name);
+  std::vector<int64_t> offsets(t.shape.size(), 0);
+  read_box(name, offsets, t.shape, out);
+}
+
+void SafetensorsReader::read_box(const std::string& name, std::span<const int64_t> offsets,
+                                 std::span<const int64_t> sizes, float* out) const {
+  const SafetensorInfo& t = info(name);
+  auto bad = [&](const std::string& what) { input_error(path() + ": tensor '" + name + "': " + what); };
+  if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16" && t.dtype != "F64")
+    bad("dtype " + t.dtype + " cannot be read as float32 (need F32, F16, BF16 or F64)");
+  const size_t ndim = t.shape.size();
+  if (offsets.size() != ndim || sizes.size() != ndim)
+    bad("box has " + std::to_string(offsets.size()) + "/" + std::to_string(sizes.size()) +
+        " offsets/sizes but the tensor has " + std::to_string(ndim) + " dimensions");
+  for (size_t d = 0; d < ndim; ++d)
+    if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > t.shape[d] || sizes[d] > t.shape[d] - offsets[d])
+      bad("box dimension " + std::to_string(d) + " [" + std::to_string(offsets[d]) + ", +" +
+          std::to_string(sizes[d]) + ") is outside shape " + shape_string(t.shape));
+  for (size_t d = 0; d < ndim; ++d)
+    if (sizes[d] == 0) return;
+
+  const size_t esize = dtype_size(t.dtype);
+  const uint8_t* base = file_.data() + data_start_ + t.begin;
+  if (ndim == 0) {
+    convert_to_fp32(t.dtype, base, 1, out);
+    return;
+  }
+  // Element strides of the stored tensor.
+  std::vector<int64_t> stride(ndim, 1);
+  for (size_t d = ndim - 1; d > 0; --d) stride[d - 1] = stride[d] * t.shape[d];
+  // Walk the leading ndim-1 coordinates of the box; each step copies one contiguous row.
+  const int64_t row = sizes[ndim - 1];
+  std::vector<int64_t> idx(ndim, 0);  // position inside the box; idx[ndim-1] stays 0
+  for (;;) {
+    int64_t elem = 0;
+    for (size_t d = 0; d < ndim; ++d) elem += (offsets[d] + idx[d]) * stride[d];
+    convert_to_fp32(t.dtype, base + static_cast<size_t>(elem) * esize, row, out);
+    out += row;
+    int d = static_cast<int>(ndim) - 2;  // odometer over the leading dimensions
+    while (d >= 0 && ++idx[d] == sizes[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, const float* data) {
+  TPT_CHECK(name != "__metadata__" && !name.empty());
+  for (const Entry& e : entries_) TPT_CHECK(e.name != name);
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    TPT_CHECK(d >= 0);
+    numel *= d;
+  }
+  TPT_CHECK(data != nullptr || numel == 0);
+  entries_.push_back({name, std::move(shape), data});
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+
+void SafetensorsWriter::write(const std::string& path) const {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  std::vector<uint64_t> bytes;
+  for (const Entry& e : entries_) {
+    uint64_t n = 4;
+    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+    header[e.name] = {{"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    bytes.push_back(n);
+  }
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const uint64_t header_len = text.size();
+
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) input_error(path + ": cannot create: " + std::strerror(errno));
+  auto write_all = [&](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{1} << 30));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        int err = errno;
+        ::close(fd);
+        input_error(path + ": write failed: " + std::strerror(err));
+      }
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  write_all(&header_len, 8);
+  write_all(text.data(), text.size());
+  for (size_t i = 0; i < entries_.size(); ++i) write_all(entries_[i].data, bytes[i]);
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    input_error(path + ": fsync failed: " + std::strerror(err));
+  }
+  if (::close(fd) != 0) input_error(path + ": close failed: " + std::strerror(errno));
+}
+
+}  // namespace tpt

@@ -1,0 +1,74 @@
+// safetensors files (https://huggingface.co/docs/safetensors): HF GPT-2 weights for init_from and
+// export, and checkpoint shards (DESIGN "Checkpoints (contract)").
+// Layout: <u64 little-endian N> <N bytes of JSON header> <data>. The header maps each tensor name
+// to {"dtype", "shape", "data_offsets": [begin, end)} (offsets relative to the data section) and
+// may hold "__metadata__": {string: string}. Tensors are row-major.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/mmap_file.h"
+
+namespace tpt {
+
+struct SafetensorInfo {
+  std::string name;
+  std::string dtype;           // "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL", ...
+  std::vector<int64_t> shape;  // empty for a scalar
+  uint64_t begin = 0, end = 0; // byte range inside the data section
+  int64_t numel() const;
+};
+
+// Reads a memory-mapped safetensors file. The constructor validates the whole header (JSON,
+// dtypes, shapes, offsets against the file length, overlaps) and throws InputError naming the
+// file (and the tensor) on any inconsistency.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+
+  const std::string& path() const { return file_.path(); }
+  std::vector<std::string> names() const;  // sorted
+  bool contains(const std::string& name) const;
+  const SafetensorInfo& info(const std::string& name) const;  // InputError if absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Whole tensor converted to fp32 (from F32, F16, BF16 or F64) into out[numel].
+  void read(const std::string& name, float* out) const;
+  // A box of the tensor: dimension d covers [offsets[d], offsets[d] + sizes[d]). out receives the
+  // box row-major (prod(sizes) floats). InputError if the box is not inside the tensor.
+  void read_box(const std::string& name, std::span<const int64_t> offsets,
+                std::span<const int64_t> sizes, float* out) const;
+  // The raw bytes of a tensor, as stored (possibly unaligned).
+  const uint8_t* raw(const std::string& name) const;
+
+ private:
+  MappedFile file_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, SafetensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Collects fp32 tensors and string metadata, then writes one safetensors file (header padded with
+// spaces to a multiple of 8 bytes, tensors in the order added, file fsynced). The data pointers
+// passed to add() are not copied: they must stay valid until write() returns.
+class SafetensorsWriter {
+ public:
+  void add(const std::string& name, std::vector<int64_t> shape, const float* data);
+  void set_metadata(const std::string& key, const std::string& value);
+  // Writes (truncating) `path` and fsyncs it; throws InputError naming the file if it cannot.
+  void write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    const float* data;
+  };
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace tpt

@@ -1,0 +1,114 @@
+// The GPT-2 model of DESIGN "Model (contract)", as one pipeline stage's share of one tensor-parallel
+// rank: its parameter layout (global names, global shapes, this rank's box) and its forward and
+// backward over micro-batches. It talks to other TP ranks only through parallel/tensor_parallel.h.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+
+namespace tpt {
+
+struct Config;
+class Comm;
+
+// Sizes of the whole model and of this rank's shard of it.
+struct GPTDims {
+  int64_t L = 0, C = 0, H = 0, D = 0, F = 0;  // layers, hidden, heads, head dim, ffn hidden
+  int64_t S = 0, P = 0;                       // sequence length, positions
+  int64_t V = 0, Vp = 0;                      // vocabulary, padded vocabulary
+  float eps = 1e-5f;
+  float init_std = 0.02f;
+  int tp = 1, tp_rank = 0, pp = 1, pp_rank = 0;
+  int64_t layer_begin = 0, layer_end = 0;     // this stage's layers [begin, end)
+  int64_t Hl = 0, Cl = 0, Fl = 0, Vl = 0, v0 = 0;  // local heads, local attention width, local ffn, local vocab rows, first vocab id
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp - 1; }
+};
+GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
+
+// One parameter tensor of this rank. The local tensor is the box [offset, offset + box) of the
+// global tensor, stored row-major with shape `local_shape`; only the word embedding's local shape
+// is larger than its box (padded vocabulary rows, kept at zero).
+struct ParamInfo {
+  std::string name;                    // global name, e.g. "h.3.attn.qkv.weight"
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset, box_size;
+  std::vector<int64_t> local_shape;
+  int64_t offset = 0;                  // in floats, into the rank's parameter buffer
+  int64_t numel = 0;                   // local elements (product of local_shape)
+  bool weight_decay = false;           // 2-D weights (both embeddings included)
+  bool tp_replicated = false;          // identical on every TP rank (count once in norms)
+  bool tied_copy = false;              // the last stage's copy of the word embedding (PP > 1)
+  enum class Init { Normal, Ones, Zeros } init = Init::Zeros;
+  float init_std = 0.0f;
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> params;
+  int64_t total = 0;                   // floats
+  const ParamInfo* find(const std::string& name) const;
+};
+ParamLayout make_param_layout(const GPTDims& d);
+
+// Counter-based init of the local shards (DESIGN "Numerics"): element e of a global tensor gets
+// std * normal(seed, name, e), whatever the layout. params is a host buffer of layout.total.
+void init_params_host(const ParamLayout& layout, uint64_t seed, float* params);
+
+// Floats of activation storage that one micro-batch of B sequences keeps between its forward and
+// backward on this stage, and of the scratch shared by all micro-batches (planner and allocation
+// both use these).
+int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B);
+int64_t scratch_floats(const GPTDims& d, int64_t B);
+
+class GPTStage {
+ public:
+  // params / grads: device buffers of layout.total floats. tp: the tensor-parallel group.
+  // slots: how many micro-batches may be in flight between forward and backward.
+  GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, float* params,
+           float* grads, int64_t micro_batch, int slots);
+  ~GPTStage();
+  GPTStage(const GPTStage&) = delete;
+  GPTStage& operator=(const GPTStage&) = delete;
+
+  // Forward of micro-batch `slot`. First stage: tokens (B, S) on the device; other stages: the
+  // previous stage's output hidden (B, S, C) on the device.
+  void forward(int slot, const int32_t* tokens, const float* hidden_in);
+  // Output of a non-last stage (B, S, C).
+  const float* output(int slot) const;
+  // Last stage: per-token losses of the slot's forward; if want_grad, also prepares the logits
+  // gradient scaled by dloss_scale (d total_loss / d token_loss). Returns the sum of the losses.
+  double loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad);
+  // Backward of micro-batch `slot`. Non-last stages get d output (B, S, C). Gradients accumulate
+  // into grads. Non-first stages: input_grad() then holds d hidden_in.
+  void backward(int slot, const float* doutput);
+  const float* input_grad() const;
+
+  int64_t micro_batch() const { return B_; }
+
+ private:
+  struct LayerActs;
+  struct SlotActs;
+  void block_forward(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
+  void block_backward(int64_t layer, LayerActs& a, const float* x_in, float* dres);
+  const float* p(const std::string& name) const;
+  float* g(const std::string& name) const;
+
+  GPTDims d_;
+  const ParamLayout& layout_;
+  Ops& ops_;
+  Comm& tp_;
+  float* params_;
+  float* grads_;
+  int64_t B_;
+  std::vector<SlotActs*> slots_;
+  // shared scratch
+  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr, *dprobs_ = nullptr,
+        *dfc_ = nullptr, *tmp_ = nullptr, *logits_ = nullptr, *xent_ = nullptr;
+  int logits_slot_ = -1;  // which slot's logits gradient is in logits_
+  std::vector<float*> owned_;
+  float* alloc(int64_t n);
+};
+
+}  // namespace tpt

@@ -1,0 +1,55 @@
+#include "model/optimizer.h"
+
+#include <cmath>
+
+#include "core/config.h"
+
+namespace tpt {
+
+double learning_rate(const OptimizerConfig& o, int64_t k) {
+  const int64_t W = o.lr_warmup_iters;
+  if (W > 0 && k <= W) return o.lr * double(k) / double(W);
+  if (o.lr_decay_style == "constant") return o.lr;
+  const int64_t decay = o.lr_decay_iters;
+  if (k > decay) return o.min_lr;
+  double ratio = decay > W ? double(k - W) / double(decay - W) : 1.0;
+  double coeff = o.lr_decay_style == "linear" ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  return o.min_lr + coeff * (o.lr - o.min_lr);
+}
+
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank) {
+  double s = 0;
+  for (const ParamInfo& p : layout.params) {
+    if (p.tied_copy) continue;
+    if (p.tp_replicated && tp_rank != 0) continue;
+    s += ops.sum_squares(grads + p.offset, p.numel);
+  }
+  return s;
+}
+
+AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads)
+    : layout_(layout), ops_(ops), params_(params), grads_(grads) {
+  m_ = ops_.alloc(size_t(layout.total));
+  v_ = ops_.alloc(size_t(layout.total));
+}
+
+AdamW::~AdamW() {
+  ops_.free(m_);
+  ops_.free(v_);
+}
+
+void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
+  AdamWParams a;
+  a.lr = float(lr);
+  a.beta1 = float(o.adam_beta1);
+  a.beta2 = float(o.adam_beta2);
+  a.eps = float(o.adam_eps);
+  a.weight_decay = float(o.weight_decay);
+  a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));
+  a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
+  for (const ParamInfo& p : layout_.params)
+    ops_.adamw(params_ + p.offset, grads_ + p.offset, m_ + p.offset, v_ + p.offset, p.numel, a,
+               p.weight_decay);
+}
+
+}  // namespace tpt

@@ -1,0 +1,36 @@
+// Communicator interface (DESIGN "Backends"): one group of ranks and the collectives the trainer
+// needs. MpiComm works on host buffers; NcclComm (CUDA issue) implements the same interface on
+// device buffers. A group of size 1 (SelfComm) makes every collective a copy or a no-op.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tpt {
+
+enum class ReduceOp { Sum, Max };
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void all_reduce(float* buf, int64_t n, ReduceOp op) = 0;
+  virtual void all_reduce(double* buf, int64_t n, ReduceOp op) = 0;
+  // out (size * n) = concatenation of every rank's in (n), in rank order.
+  virtual void all_gather(float* out, const float* in, int64_t n) = 0;
+  // in (size * n) summed over ranks; this rank keeps block `rank` in out (n).
+  virtual void reduce_scatter(float* out, const float* in, int64_t n) = 0;
+  virtual void broadcast(float* buf, int64_t n, int root) = 0;
+  // A matched pair: send to `peer`, receive from `peer`; either may be empty (n = 0).
+  // Non-blocking underneath; returns when both have completed.
+  virtual void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf,
+                         int64_t recv_n, int recv_peer) = 0;
+  virtual void barrier() = 0;
+};
+
+// The group of one rank.
+std::unique_ptr<Comm> make_self_comm();
+
+}  // namespace tpt

@@ -1,0 +1,20 @@
+// The process runtime: MPI start-up and shutdown (or a single process when built without MPI),
+// abort on failure, and the process grid built from the world.
+#pragma once
+#include "parallel/grid.h"
+
+namespace tpt {
+
+// MPI_Init (no-op without MPI). Safe to call once.
+void runtime_init(int* argc, char*** argv);
+void runtime_finalize();
+int runtime_world_size();
+int runtime_world_rank();
+// Ends every rank of the job with `code` (MPI_Abort), so a failure on one rank never hangs others.
+[[noreturn]] void runtime_abort(int code);
+
+// Builds the TP x PP x DP grid over the world. tp * pp * dp must equal the world size (checked by
+// resolve_parallel beforehand).
+Grid make_grid(int tp, int pp, int dp);
+
+}  // namespace tpt

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Bad configs and arguments: tptrain must exit with status 2 (bad input), quickly, and name the key or
+# file at fault on stderr. Each fixture in bad_configs/ is a valid tiny config but for one fault.
+# Env: TPTRAIN (binary), TPTRAIN_SRC (source dir), TPTRAIN_WORK (scratch dir).
+set -u
+
+: "${TPTRAIN:?set TPTRAIN to the tptrain binary}"
+: "${TPTRAIN_SRC:?set TPTRAIN_SRC to the source directory}"
+: "${TPTRAIN_WORK:?set TPTRAIN_WORK to a scratch directory}"
+FIX="$TPTRAIN_SRC/tests/cli/bad_configs"
+mkdir -p "$TPTRAIN_WORK"
+cd "$TPTRAIN_WORK" || exit 1
+
+passed=0
+failed=0
+
+# check NAME EXPECTED -- ARGS...: runs tptrain ARGS; EXPECTED holds the substrings, separated by
+# '|', that stderr must contain.
+check() {
+  local name="$1" expected="$2"
+  shift 3
+  local out="$TPTRAIN_WORK/$name.out" err="$TPTRAIN_WORK/$name.err"
+  timeout 20 "$TPTRAIN" "$@" >"$out" 2>"$err"
+  local rc=$?
+  local why=""
+  if [ "$rc" -ge 124 ]; then
+    why="exit status $rc (timeout or crash)"
+  elif [ "$rc" -ne 2 ]; then
+    why="exit status $rc, expected 2"
+  else
+    local sub
+    IFS='|' read -r -a subs <<<"$expected"
+    for sub in "${subs[@]}"; do
+      if ! grep -qF -- "$sub" "$err"; then
+        why="stderr lacks '$sub'"
+        break
+      fi
+    done
+  fi
+  if [ -z "$why" ]; then
+    passed=$((passed + 1))
+    echo "PASS $name: $(head -n 1 "$err")"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: $why; stderr:"
+    sed 's/^/    /' "$err" | head -n 20
+  fi
+}
+
+fixture() { echo "$FIX/$1.yaml"; }
+BASE="$(fixture base_valid)"
+
+check unknown_key "logging.foo_bar: unknown key" -- --config "$(fixture unknown_key)"
+check misspelt_key "model.hidden_sise|did you mean 'model.hidden_size'" -- --config "$(fixture misspelt_key)"
+check misspelt_section "optimiser: unknown section|did you mean 'optimizer'" -- --config "$(fixture misspelt_section)"
+check wrong_type_string "model.hidden_size|expected an integer|sixty-four" -- --config "$(fixture wrong_type_string)"
+check wrong_type_float "model.num_layers|expected an integer|2.5" -- --config "$(fixture wrong_type_float)"
+check wrong_type_map "optimizer.lr|expected a number|a map" -- --config "$(fixture wrong_type_map)"
+check wrong_type_bool "parallel.sequence_parallel|maybe" -- --config "$(fixture wrong_type_bool)"
+check negative_size "model.num_layers|must be >= 1" -- --config "$(fixture negative_size)"
+check heads_not_dividing_hidden "model.hidden_size|model.num_attention_heads" -- --config "$(fixture heads_not_dividing_hidden)"
+check global_batch_not_multiple "training.global_batch_size|training.micro_batch_size" -- --config "$(fixture global_batch_not_multiple)"
+check seq_longer_than_positions "model.seq_length|model.max_position_embeddings" -- --config "$(fixture seq_longer_than_positions)"
+check unknown_enum "training.precision|fp8|fp32 | bf16 | fp16" -- --config "$(fixture unknown_enum)"
+check missing_init_from "model.init_from|gpt2_missing.safetensors" -- --config "$(fixture missing_init_from)"
+check missing_required "model.vocab_size|missing required key" -- --config "$(fixture missing_required)"
+check dropout_out_of_range "model.hidden_dropout|[0, 1)" -- --config "$(fixture dropout_out_of_range)"
+check min_lr_above_lr "optimizer.min_lr|optimizer.lr" -- --config "$(fixture min_lr_above_lr)"
+check bad_split "data.split" -- --config "$(fixture bad_split)"
+check top_level_list "top_level_list.yaml|map of sections" -- --config "$(fixture top_level_list)"
+check yaml_syntax_error "yaml_syntax_error.yaml:|YAML syntax error" -- --config "$(fixture yaml_syntax_error)"
+check empty_file "empty.yaml|empty" -- --config "$(fixture empty)"
+check absent_file "does_not_exist.yaml|cannot read" -- --config "$TPTRAIN_WORK/does_not_exist.yaml"
+check directory_as_config "bad_configs|is a directory" -- --config "$FIX"
+check set_unknown_key "model.hiden_size|did you mean 'model.hidden_size'" -- --config "$BASE" --set model.hiden_size=64
+check set_no_equals "--set model.hidden_size|section.key=value" -- --config "$BASE" --set model.hidden_size
+check set_no_section "hidden_size=64|section.key=value" -- --config "$BASE" --set hidden_size=64
+check set_wrong_type "training.train_iters|expected an integer|ten" -- --config "$BASE" --set training.train_iters=ten
+check set_bad_yaml "data.split|YAML syntax error" -- --config "$BASE" --set "data.split=[98,1"
+check set_constraint "parallel.tensor_model_parallel_size|must be >= 1" -- --config "$BASE" --set parallel.tensor_model_parallel_size=0
+check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
+check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
+check no_config "--config" --
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

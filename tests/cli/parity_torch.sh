@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# End-to-end parity: tptrain (fp32, CPU, one process) against the independent PyTorch reference
+# tests/reference/gpt_ref.py, step by step (lm loss, grad norm, learning rate) on a tiny GPT-2
+# started from the same HF safetensors weights (DESIGN "Numerics": fp32 on CPU must reproduce a
+# straightforward PyTorch implementation).
+#
+# Environment (set by ctest): TPTRAIN (binary), TPTRAIN_SRC (source dir), TPTRAIN_WORK (scratch dir,
+# created), PYTHON (/usr/bin/python3, which has torch). Runs by hand too:
+#   TPTRAIN=build/tptrain TPTRAIN_SRC=. TPTRAIN_WORK=/tmp/parity bash tests/cli/parity_torch.sh
+#
+# Cases: reference self-checks; (a) Megatron data, micro 8 = global 8; (b) the same tokens as an
+# llm.c shard; (c) micro-batch accumulation 4 x 2 = 8; (d) init from F16 weights with "transformer."
+# names and HF attn.bias buffers. The tiny config pads the vocabulary (97 -> 128), clips on some
+# steps but not all, warms up for 2 steps then decays by cosine, and runs 10 iterations over 76
+# samples, so the last two iterations wrap around the data.
+set -u -o pipefail
+
+SRC=${TPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+PY=${PYTHON:-/usr/bin/python3}
+WORK=${TPTRAIN_WORK:-$(mktemp -d /tmp/parity_torch.XXXXXX)}
+TPTRAIN=${TPTRAIN:-}
+REF=$SRC/tests/reference
+TOL=(--loss-abs 1e-4 --gradnorm-rel 1e-3 --lr-rel 1e-6 --min-iters 8)
+TIMEOUT=${PARITY_TIMEOUT_S:-300}
+
+mkdir -p "$WORK" || { echo "cannot create TPTRAIN_WORK=$WORK"; exit 1; }
+cd "$WORK" || exit 1
+echo "parity_torch: tptrain=${TPTRAIN:-<unset>} src=$SRC work=$WORK python=$PY"
+
+passed=0
+failed=0
+failures=()
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
+show() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1" | sed 's/^/    /'; echo "----"; }
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: config, weights (F32; F16 with prefix and buffers, same values rounded), tokens.
+cat > cfg.yaml <<'EOF'
+model:
+  num_layers: 2
+  hidden_size: 64
+  num_attention_heads: 4
+  ffn_hidden_size: 256
+  seq_length: 16
+  max_position_embeddings: 16
+  vocab_size: 97                  # odd: padded to 128, padded logits must not matter
+  make_vocab_size_divisible_by: 128
+  layernorm_epsilon: 1.0e-5
+  init_method_std: 0.02
+  hidden_dropout: 0.0
+  attention_dropout: 0.0
+  init_from: null                 # set per case
+parallel:
+  tensor_model_parallel_size: 1
+  pipeline_model_parallel_size: 1
+training:
+  micro_batch_size: 8
+  global_batch_size: 8
+  train_iters: 10
+  precision: fp32
+  recompute: none
+  seed: 1234
+  device: cpu
+optimizer:
+  lr: 1.0e-3
+  min_lr: 1.0e-4
+  lr_warmup_iters: 2
+  lr_decay_style: cosine
+  lr_decay_iters: 10
+  weight_decay: 0.1
+  adam_beta1: 0.9
+  adam_beta2: 0.95
+  adam_eps: 1.0e-8
+  clip_grad: 1.5                  # grad norms here are ~1.3-2.4: clipped on about 6 of 10 steps
+data:
+  # path: set per case
+  shuffle: false
+  split: [1, 0, 0]
+  eval_interval: 1000             # no evaluation: no valid split, interval past train_iters
+  eval_iters: 0
+checkpoint:
+  save: null
+  load: null
+logging:
+  log_interval: 1
+EOF
+
+setup_ok=1
+{
+  "$PY" "$REF/make_hf_weights.py" --out w_f32.safetensors --layers 2 --hidden 64 --heads 4 \
+      --vocab 97 --positions 16 --std 0.02 --seed 1 &&
+  "$PY" "$REF/make_hf_weights.py" --out w_f16_prefix.safetensors --layers 2 --hidden 64 --heads 4 \
+      --vocab 97 --positions 16 --std 0.02 --seed 2 --dtype f16 --prefix &&
+  "$PY" "$REF/make_tokens.py" --vocab 97 --tokens 1225 --docs 7 --pattern markov --seed 1 \
+      --megatron tokens --llmc tokens_shard.bin
+} > setup.log 2>&1 || setup_ok=0
+if [ "$setup_ok" != 1 ]; then
+  show setup.log
+  echo "parity_torch: could not make inputs"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+cat setup.log
+
+# ---------------------------------------------------------------------------------------------
+# The reference checks itself first (gradcheck, numpy forward, AdamW formulas, micro-batching...).
+if "$PY" "$REF/selftest.py" --work "$WORK/selftest" > selftest.log 2>&1; then
+  grep -E '^(PASS|FAIL|selftest:)' selftest.log | sed 's/^/    /'
+  pass "reference_selftest"
+else
+  show selftest.log
+  fail "reference_selftest" "tests/reference/selftest.py failed"
+fi
+
+# run_case NAME WEIGHTS DATA [extra --set overrides...]
+run_case() {
+  local name=$1 weights=$WORK/$2 data=$WORK/$3
+  shift 3
+  local sets=(--set "model.init_from=$weights" --set "data.path=$data")
+  local extra
+  for extra in "$@"; do sets+=(--set "$extra"); done
+  local mt=$WORK/$name.tptrain.jsonl mr=$WORK/$name.ref.jsonl
+  rm -f "$mt" "$mr"
+  echo
+  echo "== case $name: ${sets[*]}"
+
+  if ! timeout "$TIMEOUT" "$PY" "$REF/gpt_ref.py" --config cfg.yaml "${sets[@]}" \
+      --set "logging.metrics_file=$mt" --out "$mr" > "$name.ref.log" 2>&1; then
+    show "$name.ref.log"
+    fail "$name" "reference gpt_ref.py failed"
+    return
+  fi
+  if [ -z "$TPTRAIN" ] || [ ! -x "$TPTRAIN" ]; then
+    fail "$name" "TPTRAIN='$TPTRAIN' is not an executable file"
+    return
+  fi
+  local rc=0
+  timeout "$TIMEOUT" "$TPTRAIN" --config cfg.yaml "${sets[@]}" --set "logging.metrics_file=$mt" \
+      > "$name.tptrain.out" 2> "$name.tptrain.err" || rc=$?
+  if [ "$rc" != 0 ]; then
+    show "$name.tptrain.err"
+    tail -n 5 "$name.tptrain.out" | sed 's/^/    stdout: /'
+    fail "$name" "tptrain exited with status $rc$([ "$rc" = 124 ] && echo " (timed out after ${TIMEOUT}s)")"
+    return
+  fi
+  if [ ! -s "$mt" ]; then
+    tail -n 20 "$name.tptrain.out" | sed 's/^/    stdout: /'
+    show "$name.tptrain.err"
+    fail "$name" "tptrain exited 0 but wrote no metrics to logging.metrics_file=$mt"
+    return
+  fi
+  if "$PY" "$REF/compare_metrics.py" "$mt" "$mr" --names tptrain,ref "${TOL[@]}" > "$name.compare.log" 2>&1; then
+    sed 's/^/    /' "$name.compare.log"
+    pass "$name"
+  else
+    sed 's/^/    /' "$name.compare.log"
+    fail "$name" "metrics differ (tolerances: ${TOL[*]})"
+  fi
+}
+
+run_case a_megatron_micro8    w_f32.safetensors        tokens
+run_case b_llmc_shard         w_f32.safetensors        tokens_shard.bin
+run_case c_micro4x2           w_f32.safetensors        tokens  training.micro_batch_size=4
+run_case d_f16_prefix_init    w_f16_prefix.safetensors tokens
+
+echo
+[ "$failed" -gt 0 ] && echo "failed: ${failures[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

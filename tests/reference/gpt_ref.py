@@ -1,0 +1,759 @@
+#!/usr/bin/python3
+"""Independent PyTorch reference for tptrain (DESIGN "Model", "Numerics", "Config", "Data formats").
+
+A deliberately plain GPT-2 (torch.nn, fp32 on CPU, optional float64) trained exactly the way
+tptrain must train it, so that tptrain's metrics can be compared step by step:
+
+  gpt_ref.py --config CFG.yaml --init HF.safetensors --steps N --out metrics.jsonl [--set sec.key=v ...]
+  gpt_ref.py --bench --layers 12 --hidden 768 --heads 12 --vocab 50257 --seq 64 --micro-batch 4 \
+             --threads 2 --iters 5
+
+Everything here is written from the contracts, not from tptrain's code: its own YAML schema, its own
+safetensors reader, its own Megatron .idx/.bin and llm.c shard readers.
+"""
+import argparse
+import difflib
+import glob
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+
+class RefError(Exception):
+    """A user-facing error (bad config, data or weights): printed without a traceback, exit 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Config: the keys of DESIGN "Config (contract)". Only what changes the math is honoured; keys that
+# cannot change the math on one CPU process (parallel layout, seed when init_from is given, eval,
+# checkpoint saving, logging files) are accepted and ignored; anything the reference cannot
+# reproduce is an error.
+
+REQUIRED = object()   # must be in the YAML
+EXPLICIT = object()   # changes the math and DESIGN states no default: must be given (or --allow-defaults)
+
+# section -> key -> (kind, default, default used by --allow-defaults (core/config.h), nullable)
+SCHEMA = {
+    "model": {
+        "num_layers": ("int", REQUIRED, None, False),
+        "hidden_size": ("int", REQUIRED, None, False),
+        "num_attention_heads": ("int", REQUIRED, None, False),
+        "ffn_hidden_size": ("int", None, None, True),            # DESIGN: default 4 * hidden_size
+        "seq_length": ("int", REQUIRED, None, False),
+        "max_position_embeddings": ("int", None, None, True),    # DESIGN: default seq_length
+        "vocab_size": ("int", REQUIRED, None, False),
+        "make_vocab_size_divisible_by": ("int", 128, None, False),  # padding never changes the math
+        "layernorm_epsilon": ("float", 1.0e-5, None, False),     # DESIGN Model: default 1e-5
+        "init_method_std": ("float", 0.02, None, False),         # unused: the reference needs init_from
+        "hidden_dropout": ("float", 0.0, None, False),
+        "attention_dropout": ("float", 0.0, None, False),
+        "init_from": ("str", None, None, True),
+    },
+    "parallel": {
+        "tensor_model_parallel_size": ("int", 1, None, False),
+        "pipeline_model_parallel_size": ("int", 1, None, False),
+        "data_parallel_size": ("int", None, None, True),
+        "pipeline_schedule": ("str", "1f1b", None, False),
+        "sequence_parallel": ("bool", False, None, False),
+        "distributed_optimizer": ("bool", False, None, False),
+    },
+    "training": {
+        "micro_batch_size": ("int", EXPLICIT, 1, False),
+        "global_batch_size": ("int", EXPLICIT, None, True),
+        "train_iters": ("int", REQUIRED, None, False),
+        "precision": ("str", EXPLICIT, "fp32", False),
+        "recompute": ("str", "none", None, False),
+        "seed": ("int", 1234, None, False),
+        "device": ("str", "auto", None, False),
+        "cpu_threads": ("int", None, None, True),
+    },
+    "optimizer": {
+        "lr": ("float", EXPLICIT, 6.0e-4, False),
+        "min_lr": ("float", EXPLICIT, 0.0, False),
+        "lr_warmup_iters": ("int", EXPLICIT, 0, False),
+        "lr_decay_style": ("str", EXPLICIT, "cosine", False),
+        "lr_decay_iters": ("int", None, None, True),              # DESIGN: default train_iters
+        "weight_decay": ("float", EXPLICIT, 0.1, False),
+        "adam_beta1": ("float", EXPLICIT, 0.9, False),
+        "adam_beta2": ("float", EXPLICIT, 0.95, False),
+        "adam_eps": ("float", EXPLICIT, 1.0e-8, False),
+        "clip_grad": ("float", EXPLICIT, 1.0, False),
+        "initial_loss_scale": ("float", 4294967296.0, None, False),
+    },
+    "data": {
+        "path": ("str", REQUIRED, None, False),
+        "shuffle": ("bool", EXPLICIT, True, False),
+        "split": ("split", EXPLICIT, [969.0, 30.0, 1.0], False),
+        "valid_path": ("str", None, None, True),
+        "eval_interval": ("int", 1000, None, False),
+        "eval_iters": ("int", 10, None, False),
+    },
+    "checkpoint": {
+        "save": ("str", None, None, True),
+        "save_interval": ("int", 1000, None, False),
+        "load": ("str", None, None, True),
+        "keep_last": ("int", None, None, True),
+        "exit_signal": ("str", "SIGTERM", None, False),
+        "exit_duration_mins": ("float", None, None, True),
+    },
+    "logging": {
+        "log_interval": ("int", 1, None, False),
+        "metrics_file": ("str", None, None, True),
+        "trace_file": ("str", None, None, True),
+    },
+}
+
+
+def _closest(word, choices):
+    m = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean '{m[0]}'?)" if m else ""
+
+
+def _convert(where, kind, nullable, value):
+    if value is None:
+        if nullable:
+            return None
+        raise RefError(f"config key {where}: null is not allowed")
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RefError(f"config key {where}: expected an integer, got {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool):
+            raise RefError(f"config key {where}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-3 as a string; YAML 1.2 does not
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise RefError(f"config key {where}: expected a number, got {value!r}")
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise RefError(f"config key {where}: expected true/false, got {value!r}")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise RefError(f"config key {where}: expected a string, got {value!r}")
+        return value
+    if kind == "split":
+        if isinstance(value, str):  # Megatron's spelling "949,50,1"
+            value = [v.strip() for v in value.split(",")]
+        if not isinstance(value, list) or not 1 <= len(value) <= 3:
+            raise RefError(f"config key {where}: expected a list of 1 to 3 weights, got {value!r}")
+        out = [_convert(where, "float", False, v) for v in value]
+        if any(v < 0 or not math.isfinite(v) for v in out) or sum(out) <= 0:
+            raise RefError(f"config key {where}: weights must be >= 0 with a positive sum, got {value!r}")
+        return out
+    raise AssertionError(kind)
+
+
+def load_config(path, overrides, allow_defaults=False):
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise RefError(f"cannot read config {path}: {e}")
+    except yaml.YAMLError as e:
+        raise RefError(f"config {path} is not valid YAML: {e}")
+    if not isinstance(raw, dict):
+        raise RefError(f"config {path}: top level must be a mapping of sections")
+    for ov in overrides:
+        if "=" not in ov or "." not in ov.split("=", 1)[0]:
+            raise RefError(f"--set {ov!r}: expected section.key=value")
+        key, val = ov.split("=", 1)
+        sec, k = key.split(".", 1)
+        raw.setdefault(sec, {})
+        if not isinstance(raw[sec], dict):
+            raise RefError(f"config section {sec} must be a mapping")
+        raw[sec][k] = yaml.safe_load(val) if val != "" else None
+    cfg = {}
+    for sec, body in raw.items():
+        if sec not in SCHEMA:
+            raise RefError(f"unknown config section '{sec}'{_closest(sec, SCHEMA)}")
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise RefError(f"config section {sec} must be a mapping")
+        for k in body:
+            if k not in SCHEMA[sec]:
+                raise RefError(f"unknown config key '{sec}.{k}'{_closest(k, SCHEMA[sec])}")
+    for sec, keys in SCHEMA.items():
+        body = raw.get(sec) or {}
+        out = {}
+        for k, (kind, default, relaxed, nullable) in keys.items():
+            where = f"{sec}.{k}"
+            if k in body:
+                out[k] = _convert(where, kind, nullable, body[k])
+            elif default is REQUIRED:
+                raise RefError(f"config key {where} is required")
+            elif default is EXPLICIT:
+                if not allow_defaults:
+                    raise RefError(f"config key {where} must be given explicitly to the reference "
+                                   f"(DESIGN states no default; --allow-defaults uses {relaxed!r})")
+                out[k] = relaxed
+            else:
+                out[k] = default
+        cfg[sec] = out
+    return _check_and_resolve(cfg)
+
+
+def _check_and_resolve(cfg):
+    m, t, o, d = cfg["model"], cfg["training"], cfg["optimizer"], cfg["data"]
+    for sec, k in [("model", "num_layers"), ("model", "hidden_size"), ("model", "num_attention_heads"),
+                   ("model", "seq_length"), ("model", "vocab_size"), ("training", "micro_batch_size"),
+                   ("training", "train_iters"), ("logging", "log_interval")]:
+        if cfg[sec][k] <= 0:
+            raise RefError(f"config key {sec}.{k} must be > 0, got {cfg[sec][k]}")
+    if m["hidden_size"] % m["num_attention_heads"]:
+        raise RefError("model.hidden_size must be divisible by model.num_attention_heads")
+    if m["ffn_hidden_size"] is None:
+        m["ffn_hidden_size"] = 4 * m["hidden_size"]
+    if m["max_position_embeddings"] is None:
+        m["max_position_embeddings"] = m["seq_length"]
+    if m["max_position_embeddings"] < m["seq_length"]:
+        raise RefError("model.max_position_embeddings must be >= model.seq_length")
+    if m["hidden_dropout"] != 0.0 or m["attention_dropout"] != 0.0:
+        raise RefError("the reference does not support dropout: model.hidden_dropout and "
+                       "model.attention_dropout must be 0")
+    if t["global_batch_size"] is None:
+        raise RefError("training.global_batch_size: null means micro_batch_size * DP, which needs the "
+                       "world size; give it explicitly to the reference")
+    if t["global_batch_size"] % t["micro_batch_size"]:
+        raise RefError("training.global_batch_size must be a multiple of training.micro_batch_size")
+    if t["precision"] not in ("fp32", "bf16", "fp16"):
+        raise RefError(f"training.precision must be fp32|bf16|fp16, got {t['precision']!r}")
+    if t["recompute"] not in ("none", "selective", "full"):
+        raise RefError(f"training.recompute must be none|selective|full, got {t['recompute']!r}")
+    if o["lr_decay_style"] not in ("cosine", "linear", "constant"):
+        raise RefError(f"optimizer.lr_decay_style must be cosine|linear|constant, got {o['lr_decay_style']!r}")
+    if o["lr_decay_iters"] is None:
+        o["lr_decay_iters"] = t["train_iters"]
+    if o["lr_warmup_iters"] < 0 or o["lr_decay_iters"] < 0:
+        raise RefError("optimizer.lr_warmup_iters and optimizer.lr_decay_iters must be >= 0")
+    if o["clip_grad"] < 0:
+        raise RefError("optimizer.clip_grad must be >= 0 (0 disables clipping)")
+    if d["shuffle"]:
+        raise RefError("the reference supports only data.shuffle: false")
+    if cfg["checkpoint"]["load"] is not None:
+        raise RefError("the reference cannot resume: checkpoint.load must be null")
+    if cfg["logging"]["log_interval"] != 1:
+        raise RefError("the reference logs every iteration: logging.log_interval must be 1")
+    return cfg
+
+
+def padded_vocab(vocab, divisible_by, tp=1):
+    mult = divisible_by * tp
+    return (vocab + mult - 1) // mult * mult
+
+
+# ----------------------------------------------------------------------------------------------
+# LR schedule (DESIGN Numerics; Megatron's OptimizerParamScheduler.get_lr with k = iteration).
+
+def lr_at(k, lr, min_lr, warmup, decay_iters, style):
+    if warmup > 0 and k <= warmup:
+        return lr * k / warmup
+    if style == "constant":
+        return lr
+    if k > decay_iters:
+        return min_lr
+    ratio = (k - warmup) / (decay_iters - warmup)
+    if style == "linear":
+        coeff = 1.0 - ratio
+    elif style == "cosine":
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    else:
+        raise RefError(f"unknown lr_decay_style {style!r}")
+    return min_lr + coeff * (lr - min_lr)
+
+
+# ----------------------------------------------------------------------------------------------
+# safetensors reader: u64 LE header length, JSON header {name: {dtype, shape, data_offsets}}, data.
+
+def _bf16_to_f32(raw_u16):
+    return (raw_u16.astype(np.uint32) << 16).view(np.float32)
+
+
+_ST_DTYPES = {"F64": (np.dtype("<f8"), None), "F32": (np.dtype("<f4"), None),
+              "F16": (np.dtype("<f2"), None), "BF16": (np.dtype("<u2"), _bf16_to_f32)}
+
+
+def read_safetensors(path):
+    """Returns {name: float64 numpy array} (exact for F16/BF16/F32/F64 sources)."""
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError as e:
+        raise RefError(f"cannot read weights {path}: {e}")
+    if len(blob) < 8:
+        raise RefError(f"{path}: too short to be a safetensors file")
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    if 8 + hlen > len(blob):
+        raise RefError(f"{path}: header length {hlen} runs past the end of the file")
+    try:
+        header = json.loads(blob[8:8 + hlen].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RefError(f"{path}: bad JSON header: {e}")
+    data = memoryview(blob)[8 + hlen:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = info.get("dtype")
+        if dt not in _ST_DTYPES:
+            raise RefError(f"{path}: tensor {name} has unsupported dtype {dt}")
+        np_dt, post = _ST_DTYPES[dt]
+        shape = [int(s) for s in info["shape"]]
+        b, e = (int(x) for x in info["data_offsets"])
+        count = int(np.prod(shape)) if shape else 1
+        if not (0 <= b <= e <= len(data)) or e - b != count * np_dt.itemsize:
+            raise RefError(f"{path}: tensor {name} has data_offsets {[b, e]} inconsistent with "
+                           f"shape {shape} {dt} and data size {len(data)}")
+        arr = np.frombuffer(data[b:e], dtype=np_dt)
+        if post is not None:
+            arr = post(arr)
+        out[name] = arr.astype(np.float64).reshape(shape)
+    return out
+
+
+def hf_to_state(tensors, cfg_model, path="weights"):
+    """Maps HF GPT-2 names (Conv1D layout [in, out]) to this file's GPT parameters (nn.Linear
+    layout [out, in]). Returns {param name: float64 array}."""
+    L = cfg_model["num_layers"]
+    C = cfg_model["hidden_size"]
+    Fh = cfg_model["ffn_hidden_size"]
+    V = cfg_model["vocab_size"]
+    P = cfg_model["max_position_embeddings"]
+    t = {}
+    for name, arr in tensors.items():
+        short = name[len("transformer."):] if name.startswith("transformer.") else name
+        if short in t:
+            raise RefError(f"{path}: tensor {short} appears twice (with and without 'transformer.')")
+        t[short] = arr
+    lm_head = t.pop("lm_head.weight", None)
+    state = {}
+    used = set()
+
+    def take(name, shape, rows_at_least=None):
+        if name not in t:
+            raise RefError(f"{path}: missing tensor {name}")
+        a = t[name]
+        used.add(name)
+        if rows_at_least is not None:
+            if a.ndim != 2 or a.shape[1] != shape[1] or a.shape[0] < rows_at_least:
+                raise RefError(f"{path}: {name} has shape {list(a.shape)}, expected [>={rows_at_least}, {shape[1]}]")
+            return a[:rows_at_least]
+        if list(a.shape) != list(shape):
+            raise RefError(f"{path}: {name} has shape {list(a.shape)}, expected {list(shape)}")
+        return a
+
+    state["wte.weight"] = take("wte.weight", [V, C], rows_at_least=V)
+    state["wpe.weight"] = take("wpe.weight", [P, C], rows_at_least=P)
+    for i in range(L):
+        h = f"h.{i}."
+        b = f"blocks.{i}."
+        state[b + "ln_1_weight"] = take(h + "ln_1.weight", [C])
+        state[b + "ln_1_bias"] = take(h + "ln_1.bias", [C])
+        state[b + "qkv.weight"] = take(h + "attn.c_attn.weight", [C, 3 * C]).T
+        state[b + "qkv.bias"] = take(h + "attn.c_attn.bias", [3 * C])
+        state[b + "attn_proj.weight"] = take(h + "attn.c_proj.weight", [C, C]).T
+        state[b + "attn_proj.bias"] = take(h + "attn.c_proj.bias", [C])
+        state[b + "ln_2_weight"] = take(h + "ln_2.weight", [C])
+        state[b + "ln_2_bias"] = take(h + "ln_2.bias", [C])
+        state[b + "fc1.weight"] = take(h + "mlp.c_fc.weight", [C, Fh]).T
+        state[b + "fc1.bias"] = take(h + "mlp.c_fc.bias", [Fh])
+        state[b + "fc2.weight"] = take(h + "mlp.c_proj.weight", [Fh, C]).T
+        state[b + "fc2.bias"] = take(h + "mlp.c_proj.bias", [C])
+        used.update({h + "attn.bias", h + "attn.masked_bias"})  # HF causal-mask buffers
+    state["ln_f_weight"] = take("ln_f.weight", [C])
+    state["ln_f_bias"] = take("ln_f.bias", [C])
+    extra = sorted(n for n in t if n not in used)
+    if extra:
+        raise RefError(f"{path}: unexpected tensors {extra[:5]} (num_layers={L}?)")
+    if lm_head is not None and not np.array_equal(lm_head[:V], t["wte.weight"][:V]):
+        raise RefError(f"{path}: lm_head.weight differs from wte.weight, but the LM head is tied")
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Token data: Megatron .idx/.bin and llm.c shards, read independently of tptrain.
+
+_MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+LLMC_MAGIC = 20240520
+
+
+def read_megatron(prefix):
+    """Returns a list of documents (numpy int64 arrays). A document for splitting is one entry of
+    `sizes`, as Megatron's GPT dataset splits (one sequence per document after preprocessing)."""
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    with open(idx_path, "rb") as f:
+        idx = f.read()
+    hdr = 9 + 8 + 1 + 8 + 8
+    if len(idx) < hdr or idx[:9] != b"MMIDIDX\x00\x00":
+        raise RefError(f"{idx_path}: not a Megatron index (bad magic)")
+    (version,) = struct.unpack_from("<Q", idx, 9)
+    (code,) = struct.unpack_from("<B", idx, 17)
+    nseq, ndoc = struct.unpack_from("<QQ", idx, 18)
+    if version != 1:
+        raise RefError(f"{idx_path}: version {version}, expected 1")
+    if code not in _MEGATRON_DTYPES:
+        raise RefError(f"{idx_path}: dtype code {code} is not an integer token type")
+    need = hdr + 4 * nseq + 8 * nseq + 8 * ndoc
+    if len(idx) != need:
+        raise RefError(f"{idx_path}: {len(idx)} bytes, expected {need} for {nseq} sequences, {ndoc} doc-index entries")
+    sizes = np.frombuffer(idx, dtype="<i4", count=nseq, offset=hdr).astype(np.int64)
+    ptrs = np.frombuffer(idx, dtype="<i8", count=nseq, offset=hdr + 4 * nseq)
+    doc_idx = np.frombuffer(idx, dtype="<i8", count=ndoc, offset=hdr + 12 * nseq)
+    if ndoc < 1 or doc_idx[0] != 0 or doc_idx[-1] != nseq or np.any(np.diff(doc_idx) < 0):
+        raise RefError(f"{idx_path}: document index must rise from 0 to the sequence count {nseq}")
+    dt = np.dtype(_MEGATRON_DTYPES[code]).newbyteorder("<")
+    tokens = np.fromfile(bin_path, dtype=dt)
+    nbytes = os.path.getsize(bin_path)
+    docs = []
+    for i in range(nseq):
+        if sizes[i] < 0 or ptrs[i] < 0 or ptrs[i] % dt.itemsize or ptrs[i] + sizes[i] * dt.itemsize > nbytes:
+            raise RefError(f"{idx_path}: sequence {i} (pointer {ptrs[i]}, size {sizes[i]}) lies outside {bin_path}")
+        s = ptrs[i] // dt.itemsize
+        docs.append(tokens[s:s + sizes[i]].astype(np.int64))
+    return docs
+
+
+def read_llmc(path):
+    raw = np.fromfile(path, dtype="<i4", count=256)
+    if raw.size < 256 or raw[0] != LLMC_MAGIC or raw[1] != 1:
+        raise RefError(f"{path}: not an llm.c shard (magic/version)")
+    count = int(raw[2])
+    if os.path.getsize(path) != 1024 + 2 * count:
+        raise RefError(f"{path}: {os.path.getsize(path)} bytes, expected {1024 + 2 * count} for {count} tokens")
+    return np.fromfile(path, dtype="<u2", offset=1024).astype(np.int64)
+
+
+def _is_llmc(path):
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return len(head) == 4 and struct.unpack("<i", head)[0] == LLMC_MAGIC
+
+
+def open_corpus(path, vocab):
+    """data.path: a Megatron prefix, an llm.c shard, or a glob of shards (sorted, one document each)."""
+    if any(ch in path for ch in "*?["):
+        files = sorted(glob.glob(path))
+        if not files:
+            raise RefError(f"data.path {path}: no files match")
+        docs = [read_llmc(p) for p in files]
+    elif os.path.isfile(path + ".idx") and os.path.isfile(path + ".bin"):
+        docs = read_megatron(path)
+    elif os.path.isfile(path) and _is_llmc(path):
+        docs = [read_llmc(path)]
+    elif path.endswith(".bin") and os.path.isfile(path[:-4] + ".idx"):
+        docs = read_megatron(path[:-4])
+    else:
+        raise RefError(f"data.path {path}: neither a Megatron prefix (.idx/.bin) nor an llm.c shard")
+    for i, d in enumerate(docs):
+        if d.size and (d.min() < 0 or d.max() >= vocab):
+            raise RefError(f"data.path {path}: document {i} has a token outside [0, {vocab})")
+    return docs
+
+
+def split_documents(n, weights, rule="megatron"):
+    """[begin, end) document ranges of train/valid/test.
+    megatron: Megatron-LM's get_train_valid_test_split_ (cumulative sum of round(fraction*n), with
+              Python's round-half-to-even, then every boundary shifted so the last is n).
+    cumsum:   boundaries round(cumsum(fraction)*n), last = n."""
+    w = list(weights) + [0.0] * (3 - len(weights))
+    total = sum(w)
+    frac = [x / total for x in w]
+    if rule == "megatron":
+        idx = [0]
+        for fr in frac:
+            idx.append(idx[-1] + int(round(fr * float(n))))
+        diff = idx[-1] - n
+        idx = [idx[0]] + [x - diff for x in idx[1:]]
+    elif rule == "cumsum":
+        c = np.cumsum(frac)
+        idx = [0, int(round(c[0] * n)), int(round(c[1] * n)), n]
+    else:
+        raise RefError(f"unknown split rule {rule}")
+    return [(idx[i], idx[i + 1]) for i in range(3)]
+
+
+class SequentialData:
+    """Train documents concatenated into one stream; sample i = tokens [i*S, i*S+S+1); iteration k
+    (1-based) uses samples (k-1)*G ... k*G-1, each modulo the number of samples."""
+
+    def __init__(self, docs, doc_range, seq):
+        b, e = doc_range
+        parts = docs[b:e]
+        self.stream = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        self.seq = seq
+        self.num_samples = max(0, (self.stream.size - 1) // seq)
+        if self.num_samples == 0:
+            raise RefError(f"train split has {self.stream.size} tokens: not even one sample of "
+                           f"{seq} + 1 tokens")
+
+    def sample(self, position):
+        i = position % self.num_samples
+        return self.stream[i * self.seq: i * self.seq + self.seq + 1]
+
+    def batch(self, positions):
+        return torch.from_numpy(np.stack([self.sample(p) for p in positions]))  # (B, S+1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model: GPT-2, pre-LN, tied LM head, biases everywhere, no dropout.
+
+class Block(nn.Module):
+    def __init__(self, C, H, Fh, eps):
+        super().__init__()
+        self.H, self.eps = H, eps
+        self.ln_1_weight = nn.Parameter(torch.ones(C))
+        self.ln_1_bias = nn.Parameter(torch.zeros(C))
+        self.qkv = nn.Linear(C, 3 * C)        # columns: q (all heads), k, v
+        self.attn_proj = nn.Linear(C, C)
+        self.ln_2_weight = nn.Parameter(torch.ones(C))
+        self.ln_2_bias = nn.Parameter(torch.zeros(C))
+        self.fc1 = nn.Linear(C, Fh)
+        self.fc2 = nn.Linear(Fh, C)
+
+    def attention(self, x, mask):                      # x: (B, T, C)
+        B, T, C = x.shape
+        D = C // self.H
+        q, k, v = self.qkv(x).split(C, dim=2)            # 3 x (B, T, C)
+        q = q.view(B, T, self.H, D).transpose(1, 2)      # (B, H, T, D)
+        k = k.view(B, T, self.H, D).transpose(1, 2)
+        v = v.view(B, T, self.H, D).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))   # (B, H, T, T)
+        scores = scores.masked_fill(~mask[:T, :T], float("-inf"))
+        probs = F.softmax(scores, dim=-1)
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.attn_proj(y)
+
+    def forward(self, x, mask):
+        C = x.shape[-1]
+        x = x + self.attention(F.layer_norm(x, (C,), self.ln_1_weight, self.ln_1_bias, self.eps), mask)
+        h = F.layer_norm(x, (C,), self.ln_2_weight, self.ln_2_bias, self.eps)
+        return x + self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, L, C, H, Fh, V, P, eps):
+        super().__init__()
+        self.eps = eps
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(P, C)
+        self.blocks = nn.ModuleList([Block(C, H, Fh, eps) for _ in range(L)])
+        self.ln_f_weight = nn.Parameter(torch.ones(C))
+        self.ln_f_bias = nn.Parameter(torch.zeros(C))
+        self.register_buffer("mask", torch.tril(torch.ones(P, P, dtype=torch.bool)), persistent=False)
+
+    def forward(self, idx):                               # idx: (B, T) -> logits (B, T, V)
+        B, T = idx.shape
+        C = self.wte.weight.shape[1]
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)[None]           # (B, T, C)
+        for blk in self.blocks:
+            x = blk(x, self.mask)
+        x = F.layer_norm(x, (C,), self.ln_f_weight, self.ln_f_bias, self.eps)
+        return F.linear(x, self.wte.weight)               # tied LM head, (B, T, V)
+
+    def loss(self, tokens):                               # tokens: (B, S+1) -> mean CE over B*S
+        logits = self(tokens[:, :-1])
+        V = logits.shape[-1]
+        return F.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1))
+
+    def load_state(self, state):
+        params = dict(self.named_parameters())
+        if set(params) != set(state):
+            raise RefError(f"internal: parameter names differ: {sorted(set(params) ^ set(state))[:5]}")
+        with torch.no_grad():
+            for n, p in params.items():
+                src = torch.from_numpy(np.ascontiguousarray(state[n])).to(p.dtype)
+                if src.shape != p.shape:
+                    raise RefError(f"internal: {n} shape {tuple(src.shape)} vs {tuple(p.shape)}")
+                p.copy_(src)
+
+
+def build_model(cfg_model, dtype=torch.float32):
+    m = cfg_model
+    return GPT(m["num_layers"], m["hidden_size"], m["num_attention_heads"], m["ffn_hidden_size"],
+               m["vocab_size"], m["max_position_embeddings"], m["layernorm_epsilon"]).to(dtype)
+
+
+def make_optimizer(model, o):
+    decay = [p for p in model.parameters() if p.dim() == 2]      # both embeddings, linear weights
+    no_decay = [p for p in model.parameters() if p.dim() != 2]   # biases, LayerNorm
+    groups = [{"params": decay, "weight_decay": o["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
+                             eps=o["adam_eps"], foreach=False)
+
+
+def train_step(model, opt, micro_batches, lr, clip_grad):
+    """One iteration: gradient of the mean loss over all tokens of the global batch (equal-sized
+    micro-batches, each loss divided by their number), pre-clip global norm, clip, AdamW.
+    Returns (lm_loss, grad_norm) with the loss of the parameters before the update."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=False)
+    n = len(micro_batches)
+    total = 0.0
+    for mb in micro_batches:
+        loss = model.loss(mb)
+        (loss / n).backward()
+        total += float(loss.detach())
+    params = [p for p in model.parameters()]
+    if clip_grad > 0:
+        gn = torch.nn.utils.clip_grad_norm_(params, max_norm=clip_grad)
+    else:
+        gn = torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2)
+    opt.step()
+    return total / n, float(gn)
+
+
+def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rule="megatron",
+                 log=None):
+    log = log or sys.stderr
+    m, t, o, d = cfg["model"], cfg["training"], cfg["optimizer"], cfg["data"]
+    if t["precision"] != "fp32":
+        print(f"gpt_ref: note: training.precision={t['precision']}; the reference computes in "
+              f"{dtype} anyway", file=log)
+    model = build_model(m, dtype)
+    model.load_state(hf_to_state(read_safetensors(init_path), m, init_path))
+    docs = open_corpus(d["path"], m["vocab_size"])
+    rng = split_documents(len(docs), d["split"], split_rule)
+    data = SequentialData(docs, rng[0], m["seq_length"])
+    opt = make_optimizer(model, o)
+    G, mb = t["global_batch_size"], t["micro_batch_size"]
+    print(f"gpt_ref: {len(docs)} documents, train split {rng[0]}, {data.stream.size} tokens, "
+          f"{data.num_samples} samples; G={G} micro={mb} ({G // mb} micro-batches); dtype {dtype}",
+          file=log)
+    out = open(out_path, "w") if out_path else None
+    try:
+        for k in range(1, steps + 1):
+            lr = lr_at(k, o["lr"], o["min_lr"], o["lr_warmup_iters"], o["lr_decay_iters"],
+                       o["lr_decay_style"])
+            positions = list(range((k - 1) * G, k * G))
+            micro = [data.batch(positions[j:j + mb]) for j in range(0, G, mb)]
+            loss, gn = train_step(model, opt, micro, lr, o["clip_grad"])
+            rec = {"iteration": k, "consumed_samples": k * G, "lm_loss": loss, "grad_norm": gn, "lr": lr}
+            print(f"gpt_ref: iteration {k}/{steps} | lm loss {loss:.6E} | grad norm {gn:.6f} | "
+                  f"learning rate {lr:.6E}", file=log)
+            if out:
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+    finally:
+        if out:
+            out.close()
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# Bench: forward + backward + AdamW step on random tokens.
+
+def megatron_flops(B, s, l, h, V):
+    return 72.0 * B * s * l * h * h * (1.0 + s / (12.0 * h) + V / (12.0 * l * h))
+
+
+def bench(a):
+    torch.manual_seed(0)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    C, H = a.hidden, a.heads
+    model = GPT(a.layers, C, H, 4 * C, a.vocab, a.seq, 1e-5)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, a.vocab, (a.micro_batch, a.seq + 1), generator=g) for _ in range(a.iters + 1)]
+
+    def step(tokens):
+        opt.zero_grad(set_to_none=False)
+        model.loss(tokens).backward()
+        opt.step()
+
+    t0 = time.perf_counter()
+    step(batches[0])
+    warm = time.perf_counter() - t0
+    times = []
+    for i in range(a.iters):
+        t0 = time.perf_counter()
+        step(batches[i + 1])
+        times.append(time.perf_counter() - t0)
+    total = sum(times)
+    tokens = a.micro_batch * a.seq
+    nparams = sum(p.numel() for p in model.parameters())
+    fl = megatron_flops(a.micro_batch, a.seq, a.layers, C, a.vocab)
+    vpad = padded_vocab(a.vocab, 128)
+    fl_pad = megatron_flops(a.micro_batch, a.seq, a.layers, C, vpad)
+    print(f"bench: layers={a.layers} hidden={C} heads={H} vocab={a.vocab} seq={a.seq} "
+          f"micro_batch={a.micro_batch} threads={torch.get_num_threads()} params={nparams / 1e6:.2f}M "
+          f"torch={torch.__version__}")
+    print(f"bench: warmup step {warm * 1e3:.1f} ms; steps (ms): " + " ".join(f"{x * 1e3:.1f}" for x in times))
+    print(f"bench: mean {total / a.iters * 1e3:.1f} ms/iter, min {min(times) * 1e3:.1f} ms")
+    print(f"bench: tokens/s {tokens * a.iters / total:.1f} (best step {tokens / min(times):.1f})")
+    print(f"bench: model TFLOP/s {fl * a.iters / total / 1e12:.4f} (best step {fl / min(times) / 1e12:.4f}); "
+          f"{fl / 1e9:.2f} GFLOP/iter by 72*B*s*l*h^2*(1+s/(12h)+V/(12lh)) with V={a.vocab} "
+          f"[{fl_pad * a.iters / total / 1e12:.4f} TFLOP/s with padded V={vpad}]")
+
+
+# ----------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="tptrain YAML config")
+    p.add_argument("--init", help="HF GPT-2 safetensors file (default: model.init_from)")
+    p.add_argument("--steps", type=int, help="iterations to run (default: training.train_iters)")
+    p.add_argument("--out", help="metrics JSON lines (iteration, consumed_samples, lm_loss, grad_norm, lr)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--float64", action="store_true", help="compute in float64 instead of fp32")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--allow-defaults", action="store_true",
+                   help="fill keys DESIGN gives no default for with core/config.h's defaults")
+    p.add_argument("--split-rule", choices=["megatron", "cumsum"], default="megatron",
+                   help="document split rule (they differ only in rounding corner cases)")
+    p.add_argument("--bench", action="store_true")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--iters", type=int, default=5)
+    a = p.parse_args(argv)
+    if a.bench:
+        bench(a)
+        return 0
+    if not a.config:
+        p.error("--config is required (or --bench)")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        cfg = load_config(a.config, a.set, a.allow_defaults)
+        init = a.init or cfg["model"]["init_from"]
+        if not init:
+            raise RefError("the reference cannot reproduce tptrain's Philox init: give --init or "
+                           "model.init_from")
+        steps = a.steps if a.steps is not None else cfg["training"]["train_iters"]
+        run_training(cfg, init, steps, a.out, torch.float64 if a.float64 else torch.float32,
+                     a.split_rule)
+    except RefError as e:
+        print(f"gpt_ref: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
