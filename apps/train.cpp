@@ -52,7 +52,6 @@ void reject_unimplemented(const Config& c) {
   if (c.model.hidden_dropout > 0 || c.model.attention_dropout > 0) no("model.hidden_dropout/attention_dropout", "dropout");
   if (c.parallel.sequence_parallel) no("parallel.sequence_parallel", "sequence parallelism");
   if (c.parallel.distributed_optimizer) no("parallel.distributed_optimizer", "the distributed optimizer");
-  if (c.parallel.pipeline_model_parallel_size > 1) no("parallel.pipeline_model_parallel_size", "pipeline parallelism");
   if (!c.checkpoint.save.empty() || !c.checkpoint.load.empty()) no("checkpoint.save/load", "checkpointing");
 }
 

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/hf_gpt2.h"
+#include "parallel/pipeline.h"
 
 namespace tpt {
 
@@ -80,8 +81,17 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   ops_->to_device(params_, host.data(), host.size());
   const int dp = grid.dp;
   num_micro_ = int(cfg.training.global_batch_size / (cfg.training.micro_batch_size * dp));
+  train_schedule_ = make_schedule(parse_schedule(cfg.parallel.pipeline_schedule), grid.pp, grid.pp_rank, num_micro_);
+  eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid.pp, grid.pp_rank, num_micro_);
+  const int slots = max_in_flight(train_schedule_);
   stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, *grid.tp_group, params_, grads_,
-                                      cfg.training.micro_batch_size, 1);
+                                      cfg.training.micro_batch_size, slots);
+  const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size;
+  for (int i = 0; i < slots && grid.pp > 1; ++i) {
+    act_in_.push_back(ops_->alloc(size_t(message)));
+    grad_in_.push_back(ops_->alloc(size_t(message)));
+  }
+  if (act_in_.empty()) act_in_.push_back(nullptr), grad_in_.push_back(nullptr);
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_);
   const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
   tokens_.resize(n);
@@ -100,8 +110,9 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters",
                  cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
                  cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.vocab_size, dims_.Vp, total / 1e6);
-    spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration", ops_->name(), num_micro_,
-                 cfg.training.micro_batch_size);
+    spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
+                 "({} activation slots on stage 0)",
+                 ops_->name(), num_micro_, cfg.training.micro_batch_size, cfg.parallel.pipeline_schedule, slots);
     if (!cfg.logging.metrics_file.empty()) {
       metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
       if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
@@ -118,6 +129,8 @@ Trainer::~Trainer() {
     ops_->free(grads_);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
     ops_->free(reinterpret_cast<float*>(dev_targets_));
+    for (float* b : act_in_) ops_->free(b);
+    for (float* b : grad_in_) ops_->free(b);
   }
 }
 
@@ -138,18 +151,31 @@ void Trainer::load_microbatch(const GPTDataset& ds, int64_t base, int m) {
 }
 
 // Forward (and backward) of every micro-batch of this rank's share of the global batch starting at
-// position `base`. Returns the sum of token losses of this DP rank.
+// position `base`, driven by this stage's pipeline schedule. Returns the sum of token losses
+// (non-zero on the last stage only).
 double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_grad) {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
   // d(mean loss over this rank's B*S*M tokens) / d(token loss); DP averaging divides by DP later.
   const float dloss = float(1.0 / double(B * S * num_micro_));
+  const auto& actions = want_grad ? train_schedule_ : eval_schedule_;
+  const int slots = int(act_in_.size());
   double loss_sum = 0;
-  for (int m = 0; m < num_micro_; ++m) {
-    load_microbatch(ds, base, m);
-    stage_->forward(0, dev_tokens_, nullptr);
-    loss_sum += stage_->loss(0, dev_targets_, dloss, want_grad);
-    if (want_grad) stage_->backward(0, nullptr);
-  }
+  StageHooks h;
+  h.forward = [&](int mb) {
+    const int slot = mb % slots;
+    if (grid_.first_stage() || grid_.last_stage()) load_microbatch(ds, base, mb);
+    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? nullptr : act_in_[size_t(slot)]);
+    if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad);
+  };
+  h.backward = [&](int mb) {
+    const int slot = mb % slots;
+    stage_->backward(slot, grid_.last_stage() ? nullptr : grad_in_[size_t(slot)]);
+  };
+  h.activation_out = [&](int mb) { return stage_->output(mb % slots); };
+  h.activation_in = [&](int mb) { return act_in_[size_t(mb % slots)]; };
+  h.grad_out = [&](int) { return stage_->input_grad(); };
+  h.grad_in = [&](int mb) { return grad_in_[size_t(mb % slots)]; };
+  execute_schedule(actions, *grid_.pp_group, B * S * cfg_.model.hidden_size, h);
   return loss_sum;
 }
 

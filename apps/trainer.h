@@ -13,6 +13,7 @@
 #include "model/gpt.h"
 #include "model/optimizer.h"
 #include "parallel/grid.h"
+#include "parallel/schedule.h"
 
 namespace tpt {
 
@@ -56,6 +57,8 @@ class Trainer {
   std::vector<int32_t> tokens_, targets_;  // host (B, S)
   int32_t *dev_tokens_ = nullptr, *dev_targets_ = nullptr;
   int num_micro_ = 1;
+  std::vector<Action> train_schedule_, eval_schedule_;
+  std::vector<float*> act_in_, grad_in_;  // per activation slot: received activations / gradients
   FILE* metrics_ = nullptr;
   int64_t iteration_ = 0;
 };

@@ -195,7 +195,7 @@ struct Ctx {
 std::string describe(const YAML::Node& v) {
   if (v.IsNull()) return "null";
   if (v.IsMap()) return "a map";
-  if (v.IsSequence()) return "a list";
+  if (v.IsSequence()) return "a list of " + std::to_string(v.size());
   return "'" + v.Scalar() + "'";
 }
 
@@ -421,12 +421,13 @@ void validate(Config& c, const Ctx& ctx) {
 
 // ---- Reading ----
 
-YAML::Node load_yaml(const std::string& text, const std::string& where) {
+// Parses YAML text; a syntax error names `where` and, for a file, the line and column.
+YAML::Node load_yaml(const std::string& text, const std::string& where, bool is_file) {
   try {
     return YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    input_error(where + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                ": YAML syntax error: " + e.msg);
+    std::string at = ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+    input_error(where + (is_file ? at : "") + ": YAML syntax error: " + e.msg);
   } catch (const YAML::Exception& e) {
     input_error(where + ": YAML error: " + e.msg);
   }
@@ -474,7 +475,7 @@ void apply_override(Config& cfg, Ctx& ctx, const std::string& ov) {
   }
   const Field* f = find_field(sec, key);
   if (!f) input_error(where + ": " + name + ": unknown key" + suggestion(sec, key));
-  assign(cfg, ctx, *f, load_yaml(ov.substr(eq + 1), where), where);
+  assign(cfg, ctx, *f, load_yaml(ov.substr(eq + 1), where, false), where);
 }
 
 // ---- Writing ----
@@ -532,7 +533,7 @@ nlohmann::json value_json(const Field& f, const Config& cfg) {
 
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides) {
-  YAML::Node root = load_yaml(yaml_text, source_name);
+  YAML::Node root = load_yaml(yaml_text, source_name, true);
   if (root.IsNull())
     input_error(source_name + ": the config is empty (expected sections: " + join(kSections, ", ") + ")");
   if (!root.IsMap())

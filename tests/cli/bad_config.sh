@@ -7,7 +7,8 @@ set -u
 : "${TPTRAIN:?set TPTRAIN to the tptrain binary}"
 : "${TPTRAIN_SRC:?set TPTRAIN_SRC to the source directory}"
 : "${TPTRAIN_WORK:?set TPTRAIN_WORK to a scratch directory}"
-FIX="$TPTRAIN_SRC/tests/cli/bad_configs"
+case "$TPTRAIN" in */*) TPTRAIN="$(cd "$(dirname "$TPTRAIN")" && pwd)/$(basename "$TPTRAIN")" ;; esac
+FIX="$(cd "$TPTRAIN_SRC" && pwd)/tests/cli/bad_configs"
 mkdir -p "$TPTRAIN_WORK"
 cd "$TPTRAIN_WORK" || exit 1
 
@@ -23,8 +24,10 @@ check() {
   timeout 20 "$TPTRAIN" "$@" >"$out" 2>"$err"
   local rc=$?
   local why=""
-  if [ "$rc" -ge 124 ]; then
-    why="exit status $rc (timeout or crash)"
+  if [ "$rc" -eq 124 ]; then
+    why="timed out after 20 s"
+  elif [ "$rc" -gt 128 ]; then
+    why="killed by signal $((rc - 128)) (crash)"
   elif [ "$rc" -ne 2 ]; then
     why="exit status $rc, expected 2"
   else

@@ -52,13 +52,15 @@ Bytes make_idx(uint8_t dtype, const std::vector<int32_t>& sizes, const std::vect
   return b;
 }
 
+constexpr int64_t kFromTokens = INT64_MIN;  // make_llmc: declare the true token count
+
 Bytes make_llmc(const std::vector<uint16_t>& tokens, int32_t magic = 20240520, int32_t version = 1,
-                int64_t declared = -1) {
+                int64_t declared = kFromTokens) {
   Bytes b;
   std::vector<int32_t> header(256, 0);
   header[0] = magic;
   header[1] = version;
-  header[2] = static_cast<int32_t>(declared >= 0 ? declared : static_cast<int64_t>(tokens.size()));
+  header[2] = static_cast<int32_t>(declared != kFromTokens ? declared : static_cast<int64_t>(tokens.size()));
   for (int32_t h : header) put(b, h);
   for (uint16_t t : tokens) put(b, t);
   return b;
@@ -145,7 +147,7 @@ TEST_F(DataFiles, MegatronReadsI32HandWritten) {
 
 TEST_F(DataFiles, MegatronWriterRoundTripsEveryIntegerDtype) {
   for (int code : {1, 2, 3, 4, 5, 8}) {
-    const std::string prefix = path("w" + std::to_string(code));
+    const std::string prefix = path(std::string("w").append(std::to_string(code)));
     {
       IndexedDatasetWriter w(prefix, code);
       w.add_document(std::vector<int32_t>{1, 2, 3});

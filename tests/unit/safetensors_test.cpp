@@ -60,8 +60,11 @@ TEST(DtypeBf16, InfNanSubnormal) {
   EXPECT_EQ(bf16_to_fp32(0xC049), -3.140625f);
   EXPECT_EQ(bf16_to_fp32(0xFF80), -std::numeric_limits<float>::infinity());
   // Every non-NaN bf16 survives bf16 -> fp32 -> bf16.
-  for (uint32_t h = 0; h < 65536; ++h)
-    if ((h & 0x7F80) != 0x7F80 || (h & 0x7F) == 0) ASSERT_EQ(fp32_to_bf16(bf16_to_fp32(uint16_t(h))), h);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    if ((h & 0x7F80) != 0x7F80 || (h & 0x7F) == 0) {
+      ASSERT_EQ(fp32_to_bf16(bf16_to_fp32(uint16_t(h))), h);
+    }
+  }
   EXPECT_EQ(round_to_bf16(1.00390625f), 1.0f);
 }
 
@@ -116,8 +119,11 @@ TEST(DtypeFp16, InfNanSubnormal) {
   EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7C01)));
   EXPECT_TRUE(std::signbit(fp16_to_fp32(0x8000)));
   // Every non-NaN half survives half -> fp32 -> half.
-  for (uint32_t h = 0; h < 65536; ++h)
-    if ((h & 0x7C00) != 0x7C00 || (h & 0x3FF) == 0) ASSERT_EQ(fp32_to_fp16(fp16_to_fp32(uint16_t(h))), h);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    if ((h & 0x7C00) != 0x7C00 || (h & 0x3FF) == 0) {
+      ASSERT_EQ(fp32_to_fp16(fp16_to_fp32(uint16_t(h))), h);
+    }
+  }
   EXPECT_EQ(round_to_fp16(0.1f), 0.0999755859375f);
 }
 
