@@ -7,10 +7,12 @@
 
 #include "apps/commands.h"
 #include "apps/help.h"
+#include "core/cpu/blas_select.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
   using namespace tpt;
+  select_openblas_core(argv);
   try {
     if (argc >= 2) {
       std::string cmd = argv[1];

@@ -445,7 +445,7 @@ void apply_file(Config& cfg, Ctx& ctx, const YAML::Node& root) {
     std::string sec = key_text(it->first, src);
     if (!is_section(sec)) input_error(src + ": " + sec + ": unknown section" + suggestion("", sec));
     if (!seen.insert(sec).second) input_error(src + ": " + sec + ": duplicate section");
-    const YAML::Node& body = it->second;
+    const YAML::Node body = it->second;  // a copy: `it->` yields a temporary
     if (body.IsNull()) continue;
     if (!body.IsMap()) input_error(src + ": " + sec + ": expected a map of keys, got " + describe(body));
     for (auto kv = body.begin(); kv != body.end(); ++kv) {

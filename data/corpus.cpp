@@ -4,6 +4,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 

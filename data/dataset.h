@@ -22,8 +22,10 @@ class TokenCorpus {
   virtual std::string description() const = 0;  // e.g. "Megatron dataset data/x (1234 docs, 5.6M tokens)"
 };
 
-// path: a Megatron prefix (path.idx + path.bin), an llm.c .bin shard, or a glob of llm.c shards
-// (read in sorted order, one document each). Every token must be < vocab_size.
+// path: a Megatron prefix (path.idx + path.bin; the path of either file is accepted too), an
+// llm.c .bin shard (recognised by its magic), or a glob (* ? [) of llm.c shards (read in byte-wise
+// sorted order, one document each). Every token must be in [0, vocab_size); the files stay
+// mapped for the corpus's lifetime.
 std::unique_ptr<TokenCorpus> open_corpus(const std::string& path, int vocab_size);
 
 // Megatron's split of `num_documents` by weights (e.g. {949, 50, 1}) into [begin, end) ranges
@@ -48,7 +50,7 @@ class GPTDataset {
   int64_t sample_index(int64_t position) const;  // which sample a position visits
 
  private:
-  struct PermutationCache;  // the permutation of the most recently visited epoch (thread-safe)
+  struct PermutationCache;  // permutations of recently visited epochs (thread-safe)
   std::shared_ptr<const std::vector<int64_t>> permutation(int64_t epoch) const;
 
   std::shared_ptr<const TokenCorpus> corpus_;

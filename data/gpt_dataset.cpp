@@ -73,10 +73,13 @@ std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
   return perm;
 }
 
+// The permutations of the two most recently used epochs: a global batch that straddles an epoch
+// boundary alternates between two of them without rebuilding either.
 struct GPTDataset::PermutationCache {
   std::mutex mutex;
-  int64_t epoch = -1;
-  std::shared_ptr<const std::vector<int64_t>> perm;
+  int64_t epoch[2] = {-1, -1};
+  std::shared_ptr<const std::vector<int64_t>> perm[2];
+  int next = 0;  // slot to replace
 };
 
 GPTDataset::GPTDataset(std::shared_ptr<const TokenCorpus> corpus, DocRange docs, int seq_length, bool shuffle,
@@ -99,12 +102,18 @@ int64_t GPTDataset::num_tokens() const { return doc_start_.back(); }
 int64_t GPTDataset::num_samples() const { return num_samples_; }
 
 std::shared_ptr<const std::vector<int64_t>> GPTDataset::permutation(int64_t epoch) const {
-  std::lock_guard<std::mutex> lock(cache_->mutex);
-  if (cache_->epoch != epoch) {
-    cache_->perm = std::make_shared<const std::vector<int64_t>>(shuffled_indices(num_samples_, seed_, epoch));
-    cache_->epoch = epoch;
-  }
-  return cache_->perm;
+  PermutationCache& c = *cache_;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (int i = 0; i < 2; ++i)
+    if (c.epoch[i] == epoch) {
+      c.next = 1 - i;
+      return c.perm[i];
+    }
+  const int slot = c.next;
+  c.perm[slot] = std::make_shared<const std::vector<int64_t>>(shuffled_indices(num_samples_, seed_, epoch));
+  c.epoch[slot] = epoch;
+  c.next = 1 - slot;
+  return c.perm[slot];
 }
 
 int64_t GPTDataset::sample_index(int64_t position) const {

@@ -8,6 +8,7 @@
 //     whitespace are dropped.
 // Documents with empty text are never passed on.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>

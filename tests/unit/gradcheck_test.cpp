@@ -120,7 +120,7 @@ VecD minus(const VecF& got, const VecF& base) {
 struct LinearRef {
   int64_t N, I, O;
   VecD forward(const VecD& x, const VecD& w, const VecD* b) const {
-    VecD y(size_t(N * O));
+    VecD y(static_cast<size_t>(N * O));
     for (int64_t n = 0; n < N; ++n)
       for (int64_t o = 0; o < O; ++o) {
         double s = b ? (*b)[size_t(o)] : 0.0;
@@ -207,7 +207,7 @@ struct LayerNormRef {
   int64_t N, C;
   double eps;
   VecD forward(const VecD& x, const VecD& w, const VecD& b, VecD* mean = nullptr, VecD* rstd = nullptr) const {
-    VecD y(size_t(N * C));
+    VecD y(static_cast<size_t>(N * C));
     for (int64_t n = 0; n < N; ++n) {
       double m = 0, v = 0;
       for (int64_t c = 0; c < C; ++c) m += x[size_t(n * C + c)];
@@ -280,7 +280,7 @@ struct AttentionRef {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t t = 0; t < T; ++t) {
           const double* q = qkv.data() + b * T * row + t * row + h * D;
-          VecD s(size_t(t + 1));
+          VecD s(static_cast<size_t>(t + 1));
           double mx = -1e300;
           for (int64_t u = 0; u <= t; ++u) {
             const double* k = qkv.data() + b * T * row + u * row + H * D + h * D;
@@ -312,8 +312,11 @@ TEST(GradCheck, AttentionForwardMatchesDoubleReference) {
       double s = 0;
       for (int64_t u = 0; u < T; ++u) {
         const float p = probs[size_t((bh * T + t) * T + u)];
-        if (u > t) EXPECT_EQ(p, 0.0f) << "probs above the diagonal at t=" << t << " s=" << u;
-        else EXPECT_GT(p, 0.0f);
+        if (u > t) {
+          EXPECT_EQ(p, 0.0f) << "probs above the diagonal at t=" << t << " s=" << u;
+        } else {
+          EXPECT_GT(p, 0.0f);
+        }
         s += p;
       }
       EXPECT_NEAR(s, 1.0, 1e-6);
@@ -545,16 +548,21 @@ struct XentShards {
       for (int64_t n = 0; n < N; ++n) sum_exp[size_t(n)] += se[size_t(n)];
     }
     // step 3 on each shard: the losses agree on every shard
-    VecF losses(size_t(N));
+    VecF losses(static_cast<size_t>(N));
     for (int64_t r = 0; r < T; ++r) {
       VecF l(size_t(N), 7.0f);
       VecF& s = shard[size_t(r)];
       const VecF before = s;
       cpu().xent_backward_inplace(s.data(), l.data(), row_max.data(), sum_exp.data(), target.data(),
                                   targets.data(), N, Vl, r * Vl, V, dloss_scale, dlogits != nullptr);
-      if (!dlogits) EXPECT_EQ(s, before) << "want_grad = false must leave the logits alone";
-      if (r == 0) losses = l;
-      else EXPECT_EQ(l, losses) << "shard " << r << " computed different losses";
+      if (!dlogits) {
+        EXPECT_EQ(s, before) << "want_grad = false must leave the logits alone";
+      }
+      if (r == 0) {
+        losses = l;
+      } else {
+        EXPECT_EQ(l, losses) << "shard " << r << " computed different losses";
+      }
       if (dlogits)
         for (int64_t n = 0; n < N; ++n)
           std::copy_n(s.begin() + n * Vl, Vl, dlogits->begin() + n * Vp + r * Vl);
@@ -565,7 +573,7 @@ struct XentShards {
 
 // Per-token loss in double over the valid columns only.
 VecD xent_ref(const VecF& logits, const std::vector<int32_t>& targets, int64_t N, int64_t Vp, int64_t V) {
-  VecD out(size_t(N));
+  VecD out(static_cast<size_t>(N));
   for (int64_t n = 0; n < N; ++n) {
     double mx = -1e300, s = 0;
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(logits[size_t(n * Vp + j)]));

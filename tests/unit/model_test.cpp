@@ -286,9 +286,10 @@ TEST(ModelInit, DeterministicAndSeedDependent) {
   const VecF a = init_of(l, 1234), b = init_of(l, 1234), other = init_of(l, 1235);
   for (const ParamInfo& p : l.params) {
     EXPECT_EQ(std::memcmp(a.data() + p.offset, b.data() + p.offset, size_t(p.numel) * sizeof(float)), 0) << p.name;
-    if (p.init == ParamInfo::Init::Normal)
+    if (p.init == ParamInfo::Init::Normal) {
       EXPECT_NE(std::memcmp(a.data() + p.offset, other.data() + p.offset, size_t(p.numel) * sizeof(float)), 0)
           << p.name << " does not depend on the seed";
+    }
   }
 }
 
@@ -370,7 +371,9 @@ void check_stitching(int tp, int pp) {
           // the TP = 1 local tensor is the whole global tensor (its padded rows come after)
           const size_t at = size_t(f->offset + global);
           const float x = v[size_t(p.offset + local)];
-          if (writes[at]++) EXPECT_EQ(x, stitched[at]) << p.name << " replicated copies differ";
+          if (writes[at]++) {
+            EXPECT_EQ(x, stitched[at]) << p.name << " replicated copies differ";
+          }
           stitched[at] = x;
         });
       }
