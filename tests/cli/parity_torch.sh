@@ -25,6 +25,7 @@ REF=$SRC/tests/reference
 TOL=(--loss-abs "${PARITY_LOSS_ABS:-1e-4}" --gradnorm-rel "${PARITY_GRADNORM_REL:-1e-3}"
      --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
 TIMEOUT=${PARITY_TIMEOUT_S:-300}
+export PYTHONDONTWRITEBYTECODE=1
 
 mkdir -p "$WORK" || { echo "cannot create TPTRAIN_WORK=$WORK"; exit 1; }
 cd "$WORK" || exit 1

@@ -25,6 +25,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # keep the source tree clean when run from ctest
 import compare_metrics  # noqa: E402
 import gpt_ref  # noqa: E402
 import make_hf_weights  # noqa: E402

@@ -407,7 +407,8 @@ TEST(GradCheck, GeluAgainstHandValues) {
   cpu().gelu_backward(dx.data(), dout.data(), x.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_NEAR(y[size_t(i)], cases[i].y, 2e-7 + 1e-6 * std::fabs(cases[i].y));
-    EXPECT_NEAR(dx[size_t(i)], dout[size_t(i)] * cases[i].dy, 1e-6 + 1e-6 * std::fabs(cases[i].dy));
+    // 1e-6 relative: gelu_grad loses a few ulp to the cancellation in 1 - tanh^2 for large x
+    EXPECT_NEAR(dx[size_t(i)], dout[size_t(i)] * cases[i].dy, 1e-6 * (1 + std::fabs(dout[size_t(i)] * cases[i].dy)));
   }
 }
 
@@ -665,9 +666,11 @@ TEST(GradCheck, AdamWMatchesTorchSteps) {
         EXPECT_EQ(p1[size_t(i)], p[size_t(i)]);
       }
     }
+    // The moments follow torch to float precision of (1 - beta): 1 - 0.999f is 0.00099998713, 1.3e-5
+    // relative off 0.001 (torch computes 1 - beta2 in double), hence 2e-5 relative on v.
     for (int i = 0; i < 4; ++i) {
-      EXPECT_NEAR(m[size_t(i)], m_final[i], 1e-7);
-      EXPECT_NEAR(v[size_t(i)], v_final[i], 1e-9);
+      EXPECT_NEAR(m[size_t(i)], m_final[i], 1e-6 * std::fabs(m_final[i]));
+      EXPECT_NEAR(v[size_t(i)], v_final[i], 2e-5 * v_final[i]);
     }
   }
 }
@@ -679,8 +682,8 @@ TEST(GradCheck, AdamWOneStepByHand) {
   float p = 1.0f, m = 0.0f, v = 0.0f;
   adamw_update(p, 0.5f, m, v, a, true);
   EXPECT_NEAR(p, 0.89, 1e-6);
-  EXPECT_NEAR(m, 0.05, 1e-8);
-  EXPECT_NEAR(v, 0.00025, 1e-10);
+  EXPECT_NEAR(m, 0.05, 1e-6 * 0.05);
+  EXPECT_NEAR(v, 0.00025, 2e-5 * 0.00025);
   // without decay the first step moves by exactly lr (sign of g)
   p = 1.0f, m = 0.0f, v = 0.0f;
   adamw_update(p, -3.0f, m, v, a, false);

@@ -1,0 +1,101 @@
+// Pipeline schedules: every (PP, M) pair simulates without deadlock, pairs every message, and
+// 1F1B keeps at most min(PP - stage, M) micro-batches in flight; broken lists are caught.
+#include <gtest/gtest.h>
+
+#include "parallel/schedule.h"
+
+namespace tpt {
+namespace {
+
+std::vector<std::vector<Action>> all_stages(ScheduleKind k, int P, int M) {
+  std::vector<std::vector<Action>> v;
+  for (int s = 0; s < P; ++s) v.push_back(make_schedule(k, P, s, M));
+  return v;
+}
+
+int count(const std::vector<Action>& L, Action::Kind k) {
+  int n = 0;
+  for (const auto& a : L) n += a.kind == k;
+  return n;
+}
+
+TEST(Schedule, OneFOneBAllPairsSimulate) {
+  for (int P = 1; P <= 8; ++P)
+    for (int M = 1; M <= 12; ++M) {
+      auto lists = all_stages(ScheduleKind::OneFOneB, P, M);
+      EXPECT_EQ(simulate(lists), "") << "P=" << P << " M=" << M;
+      for (int s = 0; s < P; ++s) {
+        EXPECT_EQ(count(lists[size_t(s)], Action::Kind::Forward), M);
+        EXPECT_EQ(count(lists[size_t(s)], Action::Kind::Backward), M);
+        EXPECT_LE(max_in_flight(lists[size_t(s)]), std::min(P - s, M)) << "P=" << P << " M=" << M << " s=" << s;
+        EXPECT_EQ(max_in_flight(lists[size_t(s)]), std::min(P - s, M));
+      }
+    }
+}
+
+TEST(Schedule, GPipeAndForwardOnlySimulate) {
+  for (int P = 1; P <= 6; ++P)
+    for (int M = 1; M <= 9; ++M) {
+      auto lists = all_stages(ScheduleKind::GPipe, P, M);
+      EXPECT_EQ(simulate(lists), "") << "P=" << P << " M=" << M;
+      for (int s = 0; s < P; ++s) EXPECT_EQ(max_in_flight(lists[size_t(s)]), M);
+      EXPECT_EQ(simulate(all_stages(ScheduleKind::ForwardOnly, P, M), false), "");
+    }
+}
+
+TEST(Schedule, OneFOneBWarmupMatchesMegatron) {
+  // stage 0 of 4 with 8 micro-batches: 3 warmup forwards, then F3 B0 F4 B1 ...
+  auto L = make_schedule(ScheduleKind::OneFOneB, 4, 0, 8);
+  std::string seq;
+  for (const auto& a : L)
+    if (a.kind != Action::Kind::Comm) seq += a.str() + " ";
+  EXPECT_EQ(seq, "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7 ");
+  auto last = make_schedule(ScheduleKind::OneFOneB, 4, 3, 3);
+  seq.clear();
+  for (const auto& a : last)
+    if (a.kind != Action::Kind::Comm) seq += a.str() + " ";
+  EXPECT_EQ(seq, "F0 B0 F1 B1 F2 B2 ");
+}
+
+TEST(Schedule, SimulatorCatchesDeadlock) {
+  // Stage 1 waits for a gradient before it ever sends its activation onwards: stage 0's first
+  // comm is a receive of a gradient that nobody sends yet -> deadlock.
+  auto lists = all_stages(ScheduleKind::OneFOneB, 2, 2);
+  std::swap(lists[0][0], lists[0][1]);  // stage 0: comm before F0 -> sends F0 before computing it
+  EXPECT_NE(simulate(lists), "");
+  lists = all_stages(ScheduleKind::GPipe, 3, 2);
+  // Reverse stage 2's list: it wants to send gradients before receiving anything.
+  std::reverse(lists[2].begin(), lists[2].end());
+  EXPECT_NE(simulate(lists), "");
+}
+
+TEST(Schedule, SimulatorReportsTrueDeadlock) {
+  // Both stages first wait for a message the other sends only later.
+  Action r0, r1, f0, b0, s0, s1;
+  r0.recv_bwd = 0;           // stage 0 waits for the gradient of micro-batch 0
+  r1.recv_fwd = 0;           // stage 1 waits for the activation of micro-batch 0
+  f0.kind = Action::Kind::Forward, f0.mb = 0;
+  b0.kind = Action::Kind::Backward, b0.mb = 0;
+  s0.send_fwd = 0;
+  s1.send_bwd = 0;
+  std::vector<std::vector<Action>> lists = {{r0, f0, s0, b0}, {r1, f0, b0, s1}};
+  std::string why = simulate(lists);
+  EXPECT_NE(why.find("deadlock"), std::string::npos) << why;
+}
+
+TEST(Schedule, SimulatorCatchesMismatchedMicrobatches) {
+  auto lists = all_stages(ScheduleKind::GPipe, 2, 2);
+  for (auto& a : lists[1])
+    if (a.recv_fwd == 0) a.recv_fwd = 1;
+    else if (a.recv_fwd == 1) a.recv_fwd = 0;
+  EXPECT_NE(simulate(lists), "");
+}
+
+TEST(Schedule, SimulatorCatchesMissingBackward) {
+  auto lists = all_stages(ScheduleKind::GPipe, 1, 3);
+  lists[0].pop_back();
+  EXPECT_NE(simulate(lists), "");
+}
+
+}  // namespace
+}  // namespace tpt
