@@ -48,9 +48,10 @@ if [[ "$left" == 0 ]]; then pass "failed runs leave nothing behind"; else fail "
 
 # ---------------------------------------------------------------------------------------------
 # 2. Corrupt datasets fed to training.
-#    >>> PENDING: enable once `tptrain` train reads data (set TRAINER_READS_DATA=1 here or in the
-#    >>> environment). The fixtures are generated and verified now; each corrupt one must give
-#    >>> exit 2 with a message naming the broken file, and the *_ok ones must train.
+#    >>> TRAINER SECTION (extend here): each corrupt fixture must give exit 2 with a message naming
+#    >>> the broken file, and the *_ok ones must train one iteration. The fixtures are generated and
+#    >>> verified by tests/tools/make_data.py. On by default (the trainer reads data);
+#    >>> TRAINER_READS_DATA=0 skips this section.
 if ! "$PYTHON" "$TOOL" fixtures fixtures >fixtures.log 2>&1; then
   fail "fixture generation"
   sed 's/^/    /' fixtures.log
@@ -83,7 +84,7 @@ data:
 EOF
 }
 
-if [[ "${TRAINER_READS_DATA:-0}" == 1 ]]; then
+if [[ "${TRAINER_READS_DATA:-1}" == 1 ]]; then
   #                 name                      data path                                file the message must name
   for row in "megatron_truncated_bin    fixtures/megatron_truncated_bin     fixtures/megatron_truncated_bin.bin" \
     "megatron_wrong_magic      fixtures/megatron_wrong_magic       fixtures/megatron_wrong_magic.idx" \
@@ -107,7 +108,7 @@ if [[ "${TRAINER_READS_DATA:-0}" == 1 ]]; then
     fi
   done
 else
-  echo "SKIP: training on corrupt data (pending: the trainer does not read data yet; TRAINER_READS_DATA=1 enables)"
+  echo "SKIP: training on corrupt data (TRAINER_READS_DATA=0)"
 fi
 
 echo "$passed passed, $failed failed"

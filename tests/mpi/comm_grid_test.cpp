@@ -1,0 +1,246 @@
+// The process grid and its communicators on 2 or 4 MPI ranks: every TP x PP x DP layout the world
+// allows, coordinates by rank = tp + TP*(dp + DP*pp), each group's size, rank and members, and every
+// collective of every group against results computed here by hand.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/runtime.h"
+
+namespace tpt {
+namespace {
+
+struct Layout {
+  int tp, pp, dp;
+};
+
+std::string name_of(const Layout& l) {
+  return "TP" + std::to_string(l.tp) + " PP" + std::to_string(l.pp) + " DP" + std::to_string(l.dp);
+}
+
+// Every (tp, pp, dp) whose product is the world size.
+std::vector<Layout> layouts(int world) {
+  std::vector<Layout> out;
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; pp <= world; ++pp)
+      if (world % (tp * pp) == 0) out.push_back({tp, pp, world / (tp * pp)});
+  return out;
+}
+
+// World ranks of a group, in the group's rank order, from the contract's formula.
+struct Members {
+  std::vector<int> tp, pp, dp, mp, embedding, world;
+};
+
+Members members_of(const Layout& l, int t, int p, int d) {
+  Members m;
+  for (int i = 0; i < l.tp; ++i) m.tp.push_back(Grid::rank_of(i, d, p, l.tp, l.dp));
+  for (int i = 0; i < l.pp; ++i) m.pp.push_back(Grid::rank_of(t, d, i, l.tp, l.dp));
+  for (int i = 0; i < l.dp; ++i) m.dp.push_back(Grid::rank_of(t, i, p, l.tp, l.dp));
+  for (int j = 0; j < l.pp; ++j)
+    for (int i = 0; i < l.tp; ++i) m.mp.push_back(Grid::rank_of(i, d, j, l.tp, l.dp));
+  if (l.pp > 1 && (p == 0 || p == l.pp - 1))
+    m.embedding = {Grid::rank_of(t, d, 0, l.tp, l.dp), Grid::rank_of(t, d, l.pp - 1, l.tp, l.dp)};
+  for (int r = 0; r < l.tp * l.pp * l.dp; ++r) m.world.push_back(r);
+  return m;
+}
+
+// Integer-valued floats: every sum below is exact, whatever the reduction order.
+float val(int world_rank, int64_t i) { return float(100 * world_rank + i + 1); }
+float val_max(int world_rank, int64_t i) { return float((world_rank * 7 + i * 3) % 11) - 5.0f; }
+// Exact in double, not in float: a reduction done in float would lose the low bits.
+double dval(int world_rank, int64_t i) { return 1099511627776.0 + 3.0 * world_rank + double(i); }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void check_collectives(Comm& c, const std::vector<int>& members, int me, const std::string& what,
+                       bool time_barrier) {
+  SCOPED_TRACE(what);
+  const int size = int(members.size());
+  ASSERT_EQ(c.size(), size);
+  const int rank = int(std::find(members.begin(), members.end(), me) - members.begin());
+  ASSERT_LT(rank, size) << "this rank is not a member";
+  ASSERT_EQ(c.rank(), rank);
+
+  // all_gather of the world ranks: the members, in group order
+  {
+    const float mine = float(me);
+    std::vector<float> all(size_t(size), -1.0f);
+    c.all_gather(all.data(), &mine, 1);
+    for (int k = 0; k < size; ++k) EXPECT_EQ(all[size_t(k)], float(members[size_t(k)])) << "member " << k;
+  }
+  const int64_t n = 5;
+  // all_reduce sum / max, float
+  {
+    std::vector<float> s(n), mx(n);
+    for (int64_t i = 0; i < n; ++i) s[size_t(i)] = val(me, i), mx[size_t(i)] = val_max(me, i);
+    c.all_reduce(s.data(), n, ReduceOp::Sum);
+    c.all_reduce(mx.data(), n, ReduceOp::Max);
+    for (int64_t i = 0; i < n; ++i) {
+      float ws = 0, wm = -1e30f;
+      for (int m : members) ws += val(m, i), wm = std::max(wm, val_max(m, i));
+      EXPECT_EQ(s[size_t(i)], ws) << "float sum, element " << i;
+      EXPECT_EQ(mx[size_t(i)], wm) << "float max, element " << i;
+    }
+  }
+  // all_reduce sum / max, double
+  {
+    std::vector<double> s(n), mx(n);
+    for (int64_t i = 0; i < n; ++i) s[size_t(i)] = dval(me, i), mx[size_t(i)] = -dval(me, i);
+    c.all_reduce(s.data(), n, ReduceOp::Sum);
+    c.all_reduce(mx.data(), n, ReduceOp::Max);
+    for (int64_t i = 0; i < n; ++i) {
+      double ws = 0, wm = -1e300;
+      for (int m : members) ws += dval(m, i), wm = std::max(wm, -dval(m, i));
+      EXPECT_EQ(s[size_t(i)], ws) << "double sum, element " << i;
+      EXPECT_EQ(mx[size_t(i)], wm) << "double max, element " << i;
+    }
+  }
+  // all_gather of 3 floats each
+  {
+    const int64_t k = 3;
+    std::vector<float> in(k), out(size_t(k * size), -1.0f);
+    for (int64_t i = 0; i < k; ++i) in[size_t(i)] = val(me, i);
+    c.all_gather(out.data(), in.data(), k);
+    for (int r = 0; r < size; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        EXPECT_EQ(out[size_t(r * k + i)], val(members[size_t(r)], i)) << "all_gather block " << r;
+  }
+  // reduce_scatter: in (size * 3), block `rank` of the sum
+  {
+    const int64_t k = 3;
+    std::vector<float> in(size_t(k * size)), out(size_t(k), -1.0f);
+    for (int64_t j = 0; j < k * size; ++j) in[size_t(j)] = val(me, j);
+    c.reduce_scatter(out.data(), in.data(), k);
+    for (int64_t i = 0; i < k; ++i) {
+      float w = 0;
+      for (int m : members) w += val(m, rank * k + i);
+      EXPECT_EQ(out[size_t(i)], w) << "reduce_scatter element " << i;
+    }
+  }
+  // broadcast from every root
+  for (int root = 0; root < size; ++root) {
+    std::vector<float> b(n);
+    for (int64_t i = 0; i < n; ++i) b[size_t(i)] = rank == root ? val(me, i) : -7.0f;
+    c.broadcast(b.data(), n, root);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(b[size_t(i)], val(members[size_t(root)], i)) << "broadcast root " << root;
+  }
+  // send_recv around a ring: send to the next, receive from the previous
+  {
+    const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    std::vector<float> out(n), in(n, -1.0f);
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = val(me, i);
+    c.send_recv(out.data(), n, next, in.data(), n, prev);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(in[size_t(i)], val(members[size_t(prev)], i)) << "ring";
+  }
+  // pipeline-style: one-sided at the ends, and message lengths that differ per rank
+  {
+    const int64_t send_n = rank + 1 < size ? 2 + rank : 0;
+    const int64_t recv_n = rank > 0 ? 2 + (rank - 1) : 0;
+    std::vector<float> out(size_t(std::max<int64_t>(send_n, 1))), in(size_t(std::max<int64_t>(recv_n, 1)), -1.0f);
+    for (int64_t i = 0; i < send_n; ++i) out[size_t(i)] = val(me, i);
+    c.send_recv(out.data(), send_n, rank + 1 < size ? rank + 1 : 0, in.data(), recv_n, rank > 0 ? rank - 1 : 0);
+    for (int64_t i = 0; i < recv_n; ++i) EXPECT_EQ(in[size_t(i)], val(members[size_t(rank - 1)], i)) << "chain";
+  }
+  // barrier: nobody leaves before the last one (group rank 0, after a sleep) has entered
+  c.barrier();
+  if (time_barrier && size > 1) {
+    double entered = 0;
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      entered = now_s();
+    }
+    c.barrier();
+    const double left = now_s();
+    c.all_reduce(&entered, 1, ReduceOp::Max);
+    EXPECT_GE(left, entered) << "a rank left the barrier before group rank 0 entered it";
+  }
+}
+
+TEST(MpiGrid, CoordinatesGroupsAndCollectivesOfEveryLayout) {
+  const int world = runtime_world_size();
+  const int me = runtime_world_rank();
+  ASSERT_GE(world, 2) << "run under mpirun -np 2 or 4";
+  const std::vector<Layout> all = layouts(world);
+  EXPECT_EQ(all.size(), world == 4 ? 6u : (world == 2 ? 3u : all.size()));
+  for (const Layout& l : all) {
+    SCOPED_TRACE(name_of(l));
+    Grid g = make_grid(l.tp, l.pp, l.dp);
+    EXPECT_EQ(g.world_size, world);
+    EXPECT_EQ(g.world_rank, me);
+    EXPECT_EQ(g.tp, l.tp);
+    EXPECT_EQ(g.pp, l.pp);
+    EXPECT_EQ(g.dp, l.dp);
+    // rank = tp + TP * (dp + DP * pp)
+    EXPECT_EQ(me, g.tp_rank + l.tp * (g.dp_rank + l.dp * g.pp_rank));
+    EXPECT_EQ(Grid::rank_of(g.tp_rank, g.dp_rank, g.pp_rank, l.tp, l.dp), me);
+    EXPECT_GE(g.tp_rank, 0);
+    EXPECT_LT(g.tp_rank, l.tp);
+    EXPECT_GE(g.dp_rank, 0);
+    EXPECT_LT(g.dp_rank, l.dp);
+    EXPECT_GE(g.pp_rank, 0);
+    EXPECT_LT(g.pp_rank, l.pp);
+    EXPECT_EQ(g.first_stage(), g.pp_rank == 0);
+    EXPECT_EQ(g.last_stage(), g.pp_rank == l.pp - 1);
+    // one host: every rank is local
+    EXPECT_EQ(g.local_size, world);
+    EXPECT_EQ(g.local_rank, me);
+
+    const Members m = members_of(l, g.tp_rank, g.pp_rank, g.dp_rank);
+    ASSERT_TRUE(g.world && g.tp_group && g.pp_group && g.dp_group && g.mp_group);
+    const bool check_time = l.tp == world || l.pp == world;  // the barrier timing on a few groups
+    check_collectives(*g.world, m.world, me, "world", check_time);
+    check_collectives(*g.tp_group, m.tp, me, "tp group", l.tp > 1);
+    check_collectives(*g.pp_group, m.pp, me, "pp group", l.pp > 1);
+    check_collectives(*g.dp_group, m.dp, me, "dp group", false);
+    check_collectives(*g.mp_group, m.mp, me, "mp group", false);
+    if (m.embedding.empty()) {
+      EXPECT_EQ(g.embedding_group, nullptr) << "embedding group on a middle stage or with PP = 1";
+    } else {
+      ASSERT_NE(g.embedding_group, nullptr);
+      check_collectives(*g.embedding_group, m.embedding, me, "embedding group", false);
+    }
+
+    // the printed table has one line per rank with that rank's coordinates
+    const std::string table = g.table();
+    for (int r = 0; r < world; ++r) {
+      char line[64];
+      std::snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  ", r, r % l.tp, r / (l.tp * l.dp), (r / l.tp) % l.dp);
+      EXPECT_NE(table.find(line), std::string::npos) << "no line for rank " << r << " in\n" << table;
+    }
+  }
+}
+
+// All groups of one grid used in an interleaved order (as the trainer does): nothing mixes up
+// messages between communicators.
+TEST(MpiGrid, GroupsDoNotInterfere) {
+  const int world = runtime_world_size();
+  const int me = runtime_world_rank();
+  const int tp = world >= 4 ? 2 : 1, pp = 2, dp = world / (tp * pp);
+  Grid g = make_grid(tp, pp, dp);
+  const Members m = members_of({tp, pp, dp}, g.tp_rank, g.pp_rank, g.dp_rank);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> a(4, float(me + round)), b(4, float(10 * me + round));
+    g.tp_group->all_reduce(a.data(), 4, ReduceOp::Sum);
+    g.pp_group->all_reduce(b.data(), 4, ReduceOp::Sum);
+    float wa = 0, wb = 0;
+    for (int r : m.tp) wa += float(r + round);
+    for (int r : m.pp) wb += float(10 * r + round);
+    EXPECT_EQ(a[0], wa);
+    EXPECT_EQ(b[3], wb);
+    const int stage = g.pp_rank, next = (stage + 1) % pp, prev = (stage + pp - 1) % pp;
+    std::vector<float> out(3, float(me * 3 + round)), in(3, -1.0f);
+    g.pp_group->send_recv(out.data(), 3, next, in.data(), 3, prev);
+    EXPECT_EQ(in[2], float(m.pp[size_t(prev)] * 3 + round));
+  }
+}
+
+}  // namespace
+}  // namespace tpt
