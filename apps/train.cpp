@@ -3,6 +3,7 @@
 // and the grid identically before any collective, so a bad input fails the same way everywhere
 // (rank 0 reports it). After that, a failure on one rank aborts the whole job.
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <string>
@@ -55,6 +56,19 @@ void reject_unimplemented(const Config& c) {
   if (!c.checkpoint.save.empty() || !c.checkpoint.load.empty()) no("checkpoint.save/load", "checkpointing");
 }
 
+// Peak resident memory of the ranks (getrusage), max and sum over the job.
+void report_peak_memory(Grid& grid) {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  double mib[2] = {double(ru.ru_maxrss) / 1024.0, 0.0};
+  mib[1] = mib[0];
+  double max = mib[0];
+  grid.world->all_reduce(&max, 1, ReduceOp::Max);
+  grid.world->all_reduce(&mib[1], 1, ReduceOp::Sum);
+  if (grid.world_rank == 0)
+    spdlog::info("peak memory (RSS): max {:.1f} MiB per rank, {:.1f} MiB over {} ranks", max, mib[1], grid.world_size);
+}
+
 }  // namespace
 
 int train_main(int argc, char** argv) {
@@ -88,7 +102,7 @@ int train_main(int argc, char** argv) {
     }
     Trainer trainer(cfg, grid);
     status = trainer.train();
-    grid.world->barrier();
+    report_peak_memory(grid);
   } catch (const InputError& e) {
     std::fprintf(stderr, "tptrain: error: rank %d: %s\n", rank, e.what());
     if (world > 1) runtime_abort(2);
