@@ -102,6 +102,7 @@ int train_main(int argc, char** argv) {
     }
     Trainer trainer(cfg, grid);
     status = trainer.train();
+    trainer.write_trace();
     report_peak_memory(grid);
   } catch (const InputError& e) {
     std::fprintf(stderr, "tptrain: error: rank %d: %s\n", rank, e.what());

@@ -99,6 +99,8 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   dev_tokens_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
   dev_targets_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
 
+  trace_ = std::make_unique<TraceRecorder>(cfg.logging.trace_file, grid.world_rank, grid.tp_rank, grid.pp_rank,
+                                           grid.dp_rank);
   if (rank0) {
     int64_t total = 0;
     for (const ParamInfo& p : layout_.params)
@@ -175,6 +177,8 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   h.activation_in = [&](int mb) { return act_in_[size_t(mb % slots)]; };
   h.grad_out = [&](int) { return stage_->input_grad(); };
   h.grad_in = [&](int mb) { return grad_in_[size_t(mb % slots)]; };
+  if (trace_->enabled() && want_grad)
+    h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
   execute_schedule(actions, *grid_.pp_group, B * S * cfg_.model.hidden_size, h);
   return loss_sum;
 }
@@ -254,6 +258,16 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
     if (val_loss) j["val_lm_loss"] = *val_loss;
     std::fprintf(metrics_, "%s\n", j.dump().c_str());
     std::fflush(metrics_);
+  }
+}
+
+void Trainer::write_trace() {
+  if (!trace_->enabled()) return;
+  trace_->write_part();
+  grid_.world->barrier();
+  if (grid_.world_rank == 0) {
+    TraceRecorder::merge(cfg_.logging.trace_file, grid_.world_size);
+    spdlog::info("trace: wrote {}", cfg_.logging.trace_file);
   }
 }
 

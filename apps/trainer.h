@@ -11,6 +11,7 @@
 #include "core/ops.h"
 #include "data/dataset.h"
 #include "model/gpt.h"
+#include "apps/trace.h"
 #include "model/optimizer.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
@@ -23,6 +24,8 @@ class Trainer {
   ~Trainer();
   // Runs train_iters iterations (from the current one); returns the exit status.
   int train();
+  // Writes logging.trace_file (collective: every rank must call it).
+  void write_trace();
 
   struct StepResult {
     double lm_loss = 0;    // mean over the global batch
@@ -60,6 +63,7 @@ class Trainer {
   std::vector<Action> train_schedule_, eval_schedule_;
   std::vector<float*> act_in_, grad_in_;  // per activation slot: received activations / gradients
   FILE* metrics_ = nullptr;
+  std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;
 };
 

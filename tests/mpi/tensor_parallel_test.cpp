@@ -1,7 +1,7 @@
 // Tensor parallelism on 2 or 4 MPI ranks against the single-rank computation on the same full
 // weights (every rank computes the TP = 1 reference locally): column-parallel linear with and
-// without gather_output, row-parallel linear with reduce_from_tp_region, the Megatron MLP pair, and
-// a whole GPT stage (forward, loss, backward) at TP = 2 and TP = 4.
+// without gather_output, row-parallel linear with reduce_from_tp_region, the Megatron MLP pair, a
+// whole GPT stage (forward, loss, backward) at TP = 2 and TP = 4, and two pipeline stages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -219,23 +219,46 @@ struct StageRun {
   VecF grads;
 };
 
-// forward + loss + backward of one micro-batch; the mean loss and d mean loss / d params.
-StageRun run_stage(const GPTDims& d, const ParamLayout& l, Comm& tp, VecF& params,
-                   const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t B) {
+// forward + loss + backward of one micro-batch through the pipeline (PP = 1: one stage); the mean
+// loss (on every rank) and d mean loss / d params of this rank's shard, the tied word embedding's
+// gradient summed over the embedding group as the trainer does.
+StageRun run_pipeline(const GPTDims& d, const ParamLayout& l, Comm& tp, Comm* pp, Comm* embedding,
+                      VecF& params, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                      int64_t B) {
   StageRun out;
   out.grads.assign(size_t(l.total), 0.0f);
   GPTStage stage(d, l, cpu(), tp, params.data(), out.grads.data(), B, 1);
-  const int64_t N = B * d.S;
-  stage.forward(0, tokens.data(), nullptr);
-  out.loss = stage.loss(0, targets.data(), 1.0f / float(N), true) / double(N);
-  stage.backward(0, nullptr);
+  const int64_t N = B * d.S, NC = N * d.C;
+  const int s = d.pp_rank;
+  VecF buf(size_t(NC));
+  if (d.first_stage()) {
+    stage.forward(0, tokens.data(), nullptr);
+  } else {
+    pp->send_recv(nullptr, 0, 0, buf.data(), NC, s - 1);
+    stage.forward(0, nullptr, buf.data());
+  }
+  if (!d.last_stage()) pp->send_recv(stage.output(0), NC, s + 1, nullptr, 0, 0);
+  if (d.last_stage()) {
+    out.loss = stage.loss(0, targets.data(), 1.0f / float(N), true) / double(N);
+    stage.backward(0, nullptr);
+  } else {
+    pp->send_recv(nullptr, 0, 0, buf.data(), NC, s + 1);
+    stage.backward(0, buf.data());
+  }
+  if (!d.first_stage()) pp->send_recv(stage.input_grad(), NC, s - 1, nullptr, 0, 0);
+  if (pp) pp->all_reduce(&out.loss, 1, ReduceOp::Sum);  // only the last stage's is nonzero
+  if (embedding) {
+    const ParamInfo* wte = l.find("wte.weight");
+    embedding->all_reduce(out.grads.data() + wte->offset, wte->numel, ReduceOp::Sum);
+  }
   return out;
 }
 
-void check_gpt_stage(int tp, int dp, bool randomize) {
-  SCOPED_TRACE("TP " + std::to_string(tp) + " DP " + std::to_string(dp) + (randomize ? " random weights" : " init weights"));
+void check_gpt(int tp, int pp, int dp, bool randomize) {
+  SCOPED_TRACE("TP " + std::to_string(tp) + " PP " + std::to_string(pp) + " DP " + std::to_string(dp) +
+               (randomize ? " random weights" : " init weights"));
   const Config cfg = tiny_config();
-  Grid g = make_grid(tp, 1, dp);
+  Grid g = make_grid(tp, pp, dp);
   const int64_t B = cfg.training.micro_batch_size;
 
   // The full (TP = 1) parameters, the same on every rank.
@@ -266,11 +289,11 @@ void check_gpt_stage(int tp, int dp, bool randomize) {
   targets[12] = 24;  // the first id of TP rank 1's shard at TP = 2
 
   auto self = make_self_comm();
-  const StageRun ref = run_stage(d1, l1, *self, p1, tokens, targets, B);
+  const StageRun ref = run_pipeline(d1, l1, *self, nullptr, nullptr, p1, tokens, targets, B);
 
   // This rank's shard: boxes copied from the full parameters; the padded word-embedding rows hold
   // garbage (masked: they must not matter).
-  const GPTDims dn = make_dims(cfg, tp, g.tp_rank, 1, 0);
+  const GPTDims dn = make_dims(cfg, tp, g.tp_rank, pp, g.pp_rank);
   const ParamLayout ln = make_param_layout(dn);
   VecF pn(size_t(ln.total), 0.0f);
   for (const ParamInfo& p : ln.params) {
@@ -279,7 +302,8 @@ void check_gpt_stage(int tp, int dp, bool randomize) {
     std::fill(pn.begin() + p.offset, pn.begin() + p.offset + p.numel, 50.0f);
     for_each_box_element(p, [&](int64_t local, int64_t global) { pn[size_t(p.offset + local)] = p1[size_t(f->offset + global)]; });
   }
-  const StageRun got = run_stage(dn, ln, *g.tp_group, pn, tokens, targets, B);
+  const StageRun got = run_pipeline(dn, ln, *g.tp_group, pp > 1 ? g.pp_group.get() : nullptr,
+                                    g.embedding_group.get(), pn, tokens, targets, B);
 
   EXPECT_NEAR(got.loss, ref.loss, 1e-5 * ref.loss) << "loss";
   if (!randomize) {
@@ -311,11 +335,20 @@ void check_gpt_stage(int tp, int dp, bool randomize) {
 }
 
 TEST(MpiTensorParallel, GptStageMatchesSingleRankRandomWeights) {
-  for (auto [tp, dp] : tp_layouts()) check_gpt_stage(tp, dp, true);
+  for (auto [tp, dp] : tp_layouts()) check_gpt(tp, 1, dp, true);
 }
 
 TEST(MpiTensorParallel, GptStageMatchesSingleRankInitWeights) {
-  for (auto [tp, dp] : tp_layouts()) check_gpt_stage(tp, dp, false);
+  for (auto [tp, dp] : tp_layouts()) check_gpt(tp, 1, dp, false);
+}
+
+// Two pipeline stages (TP = 1 on 2 ranks; TP = 2 x PP = 2 on 4 ranks): hidden states and their
+// gradients over the PP group, the tied word embedding summed over the embedding group.
+TEST(MpiTensorParallel, GptPipelineMatchesSingleRank) {
+  const int world = runtime_world_size();
+  const int tp = world / 2;
+  check_gpt(tp, 2, 1, true);
+  check_gpt(tp, 2, 1, false);
 }
 
 }  // namespace

@@ -270,6 +270,55 @@ TEST(ModelGradient, SlotsAccumulateLikeSeparateMicroBatches) {
   }
 }
 
+// Two pipeline stages chained in one process (hidden states forward, input gradient back, the
+// tied word embedding's two gradients summed) reproduce the one-stage loss and gradients.
+TEST(ModelGradient, TwoPipelineStagesChainedMatchOneStage) {
+  TinyModel m;
+  m.randomize(13);
+  const double want_loss = m.gradient();
+  const float s = 1.0f / float(m.N);
+  std::vector<GPTDims> d;
+  std::vector<ParamLayout> l;
+  for (int st = 0; st < 2; ++st) {
+    d.push_back(make_dims(m.cfg, 1, 0, 2, st));
+    l.push_back(make_param_layout(d.back()));
+  }
+  std::vector<VecF> p, g;
+  for (int st = 0; st < 2; ++st) {
+    p.emplace_back(size_t(l[size_t(st)].total), 0.0f);
+    g.emplace_back(size_t(l[size_t(st)].total), 0.0f);
+    for (const ParamInfo& info : l[size_t(st)].params) {
+      const ParamInfo* f = m.layout.find(info.name);
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(info.numel, f->numel);
+      std::copy_n(m.params.begin() + f->offset, info.numel, p.back().begin() + info.offset);
+    }
+  }
+  GPTStage first(d[0], l[0], *m.ops, *m.comm, p[0].data(), g[0].data(), m.B, 1);
+  GPTStage last(d[1], l[1], *m.ops, *m.comm, p[1].data(), g[1].data(), m.B, 1);
+  first.forward(0, m.tokens.data(), nullptr);
+  last.forward(0, nullptr, first.output(0));
+  const double loss = last.loss(0, m.targets.data(), s, true) / double(m.N);
+  last.backward(0, nullptr);
+  first.backward(0, last.input_grad());
+  EXPECT_NEAR(loss, want_loss, 1e-6 * want_loss);
+  const ParamInfo* wte0 = l[0].find("wte.weight");
+  const ParamInfo* wte1 = l[1].find("wte.weight");
+  ASSERT_TRUE(wte0 && wte1 && wte1->tied_copy && !wte0->tied_copy);
+  for (int64_t i = 0; i < wte0->numel; ++i)  // the embedding-group all-reduce of the trainer
+    g[0][size_t(wte0->offset + i)] += g[1][size_t(wte1->offset + i)];
+  for (int st = 0; st < 2; ++st)
+    for (const ParamInfo& info : l[size_t(st)].params) {
+      if (info.tied_copy) continue;
+      const ParamInfo* f = m.layout.find(info.name);
+      for (int64_t i = 0; i < info.numel; ++i) {
+        const float want = m.grads[size_t(f->offset + i)];
+        ASSERT_NEAR(g[size_t(st)][size_t(info.offset + i)], want, 1e-5 * (std::fabs(want) + 1e-3))
+            << info.name << " element " << i << " (stage " << st << ")";
+      }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------
 // layout and init
 

@@ -1,0 +1,62 @@
+#include "apps/trace.h"
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tpt {
+
+TraceRecorder::TraceRecorder(std::string path, int rank, int tp_rank, int pp_rank, int dp_rank)
+    : path_(std::move(path)), rank_(rank), tp_rank_(tp_rank), pp_rank_(pp_rank), dp_rank_(dp_rank) {}
+
+void TraceRecorder::record(int64_t iteration, const Action& a, double t0, double t1) {
+  if (!enabled() || events_.size() >= kMaxEvents) return;
+  events_.push_back({iteration, a, t0, t1});
+}
+
+void TraceRecorder::write_part() const {
+  if (!enabled()) return;
+  nlohmann::json ev = nlohmann::json::array();
+  char label[64];
+  snprintf(label, sizeof(label), "rank %d (tp %d, pp %d, dp %d)", rank_, tp_rank_, pp_rank_, dp_rank_);
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", label}}}});
+  ev.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"sort_index", rank_}}}});
+  for (const Event& e : events_) {
+    const char* cat = e.action.kind == Action::Kind::Forward    ? "forward"
+                      : e.action.kind == Action::Kind::Backward ? "backward"
+                                                                : "comm";
+    ev.push_back({{"name", e.action.str()},
+                  {"cat", cat},
+                  {"ph", "X"},
+                  {"pid", rank_},
+                  {"tid", 0},
+                  {"ts", e.t0},
+                  {"dur", e.t1 - e.t0},
+                  {"args", {{"iteration", e.iteration}, {"stage", pp_rank_}}}});
+  }
+  std::string part = path_ + ".rank" + std::to_string(rank_);
+  std::ofstream f(part);
+  f << ev.dump() << "\n";
+  if (!f) input_error("logging.trace_file: cannot write '" + part + "'");
+}
+
+void TraceRecorder::merge(const std::string& path, int world_size) {
+  nlohmann::json all = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) {
+    std::string part = path + ".rank" + std::to_string(r);
+    std::ifstream f(part);
+    if (!f) internal_error("trace: part '" + part + "' is missing");
+    nlohmann::json ev = nlohmann::json::parse(f);
+    for (auto& e : ev) all.push_back(std::move(e));
+    f.close();
+    std::remove(part.c_str());
+  }
+  std::ofstream out(path);
+  out << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!out) input_error("logging.trace_file: cannot write '" + path + "'");
+}
+
+}  // namespace tpt

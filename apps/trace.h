@@ -1,0 +1,35 @@
+// logging.trace_file: a Chrome / Perfetto trace (JSON "traceEvents") of every rank's pipeline
+// schedule -- one row per rank, one box per forward, backward and communication action. Each
+// rank writes its own events to <trace_file>.rank<R>; rank 0 merges them into <trace_file> at the
+// end (ranks share the file system, as for checkpoints).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/schedule.h"
+
+namespace tpt {
+
+class TraceRecorder {
+ public:
+  TraceRecorder(std::string path, int rank, int tp_rank, int pp_rank, int dp_rank);
+  bool enabled() const { return !path_.empty(); }
+  void record(int64_t iteration, const Action& a, double t0_us, double t1_us);
+  // Writes this rank's part; rank 0 waits for `barrier` then merges all parts into the trace file.
+  void write_part() const;
+  static void merge(const std::string& path, int world_size);
+
+ private:
+  struct Event {
+    int64_t iteration;
+    Action action;
+    double t0, t1;
+  };
+  std::string path_;
+  int rank_, tp_rank_, pp_rank_, dp_rank_;
+  std::vector<Event> events_;
+  static constexpr size_t kMaxEvents = 200000;
+};
+
+}  // namespace tpt
