@@ -6,5 +6,6 @@ namespace tpt {
 
 int train_main(int argc, char** argv);       // apps/train.cpp:   tptrain [train] --config FILE [--set k=v]...
 int preprocess_main(int argc, char** argv);  // apps/preprocess_cmd.cpp: tptrain preprocess ...
+int export_main(int argc, char** argv);      // apps/export_cmd.cpp: tptrain export --checkpoint DIR --output DIR
 
 }  // namespace tpt

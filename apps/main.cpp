@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
       }
       if (cmd == "train") return train_main(argc - 1, argv + 1);
       if (cmd == "preprocess") return preprocess_main(argc - 1, argv + 1);
-      if (cmd == "plan" || cmd == "export" || cmd == "generate")
+      if (cmd == "export") return export_main(argc - 1, argv + 1);
+      if (cmd == "plan" || cmd == "generate")
         input_error("'" + cmd + "' is not implemented in this build yet");
       if (cmd.rfind("-", 0) != 0)
         input_error("unknown command '" + cmd + "' (try: tptrain --help)");

@@ -47,13 +47,10 @@ void reject_unimplemented(const Config& c) {
   auto no = [](const std::string& key, const std::string& what) {
     input_error(key + ": " + what + " is not implemented in this version of tptrain");
   };
-  if (c.training.precision != "fp32") no("training.precision", c.training.precision);
-  if (c.training.recompute != "none") no("training.recompute", "recompute " + c.training.recompute);
   if (c.training.device == "cuda") no("training.device", "the CUDA backend");
   if (c.model.hidden_dropout > 0 || c.model.attention_dropout > 0) no("model.hidden_dropout/attention_dropout", "dropout");
   if (c.parallel.sequence_parallel) no("parallel.sequence_parallel", "sequence parallelism");
   if (c.parallel.distributed_optimizer) no("parallel.distributed_optimizer", "the distributed optimizer");
-  if (!c.checkpoint.save.empty() || !c.checkpoint.load.empty()) no("checkpoint.save/load", "checkpointing");
 }
 
 // Peak resident memory of the ranks (getrusage), max and sum over the job.

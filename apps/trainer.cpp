@@ -79,18 +79,29 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   params_ = ops_->alloc(size_t(layout_.total));
   grads_ = ops_->alloc(size_t(layout_.total));
   ops_->to_device(params_, host.data(), host.size());
+  dtype_ = cfg.training.precision == "bf16" ? DType::BF16 : cfg.training.precision == "fp16" ? DType::F16 : DType::F32;
+  params_compute_ = dtype_ == DType::F32 ? params_ : ops_->alloc(size_t(layout_.total));
+  refresh_compute_params();
+  scaler_.scale = dtype_ == DType::F16 ? cfg.optimizer.initial_loss_scale : 1.0;
   const int dp = grid.dp;
   num_micro_ = int(cfg.training.global_batch_size / (cfg.training.micro_batch_size * dp));
   train_schedule_ = make_schedule(parse_schedule(cfg.parallel.pipeline_schedule), grid.pp, grid.pp_rank, num_micro_);
   eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid.pp, grid.pp_rank, num_micro_);
   const int slots = max_in_flight(train_schedule_);
-  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, *grid.tp_group, params_, grads_,
-                                      cfg.training.micro_batch_size, slots);
+  StageOptions stage_options{dtype_, parse_recompute(cfg.training.recompute)};
+  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, *grid.tp_group, params_compute_, grads_,
+                                      cfg.training.micro_batch_size, slots, stage_options);
   const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size;
+  const size_t wire_floats = size_t(message + 1) / 2;  // 16-bit values, two per float slot
   for (int i = 0; i < slots && grid.pp > 1; ++i) {
     act_in_.push_back(ops_->alloc(size_t(message)));
     grad_in_.push_back(ops_->alloc(size_t(message)));
+    if (dtype_ != DType::F32) {
+      wire_act_in_.push_back(reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats)));
+      wire_grad_in_.push_back(reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats)));
+    }
   }
+  if (grid.pp > 1 && dtype_ != DType::F32) wire_send_ = reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats));
   if (act_in_.empty()) act_in_.push_back(nullptr), grad_in_.push_back(nullptr);
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_);
   const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
@@ -115,11 +126,19 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
                  "({} activation slots on stage 0)",
                  ops_->name(), num_micro_, cfg.training.micro_batch_size, cfg.parallel.pipeline_schedule, slots);
+    const double act = double(activation_floats_per_microbatch(dims_, cfg.training.micro_batch_size, stage_options.recompute)) *
+                       slots * dtype_bytes(dtype_);
+    const double scratch = double(scratch_floats(dims_, cfg.training.micro_batch_size, stage_options.recompute)) *
+                           dtype_bytes(dtype_);
+    spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
+                 "({} storage, recompute {})",
+                 act / 1048576.0, slots, scratch / 1048576.0, cfg.training.precision, cfg.training.recompute);
     if (!cfg.logging.metrics_file.empty()) {
       metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
       if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
     }
   }
+  setup_checkpointing();  // checkpoint: resume from checkpoint.load (the optimizer exists now)
 }
 
 Trainer::~Trainer() {
@@ -133,6 +152,10 @@ Trainer::~Trainer() {
     ops_->free(reinterpret_cast<float*>(dev_targets_));
     for (float* b : act_in_) ops_->free(b);
     for (float* b : grad_in_) ops_->free(b);
+    for (uint16_t* b : wire_act_in_) ops_->free(reinterpret_cast<float*>(b));
+    for (uint16_t* b : wire_grad_in_) ops_->free(reinterpret_cast<float*>(b));
+    if (wire_send_) ops_->free(reinterpret_cast<float*>(wire_send_));
+    if (params_compute_ != params_) ops_->free(params_compute_);
   }
 }
 
@@ -158,28 +181,41 @@ void Trainer::load_microbatch(const GPTDataset& ds, int64_t base, int m) {
 double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_grad) {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
   // d(mean loss over this rank's B*S*M tokens) / d(token loss); DP averaging divides by DP later.
-  const float dloss = float(1.0 / double(B * S * num_micro_));
+  // fp16: times the loss scale (gradients are unscaled after the reduction).
+  const float dloss = float(scaler_.scale / double(B * S * num_micro_));
   const auto& actions = want_grad ? train_schedule_ : eval_schedule_;
   const int slots = int(act_in_.size());
   double loss_sum = 0;
   StageHooks h;
+  const bool wire = !wire_act_in_.empty();  // 16-bit pipeline messages
+  const int64_t n = B * S * cfg_.model.hidden_size;
   h.forward = [&](int mb) {
     const int slot = mb % slots;
+    if (wire && !grid_.first_stage()) ops_->unpack_half(act_in_[size_t(slot)], wire_act_in_[size_t(slot)], n, dtype_);
     if (grid_.first_stage() || grid_.last_stage()) load_microbatch(ds, base, mb);
     stage_->forward(slot, dev_tokens_, grid_.first_stage() ? nullptr : act_in_[size_t(slot)]);
     if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad);
   };
   h.backward = [&](int mb) {
     const int slot = mb % slots;
+    if (wire && !grid_.last_stage()) ops_->unpack_half(grad_in_[size_t(slot)], wire_grad_in_[size_t(slot)], n, dtype_);
     stage_->backward(slot, grid_.last_stage() ? nullptr : grad_in_[size_t(slot)]);
   };
-  h.activation_out = [&](int mb) { return stage_->output(mb % slots); };
-  h.activation_in = [&](int mb) { return act_in_[size_t(mb % slots)]; };
-  h.grad_out = [&](int) { return stage_->input_grad(); };
-  h.grad_in = [&](int mb) { return grad_in_[size_t(mb % slots)]; };
+  auto packed = [&](const float* x) {
+    ops_->pack_half(wire_send_, x, n, dtype_);
+    return reinterpret_cast<const float*>(wire_send_);
+  };
+  h.activation_out = [&](int mb) { return wire ? packed(stage_->output(mb % slots)) : stage_->output(mb % slots); };
+  h.activation_in = [&](int mb) {
+    return wire ? reinterpret_cast<float*>(wire_act_in_[size_t(mb % slots)]) : act_in_[size_t(mb % slots)];
+  };
+  h.grad_out = [&](int) { return wire ? packed(stage_->input_grad()) : stage_->input_grad(); };
+  h.grad_in = [&](int mb) {
+    return wire ? reinterpret_cast<float*>(wire_grad_in_[size_t(mb % slots)]) : grad_in_[size_t(mb % slots)];
+  };
   if (trace_->enabled() && want_grad)
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
-  execute_schedule(actions, *grid_.pp_group, B * S * cfg_.model.hidden_size, h);
+  execute_schedule(actions, *grid_.pp_group, wire ? (n + 1) / 2 : n, h);
   return loss_sum;
 }
 
@@ -195,23 +231,48 @@ void Trainer::reduce_gradients() {
   }
 }
 
+void Trainer::refresh_compute_params() {
+  if (params_compute_ == params_) return;
+  ops_->copy(params_compute_, params_, size_t(layout_.total));
+  ops_->round_to(params_compute_, layout_.total, dtype_);
+}
+
 Trainer::StepResult Trainer::train_step(int64_t k) {
   const int64_t G = cfg_.training.global_batch_size;
+  StepResult r;
+  r.loss_scale = scaler_.scale;
   ops_->zero(grads_, size_t(layout_.total));
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
   reduce_gradients();
-  // loss: sum over the whole global batch (all DP ranks), on the last stage; broadcast over the model
+  if (scaler_.scale != 1.0) ops_->scale(grads_, float(1.0 / scaler_.scale), layout_.total);
+  // loss: sum over the whole global batch (all DP ranks), on the last stage; an inf/nan anywhere in
+  // the gradients of any rank (MAX over the job) skips the step everywhere.
   double stats[2] = {grid_.last_stage() && grid_.tp_rank == 0 ? loss_sum : 0.0,
                      local_grad_sum_squares(layout_, *ops_, grads_, grid_.tp_rank)};
   grid_.mp_group->all_reduce(stats, 2, ReduceOp::Sum);
   double dp_loss = stats[0];
   grid_.dp_group->all_reduce(&dp_loss, 1, ReduceOp::Sum);
-  StepResult r;
+  double nonfinite = ops_->has_nonfinite(grads_, layout_.total) ? 1.0 : 0.0;
+  grid_.world->all_reduce(&nonfinite, 1, ReduceOp::Max);
   r.lm_loss = dp_loss / double(G * cfg_.model.seq_length);
   r.grad_norm = std::sqrt(stats[1]);
+  if (dtype_ == DType::F16) {
+    r.skipped = nonfinite > 0;
+    scaler_.update(r.skipped);
+    if (r.skipped) return r;
+  } else if (nonfinite > 0 || !std::isfinite(r.lm_loss)) {
+    r.nan = true;
+    if (++consecutive_nan_ >= cfg_.training.nan_iteration_limit)
+      internal_error("iteration " + std::to_string(k) + ": " + std::to_string(consecutive_nan_) +
+                     " consecutive iterations with a nan/inf loss or gradient (training.nan_iteration_limit = " +
+                     std::to_string(cfg_.training.nan_iteration_limit) + "); stopping");
+    return r;
+  }
+  consecutive_nan_ = 0;
   const double clip = cfg_.optimizer.clip_grad;
   if (clip > 0 && r.grad_norm > clip) ops_->scale(grads_, float(clip / (r.grad_norm + 1e-6)), layout_.total);
   adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);
+  refresh_compute_params();
   return r;
 }
 
@@ -228,7 +289,7 @@ double Trainer::evaluate() {
 }
 
 void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
-                            std::optional<double> val_loss) {
+                            int skipped, int nans, std::optional<double> val_loss) {
   const Config& c = cfg_;
   const int64_t G = c.training.global_batch_size;
   const double per_iter_ms = elapsed_ms / double(std::max<int64_t>(1, n_iters));
@@ -240,17 +301,17 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
       "learning rate {:.3E} | global batch size {:>5} | lm loss {:.6E} | loss scale {:.1f} | grad norm {:.3f} | "
       "number of skipped iterations {:>3} | number of nan iterations {:>3} | tokens/s {:.0f} | "
       "TFLOP/s/device {:.3f} | ETA {}",
-      k, c.training.train_iters, k * G, per_iter_ms, lr, G, r.lm_loss, 1.0, r.grad_norm, 0,
-      std::isfinite(r.lm_loss) ? 0 : 1, tokens_per_s, tflops, hms(eta_s));
+      k, c.training.train_iters, k * G, per_iter_ms, lr, G, r.lm_loss, r.loss_scale, r.grad_norm, skipped, nans,
+      tokens_per_s, tflops, hms(eta_s));
   if (metrics_) {
     nlohmann::json j = {{"iteration", k},
                         {"consumed_samples", k * G},
                         {"lm_loss", r.lm_loss},
                         {"lr", lr},
                         {"grad_norm", r.grad_norm},
-                        {"loss_scale", 1.0},
-                        {"skipped_iterations", 0},
-                        {"nan_iterations", std::isfinite(r.lm_loss) ? 0 : 1},
+                        {"loss_scale", r.loss_scale},
+                        {"skipped_iterations", skipped},
+                        {"nan_iterations", nans},
                         {"elapsed_ms", per_iter_ms},
                         {"tokens_per_s", tokens_per_s},
                         {"tflops_per_device", tflops},
@@ -276,31 +337,36 @@ int Trainer::train() {
   const bool rank0 = grid_.world_rank == 0;
   using clock = std::chrono::steady_clock;
   auto window_start = clock::now();
-  int64_t window_iters = 0;
+  int64_t window_iters = 0, window_counted = 0;
+  int window_skipped = 0, window_nan = 0;
   double window_loss = 0;
   for (int64_t k = iteration_ + 1; k <= c.training.train_iters; ++k) {
     StepResult r = train_step(k);
     iteration_ = k;
-    window_loss += r.lm_loss;
     ++window_iters;
+    window_skipped += r.skipped;
+    window_nan += r.nan;
+    if (!r.skipped && !r.nan) window_loss += r.lm_loss, ++window_counted;  // Megatron averages updated steps
     std::optional<double> val;
     const bool eval_now = valid_data_ && c.data.eval_iters > 0 && k % c.data.eval_interval == 0;
     const bool log_now = k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now;
     if (log_now) {
       double ms = std::chrono::duration<double, std::milli>(clock::now() - window_start).count();
       StepResult avg = r;
-      avg.lm_loss = window_loss / double(window_iters);
+      if (window_counted) avg.lm_loss = window_loss / double(window_counted);
       if (eval_now) {
         val = evaluate();
         if (rank0)
           spdlog::info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", k, *val,
                        std::exp(std::min(*val, 20.0)));
       }
-      if (rank0) log_iteration(k, avg, learning_rate(c.optimizer, k), ms, window_iters, val);
+      if (rank0) log_iteration(k, avg, learning_rate(c.optimizer, k), ms, window_iters, window_skipped, window_nan, val);
       window_start = clock::now();
-      window_iters = 0;
+      window_iters = window_counted = 0;
+      window_skipped = window_nan = 0;
       window_loss = 0;
     }
+    if (checkpoint_and_check_exit(k)) return 0;  // checkpoint: save_interval / last iteration / exit signal
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // The training loop: ties the grid, the model stage, the optimizer and the data together, and
 // writes the contract's log line and metrics.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -29,7 +30,10 @@ class Trainer {
 
   struct StepResult {
     double lm_loss = 0;    // mean over the global batch
-    double grad_norm = 0;  // before clipping
+    double grad_norm = 0;  // before clipping (of the unscaled gradients)
+    double loss_scale = 1;  // the scale this step ran with
+    bool skipped = false;  // fp16 overflow: no update
+    bool nan = false;      // nan loss or gradient (bf16/fp32): no update
   };
   // One iteration k (1-based) over its global batch: forward/backward of every micro-batch,
   // gradient reduction, clipping and the AdamW update.
@@ -43,8 +47,10 @@ class Trainer {
   void load_microbatch(const GPTDataset& ds, int64_t base, int m);
   double forward_backward(int64_t base, const GPTDataset& ds, bool want_grad);
   void reduce_gradients();
+  // Mixed precision: the compute copy of the parameters = master rounded to the compute dtype.
+  void refresh_compute_params();
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
-                     std::optional<double> val_loss);
+                     int skipped, int nans, std::optional<double> val_loss);
 
   const Config& cfg_;
   Grid& grid_;
@@ -53,6 +59,10 @@ class Trainer {
   ParamLayout layout_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
+  DType dtype_ = DType::F32;
+  float* params_compute_ = nullptr;  // == params_ in fp32
+  LossScaler scaler_;
+  int consecutive_nan_ = 0;
   std::unique_ptr<GPTStage> stage_;
   std::unique_ptr<AdamW> adamw_;
   std::shared_ptr<const TokenCorpus> corpus_, valid_corpus_;
@@ -62,9 +72,28 @@ class Trainer {
   int num_micro_ = 1;
   std::vector<Action> train_schedule_, eval_schedule_;
   std::vector<float*> act_in_, grad_in_;  // per activation slot: received activations / gradients
+  // bf16/fp16 pipeline messages travel as 16-bit values: staging buffers (per slot for receives)
+  std::vector<uint16_t*> wire_act_in_, wire_grad_in_;
+  uint16_t* wire_send_ = nullptr;
   FILE* metrics_ = nullptr;
   std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;
+
+  // checkpoint: apps/trainer_checkpoint.cpp (DESIGN "Checkpoints")
+ public:
+  // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save.
+  void save_checkpoint();
+  // Collective. Resumes from checkpoint.load; false (a warning) when it holds no checkpoint.
+  bool load_checkpoint();
+
+ private:
+  // Exit-signal handler, save-directory check, resume: called at the end of the constructor.
+  void setup_checkpointing();
+  // After iteration k: agrees on the exit signal / exit_duration_mins over all ranks (MAX), saves
+  // at save_interval, the last iteration or an exit. True when training must stop now.
+  bool checkpoint_and_check_exit(int64_t k);
+  std::chrono::steady_clock::time_point start_time_;
+  std::shared_ptr<void> exit_signal_guard_;  // restores the previous handler
 };
 
 }  // namespace tpt

@@ -84,6 +84,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(training, seed),
       TPT_FIELD(training, device, kDef, {"auto", "cpu", "cuda"}),
       TPT_FIELD(training, cpu_threads, kNull),
+      TPT_FIELD(training, nan_iteration_limit),
       TPT_FIELD(optimizer, lr),
       TPT_FIELD(optimizer, min_lr),
       TPT_FIELD(optimizer, lr_warmup_iters),

@@ -46,6 +46,7 @@ struct TrainingConfig {
   uint64_t seed = 1234;
   std::string device = "auto";          // auto | cpu | cuda
   int cpu_threads = 0;                  // 0 = null: cores on this host / ranks on this host
+  int nan_iteration_limit = 10;         // this many consecutive nan iterations stop the run (exit 1)
 };
 
 struct OptimizerConfig {

@@ -97,4 +97,16 @@ TPT_HOST_DEVICE inline float fp16_to_fp32(uint16_t h) {
 TPT_HOST_DEVICE inline float round_to_bf16(float f) { return bf16_to_fp32(fp32_to_bf16(f)); }
 TPT_HOST_DEVICE inline float round_to_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
 
+// The compute dtype of a run (training.precision): what parameters used in compute, activations,
+// pipeline messages and activation gradients are stored as. Master weights, weight gradients and
+// optimizer state are always fp32.
+enum class DType { F32, BF16, F16 };
+
+inline int dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// Rounds x to the nearest value representable in t (nearest-even; fp16 overflow gives inf).
+TPT_HOST_DEVICE inline float round_to(float x, DType t) {
+  return t == DType::BF16 ? round_to_bf16(x) : t == DType::F16 ? round_to_fp16(x) : x;
+}
+
 }  // namespace tpt

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/math.h"
 
 namespace tpt {
@@ -88,6 +89,14 @@ class Ops {
                                      const float* sum_exp, const float* target_logit,
                                      const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
                                      int64_t valid_vocab, float dloss_scale, bool want_grad) = 0;
+
+  // Mixed precision. Rounds x in place to dtype t (storage of a bf16/fp16 tensor; no-op for F32).
+  virtual void round_to(float* x, int64_t n, DType t) = 0;
+  // Whether x holds an inf or a nan.
+  virtual bool has_nonfinite(const float* x, int64_t n) = 0;
+  // 16-bit wire format of pipeline messages: dst (n) = src rounded to t, and back.
+  virtual void pack_half(uint16_t* dst, const float* src, int64_t n, DType t) = 0;
+  virtual void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t) = 0;
 
   // sum of squares of x (n), in double.
   virtual double sum_squares(const float* x, int64_t n) = 0;

@@ -30,18 +30,35 @@ struct GPTStage::SlotActs {
   float dloss_scale = 0.0f;
 };
 
-int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B) {
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  internal_error("unknown recompute mode " + name);
+}
+
+namespace {
+int64_t layer_floats(const GPTDims& d, int64_t B, bool with_probs) {
   const int64_t N = B * d.S;
-  int64_t per_layer = 2 * (N * d.C + 2 * N) + 3 * N * d.Cl + B * d.Hl * d.S * d.S + N * d.Cl +
-                      2 * N * d.C + 2 * N * d.Fl;
-  int64_t n = N * d.C + (d.layer_end - d.layer_begin) * per_layer + 2 * N;  // + tokens, targets
+  return 2 * (N * d.C + 2 * N) + 3 * N * d.Cl + (with_probs ? B * d.Hl * d.S * d.S : 0) + N * d.Cl +
+         2 * N * d.C + 2 * N * d.Fl;
+}
+}  // namespace
+
+int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B, Recompute r) {
+  const int64_t N = B * d.S;
+  const int64_t layers = d.layer_end - d.layer_begin;
+  int64_t per_layer = r == Recompute::Full ? N * d.C : layer_floats(d, B, r == Recompute::None);
+  int64_t n = N * d.C + layers * per_layer + 2 * N;  // + stage input, tokens, targets
   if (d.last_stage()) n += N * d.C + 2 * N;
   return n;
 }
 
-int64_t scratch_floats(const GPTDims& d, int64_t B) {
+int64_t scratch_floats(const GPTDims& d, int64_t B, Recompute r) {
   const int64_t N = B * d.S;
   int64_t n = 3 * N * d.C + 3 * N * d.Cl + N * d.Cl + B * d.Hl * d.S * d.S + N * d.Fl;
+  if (r == Recompute::Selective) n += B * d.Hl * d.S * d.S;  // shared probabilities
+  if (r == Recompute::Full) n += layer_floats(d, B, true);  // one layer rebuilt at a time
   if (d.last_stage()) n += N * d.Vl + 4 * N;
   return n;
 }
@@ -84,9 +101,28 @@ float* GPTStage::g(const std::string& name) const {
 }
 
 GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, float* params,
-                   float* grads, int64_t micro_batch, int slots)
-    : d_(d), layout_(layout), ops_(ops), tp_(tp), params_(params), grads_(grads), B_(micro_batch) {
+                   float* grads, int64_t micro_batch, int slots, StageOptions options)
+    : d_(d), layout_(layout), ops_(ops), tp_(tp), params_(params), grads_(grads), B_(micro_batch), opt_(options) {
   const int64_t N = B_ * d.S;
+  auto layer_acts = [&](float* shared_probs, float* x_out) {
+    LayerActs la;
+    la.ln1 = alloc(N * d.C);
+    la.ln1_mean = alloc(N);
+    la.ln1_rstd = alloc(N);
+    la.qkv = alloc(3 * N * d.Cl);
+    la.probs = shared_probs ? shared_probs : alloc(B_ * d.Hl * d.S * d.S);
+    la.atty = alloc(N * d.Cl);
+    la.x_mid = alloc(N * d.C);
+    la.ln2 = alloc(N * d.C);
+    la.ln2_mean = alloc(N);
+    la.ln2_rstd = alloc(N);
+    la.fc1 = alloc(N * d.Fl);
+    la.gelu = alloc(N * d.Fl);
+    la.x_out = x_out ? x_out : alloc(N * d.C);
+    return la;
+  };
+  float* shared_probs = opt_.recompute == Recompute::Selective ? alloc(B_ * d.Hl * d.S * d.S) : nullptr;
+  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, nullptr));
   for (int s = 0; s < slots; ++s) {
     auto* a = new SlotActs;
     slots_.push_back(a);
@@ -94,21 +130,13 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     a->targets = reinterpret_cast<int32_t*>(alloc(N));
     a->x_in = alloc(N * d.C);
     for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
-      LayerActs la;
-      la.ln1 = alloc(N * d.C);
-      la.ln1_mean = alloc(N);
-      la.ln1_rstd = alloc(N);
-      la.qkv = alloc(3 * N * d.Cl);
-      la.probs = alloc(B_ * d.Hl * d.S * d.S);
-      la.atty = alloc(N * d.Cl);
-      la.x_mid = alloc(N * d.C);
-      la.ln2 = alloc(N * d.C);
-      la.ln2_mean = alloc(N);
-      la.ln2_rstd = alloc(N);
-      la.fc1 = alloc(N * d.Fl);
-      la.gelu = alloc(N * d.Fl);
-      la.x_out = alloc(N * d.C);
-      a->layers.push_back(la);
+      if (opt_.recompute == Recompute::Full) {  // only the layer's output (= next layer's input) is kept
+        LayerActs la{};
+        la.x_out = alloc(N * d.C);
+        a->layers.push_back(la);
+      } else {
+        a->layers.push_back(layer_acts(shared_probs, nullptr));
+      }
     }
     if (d.last_stage()) {
       a->lnf = alloc(N * d.C);
@@ -132,6 +160,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
 GPTStage::~GPTStage() {
   for (float* q : owned_) ops_.free(q);
   for (SlotActs* a : slots_) delete a;
+  delete recompute_acts_;
 }
 
 void GPTStage::block_forward(int64_t layer, LayerActs& a, const float* x_in, float* x_out) {
@@ -141,18 +170,35 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, const float* x_in, flo
   const bool bias_rank = d.tp_rank == 0;  // row-parallel biases are added once, before the all-reduce
   // attention
   ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, N, d.C, d.eps);
+  rnd(a.ln1, N * d.C);
   ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, d.C, 3 * d.Cl);  // column-parallel (by heads)
-  ops_.attention_forward(a.atty, a.probs, a.qkv, B_, d.S, d.Hl, d.D);
+  rnd(a.qkv, 3 * N * d.Cl);
+  attention_core_forward(a);
   ops_.linear_forward(tmp_, a.atty, w.proj_w, bias_rank ? w.proj_b : nullptr, N, d.Cl, d.C);  // row-parallel
+  rnd(tmp_, N * d.C);
   reduce_from_tp_region_forward(tp_, tmp_, N * d.C);
   ops_.add(a.x_mid, x_in, tmp_, N * d.C);
+  rnd(a.x_mid, N * d.C);
   // MLP
   ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, w.ln2_w, w.ln2_b, N, d.C, d.eps);
+  rnd(a.ln2, N * d.C);
   ops_.linear_forward(a.fc1, a.ln2, w.fc1_w, w.fc1_b, N, d.C, d.Fl);  // column-parallel
+  rnd(a.fc1, N * d.Fl);
   ops_.gelu_forward(a.gelu, a.fc1, N * d.Fl);
+  rnd(a.gelu, N * d.Fl);
   ops_.linear_forward(tmp_, a.gelu, w.fc2_w, bias_rank ? w.fc2_b : nullptr, N, d.Fl, d.C);  // row-parallel
+  rnd(tmp_, N * d.C);
   reduce_from_tp_region_forward(tp_, tmp_, N * d.C);
   ops_.add(x_out, a.x_mid, tmp_, N * d.C);
+  rnd(x_out, N * d.C);
+}
+
+// Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.
+void GPTStage::attention_core_forward(LayerActs& a) {
+  const GPTDims& d = d_;
+  ops_.attention_forward(a.atty, a.probs, a.qkv, B_, d.S, d.Hl, d.D);
+  rnd(a.probs, B_ * d.Hl * d.S * d.S);
+  rnd(a.atty, B_ * d.S * d.Cl);
 }
 
 // dres: d block output on entry, d block input on exit.
@@ -163,16 +209,25 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, const float* x_in, fl
   BlockParams gw = block_params(layout_, grads_, layer);
   // MLP
   ops_.linear_backward(dfc_, gw.fc2_w, gw.fc2_b, dres, a.gelu, w.fc2_w, N, d.Fl, d.C, false);
+  rnd(dfc_, N * d.Fl);
   ops_.gelu_backward(dfc_, dfc_, a.fc1, N * d.Fl);
+  rnd(dfc_, N * d.Fl);
   ops_.linear_backward(dln_, gw.fc1_w, gw.fc1_b, dfc_, a.ln2, w.fc1_w, N, d.C, d.Fl, false);
+  rnd(dln_, N * d.C);
   copy_to_tp_region_backward(tp_, dln_, N * d.C);
   ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln_, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, d.C);
+  rnd(dres, N * d.C);
   // attention
   ops_.linear_backward(datt_, gw.proj_w, gw.proj_b, dres, a.atty, w.proj_w, N, d.Cl, d.C, false);
+  rnd(datt_, N * d.Cl);
+  if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   ops_.attention_backward(dqkv_, dprobs_, datt_, a.qkv, a.probs, B_, d.S, d.Hl, d.D);
+  rnd(dqkv_, 3 * N * d.Cl);
   ops_.linear_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
+  rnd(dln_, N * d.C);
   copy_to_tp_region_backward(tp_, dln_, N * d.C);
   ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, d.C);
+  rnd(dres, N * d.C);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, const float* hidden_in) {
@@ -188,13 +243,17 @@ void GPTStage::forward(int slot, const int32_t* tokens, const float* hidden_in) 
   } else {
     ops_.copy(a.x_in, hidden_in, size_t(N * d.C));
   }
+  rnd(a.x_in, N * d.C);
   const float* x = a.x_in;
   for (size_t i = 0; i < a.layers.size(); ++i) {
-    block_forward(d.layer_begin + int64_t(i), a.layers[i], x, a.layers[i].x_out);
+    LayerActs& la = opt_.recompute == Recompute::Full ? *recompute_acts_ : a.layers[i];
+    block_forward(d.layer_begin + int64_t(i), la, x, a.layers[i].x_out);
     x = a.layers[i].x_out;
   }
-  if (d.last_stage())
+  if (d.last_stage()) {
     ops_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p("ln_f.weight"), p("ln_f.bias"), N, d.C, d.eps);
+    rnd(a.lnf, N * d.C);
+  }
   if (logits_slot_ == slot) logits_slot_ = -1;
 }
 
@@ -213,6 +272,7 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   a.dloss_scale = dloss_scale;
   // LM head tied to the word embedding, vocab-parallel: logits (N, Vl) of this rank's vocabulary rows.
   ops_.linear_forward(logits_, a.lnf, p("wte.weight"), nullptr, N, d.C, d.Vl);
+  rnd(logits_, N * d.Vl);  // cross-entropy itself runs in fp32 on the stored logits
   float* row_max = xent_;
   float* target_logit = xent_ + N;
   float* sum_exp = xent_ + 2 * N;  // adjacent to target_logit: one all-reduce for both
@@ -223,6 +283,7 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   if (tp_.size() > 1) tp_.all_reduce(target_logit, 2 * N, ReduceOp::Sum);
   ops_.xent_backward_inplace(logits_, losses, row_max, sum_exp, target_logit, a.targets, N, d.Vl, d.v0,
                              d.V, dloss_scale, want_grad);
+  if (want_grad) rnd(logits_, N * d.Vl);
   logits_slot_ = want_grad ? slot : -1;
   std::vector<float> host(static_cast<size_t>(N));
   ops_.to_host(host.data(), losses, size_t(N));
@@ -240,17 +301,25 @@ void GPTStage::backward(int slot, const float* doutput) {
     // LM head backward: d lnf = dlogits @ wte_local, summed over TP (f); d wte += dlogits^T lnf
     ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, a.lnf, p("wte.weight"), N, d.C, d.Vl, false);
     logits_slot_ = -1;
+    rnd(dln_, N * d.C);
     copy_to_tp_region_backward(tp_, dln_, N * d.C);
     const float* x = a.layers.empty() ? a.x_in : a.layers.back().x_out;
     ops_.zero(dres_, size_t(N * d.C));
     ops_.layernorm_backward(dres_, g("ln_f.weight"), g("ln_f.bias"), dln_, x, p("ln_f.weight"), a.lnf_mean,
                             a.lnf_rstd, N, d.C);
+    rnd(dres_, N * d.C);
   } else {
     ops_.copy(dres_, doutput, size_t(N * d.C));
   }
   for (size_t i = a.layers.size(); i-- > 0;) {
     const float* x_in = i == 0 ? a.x_in : a.layers[i - 1].x_out;
-    block_backward(d.layer_begin + int64_t(i), a.layers[i], x_in, dres_);
+    const int64_t layer = d.layer_begin + int64_t(i);
+    if (opt_.recompute == Recompute::Full) {  // rebuild the layer's activations from its input
+      block_forward(layer, *recompute_acts_, x_in, recompute_acts_->x_out);
+      block_backward(layer, *recompute_acts_, x_in, dres_);
+    } else {
+      block_backward(layer, a.layers[i], x_in, dres_);
+    }
   }
   if (d.first_stage()) {
     ops_.embedding_backward(g("wte.weight"), a.tokens, dres_, N, d.C, d.v0, d.Vl);

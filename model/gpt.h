@@ -56,18 +56,30 @@ ParamLayout make_param_layout(const GPTDims& d);
 // std * normal(seed, name, e), whatever the layout. params is a host buffer of layout.total.
 void init_params_host(const ParamLayout& layout, uint64_t seed, float* params);
 
-// Floats of activation storage that one micro-batch of B sequences keeps between its forward and
+// How a stage stores activations: the compute dtype (values rounded to it wherever a GPU kernel
+// would store them; the CPU keeps them in fp32 buffers) and activation recompute:
+//   none       keep every activation of a layer until its backward;
+//   selective  drop the attention probabilities (B, H, S, S) and recompute them in backward;
+//   full       keep only each layer's input and rerun the layer's forward in backward.
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& name);
+struct StageOptions {
+  DType dtype = DType::F32;
+  Recompute recompute = Recompute::None;
+};
+
+// Elements of activation storage that one micro-batch of B sequences keeps between its forward and
 // backward on this stage, and of the scratch shared by all micro-batches (planner and allocation
-// both use these).
-int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B);
-int64_t scratch_floats(const GPTDims& d, int64_t B);
+// both use these). Bytes = elements * dtype_bytes(dtype).
+int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B, Recompute r = Recompute::None);
+int64_t scratch_floats(const GPTDims& d, int64_t B, Recompute r = Recompute::None);
 
 class GPTStage {
  public:
   // params / grads: device buffers of layout.total floats. tp: the tensor-parallel group.
   // slots: how many micro-batches may be in flight between forward and backward.
   GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, float* params,
-           float* grads, int64_t micro_batch, int slots);
+           float* grads, int64_t micro_batch, int slots, StageOptions options = {});
   ~GPTStage();
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
@@ -91,7 +103,9 @@ class GPTStage {
   struct LayerActs;
   struct SlotActs;
   void block_forward(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
+  void rnd(float* x, int64_t n) { if (opt_.dtype != DType::F32) ops_.round_to(x, n, opt_.dtype); }
   void block_backward(int64_t layer, LayerActs& a, const float* x_in, float* dres);
+  void attention_core_forward(LayerActs& a);
   const float* p(const std::string& name) const;
   float* g(const std::string& name) const;
 
@@ -102,7 +116,9 @@ class GPTStage {
   float* params_;
   float* grads_;
   int64_t B_;
+  StageOptions opt_;
   std::vector<SlotActs*> slots_;
+  LayerActs* recompute_acts_ = nullptr;  // full recompute: one layer's activations, rebuilt in backward
   // shared scratch
   float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr, *dprobs_ = nullptr,
         *dfc_ = nullptr, *tmp_ = nullptr, *logits_ = nullptr, *xent_ = nullptr;

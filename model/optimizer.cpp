@@ -1,5 +1,6 @@
 #include "model/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/config.h"
@@ -25,6 +26,17 @@ double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* 
     s += ops.sum_squares(grads + p.offset, p.numel);
   }
   return s;
+}
+
+void LossScaler::update(bool found_inf) {
+  if (found_inf) {
+    growth_tracker = 0;
+    if (--hysteresis_tracker <= 0) scale = std::max(scale * 0.5, min_scale);
+  } else if (++growth_tracker == growth_interval) {
+    growth_tracker = 0;
+    hysteresis_tracker = hysteresis;
+    scale *= 2.0;
+  }
 }
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads)

@@ -18,6 +18,20 @@ double learning_rate(const OptimizerConfig& o, int64_t iteration);
 // TP-replicated tensors only on tp_rank 0, the last stage's tied copy of the word embedding never.
 double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank);
 
+// Megatron's DynamicGradScaler (fp16): the loss is multiplied by `scale` before backward. An
+// overflowing step (inf/nan in any gradient) is skipped and counts down the hysteresis; when it
+// reaches 0 the scale halves (not below min_scale). growth_interval clean steps in a row double the
+// scale and re-arm the hysteresis.
+struct LossScaler {
+  double scale = 1.0;
+  double min_scale = 1.0;
+  int growth_interval = 1000;
+  int hysteresis = 2;
+  int growth_tracker = 0;
+  int hysteresis_tracker = 2;
+  void update(bool found_inf);
+};
+
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads);

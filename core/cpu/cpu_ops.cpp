@@ -325,6 +325,26 @@ class CpuOps final : public Ops {
     }
   }
 
+  void round_to(float* x, int64_t n, DType t) override {
+    if (t == DType::F32) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] = tpt::round_to(x[i], t);
+  }
+  bool has_nonfinite(const float* x, int64_t n) override {
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+    return bad != 0;
+  }
+  void pack_half(uint16_t* dst, const float* src, int64_t n, DType t) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = t == DType::BF16 ? fp32_to_bf16(src[i]) : fp32_to_fp16(src[i]);
+  }
+  void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = t == DType::BF16 ? bf16_to_fp32(src[i]) : fp16_to_fp32(src[i]);
+  }
+
   double sum_squares(const float* x, int64_t n) override {
     double s = 0;
 #pragma omp parallel for reduction(+ : s) schedule(static)

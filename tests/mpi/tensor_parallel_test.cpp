@@ -230,7 +230,7 @@ StageRun run_pipeline(const GPTDims& d, const ParamLayout& l, Comm& tp, Comm* pp
   GPTStage stage(d, l, cpu(), tp, params.data(), out.grads.data(), B, 1);
   const int64_t N = B * d.S, NC = N * d.C;
   const int s = d.pp_rank;
-  VecF buf(size_t(NC));
+  VecF buf(static_cast<size_t>(NC));
   if (d.first_stage()) {
     stage.forward(0, tokens.data(), nullptr);
   } else {

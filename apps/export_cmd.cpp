@@ -1,0 +1,181 @@
+// tptrain export --checkpoint DIR --output DIR
+// A checkpoint of any layout -> Hugging Face GPT-2: model.safetensors (HF names without the
+// "transformer." prefix, Conv1D weights [in, out], c_attn's columns q, k, v of all heads, the
+// unpadded vocabulary) and config.json for transformers.GPT2LMHeadModel. The inverse of
+// model/hf_gpt2.cpp (model.init_from). One process, no MPI launch.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "parallel/checkpoint.h"
+
+namespace tpt {
+
+namespace {
+
+const char* kUsage =
+    "usage: tptrain export --checkpoint DIR --output DIR\n"
+    "  --checkpoint DIR  a checkpoint.save directory (its latest complete checkpoint) or one iter_N directory\n"
+    "  --output DIR      receives model.safetensors and config.json (Hugging Face GPT-2, fp32)\n";
+
+// The model sizes of the checkpoint's resolved config.
+struct Shape {
+  int64_t L, C, H, F, P, V;
+  double eps, init_std, hidden_dropout, attention_dropout;
+};
+
+Shape model_shape(const nlohmann::json& meta) {
+  try {
+    const nlohmann::json& m = meta.at("config").at("model");
+    return {m.at("num_layers").get<int64_t>(),        m.at("hidden_size").get<int64_t>(),
+            m.at("num_attention_heads").get<int64_t>(), m.at("ffn_hidden_size").get<int64_t>(),
+            m.at("max_position_embeddings").get<int64_t>(), m.at("vocab_size").get<int64_t>(),
+            m.at("layernorm_epsilon").get<double>(),   m.at("init_method_std").get<double>(),
+            m.at("hidden_dropout").get<double>(),      m.at("attention_dropout").get<double>()};
+  } catch (const nlohmann::json::exception& e) {
+    input_error(std::string("meta.json: config.model is incomplete: ") + e.what());
+  }
+}
+
+// out (cols, rows) = in (rows, cols)^T
+std::vector<float> transpose(const std::vector<float>& in, int64_t rows, int64_t cols) {
+  std::vector<float> out(in.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[size_t(c * rows + r)] = in[size_t(r * cols + c)];
+  return out;
+}
+
+}  // namespace
+
+int export_main(int argc, char** argv) {
+  std::string ckpt, out;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) input_error(a + " needs a value\n" + kUsage);
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a == "--checkpoint") ckpt = value();
+    else if (a == "--output") out = value();
+    else input_error("export: unknown argument '" + a + "'\n" + kUsage);
+  }
+  if (ckpt.empty() || out.empty()) input_error(std::string("export: --checkpoint and --output are required\n") + kUsage);
+  spdlog::set_pattern("%v");
+
+  auto self = make_self_comm();
+  LoadRequest req;
+  req.dir = ckpt;
+  req.verify_all_files = true;
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
+  if (!reader) input_error("export: no checkpoint in " + ckpt);
+  const Shape s = model_shape(reader->meta());
+  const int64_t C = s.C, F = s.F;
+
+  // A whole global tensor of the checkpoint, checked against the expected shape.
+  auto full = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = reader->tensors().find(name);
+    if (it == reader->tensors().end()) input_error("export: " + reader->path() + " has no tensor '" + name + "'");
+    if (it->second != shape)
+      input_error("export: " + reader->path() + ": tensor '" + name + "' has shape " + shape_string(it->second) +
+                  ", its config implies " + shape_string(shape));
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> data(static_cast<size_t>(n));
+    reader->read({name, shape, std::vector<int64_t>(shape.size(), 0), shape, shape, data.data()});
+    return data;
+  };
+
+  std::vector<std::pair<std::string, std::vector<int64_t>>> names;
+  std::vector<std::vector<float>> data;
+  auto put = [&](const std::string& hf, std::vector<int64_t> shape, std::vector<float> v) {
+    names.emplace_back(hf, std::move(shape));
+    data.push_back(std::move(v));
+  };
+  put("wte.weight", {s.V, C}, full("wte.weight", {s.V, C}));
+  put("wpe.weight", {s.P, C}, full("wpe.weight", {s.P, C}));
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    put(h + "ln_1.weight", {C}, full(h + "ln_1.weight", {C}));
+    put(h + "ln_1.bias", {C}, full(h + "ln_1.bias", {C}));
+    // ours (3, C_out, C_in) = a (3C, C) matrix; HF c_attn [C_in, 3C] (columns q, k, v of all heads)
+    put(h + "attn.c_attn.weight", {C, 3 * C}, transpose(full(h + "attn.qkv.weight", {3, C, C}), 3 * C, C));
+    put(h + "attn.c_attn.bias", {3 * C}, full(h + "attn.qkv.bias", {3, C}));
+    put(h + "attn.c_proj.weight", {C, C}, transpose(full(h + "attn.proj.weight", {C, C}), C, C));
+    put(h + "attn.c_proj.bias", {C}, full(h + "attn.proj.bias", {C}));
+    put(h + "ln_2.weight", {C}, full(h + "ln_2.weight", {C}));
+    put(h + "ln_2.bias", {C}, full(h + "ln_2.bias", {C}));
+    put(h + "mlp.c_fc.weight", {C, F}, transpose(full(h + "mlp.fc1.weight", {F, C}), F, C));
+    put(h + "mlp.c_fc.bias", {F}, full(h + "mlp.fc1.bias", {F}));
+    put(h + "mlp.c_proj.weight", {F, C}, transpose(full(h + "mlp.fc2.weight", {C, F}), C, F));
+    put(h + "mlp.c_proj.bias", {C}, full(h + "mlp.fc2.bias", {C}));
+  }
+  put("ln_f.weight", {C}, full("ln_f.weight", {C}));
+  put("ln_f.bias", {C}, full("ln_f.bias", {C}));
+
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec || !std::filesystem::is_directory(out))
+    input_error("export: cannot create directory '" + out + "': " + (ec ? ec.message() : "not a directory"));
+  SafetensorsWriter w;
+  int64_t params = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    w.add(names[i].first, names[i].second, data[i].data());
+    params += int64_t(data[i].size());
+  }
+  w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  w.write(out + "/model.safetensors");
+
+  nlohmann::json config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", s.V},
+      {"n_positions", s.P},
+      {"n_ctx", s.P},
+      {"n_embd", C},
+      {"n_layer", s.L},
+      {"n_head", s.H},
+      {"n_inner", F},
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", s.eps},
+      {"initializer_range", s.init_std},
+      {"resid_pdrop", s.hidden_dropout},
+      {"embd_pdrop", s.hidden_dropout},
+      {"attn_pdrop", s.attention_dropout},
+      {"scale_attn_weights", true},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"summary_type", "cls_index"},
+      {"summary_use_proj", true},
+      {"summary_activation", nullptr},
+      {"summary_proj_to_labels", true},
+      {"summary_first_dropout", 0.1},
+      {"use_cache", true},
+      {"bos_token_id", s.V - 1},
+      {"eos_token_id", s.V - 1},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+      {"tptrain_checkpoint", {{"path", reader->path()}, {"iteration", reader->iteration()}}}};
+  const std::string cfg_path = out + "/config.json";
+  std::ofstream f(cfg_path);
+  f << config.dump(2) << "\n";
+  f.close();
+  if (!f) input_error("export: cannot write " + cfg_path);
+  spdlog::info("exported {} (iteration {}; {} layers, hidden {}, {} heads, vocab {}: {:.2f}M parameters) to {}/model.safetensors "
+               "and {}",
+               reader->path(), reader->iteration(), s.L, C, s.H, s.V, double(params) / 1e6, out, cfg_path);
+  return 0;
+}
+
+}  // namespace tpt

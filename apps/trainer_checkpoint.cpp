@@ -1,0 +1,173 @@
+// The Trainer's side of checkpoints (DESIGN "Checkpoints (contract)"): maps this rank's parameter
+// layout and AdamW moments to parallel/checkpoint.h's boxes, and handles the exit signal.
+//
+// Who writes what: dp_rank 0 of each (tp, pp) writes model_tpXX_ppYYY.safetensors (parameters)
+// and optim_tpXX_ppYYY_dp000.safetensors (exp_avg, exp_avg_sq; without a distributed optimizer
+// every DP rank holds the same moments). Each global element is saved once: TP-replicated tensors
+// by tp_rank 0 only, the word embedding by the first stage only (the last stage's tied copy is
+// identical and is loaded from the same boxes), never the vocabulary padding rows.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <map>
+
+#include "apps/trainer.h"
+#include "core/error.h"
+#include "parallel/checkpoint.h"
+
+namespace tpt {
+
+namespace {
+
+constexpr const char* kExpAvg = "optimizer.state.exp_avg.";
+constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
+
+volatile std::sig_atomic_t g_exit_signal = 0;
+void on_exit_signal(int) { g_exit_signal = 1; }
+
+int signal_number(const std::string& name) {
+  static const std::map<std::string, int> numbers = {
+      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGHUP", SIGHUP}};
+  auto it = numbers.find(name);
+  if (it == numbers.end()) input_error("checkpoint.exit_signal: unknown signal '" + name + "'");
+  return it->second;
+}
+
+// This rank's tensors in `buffer` (a host copy of a parameter-shaped buffer), named prefix + name.
+// for_save: each global element once (see the file comment); else every local tensor.
+std::vector<CkptTensor> rank_tensors(const ParamLayout& layout, int tp_rank, float* buffer, const std::string& prefix,
+                                     bool for_save) {
+  std::vector<CkptTensor> out;
+  for (const ParamInfo& p : layout.params) {
+    if (for_save && (p.tied_copy || (p.tp_replicated && tp_rank != 0))) continue;
+    out.push_back({prefix + p.name, p.global_shape, p.box_offset, p.box_size, p.local_shape, buffer + p.offset});
+  }
+  return out;
+}
+
+double megabytes(double bytes) { return bytes / 1e6; }
+
+}  // namespace
+
+void Trainer::setup_checkpointing() {
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  start_time_ = std::chrono::steady_clock::now();
+  const int sig = signal_number(ck.exit_signal);
+  struct sigaction sa {}, old {};
+  sa.sa_handler = on_exit_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  g_exit_signal = 0;
+  if (::sigaction(sig, &sa, &old) != 0) internal_error("sigaction(" + ck.exit_signal + ") failed");
+  exit_signal_guard_ = std::shared_ptr<void>(nullptr, [sig, old](void*) { ::sigaction(sig, &old, nullptr); });
+  if (!ck.save.empty() && grid_.world_rank == 0) check_save_dir(ck.save);  // fail before training, not after
+  if (!ck.load.empty()) load_checkpoint();
+}
+
+void Trainer::save_checkpoint() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = iteration_, G = cfg_.training.global_batch_size;
+  CheckpointWriter writer(*grid_.world, cfg_.checkpoint.save, n);
+  if (grid_.dp_rank == 0) {
+    const size_t total = size_t(layout_.total);
+    std::vector<float> a(total), b(total);
+    ops_->to_host(a.data(), params_, total);
+    writer.write_file(model_shard_name(grid_.tp_rank, grid_.pp_rank),
+                      rank_tensors(layout_, grid_.tp_rank, a.data(), "", true));
+    ops_->to_host(a.data(), adamw_->exp_avg(), total);
+    ops_->to_host(b.data(), adamw_->exp_avg_sq(), total);
+    std::vector<CkptTensor> moments = rank_tensors(layout_, grid_.tp_rank, a.data(), kExpAvg, true);
+    for (CkptTensor& t : rank_tensors(layout_, grid_.tp_rank, b.data(), kExpAvgSq, true)) moments.push_back(std::move(t));
+    writer.write_file(optim_shard_name(grid_.tp_rank, grid_.pp_rank, grid_.dp_rank), moments);
+  }
+  nlohmann::json meta = {
+      {"consumed_samples", n * G},
+      {"config", config_to_json(cfg_)},
+      {"grid", {{"tensor_model_parallel_size", grid_.tp}, {"pipeline_model_parallel_size", grid_.pp},
+                {"data_parallel_size", grid_.dp}, {"world_size", grid_.world_size}}},
+      {"scheduler", {{"iteration", n}, {"lr", learning_rate(cfg_.optimizer, n)}}},
+      {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}}}},
+      {"loss_scaler", nullptr},
+      // Every random number is a pure function of (seed, name, index): the seed is the whole state.
+      {"rng", {{"seed", cfg_.training.seed}}},
+      {"sampler", {{"consumed_samples", n * G}, {"global_batch_size", G}, {"shuffle", cfg_.data.shuffle},
+                   {"seed", cfg_.training.seed}}}};
+  const uint64_t bytes = writer.commit(std::move(meta), cfg_.checkpoint.keep_last);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (grid_.world_rank == 0)
+    spdlog::info("saved checkpoint at iteration {} to {} ({:.1f} MB in {:.3f} s, {:.0f} MB/s)", n, writer.path(),
+                 megabytes(double(bytes)), s, megabytes(double(bytes)) / std::max(s, 1e-9));
+}
+
+bool Trainer::load_checkpoint() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool rank0 = grid_.world_rank == 0;
+  const std::string& dir = cfg_.checkpoint.load;
+  const size_t total = size_t(layout_.total);
+  std::vector<float> host(total, 0.0f);
+  const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, grid_.tp_rank, host.data(), "", false),
+                                             rank_tensors(layout_, grid_.tp_rank, host.data(), kExpAvg, false),
+                                             rank_tensors(layout_, grid_.tp_rank, host.data(), kExpAvgSq, false)};
+  float* const targets[3] = {params_, adamw_->exp_avg(), adamw_->exp_avg_sq()};
+
+  LoadRequest req;
+  req.dir = dir;
+  for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
+  // The whole model (one stage, one TP rank): names and global shapes for the shape check.
+  const ParamLayout whole = make_param_layout(make_dims(cfg_, 1, 0, 1, 0));
+  for (const char* prefix : {"", kExpAvg, kExpAvgSq})
+    for (const ParamInfo& p : whole.params) req.model.push_back({prefix + p.name, p.global_shape});
+
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*grid_.world, req);
+  if (!reader) {
+    if (rank0) spdlog::warn("WARNING: checkpoint.load: no checkpoint in {}; training from scratch", dir);
+    return false;
+  }
+  for (int g = 0; g < 3; ++g) {
+    for (const CkptTensor& t : groups[g]) reader->read(t);
+    ops_->to_device(targets[g], host.data(), total);
+  }
+  iteration_ = reader->iteration();
+  double io[2] = {double(reader->bytes_read()), double(reader->bytes_verified())};
+  grid_.world->all_reduce(io, 2, ReduceOp::Sum);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank0) {
+    const nlohmann::json& m = reader->meta();
+    const int64_t G = cfg_.training.global_batch_size;
+    const int64_t consumed = m.value("consumed_samples", int64_t(-1));
+    spdlog::info("loaded checkpoint {} at iteration {} (consumed samples {}; saved on TP {} x PP {} x DP {}): "
+                 "{:.1f} MB read, {:.1f} MB checksummed, in {:.3f} s",
+                 reader->path(), iteration_, consumed, m["grid"].value("tensor_model_parallel_size", 0),
+                 m["grid"].value("pipeline_model_parallel_size", 0), m["grid"].value("data_parallel_size", 0),
+                 megabytes(io[0]), megabytes(io[1]), s);
+    if (consumed != iteration_ * G)
+      spdlog::warn("WARNING: checkpoint {}: consumed samples {} != iteration {} x global batch size {}: training "
+                   "continues at data position {} (the data position follows the iteration)",
+                   reader->path(), consumed, iteration_, G, iteration_ * G);
+    if (!cfg_.model.init_from.empty())
+      spdlog::info("checkpoint.load takes precedence over model.init_from ({} is not used)", cfg_.model.init_from);
+  }
+  return true;
+}
+
+bool Trainer::checkpoint_and_check_exit(int64_t k) {
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  double stop[2] = {g_exit_signal ? 1.0 : 0.0, 0.0};
+  if (ck.exit_duration_mins > 0) {
+    const double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60;
+    stop[1] = mins >= ck.exit_duration_mins ? 1.0 : 0.0;
+  }
+  grid_.world->all_reduce(stop, 2, ReduceOp::Max);  // every rank stops at the same iteration
+  const bool exiting = stop[0] > 0 || stop[1] > 0;
+  if (!ck.save.empty() && (k % ck.save_interval == 0 || k == cfg_.training.train_iters || exiting)) save_checkpoint();
+  if (exiting && grid_.world_rank == 0) {
+    if (stop[0] > 0) spdlog::info("exiting program after receiving {} at iteration {}", ck.exit_signal, k);
+    else spdlog::info("exiting program after {} minutes (checkpoint.exit_duration_mins) at iteration {}",
+                      ck.exit_duration_mins, k);
+    if (ck.save.empty()) spdlog::warn("WARNING: checkpoint.save is not set: nothing was saved");
+  }
+  return exiting;
+}
+
+}  // namespace tpt

@@ -1,0 +1,134 @@
+// Sharded checkpoints (DESIGN "Checkpoints (contract)"): the on-disk format, the collective save
+// (iter_N.partial -> iter_N -> latest file) and the collective find / verify / load that reads any
+// saved layout into any other. Knows nothing of the model: a tensor is a name, its global shape and
+// the box of it a rank holds.
+//
+//   <save>/latest_checkpointed_iteration.txt          "200\n", replaced atomically, written last
+//   <save>/iter_0000200/meta.json                     see CheckpointWriter::commit
+//   <save>/iter_0000200/<file>.safetensors            fp32 tensors (the boxes), global names
+//
+// Every shard file's CRC-32C is in meta.json together with the tensor index (for every file, every
+// tensor's name, global shape, box offset and box size). A reader verifies the checksum of each
+// file it reads; the ranks agree on one checkpoint, falling back to older ones past a bad file.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "parallel/comm.h"
+
+namespace tpt {
+
+class SafetensorsReader;
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr const char* kCheckpointFormat = "tptrain-checkpoint";
+inline constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
+
+// A rank's shard of a global tensor: the box [box_offset, box_offset + box_size) of the global
+// tensor (global_shape), stored row-major as the leading part, in every dimension, of a local
+// tensor of local_shape (e.g. the word embedding's local rows past the vocabulary are padding).
+struct CkptTensor {
+  std::string name;
+  std::vector<int64_t> global_shape, box_offset, box_size, local_shape;
+  float* data = nullptr;  // host memory, prod(local_shape) floats
+};
+
+// A tensor of the whole model, for the shape check on load.
+struct GlobalTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+std::string checkpoint_dir_name(int64_t iteration);                       // iter_0000200
+std::string model_shard_name(int tp_rank, int pp_rank);                   // model_tp00_pp000.safetensors
+std::string optim_shard_name(int tp_rank, int pp_rank, int dp_rank);      // optim_tp00_pp000_dp000.safetensors
+std::string shape_string(const std::vector<int64_t>& shape);              // [3, 64, 64]
+
+// CRC-32C (Castagnoli), the checksum named "crc32c" in meta.json; crc32c(0, "123456789", 9) = 0xE3069283.
+uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+
+// Creates `save_dir` if needed and checks that a file can be written in it; InputError naming the
+// path otherwise. Called at start-up so that a bad checkpoint.save fails before any training.
+void check_save_dir(const std::string& save_dir);
+
+// Saves one checkpoint, collectively over `world`:
+//   CheckpointWriter w(world, save, iteration);     rank 0 creates iter_N.partial/
+//   w.write_file(name, tensors);                    any rank, any number of files (owners only)
+//   w.commit(meta, keep_last);                      fsync, meet, meta.json, rename, latest file
+// A failure throws InputError naming the path on the rank that saw it (main aborts the job); the
+// previous checkpoint and the latest file stay untouched until the new checkpoint is complete.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(Comm& world, std::string save_dir, int64_t iteration);
+  // Writes <partial>/<file_name> (fp32 safetensors, the boxes of `tensors`; empty boxes skipped),
+  // fsyncs it and leaves a sidecar with its size, CRC-32C and tensor index for rank 0.
+  void write_file(const std::string& file_name, const std::vector<CkptTensor>& tensors);
+  // Collective. Rank 0 merges the sidecars into meta.json (`meta` plus format, format_version,
+  // iteration, checksum, files), renames iter_N.partial to iter_N, replaces the latest file and
+  // deletes all but the newest keep_last (> 0) complete checkpoints. Returns the bytes of all files.
+  uint64_t commit(nlohmann::json meta, int keep_last);
+  const std::string& path() const { return final_dir_; }
+
+ private:
+  Comm& world_;
+  std::string save_dir_, partial_dir_, final_dir_;
+  int64_t iteration_;
+  int files_written_ = 0;
+  uint64_t bytes_written_ = 0;
+};
+
+// What a rank asks of a checkpoint directory.
+struct LoadRequest {
+  // A save directory (its latest complete checkpoint, older ones as fallbacks) or one iter_N
+  // directory (that checkpoint only).
+  std::string dir;
+  std::vector<CkptTensor> wanted;   // this rank's tensors (their data pointers are not used by open)
+  std::vector<GlobalTensor> model;  // every tensor of the whole model; empty: no shape check
+  bool verify_all_files = false;    // verify every file, not just those `wanted` intersects
+};
+
+// A checkpoint every rank has verified the files it needs of.
+class CheckpointReader {
+ public:
+  // Collective over `world`. Rank 0 picks the newest candidate (latest file, else the newest
+  // complete iter_*), checks its meta.json and that its files exist with their sizes; every rank
+  // verifies the checksums of the files its `wanted` boxes intersect; the ranks agree, and a bad
+  // candidate is skipped with a WARNING naming the file and the problem. Returns null (on every
+  // rank) when `dir` holds no checkpoint at all. InputError when checkpoints exist but none is
+  // usable, or when one does not match `model` (naming the tensor and both global shapes).
+  static std::unique_ptr<CheckpointReader> open(Comm& world, const LoadRequest& request);
+  ~CheckpointReader();
+
+  // Fills t.data: zeros, then the intersection of t's box with every saved box of t.name.
+  void read(const CkptTensor& t);
+
+  const nlohmann::json& meta() const { return meta_; }
+  int64_t iteration() const { return iteration_; }
+  const std::string& path() const { return path_; }
+  // Global shape of every tensor in the checkpoint.
+  const std::map<std::string, std::vector<int64_t>>& tensors() const { return shapes_; }
+  uint64_t bytes_read() const { return bytes_read_; }  // tensor data read so far (checksums not counted)
+  uint64_t bytes_verified() const { return bytes_verified_; }
+
+  struct SavedBox {
+    std::string file;
+    std::vector<int64_t> offset, size;
+  };
+
+ private:
+  CheckpointReader() = default;
+  nlohmann::json meta_;
+  int64_t iteration_ = 0;
+  std::string path_;
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::map<std::string, std::vector<SavedBox>> boxes_;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
+  uint64_t bytes_read_ = 0, bytes_verified_ = 0;
+};
+
+}  // namespace tpt

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Checkpoint resume (DESIGN "Checkpoints (contract)"): 16 iterations straight vs 8 + a resume of 8
+# give bitwise-equal lm loss and grad norm at 1 rank and at TP2 x PP2 x DP2 (fp32); a checkpoint
+# saved at TP2 x PP2 x DP2 resumes at 1 rank, TP4 x PP1 x DP2 and TP1 x PP4 x DP1 within 1e-5 of
+# the uninterrupted run; keep_last keeps the newest checkpoints.
+# Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
+set -uo pipefail
+source "$TPTRAIN_SRC/scripts/env.sh"
+W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
+PY=${PYTHON:-/usr/bin/python3}
+CMP="$TPTRAIN_SRC/tests/tools/compare_runs.py"
+$PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
+  --megatron "$W/data" >/dev/null || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
+# lr_decay_iters is fixed so that the 8-iteration first half has the schedule of the 16-iteration run.
+cat > "$W/cfg.yaml" <<YAML
+model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97,
+        make_vocab_size_divisible_by: 8}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 16, cpu_threads: 1, seed: 7}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_iters: 2, lr_decay_iters: 16, weight_decay: 0.1, clip_grad: 0.5}
+data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
+logging: {log_interval: 1}
+YAML
+pass=0; fail=0
+ok() { echo "ok   $1"; pass=$((pass+1)); }
+bad() { echo "FAIL $1"; fail=$((fail+1)); }
+
+# tp np name [--set ...]: runs tptrain, metrics in $W/<name>.jsonl, log in $W/<name>.log
+run() {
+  local np=$1 tp=$2 pp=$3 name=$4; shift 4
+  timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" \
+    --set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp \
+    --set logging.metrics_file="$W/$name.jsonl" "$@" > "$W/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || { echo "  $name: tptrain exited $rc"; tail -15 "$W/$name.log"; }
+  return $rc
+}
+# compare REF OTHER REL NAME: OTHER's iterations must match REF's same iterations
+compare() {
+  local ref=$1 other=$2 rel=$3 name=$4
+  $PY - "$ref" "$other" "$W/$name.ref.jsonl" <<'PY'
+import json, sys
+want = {json.loads(l)["iteration"] for l in open(sys.argv[2]) if l.strip()}
+with open(sys.argv[3], "w") as out:
+    for l in open(sys.argv[1]):
+        if l.strip() and json.loads(l)["iteration"] in want:
+            out.write(l)
+PY
+  if out=$($PY "$CMP" "$W/$name.ref.jsonl" "$other" --rel "$rel" --min-iters 8); then ok "$name"; else bad "$name"; fi
+  echo "$out"
+}
+
+# --- 1 rank: 16 straight vs 8 + 8 --------------------------------------------------------------
+run 1 1 1 straight1 || bad "straight 1 rank"
+run 1 1 1 first1 --set training.train_iters=8 --set checkpoint.save="$W/ck1" &&
+  run 1 1 1 resume1 --set checkpoint.load="$W/ck1" --set checkpoint.save="$W/ck1"
+grep -q "loaded checkpoint $W/ck1/iter_0000008 at iteration 8" "$W/resume1.log" || bad "resume1 did not load iteration 8"
+compare "$W/straight1.jsonl" "$W/resume1.jsonl" 0 "1 rank: 8 + resume 8 bitwise equal to 16 straight"
+
+# --- TP2 x PP2 x DP2: 16 straight vs 8 + 8 ------------------------------------------------------
+run 8 2 2 straight8 || bad "straight 8 ranks"
+run 8 2 2 first8 --set training.train_iters=8 --set checkpoint.save="$W/ck8" &&
+  run 8 2 2 resume8 --set checkpoint.load="$W/ck8"
+ls "$W/ck8/iter_0000008" > "$W/ck8.files"
+expect="meta.json model_tp00_pp000.safetensors model_tp00_pp001.safetensors model_tp01_pp000.safetensors model_tp01_pp001.safetensors optim_tp00_pp000_dp000.safetensors optim_tp00_pp001_dp000.safetensors optim_tp01_pp000_dp000.safetensors optim_tp01_pp001_dp000.safetensors"
+if [ "$(tr '\n' ' ' < "$W/ck8.files" | sed 's/ $//')" = "$expect" ]; then ok "TP2xPP2xDP2 files: $expect"
+else bad "TP2xPP2xDP2 files: got $(tr '\n' ' ' < "$W/ck8.files")"; fi
+compare "$W/straight8.jsonl" "$W/resume8.jsonl" 0 "TP2xPP2xDP2: 8 + resume 8 bitwise equal to 16 straight"
+
+# --- the TP2 x PP2 x DP2 checkpoint resumed on other layouts ------------------------------------
+run 1 1 1 cross_1rank --set checkpoint.load="$W/ck8" --set training.micro_batch_size=8 &&
+  compare "$W/straight8.jsonl" "$W/cross_1rank.jsonl" 1e-5 "saved TP2xPP2xDP2, resumed at 1 rank (1e-5)"
+run 8 4 1 cross_tp4_dp2 --set checkpoint.load="$W/ck8" &&
+  compare "$W/straight8.jsonl" "$W/cross_tp4_dp2.jsonl" 1e-5 "saved TP2xPP2xDP2, resumed at TP4xPP1xDP2 (1e-5)"
+run 4 1 4 cross_pp4 --set checkpoint.load="$W/ck8" &&
+  compare "$W/straight8.jsonl" "$W/cross_pp4.jsonl" 1e-5 "saved TP2xPP2xDP2, resumed at TP1xPP4xDP1 (1e-5)"
+# and against the one-rank straight run too (layouts agree to 1e-5 among themselves)
+compare "$W/straight1.jsonl" "$W/cross_tp4_dp2.jsonl" 1e-5 "TP4xPP1xDP2 resume vs the 1-rank straight run (1e-5)"
+
+# --- keep_last: save every 2 iterations, keep 2 -------------------------------------------------
+run 1 1 1 keep --set training.train_iters=10 --set checkpoint.save="$W/keep" --set checkpoint.save_interval=2 \
+  --set checkpoint.keep_last=2
+got=$(cd "$W/keep" && ls -d iter_* | tr '\n' ' '); latest=$(cat "$W/keep/latest_checkpointed_iteration.txt")
+if [ "$got" = "iter_0000008 iter_0000010 " ] && [ "$latest" = 10 ]; then ok "keep_last 2: $got, latest $latest"
+else bad "keep_last 2: got '$got', latest '$latest'"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
