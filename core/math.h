@@ -33,13 +33,14 @@ TPT_HOST_DEVICE inline float gelu_grad(float x) {
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1, bias_correction2;  // 1 - beta^step
+  float one_minus_beta1, one_minus_beta2;    // computed in double, as torch's Python scalars are
 };
 
 TPT_HOST_DEVICE inline void adamw_update(float& p, float g, float& m, float& v, const AdamWParams& a,
                                          bool decay) {
   if (decay) p *= 1.0f - a.lr * a.weight_decay;
-  m = a.beta1 * m + (1.0f - a.beta1) * g;
-  v = a.beta2 * v + (1.0f - a.beta2) * g * g;
+  m = a.beta1 * m + a.one_minus_beta1 * g;
+  v = a.beta2 * v + a.one_minus_beta2 * g * g;
   float denom = sqrtf(v) / sqrtf(a.bias_correction2) + a.eps;
   p -= (a.lr / a.bias_correction1) * m / denom;
 }

@@ -55,6 +55,8 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
   a.lr = float(lr);
   a.beta1 = float(o.adam_beta1);
   a.beta2 = float(o.adam_beta2);
+  a.one_minus_beta1 = float(1.0 - o.adam_beta1);
+  a.one_minus_beta2 = float(1.0 - o.adam_beta2);
   a.eps = float(o.adam_eps);
   a.weight_decay = float(o.weight_decay);
   a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -327,6 +329,13 @@ DirScan scan_save_dir(const std::string& dir) {
   return s;
 }
 
+// Test hook for tests/cli/checkpoint_faults.sh: TPTRAIN_TEST_KILL=<point>@<iteration> ends the
+// process with SIGKILL at that point of that iteration's save (a crash at a chosen moment).
+void kill_point(const char* point, int64_t iteration) {
+  static const char* spec = std::getenv("TPTRAIN_TEST_KILL");
+  if (spec && std::string(spec) == std::string(point) + "@" + std::to_string(iteration)) ::raise(SIGKILL);
+}
+
 void remove_tree(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
@@ -377,6 +386,7 @@ void CheckpointWriter::write_file(const std::string& file_name, const std::vecto
 
 uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
   if (files_written_ > 0) fsync_dir(partial_dir_);
+  kill_point("shards", iteration_);
   // Every rank's files are written and fsynced once this returns anywhere.
   double totals[2] = {double(files_written_), double(bytes_written_)};
   world_.all_reduce(totals, 2, ReduceOp::Sum);
@@ -403,6 +413,7 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     write_text(partial_dir_ + "/meta.json", format_meta(meta));
     for (const std::string& s : sidecars) ::unlink(s.c_str());
     fsync_dir(partial_dir_);
+    kill_point("meta", iteration_);
     // A complete checkpoint of the same iteration (from an earlier run) is replaced: moved aside
     // under a .partial name first, so that at no moment does a half-deleted iter_N exist.
     std::error_code ec;
@@ -411,7 +422,9 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     if (existed) rename_or_fail(final_dir_, replaced);
     rename_or_fail(partial_dir_, final_dir_);
     fsync_dir(save_dir_);
+    kill_point("rename", iteration_);
     write_text_atomic(save_dir_, kLatestFile, std::to_string(iteration_) + "\n");
+    kill_point("latest", iteration_);
     if (existed) remove_tree(replaced);
     if (keep_last > 0) {
       std::vector<int64_t> done = scan_save_dir(save_dir_).complete;

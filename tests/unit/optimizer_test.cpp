@@ -201,7 +201,7 @@ TEST(OptimizerAdamW, StepMatchesPerElementUpdateWithDecayFlags) {
     const double lr = 0.01 * double(step);
     opt.step(o, lr, step);
     AdamWParams a{float(lr), 0.8f, 0.9f, 1e-6f, 0.3f, float(1 - std::pow(0.8, double(step))),
-                  float(1 - std::pow(0.9, double(step)))};
+                  float(1 - std::pow(0.9, double(step))), float(1.0 - 0.8), float(1.0 - 0.9)};
     for (const ParamInfo& info : l.params)
       for (int64_t i = info.offset; i < info.offset + info.numel; ++i)
         adamw_update(ref[size_t(i)], g[size_t(i)], m[size_t(i)], v[size_t(i)], a, info.weight_decay);

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Checkpoint faults (DESIGN "Checkpoints (contract)"): a crash at any moment of a save leaves the
+# previous checkpoint loadable; SIGTERM saves and exits 0; damaged checkpoints fall back to an
+# older one with a warning naming the file, or exit 2 with a clear message -- never a crash or a
+# hang. Every resumed run must continue bitwise exactly like an uninterrupted run.
+# Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
+set -uo pipefail
+source "$TPTRAIN_SRC/scripts/env.sh"
+W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
+PY=${PYTHON:-/usr/bin/python3}
+$PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
+  --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
+# lr_decay_iters fixed: the schedule (and so every loss) does not depend on train_iters.
+cat > "$W/cfg.yaml" <<YAML
+model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97,
+        make_vocab_size_divisible_by: 8}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 8, cpu_threads: 1, seed: 7}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_iters: 2, lr_decay_iters: 1000, weight_decay: 0.1, clip_grad: 0.5}
+data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
+checkpoint: {save_interval: 4}
+logging: {log_interval: 1}
+YAML
+pass=0; fail=0
+ok() { echo "ok   $1"; pass=$((pass+1)); }
+bad() { echo "FAIL $1"; fail=$((fail+1)); }
+LAYOUT8=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
+
+# tpt NP NAME [args]: tptrain on NP ranks (NP=1: no mpirun), log $W/NAME.log; returns the exit status
+tpt() {
+  local np=$1 name=$2; shift 2
+  if [ "$np" = 1 ]; then timeout 120 "$TPTRAIN" --config "$W/cfg.yaml" "$@" > "$W/$name.log" 2>&1
+  else timeout 120 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" "$@" > "$W/$name.log" 2>&1; fi
+}
+# same_as REF NAME FIRST LAST: NAME.jsonl holds exactly iterations FIRST..LAST, equal to REF's
+# (bitwise; within $TOL relative when TOL is set)
+same_as() {
+  $PY - "$1" "$W/$2.jsonl" "$3" "$4" "${TOL:-0}" <<'PY'
+import json, sys
+load = lambda p: {j["iteration"]: j for j in map(json.loads, filter(str.strip, open(p)))}
+ref, got, first, last = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+tol = float(sys.argv[5])
+if sorted(got) != list(range(first, last + 1)):
+    sys.exit(f"iterations {sorted(got)[:3]}..{sorted(got)[-3:]} != {first}..{last}")
+for it in got:
+    for k in ("lm_loss", "grad_norm"):
+        if abs(got[it][k] - ref[it][k]) > tol * abs(ref[it][k]):
+            sys.exit(f"iteration {it}: {k} {got[it][k]!r} != {ref[it][k]!r}")
+PY
+}
+# resumes NAME NP DIR FROM LAST WARN REF [args]: loads DIR at iteration FROM (warning matching WARN
+# unless empty), exits 0, trains FROM+1..LAST bitwise like REF
+resumes() {
+  local name=$1 np=$2 dir=$3 from=$4 last=$5 warn=$6 ref=$7; shift 7
+  tpt "$np" "$name" --set checkpoint.load="$dir" --set training.train_iters="$last" \
+      --set logging.metrics_file="$W/$name.jsonl" "$@"
+  local rc=$? why=""
+  [ $rc -eq 0 ] || why="exit status $rc"
+  [ -z "$why" ] && ! grep -q "loaded checkpoint $dir/iter_$(printf %07d "$from") at iteration $from" "$W/$name.log" &&
+    why="did not load iteration $from"
+  [ -z "$why" ] && [ -n "$warn" ] && ! grep -Eq "WARNING: checkpoint.*$warn" "$W/$name.log" && why="no warning matching '$warn'"
+  [ -z "$why" ] && { why=$(same_as "$ref" "$name" $((from + 1)) "$last") || true; }
+  if [ -z "$why" ]; then ok "$name"; else bad "$name: $why"; grep -E "WARNING|error|loaded" "$W/$name.log" | head -5; fi
+}
+# fails NAME NP PATTERN [args]: exit status 2 and a message matching PATTERN
+fails() {
+  local name=$1 np=$2 pat=$3; shift 3
+  tpt "$np" "$name" "$@"
+  local rc=$?
+  if [ $rc -eq 2 ] && grep -Eq "$pat" "$W/$name.log"; then ok "$name (exit 2: $(grep -Eo "$pat" "$W/$name.log" | head -1))"
+  else bad "$name: exit status $rc, want 2 and /$pat/"; tail -5 "$W/$name.log"; fi
+}
+copy() { rm -rf "$W/$2"; cp -r "$W/$1" "$W/$2"; }
+flip_byte() { $PY -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(-100,2); b=f.read(1); f.seek(-100,2); f.write(bytes([b[0]^1]))" "$1"; }
+
+# --- references and base checkpoints (iterations 4 and 8) --------------------------------------
+tpt 1 ref1 --set training.train_iters=12 --set logging.metrics_file="$W/ref1.jsonl" || bad "ref1"
+tpt 8 ref8 "${LAYOUT8[@]}" --set training.train_iters=12 --set logging.metrics_file="$W/ref8.jsonl" || bad "ref8"
+tpt 1 base1 --set checkpoint.save="$W/base1" || bad "base1"
+tpt 8 base8 "${LAYOUT8[@]}" --set checkpoint.save="$W/base8" || bad "base8"
+M=model_tp00_pp000.safetensors; O=optim_tp00_pp000_dp000.safetensors
+
+# --- damaged checkpoints: fallback with a warning naming the file --------------------------------
+copy base1 flip; flip_byte "$W/flip/iter_0000008/$M"
+resumes flipped_byte 1 "$W/flip" 4 12 "$M: checksum mismatch" "$W/ref1.jsonl"
+copy base1 trunc; truncate -s -1000 "$W/trunc/iter_0000008/$O"
+resumes truncated_shard 1 "$W/trunc" 4 12 "$O has .* bytes" "$W/ref1.jsonl"
+copy base1 del; rm "$W/del/iter_0000008/$M"
+resumes deleted_shard 1 "$W/del" 4 12 "$M is missing" "$W/ref1.jsonl"
+copy base1 garbled; echo '{"format": "tptrain-checkpoint", "iteration": 8, "fil' > "$W/garbled/iter_0000008/meta.json"
+resumes garbled_meta 1 "$W/garbled" 4 12 "meta.json is not valid JSON" "$W/ref1.jsonl"
+copy base1 nowhere; echo 999 > "$W/nowhere/latest_checkpointed_iteration.txt"
+resumes latest_pointing_nowhere 1 "$W/nowhere" 8 12 "names iteration 999 but iter_0000999 does not exist" "$W/ref1.jsonl"
+copy base1 nolatest; rm "$W/nolatest/latest_checkpointed_iteration.txt"
+resumes no_latest_file 1 "$W/nolatest" 8 12 "no latest_checkpointed_iteration.txt" "$W/ref1.jsonl"
+copy base1 partial; mkdir "$W/partial/iter_0000012.partial"; echo junk > "$W/partial/iter_0000012.partial/$M"
+resumes partial_dir_ignored 1 "$W/partial" 8 12 "ignoring incomplete checkpoint .*iter_0000012.partial" "$W/ref1.jsonl"
+# 8 ranks: a shard that only some ranks read; every rank must fall back together
+copy base8 flip8; flip_byte "$W/flip8/iter_0000008/model_tp01_pp001.safetensors"
+resumes flipped_byte_8_ranks 8 "$W/flip8" 4 12 "model_tp01_pp001.safetensors: checksum mismatch" "$W/ref8.jsonl" "${LAYOUT8[@]}"
+# ... and the same checkpoint read on another layout (TP4): other ranks read the bad file
+TOL=1e-5 resumes flipped_byte_8_ranks_tp4 8 "$W/flip8" 4 12 "model_tp01_pp001.safetensors: checksum mismatch" \
+  "$W/ref8.jsonl" --set parallel.tensor_model_parallel_size=4
+
+# --- nothing usable: exit 2 naming the problems; mismatches: exit 2 naming the tensor ------------
+copy base1 allbad; flip_byte "$W/allbad/iter_0000008/$M"; rm "$W/allbad/iter_0000004/$O"
+fails all_checkpoints_bad 1 "no usable checkpoint in .*iter_0000008: $M: checksum mismatch.*iter_0000004: $O is missing" \
+  --set checkpoint.load="$W/allbad"
+copy base8 allbad8; flip_byte "$W/allbad8/iter_0000008/model_tp01_pp001.safetensors"
+flip_byte "$W/allbad8/iter_0000004/optim_tp01_pp000_dp000.safetensors"
+fails all_checkpoints_bad_8_ranks 8 "no usable checkpoint in .*optim_tp01_pp000_dp000.safetensors: checksum mismatch" \
+  "${LAYOUT8[@]}" --set checkpoint.load="$W/allbad8"
+copy base1 onlylatest; rm -r "$W/onlylatest"/iter_*
+fails latest_but_no_checkpoint 1 "no usable checkpoint.*names iteration 8" --set checkpoint.load="$W/onlylatest"
+fails hidden_size_mismatch 1 "tensor 'wte.weight' has global shape \[97, 32\] in the checkpoint and \[97, 64\] in the model" \
+  --set checkpoint.load="$W/base1" --set model.hidden_size=64
+fails layers_mismatch_8_ranks 8 "checkpoint has tensor 'h.2.attn.proj.bias' \[32\] that the model does not have" \
+  "${LAYOUT8[@]}" --set checkpoint.load="$W/base8" --set model.num_layers=2
+fails vocab_mismatch 1 "tensor 'wte.weight' has global shape \[97, 32\] in the checkpoint and \[101, 32\] in the model" \
+  --set checkpoint.load="$W/base1" --set model.vocab_size=101
+touch "$W/afile"
+fails unwritable_save_dir 1 "checkpoint.save: cannot create directory '$W/afile/ck'" --set checkpoint.save="$W/afile/ck"
+tpt 1 no_checkpoint --set checkpoint.load="$W/does_not_exist" --set logging.metrics_file="$W/no_checkpoint.jsonl"
+if [ $? -eq 0 ] && grep -q "no checkpoint in $W/does_not_exist; training from scratch" "$W/no_checkpoint.log" &&
+   same_as "$W/ref1.jsonl" no_checkpoint 1 8; then ok "load dir without checkpoints: trains from scratch"
+else bad "load dir without checkpoints"; fi
+
+# --- kill -9 at chosen points of a save (TPTRAIN_TEST_KILL=<point>@<iteration>) ---------------
+# save_interval 2; the save of iteration 6 dies at POINT; the next start resumes from FROM.
+for spec in shards:4 meta:4 rename:4 latest:6; do
+  point=${spec%:*} from=${spec#*:} d="$W/kill_$point"
+  TPTRAIN_TEST_KILL="$point@6" tpt 1 "kill_$point" --set checkpoint.save="$d" --set checkpoint.save_interval=2
+  rc=$?
+  [ $rc -eq 137 ] || bad "kill at $point: exit status $rc, want 137 (SIGKILL)"
+  resumes "kill_${point}_resume" 1 "$d" "$from" 10 "" "$W/ref1.jsonl" --set checkpoint.save="$d" --set checkpoint.save_interval=2
+  # the resumed run re-saved iteration 6 (replacing a complete iter_0000006 after 'rename') and 8, 10
+  resumes "kill_${point}_resume_again" 1 "$d" 10 12 "" "$W/ref1.jsonl"
+done
+# the same with 8 ranks: every rank dies after writing its shards of iteration 6
+TPTRAIN_TEST_KILL="shards@6" tpt 8 kill8 "${LAYOUT8[@]}" --set checkpoint.save="$W/kill8" --set checkpoint.save_interval=2
+resumes kill8_resume 8 "$W/kill8" 4 12 "ignoring incomplete checkpoint .*iter_0000006.partial" "$W/ref8.jsonl" "${LAYOUT8[@]}"
+
+# --- kill -9 at random moments of a run that saves every iteration ---------------------------
+RANDOM=6; K="$W/kill_random"; maxn=0; results=()
+for trial in 1 2 3 4; do
+  delay=$(printf "0.%03d" $((300 + RANDOM % 700)))
+  "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=100000 --set checkpoint.save="$K" \
+    --set checkpoint.load="$K" --set checkpoint.save_interval=1 > "$W/kill_random_$trial.log" 2>&1 &
+  pid=$!
+  sleep "$delay"; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  n=$(cat "$K/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0)
+  results+=("$trial:$n:$delay")
+  [ "$n" -gt "$maxn" ] && maxn=$n
+done
+tpt 1 ref_long --set training.train_iters=$((maxn + 3)) --set logging.metrics_file="$W/ref_long.jsonl"
+n=${results[-1]#*:}; n=${n%%:*}
+echo "  random kills (trial:latest:delay): ${results[*]}"
+if [ "$n" -gt 0 ]; then
+  resumes kill_random_resume 1 "$K" "$n" $((n + 3)) "" "$W/ref_long.jsonl"
+else bad "kill_random: no checkpoint after 4 trials"; fi
+
+# --- SIGTERM: checkpoint, exit 0, exact continuation ----------------------------------------
+# wait_lines FILE N: until FILE has N lines (at most 60 s)
+wait_lines() { for _ in $(seq 600); do [ "$(wc -l < "$1" 2>/dev/null || echo 0)" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+sigterm_case() {  # name np target(self|rank|mpirun) [args]
+  local name=$1 np=$2 target=$3; shift 3
+  local d="$W/$name" m="$W/$name.jsonl"
+  if [ "$np" = 1 ]; then
+    "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=100000 --set checkpoint.save="$d" \
+      --set checkpoint.save_interval=100000 --set logging.metrics_file="$m" "$@" > "$W/$name.log" 2>&1 &
+  else
+    mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=100000 --set checkpoint.save="$d" \
+      --set checkpoint.save_interval=100000 --set logging.metrics_file="$m" "$@" > "$W/$name.log" 2>&1 &
+  fi
+  local pid=$! victim
+  wait_lines "$m" 6
+  victim=$pid
+  [ "$target" = rank ] && victim=$(pgrep -P "$pid" | tail -1)
+  kill -TERM "$victim"
+  local t0=$SECONDS
+  while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid"; local rc=$?
+  local n; n=$(cat "$d/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
+  local want_rc=0; [ "$target" = mpirun ] && want_rc=any  # mpirun itself reports a signalled job as failed
+  if [ "$n" != none ] && grep -q "exiting program after receiving SIGTERM at iteration $n" "$W/$name.log" &&
+     { [ "$want_rc" = any ] || [ $rc -eq 0 ]; }; then
+    ok "$name: SIGTERM to $target -> checkpoint at iteration $n, exit status $rc"
+    tpt "$np" "${name}_ref" "$@" --set training.train_iters=$((n + 4)) --set logging.metrics_file="$W/${name}_ref.jsonl"
+    resumes "${name}_resume" "$np" "$d" "$n" $((n + 4)) "" "$W/${name}_ref.jsonl" "$@"
+  else
+    bad "$name: SIGTERM to $target: exit status $rc, latest '$n'"; tail -5 "$W/$name.log"
+  fi
+}
+sigterm_case sigterm_single 1 self
+sigterm_case sigterm_one_rank 4 rank --set parallel.tensor_model_parallel_size=2
+sigterm_case sigterm_mpirun 4 mpirun --set parallel.pipeline_model_parallel_size=2
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
