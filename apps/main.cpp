@@ -12,7 +12,7 @@
 
 int main(int argc, char** argv) {
   using namespace tpt;
-  select_openblas_core(argv);
+  configure_cpu_environment(argv);
   try {
     if (argc >= 2) {
       std::string cmd = argv[1];

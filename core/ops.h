@@ -80,12 +80,14 @@ class Ops {
   virtual void xent_local_max(float* row_max, float* target_logit, const float* logits,
                               const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
                               int64_t valid_vocab) = 0;
-  // Step 2 (after max is reduced over TP): sum_exp (N) = sum over valid columns exp(l - max).
-  virtual void xent_local_sumexp(float* sum_exp, const float* logits, const float* row_max, int64_t N,
+  // Step 2 (after max is reduced over TP): sum_exp (N) = sum over valid columns exp(l - max); the
+  // logits are overwritten in place by exp(l - max) (0 on padding), which step 3 reuses.
+  virtual void xent_local_sumexp(float* sum_exp, float* logits, const float* row_max, int64_t N,
                                  int64_t Vl, int64_t v0, int64_t valid_vocab) = 0;
-  // Step 3 (after sum_exp, target_logit reduced): losses (N) = log(sum_exp) + max - target;
-  // logits overwritten in place by dlogits = (softmax - onehot) * dloss_scale (0 on padding).
-  virtual void xent_backward_inplace(float* logits, float* losses, const float* row_max,
+  // Step 3 (after sum_exp, target_logit reduced): losses (N) = log(sum_exp) + max - target; if
+  // want_grad, the exps of step 2 are overwritten in place by dlogits = (softmax - onehot) *
+  // dloss_scale (0 on padding).
+  virtual void xent_backward_inplace(float* exps, float* losses, const float* row_max,
                                      const float* sum_exp, const float* target_logit,
                                      const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
                                      int64_t valid_vocab, float dloss_scale, bool want_grad) = 0;

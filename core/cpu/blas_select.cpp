@@ -9,22 +9,30 @@ extern "C" char* openblas_get_corename(void);
 
 namespace tpt {
 
-void select_openblas_core(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("TPTRAIN_NO_BLAS_SELECT")) return;
+namespace {
+const char* better_openblas_core() {
   const char* core = openblas_get_corename();
   if (!core || (std::strcmp(core, "Prescott") != 0 && std::strcmp(core, "Core2") != 0 &&
                 std::strcmp(core, "Nehalem") != 0))
-    return;
+    return nullptr;
   __builtin_cpu_init();
-  const char* want = nullptr;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    want = "SkylakeX";
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    want = "Haswell";
-  if (!want) return;
-  setenv("OPENBLAS_CORETYPE", want, 1);
-  execv("/proc/self/exe", argv);  // on failure, carry on with the slow kernels
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;
+}
+}  // namespace
+
+void configure_cpu_environment(char** argv) {
+  if (std::getenv("TPTRAIN_NO_REEXEC") || std::getenv("TPTRAIN_REEXECUTED")) return;
+  bool changed = false;
+  if (!std::getenv("OPENBLAS_CORETYPE"))
+    if (const char* core = better_openblas_core()) setenv("OPENBLAS_CORETYPE", core, 1), changed = true;
+  if (!std::getenv("OMP_WAIT_POLICY")) setenv("OMP_WAIT_POLICY", "PASSIVE", 1), changed = true;
+  if (!changed) return;
+  setenv("TPTRAIN_REEXECUTED", "1", 1);
+  execv("/proc/self/exe", argv);  // on failure, carry on as we are
 }
 
 }  // namespace tpt

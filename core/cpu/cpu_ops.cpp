@@ -156,7 +156,7 @@ class CpuOps final : public Ops {
           }
           float sum = 0;
           for (int64_t s = 0; s <= t; ++s) {
-            p[s] = std::exp(p[s] - mx);
+            p[s] = fast_exp(p[s] - mx);
             sum += p[s];
           }
           float inv = 1.0f / sum;
@@ -295,19 +295,24 @@ class CpuOps final : public Ops {
       target_logit[n] = (j >= 0 && j < nvalid) ? l[j] : 0.0f;
     }
   }
-  void xent_local_sumexp(float* sum_exp, const float* logits, const float* row_max, int64_t N,
-                         int64_t Vl, int64_t v0, int64_t valid_vocab) override {
+  void xent_local_sumexp(float* sum_exp, float* logits, const float* row_max, int64_t N, int64_t Vl,
+                         int64_t v0, int64_t valid_vocab) override {
     int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* l = logits + n * Vl;
-      float mx = row_max[n];
-      double s = 0;
-      for (int64_t j = 0; j < nvalid; ++j) s += std::exp(l[j] - mx);
-      sum_exp[n] = float(s);
+      float* l = logits + n * Vl;
+      const float mx = row_max[n];
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < nvalid; ++j) {
+        l[j] = fast_exp(l[j] - mx);
+        s += l[j];
+      }
+      for (int64_t j = nvalid; j < Vl; ++j) l[j] = 0.0f;
+      sum_exp[n] = s;
     }
   }
-  void xent_backward_inplace(float* logits, float* losses, const float* row_max, const float* sum_exp,
+  void xent_backward_inplace(float* exps, float* losses, const float* row_max, const float* sum_exp,
                              const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl,
                              int64_t v0, int64_t valid_vocab, float dloss_scale, bool want_grad) override {
     int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
@@ -316,10 +321,10 @@ class CpuOps final : public Ops {
       float mx = row_max[n], se = sum_exp[n];
       losses[n] = std::log(se) + mx - target_logit[n];
       if (!want_grad) continue;
-      float* l = logits + n * Vl;
-      float inv = dloss_scale / se;
-      for (int64_t j = 0; j < nvalid; ++j) l[j] = std::exp(l[j] - mx) * inv;
-      for (int64_t j = nvalid; j < Vl; ++j) l[j] = 0.0f;
+      float* l = exps + n * Vl;
+      const float inv = dloss_scale / se;
+#pragma omp simd
+      for (int64_t j = 0; j < Vl; ++j) l[j] *= inv;  // padding stays 0
       int64_t t = int64_t(targets[n]) - v0;
       if (t >= 0 && t < nvalid) l[t] -= dloss_scale;
     }

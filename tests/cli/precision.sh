@@ -77,6 +77,21 @@ print(f"  {first_ok} skipped steps, then {later} more; loss {r[first_ok]['lm_los
 PYEOF
 then ok "fp16 overflow: skipped steps, hysteresis, recovery"; else bad "fp16 overflow"; fi
 
+# nan iterations (fp32 and bf16): a diverging run skips nan updates and stops after
+# training.nan_iteration_limit consecutive ones with exit 1 and a message naming the limit
+for p in fp32 bf16; do
+  timeout 120 "$TPTRAIN" --config "$W/cfg.yaml" --set training.precision=$p --set optimizer.lr=1.0e+30 \
+    --set optimizer.clip_grad=0 --set training.nan_iteration_limit=3 --set logging.metrics_file="$W/nan_$p.jsonl" \
+    > "$W/nan_$p.log" 2>&1
+  rc=$?
+  nans=$($PY -c "import json,sys; print(sum(json.loads(l)['nan_iterations'] for l in open(sys.argv[1])))" "$W/nan_$p.jsonl")
+  if [ $rc -eq 1 ] && grep -q "nan_iteration_limit" "$W/nan_$p.log" && [ "$nans" -ge 2 ]; then
+    ok "$p: nan iterations counted ($nans logged), run stopped with exit 1"
+  else
+    bad "$p nan handling: exit $rc, $nans nan iterations logged"; tail -3 "$W/nan_$p.log"
+  fi
+done
+
 # recompute: bitwise identical, memory none > selective > full
 for layout in 1 8; do
   for rc in none selective full; do

@@ -691,3 +691,22 @@ TEST(GradCheck, AdamWOneStepByHand) {
 
 }  // namespace
 }  // namespace tpt
+
+namespace tpt {
+namespace {
+// fast_exp (the CPU cross-entropy's exp) against libm in double, over the whole useful range.
+TEST(GradCheck, FastExpWithin2UlpOfExp) {
+  double worst = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+    const double want = std::exp(double(x));
+    const double got = fast_exp(x);
+    const double ulp = std::nextafter(float(want), INFINITY) - float(want);
+    worst = std::max(worst, std::fabs(got - want) / ulp);
+  }
+  EXPECT_LT(worst, 2.0);
+  EXPECT_EQ(fast_exp(0.0f), 1.0f);
+  EXPECT_GT(fast_exp(-1000.0f), 0.0f);
+  EXPECT_LT(fast_exp(-1000.0f), 1e-37f);
+}
+}  // namespace
+}  // namespace tpt
