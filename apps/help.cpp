@@ -10,6 +10,14 @@ Usage:
   tptrain preprocess --input FILE... --output-prefix PREFIX [--json-key KEY] [--append-eod]
                                                                text / JSON lines -> Megatron .bin/.idx
                                                                (byte-level tokenizer: 256 bytes + EOD = 256)
+  tptrain plan --config FILE [--set section.key=value]... [--world-size N] [--device-memory-gib G]
+               [--peak-tflops X] [--intra-node-gbps B] [--inter-node-gbps B]
+               [--storage compute_dtype|fp32_buffers] [--json]
+                                                               memory per rank, FLOPs, bubble and step time
+                                                               of a config (no MPI launch, no GPU needed;
+                                                               bandwidths in GB/s; see README "Plan")
+  tptrain export --checkpoint DIR --output DIR                  HF GPT-2 model.safetensors + config.json,
+                                                               from a checkpoint of any layout
   tptrain --help | --version
 
 Config: YAML with sections model, parallel, training, optimizer, data, checkpoint, logging
@@ -24,8 +32,11 @@ Exit status: 0 done, 2 bad input (config, data, checkpoint, arguments), 1 intern
 
 std::string version_text() {
   std::string s = "tptrain " TPTRAIN_VERSION "\nbackends: cpu (OpenBLAS)";
-#ifdef TPTRAIN_HAVE_CUDA
-  s += ", cuda toolkit found (CUDA backend not built yet)";
+#ifdef TPTRAIN_HAVE_CUDA  // cuda: the CUDA backend and, with it, NCCL
+  s += ", cuda (cuBLASLt)";
+#ifdef TPTRAIN_HAVE_NCCL
+  s += "\ncommunication on GPUs: NCCL";
+#endif
 #endif
 #ifdef TPTRAIN_HAVE_MPI
   s += "\ncommunication: MPI";

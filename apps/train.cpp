@@ -47,7 +47,11 @@ void reject_unimplemented(const Config& c) {
   auto no = [](const std::string& key, const std::string& what) {
     input_error(key + ": " + what + " is not implemented in this version of tptrain");
   };
-  if (c.training.device == "cuda") no("training.device", "the CUDA backend");
+#ifndef TPTRAIN_HAVE_CUDA  // cuda: built with the CUDA toolkit, device: cuda is checked against the GPUs later
+  if (c.training.device == "cuda")
+    input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit at "
+                "build time; see README \"GPU\")");
+#endif
   if (c.model.hidden_dropout > 0 || c.model.attention_dropout > 0) no("model.hidden_dropout/attention_dropout", "dropout");
   if (c.parallel.sequence_parallel) no("parallel.sequence_parallel", "sequence parallelism");
   if (c.parallel.distributed_optimizer) no("parallel.distributed_optimizer", "the distributed optimizer");

@@ -10,18 +10,17 @@
 
 #include "core/error.h"
 #include "model/hf_gpt2.h"
+#include "model/memory.h"  // plan: the memory line below
 #include "parallel/pipeline.h"
+#ifdef TPTRAIN_HAVE_CUDA
+#include <cstdlib>
+
+#include "core/cuda/cuda_ops.h"  // cuda: the GPU backend
+#endif
 
 namespace tpt {
 
 namespace {
-
-// Megatron's model FLOPs of one iteration (no recompute): 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
-double model_flops_per_iteration(const Config& c, int64_t padded_vocab) {
-  double B = c.training.global_batch_size, s = c.model.seq_length, l = c.model.num_layers,
-         h = c.model.hidden_size, V = double(padded_vocab);
-  return 72.0 * B * s * l * h * h * (1.0 + s / (12.0 * h) + V / (12.0 * l * h));
-}
 
 std::string hms(double seconds) {
   int64_t t = int64_t(seconds + 0.5);
@@ -41,7 +40,20 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     threads = std::max(1, int(hw) / std::max(1, grid.local_size));
   }
-  ops_ = make_cpu_ops(threads);
+  // cuda: GPUs for training.device cuda, or auto when every rank has one; else the CPU backend
+  if (use_cuda_devices(cfg.training.device, grid)) {
+    setup_cuda_devices(grid);
+#ifdef TPTRAIN_HAVE_CUDA
+    CudaOptions cuda_options;
+    const std::string& p = cfg.training.precision;  // mixed precision: GEMM operands are 16-bit values
+    cuda_options.gemm_inputs = p == "bf16" ? DType::BF16 : p == "fp16" ? DType::F16 : DType::F32;
+    const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
+    cuda_options.tf32 = tf32 && std::string(tf32) == "1";
+    ops_ = make_cuda_ops(grid.cuda_device, cuda_options);
+#endif
+  } else {
+    ops_ = make_cpu_ops(threads);
+  }
 
   // data
   corpus_ = open_corpus(cfg.data.path, cfg.model.vocab_size);
@@ -89,7 +101,7 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid.pp, grid.pp_rank, num_micro_);
   const int slots = max_in_flight(train_schedule_);
   StageOptions stage_options{dtype_, parse_recompute(cfg.training.recompute)};
-  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, *grid.tp_group, params_compute_, grads_,
+  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, grid.device_tp() /* cuda */, params_compute_, grads_,
                                       cfg.training.micro_batch_size, slots, stage_options);
   const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size;
   const size_t wire_floats = size_t(message + 1) / 2;  // 16-bit values, two per float slot
@@ -113,30 +125,30 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   trace_ = std::make_unique<TraceRecorder>(cfg.logging.trace_file, grid.world_rank, grid.tp_rank, grid.pp_rank,
                                            grid.dp_rank);
   if (rank0) {
-    int64_t total = 0;
-    for (const ParamInfo& p : layout_.params)
-      if (!p.tied_copy) {
-        int64_t e = 1;
-        for (int64_t s : p.global_shape) e *= s;
-        total += e;
-      }
-    spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters",
+    int64_t local = 0;
+    for (const ParamInfo& p : layout_.params) local += p.numel;
+    spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters, "
+                 "{:.2f}M on rank 0",
                  cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
-                 cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.vocab_size, dims_.Vp, total / 1e6);
+                 cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.vocab_size, dims_.Vp,
+                 total_parameters(cfg) / 1e6, local / 1e6);
     spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
                  "({} activation slots on stage 0)",
                  ops_->name(), num_micro_, cfg.training.micro_batch_size, cfg.parallel.pipeline_schedule, slots);
-    const double act = double(activation_floats_per_microbatch(dims_, cfg.training.micro_batch_size, stage_options.recompute)) *
-                       slots * dtype_bytes(dtype_);
-    const double scratch = double(scratch_floats(dims_, cfg.training.micro_batch_size, stage_options.recompute)) *
-                           dtype_bytes(dtype_);
+    // The backends keep activations in fp32 buffers (bf16/fp16 values rounded in place): 4 bytes each.
+    const double act =
+        double(activation_floats_per_microbatch(dims_, cfg.training.micro_batch_size, stage_options.recompute)) * slots * 4;
+    const double scratch = double(scratch_floats(dims_, cfg.training.micro_batch_size, stage_options.recompute)) * 4;
     spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
-                 "({} storage, recompute {})",
+                 "(fp32 buffers holding {} values, recompute {})",
                  act / 1048576.0, slots, scratch / 1048576.0, cfg.training.precision, cfg.training.recompute);
     if (!cfg.logging.metrics_file.empty()) {
       metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
       if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
     }
+    // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
+    spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
+                 ops_->allocated_bytes(), describe_memory(stage_memory(cfg, grid.pp_rank, Storage::Fp32Buffers)));
   }
   setup_checkpointing();  // checkpoint: resume from checkpoint.load (the optimizer exists now)
 }
@@ -215,19 +227,19 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   };
   if (trace_->enabled() && want_grad)
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
-  execute_schedule(actions, *grid_.pp_group, wire ? (n + 1) / 2 : n, h);
+  execute_schedule(actions, grid_.device_pp() /* cuda */, wire ? (n + 1) / 2 : n, h);
   return loss_sum;
 }
 
 // Gradients averaged over DP; the tied word embedding's summed over the embedding group.
 void Trainer::reduce_gradients() {
   if (grid_.dp > 1) {
-    grid_.dp_group->all_reduce(grads_, layout_.total, ReduceOp::Sum);
+    grid_.device_dp().all_reduce(grads_, layout_.total, ReduceOp::Sum);  // cuda: NCCL on GPU runs
     ops_->scale(grads_, 1.0f / float(grid_.dp), layout_.total);
   }
-  if (grid_.embedding_group) {
+  if (Comm* embedding = grid_.device_embedding()) {  // cuda: NCCL on GPU runs
     const ParamInfo* wte = layout_.find("wte.weight");
-    grid_.embedding_group->all_reduce(grads_ + wte->offset, wte->numel, ReduceOp::Sum);
+    embedding->all_reduce(grads_ + wte->offset, wte->numel, ReduceOp::Sum);
   }
 }
 
@@ -294,7 +306,7 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
   const int64_t G = c.training.global_batch_size;
   const double per_iter_ms = elapsed_ms / double(std::max<int64_t>(1, n_iters));
   const double tokens_per_s = double(G * c.model.seq_length) / (per_iter_ms / 1000.0);
-  const double tflops = model_flops_per_iteration(c, dims_.Vp) / (per_iter_ms / 1000.0) / grid_.world_size / 1e12;
+  const double tflops = iteration_model_flops(c, dims_.Vp) / (per_iter_ms / 1000.0) / grid_.world_size / 1e12;
   const double eta_s = double(c.training.train_iters - k) * per_iter_ms / 1000.0;
   spdlog::info(
       "iteration {:>8}/{:>8} | consumed samples {:>12} | elapsed time per iteration (ms): {:.1f} | "

@@ -1,5 +1,6 @@
 // The Trainer's side of checkpoints (DESIGN "Checkpoints (contract)"): maps this rank's parameter
-// layout and AdamW moments to parallel/checkpoint.h's boxes, and handles the exit signal.
+// layout (the fp32 master weights) and AdamW moments to parallel/checkpoint.h's boxes, keeps the
+// fp16 loss scaler's state in meta.json, and handles the exit signal.
 //
 // Who writes what: dp_rank 0 of each (tp, pp) writes model_tpXX_ppYYY.safetensors (parameters)
 // and optim_tpXX_ppYYY_dp000.safetensors (exp_avg, exp_avg_sq; without a distributed optimizer
@@ -88,7 +89,11 @@ void Trainer::save_checkpoint() {
                 {"data_parallel_size", grid_.dp}, {"world_size", grid_.world_size}}},
       {"scheduler", {{"iteration", n}, {"lr", learning_rate(cfg_.optimizer, n)}}},
       {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}}}},
-      {"loss_scaler", nullptr},
+      // fp16's dynamic loss scaler (null for fp32 / bf16, which do not scale)
+      {"loss_scaler", dtype_ != DType::F16 ? nlohmann::json(nullptr)
+                                           : nlohmann::json{{"scale", scaler_.scale},
+                                                            {"growth_tracker", scaler_.growth_tracker},
+                                                            {"hysteresis_tracker", scaler_.hysteresis_tracker}}},
       // Every random number is a pure function of (seed, name, index): the seed is the whole state.
       {"rng", {{"seed", cfg_.training.seed}}},
       {"sampler", {{"consumed_samples", n * G}, {"global_batch_size", G}, {"shuffle", cfg_.data.shuffle},
@@ -128,7 +133,14 @@ bool Trainer::load_checkpoint() {
     for (const CkptTensor& t : groups[g]) reader->read(t);
     ops_->to_device(targets[g], host.data(), total);
   }
+  refresh_compute_params();  // bf16 / fp16: the compute copy of the loaded fp32 master weights
   iteration_ = reader->iteration();
+  const nlohmann::json& ls = reader->meta()["loss_scaler"];
+  if (dtype_ == DType::F16 && ls.is_object()) {
+    scaler_.scale = ls.value("scale", scaler_.scale);
+    scaler_.growth_tracker = ls.value("growth_tracker", scaler_.growth_tracker);
+    scaler_.hysteresis_tracker = ls.value("hysteresis_tracker", scaler_.hysteresis_tracker);
+  }
   double io[2] = {double(reader->bytes_read()), double(reader->bytes_verified())};
   grid_.world->all_reduce(io, 2, ReduceOp::Sum);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -145,6 +157,9 @@ bool Trainer::load_checkpoint() {
       spdlog::warn("WARNING: checkpoint {}: consumed samples {} != iteration {} x global batch size {}: training "
                    "continues at data position {} (the data position follows the iteration)",
                    reader->path(), consumed, iteration_, G, iteration_ * G);
+    if (dtype_ == DType::F16 && !ls.is_object())
+      spdlog::info("checkpoint {} has no loss-scaler state (saved without fp16): starting from "
+                   "optimizer.initial_loss_scale {}", reader->path(), cfg_.optimizer.initial_loss_scale);
     if (!cfg_.model.init_from.empty())
       spdlog::info("checkpoint.load takes precedence over model.init_from ({} is not used)", cfg_.model.init_from);
   }

@@ -105,6 +105,11 @@ class Ops {
   // AdamW over a contiguous range; decay applies weight decay to the whole range.
   virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a,
                      bool decay) = 0;
+
+  // Allocation accounting (tptrain plan's check against model/memory.h): bytes currently held by
+  // alloc() as the allocator rounds them, and the most held at once since the backend was made.
+  virtual int64_t allocated_bytes() const = 0;
+  virtual int64_t peak_allocated_bytes() const = 0;
 };
 
 // CPU backend with `threads` OpenMP/OpenBLAS threads.

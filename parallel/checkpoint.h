@@ -131,4 +131,15 @@ class CheckpointReader {
   uint64_t bytes_read_ = 0, bytes_verified_ = 0;
 };
 
+// Internal: shared by checkpoint.cpp and checkpoint_load.cpp.
+namespace checkpoint_detail {
+struct DirScan {
+  std::vector<int64_t> complete;     // iterations of the iter_N directories, ascending
+  std::vector<std::string> partial;  // names ending in .partial (incomplete, or being deleted)
+};
+DirScan scan_save_dir(const std::string& dir);
+std::string read_text(const std::string& path);  // InputError naming the path if unreadable
+int64_t volume(const std::vector<int64_t>& shape);
+}  // namespace checkpoint_detail
+
 }  // namespace tpt

@@ -1,7 +1,9 @@
 #include <unistd.h>
 
+#include <algorithm>  // cuda: std::min
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>  // cuda: std::memcpy of GPU UUIDs
 #include <sstream>
 #include <vector>
 
@@ -9,6 +11,10 @@
 #include "parallel/runtime.h"
 #ifdef TPTRAIN_HAVE_MPI
 #include "parallel/mpi_comm.h"
+#endif
+#ifdef TPTRAIN_HAVE_CUDA  // cuda: device selection, device-side communicators
+#include "core/cuda/cuda_ops.h"
+#include "parallel/nccl_comm.h"
 #endif
 
 namespace tpt {
@@ -144,6 +150,83 @@ std::string Grid::table() const {
     os << line;
   }
   return os.str();
+}
+
+// ---- cuda: GPUs of the ranks ------------------------------------------------------------------
+
+#ifdef TPTRAIN_HAVE_CUDA
+namespace {
+
+// The GPU a rank uses: its local rank modulo the GPUs it sees (all of the host's, or the one a
+// launcher such as srun --gpus-per-task=1 leaves it), so ranks of a host spread over its GPUs.
+int gpu_of(const Grid& g, int gpus) { return gpus > 0 ? g.local_rank % gpus : -1; }
+
+// Another rank of the job that would use the same physical GPU (same UUID), or -1. Collective.
+int rank_sharing_gpu(Grid& g, int device) {
+  const std::string uuid = device >= 0 ? cuda_device_uuid(device) : std::string();
+  float mine[4] = {};  // the 16 UUID bytes travel verbatim; zero without a GPU
+  std::memcpy(mine, uuid.data(), std::min(uuid.size(), sizeof(mine)));
+  std::vector<float> all(size_t(4) * size_t(g.world_size));
+  g.world->all_gather(all.data(), mine, 4);
+  for (int r = 0; r < g.world_size && !uuid.empty(); ++r)
+    if (r != g.world_rank && std::memcmp(&all[size_t(4 * r)], mine, sizeof(mine)) == 0) return r;
+  return -1;
+}
+
+}  // namespace
+#endif
+
+bool use_cuda_devices(const std::string& device, Grid& g) {
+  if (device == "cpu") return false;
+#ifdef TPTRAIN_HAVE_CUDA
+  const int gpus = cuda_device_count();
+  if (device == "cuda") {
+    if (gpus == 0)
+      input_error("training.device: cuda, but no GPU is visible on host " + g.host + " (rank " +
+                  std::to_string(g.world_rank) + "; check the NVIDIA driver and CUDA_VISIBLE_DEVICES)");
+    const int other = rank_sharing_gpu(g, gpu_of(g, gpus));
+    if (other >= 0)
+      input_error("training.device: cuda needs a GPU per rank, but ranks " + std::to_string(g.world_rank) + " and " +
+                  std::to_string(other) + " would share GPU " + std::to_string(gpu_of(g, gpus)) + " (" +
+                  cuda_device_name(gpu_of(g, gpus)) + ") on host " + g.host + ", which runs " +
+                  std::to_string(g.local_size) + " ranks and shows each " + std::to_string(gpus) +
+                  " GPU(s): start at most that many ranks per host, or give each rank its own GPU");
+    return true;
+  }
+  // auto: CUDA when every rank has a GPU of its own
+  double lacking = gpus > 0 ? 0.0 : 1.0;
+  g.world->all_reduce(&lacking, 1, ReduceOp::Max);
+  if (lacking != 0.0) return false;
+  double shared = rank_sharing_gpu(g, gpu_of(g, gpus)) >= 0 ? 1.0 : 0.0;
+  g.world->all_reduce(&shared, 1, ReduceOp::Max);
+  if (shared != 0.0 && g.world_rank == 0)
+    std::fprintf(stderr, "tptrain: training.device auto: CPU, as the GPUs visible are fewer than the ranks\n");
+  return shared == 0.0;
+#else
+  if (device == "cuda")
+    input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit "
+                "at build time; see README \"GPU\")");
+  return false;
+#endif
+}
+
+void setup_cuda_devices(Grid& g) {
+#ifdef TPTRAIN_HAVE_CUDA
+  g.cuda_device = gpu_of(g, cuda_device_count());
+  TPT_CHECK(g.cuda_device >= 0);
+  cuda_set_device(g.cuda_device);
+  auto device_group = [](Comm* host) -> std::unique_ptr<Comm> {
+    if (!host) return nullptr;
+    return host->size() > 1 ? make_nccl_comm(*host) : make_device_self_comm();
+  };
+  g.tp_device = device_group(g.tp_group.get());
+  g.pp_device = device_group(g.pp_group.get());
+  g.dp_device = device_group(g.dp_group.get());
+  g.embedding_device = device_group(g.embedding_group.get());
+#else
+  (void)g;
+  internal_error("setup_cuda_devices: built without CUDA");
+#endif
 }
 
 }  // namespace tpt

@@ -25,6 +25,16 @@ struct Grid {
   std::unique_ptr<Comm> mp_group;   // same dp: the whole model (TP x PP), for norms and losses
   std::unique_ptr<Comm> embedding_group;  // {first, last stage} of each (tp, dp); null if PP = 1
 
+  // cuda: on GPU runs, this rank's GPU and the device-side communicators of the groups whose
+  // collectives carry device buffers (NCCL over two or more ranks, a device copy for one); made by
+  // setup_cuda_devices. On CPU runs device_*() are the host groups above.
+  int cuda_device = -1;
+  std::unique_ptr<Comm> tp_device, pp_device, dp_device, embedding_device;
+  Comm& device_tp() const { return tp_device ? *tp_device : *tp_group; }
+  Comm& device_pp() const { return pp_device ? *pp_device : *pp_group; }
+  Comm& device_dp() const { return dp_device ? *dp_device : *dp_group; }
+  Comm* device_embedding() const { return embedding_device ? embedding_device.get() : embedding_group.get(); }
+
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
   static int rank_of(int tp_rank, int dp_rank, int pp_rank, int tp, int dp) {
@@ -33,5 +43,14 @@ struct Grid {
   // A table of every rank's coordinates (rank -> tp, pp, dp, host), for rank 0 to print.
   std::string table() const;
 };
+
+// cuda: whether this job trains on GPUs, for training.device = cpu | cuda | auto. A rank uses GPU
+// (local rank mod the GPUs it sees). cuda: an error naming the host when this build has no CUDA
+// backend, no GPU is visible, or two ranks would share a GPU. auto: CUDA when every rank of the job
+// has a GPU of its own, else CPU. Collective over the world.
+bool use_cuda_devices(const std::string& device, Grid& g);
+// cuda: makes that GPU this rank's device (local rank from MPI_Comm_split_type SHARED) and creates
+// the device-side communicators (collective over the world, every rank in the same order).
+void setup_cuda_devices(Grid& g);
 
 }  // namespace tpt

@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -45,9 +47,34 @@ class CpuOps final : public Ops {
     void* p = std::aligned_alloc(64, bytes);
     if (!p) internal_error("out of host memory allocating " + std::to_string(bytes) + " bytes");
     std::memset(p, 0, bytes);
+    {
+      std::lock_guard<std::mutex> lock(alloc_mutex_);
+      alloc_sizes_[p] = bytes;
+      allocated_ += int64_t(bytes);
+      peak_ = std::max(peak_, allocated_);
+    }
     return static_cast<float*>(p);
   }
-  void free(float* p) override { std::free(p); }
+  void free(float* p) override {
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> lock(alloc_mutex_);
+      auto it = alloc_sizes_.find(p);
+      if (it != alloc_sizes_.end()) {
+        allocated_ -= int64_t(it->second);
+        alloc_sizes_.erase(it);
+      }
+    }
+    std::free(p);
+  }
+  int64_t allocated_bytes() const override {
+    std::lock_guard<std::mutex> lock(alloc_mutex_);
+    return allocated_;
+  }
+  int64_t peak_allocated_bytes() const override {
+    std::lock_guard<std::mutex> lock(alloc_mutex_);
+    return peak_;
+  }
   void zero(float* p, size_t n) override { std::memset(p, 0, n * sizeof(float)); }
   void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
   void to_host(float* host, const float* dev, size_t n) override { copy(host, dev, n); }
@@ -364,6 +391,10 @@ class CpuOps final : public Ops {
 
  private:
   int threads_;
+  // allocation accounting: bytes of each live allocation (as rounded by alloc)
+  mutable std::mutex alloc_mutex_;
+  std::unordered_map<const void*, size_t> alloc_sizes_;
+  int64_t allocated_ = 0, peak_ = 0;
 };
 
 }  // namespace

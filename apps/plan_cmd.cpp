@@ -1,0 +1,271 @@
+// tptrain plan --config FILE [--set k=v]... [--world-size N] [--device-memory-gib G] [--peak-tflops X]
+//              [--intra-node-gbps B] [--inter-node-gbps B] [--compute-efficiency F] [--hbm-gbps B]
+//              [--storage compute_dtype|fp32_buffers] [--json]
+// Memory, FLOPs and time of a config on its grid (model/memory.h), without MPI or a GPU: a plain
+// process that never calls runtime_init.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/commands.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "model/memory.h"
+
+namespace tpt {
+
+namespace {
+
+struct PlanArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  PlanOptions options;
+  bool json = false;
+};
+
+double positive_number(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(v > 0)) input_error(flag + ": expected a positive number, got '" + text + "'");
+  return v;
+}
+
+PlanArgs parse_args(int argc, char** argv) {
+  PlanArgs a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i], inline_value;
+    bool has_inline = false;
+    if (s.rfind("--", 0) == 0 && s.find('=') != std::string::npos) {
+      inline_value = s.substr(s.find('=') + 1);
+      s = s.substr(0, s.find('='));
+      has_inline = true;
+    }
+    auto value = [&]() -> std::string {
+      if (has_inline) return inline_value;
+      if (i + 1 >= argc) input_error(s + " needs a value (try: tptrain --help)");
+      return argv[++i];
+    };
+    PlanOptions& o = a.options;
+    if (s == "--config") a.config_path = value();
+    else if (s == "--set") a.overrides.push_back(value());
+    else if (s == "--json" && !has_inline) a.json = true;
+    else if (s == "--world-size") {
+      const std::string v = value();
+      const double n = positive_number(s, v);
+      if (n != double(int(n))) input_error("--world-size: expected a positive integer, got '" + v + "'");
+      o.world_size = int(n);
+    } else if (s == "--device-memory-gib") o.device_memory_gib = positive_number(s, value());
+    else if (s == "--peak-tflops") o.peak_tflops = positive_number(s, value());
+    else if (s == "--intra-node-gbps") o.intra_node_gbps = positive_number(s, value());
+    else if (s == "--inter-node-gbps") o.inter_node_gbps = positive_number(s, value());
+    else if (s == "--hbm-gbps") o.hbm_gbps = positive_number(s, value());
+    else if (s == "--storage") {
+      const std::string v = value();
+      if (v == "compute_dtype") o.storage = Storage::ComputeDtype;
+      else if (v == "fp32_buffers") o.storage = Storage::Fp32Buffers;
+      else input_error("--storage: expected compute_dtype or fp32_buffers, got '" + v + "'");
+    }
+    else if (s == "--compute-efficiency") {
+      o.compute_efficiency = positive_number(s, value());
+      if (o.compute_efficiency > 1) input_error("--compute-efficiency: expected a fraction in (0, 1]");
+    } else input_error(std::string("plan: unknown argument '") + argv[i] + "' (try: tptrain --help)");
+  }
+  if (a.config_path.empty()) input_error("plan: missing --config FILE (try: tptrain --help)");
+  return a;
+}
+
+constexpr double kGiB = 1073741824.0;
+double gib(double bytes) { return bytes / kGiB; }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+std::string bytes(double b) {  // 1.50 GiB, 12.0 MiB, 3.2 KiB
+  if (b >= kGiB) return fmt("%.2f GiB", b / kGiB);
+  if (b >= 1048576.0) return fmt("%.2f MiB", b / 1048576.0);
+  return fmt("%.1f KiB", b / 1024.0);
+}
+
+std::string count(double n) {  // 7.41B, 124.4M, 3.3K
+  if (n >= 1e9) return fmt("%.2fB", n / 1e9);
+  if (n >= 1e6) return fmt("%.2fM", n / 1e6);
+  if (n >= 1e3) return fmt("%.1fK", n / 1e3);
+  return fmt("%.0f", n);
+}
+
+nlohmann::json to_json(const Plan& p, const Config& c) {
+  using nlohmann::json;
+  json stages = json::array();
+  for (const StageMemory& m : p.stages) {
+    const double limit = p.device_memory_bytes;
+    stages.push_back({{"stage", m.stage},
+                      {"layers", m.layers},
+                      {"in_flight_microbatches", m.in_flight},
+                      {"parameters_per_rank", m.parameters_per_rank},
+                      {"weight_bytes", m.weight_bytes},
+                      {"gradient_bytes", m.gradient_bytes},
+                      {"optimizer_bytes", m.optimizer_bytes},
+                      {"activation_bytes", m.activation_bytes},
+                      {"workspace_bytes", m.workspace_bytes},
+                      {"buffer_bytes", m.buffer_bytes},
+                      {"total_bytes", m.total_bytes()},
+                      {"fits", double(m.total_bytes()) <= limit},
+                      {"total_bytes_by_recompute",
+                       {{"none", m.total_bytes() - m.activation_bytes - m.workspace_bytes + m.activation_and_workspace_by_mode[0]},
+                        {"selective", m.total_bytes() - m.activation_bytes - m.workspace_bytes + m.activation_and_workspace_by_mode[1]},
+                        {"full", m.total_bytes() - m.activation_bytes - m.workspace_bytes + m.activation_and_workspace_by_mode[2]}}}});
+  }
+  json sugg = json::array();
+  for (const PlanSuggestion& s : p.suggestions)
+    sugg.push_back({{"change", s.change}, {"note", s.note}, {"peak_bytes", s.peak_bytes}, {"fits", s.fits}});
+  const PlanOptions& o = p.options;
+  return {{"world_size", p.world_size},
+          {"tp", p.tp},
+          {"pp", p.pp},
+          {"dp", p.dp},
+          {"num_microbatches", p.num_microbatches},
+          {"micro_batch_size", c.training.micro_batch_size},
+          {"global_batch_size", c.training.global_batch_size},
+          {"pipeline_schedule", c.parallel.pipeline_schedule},
+          {"precision", c.training.precision},
+          {"recompute", c.training.recompute},
+          {"storage", storage_name(p.storage)},
+          {"device_memory_bytes", p.device_memory_bytes},
+          {"total_parameters", p.total_parameters},
+          {"padded_vocab_size", p.padded_vocab},
+          {"flops_per_iteration", p.flops_per_iteration},
+          {"hardware_flops_per_iteration", p.hardware_flops_per_iteration},
+          {"bubble_fraction", p.bubble_fraction},
+          {"bubble_fraction_analytic", p.bubble_fraction_analytic},
+          {"tp_comm_bytes", p.tp_comm_bytes},
+          {"pp_comm_bytes", p.pp_comm_bytes},
+          {"dp_comm_bytes", p.dp_comm_bytes},
+          {"pipeline_time_s", p.pipeline_time_s},
+          {"dp_time_s", p.dp_time_s},
+          {"optimizer_time_s", p.optimizer_time_s},
+          {"step_time_s", p.step_time_s},
+          {"tokens_per_s", p.tokens_per_s},
+          {"mfu", p.mfu},
+          {"fits", p.fits},
+          {"assumptions",
+           {{"peak_tflops", o.peak_tflops},
+            {"compute_efficiency", o.compute_efficiency},
+            {"intra_node_gbps", o.intra_node_gbps},
+            {"inter_node_gbps", o.inter_node_gbps},
+            {"hbm_gbps", o.hbm_gbps},
+            {"gpus_per_node", o.gpus_per_node}}},
+          {"stages", stages},
+          {"suggestions", sugg}};
+}
+
+void print_report(const Plan& p, const Config& c, const std::string& path) {
+  const ModelConfig& m = c.model;
+  const PlanOptions& o = p.options;
+  std::printf("tptrain plan | config %s\n", path.c_str());
+  std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters\n",
+              m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
+              (long long)p.padded_vocab, count(double(p.total_parameters)).c_str());
+  std::printf("grid: TP %d x PP %d x DP %d = %d ranks; rank = tp + TP*(dp + DP*pp): stage s holds ranks "
+              "[s*%d, (s+1)*%d), TP groups are %d adjacent ranks\n",
+              p.tp, p.pp, p.dp, p.world_size, p.tp * p.dp, p.tp * p.dp, p.tp);
+  std::printf("batch: global %d = micro-batch %d x %d micro-batches x DP %d; schedule %s; precision %s; "
+              "recompute %s\n",
+              c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
+              c.parallel.pipeline_schedule.c_str(), c.training.precision.c_str(), c.training.recompute.c_str());
+  std::printf("storage: %s\n\n",
+              p.storage == Storage::Fp32Buffers
+                  ? "fp32_buffers -- what tptrain's CPU and CUDA backends allocate: every tensor an fp32 buffer "
+                    "(values rounded to the compute dtype)"
+                  : "compute_dtype -- activations, workspace and the compute copy of the weights in the compute "
+                    "dtype, as Megatron stores them on a GPU (tptrain's backends allocate fp32 buffers today: "
+                    "--storage fp32_buffers)");
+  // GiB for real models, MiB for the small CPU configs
+  int64_t largest = 0;
+  for (const StageMemory& s : p.stages) largest = std::max(largest, s.total_bytes());
+  const bool in_gib = double(largest) >= kGiB;
+  const char* unit = in_gib ? "GiB" : "MiB";
+  auto u = [&](double bytes) { return in_gib ? gib(bytes) : bytes / 1048576.0; };
+  auto verdict = [&](double total) {
+    return total > p.device_memory_bytes ? "NO" : total > 0.95 * p.device_memory_bytes ? "yes (tight)" : "yes";
+  };
+  std::printf("memory per rank (%s) of each pipeline stage; device memory %.1f GiB:\n", unit, gib(p.device_memory_bytes));
+  std::printf("%5s %6s %12s %9s %8s %8s %9s %11s %9s %8s %8s  %s\n", "stage", "layers", "params/rank", "in-flight",
+              "weights", "grads", "optimizer", "activations", "workspace", "buffers", "total", "fits");
+  for (const StageMemory& s : p.stages)
+    std::printf("%5d %6lld %12s %9d %8.2f %8.2f %9.2f %11.2f %9.2f %8.3f %8.2f  %s\n", s.stage, (long long)s.layers,
+                count(double(s.parameters_per_rank)).c_str(), s.in_flight, u(double(s.weight_bytes)),
+                u(double(s.gradient_bytes)), u(double(s.optimizer_bytes)), u(double(s.activation_bytes)),
+                u(double(s.workspace_bytes)), u(double(s.buffer_bytes)), u(double(s.total_bytes())),
+                verdict(double(s.total_bytes())));
+  std::printf("by recompute mode: activations + workspace -> total per rank (%s); configured: %s\n", unit,
+              c.training.recompute.c_str());
+  std::printf("%5s %-32s %-32s %-32s\n", "stage", "  none", "  selective", "  full");
+  for (const StageMemory& s : p.stages) {
+    const double rest = double(s.total_bytes() - s.activation_bytes - s.workspace_bytes);
+    std::printf("%5d", s.stage);
+    for (int r = 0; r < 3; ++r) {
+      const double a = double(s.activation_and_workspace_by_mode[r]);
+      std::printf(" %8.2f -> %8.2f %-11s", u(a), u(a + rest), verdict(a + rest));
+    }
+    std::printf("\n");
+  }
+  std::printf("\nFLOPs per iteration: %.4g (model FLOPs, Megatron's formula as logged), %.4g computed (with recompute)\n",
+              p.flops_per_iteration, p.hardware_flops_per_iteration);
+  std::printf("pipeline bubble: %.2f%% (schedule simulated with forward 1, backward 2, free communication; "
+              "1F1B's analytic (PP-1)/(M+PP-1) = %.2f%%)\n",
+              100 * p.bubble_fraction, 100 * p.bubble_fraction_analytic);
+  std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP all-reduce %s (payloads)\n",
+              bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(),
+              bytes(double(p.dp_comm_bytes)).c_str());
+  std::printf("step time estimate: %.4g s (pipeline %.4g + DP gradient all-reduce %.4g + optimizer %.4g): "
+              "%.0f tokens/s, %.4g TFLOP/s per rank, MFU %.1f%%\n",
+              p.step_time_s, p.pipeline_time_s, p.dp_time_s, p.optimizer_time_s, p.tokens_per_s,
+              p.flops_per_iteration / p.step_time_s / p.world_size / 1e12, 100 * p.mfu);
+  auto intra = [&](int span) { return span <= o.gpus_per_node && o.gpus_per_node % span == 0; };
+  std::printf("  assumptions: GEMMs at %.0f%% of %.0f TFLOP/s peak (LayerNorm, GELU, softmax not timed); TP "
+              "all-reduce %s; DP ring all-reduce of the fp32 gradients after the pipeline, not overlapped; PP "
+              "messages %.0f GB/s; %d GPUs per node; optimizer step memory-bound at %.0f GB/s; no latency terms\n",
+              100 * o.compute_efficiency, o.peak_tflops,
+              intra(p.tp) ? fmt("over NVLink at %.0f GB/s", o.intra_node_gbps).c_str()
+                          : fmt("across nodes at %.0f GB/s", o.inter_node_gbps).c_str(),
+              intra(2 * p.tp * p.dp) ? o.intra_node_gbps : o.inter_node_gbps, o.gpus_per_node,
+              o.hbm_gbps);
+  if (p.fits) {
+    std::printf("\nfits: yes, every stage fits in %.1f GiB (not counted: CUDA context, NCCL buffers, allocator "
+                "fragmentation: a few GiB)\n",
+                gib(p.device_memory_bytes));
+    return;
+  }
+  std::printf("\nfits: NO");
+  for (const StageMemory& s : p.stages)
+    if (double(s.total_bytes()) > p.device_memory_bytes)
+      std::printf("; stage %d needs %.2f GiB", s.stage, gib(double(s.total_bytes())));
+  std::printf(" > %.1f GiB\nwhat would fit (peak GiB per rank over the stages):\n", gib(p.device_memory_bytes));
+  for (const PlanSuggestion& s : p.suggestions)
+    std::printf("  %-62s %8s  %s%s%s\n", s.change.c_str(), s.peak_bytes < 0 ? "-" : fmt("%.2f", gib(double(s.peak_bytes))).c_str(),
+                s.fits ? "fits" : "does not fit", s.note.empty() ? "" : "  -- ", s.note.c_str());
+}
+
+}  // namespace
+
+int plan_main(int argc, char** argv) {
+  PlanArgs args = parse_args(argc, argv);
+  Config cfg = load_config(args.config_path, args.overrides);
+  Plan plan = make_plan(cfg, args.options);
+  resolve_parallel(cfg, plan.world_size);  // for the batch sizes the report prints
+  if (args.json) std::printf("%s\n", to_json(plan, cfg).dump(2).c_str());
+  else print_report(plan, cfg, args.config_path);
+  return 0;
+}
+
+}  // namespace tpt

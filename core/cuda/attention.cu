@@ -1,0 +1,297 @@
+// Causal attention pieces of the CUDA backend. The default path (CudaOps::attention_forward /
+// backward) runs the score and value products as strided-batched cuBLASLt GEMMs and these row
+// kernels in between: the causal softmax that fills the (B, H, T, T) probabilities the Ops
+// interface keeps for backward, and its backward.
+//
+// Below them, flash-style kernels (tiled, online softmax) that never materialise a T x T matrix:
+// they keep only the log-sum-exp of each query row, and backward recomputes the probabilities tile
+// by tile. The Ops interface still hands attention a (B, H, T, T) probability buffer, so CudaOps
+// uses the GEMM path; these are tested against the CPU backend directly (tests/gpu) and are what
+// attention_forward / backward switch to once the interface passes (B, H, T) statistics instead.
+#include <cmath>
+
+#include "core/cuda/device_util.h"
+#include "core/cuda/kernels.h"
+
+namespace tpt::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = kThreads / 32;  // a warp per row
+
+__global__ void softmax_causal_forward_kernel(float* probs, int64_t rows, int64_t T) {
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int64_t t = r % T;  // query position: keys 0..t are visible
+  float* p = probs + r * T;
+  float mx = -INFINITY;
+  for (int64_t s = lane; s <= t; s += 32) mx = fmaxf(mx, p[s]);
+  mx = warp_reduce(mx, MaxOp{});
+  float sum = 0.0f;
+  for (int64_t s = lane; s <= t; s += 32) {
+    const float e = fast_exp(p[s] - mx);
+    p[s] = e;
+    sum += e;
+  }
+  sum = warp_reduce(sum, SumOp{});
+  const float inv = 1.0f / sum;
+  for (int64_t s = lane; s <= t; s += 32) p[s] *= inv;
+  for (int64_t s = t + 1 + lane; s < T; s += 32) p[s] = 0.0f;
+}
+
+__global__ void softmax_causal_backward_kernel(float* ds, const float* probs, int64_t rows, int64_t T, float scale) {
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int64_t t = r % T;
+  const float* p = probs + r * T;
+  float* d = ds + r * T;
+  float dot = 0.0f;
+  for (int64_t s = lane; s <= t; s += 32) dot += p[s] * d[s];
+  dot = warp_reduce(dot, SumOp{});
+  for (int64_t s = lane; s <= t; s += 32) d[s] = p[s] * (d[s] - dot) * scale;
+  for (int64_t s = t + 1 + lane; s < T; s += 32) d[s] = 0.0f;
+}
+
+// ---------------------------------------------------------------- flash-style
+// A block handles kFlashRows query rows (or key rows in dK/dV), a warp each, against tiles of
+// kFlashTile keys (queries), a lane each, staged in shared memory. Each lane keeps its share of a
+// D-vector accumulator: dimensions lane, lane + 32, ... (D <= kFlashMaxD).
+
+constexpr int kFlashRows = 8;
+constexpr int kFlashTile = 32;
+constexpr int kFlashMaxD = 128;
+constexpr int kPerLane = kFlashMaxD / 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ inline float dot_rows(const float* a, const float* b, int64_t D) {
+  float s = 0.0f;
+  for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// rows [r0, r0 + n) of one head's q (part 0), k (1) or v (2) -> smem (n, D); zeros past T
+__device__ inline void stage_rows(float* dst, const float* base, int part, int64_t r0, int n, int64_t T, int64_t H,
+                                  int64_t D, int64_t h) {
+  const int64_t row = 3 * H * D;
+  for (int64_t i = threadIdx.x; i < int64_t(n) * D; i += blockDim.x) {
+    const int64_t r = r0 + i / D, d = i % D;
+    dst[i] = r < T ? base[r * row + part * H * D + h * D + d] : 0.0f;
+  }
+}
+// rows of a (B, T, H, D) tensor (out, dout) of one head -> smem (n, D)
+__device__ inline void stage_head_rows(float* dst, const float* base, int64_t r0, int n, int64_t T, int64_t H,
+                                       int64_t D, int64_t h) {
+  for (int64_t i = threadIdx.x; i < int64_t(n) * D; i += blockDim.x) {
+    const int64_t r = r0 + i / D, d = i % D;
+    dst[i] = r < T ? base[(r * H + h) * D + d] : 0.0f;
+  }
+}
+
+// grid (ceil(T / kFlashRows), B * H)
+__global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, int64_t T, int64_t H, int64_t D,
+                                     float scale) {
+  extern __shared__ float sm[];
+  float* ks = sm;                     // (kFlashTile, D)
+  float* vs = ks + kFlashTile * D;    // (kFlashTile, D)
+  float* qs = vs + kFlashTile * D;    // (kFlashRows, D)
+  const int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = int64_t(blockIdx.x) * kFlashRows, t = t0 + warp;
+  const float* base = qkv + b * T * 3 * H * D;
+  stage_rows(qs, base, 0, t0, kFlashRows, T, H, D, h);
+  float m = -INFINITY, l = 0.0f, o[kPerLane] = {};
+  const int64_t last = min(T - 1, t0 + kFlashRows - 1);  // every tile starts at or before t0
+  for (int64_t s0 = 0; s0 <= last; s0 += kFlashTile) {
+    __syncthreads();  // the previous tile is consumed
+    stage_rows(ks, base, 1, s0, kFlashTile, T, H, D, h);
+    stage_rows(vs, base, 2, s0, kFlashTile, T, H, D, h);
+    __syncthreads();
+    if (t >= T) continue;  // warp-uniform
+    const int64_t s = s0 + lane;
+    const bool visible = s <= t;
+    const float score = visible ? dot_rows(qs + warp * D, ks + lane * D, D) * scale : -INFINITY;
+    const float m_new = fmaxf(m, warp_reduce(score, MaxOp{}));  // finite: key s0 <= t is visible
+    const float corr = m == -INFINITY ? 0.0f : fast_exp(m - m_new);
+    const float p = visible ? fast_exp(score - m_new) : 0.0f;
+    l = l * corr + warp_reduce(p, SumOp{});
+    for (int k = 0; k < kPerLane; ++k) o[k] *= corr;
+    for (int j = 0; j < kFlashTile; ++j) {
+      const float pj = __shfl_sync(kFull, p, j);
+      for (int k = 0; k < kPerLane; ++k) {
+        const int64_t d = lane + 32 * k;
+        if (d < D) o[k] += pj * vs[j * D + d];
+      }
+    }
+    m = m_new;
+  }
+  if (t >= T) return;
+  const float inv = 1.0f / l;
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t d = lane + 32 * k;
+    if (d < D) out[((b * T + t) * H + h) * D + d] = o[k] * inv;
+  }
+  if (lane == 0) lse[bh * T + t] = m + logf(l);
+}
+
+// delta (B*H, T) = rowsum(dout * out) per head: a warp per (b, h, t)
+__global__ void flash_delta_kernel(float* delta, const float* dout, const float* out, int64_t B, int64_t T,
+                                   int64_t H, int64_t D) {
+  const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;  // (b, h, t)
+  const int lane = threadIdx.x % 32;
+  if (r >= B * H * T) return;
+  const int64_t t = r % T, bh = r / T, b = bh / H, h = bh % H;
+  const int64_t off = ((b * T + t) * H + h) * D;
+  float s = 0.0f;
+  for (int64_t d = lane; d < D; d += 32) s += dout[off + d] * out[off + d];
+  s = warp_reduce(s, SumOp{});
+  if (lane == 0) delta[r] = s;
+}
+
+// dq: grid (ceil(T / kFlashRows), B * H); a warp per query row, tiles of keys
+__global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                const float* delta, int64_t T, int64_t H, int64_t D, float scale) {
+  extern __shared__ float sm[];
+  float* ks = sm;
+  float* vs = ks + kFlashTile * D;
+  float* qs = vs + kFlashTile * D;
+  float* dos = qs + kFlashRows * D;
+  const int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = int64_t(blockIdx.x) * kFlashRows, t = t0 + warp;
+  const float* base = qkv + b * T * 3 * H * D;
+  stage_rows(qs, base, 0, t0, kFlashRows, T, H, D, h);
+  stage_head_rows(dos, dout + b * T * H * D, t0, kFlashRows, T, H, D, h);
+  const float lse_t = t < T ? lse[bh * T + t] : 0.0f, delta_t = t < T ? delta[bh * T + t] : 0.0f;
+  float dq[kPerLane] = {};
+  const int64_t last = min(T - 1, t0 + kFlashRows - 1);
+  for (int64_t s0 = 0; s0 <= last; s0 += kFlashTile) {
+    __syncthreads();
+    stage_rows(ks, base, 1, s0, kFlashTile, T, H, D, h);
+    stage_rows(vs, base, 2, s0, kFlashTile, T, H, D, h);
+    __syncthreads();
+    if (t >= T) continue;
+    const int64_t s = s0 + lane;
+    float ds = 0.0f;
+    if (s <= t) {
+      const float p = fast_exp(dot_rows(qs + warp * D, ks + lane * D, D) * scale - lse_t);
+      const float dp = dot_rows(dos + warp * D, vs + lane * D, D);
+      ds = p * (dp - delta_t) * scale;
+    }
+    for (int j = 0; j < kFlashTile; ++j) {
+      const float dsj = __shfl_sync(kFull, ds, j);
+      for (int k = 0; k < kPerLane; ++k) {
+        const int64_t d = lane + 32 * k;
+        if (d < D) dq[k] += dsj * ks[j * D + d];
+      }
+    }
+  }
+  if (t >= T) return;
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t d = lane + 32 * k;
+    if (d < D) dqkv[(b * T + t) * 3 * H * D + h * D + d] = dq[k];
+  }
+}
+
+// dk, dv: grid (ceil(T / kFlashRows), B * H); a warp per key row, tiles of the queries that see it
+__global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                 const float* delta, int64_t T, int64_t H, int64_t D, float scale) {
+  extern __shared__ float sm[];
+  float* qs = sm;                       // (kFlashTile, D) queries of the tile
+  float* dos = qs + kFlashTile * D;     // (kFlashTile, D) their output gradients
+  float* kr = dos + kFlashTile * D;     // (kFlashRows, D) this block's keys
+  float* vr = kr + kFlashRows * D;      // (kFlashRows, D) and values
+  float* lse_s = vr + kFlashRows * D;   // (kFlashTile)
+  float* delta_s = lse_s + kFlashTile;  // (kFlashTile)
+  const int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j0 = int64_t(blockIdx.x) * kFlashRows, j = j0 + warp;
+  const float* base = qkv + b * T * 3 * H * D;
+  stage_rows(kr, base, 1, j0, kFlashRows, T, H, D, h);
+  stage_rows(vr, base, 2, j0, kFlashRows, T, H, D, h);
+  float dk[kPerLane] = {}, dv[kPerLane] = {};
+  for (int64_t i0 = j0 / kFlashTile * kFlashTile; i0 < T; i0 += kFlashTile) {
+    __syncthreads();
+    stage_rows(qs, base, 0, i0, kFlashTile, T, H, D, h);
+    stage_head_rows(dos, dout + b * T * H * D, i0, kFlashTile, T, H, D, h);
+    if (threadIdx.x < kFlashTile) {
+      const int64_t i = i0 + threadIdx.x;
+      lse_s[threadIdx.x] = i < T ? lse[bh * T + i] : 0.0f;
+      delta_s[threadIdx.x] = i < T ? delta[bh * T + i] : 0.0f;
+    }
+    __syncthreads();
+    if (j >= T) continue;
+    const int64_t i = i0 + lane;
+    float p = 0.0f, ds = 0.0f;
+    if (i >= j && i < T) {
+      p = fast_exp(dot_rows(qs + lane * D, kr + warp * D, D) * scale - lse_s[lane]);
+      const float dp = dot_rows(dos + lane * D, vr + warp * D, D);
+      ds = p * (dp - delta_s[lane]) * scale;
+    }
+    for (int q = 0; q < kFlashTile; ++q) {
+      const float pq = __shfl_sync(kFull, p, q), dsq = __shfl_sync(kFull, ds, q);
+      for (int k = 0; k < kPerLane; ++k) {
+        const int64_t d = lane + 32 * k;
+        if (d < D) {
+          dv[k] += pq * dos[q * D + d];
+          dk[k] += dsq * qs[q * D + d];
+        }
+      }
+    }
+  }
+  if (j >= T) return;
+  const int64_t off = (b * T + j) * 3 * H * D + h * D;
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t d = lane + 32 * k;
+    if (d < D) {
+      dqkv[off + H * D + d] = dk[k];
+      dqkv[off + 2 * H * D + d] = dv[k];
+    }
+  }
+}
+
+}  // namespace
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                             cudaStream_t s) {
+  if (B * T * H <= 0) return;
+  TPT_CHECK(D >= 1 && D <= kFlashMaxD && B * H <= 65535);
+  const size_t smem = size_t(2 * kFlashTile + kFlashRows) * size_t(D) * sizeof(float);
+  flash_forward_kernel<<<dim3(unsigned((T + kFlashRows - 1) / kFlashRows), unsigned(B * H)), kFlashRows * 32, smem,
+                         s>>>(out, lse, qkv, T, H, D, 1.0f / std::sqrt(float(D)));
+  TPT_CUDA_LAUNCHED();
+}
+
+void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s) {
+  if (B * T * H <= 0) return;
+  TPT_CHECK(D >= 1 && D <= kFlashMaxD && B * H <= 65535);
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t rows = B * H * T;
+  flash_delta_kernel<<<unsigned((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(delta, dout, out, B,
+                                                                                                  T, H, D);
+  TPT_CUDA_LAUNCHED();
+  const dim3 grid(unsigned((T + kFlashRows - 1) / kFlashRows), unsigned(B * H));
+  const size_t smem = size_t(2 * kFlashTile + 2 * kFlashRows) * size_t(D) * sizeof(float) + 2 * kFlashTile * sizeof(float);
+  flash_dq_kernel<<<grid, kFlashRows * 32, smem, s>>>(dqkv, dout, qkv, lse, delta, T, H, D, scale);
+  TPT_CUDA_LAUNCHED();
+  flash_dkv_kernel<<<grid, kFlashRows * 32, smem, s>>>(dqkv, dout, qkv, lse, delta, T, H, D, scale);
+  TPT_CUDA_LAUNCHED();
+}
+
+void softmax_causal_forward(float* probs, int64_t rows, int64_t T, cudaStream_t s) {
+  if (rows <= 0) return;
+  softmax_causal_forward_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, s>>>(probs,
+                                                                                                         rows, T);
+  TPT_CUDA_LAUNCHED();
+}
+
+void softmax_causal_backward(float* dscores, const float* probs, int64_t rows, int64_t T, float scale,
+                             cudaStream_t s) {
+  if (rows <= 0) return;
+  softmax_causal_backward_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, s>>>(
+      dscores, probs, rows, T, scale);
+  TPT_CUDA_LAUNCHED();
+}
+
+}  // namespace tpt::cuda

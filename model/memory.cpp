@@ -1,0 +1,367 @@
+// Per-rank memory, FLOPs and time of a config (see model/memory.h for what each category holds).
+#include "model/memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace tpt {
+
+namespace {
+
+DType compute_dtype(const Config& c) {
+  const std::string& p = c.training.precision;
+  return p == "bf16" ? DType::BF16 : p == "fp16" ? DType::F16 : DType::F32;
+}
+
+int num_microbatches(const Config& c) {
+  const int64_t per_step = int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size;
+  return int(c.training.global_batch_size / per_step);
+}
+
+std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
+  return make_schedule(parse_schedule(c.parallel.pipeline_schedule), c.parallel.pipeline_model_parallel_size,
+                       pp_rank, num_microbatches(c));
+}
+
+double mib(int64_t bytes) { return double(bytes) / 1048576.0; }
+
+}  // namespace
+
+Storage storage_for(const Config& cfg) { return cfg.training.device == "cpu" ? Storage::Fp32Buffers : Storage::ComputeDtype; }
+const char* storage_name(Storage s) { return s == Storage::Fp32Buffers ? "fp32_buffers" : "compute_dtype"; }
+
+StageMemory stage_memory(const Config& cfg, int pp_rank, Storage storage) {
+  const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
+  TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
+  const GPTDims d = make_dims(cfg, tp, 0, pp, pp_rank);  // every TP rank of a stage holds the same sizes
+  const ParamLayout layout = make_param_layout(d);
+  const DType dtype = compute_dtype(cfg);
+  const int64_t B = cfg.training.micro_batch_size;
+  const int64_t compute_bytes = dtype_bytes(dtype);
+  const int64_t storage_bytes = storage == Storage::Fp32Buffers ? 4 : compute_bytes;  // activations, compute weights
+
+  StageMemory m;
+  m.stage = pp_rank;
+  m.layers = d.layer_end - d.layer_begin;
+  m.in_flight = max_in_flight(stage_schedule(cfg, pp_rank));
+  for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
+  m.parameter_buffer = layout.total;
+  m.weight_bytes = layout.total * 4 + (dtype == DType::F32 ? 0 : layout.total * storage_bytes);
+  m.gradient_bytes = layout.total * 4;
+  m.optimizer_bytes = layout.total * 8;
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    m.activation_and_workspace_by_mode[int(r)] =
+        (activation_floats_per_microbatch(d, B, r) * m.in_flight + scratch_floats(d, B, r)) * storage_bytes;
+  const Recompute mode = parse_recompute(cfg.training.recompute);
+  m.activation_bytes = activation_floats_per_microbatch(d, B, mode) * m.in_flight * storage_bytes;
+  m.workspace_bytes = scratch_floats(d, B, mode) * storage_bytes;
+  // The trainer's buffers: per in-flight slot a received activation and a received gradient.
+  const int64_t message = B * d.S * d.C;
+  if (pp > 1) {
+    if (storage == Storage::Fp32Buffers) {
+      m.buffer_bytes += 2 * m.in_flight * message * 4;
+      if (dtype != DType::F32) m.buffer_bytes += (2 * m.in_flight + 1) * ((message + 1) / 2) * 4;  // 16-bit wire
+    } else {
+      m.buffer_bytes += 2 * m.in_flight * message * compute_bytes;
+    }
+  }
+  m.buffer_bytes += 2 * B * d.S * 4;  // tokens, targets (int32)
+  return m;
+}
+
+std::string describe_memory(const StageMemory& m) {
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "%.1f MiB (%lld bytes): weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f, "
+                "workspace %.1f, buffers %.1f MiB",
+                mib(m.total_bytes()), (long long)m.total_bytes(), mib(m.weight_bytes), mib(m.gradient_bytes),
+                mib(m.optimizer_bytes), mib(m.activation_bytes), mib(m.workspace_bytes), mib(m.buffer_bytes));
+  return buf;
+}
+
+int64_t total_parameters(const Config& cfg) {
+  const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
+  int64_t total = 0;
+  for (int s = 0; s < pp; ++s)
+    for (const ParamInfo& p : make_param_layout(make_dims(cfg, tp, 0, pp, s)).params) {
+      if (p.tied_copy) continue;
+      int64_t e = 1;
+      for (int64_t x : p.global_shape) e *= x;
+      total += e;
+    }
+  return total;
+}
+
+double iteration_model_flops(const Config& c, int64_t padded_vocab) {
+  double B = c.training.global_batch_size, s = c.model.seq_length, l = c.model.num_layers,
+         h = c.model.hidden_size, V = double(padded_vocab);
+  return 72.0 * B * s * l * h * h * (1.0 + s / (12.0 * h) + V / (12.0 * l * h));
+}
+
+double ScheduleTiming::bubble_fraction() const {
+  double worst = 0;
+  for (double b : busy) worst = std::max(worst, makespan > 0 ? 1.0 - b / makespan : 0.0);
+  return worst;
+}
+
+ScheduleTiming time_schedule(const std::vector<std::vector<Action>>& lists, const std::vector<double>& fwd,
+                             const std::vector<double>& bwd, double p2p_time) {
+  const int P = int(lists.size());
+  TPT_CHECK(int(fwd.size()) == P && int(bwd.size()) == P);
+  ScheduleTiming t;
+  t.busy.assign(size_t(P), 0.0);
+  std::vector<double> now(size_t(P), 0.0);
+  std::vector<size_t> pc(size_t(P), 0);
+  std::vector<bool> posted(size_t(P), false);
+  // Post times of each side of each message: (activation?, receiving stage, micro-batch) -> time.
+  using Key = std::tuple<bool, int, int>;
+  std::map<Key, double> send_post, recv_post;
+  for (;;) {
+    bool progress = false, done = true;
+    for (int s = 0; s < P; ++s) {
+      const auto& L = lists[size_t(s)];
+      while (pc[size_t(s)] < L.size()) {
+        const Action& a = L[pc[size_t(s)]];
+        if (a.kind != Action::Kind::Comm) {
+          const double c = a.kind == Action::Kind::Forward ? fwd[size_t(s)] : bwd[size_t(s)];
+          now[size_t(s)] += c;
+          t.busy[size_t(s)] += c;
+        } else {
+          // (my side's map, key) of every message in the action
+          std::vector<std::pair<bool, Key>> msgs;  // first: I am the sender
+          if (a.send_fwd >= 0) msgs.push_back({true, Key{true, s + 1, a.send_fwd}});
+          if (a.recv_fwd >= 0) msgs.push_back({false, Key{true, s, a.recv_fwd}});
+          if (a.send_bwd >= 0) msgs.push_back({true, Key{false, s - 1, a.send_bwd}});
+          if (a.recv_bwd >= 0) msgs.push_back({false, Key{false, s, a.recv_bwd}});
+          if (!posted[size_t(s)]) {
+            for (const auto& [sender, k] : msgs) (sender ? send_post : recv_post)[k] = now[size_t(s)];
+            posted[size_t(s)] = true;
+            progress = true;
+          }
+          double end = now[size_t(s)];
+          bool ready = true;
+          for (const auto& [sender, k] : msgs) {
+            const auto& other = sender ? recv_post : send_post;
+            auto it = other.find(k);
+            if (it == other.end()) ready = false;
+            else end = std::max(end, it->second);
+          }
+          if (!ready) break;
+          now[size_t(s)] = end + (msgs.empty() ? 0.0 : p2p_time);
+          posted[size_t(s)] = false;
+        }
+        ++pc[size_t(s)];
+        progress = true;
+      }
+      if (pc[size_t(s)] < L.size()) done = false;
+    }
+    if (done) break;
+    if (!progress) internal_error("time_schedule: the schedule deadlocks (simulate() should have caught it)");
+  }
+  for (double x : now) t.makespan = std::max(t.makespan, x);
+  return t;
+}
+
+namespace {
+
+// Per-rank FLOPs and TP all-reduce payload (bytes) of one micro-batch's forward and backward on a stage.
+struct StageWork {
+  double fwd_flops = 0, bwd_flops = 0;
+  double fwd_tp_bytes = 0, bwd_tp_bytes = 0;
+};
+
+StageWork stage_work(const Config& c, int s, Storage storage) {
+  const int tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
+  const GPTDims d = make_dims(c, tp, 0, pp, s);
+  const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), F = double(d.F);
+  const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
+  const Recompute r = parse_recompute(c.training.recompute);
+  // per layer: QKV 6NC^2, projection 2NC^2, MLP 4NCF; attention scores and weighted sum 4NSC, of
+  // which the causal half is computed (2NSC, as the logged formula's s/(12h) term counts them)
+  const double attn_core = 2.0 * N * S * C / tp;
+  const double layer = (8.0 * N * C * C + 4.0 * N * C * F) / tp + attn_core;
+  const double lm_head = 2.0 * N * C * double(d.Vl);
+  const bool gpipe = c.parallel.pipeline_schedule == "gpipe";
+  StageWork w;
+  w.fwd_flops = layers * layer + (d.last_stage() ? lm_head : 0.0);
+  w.bwd_flops = 2.0 * w.fwd_flops;
+  if (r == Recompute::Full) w.bwd_flops += layers * layer;
+  if (r == Recompute::Selective) w.bwd_flops += layers * attn_core;
+  // GPipe: the last stage's logits of all but the last micro-batch are recomputed in backward
+  if (gpipe && d.last_stage()) w.bwd_flops += lm_head * (M - 1) / M;
+  if (tp > 1) {
+    const double cb = storage == Storage::Fp32Buffers ? 4 : dtype_bytes(compute_dtype(c));
+    const double act = N * C * cb;
+    w.fwd_tp_bytes = layers * 2 * act + (d.first_stage() ? act : 0) + (d.last_stage() ? 3 * N * 4 : 0);
+    w.bwd_tp_bytes = layers * 2 * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * 2 * act : 0);
+  }
+  return w;
+}
+
+// Largest total over the stages; -1 when the config is not a valid grid for `world`.
+// distributed_optimizer: Megatron's estimate (fp32 master weights and Adam moments sharded over DP).
+int64_t peak_bytes(Config c, int world, Storage storage, bool distributed_optimizer) {
+  try {
+    c.parallel.data_parallel_size = 0;
+    resolve_parallel(c, world);
+  } catch (const InputError&) {
+    return -1;
+  }
+  const int dp = c.parallel.data_parallel_size;
+  int64_t peak = 0;
+  for (int s = 0; s < c.parallel.pipeline_model_parallel_size; ++s) {
+    StageMemory m = stage_memory(c, s, storage);
+    if (distributed_optimizer) {
+      const int64_t master = m.parameter_buffer * 4;
+      if (compute_dtype(c) != DType::F32) m.weight_bytes = m.weight_bytes - master + master / dp;
+      m.optimizer_bytes /= dp;
+    }
+    peak = std::max(peak, m.total_bytes());
+  }
+  return peak;
+}
+
+std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
+  std::vector<PlanSuggestion> out;
+  const double limit = plan.device_memory_bytes;
+  const Storage st = plan.storage;
+  auto add = [&](const std::string& change, const std::string& note, Config v, int world, bool distopt) {
+    const int64_t peak = peak_bytes(v, world, st, distopt);
+    if (peak >= 0) out.push_back({change, note, peak, double(peak) <= limit});
+    return peak >= 0 && double(peak) <= limit;
+  };
+  const std::string rc = c.training.recompute;
+  auto with_recompute = [&](Config v, const std::string& mode) {
+    v.training.recompute = mode;
+    return v;
+  };
+  const std::string already = "already configured";
+  if (rc == "none") add("training.recompute=selective", "", with_recompute(c, "selective"), plan.world_size, false);
+  add("training.recompute=full", rc == "full" ? already : "", with_recompute(c, "full"), plan.world_size, false);
+  Config mb1 = c;
+  mb1.training.micro_batch_size = 1;
+  add("training.micro_batch_size=1", c.training.micro_batch_size == 1 ? already : "", mb1, plan.world_size, false);
+  // More PP / more TP: the smallest degree that fits (first with the configured recompute, then
+  // with full recompute). The world keeps its size where the grid allows, else DP is kept.
+  auto grow = [&](bool pipeline) {
+    std::vector<std::string> modes = {rc};
+    if (rc != "full") modes.push_back("full");
+    const int cur = pipeline ? plan.pp : plan.tp;
+    const int max_degree = pipeline ? c.model.num_layers : c.model.num_attention_heads;
+    for (const std::string& mode : modes)
+      for (int n = cur + 1; n <= max_degree; ++n) {
+        Config v = with_recompute(c, mode);
+        (pipeline ? v.parallel.pipeline_model_parallel_size : v.parallel.tensor_model_parallel_size) = n;
+        const int tp = v.parallel.tensor_model_parallel_size, pp = v.parallel.pipeline_model_parallel_size;
+        const int g = plan.options.gpus_per_node;  // TP groups that tile nodes: 1, 2, 4, 8, 16, ...
+        if (!pipeline && (tp <= g ? g % tp != 0 : tp % g != 0)) continue;
+        int world = tp * pp * plan.dp;  // keep DP, unless the same world size works
+        if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size, st, false) >= 0) world = plan.world_size;
+        const int64_t peak = peak_bytes(v, world, st, false);
+        if (peak < 0 || double(peak) > limit) continue;
+        std::string note = "TP " + std::to_string(tp) + " x PP " + std::to_string(pp) + " x DP " +
+                           std::to_string(world / (tp * pp)) + " = " + std::to_string(world) + " ranks";
+        if (!pipeline && tp > plan.options.gpus_per_node) note += "; TP beyond one node crosses the inter-node network";
+        const std::string key =
+            pipeline ? "parallel.pipeline_model_parallel_size=" : "parallel.tensor_model_parallel_size=";
+        out.push_back({key + std::to_string(n) + (mode != rc ? " training.recompute=" + mode : ""), note, peak, true});
+        return;
+      }
+    out.push_back({pipeline ? "more pipeline stages" : "more tensor parallelism",
+                   "no degree that the model allows fits, even with full recompute", -1, false});
+  };
+  grow(true);
+  grow(false);
+  const std::string distopt = "not implemented yet in tptrain: Megatron's estimate, fp32 master weights and Adam "
+                              "moments sharded over DP";
+  if (!add("parallel.distributed_optimizer=true", distopt, c, plan.world_size, true) && rc != "full")
+    add("parallel.distributed_optimizer=true training.recompute=full", distopt, with_recompute(c, "full"),
+        plan.world_size, true);
+  return out;
+}
+
+}  // namespace
+
+Plan make_plan(Config cfg, const PlanOptions& o) {
+  Plan plan;
+  plan.options = o;
+  const ParallelConfig& par = cfg.parallel;
+  plan.world_size = o.world_size > 0 ? o.world_size
+                                     : par.tensor_model_parallel_size * par.pipeline_model_parallel_size *
+                                           std::max(1, par.data_parallel_size);
+  resolve_parallel(cfg, plan.world_size);
+  parse_schedule(par.pipeline_schedule);
+  plan.tp = par.tensor_model_parallel_size;
+  plan.pp = par.pipeline_model_parallel_size;
+  plan.dp = par.data_parallel_size;
+  plan.num_microbatches = num_microbatches(cfg);
+  plan.storage = o.storage.value_or(storage_for(cfg));
+  plan.device_memory_bytes = o.device_memory_gib * 1073741824.0;
+  plan.total_parameters = total_parameters(cfg);
+  plan.padded_vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, plan.tp);
+  plan.flops_per_iteration = iteration_model_flops(cfg, plan.padded_vocab);
+
+  const int P = plan.pp, M = plan.num_microbatches;
+  const DType dtype = compute_dtype(cfg);
+  std::vector<std::vector<Action>> lists;
+  for (int s = 0; s < P; ++s) lists.push_back(stage_schedule(cfg, s));
+  const std::string err = simulate(lists);
+  if (!err.empty()) internal_error("plan: the pipeline schedule does not simulate: " + err);
+  plan.bubble_fraction =
+      time_schedule(lists, std::vector<double>(size_t(P), 1.0), std::vector<double>(size_t(P), 2.0)).bubble_fraction();
+  plan.bubble_fraction_analytic = double(P - 1) / double(M + P - 1);
+
+  // Bandwidths: TP peers are adjacent ranks, DP peers TP apart, PP neighbours TP * DP apart.
+  // A group of consecutive ranks stays inside a node when it tiles the node's GPUs.
+  auto link = [&](int span) {
+    return (span <= o.gpus_per_node && o.gpus_per_node % span == 0 ? o.intra_node_gbps : o.inter_node_gbps) * 1e9;
+  };
+  const double flops_per_s = o.peak_tflops * 1e12 * o.compute_efficiency;
+  const double tp_bw = link(plan.tp), dp_bw = link(plan.tp * plan.dp), pp_bw = link(plan.tp * plan.dp * 2);
+  const double ring_tp = plan.tp > 1 ? 2.0 * (plan.tp - 1) / plan.tp : 0.0;
+  const double ring_dp = plan.dp > 1 ? 2.0 * (plan.dp - 1) / plan.dp : 0.0;
+  const int64_t wire_bytes = plan.storage == Storage::Fp32Buffers ? (dtype == DType::F32 ? 4 : 2) : dtype_bytes(dtype);
+  const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size * wire_bytes;
+  std::vector<double> fwd(static_cast<size_t>(P), 0.0), bwd(static_cast<size_t>(P), 0.0);
+  double dp_time = 0;
+  for (int s = 0; s < P; ++s) {
+    plan.stages.push_back(stage_memory(cfg, s, plan.storage));
+    const StageMemory& m = plan.stages.back();
+    plan.fits = plan.fits && double(m.total_bytes()) <= plan.device_memory_bytes;
+    const StageWork w = stage_work(cfg, s, plan.storage);
+    fwd[size_t(s)] = w.fwd_flops / flops_per_s + w.fwd_tp_bytes * ring_tp / tp_bw;
+    bwd[size_t(s)] = w.bwd_flops / flops_per_s + w.bwd_tp_bytes * ring_tp / tp_bw;
+    plan.hardware_flops_per_iteration += (w.fwd_flops + w.bwd_flops) * M * plan.tp * plan.dp;
+    plan.tp_comm_bytes = std::max(plan.tp_comm_bytes, int64_t((w.fwd_tp_bytes + w.bwd_tp_bytes) * M));
+    const int64_t sends = (s > 0 ? M : 0) + (s < P - 1 ? M : 0);  // gradients back, activations forward
+    plan.pp_comm_bytes = std::max(plan.pp_comm_bytes, sends * message);
+    // DP: the fp32 gradient buffer; the tied word embedding's gradient over {first, last stage}
+    int64_t dp_bytes = plan.dp > 1 ? m.parameter_buffer * 4 : 0;
+    double t = double(dp_bytes) * ring_dp / dp_bw;
+    if (P > 1 && (s == 0 || s == P - 1)) {
+      const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);
+      dp_bytes += d.Vl * d.C * 4;
+      t += double(d.Vl * d.C * 4) / link(plan.world_size);
+    }
+    plan.dp_comm_bytes = std::max(plan.dp_comm_bytes, dp_bytes);
+    dp_time = std::max(dp_time, t);
+    // AdamW reads p, g, m, v and writes p, m, v (28 B); zeroing, unscaling / clipping, norm and nan
+    // check of the gradients (~16 B); the compute copy's refresh (6 B): ~50 B per element.
+    plan.optimizer_time_s = std::max(plan.optimizer_time_s, double(m.parameter_buffer) * 50.0 / (o.hbm_gbps * 1e9));
+  }
+  plan.pipeline_time_s = time_schedule(lists, fwd, bwd, P > 1 ? double(message) / pp_bw : 0.0).makespan;
+  plan.dp_time_s = dp_time;
+  plan.step_time_s = plan.pipeline_time_s + plan.dp_time_s + plan.optimizer_time_s;
+  plan.tokens_per_s = double(cfg.training.global_batch_size) * cfg.model.seq_length / plan.step_time_s;
+  plan.mfu = plan.flops_per_iteration / (plan.step_time_s * plan.world_size * o.peak_tflops * 1e12);
+  if (!plan.fits) plan.suggestions = suggest(cfg, plan);
+  return plan;
+}
+
+}  // namespace tpt

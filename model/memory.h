@@ -1,0 +1,126 @@
+// Per-rank memory, FLOPs and time of a config on its TP x PP x DP grid (DESIGN "Layout": the same
+// size functions the trainer allocates with feed `tptrain plan`). Everything here is a pure function
+// of the resolved config: no ranks, no device.
+//
+// Memory of one rank of pipeline stage s (every TP and DP rank of a stage holds the same amount):
+//   weights     fp32 master (the parameter buffer, ParamLayout::total floats) + for bf16/fp16 the
+//               compute copy (2 B/element with ComputeDtype storage, 4 with Fp32Buffers)
+//   gradients   fp32, ParamLayout::total floats
+//   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element)
+//   activations activation_floats_per_microbatch(...) x the schedule's in-flight micro-batches on
+//               the stage (max_in_flight of its 1F1B / GPipe list), x the storage bytes
+//   workspace   scratch_floats(...) x the storage bytes (shared by all micro-batches)
+//   buffers     pipeline receive buffers (activation + gradient per in-flight slot when PP > 1; on
+//               the CPU backend also the 16-bit wire staging of bf16/fp16 messages) and the
+//               micro-batch's tokens and targets (int32)
+// With bf16 and ComputeDtype storage, weights + gradients + optimizer = 2 + 4 + 4 + 4 + 4 = 18 B per
+// element of the rank's parameter buffer: Megatron's documented 18 B/parameter (20 with Fp32Buffers).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+#include "parallel/schedule.h"
+
+namespace tpt {
+
+struct Config;
+
+// How tensors are stored. ComputeDtype: activations, workspace and the compute copy of the weights
+// in the compute dtype (2 B for bf16/fp16), as Megatron stores them on a GPU. Fp32Buffers: what
+// tptrain's backends allocate today (the CPU backend, and the CUDA backend through the same Ops
+// interface): every tensor an fp32 buffer holding values rounded to the compute dtype, 16-bit
+// pipeline messages staged in separate buffers.
+enum class Storage { ComputeDtype, Fp32Buffers };
+// Fp32Buffers when training.device is "cpu", else ComputeDtype (tptrain plan's --storage overrides).
+Storage storage_for(const Config& cfg);
+const char* storage_name(Storage s);  // "compute_dtype" | "fp32_buffers"
+
+struct StageMemory {
+  int stage = 0;
+  int64_t layers = 0;
+  int in_flight = 1;                   // micro-batches whose activations the stage holds at most
+  int64_t parameters_per_rank = 0;     // elements of this rank's tensors (padded vocabulary rows included)
+  int64_t parameter_buffer = 0;        // ParamLayout::total: the same plus 64-byte alignment per tensor
+  int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+  int64_t activation_bytes = 0;        // for the configured recompute mode
+  int64_t workspace_bytes = 0;
+  int64_t buffer_bytes = 0;
+  // activations + workspace for recompute none / selective / full (index = int(Recompute))
+  int64_t activation_and_workspace_by_mode[3] = {0, 0, 0};
+  int64_t model_state_bytes() const { return weight_bytes + gradient_bytes + optimizer_bytes; }
+  int64_t total_bytes() const {
+    return model_state_bytes() + activation_bytes + workspace_bytes + buffer_bytes;
+  }
+};
+
+// Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done).
+StageMemory stage_memory(const Config& cfg, int pp_rank, Storage storage);
+// One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,
+// workspace .., buffers .. MiB" (the trainer's start-up log uses it).
+std::string describe_memory(const StageMemory& m);
+
+// Parameters of the whole model, each counted once (the last stage's tied word-embedding copy and
+// TP replicas not repeated), with the unpadded vocabulary, as the trainer's start-up log counts.
+int64_t total_parameters(const Config& cfg);
+// Megatron's model FLOPs of one iteration (no recompute), the formula of the TFLOP/s/device log:
+// 72 B s l h^2 (1 + s/(12h) + V/(12 l h)), B = global batch, V = padded vocabulary.
+double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
+
+// Timed run of every stage's action list (rendezvous semantics as in simulate()): a compute action
+// takes its stage's forward / backward cost, a Comm action completes when every message in it has
+// its counterpart posted, plus `p2p_time` if it carries data.
+struct ScheduleTiming {
+  double makespan = 0;
+  std::vector<double> busy;            // compute time per stage
+  double bubble_fraction() const;      // max over stages of 1 - busy / makespan
+};
+ScheduleTiming time_schedule(const std::vector<std::vector<Action>>& stages, const std::vector<double>& forward_cost,
+                             const std::vector<double>& backward_cost, double p2p_time = 0.0);
+
+struct PlanOptions {
+  int world_size = 0;                  // 0: TP * PP * (data_parallel_size or 1)
+  double device_memory_gib = 80;
+  double peak_tflops = 989;            // dense bf16 of an H100 / H200 SXM
+  double compute_efficiency = 0.6;     // fraction of peak the GEMMs reach
+  double intra_node_gbps = 300;        // GB/s (bytes): achievable NVLink all-reduce bus bandwidth
+  double inter_node_gbps = 40;         // GB/s (bytes): one 400 Gbit/s NIC per GPU at 80 %
+  double hbm_gbps = 2500;              // GB/s: memory-bound optimizer step
+  int gpus_per_node = 8;
+  std::optional<Storage> storage;      // default: storage_for(config)
+};
+
+struct PlanSuggestion {
+  std::string change;                  // e.g. "training.recompute=full"
+  std::string note;                    // e.g. "not implemented yet in tptrain"
+  int64_t peak_bytes = 0;              // largest total over the stages with the change (-1: none tried fits)
+  bool fits = false;
+};
+
+struct Plan {
+  int world_size = 1, tp = 1, pp = 1, dp = 1;
+  int num_microbatches = 1;
+  Storage storage = Storage::ComputeDtype;
+  double device_memory_bytes = 0;
+  int64_t total_parameters = 0, padded_vocab = 0;
+  double flops_per_iteration = 0;      // model FLOPs (Megatron's formula)
+  double hardware_flops_per_iteration = 0;  // with recompute, from the per-layer counts
+  double bubble_fraction = 0;          // simulated: unit forward, 2 units backward, free communication
+  double bubble_fraction_analytic = 0; // (PP - 1) / (M + PP - 1)
+  // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
+  int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
+  double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;
+  double step_time_s = 0, tokens_per_s = 0, mfu = 0;
+  std::vector<StageMemory> stages;
+  bool fits = true;
+  std::vector<PlanSuggestion> suggestions;  // only when a stage does not fit
+  PlanOptions options;
+};
+
+// The plan of a loaded config (load_config) on options.world_size ranks; runs resolve_parallel
+// (InputError on a bad grid).
+Plan make_plan(Config cfg, const PlanOptions& options);
+
+}  // namespace tpt

@@ -1,0 +1,26 @@
+// Communicators on device buffers (DESIGN "Backends"): NcclComm runs the Comm interface's
+// collectives with NCCL on the compute stream of the CUDA backend, so they are ordered with the
+// kernels around them. A collective returns once it is enqueued: the device sees its result in
+// stream order; the host sees it after the next synchronizing call (Ops::to_host and the like).
+// Built with CUDA; NcclComm itself also needs NCCL and MPI (TPTRAIN_HAVE_NCCL).
+#pragma once
+#include <memory>
+
+#include "parallel/comm.h"
+
+namespace tpt {
+
+// Whether this build has NcclComm.
+bool nccl_built();
+
+// An NCCL communicator over the ranks of `host_group` (a host communicator of the same group, in
+// the same rank order): rank 0 makes the unique id, host_group broadcasts it, every member joins.
+// Collective over host_group. The current CUDA device must be this rank's GPU; host_group must
+// outlive the result (barrier uses it).
+std::unique_ptr<Comm> make_nccl_comm(Comm& host_group);
+
+// The group of one rank on device buffers: collectives are no-ops, all_gather / reduce_scatter a
+// device copy (CUDA builds only).
+std::unique_ptr<Comm> make_device_self_comm();
+
+}  // namespace tpt

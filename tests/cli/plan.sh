@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# tptrain plan (README "Plan"): the JSON report of configs/gpt96.yaml has its keys and sane, hand-checked
+# values (no MPI launch); on CPU configs the plan's bytes for rank 0's stage equal what the trainer
+# allocated on rank 0 (its "memory: allocated ... (plan: ...)" start-up line), on 1 rank and on
+# TP 2 x PP 2, fp32 and bf16.
+set -uo pipefail
+source "$TPTRAIN_SRC/scripts/env.sh"
+W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
+pass=0; fail=0
+ok() { echo "ok   $1"; pass=$((pass+1)); }
+bad() { echo "FAIL $1"; fail=$((fail+1)); }
+
+# --- gpt96.yaml: keys and values --------------------------------------------------------------
+for gib in 80 141; do
+  if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --device-memory-gib $gib --json \
+      > "$W/gpt96_$gib.json" 2> "$W/gpt96_$gib.err"; then ok "plan --json gpt96.yaml at $gib GiB runs (no mpirun)"
+  else bad "plan --json gpt96.yaml at $gib GiB"; cat "$W/gpt96_$gib.err"; fi
+done
+if out=$($PYTHON - "$W/gpt96_80.json" "$W/gpt96_141.json" <<'PY'
+import json, sys
+p80, p141 = (json.load(open(f)) for f in sys.argv[1:3])
+errors = []
+def check(cond, what):
+    if not cond: errors.append(what)
+for k in ["world_size", "tp", "pp", "dp", "num_microbatches", "total_parameters", "flops_per_iteration",
+          "bubble_fraction", "step_time_s", "mfu", "stages"]:
+    check(k in p80, "missing key " + k)
+for st in p80["stages"]:
+    for k in ["stage", "parameters_per_rank", "weight_bytes", "gradient_bytes", "optimizer_bytes",
+              "activation_bytes", "total_bytes", "fits"]:
+        check(k in st, "stage missing key " + k)
+check((p80["world_size"], p80["tp"], p80["pp"], p80["dp"]) == (192, 4, 6, 8), "grid")
+check(p80["num_microbatches"] == 192, "1536 / (1 * 8) micro-batches")
+l, h, s, V, Vp, B = 96, 12288, 2048, 50257, 50688, 1536
+check(p80["total_parameters"] == l * (12 * h * h + 13 * h) + (V + s) * h + 2 * h, "total parameters (174.6B)")
+flops = 72 * B * s * l * h * h * (1 + s / (12 * h) + Vp / (12 * l * h))
+check(abs(p80["flops_per_iteration"] / flops - 1) < 1e-12, "FLOPs per iteration")
+check(abs(p80["bubble_fraction"] - 5 / 197) < 1e-12, "bubble (PP-1)/(M+PP-1) = 5/197")
+check(len(p80["stages"]) == 6, "6 stages")
+for st in p80["stages"]:
+    parts = sum(st[k] for k in ["weight_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
+                                "workspace_bytes", "buffer_bytes"])
+    check(parts == st["total_bytes"], "stage %d: total = sum of categories" % st["stage"])
+    # bf16 on a GPU: 18 B per element of the parameter buffer (no alignment padding at these sizes)
+    check(st["weight_bytes"] + st["gradient_bytes"] + st["optimizer_bytes"] == 18 * st["parameters_per_rank"],
+          "stage %d: 18 B/parameter" % st["stage"])
+    check(7.2e9 < st["parameters_per_rank"] < 7.5e9, "stage %d: ~7.4B parameters per rank" % st["stage"])
+    check(st["in_flight_microbatches"] == 6 - st["stage"], "stage %d: 1F1B in flight = PP - stage" % st["stage"])
+    check(st["fits"] is False, "stage %d does not fit 80 GiB" % st["stage"])
+check(p80["fits"] is False, "does not fit on 80 GiB")
+fit = [x for x in p80["suggestions"] if x["fits"]]
+check(any(x["change"].startswith("parallel.pipeline_model_parallel_size=") for x in fit), "suggests more PP")
+check(any(x["change"].startswith("parallel.distributed_optimizer") and "not implemented" in x["note"] for x in fit),
+      "suggests the distributed optimizer, saying it is not implemented")
+check(p141["fits"] is True and all(st["fits"] for st in p141["stages"]), "fits on 141 GiB with full recompute")
+check(p141["stages"][0]["total_bytes_by_recompute"]["selective"] > 141 * 2**30, "selective would not fit 141 GiB")
+check(0 < p80["step_time_s"] < 1000 and 0 < p80["mfu"] < 0.6, "step time and MFU sane")
+print("; ".join(errors) if errors else "gpt96: stage 0 %.2f GiB, step %.1f s, MFU %.1f%%" % (
+    p80["stages"][0]["total_bytes"] / 2**30, p80["step_time_s"], 100 * p80["mfu"]))
+sys.exit(1 if errors else 0)
+PY
+); then ok "gpt96.yaml plan values ($out)"; else bad "gpt96.yaml plan values: $out"; fi
+
+# fp32 buffers (what the backends allocate today): 20 B/parameter, and no fit on 141 GiB
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --device-memory-gib 141 --storage fp32_buffers --json \
+  > "$W/gpt96_fp32.json" 2>&1
+if $PYTHON -c "
+import json, sys
+p = json.load(open('$W/gpt96_fp32.json'))
+st = p['stages']
+sys.exit(not (p['storage'] == 'fp32_buffers' and not p['fits'] and
+              all(s['weight_bytes'] + s['gradient_bytes'] + s['optimizer_bytes'] == 20 * s['parameters_per_rank'] for s in st)))"
+then ok "gpt96.yaml with --storage fp32_buffers: 20 B/parameter, does not fit 141 GiB"
+else bad "gpt96.yaml with --storage fp32_buffers"; head -c 2000 "$W/gpt96_fp32.json"; fi
+
+# text report
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" > "$W/gpt96.txt" 2>&1
+if grep -q "^fits: NO" "$W/gpt96.txt" && grep -q "distributed_optimizer=true.*not implemented yet" "$W/gpt96.txt" \
+   && grep -q "^grid: TP 4 x PP 6 x DP 8 = 192 ranks" "$W/gpt96.txt" && grep -q "^step time estimate" "$W/gpt96.txt"; then
+  ok "text report (grid, fit verdict, suggestions, step time)"
+else bad "text report"; cat "$W/gpt96.txt"; fi
+if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96-tiny.yaml" --json > "$W/tiny.json" &&
+   $PYTHON -c "import json,sys; p=json.load(open('$W/tiny.json')); sys.exit(not (p['world_size']==192 and p['fits'] and p['storage']=='fp32_buffers' and p['stages'][0]['layers']==16))"; then
+  ok "gpt96-tiny.yaml: 192 CPU ranks, 16 layers per stage, fits"
+else bad "gpt96-tiny.yaml plan"; fi
+
+# bad input: exit 2 with a message
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --world-size 100 > "$W/bad.out" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q "does not divide the world size 100" "$W/bad.out"; then ok "bad world size: exit 2"
+else bad "bad world size (rc $rc)"; cat "$W/bad.out"; fi
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --peak-tflops fast > "$W/bad2.out" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q "peak-tflops" "$W/bad2.out"; then ok "bad option value: exit 2"
+else bad "bad option value (rc $rc)"; cat "$W/bad2.out"; fi
+
+# --- CPU configs: plan bytes == trainer's allocation on rank 0 ------------------------------------
+$PYTHON "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
+  --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; exit 1; }
+# every tensor a multiple of 16 floats (B*S = 64), so the allocator's 64-byte rounding adds nothing
+cat > "$W/cfg.yaml" <<YAML
+model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97,
+        make_vocab_size_divisible_by: 8}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, cpu_threads: 1, seed: 7, device: cpu}
+data: {path: $W/data, split: [100, 0, 0], eval_iters: 0}
+logging: {log_interval: 1}
+YAML
+compare() {  # name np tp pp extra-set...
+  local name=$1 np=$2 tp=$3 pp=$4; shift 4
+  local sets=(--set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp)
+  for s in "$@"; do sets+=(--set "$s"); done
+  if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" "${sets[@]}" > "$W/$name.log" 2>&1; then
+    bad "$name: training exited non-zero"; tail -20 "$W/$name.log"; return
+  fi
+  if ! "$TPTRAIN" plan --config "$W/cfg.yaml" "${sets[@]}" --json > "$W/$name.json" 2> "$W/$name.plan.err"; then
+    bad "$name: plan exited non-zero"; cat "$W/$name.plan.err"; return
+  fi
+  local line allocated logged planned
+  line=$(grep "^memory: allocated" "$W/$name.log")
+  allocated=$(sed -E 's/^memory: allocated [0-9.]+ MiB \(([0-9]+) bytes\).*/\1/' <<< "$line")
+  logged=$(sed -E 's/.*\(plan: [0-9.]+ MiB \(([0-9]+) bytes\).*/\1/' <<< "$line")
+  planned=$($PYTHON -c "import json; print(json.load(open('$W/$name.json'))['stages'][0]['total_bytes'])")
+  if [ -n "$line" ] && [ "$allocated" = "$planned" ] && [ "$logged" = "$planned" ]; then
+    ok "$name (np $np, TP $tp x PP $pp $*): allocated on rank 0 = plan = $planned bytes"
+  else
+    bad "$name (np $np, TP $tp x PP $pp $*): allocated '$allocated', logged plan '$logged', tptrain plan '$planned'"
+    echo "$line"
+  fi
+}
+compare single_fp32 1 1 1
+compare tp2_pp2_fp32 4 2 2
+compare tp2_pp2_bf16_selective 4 2 2 training.precision=bf16 training.recompute=selective
+compare pp2_gpipe_bf16_full 2 1 2 training.precision=bf16 training.recompute=full parallel.pipeline_schedule=gpipe
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,33 @@
+// Entry point of the GPU tests (ctest label `gpu`). With no GPU visible -- CI, a laptop -- it prints
+// one line and passes. Under mpirun (the GpuNccl tests) every rank needs its own GPU; with fewer
+// GPUs than ranks on the host it also skips with one line.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/cuda/cuda_ops.h"
+#include "parallel/runtime.h"
+
+int main(int argc, char** argv) {
+  tpt::runtime_init(&argc, &argv);
+  const int rank = tpt::runtime_world_rank(), world = tpt::runtime_world_size();
+  const int gpus = tpt::cuda_device_count();
+  bool list_only = false;  // --gtest_list_tests works without a GPU
+  for (int i = 1; i < argc; ++i) list_only |= std::strcmp(argv[i], "--gtest_list_tests") == 0;
+  int status = 0;
+  if (list_only) {
+    ::testing::InitGoogleTest(&argc, argv);
+    status = RUN_ALL_TESTS();
+  } else if (gpus == 0) {
+    if (rank == 0) std::printf("no GPU visible: skipping GPU tests\n");
+  } else if (world > gpus) {
+    if (rank == 0) std::printf("%d ranks but %d GPUs visible: skipping GPU tests\n", world, gpus);
+  } else {
+    ::testing::InitGoogleTest(&argc, argv);
+    if (rank == 0) std::printf("GPU 0: %s\n", tpt::cuda_device_name(0).c_str());
+    status = RUN_ALL_TESTS();
+  }
+  tpt::runtime_finalize();
+  return status;
+}

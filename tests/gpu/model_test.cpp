@@ -1,0 +1,64 @@
+// A tiny GPT trained for a few steps on the GPU and on the CPU from the same initial weights and
+// tokens (one stage, TP = PP = 1, two micro-batches per step, AdamW): fp32 losses within 1e-4
+// (TF32 off), gradients and final weights close; bf16 within 2e-2 of the CPU's bf16 and fp32 losses
+// (the precision test's tolerance).
+#include <cmath>
+#include <cstdio>
+
+#include "parallel/nccl_comm.h"
+#include "tiny_model.h"
+
+namespace tpt::gpu_test {
+namespace {
+
+const std::unique_ptr<Comm> host = make_self_comm();         // TP = 1 on the CPU
+const std::unique_ptr<Comm> dev = make_device_self_comm();   // and on the GPU
+
+TEST(GpuModel, Fp32TrainingMatchesCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  const Trained c = train(*cpu, *host, DType::F32, 4, 2);
+  const Trained g = train(*gpu, *dev, DType::F32, 4, 2);
+  for (size_t k = 0; k < c.losses.size(); ++k) {
+    EXPECT_NEAR(g.losses[k], c.losses[k], 1e-4 * std::fabs(c.losses[k])) << "step " << k + 1;
+    std::printf("step %zu: loss cpu %.7f gpu %.7f\n", k + 1, c.losses[k], g.losses[k]);
+  }
+  double gmax = 0;
+  for (float v : c.first_grads) gmax = std::max(gmax, double(std::fabs(v)));
+  EXPECT_TRUE(close(g.first_grads, c.first_grads, 1e-3, 1e-4 * gmax)) << "gradients of step 1";
+  // AdamW normalizes each element's step, so elements whose gradient is noise may move apart by
+  // up to lr; the weights as a whole stay together
+  EXPECT_LT(relative_distance(g.params, c.params, c.init), 1e-2) << "weights after the last step";
+}
+
+TEST(GpuModel, Bf16TrainingWithinTheMixedPrecisionTolerance) {
+  auto cpu = cpu_ops();
+  CudaOptions opt;
+  opt.gemm_inputs = DType::BF16;
+  auto gpu = gpu_ops(opt);
+  const Trained c32 = train(*cpu, *host, DType::F32, 4, 2);
+  const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2);
+  const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2);
+  for (size_t k = 0; k < c32.losses.size(); ++k) {
+    EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
+    EXPECT_NEAR(g16.losses[k], c32.losses[k], 2e-2) << "step " << k + 1 << " vs CPU fp32";
+    std::printf("step %zu: loss cpu fp32 %.6f cpu bf16 %.6f gpu bf16 %.6f\n", k + 1, c32.losses[k], c16.losses[k],
+                g16.losses[k]);
+  }
+}
+
+TEST(GpuModel, GemmEpiloguesChangeOnlyRounding) {
+  CudaOptions off;
+  off.gemm_epilogues = false;
+  auto with = gpu_ops();
+  auto without = gpu_ops(off);
+  const Trained a = train(*with, *dev, DType::F32, 2, 1);
+  const Trained b = train(*without, *dev, DType::F32, 2, 1);
+  for (size_t k = 0; k < a.losses.size(); ++k) EXPECT_NEAR(a.losses[k], b.losses[k], 1e-5 * std::fabs(b.losses[k]));
+  double gmax = 0;
+  for (float v : b.first_grads) gmax = std::max(gmax, double(std::fabs(v)));
+  EXPECT_TRUE(close(a.first_grads, b.first_grads, 1e-4, 1e-5 * gmax));
+}
+
+}  // namespace
+}  // namespace tpt::gpu_test

@@ -1,0 +1,125 @@
+// NcclComm on two or more GPUs (ctest gpu_nccl_np2: mpirun -np 2, a GPU per rank; skipped on one
+// rank): every collective against its definition, the pipeline's send/recv pairs, and the tiny GPT
+// trained tensor-parallel over NCCL against the same GPT on one CPU rank.
+#include <cmath>
+
+#include "parallel/nccl_comm.h"
+#include "parallel/runtime.h"
+#include "tiny_model.h"
+
+namespace tpt::gpu_test {
+namespace {
+
+// The world as a host group (MPI) and as a device group (NCCL), this rank on GPU rank % GPUs.
+struct World {
+  Grid grid;
+  std::unique_ptr<Comm> dev;
+  World() : grid(make_grid(runtime_world_size(), 1, 1)) {
+    cuda_set_device(grid.world_rank % cuda_device_count());
+    dev = make_nccl_comm(*grid.world);
+  }
+};
+
+class GpuNccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (runtime_world_size() < 2) GTEST_SKIP() << "needs two or more ranks (mpirun)";
+    if (!nccl_built()) GTEST_SKIP() << "built without NCCL";
+    // made on first use, collectively (every rank runs the same tests in order); never destroyed:
+    // its MPI communicators would be freed after MPI_Finalize
+    static World* w = new World;
+    world = w;
+  }
+  World* world = nullptr;
+};
+
+TEST_F(GpuNccl, CollectivesOnDeviceBuffers) {
+  Comm& c = *world->dev;
+  const int r = c.rank(), n = c.size();
+  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  const int64_t k = 1001;
+  VecF mine(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) mine[size_t(i)] = float(r + 1) * float(i % 17) - float(r);
+  {
+    Buf b(*gpu, mine);
+    c.all_reduce(b, k, ReduceOp::Sum);
+    const VecF h = b.host();
+    for (int64_t i = 0; i < k; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += float(q + 1) * float(i % 17) - float(q);
+      ASSERT_EQ(h[size_t(i)], want) << "sum, element " << i;
+    }
+  }
+  {
+    Buf b(*gpu, mine);
+    c.all_reduce(b, k, ReduceOp::Max);
+    const VecF h = b.host();
+    for (int64_t i = 0; i < k; ++i) {
+      float want = -INFINITY;
+      for (int q = 0; q < n; ++q) want = std::max(want, float(q + 1) * float(i % 17) - float(q));
+      ASSERT_EQ(h[size_t(i)], want) << "max, element " << i;
+    }
+  }
+  {
+    Buf in(*gpu, mine), out(*gpu, size_t(k * n));
+    c.all_gather(out, in, k);
+    const VecF h = out.host();
+    for (int q = 0; q < n; ++q) ASSERT_EQ(h[size_t(q * k + 5)], float(q + 1) * 5.0f - float(q)) << "gather " << q;
+  }
+  {
+    VecF all(size_t(k * n));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = float(r) + float(i % 5);
+    Buf in(*gpu, all), out(*gpu, size_t(k));
+    c.reduce_scatter(out, in, k);
+    const VecF h = out.host();
+    for (int64_t i = 0; i < k; ++i)
+      ASSERT_EQ(h[size_t(i)], float(n * (n - 1) / 2) + float(n) * float((r * k + i) % 5)) << "reduce_scatter " << i;
+  }
+  {
+    Buf b(*gpu, mine);
+    c.broadcast(b, k, n - 1);
+    const VecF h = b.host();
+    ASSERT_EQ(h[3], float(n) * 3.0f - float(n - 1)) << "broadcast from the last rank";
+  }
+  {
+    std::vector<double> d = {double(r), 1.0};
+    Buf b(*gpu, size_t(4));
+    gpu->to_device(b, reinterpret_cast<const float*>(d.data()), 4);
+    c.all_reduce(reinterpret_cast<double*>(b.get()), 2, ReduceOp::Sum);
+    gpu->to_host(reinterpret_cast<float*>(d.data()), b, 4);
+    EXPECT_EQ(d[0], double(n * (n - 1) / 2));
+    EXPECT_EQ(d[1], double(n));
+  }
+  c.barrier();
+}
+
+TEST_F(GpuNccl, SendRecvPairsAroundARing) {
+  Comm& c = *world->dev;
+  const int r = c.rank(), n = c.size();
+  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  const int64_t k = 4097;
+  Buf send(*gpu, VecF(size_t(k), float(r))), recv(*gpu, size_t(k));
+  c.send_recv(send, k, (r + 1) % n, recv, k, (r + n - 1) % n);
+  EXPECT_EQ(recv.host()[size_t(k - 1)], float((r + n - 1) % n));
+  // receive only / send only, as the pipeline's first and last stages do
+  if (r == 0) c.send_recv(send, k, 1, nullptr, 0, -1);
+  if (r == 1) {
+    c.send_recv(nullptr, 0, -1, recv, k, 0);
+    EXPECT_EQ(recv.host()[0], 0.0f);
+  }
+}
+
+TEST_F(GpuNccl, TensorParallelTrainingMatchesOneCpuRank) {
+  Comm& c = *world->dev;
+  auto cpu = make_cpu_ops(2);
+  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  if (tiny_config().model.num_attention_heads % c.size() != 0) GTEST_SKIP() << "heads not divisible by the ranks";
+  const auto self = make_self_comm();
+  const Trained one = train(*cpu, *self, DType::F32, 3, 2);
+  const Trained tp = train(*gpu, c, DType::F32, 3, 2);
+  for (size_t k = 0; k < one.losses.size(); ++k)
+    EXPECT_NEAR(tp.losses[k], one.losses[k], 1e-4 * std::fabs(one.losses[k])) << "step " << k + 1;
+}
+
+}  // namespace
+}  // namespace tpt::gpu_test

@@ -1,0 +1,96 @@
+// The tiny GPT of the GPU tests and a trainer-like loop over it (one pipeline stage, any TP).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/config.h"
+#include "gpu_test_util.h"
+#include "model/gpt.h"
+#include "model/optimizer.h"
+#include "parallel/comm.h"
+
+namespace tpt::gpu_test {
+
+// 2 layers, hidden 48 (4 heads of 12), ffn 100, seq 33, vocab 101 (padded to 104 at TP 1), micro-batch 3.
+inline Config tiny_config() {
+  Config c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 48;
+  c.model.num_attention_heads = 4;
+  c.model.ffn_hidden_size = 100;
+  c.model.seq_length = 33;
+  c.model.max_position_embeddings = 33;
+  c.model.vocab_size = 101;
+  c.model.make_vocab_size_divisible_by = 8;
+  c.model.layernorm_epsilon = 1e-5;
+  c.model.init_method_std = 0.02;
+  c.training.micro_batch_size = 3;
+  c.training.seed = 1234;
+  c.optimizer.lr = 3e-3;
+  return c;
+}
+
+struct Trained {
+  std::vector<double> losses;  // mean loss of each step
+  VecF first_grads;            // gradients of step 1
+  VecF init, params;           // before the first and after the last step
+};
+
+// |a - b| / |b - init| in L2: how far two trainings ended apart, relative to how far they moved.
+inline double relative_distance(const VecF& a, const VecF& b, const VecF& init) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += (double(b[i]) - init[i]) * (double(b[i]) - init[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Trains `steps` steps of `micro` micro-batches on `ops`, the trainer's way (compute copy of the
+// parameters rounded to dtype; gradients accumulated over micro-batches; AdamW on fp32 masters), as
+// rank tp.rank() of a tensor-parallel group of tp.size() (buffers on the communicator's device).
+// The tokens are the same whatever the group.
+inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro) {
+  Config cfg = tiny_config();
+  const GPTDims d = make_dims(cfg, tp.size(), tp.rank(), 1, 0);
+  const ParamLayout layout = make_param_layout(d);
+  VecF host(size_t(layout.total));
+  init_params_host(layout, cfg.training.seed, host.data());
+  Buf params(ops, host), grads(ops, size_t(layout.total)), compute(ops, size_t(layout.total));
+  auto refresh = [&] {
+    ops.copy(compute, params, size_t(layout.total));
+    ops.round_to(compute, layout.total, dtype);
+  };
+  refresh();
+  const int64_t B = cfg.training.micro_batch_size, S = d.S, N = B * S;
+  GPTStage stage(d, layout, ops, tp, dtype == DType::F32 ? params.get() : compute.get(), grads, B, 1,
+                 StageOptions{dtype, Recompute::None});
+  AdamW adamw(layout, ops, params, grads);
+  std::mt19937 gen(17);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(d.V) - 1);
+  Trained r;
+  r.init = host;
+  for (int k = 1; k <= steps; ++k) {
+    ops.zero(grads, size_t(layout.total));
+    double sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+      for (auto& t : tokens) t = tok(gen);
+      for (auto& t : targets) t = tok(gen);
+      targets[0] = int32_t(d.V - 1);
+      Buf dev_tokens(ops, tokens), dev_targets(ops, targets);
+      stage.forward(0, dev_tokens.ints(), nullptr);
+      sum += stage.loss(0, dev_targets.ints(), 1.0f / float(N * micro), true);
+      stage.backward(0, nullptr);
+    }
+    r.losses.push_back(sum / double(N * micro));
+    if (k == 1) r.first_grads = grads.host();
+    adamw.step(cfg.optimizer, cfg.optimizer.lr, k);
+    refresh();
+  }
+  r.params = params.host();
+  return r;
+}
+
+}  // namespace tpt::gpu_test

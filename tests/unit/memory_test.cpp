@@ -1,0 +1,193 @@
+// model/memory.h against hand-computed numbers for published shapes (Megatron's SC21 145.6B, GPT-2
+// 124M), the pipeline bubble against (PP-1)/(M+PP-1), and the memory categories against what the CPU
+// backend actually allocates for a stage.
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+#include "model/memory.h"
+#include "parallel/comm.h"
+
+namespace tpt {
+namespace {
+
+Config config(const std::string& model, const std::string& rest, int world) {
+  Config c = parse_config("model: {" + model + "}\n" + rest + "\ndata: {path: unused}\n", "memory_test");
+  resolve_parallel(c, world);
+  return c;
+}
+
+// Megatron-LM SC21 (Narayanan et al. 2021, table 1): 145.6B on 1536 GPUs, TP 8 x PP 8 (DP 24).
+Config sc21_145b() {
+  return config("num_layers: 80, hidden_size: 12288, num_attention_heads: 96, seq_length: 2048, vocab_size: 51200",
+                "parallel: {tensor_model_parallel_size: 8, pipeline_model_parallel_size: 8}\n"
+                "training: {micro_batch_size: 1, global_batch_size: 2304, train_iters: 1, precision: bf16, "
+                "recompute: full}",
+                1536);
+}
+
+TEST(Memory, SC21Parameters) {
+  const Config c = sc21_145b();
+  const int64_t l = 80, h = 12288, s = 2048, V = 51200;  // V = 50 * 128 * 8: no padding
+  // per layer 12h^2 + 13h (QKV 3h^2+3h, proj h^2+h, fc1 4h^2+4h, fc2 4h^2+h, two LayerNorms 4h);
+  // word and position embeddings (V + s) h; final LayerNorm 2h
+  const int64_t expected = l * (12 * h * h + 13 * h) + (V + s) * h + 2 * h;
+  EXPECT_EQ(expected, 145622261760LL);  // "145.6B"
+  EXPECT_EQ(total_parameters(c), expected);
+}
+
+TEST(Memory, SC21FlopsPerIteration) {
+  const Config c = sc21_145b();
+  const double B = 2304, s = 2048, l = 80, h = 12288, V = 51200;
+  // 72 B s l h^2 (1 + s/(12h) + V/(12 l h)) = 72 B s l h^2 + 6 B s^2 l h + 6 B s h V
+  const double by_hand = 72 * B * s * l * h * h + 6 * B * s * s * l * h + 6 * B * s * h * V;
+  EXPECT_NEAR(by_hand, 4.178715931595243e18, 1e4);
+  EXPECT_NEAR(iteration_model_flops(c, 51200) / by_hand, 1.0, 1e-12);
+  const Plan p = make_plan(c, PlanOptions{});
+  EXPECT_NEAR(p.flops_per_iteration / by_hand, 1.0, 1e-12);
+  EXPECT_EQ(p.dp, 24);
+  EXPECT_EQ(p.num_microbatches, 96);  // 2304 / (1 * 24)
+  // What the ranks compute: the same, plus full recompute's second forward of every layer
+  // (24 B s h^2 + 2 B s^2 h per layer: the causal half of the attention, as the formula counts it)
+  EXPECT_NEAR(p.hardware_flops_per_iteration / (by_hand + l * (24 * B * s * h * h + 2 * B * s * s * h)), 1.0, 1e-12);
+  Config none = c;
+  none.training.recompute = "none";
+  EXPECT_NEAR(make_plan(none, PlanOptions{}).hardware_flops_per_iteration / by_hand, 1.0, 1e-12);
+}
+
+// Megatron's bf16 model state: 2 (bf16 weights) + 4 (fp32 gradients) + 4 (fp32 master) + 4 + 4 (Adam)
+// = 18 B per parameter. Summed over the 64 ranks of one model replica, the parameters each rank holds
+// are the model's, plus what is stored more than once: the TP-replicated tensors (LayerNorms, the
+// row-parallel biases, the position embedding) 7 more times, and the last stage's copy of the word
+// embedding (sharded over TP: V h more in all). All tensor sizes here are multiples of 16 floats, so
+// the 64-byte alignment of the parameter buffer adds nothing.
+TEST(Memory, SC21ModelStateIs18BytesPerParameter) {
+  const Config c = sc21_145b();
+  const int64_t l = 80, h = 12288, s = 2048, V = 51200, tp = 8;
+  const int64_t replicated = l * 6 * h + s * h + 2 * h;
+  const int64_t held = 145622261760LL + (tp - 1) * replicated + V * h;
+  int64_t state = 0, elements = 0;
+  for (int stage = 0; stage < 8; ++stage) {
+    const StageMemory m = stage_memory(c, stage, Storage::ComputeDtype);
+    EXPECT_EQ(m.parameter_buffer, m.parameters_per_rank);  // no alignment padding at these sizes
+    EXPECT_EQ(m.model_state_bytes(), 18 * m.parameter_buffer);
+    state += tp * m.model_state_bytes();
+    elements += tp * m.parameters_per_rank;
+  }
+  EXPECT_EQ(elements, held);
+  EXPECT_EQ(state, 18 * held);
+  EXPECT_EQ(state, 2636442501120LL);  // 18 * 146,469,027,840
+  // per GPU: ~41 GB (Megatron's 18 * 145.6e9 / 64 = 40.9e9, plus the replicas and the tied copy)
+  EXPECT_NEAR(double(state) / 64 / 1e9, 41.2, 0.1);
+}
+
+TEST(Memory, GPT2SmallParameters) {
+  // GPT-2 124M: 12 layers, hidden 768, 12 heads, 1024 positions, vocab 50257
+  const std::string shape =
+      "num_layers: 12, hidden_size: 768, num_attention_heads: 12, seq_length: 1024, vocab_size: 50257";
+  const Config c = config(shape, "training: {train_iters: 1}", 1);
+  EXPECT_EQ(total_parameters(c), 124439808LL);  // counted with the unpadded vocabulary
+  // The padded vocabulary (50304 = 393 * 128 rows) adds 47 zero rows of 768 to the word embedding a
+  // rank holds: parameters_per_rank (and the buffer) count them, total_parameters does not.
+  const StageMemory m = stage_memory(c, 0, Storage::ComputeDtype);
+  EXPECT_EQ(m.parameters_per_rank, 124439808LL + 47 * 768);
+  const Config c1 = config(shape + ", make_vocab_size_divisible_by: 1", "training: {train_iters: 1}", 1);
+  EXPECT_EQ(stage_memory(c1, 0, Storage::ComputeDtype).parameters_per_rank, 124439808LL);
+  EXPECT_EQ(total_parameters(c1), 124439808LL);
+}
+
+std::vector<std::vector<Action>> lists(ScheduleKind k, int P, int M) {
+  std::vector<std::vector<Action>> v;
+  for (int s = 0; s < P; ++s) v.push_back(make_schedule(k, P, s, M));
+  return v;
+}
+
+TEST(Memory, SimulatedBubbleMatchesAnalytic) {
+  for (ScheduleKind k : {ScheduleKind::OneFOneB, ScheduleKind::GPipe})
+    for (int P = 1; P <= 8; ++P)
+      for (int M = 1; M <= 24; M += 3) {
+        const ScheduleTiming t = time_schedule(lists(k, P, M), std::vector<double>(size_t(P), 1.0),
+                                               std::vector<double>(size_t(P), 2.0));
+        EXPECT_DOUBLE_EQ(t.makespan, 3.0 * (M + P - 1)) << "P=" << P << " M=" << M;
+        EXPECT_NEAR(t.bubble_fraction(), double(P - 1) / (M + P - 1), 1e-12) << "P=" << P << " M=" << M;
+      }
+  // a p2p cost of c per message adds 2 (P - 1) c at least (one trip down and back)
+  const ScheduleTiming t = time_schedule(lists(ScheduleKind::OneFOneB, 4, 8), std::vector<double>(4, 1.0),
+                                         std::vector<double>(4, 2.0), 0.25);
+  EXPECT_GE(t.makespan, 3.0 * 11 + 2 * 3 * 0.25);
+}
+
+// The categories against hand counts, and activations + workspace against the CPU backend's
+// allocations for the same stage (the size functions the planner uses are the allocation's).
+TEST(Memory, CategoriesMatchAllocation) {
+  const std::string shape =
+      "num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97, "
+      "make_vocab_size_divisible_by: 8";
+  for (const char* precision : {"fp32", "bf16"})
+    for (const char* recompute : {"none", "selective", "full"})
+      for (int tp : {1, 2})
+        for (int pp : {1, 2}) {
+          Config c = config(shape,
+                            "parallel: {tensor_model_parallel_size: " + std::to_string(tp) +
+                                ", pipeline_model_parallel_size: " + std::to_string(pp) +
+                                "}\ntraining: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, "
+                                "precision: " + precision + ", recompute: " + recompute + "}",
+                            tp * pp);
+          const bool bf16 = std::string(precision) == "bf16";
+          for (int s = 0; s < pp; ++s) {
+            const GPTDims d = make_dims(c, tp, 0, pp, s);
+            const ParamLayout layout = make_param_layout(d);
+            const StageMemory cpu = stage_memory(c, s, Storage::Fp32Buffers), dev = stage_memory(c, s, Storage::ComputeDtype);
+            const std::string where = std::string(precision) + " " + recompute + " tp" + std::to_string(tp) +
+                                      " pp" + std::to_string(pp) + " stage " + std::to_string(s);
+            EXPECT_EQ(cpu.in_flight, std::min(pp - s, 4)) << where;  // 1F1B, M = 4
+            EXPECT_EQ(cpu.gradient_bytes, layout.total * 4) << where;
+            EXPECT_EQ(cpu.optimizer_bytes, layout.total * 8) << where;
+            EXPECT_EQ(cpu.model_state_bytes(), layout.total * (bf16 ? 20 : 16)) << where;
+            EXPECT_EQ(dev.model_state_bytes(), layout.total * (bf16 ? 18 : 16)) << where;
+            if (bf16) {
+              EXPECT_EQ(2 * dev.activation_bytes, cpu.activation_bytes) << where;
+            }
+            std::unique_ptr<Ops> ops = make_cpu_ops(1);
+            std::unique_ptr<Comm> comm = make_self_comm();  // construction allocates only
+            std::vector<float> params(size_t(layout.total)), grads(size_t(layout.total));
+            const int64_t before = ops->allocated_bytes();
+            {
+              GPTStage stage(d, layout, *ops, *comm, params.data(), grads.data(), 4, cpu.in_flight,
+                             StageOptions{bf16 ? DType::BF16 : DType::F32, parse_recompute(recompute)});
+              EXPECT_EQ(ops->allocated_bytes() - before, cpu.activation_bytes + cpu.workspace_bytes) << where;
+            }
+            EXPECT_EQ(ops->allocated_bytes(), before) << where;
+            EXPECT_GE(ops->peak_allocated_bytes(), cpu.activation_bytes + cpu.workspace_bytes) << where;
+          }
+        }
+}
+
+TEST(Memory, PlanSuggestsWhatFits) {
+  // GPT-3 175B on TP 4 x PP 6 x DP 8 without the distributed optimizer: ~7.4B parameters per rank at
+  // 18 B/parameter do not fit in 80 GiB, whatever the recompute mode.
+  Config c = parse_config(
+      "model: {num_layers: 96, hidden_size: 12288, num_attention_heads: 96, seq_length: 2048, vocab_size: 50257}\n"
+      "parallel: {tensor_model_parallel_size: 4, pipeline_model_parallel_size: 6, data_parallel_size: 8}\n"
+      "training: {micro_batch_size: 1, global_batch_size: 1536, train_iters: 1, precision: bf16, recompute: full}\n"
+      "data: {path: unused}\n",
+      "memory_test");
+  PlanOptions o;
+  const Plan p80 = make_plan(c, o);
+  EXPECT_EQ(p80.world_size, 192);
+  EXPECT_FALSE(p80.fits);
+  EXPECT_GT(double(p80.stages[0].model_state_bytes()), 80.0 * 1073741824.0);
+  bool more_pp = false, distopt = false;
+  for (const PlanSuggestion& s : p80.suggestions) {
+    more_pp |= s.fits && s.change.rfind("parallel.pipeline_model_parallel_size=", 0) == 0;
+    distopt |= s.fits && s.change.rfind("parallel.distributed_optimizer=true", 0) == 0 &&
+               s.note.find("not implemented") != std::string::npos;
+  }
+  EXPECT_TRUE(more_pp);
+  EXPECT_TRUE(distopt);
+  EXPECT_NEAR(p80.bubble_fraction, 5.0 / (192 + 5), 1e-12);
+  EXPECT_GT(p80.mfu, 0.0);
+  EXPECT_LT(p80.mfu, o.compute_efficiency);
+}
+
+}  // namespace
+}  // namespace tpt
