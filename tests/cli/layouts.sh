@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every parallel layout trains identically (DESIGN "Numerics"): per-step lm loss and grad norm of
-# TP / PP / DP / 3D runs on CPU ranks within 1e-5 relative of the one-rank run, for 10 steps.
+# TP / PP / DP / 3D runs on CPU ranks within 1e-5 relative of the one-rank run, for 10 steps, and
+# the final parameters (saved, then exported to one full HF file) within 1e-5 of the one-rank run's.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -20,11 +21,15 @@ run() {  # name np tp pp mbs [schedule]
   if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" \
       --set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp \
       --set parallel.pipeline_schedule=$sched --set training.micro_batch_size=$mbs \
-      --set logging.metrics_file="$W/$name.jsonl" > "$W/$name.log" 2>&1; then
+      --set logging.metrics_file="$W/$name.jsonl" --set checkpoint.save="$W/ckpt_$name" \
+      --set checkpoint.save_interval=1000 > "$W/$name.log" 2>&1 \
+      || ! "$TPTRAIN" export --checkpoint "$W/ckpt_$name" --output "$W/hf_$name" >> "$W/$name.log" 2>&1; then
     echo "FAIL $name: tptrain exited non-zero"; tail -20 "$W/$name.log"; fail=$((fail+1)); return
   fi
   if [ "$name" = single ]; then pass=$((pass+1)); echo "ok   single (reference run)"; return; fi
-  if out=$($PYTHON "$TPTRAIN_SRC/tests/tools/compare_runs.py" "$W/single.jsonl" "$W/$name.jsonl" --rel 1e-5); then
+  if out=$($PYTHON "$TPTRAIN_SRC/tests/tools/compare_runs.py" "$W/single.jsonl" "$W/$name.jsonl" --rel 1e-5 &&
+           $PYTHON "$TPTRAIN_SRC/tests/tools/compare_params.py" "$W/hf_single/model.safetensors" \
+             "$W/hf_$name/model.safetensors" --rel 1e-5); then
     echo "ok   $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched)"; pass=$((pass+1))
   else
     echo "FAIL $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched)"; fail=$((fail+1))
