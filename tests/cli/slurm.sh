@@ -139,6 +139,7 @@ cleanup() {
 }
 jobs_here=()
 trap cleanup EXIT
+trap 'exit 1' TERM INT  # (a ctest timeout) still runs cleanup
 ok "local SLURM up in $((SECONDS - t0)) s ($(sed 's/^start_local_slurm: //' "$W/start.err" | tr '\n' ' '))"
 
 job_field() { scontrol show job -o "$1" 2>/dev/null | grep -Eo "(^| )$2=[^ ]*" | cut -d= -f2; }
