@@ -15,6 +15,7 @@
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "model/checkpoint_model.h"
 #include "parallel/checkpoint.h"
 
 namespace tpt {
@@ -33,16 +34,9 @@ struct Shape {
 };
 
 Shape model_shape(const nlohmann::json& meta) {
-  try {
-    const nlohmann::json& m = meta.at("config").at("model");
-    return {m.at("num_layers").get<int64_t>(),        m.at("hidden_size").get<int64_t>(),
-            m.at("num_attention_heads").get<int64_t>(), m.at("ffn_hidden_size").get<int64_t>(),
-            m.at("max_position_embeddings").get<int64_t>(), m.at("vocab_size").get<int64_t>(),
-            m.at("layernorm_epsilon").get<double>(),   m.at("init_method_std").get<double>(),
-            m.at("hidden_dropout").get<double>(),      m.at("attention_dropout").get<double>()};
-  } catch (const nlohmann::json::exception& e) {
-    input_error(std::string("meta.json: config.model is incomplete: ") + e.what());
-  }
+  const ModelConfig m = checkpoint_model_config(meta);
+  return {m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.max_position_embeddings,
+          m.vocab_size, m.layernorm_epsilon, m.init_method_std, m.hidden_dropout, m.attention_dropout};
 }
 
 // out (cols, rows) = in (rows, cols)^T
@@ -85,16 +79,7 @@ int export_main(int argc, char** argv) {
 
   // A whole global tensor of the checkpoint, checked against the expected shape.
   auto full = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    auto it = reader->tensors().find(name);
-    if (it == reader->tensors().end()) input_error("export: " + reader->path() + " has no tensor '" + name + "'");
-    if (it->second != shape)
-      input_error("export: " + reader->path() + ": tensor '" + name + "' has shape " + shape_string(it->second) +
-                  ", its config implies " + shape_string(shape));
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> data(static_cast<size_t>(n));
-    reader->read({name, shape, std::vector<int64_t>(shape.size(), 0), shape, shape, data.data()});
-    return data;
+    return read_whole_tensor(*reader, name, shape, "export");
   };
 
   std::vector<std::pair<std::string, std::vector<int64_t>>> names;

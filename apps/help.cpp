@@ -8,8 +8,10 @@ std::string help_text() {
 Usage:
   tptrain [train] --config FILE [--set section.key=value]...   train a GPT
   tptrain preprocess --input FILE... --output-prefix PREFIX [--json-key KEY] [--append-eod]
+                     [--vocab-file vocab.json --merge-file merges.txt]
                                                                text / JSON lines -> Megatron .bin/.idx
-                                                               (byte-level tokenizer: 256 bytes + EOD = 256)
+                                                               (byte-level tokenizer: 256 bytes + EOD = 256;
+                                                               GPT-2 BPE with Hugging Face's vocabulary files)
   tptrain plan --config FILE [--set section.key=value]... [--world-size N] [--device-memory-gib G]
                [--peak-tflops X] [--intra-node-gbps B] [--inter-node-gbps B]
                [--storage compute_dtype|fp32_buffers] [--json]
@@ -18,6 +20,10 @@ Usage:
                                                                bandwidths in GB/s; see README "Plan")
   tptrain export --checkpoint DIR --output DIR                  HF GPT-2 model.safetensors + config.json,
                                                                from a checkpoint of any layout
+  tptrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
+                   [--seed S] [--vocab-file vocab.json --merge-file merges.txt]
+                                                               text from a checkpoint of any layout (one
+                                                               process, KV cache; temperature 0 = greedy)
   tptrain --help | --version
 
 Config: YAML with sections model, parallel, training, optimizer, data, checkpoint, logging

@@ -20,7 +20,7 @@
 namespace tpt {
 
 namespace {
-bool g_mpi_started = false;
+[[maybe_unused]] bool g_mpi_started = false;  // cuda: unused without MPI (gpu_check.sh --prepare)
 std::vector<std::string> g_hosts;  // host of every world rank (for the table)
 
 std::string this_host() {

@@ -50,7 +50,7 @@ say() { echo "gpu_check [$((SECONDS - START))s] $*"; }
 if [ -n "$PREPARE" ]; then
   # no MPI (a bare machine has no mpirun; one process drives one GPU), AVX2 instead of -march=native
   cmake -S "$SRC" -B "$PREPARE" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_CUDA=ON -DTPTRAIN_MPI=OFF \
-        -DTPTRAIN_MARCH=x86-64-v3 -DTPTRAIN_WERROR=ON >/dev/null || exit 1
+        -DTPTRAIN_MARCH=x86-64-v3 -DTPTRAIN_WERROR=OFF >/dev/null || exit 1
   cmake --build "$PREPARE" -j"$(nproc)" --target tptrain tptrain_gpu_tests 2>&1 | grep -E "error|warning" || true
   [ -x "$PREPARE/tptrain" ] && [ -x "$PREPARE/tests/tptrain_gpu_tests" ] || { echo "gpu_check: build failed" >&2; exit 1; }
   mkdir -p "$PREPARE/lib"
@@ -106,17 +106,22 @@ if ((TESTS)); then
 fi
 
 # ---- 3. benchmarks ---------------------------------------------------------------------------------
-# random tokens as an llm.c shard (GPT-2 vocabulary), enough for every run below
-python3 - "$OUT/tokens.bin" <<'PY' || { say "python3 needed to write the benchmark tokens"; exit 1; }
+# random tokens as an llm.c shard (GPT-2 vocabulary), enough for every run below (perl or python3)
+NTOK=$((1 << 21))
+if command -v perl >/dev/null; then
+  perl -e 'srand(1); my $n = shift; print pack("l<3", 20240520, 1, $n), pack("x[l<253]");
+           print pack("S<*", map { int(rand(50257)) } 1 .. $n);' "$NTOK" >"$OUT/tokens.bin"
+else
+  python3 - "$OUT/tokens.bin" "$NTOK" <<'PY' || { say "perl or python3 needed to write the benchmark tokens"; exit 1; }
 import array, random, sys
-n = 1 << 21
+n = int(sys.argv[2])
 rng = random.Random(1)
-tokens = array.array("H", [rng.randrange(50257) for _ in range(n)])
-header = array.array("i", [20240520, 1, n] + [0] * 253)
 with open(sys.argv[1], "wb") as f:
-    header.tofile(f)
-    tokens.tofile(f)
+    array.array("i", [20240520, 1, n] + [0] * 253).tofile(f)
+    array.array("H", [rng.randrange(50257) for _ in range(n)]).tofile(f)
 PY
+fi
+[ "$(stat -c %s "$OUT/tokens.bin")" -eq $((1024 + 2 * NTOK)) ] || { say "writing $OUT/tokens.bin failed"; exit 1; }
 
 # total GPU memory in GiB (nvidia-smi), 80 if unknown
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%d", $1/1024}')
@@ -151,26 +156,26 @@ YAML
     timeout "$(($(left) > 180 ? 180 : $(left)))" "$TPTRAIN" --config "$OUT/$name-mb$mb.yaml" >"$log" 2>&1
     local rc=$?
     if ((rc == 0)); then
-      python3 - "$metrics" "$name" "$mb" "$PEAK" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-timed = rows[3:] if len(rows) > 4 else rows[1:]
-ms = sum(r["elapsed_ms"] for r in timed) / len(timed)
-tok = sum(r["tokens_per_s"] for r in timed) / len(timed)
-tf = sum(r["tflops_per_device"] for r in timed) / len(timed)
-peak = float(sys.argv[4])
-print(f"RESULT {sys.argv[2]}: bf16, seq 1024, micro-batch {sys.argv[3]}: {ms:.1f} ms/iteration, "
-      f"{tok:,.0f} tokens/s, {tf:.1f} TFLOP/s, MFU {100 * tf / peak:.1f}% of {peak:g} TFLOP/s "
-      f"(mean of {len(timed)} iterations; loss {rows[-1]['lm_loss']:.3f})")
-PY
+      # mean over the iterations after the first 3 (cuBLASLt plans, scratch growth) of the metrics lines
+      awk -v name="$name" -v mb="$mb" -v peak="$PEAK" '
+        function num(key,   m) { return match($0, "\"" key "\":[-0-9.eE+]+") ? substr($0, RSTART + length(key) + 3, RLENGTH - length(key) - 3) + 0 : 0 }
+        { n++; ms[n] = num("elapsed_ms"); tok[n] = num("tokens_per_s"); tf[n] = num("tflops_per_device"); loss = num("lm_loss") }
+        END {
+          first = n > 4 ? 4 : 2; k = 0; a = b = c = 0
+          for (i = first; i <= n; i++) { a += ms[i]; b += tok[i]; c += tf[i]; k++ }
+          if (k == 0) { print "RESULT " name ": no timed iterations"; exit 1 }
+          printf "RESULT %s: bf16, seq 1024, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
+                 name, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
+        }' "$metrics"
       return
     fi
-    if grep -q "out of GPU memory" "$log"; then
+    if grep -qiE "out of (GPU )?memory" "$log"; then
       mb=$((mb * 3 / 4)); continue
     fi
     status=1
     say "$name: tptrain failed (rc $rc), last lines of $log:"; tail -5 "$log"; return
   done
+  say "$name: does not fit even with micro-batch 1"; status=1
 }
 
 for m in $MODELS; do

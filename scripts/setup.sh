@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake pkg-config git libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev
           libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
-          python3 python3-numpy python3-yaml python3-torch fortunes-min fortunes)
+          python3 python3-numpy python3-yaml python3-torch python3-matplotlib fortunes-min fortunes)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

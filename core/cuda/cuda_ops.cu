@@ -41,7 +41,12 @@ void* DeviceBuffer::get(size_t bytes) {
   p_ = nullptr;
   capacity_ = 0;
   const size_t want = std::max(bytes + bytes / 4, size_t(1) << 20);
-  TPT_CUDA_CHECK(cudaMalloc(&p_, want));
+  if (cudaMalloc(&p_, want) != cudaSuccess) {
+    (void)cudaGetLastError();
+    p_ = nullptr;
+    internal_error("out of GPU memory: " + std::to_string(want >> 20) +
+                   " MiB of scratch (lower training.micro_batch_size or set training.recompute)");
+  }
   capacity_ = want;
   return p_;
 }

@@ -146,6 +146,9 @@ for trial in 1 2 3 4; do
   "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=100000 --set checkpoint.save="$K" \
     --set checkpoint.load="$K" --set checkpoint.save_interval=1 > "$W/kill_random_$trial.log" 2>&1 &
   pid=$!
+  # the random delay counts from the first trained iteration, so a slow start-up (a loaded
+  # machine) cannot make every kill land before the first save
+  for _ in $(seq 600); do grep -q "^iteration" "$W/kill_random_$trial.log" 2>/dev/null && break; sleep 0.1; done
   sleep "$delay"; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   n=$(cat "$K/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0)
   results+=("$trial:$n:$delay")

@@ -72,7 +72,7 @@ inline ::testing::AssertionResult close(const VecF& gpu, const VecF& cpu, double
   size_t at = cpu.size();  // none yet
   for (size_t i = 0; i < cpu.size(); ++i) {
     const double g = gpu[i], c = cpu[i];
-    if (std::isnan(g) && std::isnan(c)) continue;
+    if (g == c || (std::isnan(g) && std::isnan(c))) continue;  // also equal infinities
     const double err = std::fabs(g - c), allowed = atol + rtol * std::fabs(c);
     if (err <= allowed) continue;
     const double excess = std::isnan(err) ? INFINITY : err - allowed;

@@ -1,0 +1,183 @@
+// Single-process GPT forward with a KV cache. Shapes: n = tokens of this call, C hidden, F ffn
+// hidden, H heads of D, P positions, V vocabulary (unpadded), L layers.
+#include "model/inference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/math.h"
+#include "core/rng.h"
+#include "model/checkpoint_model.h"
+#include "parallel/checkpoint.h"
+#include "parallel/comm.h"
+
+namespace tpt {
+
+InferenceWeights load_inference_weights(const std::string& dir) {
+  auto self = make_self_comm();
+  // The model's sizes come from the checkpoint itself: a first look at its meta.json ...
+  LoadRequest peek;
+  peek.dir = dir;
+  std::unique_ptr<CheckpointReader> first = CheckpointReader::open(*self, peek);
+  if (!first) input_error("no checkpoint in " + dir);
+  InferenceWeights w;
+  Config cfg;
+  cfg.model = checkpoint_model_config(first->meta());
+  first.reset();
+  w.model = cfg.model;
+  w.dims = make_dims(cfg, 1, 0, 1, 0);
+  w.layout = make_param_layout(w.dims);
+  w.params.assign(size_t(w.layout.total), 0.0f);
+
+  // ... then the load proper: the whole model as one TP = 1, PP = 1 rank, read from whatever boxes
+  // the saving layout wrote (the word embedding's padding rows stay zero).
+  LoadRequest req;
+  req.dir = dir;
+  for (const ParamInfo& p : w.layout.params) {
+    req.wanted.push_back({p.name, p.global_shape, p.box_offset, p.box_size, p.local_shape, w.params.data() + p.offset});
+    // the shape check covers the whole checkpoint: parameters and their Adam moments (not read)
+    for (const char* prefix : {"", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."})
+      req.model.push_back({prefix + p.name, p.global_shape});
+  }
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
+  if (!reader) input_error("no checkpoint in " + dir);
+  for (const CkptTensor& t : req.wanted) reader->read(t);
+  w.path = reader->path();
+  w.iteration = reader->iteration();
+  w.grid = reader->meta().value("grid", nlohmann::json::object());
+  return w;
+}
+
+GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params)
+    : d_(d), layout_(layout), ops_(ops), params_(params) {
+  TPT_CHECK(d.tp == 1 && d.pp == 1);
+  k_cache_.assign(size_t(d.L * d.P * d.C), 0.0f);
+  v_cache_.assign(size_t(d.L * d.P * d.C), 0.0f);
+}
+
+const float* GPTInference::p(const std::string& name) const {
+  const ParamInfo* info = layout_.find(name);
+  TPT_CHECK(info != nullptr);
+  return params_ + info->offset;
+}
+
+void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {
+  const GPTDims& d = d_;
+  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, H = d.H, D = d.D, P = d.P;
+  if (n == 0) internal_error("GPTInference::forward: no tokens");
+  if (len_ + n > P)
+    input_error("positions " + std::to_string(len_) + ".." + std::to_string(len_ + n - 1) +
+                " pass the model's max_position_embeddings " + std::to_string(P));
+  for (int32_t t : tokens)
+    if (t < 0 || t >= d.V)
+      input_error("token " + std::to_string(t) + " is outside the model's vocabulary [0, " + std::to_string(d.V) + ")");
+  const int64_t p0 = len_;
+  auto buffer = [](int64_t floats) { return std::vector<float>(static_cast<size_t>(floats)); };
+  std::vector<float> x = buffer(n * C), ln = buffer(n * C), mean = buffer(n), rstd = buffer(n), qkv = buffer(n * 3 * C),
+                     att = buffer(n * C), tmp = buffer(n * C), fc = buffer(n * F), act = buffer(n * F);
+
+  // embeddings: x (n, C) = wte[token] + wpe[position]
+  ops_.embedding_forward(x.data(), tokens.data(), p("wte.weight"), n, C, 0, d.Vl);
+  ops_.add_position_embedding(x.data(), p("wpe.weight") + p0 * C, 1, n, C);
+
+  const float scale = 1.0f / std::sqrt(float(D));
+  for (int64_t l = 0; l < d.L; ++l) {
+    const std::string pre = "h." + std::to_string(l) + ".";
+    float* kc = k_cache_.data() + l * P * C;  // (P, C)
+    float* vc = v_cache_.data() + l * P * C;
+    ops_.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), p(pre + "ln_1.weight"), p(pre + "ln_1.bias"),
+                           n, C, d.eps);
+    // qkv (n, 3C): q, k, v of all heads, as the training forward's (B, T, 3, H, D)
+    ops_.linear_forward(qkv.data(), ln.data(), p(pre + "attn.qkv.weight"), p(pre + "attn.qkv.bias"), n, C, 3 * C);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(qkv.data() + i * 3 * C + C, C, kc + (p0 + i) * C);
+      std::copy_n(qkv.data() + i * 3 * C + 2 * C, C, vc + (p0 + i) * C);
+    }
+    // causal attention of the new positions over every cached one (the loop order of the CPU
+    // backend's attention_forward, so that the cached and the full forward agree)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t t = p0 + i;
+        const float* q = qkv.data() + i * 3 * C + h * D;
+        std::vector<float> pr(size_t(t + 1));
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* k = kc + s * C + h * D;
+          float dot = 0;
+          for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
+          pr[size_t(s)] = dot * scale;
+          mx = std::max(mx, pr[size_t(s)]);
+        }
+        float sum = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          pr[size_t(s)] = fast_exp(pr[size_t(s)] - mx);
+          sum += pr[size_t(s)];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t s = 0; s <= t; ++s) pr[size_t(s)] *= inv;
+        float* o = att.data() + i * C + h * D;
+        for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* v = vc + s * C + h * D;
+          const float ps = pr[size_t(s)];
+          for (int64_t e = 0; e < D; ++e) o[e] += ps * v[e];
+        }
+      }
+    ops_.linear_forward(tmp.data(), att.data(), p(pre + "attn.proj.weight"), p(pre + "attn.proj.bias"), n, C, C);
+    ops_.accumulate(x.data(), tmp.data(), n * C);  // residual
+    // MLP
+    ops_.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), p(pre + "ln_2.weight"), p(pre + "ln_2.bias"),
+                           n, C, d.eps);
+    ops_.linear_forward(fc.data(), ln.data(), p(pre + "mlp.fc1.weight"), p(pre + "mlp.fc1.bias"), n, C, F);
+    ops_.gelu_forward(act.data(), fc.data(), n * F);
+    ops_.linear_forward(tmp.data(), act.data(), p(pre + "mlp.fc2.weight"), p(pre + "mlp.fc2.bias"), n, F, C);
+    ops_.accumulate(x.data(), tmp.data(), n * C);
+  }
+  len_ += n;
+
+  // final LayerNorm and the tied LM head over the unpadded vocabulary: logits (rows, V)
+  const int64_t rows = all_positions ? n : 1;
+  const float* last = x.data() + (n - rows) * C;
+  ops_.layernorm_forward(ln.data(), mean.data(), rstd.data(), last, p("ln_f.weight"), p("ln_f.bias"), rows, C, d.eps);
+  logits.resize(size_t(rows * d.V));
+  ops_.linear_forward(logits.data(), ln.data(), p("wte.weight"), nullptr, rows, C, d.V);
+}
+
+int32_t greedy_token(std::span<const float> logits) {
+  TPT_CHECK(!logits.empty());
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;  // strictly greater: ties keep the lowest id
+  return int32_t(best);
+}
+
+int32_t sample_token(std::span<const float> logits, double temperature, int64_t top_k, uint64_t seed, uint64_t step) {
+  if (temperature <= 0) return greedy_token(logits);
+  const size_t V = logits.size();
+  std::vector<int32_t> ids(V);
+  std::iota(ids.begin(), ids.end(), 0);
+  size_t k = top_k > 0 ? std::min(V, size_t(top_k)) : V;
+  auto before = [&](int32_t a, int32_t b) {  // larger logit first; ties: lower id first
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), before);
+  const double top = logits[size_t(ids[0])];
+  std::vector<double> cum(k);
+  double total = 0;
+  for (size_t i = 0; i < k; ++i) {
+    total += std::exp((double(logits[size_t(ids[i])]) - top) / temperature);
+    cum[i] = total;
+  }
+  // One uniform in (0, 1] per generated token: Philox at counter `step` under `seed`.
+  const Philox4 r = philox4x32_10(stream_id("tptrain.generate"), step, seed);
+  const double u = uniform_open0(r.v[0], r.v[1]) * total;
+  for (size_t i = 0; i < k; ++i)
+    if (u <= cum[i]) return ids[i];
+  return ids[k - 1];
+}
+
+}  // namespace tpt

@@ -1,0 +1,76 @@
+#!/usr/bin/python3
+"""Greedy continuation of a prompt by the PyTorch reference model (gpt_ref.py's GPT) from Hugging Face
+GPT-2 weights, e.g. those `tptrain export` writes, with the byte-level tokenizer (bytes 0..255,
+end of document 256): what `tptrain generate --temperature 0` must print.
+
+  greedy.py --model DIR --prompt TEXT [--max-new-tokens N] [--float64]
+
+DIR holds model.safetensors and config.json. Decoding follows tptrain generate's rules: the whole
+context runs through the model every step (no cache), the next token is the argmax of the last
+position's logits (ties: the lowest id, as torch.argmax), generation stops at the end-of-document
+token, after N tokens, or once the text holds max_position_embeddings + 1 tokens (the last
+position that can be fed is max_position_embeddings - 1). Prints the prompt and the continuation
+and a newline to stdout; to stderr the smallest gap between the best and the second-best logit
+met on the way (a gap near 1e-5 would make a tie-break between implementations fragile).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True
+import gpt_ref  # noqa: E402
+
+EOD = 256
+
+
+def load(model_dir, dtype):
+    hf = json.load(open(os.path.join(model_dir, "config.json")))
+    m = {"num_layers": hf["n_layer"], "hidden_size": hf["n_embd"], "num_attention_heads": hf["n_head"],
+         "ffn_hidden_size": hf.get("n_inner") or 4 * hf["n_embd"], "vocab_size": hf["vocab_size"],
+         "max_position_embeddings": hf["n_positions"], "layernorm_epsilon": hf["layer_norm_epsilon"]}
+    path = os.path.join(model_dir, "model.safetensors")
+    model = gpt_ref.build_model(m, dtype)
+    model.load_state(gpt_ref.hf_to_state(gpt_ref.read_safetensors(path), m, path))
+    model.eval()
+    return model, m
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--float64", action="store_true")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    model, m = load(a.model, torch.float64 if a.float64 else torch.float32)
+    if m["vocab_size"] != 257:
+        sys.exit(f"greedy.py: vocab_size {m['vocab_size']}: the byte-level tokenizer needs 257")
+    P = m["max_position_embeddings"]
+    tokens = list(a.prompt.encode("utf-8")) or [EOD]
+    out = []
+    min_gap = float("inf")
+    with torch.no_grad():
+        while len(out) < a.max_new_tokens:
+            logits = model(torch.tensor([tokens]))[0, -1]           # (V,)
+            top2 = torch.topk(logits, 2).values
+            min_gap = min(min_gap, float(top2[0] - top2[1]))
+            nxt = int(torch.argmax(logits))                          # the first maximal index
+            if nxt == EOD:
+                break
+            out.append(nxt)
+            tokens.append(nxt)
+            if len(tokens) > P:
+                break
+    sys.stdout.buffer.write(a.prompt.encode("utf-8") + bytes(out) + b"\n")
+    print(f"greedy.py: {len(out)} new tokens; smallest gap between the two best logits {min_gap:.3g}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
