@@ -117,6 +117,8 @@ else
   fail "reference_selftest" "tests/reference/selftest.py failed"
 fi
 
+source "$TPTRAIN_SRC/scripts/env.sh"  # mpirun as root, oversubscribed
+
 # run_case NAME WEIGHTS DATA [extra --set overrides...]
 run_case() {
   local name=$1 weights=$WORK/$2 data=$WORK/$3
@@ -140,7 +142,9 @@ run_case() {
     return
   fi
   local rc=0
-  timeout "$TIMEOUT" "$TPTRAIN" --config cfg.yaml "${sets[@]}" --set "logging.metrics_file=$mt" \
+  local launch=()  # NP=N run_case ...: N ranks under mpirun
+  [ "${NP:-1}" -gt 1 ] && launch=(mpirun -np "$NP")
+  timeout "$TIMEOUT" "${launch[@]}" "$TPTRAIN" --config cfg.yaml "${sets[@]}" --set "logging.metrics_file=$mt" \
       > "$name.tptrain.out" 2> "$name.tptrain.err" || rc=$?
   if [ "$rc" != 0 ]; then
     show "$name.tptrain.err"
@@ -167,6 +171,8 @@ run_case a_megatron_micro8    w_f32.safetensors        tokens
 run_case b_llmc_shard         w_f32.safetensors        tokens_shard.bin
 run_case c_micro4x2           w_f32.safetensors        tokens  training.micro_batch_size=4
 run_case d_f16_prefix_init    w_f16_prefix.safetensors tokens
+# tensor parallel from init_from: each of 2 ranks reads its own slices of the HF tensors
+NP=2 run_case e_tp2_init_from w_f32.safetensors        tokens  parallel.tensor_model_parallel_size=2
 
 echo
 [ "$failed" -gt 0 ] && echo "failed: ${failures[*]}"
