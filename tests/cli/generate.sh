@@ -58,7 +58,7 @@ for l in $layouts; do
   if timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.tensor_model_parallel_size=$tp \
       --set parallel.pipeline_model_parallel_size=$pp --set checkpoint.save="$W/ck_$name" \
       --set logging.metrics_file="$W/$name.jsonl" > "$W/train_$name.log" 2>&1; then
-    ok "train $name (TP $tp x PP $pp): $(grep -o 'lm loss [0-9.E+-]*' "$W/train_$name.log" | sed -n '1p;$p' | paste -sd' ' | sed 's/ lm/ ->/')"
+    ok "train $name (TP $tp x PP $pp): $(grep -o 'lm loss [0-9.E+-]*' "$W/train_$name.log" | sed -n '1p;$p' | paste -sd' ' | sed 's/ lm loss/ ->/')"
   else bad "train $name"; tail -15 "$W/train_$name.log"; fi
 done
 
