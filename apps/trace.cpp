@@ -14,7 +14,13 @@ TraceRecorder::TraceRecorder(std::string path, int rank, int tp_rank, int pp_ran
 
 void TraceRecorder::record(int64_t iteration, const Action& a, double t0, double t1) {
   if (!enabled() || events_.size() >= kMaxEvents) return;
-  events_.push_back({iteration, a, t0, t1});
+  events_.push_back({iteration, a, t0, t1, "", ""});
+}
+
+void TraceRecorder::record_span(int64_t iteration, const std::string& name, const std::string& cat, double t0,
+                                double t1) {
+  if (!enabled() || events_.size() >= kMaxEvents) return;
+  events_.push_back({iteration, Action{}, t0, t1, name, cat});
 }
 
 void TraceRecorder::write_part() const {
@@ -25,10 +31,11 @@ void TraceRecorder::write_part() const {
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", label}}}});
   ev.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"sort_index", rank_}}}});
   for (const Event& e : events_) {
-    const char* cat = e.action.kind == Action::Kind::Forward    ? "forward"
+    std::string cat = !e.cat.empty()                               ? e.cat
+                      : e.action.kind == Action::Kind::Forward    ? "forward"
                       : e.action.kind == Action::Kind::Backward ? "backward"
                                                                 : "comm";
-    ev.push_back({{"name", e.action.str()},
+    ev.push_back({{"name", e.cat.empty() ? e.action.str() : e.name},
                   {"cat", cat},
                   {"ph", "X"},
                   {"pid", rank_},

@@ -16,6 +16,8 @@ class TraceRecorder {
   TraceRecorder(std::string path, int rank, int tp_rank, int pp_rank, int dp_rank);
   bool enabled() const { return !path_.empty(); }
   void record(int64_t iteration, const Action& a, double t0_us, double t1_us);
+  // A span outside the schedule: category "allreduce" (gradient reduction) or "optimizer".
+  void record_span(int64_t iteration, const std::string& name, const std::string& cat, double t0_us, double t1_us);
   // Writes this rank's part; rank 0 waits for `barrier` then merges all parts into the trace file.
   void write_part() const;
   static void merge(const std::string& path, int world_size);
@@ -25,6 +27,7 @@ class TraceRecorder {
     int64_t iteration;
     Action action;
     double t0, t1;
+    std::string name, cat;  // set for spans outside the schedule
   };
   std::string path_;
   int rank_, tp_rank_, pp_rank_, dp_rank_;

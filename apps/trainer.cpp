@@ -255,7 +255,9 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   r.loss_scale = scaler_.scale;
   ops_->zero(grads_, size_t(layout_.total));
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
+  const double t_reduce = schedule_clock_us();
   reduce_gradients();
+  trace_->record_span(k, "reduce gradients (DP, embedding group)", "allreduce", t_reduce, schedule_clock_us());
   if (scaler_.scale != 1.0) ops_->scale(grads_, float(1.0 / scaler_.scale), layout_.total);
   // loss: sum over the whole global batch (all DP ranks), on the last stage; an inf/nan anywhere in
   // the gradients of any rank (MAX over the job) skips the step everywhere.
@@ -283,8 +285,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   consecutive_nan_ = 0;
   const double clip = cfg_.optimizer.clip_grad;
   if (clip > 0 && r.grad_norm > clip) ops_->scale(grads_, float(clip / (r.grad_norm + 1e-6)), layout_.total);
+  const double t_opt = schedule_clock_us();
   adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);
   refresh_compute_params();
+  trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, schedule_clock_us());
   return r;
 }
 

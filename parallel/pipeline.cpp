@@ -6,12 +6,16 @@
 
 namespace tpt {
 
-void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t n, const StageHooks& hooks) {
-  const int stage = pp.rank();
+double schedule_clock_us() {
   using clock = std::chrono::steady_clock;
   static const auto epoch = clock::now();
+  return std::chrono::duration<double, std::micro>(clock::now() - epoch).count();
+}
+
+void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t n, const StageHooks& hooks) {
+  const int stage = pp.rank();
   for (const Action& a : actions) {
-    double t0 = std::chrono::duration<double, std::micro>(clock::now() - epoch).count();
+    double t0 = schedule_clock_us();
     switch (a.kind) {
       case Action::Kind::Forward: hooks.forward(a.mb); break;
       case Action::Kind::Backward: hooks.backward(a.mb); break;
@@ -32,7 +36,7 @@ void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t n, c
       }
     }
     if (hooks.on_action) {
-      double t1 = std::chrono::duration<double, std::micro>(clock::now() - epoch).count();
+      double t1 = schedule_clock_us();
       hooks.on_action(a, t0, t1);
     }
   }

@@ -21,6 +21,9 @@ struct StageHooks {
   std::function<void(const Action&, double t0_us, double t1_us)> on_action;  // optional: tracing
 };
 
+// Microseconds on the clock the schedule's trace spans use (a process-wide epoch).
+double schedule_clock_us();
+
 // message_floats: floats of one activation (= one gradient) message, B * S * C.
 void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t message_floats,
                       const StageHooks& hooks);

@@ -16,7 +16,9 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--skip-first", type=int, default=1, help="iterations to skip (warm-up)")
     a = ap.parse_args()
-    ev = [e for e in json.load(open(a.trace))["traceEvents"] if e.get("ph") == "X"]
+    # the schedule's own spans only (gradient reduction and optimizer spans are outside the pipeline)
+    ev = [e for e in json.load(open(a.trace))["traceEvents"]
+          if e.get("ph") == "X" and e.get("cat") in ("forward", "backward", "comm")]
     by_iter = defaultdict(list)
     for e in ev:
         by_iter[e["args"]["iteration"]].append(e)

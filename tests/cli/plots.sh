@@ -55,7 +55,7 @@ for r in ranks:
     its = sorted({e["args"]["iteration"] for e in mine})
     assert its == list(range(1, iters + 1)), f"rank {r}: iterations {its}"
     for it in its:
-        acts = [e for e in sorted(mine, key=lambda e: e["ts"]) if e["args"]["iteration"] == it and e["cat"] != "comm"]
+        acts = [e for e in sorted(mine, key=lambda e: e["ts"]) if e["args"]["iteration"] == it and e["cat"] in ("forward", "backward")]
         names = [e["name"] for e in acts]
         fw = [int(n[1:]) for n in names if n[0] == "F"]
         bw = [int(n[1:]) for n in names if n[0] == "B"]
@@ -76,6 +76,9 @@ for r in ranks:
         seqs[stage].setdefault(r, []).append(names)
     comm = [e for e in mine if e["cat"] == "comm"]
     assert comm, f"rank {r}: no send/recv spans"
+    for cat in ("allreduce", "optimizer"):  # one gradient reduction and one update per iteration
+        n = sorted(e["args"]["iteration"] for e in mine if e["cat"] == cat)
+        assert n == list(range(1, iters + 1)), f"rank {r}: {cat} spans in iterations {n}"
 for stage, by_rank in seqs.items():
     first = next(iter(by_rank.values()))
     assert all(v == first for v in by_rank.values()), f"stage {stage}: ranks differ in their action order"
