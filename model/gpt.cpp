@@ -144,6 +144,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       a->lnf_rstd = alloc(N);
     }
   }
+  if (opt_.dtype != DType::F32 && tp.size() > 1)
+    wire_ = TPWire{&ops_, opt_.dtype, alloc((tp.size() + 1) * ((N * d.C + 1) / 2) + N * d.C)};
   dres_ = alloc(N * d.C);
   dln_ = alloc(N * d.C);
   tmp_ = alloc(N * d.C);
@@ -176,7 +178,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, const float* x_in, flo
   attention_core_forward(a);
   ops_.linear_forward(tmp_, a.atty, w.proj_w, bias_rank ? w.proj_b : nullptr, N, d.Cl, d.C);  // row-parallel
   rnd(tmp_, N * d.C);
-  reduce_from_tp_region_forward(tp_, tmp_, N * d.C);
+  reduce_from_tp_region_forward(tp_, tmp_, N * d.C, wire());
   ops_.add(a.x_mid, x_in, tmp_, N * d.C);
   rnd(a.x_mid, N * d.C);
   // MLP
@@ -188,7 +190,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, const float* x_in, flo
   rnd(a.gelu, N * d.Fl);
   ops_.linear_forward(tmp_, a.gelu, w.fc2_w, bias_rank ? w.fc2_b : nullptr, N, d.Fl, d.C);  // row-parallel
   rnd(tmp_, N * d.C);
-  reduce_from_tp_region_forward(tp_, tmp_, N * d.C);
+  reduce_from_tp_region_forward(tp_, tmp_, N * d.C, wire());
   ops_.add(x_out, a.x_mid, tmp_, N * d.C);
   rnd(x_out, N * d.C);
 }
@@ -214,7 +216,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, const float* x_in, fl
   rnd(dfc_, N * d.Fl);
   ops_.linear_backward(dln_, gw.fc1_w, gw.fc1_b, dfc_, a.ln2, w.fc1_w, N, d.C, d.Fl, false);
   rnd(dln_, N * d.C);
-  copy_to_tp_region_backward(tp_, dln_, N * d.C);
+  copy_to_tp_region_backward(tp_, dln_, N * d.C, wire());
   ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln_, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, d.C);
   rnd(dres, N * d.C);
   // attention
@@ -225,7 +227,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, const float* x_in, fl
   rnd(dqkv_, 3 * N * d.Cl);
   ops_.linear_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
   rnd(dln_, N * d.C);
-  copy_to_tp_region_backward(tp_, dln_, N * d.C);
+  copy_to_tp_region_backward(tp_, dln_, N * d.C, wire());
   ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, d.C);
   rnd(dres, N * d.C);
 }
@@ -238,7 +240,7 @@ void GPTStage::forward(int slot, const int32_t* tokens, const float* hidden_in) 
     ops_.copy(reinterpret_cast<float*>(a.tokens), reinterpret_cast<const float*>(tokens), size_t(N));
     // vocab-parallel embedding: rows outside this rank's shard give 0, summed over TP (g)
     ops_.embedding_forward(a.x_in, a.tokens, p("wte.weight"), N, d.C, d.v0, d.Vl);
-    reduce_from_tp_region_forward(tp_, a.x_in, N * d.C);
+    reduce_from_tp_region_forward(tp_, a.x_in, N * d.C, wire());
     ops_.add_position_embedding(a.x_in, p("wpe.weight"), B_, d.S, d.C);
   } else {
     ops_.copy(a.x_in, hidden_in, size_t(N * d.C));
@@ -302,7 +304,7 @@ void GPTStage::backward(int slot, const float* doutput) {
     ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, a.lnf, p("wte.weight"), N, d.C, d.Vl, false);
     logits_slot_ = -1;
     rnd(dln_, N * d.C);
-    copy_to_tp_region_backward(tp_, dln_, N * d.C);
+    copy_to_tp_region_backward(tp_, dln_, N * d.C, wire());
     const float* x = a.layers.empty() ? a.x_in : a.layers.back().x_out;
     ops_.zero(dres_, size_t(N * d.C));
     ops_.layernorm_backward(dres_, g("ln_f.weight"), g("ln_f.bias"), dln_, x, p("ln_f.weight"), a.lnf_mean,

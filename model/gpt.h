@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tpt {
 
@@ -104,6 +105,8 @@ class GPTStage {
   struct SlotActs;
   void block_forward(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
   void rnd(float* x, int64_t n) { if (opt_.dtype != DType::F32) ops_.round_to(x, n, opt_.dtype); }
+  // How the TP mappings' sums travel: 16-bit values in bf16/fp16 runs, else fp32 (null).
+  const TPWire* wire() const { return wire_.ops ? &wire_ : nullptr; }
   void block_backward(int64_t layer, LayerActs& a, const float* x_in, float* dres);
   void attention_core_forward(LayerActs& a);
   const float* p(const std::string& name) const;
@@ -122,6 +125,7 @@ class GPTStage {
   // shared scratch
   float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr, *dprobs_ = nullptr,
         *dfc_ = nullptr, *tmp_ = nullptr, *logits_ = nullptr, *xent_ = nullptr;
+  TPWire wire_{nullptr, DType::F32, nullptr};
   int logits_slot_ = -1;  // which slot's logits gradient is in logits_
   std::vector<float*> owned_;
   float* alloc(int64_t n);

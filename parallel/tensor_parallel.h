@@ -6,18 +6,37 @@
 #pragma once
 #include <cstdint>
 
+#include "core/ops.h"
 #include "parallel/comm.h"
 
 namespace tpt {
 
+// The same sums in bf16/fp16 runs: the partial sums travel as 16-bit values (half the bytes of an
+// fp32 all-reduce) -- an all-gather of every rank's packed values, then a sum in fp32 in rank
+// order (identical on every rank), rounded to t. scratch holds (tp + 1) * ceil(n / 2) + n floats.
+void all_reduce_half(Comm& tp, Ops& ops, float* x, int64_t n, DType t, float* scratch);
+
+// How the mappings' sums travel: fp32 (wire == nullptr) or 16-bit values (bf16/fp16 runs).
+struct TPWire {
+  Ops* ops;
+  DType dtype;
+  float* scratch;  // see all_reduce_half
+};
+
+inline void tp_sum(Comm& tp, float* x, int64_t n, const TPWire* wire) {
+  if (tp.size() == 1) return;
+  if (wire) all_reduce_half(tp, *wire->ops, x, n, wire->dtype, wire->scratch);
+  else tp.all_reduce(x, n, ReduceOp::Sum);
+}
+
 // f backward: sum the input gradients of a column-parallel layer over the TP group.
-inline void copy_to_tp_region_backward(Comm& tp, float* grad, int64_t n) {
-  if (tp.size() > 1) tp.all_reduce(grad, n, ReduceOp::Sum);
+inline void copy_to_tp_region_backward(Comm& tp, float* grad, int64_t n, const TPWire* wire = nullptr) {
+  tp_sum(tp, grad, n, wire);
 }
 
 // g forward: sum the partial outputs of a row-parallel layer over the TP group.
-inline void reduce_from_tp_region_forward(Comm& tp, float* x, int64_t n) {
-  if (tp.size() > 1) tp.all_reduce(x, n, ReduceOp::Sum);
+inline void reduce_from_tp_region_forward(Comm& tp, float* x, int64_t n, const TPWire* wire = nullptr) {
+  tp_sum(tp, x, n, wire);
 }
 
 // Column-parallel gather_output: local (N, Ol) on each rank -> full (N, Ol * tp), columns in rank
