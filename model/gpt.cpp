@@ -63,6 +63,11 @@ int64_t scratch_floats(const GPTDims& d, int64_t B, Recompute r) {
   return n;
 }
 
+int64_t tp_wire_floats(const GPTDims& d, int64_t B, DType t) {
+  const int64_t n = B * d.S * d.C;  // see all_reduce_half
+  return t != DType::F32 && d.tp > 1 ? (d.tp + 1) * ((n + 1) / 2) + n : 0;
+}
+
 namespace {
 // Parameter (or gradient) pointers of one transformer block.
 struct BlockParams {
@@ -144,8 +149,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       a->lnf_rstd = alloc(N);
     }
   }
-  if (opt_.dtype != DType::F32 && tp.size() > 1)
-    wire_ = TPWire{&ops_, opt_.dtype, alloc((tp.size() + 1) * ((N * d.C + 1) / 2) + N * d.C)};
+  if (const int64_t w = tp_wire_floats(d, B_, opt_.dtype)) wire_ = TPWire{&ops_, opt_.dtype, alloc(w)};
   dres_ = alloc(N * d.C);
   dln_ = alloc(N * d.C);
   tmp_ = alloc(N * d.C);

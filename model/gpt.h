@@ -74,6 +74,8 @@ struct StageOptions {
 // both use these). Bytes = elements * dtype_bytes(dtype).
 int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B, Recompute r = Recompute::None);
 int64_t scratch_floats(const GPTDims& d, int64_t B, Recompute r = Recompute::None);
+// Words (4 bytes) of the scratch that 16-bit TP sums use (bf16/fp16 with TP > 1, else 0).
+int64_t tp_wire_floats(const GPTDims& d, int64_t B, DType t);
 
 class GPTStage {
  public:

@@ -57,10 +57,11 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, Storage storage) {
   m.optimizer_bytes = layout.total * 8;
   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
     m.activation_and_workspace_by_mode[int(r)] =
-        (activation_floats_per_microbatch(d, B, r) * m.in_flight + scratch_floats(d, B, r)) * storage_bytes;
+        (activation_floats_per_microbatch(d, B, r) * m.in_flight + scratch_floats(d, B, r)) * storage_bytes +
+        tp_wire_floats(d, B, dtype) * 4;
   const Recompute mode = parse_recompute(cfg.training.recompute);
   m.activation_bytes = activation_floats_per_microbatch(d, B, mode) * m.in_flight * storage_bytes;
-  m.workspace_bytes = scratch_floats(d, B, mode) * storage_bytes;
+  m.workspace_bytes = scratch_floats(d, B, mode) * storage_bytes + tp_wire_floats(d, B, dtype) * 4;
   // The trainer's buffers: per in-flight slot a received activation and a received gradient.
   const int64_t message = B * d.S * d.C;
   if (pp > 1) {
