@@ -5,9 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,7 +13,6 @@
 #include "apps/trainer.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "data/dataset.h"
 #include "parallel/runtime.h"
 
 namespace tpt {
@@ -73,17 +70,6 @@ void report_peak_memory(Grid& grid) {
     spdlog::info("peak memory (RSS): max {:.1f} MiB per rank, {:.1f} MiB over {} ranks", max, mib[1], grid.world_size);
 }
 
-// Start-up summary: how much of the train split the run covers (rank 0; the trainer has logged the
-// split's documents and tokens).
-void report_epochs(const Config& cfg) {
-  std::shared_ptr<const TokenCorpus> corpus = open_corpus(cfg.data.path, cfg.model.vocab_size);
-  const auto splits = split_documents(corpus->num_documents(), cfg.data.split);
-  GPTDataset train(corpus, splits[0], cfg.model.seq_length, cfg.data.shuffle, cfg.training.seed);
-  const int64_t G = cfg.training.global_batch_size, samples = cfg.training.train_iters * G;
-  spdlog::info("data: {} iterations x {} samples = {} samples of the train split's {}: {:.2f} epochs", cfg.training.train_iters,
-               G, samples, train.num_samples(), double(samples) / double(std::max<int64_t>(1, train.num_samples())));
-}
-
 }  // namespace
 
 int train_main(int argc, char** argv) {
@@ -116,7 +102,6 @@ int train_main(int argc, char** argv) {
       spdlog::info("{}", grid.table());
     }
     Trainer trainer(cfg, grid);
-    if (rank == 0) report_epochs(cfg);
     status = trainer.train();
     trainer.write_trace();
     report_peak_memory(grid);

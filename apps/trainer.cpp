@@ -76,6 +76,10 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     spdlog::info("data: {}", corpus_->description());
     spdlog::info("data: train split {} documents, {} tokens, {} samples of {} tokens", splits[0].end - splits[0].begin,
                  train_data_->num_tokens(), train_data_->num_samples(), cfg.model.seq_length);
+    const int64_t samples = cfg.training.train_iters * cfg.training.global_batch_size;
+    spdlog::info("data: {} iterations x {} samples = {} samples of the train split's {}: {:.2f} epochs",
+                 cfg.training.train_iters, cfg.training.global_batch_size, samples, train_data_->num_samples(),
+                 double(samples) / double(train_data_->num_samples()));
     if (valid_data_)
       spdlog::info("data: validation {} tokens, {} samples", valid_data_->num_tokens(), valid_data_->num_samples());
     else if (cfg.data.eval_iters > 0)
