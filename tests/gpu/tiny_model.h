@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/config.h"
+#include "tests/common/tiny_config.h"
 #include "gpu_test_util.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
@@ -14,19 +15,7 @@ namespace tpt::gpu_test {
 
 // 2 layers, hidden 48 (4 heads of 12), ffn 100, seq 33, vocab 101 (padded to 104 at TP 1), micro-batch 3.
 inline Config tiny_config() {
-  Config c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 48;
-  c.model.num_attention_heads = 4;
-  c.model.ffn_hidden_size = 100;
-  c.model.seq_length = 33;
-  c.model.max_position_embeddings = 33;
-  c.model.vocab_size = 101;
-  c.model.make_vocab_size_divisible_by = 8;
-  c.model.layernorm_epsilon = 1e-5;
-  c.model.init_method_std = 0.02;
-  c.training.micro_batch_size = 3;
-  c.training.seed = 1234;
+  Config c = test::tiny_gpt_config({.hidden = 48, .heads = 4, .ffn = 100, .seq = 33, .vocab = 101, .micro_batch = 3});
   c.optimizer.lr = 3e-3;
   return c;
 }

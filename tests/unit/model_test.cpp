@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "tests/common/tiny_config.h"
 #include "core/ops.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
@@ -24,22 +25,7 @@ namespace {
 using VecF = std::vector<float>;
 
 // 2 layers, hidden 16, 2 heads, seq 8, vocab 37 (padded to 40 at TP = 1, 48 at TP = 2).
-Config tiny_config() {
-  Config c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 16;
-  c.model.num_attention_heads = 2;
-  c.model.ffn_hidden_size = 64;
-  c.model.seq_length = 8;
-  c.model.max_position_embeddings = 8;
-  c.model.vocab_size = 37;
-  c.model.make_vocab_size_divisible_by = 8;
-  c.model.layernorm_epsilon = 1e-5;
-  c.model.init_method_std = 0.02;
-  c.training.micro_batch_size = 2;
-  c.training.seed = 1234;
-  return c;
-}
+Config tiny_config() { return test::tiny_gpt_config(); }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;

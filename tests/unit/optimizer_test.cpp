@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "tests/common/tiny_config.h"
 #include "core/ops.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
@@ -87,18 +88,7 @@ TEST(OptimizerLR, DecayEndsBeforeWarmup) {
 
 // ------------------------------------------------------------------------------------------------
 
-Config tiny_config() {
-  Config c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 16;
-  c.model.num_attention_heads = 2;
-  c.model.ffn_hidden_size = 64;
-  c.model.seq_length = 8;
-  c.model.max_position_embeddings = 8;
-  c.model.vocab_size = 37;
-  c.model.make_vocab_size_divisible_by = 8;
-  return c;
-}
+Config tiny_config() { return test::tiny_gpt_config(); }
 
 // Each tensor filled with a constant of its own, the alignment gaps between tensors with garbage.
 std::vector<float> constant_grads(const ParamLayout& l) {
