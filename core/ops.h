@@ -43,13 +43,15 @@ class Ops {
                                   const float* inp, const float* w, const float* mean,
                                   const float* rstd, int64_t N, int64_t C) = 0;
 
-  // Causal attention. qkv (B, T, 3, H, D) (q, k, v of H local heads), out (B, T, H*D),
-  // probs (B, H, T, T) saved softmax (upper triangle zero).
-  virtual void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
+  // Causal attention, flash-style: nothing of size T x T outlives a call. qkv (B, T, 3, H, D) (q, k,
+  // v of H local heads), out (B, T, H*D); lse (B, H, T) the log-sum-exp of each query's scaled
+  // scores over the keys it sees, which is all backward needs to rebuild the probabilities.
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                                  int64_t H, int64_t D) = 0;
-  // dqkv (B, T, 3, H, D) = ; scratch (B, H, T, T)
+  // dqkv (B, T, 3, H, D) = ; from the forward's qkv, out and lse; scratch (B, H, T)
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                  const float* probs, int64_t B, int64_t T, int64_t H, int64_t D) = 0;
+                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                                  int64_t D) = 0;
 
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
   // dinp = dout * gelu'(inp)

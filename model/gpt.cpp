@@ -12,8 +12,8 @@ namespace tpt {
 struct GPTStage::LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd;  // (N, C), (N), (N)
   float* qkv;                        // (B, S, 3, Hl, D)
-  float* probs;                      // (B, Hl, S, S)
-  float* atty;                       // (N, Cl)
+  float* atty;                       // (N, Cl) attention output (before the projection)
+  float* lse;                        // (B, Hl, S) log-sum-exp of each query's scores
   float* x_mid;                      // (N, C) residual after attention
   float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)
   float* fc1;                        // (N, Fl) before GELU
@@ -38,10 +38,13 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 namespace {
-int64_t layer_floats(const GPTDims& d, int64_t B, bool with_probs) {
+// the attention output and its log-sum-exp: what selective recompute rebuilds in backward
+int64_t attention_core_floats(const GPTDims& d, int64_t B) { return B * d.S * d.Cl + B * d.Hl * d.S; }
+
+int64_t layer_floats(const GPTDims& d, int64_t B, bool with_core) {
   const int64_t N = B * d.S;
-  return 2 * (N * d.C + 2 * N) + 3 * N * d.Cl + (with_probs ? B * d.Hl * d.S * d.S : 0) + N * d.Cl +
-         2 * N * d.C + 2 * N * d.Fl;
+  return 2 * (N * d.C + 2 * N) + 3 * N * d.Cl + (with_core ? attention_core_floats(d, B) : 0) + 2 * N * d.C +
+         2 * N * d.Fl;
 }
 }  // namespace
 
@@ -56,8 +59,8 @@ int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B, Recompute 
 
 int64_t scratch_floats(const GPTDims& d, int64_t B, Recompute r) {
   const int64_t N = B * d.S;
-  int64_t n = 3 * N * d.C + 3 * N * d.Cl + N * d.Cl + B * d.Hl * d.S * d.S + N * d.Fl;
-  if (r == Recompute::Selective) n += B * d.Hl * d.S * d.S;  // shared probabilities
+  int64_t n = 3 * N * d.C + 3 * N * d.Cl + N * d.Cl + B * d.Hl * d.S + N * d.Fl;
+  if (r == Recompute::Selective) n += attention_core_floats(d, B);  // one layer's, rebuilt in backward
   if (r == Recompute::Full) n += layer_floats(d, B, true);  // one layer rebuilt at a time
   if (d.last_stage()) n += N * d.Vl + 4 * N;
   return n;
@@ -109,14 +112,14 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
                    float* grads, int64_t micro_batch, int slots, StageOptions options)
     : d_(d), layout_(layout), ops_(ops), tp_(tp), params_(params), grads_(grads), B_(micro_batch), opt_(options) {
   const int64_t N = B_ * d.S;
-  auto layer_acts = [&](float* shared_probs, float* x_out) {
+  auto layer_acts = [&](float* shared_core, float* x_out) {
     LayerActs la;
     la.ln1 = alloc(N * d.C);
     la.ln1_mean = alloc(N);
     la.ln1_rstd = alloc(N);
     la.qkv = alloc(3 * N * d.Cl);
-    la.probs = shared_probs ? shared_probs : alloc(B_ * d.Hl * d.S * d.S);
-    la.atty = alloc(N * d.Cl);
+    la.atty = shared_core ? shared_core : alloc(attention_core_floats(d, B_));
+    la.lse = la.atty + N * d.Cl;
     la.x_mid = alloc(N * d.C);
     la.ln2 = alloc(N * d.C);
     la.ln2_mean = alloc(N);
@@ -126,7 +129,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.x_out = x_out ? x_out : alloc(N * d.C);
     return la;
   };
-  float* shared_probs = opt_.recompute == Recompute::Selective ? alloc(B_ * d.Hl * d.S * d.S) : nullptr;
+  float* shared_core = opt_.recompute == Recompute::Selective ? alloc(attention_core_floats(d, B_)) : nullptr;
   if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, nullptr));
   for (int s = 0; s < slots; ++s) {
     auto* a = new SlotActs;
@@ -140,7 +143,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
         la.x_out = alloc(N * d.C);
         a->layers.push_back(la);
       } else {
-        a->layers.push_back(layer_acts(shared_probs, nullptr));
+        a->layers.push_back(layer_acts(shared_core, nullptr));
       }
     }
     if (d.last_stage()) {
@@ -155,7 +158,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   tmp_ = alloc(N * d.C);
   dqkv_ = alloc(3 * N * d.Cl);
   datt_ = alloc(N * d.Cl);
-  dprobs_ = alloc(B_ * d.Hl * d.S * d.S);
+  datt_stats_ = alloc(B_ * d.Hl * d.S);
   dfc_ = alloc(N * d.Fl);
   if (d.last_stage()) {
     logits_ = alloc(N * d.Vl);
@@ -202,8 +205,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, const float* x_in, flo
 // Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.
 void GPTStage::attention_core_forward(LayerActs& a) {
   const GPTDims& d = d_;
-  ops_.attention_forward(a.atty, a.probs, a.qkv, B_, d.S, d.Hl, d.D);
-  rnd(a.probs, B_ * d.Hl * d.S * d.S);
+  ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.D);  // lse stays fp32
   rnd(a.atty, B_ * d.S * d.Cl);
 }
 
@@ -224,10 +226,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, const float* x_in, fl
   ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln_, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, d.C);
   rnd(dres, N * d.C);
   // attention
+  if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   ops_.linear_backward(datt_, gw.proj_w, gw.proj_b, dres, a.atty, w.proj_w, N, d.Cl, d.C, false);
   rnd(datt_, N * d.Cl);
-  if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  ops_.attention_backward(dqkv_, dprobs_, datt_, a.qkv, a.probs, B_, d.S, d.Hl, d.D);
+  ops_.attention_backward(dqkv_, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.D);
   rnd(dqkv_, 3 * N * d.Cl);
   ops_.linear_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
   rnd(dln_, N * d.C);

@@ -60,7 +60,8 @@ void init_params_host(const ParamLayout& layout, uint64_t seed, float* params);
 // How a stage stores activations: the compute dtype (values rounded to it wherever a GPU kernel
 // would store them; the CPU keeps them in fp32 buffers) and activation recompute:
 //   none       keep every activation of a layer until its backward;
-//   selective  drop the attention probabilities (B, H, S, S) and recompute them in backward;
+//   selective  drop the attention output and its log-sum-exp and rerun the attention core (scores,
+//              softmax, weighted values) in backward (the probabilities are never kept: flash-style);
 //   full       keep only each layer's input and rerun the layer's forward in backward.
 enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& name);
@@ -125,7 +126,7 @@ class GPTStage {
   std::vector<SlotActs*> slots_;
   LayerActs* recompute_acts_ = nullptr;  // full recompute: one layer's activations, rebuilt in backward
   // shared scratch
-  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr, *dprobs_ = nullptr,
+  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr, *datt_stats_ = nullptr,
         *dfc_ = nullptr, *tmp_ = nullptr, *logits_ = nullptr, *xent_ = nullptr;
   TPWire wire_{nullptr, DType::F32, nullptr};
   int logits_slot_ = -1;  // which slot's logits gradient is in logits_

@@ -193,6 +193,7 @@ StageWork stage_work(const Config& c, int s, Storage storage) {
   w.fwd_flops = layers * layer + (d.last_stage() ? lm_head : 0.0);
   w.bwd_flops = 2.0 * w.fwd_flops;
   if (r == Recompute::Full) w.bwd_flops += layers * layer;
+  w.bwd_flops += layers * attn_core / 2;  // flash-style backward recomputes the scores
   if (r == Recompute::Selective) w.bwd_flops += layers * attn_core;
   // GPipe: the last stage's logits of all but the last micro-batch are recomputed in backward
   if (gpipe && d.last_stage()) w.bwd_flops += lm_head * (M - 1) / M;

@@ -127,12 +127,13 @@ fi
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%d", $1/1024}')
 mem_gib=${mem_gib:-80}
 
-# Largest micro-batch estimate: fp32 activation storage of tptrain (probabilities B*H*S*S and ~16*S*C
-# floats per layer and sample, logits and scratch), 16-bit GEMM copies, 20 bytes/parameter of state.
+# Largest micro-batch estimate: fp32 activation storage of tptrain (~16*S*C floats and a log-sum-exp
+# per head and position per layer and sample, logits and scratch), 16-bit GEMM copies, 20 bytes/parameter
+# of state.
 estimate_mb() {  # L C H params
   awk -v L="$1" -v C="$2" -v H="$3" -v P="$4" -v G="$mem_gib" 'BEGIN {
     S = 1024; V = 50304
-    per = 4 * (L * (S * (16 * C + 4) + H * S * S) + S * 11 * C + 1.5 * H * S * S + 1.5 * S * V)
+    per = 4 * (L * (S * (16 * C + 4) + H * S) + S * 11 * C + 1.5 * S * V)
     fixed = 20 * P + 2^30
     mb = int((0.85 * G * 2^30 - fixed) / per)
     print (mb < 1 ? 1 : mb) }'

@@ -162,7 +162,8 @@ class CpuOps final : public Ops {
     }
   }
 
-  void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H,
+  // A query row at a time: its scores live in a row buffer of this thread, never a T x T matrix.
+  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
                          int64_t D) override {
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t row = 3 * H * D;  // stride between tokens in qkv
@@ -170,38 +171,39 @@ class CpuOps final : public Ops {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         const float* base = qkv + b * T * row;
+        std::vector<float> p(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
           const float* q = base + t * row + h * D;
-          float* p = probs + ((b * H + h) * T + t) * T;
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s <= t; ++s) {
             const float* k = base + s * row + H * D + h * D;
             float dot = 0;
             for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-            p[s] = dot * scale;
-            mx = std::max(mx, p[s]);
+            p[size_t(s)] = dot * scale;
+            mx = std::max(mx, p[size_t(s)]);
           }
           float sum = 0;
           for (int64_t s = 0; s <= t; ++s) {
-            p[s] = fast_exp(p[s] - mx);
-            sum += p[s];
+            p[size_t(s)] = fast_exp(p[size_t(s)] - mx);
+            sum += p[size_t(s)];
           }
-          float inv = 1.0f / sum;
-          for (int64_t s = 0; s <= t; ++s) p[s] *= inv;
-          for (int64_t s = t + 1; s < T; ++s) p[s] = 0.0f;
+          lse[(b * H + h) * T + t] = mx + std::log(sum);
+          const float inv = 1.0f / sum;
           float* o = out + (b * T + t) * H * D + h * D;
           for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
           for (int64_t s = 0; s <= t; ++s) {
             const float* v = base + s * row + 2 * H * D + h * D;
-            float ps = p[s];
+            const float ps = p[size_t(s)] * inv;
             for (int64_t d = 0; d < D; ++d) o[d] += ps * v[d];
           }
         }
       }
   }
 
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* probs, int64_t B, int64_t T, int64_t H, int64_t D) override {
+  // Rebuilds each query row's probabilities from its scores and lse (in a row buffer); the softmax
+  // backward's sum(p * dp) comes from the rebuilt row, so `out` and the scratch are not needed here.
+  void attention_backward(float* dqkv, float*, const float* dout, const float* qkv, const float*,
+                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) override {
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t row = 3 * H * D;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -212,29 +214,41 @@ class CpuOps final : public Ops {
         for (int64_t t = 0; t < T; ++t) {  // zero this head's slice of dq, dk, dv
           for (int64_t w = 0; w < 3; ++w) std::memset(dbase + t * row + w * H * D + h * D, 0, D * sizeof(float));
         }
+        std::vector<float> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
-          const float* p = probs + ((b * H + h) * T + t) * T;
-          float* dp = scratch + ((b * H + h) * T + t) * T;
+          const float* q = base + t * row + h * D;
           const float* dy = dout + (b * T + t) * H * D + h * D;
+          const float lse_t = lse[(b * H + h) * T + t];
+          // the probabilities, renormalised so that they sum to one as in forward (then the scores'
+          // gradients of a row sum to ~0 and the key bias, whose exact gradient is 0, stays put)
+          float sum = 0;
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* k = base + s * row + H * D + h * D;
+            float dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+            p[size_t(s)] = fast_exp(dot * scale - lse_t);
+            sum += p[size_t(s)];
+          }
+          const float inv = 1.0f / sum;
           // dprobs and dv
           float dot_pdp = 0;
           for (int64_t s = 0; s <= t; ++s) {
             const float* v = base + s * row + 2 * H * D + h * D;
             float* dv = dbase + s * row + 2 * H * D + h * D;
             float d_ps = 0;
-            float ps = p[s];
+            const float ps = p[size_t(s)] * inv;
             for (int64_t d = 0; d < D; ++d) {
               d_ps += dy[d] * v[d];
               dv[d] += ps * dy[d];
             }
-            dp[s] = d_ps;
+            p[size_t(s)] = ps;
+            dp[size_t(s)] = d_ps;
             dot_pdp += ps * d_ps;
           }
           // softmax backward, then the scores' gradient into dq, dk
-          const float* q = base + t * row + h * D;
           float* dq = dbase + t * row + h * D;
           for (int64_t s = 0; s <= t; ++s) {
-            float ds = p[s] * (dp[s] - dot_pdp) * scale;
+            const float ds = p[size_t(s)] * (dp[size_t(s)] - dot_pdp) * scale;
             const float* k = base + s * row + H * D + h * D;
             float* dk = dbase + s * row + H * D + h * D;
             for (int64_t d = 0; d < D; ++d) {

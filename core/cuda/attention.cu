@@ -1,13 +1,9 @@
-// Causal attention pieces of the CUDA backend. The default path (CudaOps::attention_forward /
-// backward) runs the score and value products as strided-batched cuBLASLt GEMMs and these row
-// kernels in between: the causal softmax that fills the (B, H, T, T) probabilities the Ops
-// interface keeps for backward, and its backward.
+// Causal attention of the CUDA backend. CudaOps::attention_forward / backward run the flash-style
+// kernels: tiled, with an online softmax, they never materialise a T x T matrix and keep only the
+// log-sum-exp of each query row; backward recomputes the probabilities tile by tile.
 //
-// Below them, flash-style kernels (tiled, online softmax) that never materialise a T x T matrix:
-// they keep only the log-sum-exp of each query row, and backward recomputes the probabilities tile
-// by tile. The Ops interface still hands attention a (B, H, T, T) probability buffer, so CudaOps
-// uses the GEMM path; these are tested against the CPU backend directly (tests/gpu) and are what
-// attention_forward / backward switch to once the interface passes (B, H, T) statistics instead.
+// Below them, a naive reference (tests only) on a (B, H, T, T) probability buffer: scores, causal
+// softmax rows, weighted values, and their backward, each element computed on its own.
 #include <cmath>
 
 #include "core/cuda/device_util.h"
@@ -18,7 +14,7 @@ namespace {
 
 constexpr int kRowsPerBlock = kThreads / 32;  // a warp per row
 
-__global__ void softmax_causal_forward_kernel(float* probs, int64_t rows, int64_t T) {
+__global__ void softmax_causal_forward_kernel(float* probs, float* lse, int64_t rows, int64_t T) {
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -34,6 +30,7 @@ __global__ void softmax_causal_forward_kernel(float* probs, int64_t rows, int64_
     sum += e;
   }
   sum = warp_reduce(sum, SumOp{});
+  if (lane == 0) lse[r] = mx + logf(sum);
   const float inv = 1.0f / sum;
   for (int64_t s = lane; s <= t; s += 32) p[s] *= inv;
   for (int64_t s = t + 1 + lane; s < T; s += 32) p[s] = 0.0f;
@@ -55,7 +52,7 @@ __global__ void softmax_causal_backward_kernel(float* ds, const float* probs, in
 
 // ---------------------------------------------------------------- flash-style
 // A block handles kFlashRows query rows (or key rows in dK/dV), a warp each, against tiles of
-// kFlashTile keys (queries), a lane each, staged in shared memory. Each lane keeps its share of a
+// kFlashTile keys (queries), a lane each, staged in shared memory (rows padded to D + 1 floats). Each lane keeps its share of a
 // D-vector accumulator: dimensions lane, lane + 32, ... (D <= kFlashMaxD).
 
 constexpr int kFlashRows = 8;
@@ -76,7 +73,7 @@ __device__ inline void stage_rows(float* dst, const float* base, int part, int64
   const int64_t row = 3 * H * D;
   for (int64_t i = threadIdx.x; i < int64_t(n) * D; i += blockDim.x) {
     const int64_t r = r0 + i / D, d = i % D;
-    dst[i] = r < T ? base[r * row + part * H * D + h * D + d] : 0.0f;
+    dst[i / D * (D + 1) + i % D] = r < T ? base[r * row + part * H * D + h * D + d] : 0.0f;
   }
 }
 // rows of a (B, T, H, D) tensor (out, dout) of one head -> smem (n, D)
@@ -84,20 +81,21 @@ __device__ inline void stage_head_rows(float* dst, const float* base, int64_t r0
                                        int64_t D, int64_t h) {
   for (int64_t i = threadIdx.x; i < int64_t(n) * D; i += blockDim.x) {
     const int64_t r = r0 + i / D, d = i % D;
-    dst[i] = r < T ? base[(r * H + h) * D + d] : 0.0f;
+    dst[i / D * (D + 1) + i % D] = r < T ? base[(r * H + h) * D + d] : 0.0f;
   }
 }
 
-// grid (ceil(T / kFlashRows), B * H)
+// grid (B * H, ceil(T / kFlashRows))
 __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, int64_t T, int64_t H, int64_t D,
                                      float scale) {
   extern __shared__ float sm[];
+  const int64_t L = D + 1;  // padded rows: lanes reading different rows hit different banks
   float* ks = sm;                     // (kFlashTile, D)
-  float* vs = ks + kFlashTile * D;    // (kFlashTile, D)
-  float* qs = vs + kFlashTile * D;    // (kFlashRows, D)
-  const int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  float* vs = ks + kFlashTile * L;    // (kFlashTile, D)
+  float* qs = vs + kFlashTile * L;    // (kFlashRows, D)
+  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t0 = int64_t(blockIdx.x) * kFlashRows, t = t0 + warp;
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kFlashRows, t = t0 + warp;  // longest rows first
   const float* base = qkv + b * T * 3 * H * D;
   stage_rows(qs, base, 0, t0, kFlashRows, T, H, D, h);
   float m = -INFINITY, l = 0.0f, o[kPerLane] = {};
@@ -110,7 +108,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, i
     if (t >= T) continue;  // warp-uniform
     const int64_t s = s0 + lane;
     const bool visible = s <= t;
-    const float score = visible ? dot_rows(qs + warp * D, ks + lane * D, D) * scale : -INFINITY;
+    const float score = visible ? dot_rows(qs + warp * L, ks + lane * L, D) * scale : -INFINITY;
     const float m_new = fmaxf(m, warp_reduce(score, MaxOp{}));  // finite: key s0 <= t is visible
     const float corr = m == -INFINITY ? 0.0f : fast_exp(m - m_new);
     const float p = visible ? fast_exp(score - m_new) : 0.0f;
@@ -120,7 +118,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, i
       const float pj = __shfl_sync(kFull, p, j);
       for (int k = 0; k < kPerLane; ++k) {
         const int64_t d = lane + 32 * k;
-        if (d < D) o[k] += pj * vs[j * D + d];
+        if (d < D) o[k] += pj * vs[j * L + d];
       }
     }
     m = m_new;
@@ -148,17 +146,18 @@ __global__ void flash_delta_kernel(float* delta, const float* dout, const float*
   if (lane == 0) delta[r] = s;
 }
 
-// dq: grid (ceil(T / kFlashRows), B * H); a warp per query row, tiles of keys
+// dq: grid (B * H, ceil(T / kFlashRows)); a warp per query row, tiles of keys
 __global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                 const float* delta, int64_t T, int64_t H, int64_t D, float scale) {
   extern __shared__ float sm[];
+  const int64_t L = D + 1;  // padded rows: lanes reading different rows hit different banks
   float* ks = sm;
-  float* vs = ks + kFlashTile * D;
-  float* qs = vs + kFlashTile * D;
-  float* dos = qs + kFlashRows * D;
-  const int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  float* vs = ks + kFlashTile * L;
+  float* qs = vs + kFlashTile * L;
+  float* dos = qs + kFlashRows * L;
+  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t0 = int64_t(blockIdx.x) * kFlashRows, t = t0 + warp;
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kFlashRows, t = t0 + warp;  // longest rows first
   const float* base = qkv + b * T * 3 * H * D;
   stage_rows(qs, base, 0, t0, kFlashRows, T, H, D, h);
   stage_head_rows(dos, dout + b * T * H * D, t0, kFlashRows, T, H, D, h);
@@ -174,15 +173,15 @@ __global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv
     const int64_t s = s0 + lane;
     float ds = 0.0f;
     if (s <= t) {
-      const float p = fast_exp(dot_rows(qs + warp * D, ks + lane * D, D) * scale - lse_t);
-      const float dp = dot_rows(dos + warp * D, vs + lane * D, D);
+      const float p = fast_exp(dot_rows(qs + warp * L, ks + lane * L, D) * scale - lse_t);
+      const float dp = dot_rows(dos + warp * L, vs + lane * L, D);
       ds = p * (dp - delta_t) * scale;
     }
     for (int j = 0; j < kFlashTile; ++j) {
       const float dsj = __shfl_sync(kFull, ds, j);
       for (int k = 0; k < kPerLane; ++k) {
         const int64_t d = lane + 32 * k;
-        if (d < D) dq[k] += dsj * ks[j * D + d];
+        if (d < D) dq[k] += dsj * ks[j * L + d];
       }
     }
   }
@@ -193,19 +192,20 @@ __global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv
   }
 }
 
-// dk, dv: grid (ceil(T / kFlashRows), B * H); a warp per key row, tiles of the queries that see it
+// dk, dv: grid (B * H, ceil(T / kFlashRows)); a warp per key row, tiles of the queries that see it
 __global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                  const float* delta, int64_t T, int64_t H, int64_t D, float scale) {
   extern __shared__ float sm[];
+  const int64_t L = D + 1;  // padded rows: lanes reading different rows hit different banks
   float* qs = sm;                       // (kFlashTile, D) queries of the tile
-  float* dos = qs + kFlashTile * D;     // (kFlashTile, D) their output gradients
-  float* kr = dos + kFlashTile * D;     // (kFlashRows, D) this block's keys
-  float* vr = kr + kFlashRows * D;      // (kFlashRows, D) and values
-  float* lse_s = vr + kFlashRows * D;   // (kFlashTile)
+  float* dos = qs + kFlashTile * L;     // (kFlashTile, D) their output gradients
+  float* kr = dos + kFlashTile * L;     // (kFlashRows, D) this block's keys
+  float* vr = kr + kFlashRows * L;      // (kFlashRows, D) and values
+  float* lse_s = vr + kFlashRows * L;   // (kFlashTile)
   float* delta_s = lse_s + kFlashTile;  // (kFlashTile)
-  const int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t j0 = int64_t(blockIdx.x) * kFlashRows, j = j0 + warp;
+  const int64_t j0 = int64_t(blockIdx.y) * kFlashRows, j = j0 + warp;  // the most queries first
   const float* base = qkv + b * T * 3 * H * D;
   stage_rows(kr, base, 1, j0, kFlashRows, T, H, D, h);
   stage_rows(vr, base, 2, j0, kFlashRows, T, H, D, h);
@@ -224,8 +224,8 @@ __global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qk
     const int64_t i = i0 + lane;
     float p = 0.0f, ds = 0.0f;
     if (i >= j && i < T) {
-      p = fast_exp(dot_rows(qs + lane * D, kr + warp * D, D) * scale - lse_s[lane]);
-      const float dp = dot_rows(dos + lane * D, vr + warp * D, D);
+      p = fast_exp(dot_rows(qs + lane * L, kr + warp * L, D) * scale - lse_s[lane]);
+      const float dp = dot_rows(dos + lane * L, vr + warp * L, D);
       ds = p * (dp - delta_s[lane]) * scale;
     }
     for (int q = 0; q < kFlashTile; ++q) {
@@ -233,8 +233,8 @@ __global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qk
       for (int k = 0; k < kPerLane; ++k) {
         const int64_t d = lane + 32 * k;
         if (d < D) {
-          dv[k] += pq * dos[q * D + d];
-          dk[k] += dsq * qs[q * D + d];
+          dv[k] += pq * dos[q * L + d];
+          dk[k] += dsq * qs[q * L + d];
         }
       }
     }
@@ -250,47 +250,126 @@ __global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qk
   }
 }
 
+// ---------------------------------------------------------------- reference (tests)
+
+// probs (B*H, T, T) = scaled scores q_t . k_s for s <= t (the rest is left to the softmax)
+__global__ void reference_scores_kernel(float* probs, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                        float scale) {
+  TPT_GRID_LOOP(i, B * H * T * T) {
+    const int64_t s = i % T, t = i / T % T, bh = i / (T * T), b = bh / H, h = bh % H;
+    if (s > t) continue;
+    const int64_t row = 3 * H * D;
+    probs[i] = dot_rows(qkv + (b * T + t) * row + h * D, qkv + (b * T + s) * row + H * D + h * D, D) * scale;
+  }
+}
+
+// out (B, T, H, D) = probs @ v per head
+__global__ void reference_values_kernel(float* out, const float* probs, const float* qkv, int64_t B, int64_t T,
+                                        int64_t H, int64_t D) {
+  TPT_GRID_LOOP(i, B * T * H * D) {
+    const int64_t d = i % D, h = i / D % H, t = i / (H * D) % T, b = i / (T * H * D);
+    const float* p = probs + ((b * H + h) * T + t) * T;
+    float acc = 0.0f;
+    for (int64_t s = 0; s <= t; ++s) acc += p[s] * qkv[(b * T + s) * 3 * H * D + 2 * H * D + h * D + d];
+    out[i] = acc;
+  }
+}
+
+// dprobs (B*H, T, T) = dout_t . v_s for s <= t
+__global__ void reference_dprobs_kernel(float* dprobs, const float* dout, const float* qkv, int64_t B, int64_t T,
+                                        int64_t H, int64_t D) {
+  TPT_GRID_LOOP(i, B * H * T * T) {
+    const int64_t s = i % T, t = i / T % T, bh = i / (T * T), b = bh / H, h = bh % H;
+    dprobs[i] = s > t ? 0.0f
+                      : dot_rows(dout + (b * T + t) * H * D + h * D,
+                                 qkv + (b * T + s) * 3 * H * D + 2 * H * D + h * D, D);
+  }
+}
+
+// dqkv (B, T, 3, H, D) from dscores (scale included) and probs: dq_t = sum_s ds[t][s] k_s,
+// dk_s = sum_t ds[t][s] q_t, dv_s = sum_t p[t][s] dout_t
+__global__ void reference_dqkv_kernel(float* dqkv, const float* dscores, const float* probs, const float* dout,
+                                      const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D) {
+  TPT_GRID_LOOP(i, B * T * 3 * H * D) {
+    const int64_t d = i % D, h = i / D % H, part = i / (H * D) % 3, u = i / (3 * H * D) % T,
+                  b = i / (3 * H * D * T);
+    const int64_t row = 3 * H * D, bh = b * H + h;
+    const float* base = qkv + b * T * row + h * D + d;
+    float acc = 0.0f;
+    if (part == 0) {
+      for (int64_t s = 0; s <= u; ++s) acc += dscores[(bh * T + u) * T + s] * base[s * row + H * D];
+    } else if (part == 1) {
+      for (int64_t t = u; t < T; ++t) acc += dscores[(bh * T + t) * T + u] * base[t * row];
+    } else {
+      for (int64_t t = u; t < T; ++t) acc += probs[(bh * T + t) * T + u] * dout[((b * T + t) * H + h) * D + d];
+    }
+    dqkv[i] = acc;
+  }
+}
+
+}  // namespace
+
+namespace {
+void check_head_dim(int64_t D) {
+  if (D < 1 || D > kFlashMaxD)
+    internal_error("the CUDA attention kernels support head dimensions 1.." + std::to_string(kFlashMaxD) + ", not " +
+                   std::to_string(D) + " (hidden_size / num_attention_heads)");
+}
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                              cudaStream_t s) {
   if (B * T * H <= 0) return;
-  TPT_CHECK(D >= 1 && D <= kFlashMaxD && B * H <= 65535);
-  const size_t smem = size_t(2 * kFlashTile + kFlashRows) * size_t(D) * sizeof(float);
-  flash_forward_kernel<<<dim3(unsigned((T + kFlashRows - 1) / kFlashRows), unsigned(B * H)), kFlashRows * 32, smem,
-                         s>>>(out, lse, qkv, T, H, D, 1.0f / std::sqrt(float(D)));
+  check_head_dim(D);
+  const size_t smem = size_t(2 * kFlashTile + kFlashRows) * size_t(D + 1) * sizeof(float);
+  const dim3 grid(unsigned(B * H), unsigned((T + kFlashRows - 1) / kFlashRows));
+  flash_forward_kernel<<<grid, kFlashRows * 32, smem, s>>>(out, lse, qkv, T, H, D, 1.0f / std::sqrt(float(D)));
   TPT_CUDA_LAUNCHED();
 }
 
 void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s) {
   if (B * T * H <= 0) return;
-  TPT_CHECK(D >= 1 && D <= kFlashMaxD && B * H <= 65535);
+  check_head_dim(D);
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t rows = B * H * T;
   flash_delta_kernel<<<unsigned((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(delta, dout, out, B,
                                                                                                   T, H, D);
   TPT_CUDA_LAUNCHED();
-  const dim3 grid(unsigned((T + kFlashRows - 1) / kFlashRows), unsigned(B * H));
-  const size_t smem = size_t(2 * kFlashTile + 2 * kFlashRows) * size_t(D) * sizeof(float) + 2 * kFlashTile * sizeof(float);
+  const dim3 grid(unsigned(B * H), unsigned((T + kFlashRows - 1) / kFlashRows));
+  const size_t smem =
+      size_t(2 * kFlashTile + 2 * kFlashRows) * size_t(D + 1) * sizeof(float) + 2 * kFlashTile * sizeof(float);
   flash_dq_kernel<<<grid, kFlashRows * 32, smem, s>>>(dqkv, dout, qkv, lse, delta, T, H, D, scale);
   TPT_CUDA_LAUNCHED();
   flash_dkv_kernel<<<grid, kFlashRows * 32, smem, s>>>(dqkv, dout, qkv, lse, delta, T, H, D, scale);
   TPT_CUDA_LAUNCHED();
 }
 
-void softmax_causal_forward(float* probs, int64_t rows, int64_t T, cudaStream_t s) {
-  if (rows <= 0) return;
-  softmax_causal_forward_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, s>>>(probs,
+void reference_attention_forward(float* out, float* lse, float* probs, const float* qkv, int64_t B, int64_t T,
+                                 int64_t H, int64_t D, cudaStream_t s) {
+  if (B * T * H <= 0) return;
+  reference_scores_kernel<<<blocks_for(B * H * T * T), kThreads, 0, s>>>(probs, qkv, B, T, H, D,
+                                                                         1.0f / std::sqrt(float(D)));
+  TPT_CUDA_LAUNCHED();
+  const int64_t rows = B * H * T;
+  softmax_causal_forward_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, s>>>(probs, lse,
                                                                                                          rows, T);
+  TPT_CUDA_LAUNCHED();
+  reference_values_kernel<<<blocks_for(B * T * H * D), kThreads, 0, s>>>(out, probs, qkv, B, T, H, D);
   TPT_CUDA_LAUNCHED();
 }
 
-void softmax_causal_backward(float* dscores, const float* probs, int64_t rows, int64_t T, float scale,
-                             cudaStream_t s) {
-  if (rows <= 0) return;
+void reference_attention_backward(float* dqkv, float* dscores, const float* dout, const float* qkv,
+                                  const float* probs, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s) {
+  if (B * T * H <= 0) return;
+  reference_dprobs_kernel<<<blocks_for(B * H * T * T), kThreads, 0, s>>>(dscores, dout, qkv, B, T, H, D);
+  TPT_CUDA_LAUNCHED();
+  const int64_t rows = B * H * T;
   softmax_causal_backward_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, s>>>(
-      dscores, probs, rows, T, scale);
+      dscores, probs, rows, T, 1.0f / std::sqrt(float(D)));
+  TPT_CUDA_LAUNCHED();
+  reference_dqkv_kernel<<<blocks_for(B * T * 3 * H * D), kThreads, 0, s>>>(dqkv, dscores, probs, dout, qkv, B, T, H,
+                                                                           D);
   TPT_CUDA_LAUNCHED();
 }
 

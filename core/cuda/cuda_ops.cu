@@ -203,54 +203,15 @@ class CudaOps final : public Ops {
     if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
   }
 
-  // ---- attention: per sequence b, strided-batched GEMMs over the H heads (head h of q, k, v is
-  // the column block h*D of its third of a qkv row; batch stride D), the softmax kernels between.
+  // ---- attention: flash-style kernels (fp32 on the CUDA cores; core/cuda/attention.cu)
 
-  void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H,
+  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
                          int64_t D) override {
-    if (B * T * H <= 0) return;
-    const DType t = opt_.gemm_inputs;
-    const int64_t row = 3 * H * D, HD = H * D, TT = T * T;
-    const float scale = 1.0f / std::sqrt(float(D));
-    const void* q = operand(a16_, qkv, B * T * row);
-    for (int64_t b = 0; b < B; ++b)  // scores (H, T, T) = scale * q_h (T, D) @ k_h^T
-      gemm_->run(T, T, D, Operand{at(q, b * T * row), row, false, D}, Operand{at(q, b * T * row + HD), row, true, D},
-                 probs + b * H * TT, T, TT, H, scale, 0.0f, t);
-    cuda::softmax_causal_forward(probs, B * H * T, T, stream_);
-    const void* p = operand(b16_, probs, B * H * TT);
-    for (int64_t b = 0; b < B; ++b)  // out_h (T, D) = probs_h (T, T) @ v_h (T, D)
-      gemm_->run(T, D, T, Operand{at(p, b * H * TT), T, false, TT}, Operand{at(q, b * T * row + 2 * HD), row, false, D},
-                 out + b * T * HD, HD, D, H, 1.0f, 0.0f, t);
+    cuda::flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
   }
-
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* probs,
-                          int64_t B, int64_t T, int64_t H, int64_t D) override {
-    if (B * T * H <= 0) return;
-    const DType t = opt_.gemm_inputs;
-    const int64_t row = 3 * H * D, HD = H * D, TT = T * T;
-    const float scale = 1.0f / std::sqrt(float(D));
-    const void* q = operand(a16_, qkv, B * T * row);
-    const void* dy = operand(c16_, dout, B * T * HD);
-    const void* p = operand(b16_, probs, B * H * TT);
-    for (int64_t b = 0; b < B; ++b) {
-      const Operand dy_b{at(dy, b * T * HD), HD, false, D};
-      // dprobs_h (T, T) = dout_h (T, D) @ v_h^T
-      gemm_->run(T, T, D, dy_b, Operand{at(q, b * T * row + 2 * HD), row, true, D}, scratch + b * H * TT, T, TT, H,
-                 1.0f, 0.0f, t);
-      // dv_h (T, D) = probs_h^T @ dout_h
-      gemm_->run(T, D, T, Operand{at(p, b * H * TT), T, true, TT}, dy_b, dqkv + b * T * row + 2 * HD, row, D, H, 1.0f,
-                 0.0f, t);
-    }
-    cuda::softmax_causal_backward(scratch, probs, B * H * T, T, scale, stream_);  // dscores, scale included
-    const void* ds = operand(b16_, scratch, B * H * TT);
-    for (int64_t b = 0; b < B; ++b) {
-      const void* ds_b = at(ds, b * H * TT);
-      // dq_h (T, D) = dscores_h (T, T) @ k_h;  dk_h = dscores_h^T @ q_h
-      gemm_->run(T, D, T, Operand{ds_b, T, false, TT}, Operand{at(q, b * T * row + HD), row, false, D},
-                 dqkv + b * T * row, row, D, H, 1.0f, 0.0f, t);
-      gemm_->run(T, D, T, Operand{ds_b, T, true, TT}, Operand{at(q, b * T * row), row, false, D},
-                 dqkv + b * T * row + HD, row, D, H, 1.0f, 0.0f, t);
-    }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
   }
 
   // ---- element-wise and rows
@@ -330,12 +291,6 @@ class CudaOps final : public Ops {
     cuda::pack_half(h, x, n, opt_.gemm_inputs, stream_);
     return h;
   }
-  // Element `offset` of an operand returned by operand().
-  const void* at(const void* base, int64_t offset) const {
-    const size_t esize = opt_.gemm_inputs == DType::F32 ? 4 : 2;
-    return static_cast<const char*>(base) + size_t(offset) * esize;
-  }
-
   int device_;
   CudaOptions opt_;
   cudaStream_t stream_ = nullptr;

@@ -58,22 +58,20 @@ void xent_backward_inplace(float* exps, float* losses, const float* row_max, con
 double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s);
 bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s);
 
-// ---- attention pieces (attention.cu) ----
-// probs (rows, T), rows = B*H*T, row r is query t = r % T holding scaled scores: in place causal
-// softmax over s <= t, zeros for s > t.
-void softmax_causal_forward(float* probs, int64_t rows, int64_t T, cudaStream_t s);
-// In place on dscores (rows, T) holding dprobs: dscores = probs * (dprobs - sum(probs * dprobs)) * scale
-// for s <= t, 0 for s > t.
-void softmax_causal_backward(float* dscores, const float* probs, int64_t rows, int64_t T, float scale,
-                             cudaStream_t s);
-
-// Flash-style causal attention (fp32, D <= 128): never materialises a T x T matrix. Forward: out
-// (B, T, H*D) as attention_forward, and lse (B, H, T) the log-sum-exp of each query's scaled scores.
-// Backward: dqkv (B, T, 3, H, D) = as attention_backward, from out and lse; delta (B, H, T) scratch.
-// Deterministic (no atomics).
+// ---- attention (attention.cu) ----
+// Flash-style causal attention (fp32, D <= 128): the Ops methods attention_forward / backward.
+// Never materialises a T x T matrix. Forward: out (B, T, H*D), lse (B, H, T) the log-sum-exp of
+// each query's scaled scores. Backward: dqkv (B, T, 3, H, D) = , from out and lse; delta (B, H, T)
+// scratch. Deterministic (no atomics).
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                              cudaStream_t s);
 void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s);
+// The naive reference the tests hold the flash kernels to: the same outputs through a (B, H, T, T)
+// probability buffer `probs` (forward fills it; backward reads it and overwrites `dscores`, same size).
+void reference_attention_forward(float* out, float* lse, float* probs, const float* qkv, int64_t B, int64_t T,
+                                 int64_t H, int64_t D, cudaStream_t s);
+void reference_attention_backward(float* dqkv, float* dscores, const float* dout, const float* qkv,
+                                  const float* probs, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s);
 
 }  // namespace tpt::cuda

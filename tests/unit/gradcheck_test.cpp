@@ -272,7 +272,13 @@ TEST(GradCheck, LayerNormBackwardAgainstFiniteDifferences) {
 
 struct AttentionRef {
   int64_t B, T, H, D;
-  VecD forward(const VecD& qkv) const {
+  // log-sum-exp (B, H, T) of each query's scaled scores
+  VecD lse(const VecD& qkv) const {
+    VecD l(size_t(B * H * T));
+    forward(qkv, &l);
+    return l;
+  }
+  VecD forward(const VecD& qkv, VecD* lse = nullptr) const {
     const int64_t row = 3 * H * D;
     const double scale = 1.0 / std::sqrt(double(D));
     VecD out(size_t(B * T * H * D), 0.0);
@@ -291,6 +297,7 @@ struct AttentionRef {
           }
           double sum = 0;
           for (double& e : s) sum += (e = std::exp(e - mx));
+          if (lse) (*lse)[size_t((b * H + h) * T + t)] = mx + std::log(sum);
           for (int64_t u = 0; u <= t; ++u) {
             const double* v = qkv.data() + b * T * row + u * row + 2 * H * D + h * D;
             for (int64_t i = 0; i < D; ++i) out[size_t((b * T + t) * H * D + h * D + i)] += s[size_t(u)] / sum * v[i];
@@ -303,33 +310,20 @@ struct AttentionRef {
 TEST(GradCheck, AttentionForwardMatchesDoubleReference) {
   const int64_t B = 2, T = 5, H = 2, D = 3;
   VecF qkv = randn(B * T * 3 * H * D, 51);
-  VecF out(B * T * H * D, 9.0f), probs(B * H * T * T, 9.0f);
-  cpu().attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, D);
-  expect_close(out, AttentionRef{B, T, H, D}.forward(to_d(qkv)), 1e-5, "attention out", 0.01);
-  // probs: rows sum to one, upper triangle zero.
-  for (int64_t bh = 0; bh < B * H; ++bh)
-    for (int64_t t = 0; t < T; ++t) {
-      double s = 0;
-      for (int64_t u = 0; u < T; ++u) {
-        const float p = probs[size_t((bh * T + t) * T + u)];
-        if (u > t) {
-          EXPECT_EQ(p, 0.0f) << "probs above the diagonal at t=" << t << " s=" << u;
-        } else {
-          EXPECT_GT(p, 0.0f);
-        }
-        s += p;
-      }
-      EXPECT_NEAR(s, 1.0, 1e-6);
-    }
+  VecF out(B * T * H * D, 9.0f), lse(B * H * T, 9.0f);
+  cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, D);
+  const AttentionRef ref{B, T, H, D};
+  expect_close(out, ref.forward(to_d(qkv)), 1e-5, "attention out", 0.01);
+  expect_close(lse, ref.lse(to_d(qkv)), 1e-5, "attention lse", 0.01);
 }
 
 TEST(GradCheck, AttentionBackwardAgainstFiniteDifferences) {
   const int64_t B = 2, T = 5, H = 2, D = 3;
   const int64_t n = B * T * 3 * H * D;
   VecF qkv = randn(n, 61), R = randn(B * T * H * D, 62);
-  VecF out(B * T * H * D), probs(B * H * T * T);
+  VecF out(B * T * H * D), lse(B * H * T);
   auto J = [&] {
-    cpu().attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, D);
+    cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, D);
     return dot(out, R);
   };
   const VecD g = fd_float(qkv, 1e-2f, J);
@@ -338,8 +332,8 @@ TEST(GradCheck, AttentionBackwardAgainstFiniteDifferences) {
   const VecD gd = fd_double(qd, 1e-6, [&] { return dot(ref.forward(qd), R); });
 
   J();
-  VecF dqkv(n, 5.0f), scratch(B * H * T * T, 3.0f);  // "=": stale contents must not leak in
-  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), probs.data(), B, T, H, D);
+  VecF dqkv(n, 5.0f), scratch(B * H * T, 3.0f);  // "=": stale contents must not leak in
+  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, H, D);
   expect_close(dqkv, g, 1e-2, "attention dqkv vs FD(float)");
   expect_close(dqkv, gd, 1e-4, "attention dqkv vs FD(double)");
 }
@@ -354,15 +348,15 @@ TEST(GradCheck, AttentionFuturePositionsGetZeroGradient) {
     for (int64_t t = 0; t < T; ++t)
       if (t != t0)
         for (int64_t i = 0; i < H * D; ++i) R[size_t((b * T + t) * H * D + i)] = 0.0f;
-  VecF out(B * T * H * D), probs(B * H * T * T);
+  VecF out(B * T * H * D), lse(B * H * T);
   auto J = [&] {
-    cpu().attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, D);
+    cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, D);
     return dot(out, R);
   };
   const VecD g = fd_float(qkv, 1e-2f, J);
   J();
-  VecF dqkv(n, 5.0f), scratch(B * H * T * T);
-  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), probs.data(), B, T, H, D);
+  VecF dqkv(n, 5.0f), scratch(B * H * T);
+  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, H, D);
   double past = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
