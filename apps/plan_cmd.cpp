@@ -233,7 +233,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               p.flops_per_iteration / p.step_time_s / p.world_size / 1e12, 100 * p.mfu);
   auto intra = [&](int span) { return span <= o.gpus_per_node && o.gpus_per_node % span == 0; };
   std::printf("  assumptions: GEMMs at %.0f%% of %.0f TFLOP/s peak (LayerNorm, GELU, softmax not timed); TP "
-              "all-reduce %s; DP ring all-reduce of the fp32 gradients after the pipeline, not overlapped; PP "
+              "all-reduce %s; DP ring all-reduce of the fp32 gradients after the pipeline (no credit for overlap); PP "
               "messages %.0f GB/s; %d GPUs per node; optimizer step memory-bound at %.0f GB/s; no latency terms\n",
               100 * o.compute_efficiency, o.peak_tflops,
               intra(p.tp) ? fmt("over NVLink at %.0f GB/s", o.intra_node_gbps).c_str()

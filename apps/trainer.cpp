@@ -120,6 +120,20 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   if (grid.pp > 1 && dtype_ != DType::F32) wire_send_ = reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats));
   if (act_in_.empty()) act_in_.push_back(nullptr), grad_in_.push_back(nullptr);
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_);
+  std::vector<GradRange> layer_ranges;  // each layer's tensors, ln_1.weight .. mlp.fc2.bias
+  for (int64_t l = dims_.layer_begin; l < dims_.layer_end; ++l) {
+    const std::string pre = "h." + std::to_string(l) + ".";
+    const ParamInfo* first = layout_.find(pre + "ln_1.weight");
+    const ParamInfo* last = layout_.find(pre + "mlp.fc2.bias");
+    TPT_CHECK(first && last && last->offset >= first->offset);
+    layer_ranges.push_back({first->offset, last->offset + last->numel - first->offset});
+  }
+  const ParamInfo* wte = layout_.find("wte.weight");
+  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, std::move(layer_ranges),
+                                          grid.dp > 1 ? &grid.device_dp() : nullptr /* cuda */,
+                                          grid.device_embedding() /* cuda */,
+                                          wte ? GradRange{wte->offset, wte->numel} : GradRange{},
+                                          cfg.parallel.overlap_grad_reduce, cfg.parallel.ddp_bucket_size);
   const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
   tokens_.resize(n);
   targets_.resize(n);
@@ -139,6 +153,12 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
                  "({} activation slots on stage 0)",
                  ops_->name(), num_micro_, cfg.training.micro_batch_size, cfg.parallel.pipeline_schedule, slots);
+    if (grid.dp > 1)
+      spdlog::info("DP gradient sync: {}", grad_sync_->overlapping()
+                                              ? fmt::format("{} bucket(s) of >= {} elements, each started as soon "
+                                                            "as the last micro-batch's backward has finished it",
+                                                            grad_sync_->num_buckets(), cfg.parallel.ddp_bucket_size)
+                                              : std::string("one all-reduce after the pipeline"));
     // The backends keep activations in fp32 buffers (bf16/fp16 values rounded in place): 4 bytes each.
     const double act =
         double(activation_floats_per_microbatch(dims_, cfg.training.micro_batch_size, stage_options.recompute)) * slots * 4;
@@ -215,7 +235,11 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   h.backward = [&](int mb) {
     const int slot = mb % slots;
     if (wire && !grid_.last_stage()) ops_->unpack_half(grad_in_[size_t(slot)], wire_grad_in_[size_t(slot)], n, dtype_);
-    stage_->backward(slot, grid_.last_stage() ? nullptr : grad_in_[size_t(slot)]);
+    // the last micro-batch's backward finishes each layer's gradients: the DP sums may start
+    std::function<void(int64_t)> layer_done;
+    if (mb == num_micro_ - 1 && grad_sync_->overlapping())
+      layer_done = [&](int64_t layer) { grad_sync_->layer_done(int(layer - dims_.layer_begin)); };
+    stage_->backward(slot, grid_.last_stage() ? nullptr : grad_in_[size_t(slot)], layer_done);
   };
   auto packed = [&](const float* x) {
     ops_->pack_half(wire_send_, x, n, dtype_);
@@ -235,18 +259,6 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   return loss_sum;
 }
 
-// Gradients averaged over DP; the tied word embedding's summed over the embedding group.
-void Trainer::reduce_gradients() {
-  if (grid_.dp > 1) {
-    grid_.device_dp().all_reduce(grads_, layout_.total, ReduceOp::Sum);  // cuda: NCCL on GPU runs
-    ops_->scale(grads_, 1.0f / float(grid_.dp), layout_.total);
-  }
-  if (Comm* embedding = grid_.device_embedding()) {  // cuda: NCCL on GPU runs
-    const ParamInfo* wte = layout_.find("wte.weight");
-    embedding->all_reduce(grads_ + wte->offset, wte->numel, ReduceOp::Sum);
-  }
-}
-
 void Trainer::refresh_compute_params() {
   if (params_compute_ == params_) return;
   ops_->copy(params_compute_, params_, size_t(layout_.total));
@@ -259,8 +271,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   r.loss_scale = scaler_.scale;
   ops_->zero(grads_, size_t(layout_.total));
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
+  // gradients averaged over DP (buckets already started during the last backward finish here), the
+  // tied word embedding's summed over the embedding group
   const double t_reduce = schedule_clock_us();
-  reduce_gradients();
+  grad_sync_->finish();
   trace_->record_span(k, "reduce gradients (DP, embedding group)", "allreduce", t_reduce, schedule_clock_us());
   if (scaler_.scale != 1.0) ops_->scale(grads_, float(1.0 / scaler_.scale), layout_.total);
   // loss: sum over the whole global batch (all DP ranks), on the last stage; an inf/nan anywhere in

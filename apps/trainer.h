@@ -14,6 +14,7 @@
 #include "model/gpt.h"
 #include "apps/trace.h"
 #include "model/optimizer.h"
+#include "parallel/grad_sync.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
 
@@ -46,7 +47,6 @@ class Trainer {
   // and targets (B, S) into the host buffers.
   void load_microbatch(const GPTDataset& ds, int64_t base, int m);
   double forward_backward(int64_t base, const GPTDataset& ds, bool want_grad);
-  void reduce_gradients();
   // Mixed precision: the compute copy of the parameters = master rounded to the compute dtype.
   void refresh_compute_params();
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
@@ -65,6 +65,7 @@ class Trainer {
   int consecutive_nan_ = 0;
   std::unique_ptr<GPTStage> stage_;
   std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums
   std::shared_ptr<const TokenCorpus> corpus_, valid_corpus_;
   std::unique_ptr<GPTDataset> train_data_, valid_data_;
   std::vector<int32_t> tokens_, targets_;  // host (B, S)

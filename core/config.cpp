@@ -76,6 +76,8 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, pipeline_schedule, kDef, {"1f1b", "gpipe"}),
       TPT_FIELD(parallel, sequence_parallel),
       TPT_FIELD(parallel, distributed_optimizer),
+      TPT_FIELD(parallel, overlap_grad_reduce),
+      TPT_FIELD(parallel, ddp_bucket_size),
       TPT_FIELD(training, micro_batch_size),
       TPT_FIELD(training, global_batch_size, kNull),
       TPT_FIELD(training, train_iters, kReq),

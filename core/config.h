@@ -35,6 +35,10 @@ struct ParallelConfig {
   std::string pipeline_schedule = "1f1b";   // 1f1b | gpipe
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  // DP gradient all-reduce in buckets of layers, each started as soon as the last micro-batch's
+  // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
+  bool overlap_grad_reduce = true;
+  int64_t ddp_bucket_size = 40000000;
 };
 
 struct TrainingConfig {

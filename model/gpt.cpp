@@ -300,7 +300,7 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   return sum;
 }
 
-void GPTStage::backward(int slot, const float* doutput) {
+void GPTStage::backward(int slot, const float* doutput, const std::function<void(int64_t layer)>& layer_done) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S;
   SlotActs& a = *slots_.at(size_t(slot));
@@ -328,6 +328,7 @@ void GPTStage::backward(int slot, const float* doutput) {
     } else {
       block_backward(layer, a.layers[i], x_in, dres_);
     }
+    if (layer_done) layer_done(layer);
   }
   if (d.first_stage()) {
     ops_.embedding_backward(g("wte.weight"), a.tokens, dres_, N, d.C, d.v0, d.Vl);

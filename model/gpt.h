@@ -3,6 +3,7 @@
 // backward over micro-batches. It talks to other TP ranks only through parallel/tensor_parallel.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -97,8 +98,10 @@ class GPTStage {
   // gradient scaled by dloss_scale (d total_loss / d token_loss). Returns the sum of the losses.
   double loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad);
   // Backward of micro-batch `slot`. Non-last stages get d output (B, S, C). Gradients accumulate
-  // into grads. Non-first stages: input_grad() then holds d hidden_in.
-  void backward(int slot, const float* doutput);
+  // into grads. Non-first stages: input_grad() then holds d hidden_in. layer_done(l), if given, is
+  // called as soon as transformer layer l (global index) has added its gradients (last layer first):
+  // what the DP gradient sync overlaps with the rest of backward.
+  void backward(int slot, const float* doutput, const std::function<void(int64_t layer)>& layer_done = {});
   const float* input_grad() const;
 
   int64_t micro_batch() const { return B_; }

@@ -28,6 +28,13 @@ class Comm {
   virtual void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf,
                          int64_t recv_n, int recv_peer) = 0;
   virtual void barrier() = 0;
+
+  // Non-blocking in-place sum: starts it and returns (device groups: on a communication stream,
+  // after the work already queued on the compute stream). finish_all_reduces() returns when every
+  // started one is complete (device groups: orders the compute stream's later work after them).
+  // The buffer must not be touched in between. By default a blocking all_reduce.
+  virtual void start_all_reduce(float* buf, int64_t n) { all_reduce(buf, n, ReduceOp::Sum); }
+  virtual void finish_all_reduces() {}
 };
 
 // The group of one rank.

@@ -2,7 +2,9 @@
 #ifdef TPTRAIN_HAVE_MPI
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <vector>
 
 #include "core/error.h"
 #include "parallel/comm.h"
@@ -62,6 +64,21 @@ class MpiComm final : public Comm {
   }
   void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
 
+  // MPI_Iallreduce per chunk; they progress inside the rank's later MPI calls (pipeline messages)
+  void start_all_reduce(float* buf, int64_t n) override {
+    for (int64_t off = 0; off < n; off += kChunk) {
+      pending_.emplace_back();
+      check(MPI_Iallreduce(MPI_IN_PLACE, buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, MPI_SUM, comm_,
+                           &pending_.back()),
+            "Iallreduce");
+    }
+  }
+  void finish_all_reduces() override {
+    if (pending_.empty()) return;
+    check(MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE), "Waitall");
+    pending_.clear();
+  }
+
  private:
   void reduce(void* buf, int64_t n, MPI_Datatype t, ReduceOp op) {
     int esize = 0;
@@ -74,6 +91,7 @@ class MpiComm final : public Comm {
   }
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<MPI_Request> pending_;  // started, unfinished all-reduces
 };
 
 }  // namespace

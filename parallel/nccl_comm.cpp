@@ -54,6 +54,9 @@ class NcclComm final : public Comm {
   }
   ~NcclComm() override {
     if (comm_) ncclCommDestroy(comm_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (done_) cudaEventDestroy(done_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -82,8 +85,30 @@ class NcclComm final : public Comm {
     check(ncclGroupEnd(), "ncclGroupEnd");
   }
   void barrier() override {
+    finish_all_reduces();
     TPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     host_.barrier();
+  }
+
+  // On the communication stream, after what the compute stream has queued so far (an event), so
+  // the compute stream goes on with backward while the sum runs.
+  void start_all_reduce(float* buf, int64_t n) override {
+    if (n <= 0) return;
+    if (!comm_stream_) {
+      TPT_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+      TPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      TPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
+    TPT_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+    TPT_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+    check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, ncclSum, comm_, comm_stream_), "ncclAllReduce");
+    started_ = true;
+  }
+  void finish_all_reduces() override {
+    if (!started_) return;
+    TPT_CUDA_CHECK(cudaEventRecord(done_, comm_stream_));
+    TPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, done_, 0));
+    started_ = false;
   }
 
  private:
@@ -102,6 +127,9 @@ class NcclComm final : public Comm {
   int rank_, size_;
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;            // start_all_reduce's stream, made on first use
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;  // compute -> communication, and back
+  bool started_ = false;
 };
 #endif
 

@@ -2,6 +2,8 @@
 # Every parallel layout trains identically (DESIGN "Numerics"): per-step lm loss and grad norm of
 # TP / PP / DP / 3D runs on CPU ranks within 1e-5 relative of the one-rank run, for 10 steps, and
 # the final parameters (saved, then exported to one full HF file) within 1e-5 of the one-rank run's.
+# DP runs sum their gradients in buckets overlapped with backward (one per layer in some runs), or
+# in one all-reduce after the pipeline.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -16,13 +18,13 @@ data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
 pass=0; fail=0
-run() {  # name np tp pp mbs [schedule]
-  local name=$1 np=$2 tp=$3 pp=$4 mbs=$5 sched=${6:-1f1b}
+run() {  # name np tp pp mbs [schedule [section.key=value]]
+  local name=$1 np=$2 tp=$3 pp=$4 mbs=$5 sched=${6:-1f1b} extra=(${7:+--set "$7"})
   if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" \
       --set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp \
       --set parallel.pipeline_schedule=$sched --set training.micro_batch_size=$mbs \
       --set logging.metrics_file="$W/$name.jsonl" --set checkpoint.save="$W/ckpt_$name" \
-      --set checkpoint.save_interval=1000 > "$W/$name.log" 2>&1 \
+      --set checkpoint.save_interval=1000 "${extra[@]}" > "$W/$name.log" 2>&1 \
       || ! "$TPTRAIN" export --checkpoint "$W/ckpt_$name" --output "$W/hf_$name" >> "$W/$name.log" 2>&1; then
     echo "FAIL $name: tptrain exited non-zero"; tail -20 "$W/$name.log"; fail=$((fail+1)); return
   fi
@@ -30,9 +32,9 @@ run() {  # name np tp pp mbs [schedule]
   if out=$($PYTHON "$TPTRAIN_SRC/tests/tools/compare_runs.py" "$W/single.jsonl" "$W/$name.jsonl" --rel 1e-5 &&
            $PYTHON "$TPTRAIN_SRC/tests/tools/compare_params.py" "$W/hf_single/model.safetensors" \
              "$W/hf_$name/model.safetensors" --rel 1e-5); then
-    echo "ok   $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched)"; pass=$((pass+1))
+    echo "ok   $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched ${7:-})"; pass=$((pass+1))
   else
-    echo "FAIL $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched)"; fail=$((fail+1))
+    echo "FAIL $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched ${7:-})"; fail=$((fail+1))
   fi
   echo "$out"
 }
@@ -42,9 +44,11 @@ run tp4 4 4 1 4
 run pp2_gpipe 2 1 2 2 gpipe
 run pp4 4 1 4 2
 run dp4 4 1 1 4
+run dp4_layer_buckets 4 1 1 4 1f1b parallel.ddp_bucket_size=1  # a DP sum per layer, started in backward
 run tp2_pp2 4 2 2 4
 run pp2_dp2 4 1 2 2
+run pp2_dp2_no_overlap 4 1 2 2 1f1b parallel.overlap_grad_reduce=false
 run pp4_m1 4 1 4 16
-run tp2_pp2_dp2 8 2 2 2
+run tp2_pp2_dp2 8 2 2 2 1f1b parallel.ddp_bucket_size=1
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

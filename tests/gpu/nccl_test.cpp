@@ -93,6 +93,39 @@ TEST_F(GpuNccl, CollectivesOnDeviceBuffers) {
   c.barrier();
 }
 
+// start_all_reduce runs on the communication stream after the compute stream's earlier work (the
+// scale below), and finish_all_reduces orders the compute stream's later work (the accumulate) after it.
+TEST_F(GpuNccl, StartedAllReducesOverlapAndFinishInOrder) {
+  Comm& c = *world->dev;
+  const int r = c.rank(), n = c.size();
+  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  const int64_t k = 1 << 22;  // 16 MiB: long enough for the streams to overlap
+  Buf a(*gpu, VecF(size_t(k), float(r + 1))), b(*gpu, VecF(size_t(k), 1.0f)), one(*gpu, VecF(size_t(k), 1.0f));
+  for (int it = 0; it < 3; ++it) {
+    gpu->scale(a, 2.0f, k);  // queued before the start: the sum must see it
+    c.start_all_reduce(a, k);
+    c.start_all_reduce(b, k);
+    gpu->accumulate(one, one, k);  // unrelated compute meanwhile
+    c.finish_all_reduces();
+    gpu->accumulate(b, one, k);  // after finish: sees the summed b
+  }
+  // a: ((r+1)*2 summed) -> per iteration a = 2 * sum(a_q); b = n * b + one(2^it)
+  double want_a = 0;
+  for (int q = 0; q < n; ++q) want_a += double(q + 1);
+  double want_b = 1.0, ones = 1.0;
+  for (int it = 0; it < 3; ++it) {
+    if (it > 0) want_a *= 2.0 * n;
+    if (it == 0) want_a *= 2.0;
+    ones *= 2.0;
+    want_b = want_b * n + ones;
+  }
+  const VecF ha = a.host(), hb = b.host();
+  EXPECT_EQ(double(ha[0]), want_a);
+  EXPECT_EQ(double(ha[size_t(k - 1)]), want_a);
+  EXPECT_EQ(double(hb[size_t(k / 2)]), want_b);
+  c.barrier();
+}
+
 TEST_F(GpuNccl, SendRecvPairsAroundARing) {
   Comm& c = *world->dev;
   const int r = c.rank(), n = c.size();
