@@ -317,6 +317,15 @@ void check_head_dim(int64_t D) {
 }
 }  // namespace
 
+void attention_row_dots(float* delta, const float* dout, const float* out, int64_t B, int64_t T, int64_t H, int64_t D,
+                        cudaStream_t s) {
+  const int64_t rows = B * H * T;
+  if (rows <= 0) return;
+  flash_delta_kernel<<<unsigned((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(delta, dout, out, B,
+                                                                                                  T, H, D);
+  TPT_CUDA_LAUNCHED();
+}
+
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                              cudaStream_t s) {
   if (B * T * H <= 0) return;
@@ -332,10 +341,7 @@ void flash_attention_backward(float* dqkv, float* delta, const float* dout, cons
   if (B * T * H <= 0) return;
   check_head_dim(D);
   const float scale = 1.0f / std::sqrt(float(D));
-  const int64_t rows = B * H * T;
-  flash_delta_kernel<<<unsigned((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(delta, dout, out, B,
-                                                                                                  T, H, D);
-  TPT_CUDA_LAUNCHED();
+  attention_row_dots(delta, dout, out, B, T, H, D, s);
   const dim3 grid(unsigned(B * H), unsigned((T + kFlashRows - 1) / kFlashRows));
   const size_t smem =
       size_t(2 * kFlashTile + 2 * kFlashRows) * size_t(D + 1) * sizeof(float) + 2 * kFlashTile * sizeof(float);

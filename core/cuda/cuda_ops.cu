@@ -203,15 +203,22 @@ class CudaOps final : public Ops {
     if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
   }
 
-  // ---- attention: flash-style kernels (fp32 on the CUDA cores; core/cuda/attention.cu)
+  // ---- attention: flash-style kernels, on the tensor cores in bf16 / fp16 runs where the head
+  // dimension allows (core/cuda/attention_tc.cu), else fp32 on the CUDA cores (attention.cu)
 
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
                          int64_t D) override {
-    cuda::flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
+    if (cuda::tc_attention_supported(D, opt_.gemm_inputs))
+      cuda::tc_flash_attention_forward(out, lse, qkv, B, T, H, D, opt_.gemm_inputs, stream_);
+    else
+      cuda::flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                           const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) override {
-    cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
+    if (cuda::tc_attention_supported(D, opt_.gemm_inputs))
+      cuda::tc_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, opt_.gemm_inputs, stream_);
+    else
+      cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
   }
 
   // ---- element-wise and rows

@@ -15,9 +15,10 @@ struct CudaOptions {
   bool tf32 = false;
   // BF16 / F16: every GEMM operand is already a value of that type (mixed precision rounds each one
   // to the compute dtype before it is stored, DESIGN "Numerics"), so the GEMMs read 16-bit copies
-  // on the tensor cores with fp32 accumulation -- the same products, exactly. (Attention is not a
-  // GEMM here: its flash-style kernels work in fp32 on the 16-bit-rounded q, k, v.) F32 (default):
-  // fp32 GEMMs.
+  // on the tensor cores with fp32 accumulation -- the same products, exactly. Attention then runs
+  // its tensor-core flash kernels where the head dimension allows (core/cuda/kernels.h), rounding
+  // the probabilities and their gradient to the 16-bit type for their products (the CPU keeps them
+  // in fp32). F32 (default): fp32 GEMMs and fp32 attention kernels.
   DType gemm_inputs = DType::F32;
   // Fuse the bias add (forward) and the bias gradient (backward) into the GEMMs as cuBLASLt
   // epilogues; off: separate kernels (the same sums in another order).

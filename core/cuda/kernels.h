@@ -67,6 +67,18 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
                              cudaStream_t s);
 void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s);
+// delta (B, H, T) = per head and position, dout . out (the softmax backward's row term).
+void attention_row_dots(float* delta, const float* dout, const float* out, int64_t B, int64_t T, int64_t H, int64_t D,
+                        cudaStream_t s);
+// The same on the tensor cores (attention_tc.cu) for bf16 / fp16 runs: q, k, v, out and dout hold
+// values of type t (exact as 16-bit), the probabilities and their gradient are rounded to t before
+// their products. Only where tc_attention_supported(D, t): D in {32, 64, 128}.
+bool tc_attention_supported(int64_t D, DType t);
+void tc_flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                DType t, cudaStream_t s);
+void tc_flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
+                                 const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, DType t,
+                                 cudaStream_t s);
 // The naive reference the tests hold the flash kernels to: the same outputs through a (B, H, T, T)
 // probability buffer `probs` (forward fills it; backward reads it and overwrites `dscores`, same size).
 void reference_attention_forward(float* out, float* lse, float* probs, const float* qkv, int64_t B, int64_t T,

@@ -178,6 +178,49 @@ TEST(GpuAttention16, Bf16ValuesMatchCpu) {
   EXPECT_TRUE(close(dqkv.gpu.host(), dqkv.cpu.host(), 2e-2, 2e-2));
 }
 
+// The tensor-core kernels on 16-bit values: against the CPU backend (which keeps the probabilities
+// and their gradient in fp32: bf16 / fp16 rounding apart) and the fp32 flash kernels on the GPU.
+struct TcCase {
+  int64_t B, T, H, D;
+  DType t;
+};
+class GpuTcAttention : public ::testing::TestWithParam<TcCase> {};
+
+TEST_P(GpuTcAttention, MatchCpuAndFp32Kernels) {
+  const auto [B, T, H, D, t] = GetParam();
+  ASSERT_TRUE(cuda::tc_attention_supported(D, t));
+  auto cpu = cpu_ops();
+  CudaOptions opt;
+  opt.gemm_inputs = t;
+  auto gpu = gpu_ops(opt);  // attention_forward / backward take the tensor-core path
+  const size_t nqkv = size_t(B * T * 3 * H * D), nout = size_t(B * T * H * D), nl = size_t(B * H * T);
+  Pair qkv(*cpu, *gpu, rounded(randn(nqkv, 71), t)), out(*cpu, *gpu, VecF(nout)), lse(*cpu, *gpu, VecF(nl));
+  cpu->attention_forward(out.cpu, lse.cpu, qkv.cpu, B, T, H, D);
+  gpu->attention_forward(out.gpu, lse.gpu, qkv.gpu, B, T, H, D);
+  EXPECT_TRUE(close(out.gpu.host(), out.cpu.host(), 1e-2, 1e-2)) << "out";  // probabilities rounded for P @ V
+  EXPECT_TRUE(close(lse.gpu.host(), lse.cpu.host(), 1e-5, 1e-5)) << "lse";  // scores and sums in fp32
+  cpu->round_to(out.cpu, int64_t(nout), t);  // as the model stores it; both backwards get the CPU's out
+  gpu->to_device(out.gpu, out.cpu.host().data(), nout);
+  gpu->to_device(lse.gpu, lse.cpu.host().data(), nl);
+  Pair dout(*cpu, *gpu, rounded(randn(nout, 72), t)), dqkv(*cpu, *gpu, VecF(nqkv)), scratch(*cpu, *gpu, VecF(nl));
+  cpu->attention_backward(dqkv.cpu, scratch.cpu, dout.cpu, qkv.cpu, out.cpu, lse.cpu, B, T, H, D);
+  gpu->attention_backward(dqkv.gpu, scratch.gpu, dout.gpu, qkv.gpu, out.gpu, lse.gpu, B, T, H, D);
+  EXPECT_TRUE(close(dqkv.gpu.host(), dqkv.cpu.host(), 2e-2, 2e-2)) << "dqkv";  // dscores rounded
+  // the fp32 kernels on the same inputs: the same up to the 16-bit rounding of P and dS
+  Buf out32(*gpu, nout), lse32(*gpu, nl), dqkv32(*gpu, nqkv), delta32(*gpu, nl);
+  cudaStream_t s = cuda::compute_stream();
+  cuda::flash_attention_forward(out32, lse32, qkv.gpu, B, T, H, D, s);
+  cuda::flash_attention_backward(dqkv32, delta32, dout.gpu, qkv.gpu, out.gpu, lse.gpu, B, T, H, D, s);
+  EXPECT_TRUE(close(lse.cpu.host(), lse32.host(), 1e-5, 1e-5)) << "fp32 kernel lse";
+  EXPECT_TRUE(close(dqkv.gpu.host(), dqkv32.host(), 2e-2, 2e-2)) << "dqkv vs fp32 kernels";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuTcAttention,
+                         ::testing::Values(TcCase{2, 100, 3, 64, DType::BF16}, TcCase{1, 129, 2, 128, DType::BF16},
+                                           TcCase{3, 64, 2, 32, DType::BF16}, TcCase{1, 1, 1, 64, DType::BF16},
+                                           TcCase{2, 200, 1, 32, DType::F16}, TcCase{1, 300, 2, 64, DType::F16},
+                                           TcCase{1, 65, 1, 128, DType::F16}));
+
 TEST(GpuElementwise, MatchCpu) {
   const int64_t n = 100003;
   auto cpu = cpu_ops();

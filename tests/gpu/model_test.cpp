@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/cuda/kernels.h"
 #include "parallel/nccl_comm.h"
 #include "tiny_model.h"
 
@@ -43,6 +44,25 @@ TEST(GpuModel, Bf16TrainingWithinTheMixedPrecisionTolerance) {
     EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
     EXPECT_NEAR(g16.losses[k], c32.losses[k], 2e-2) << "step " << k + 1 << " vs CPU fp32";
     std::printf("step %zu: loss cpu fp32 %.6f cpu bf16 %.6f gpu bf16 %.6f\n", k + 1, c32.losses[k], c16.losses[k],
+                g16.losses[k]);
+  }
+}
+
+// Head dimension 32: the bf16 run's attention goes through the tensor-core kernels (attention_tc.cu).
+TEST(GpuModel, Bf16TensorCoreAttentionTrainingWithinTheMixedPrecisionTolerance) {
+  Config cfg = tiny_config();
+  cfg.model.hidden_size = 64;
+  cfg.model.num_attention_heads = 2;
+  ASSERT_TRUE(cuda::tc_attention_supported(32, DType::BF16));
+  auto cpu = cpu_ops();
+  CudaOptions opt;
+  opt.gemm_inputs = DType::BF16;
+  auto gpu = gpu_ops(opt);
+  const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
+  const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2, cfg);
+  for (size_t k = 0; k < c16.losses.size(); ++k) {
+    EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
+    std::printf("step %zu: loss cpu bf16 %.6f gpu bf16 (tensor-core attention) %.6f\n", k + 1, c16.losses[k],
                 g16.losses[k]);
   }
 }

@@ -40,8 +40,7 @@ inline double relative_distance(const VecF& a, const VecF& b, const VecF& init) 
 // parameters rounded to dtype; gradients accumulated over micro-batches; AdamW on fp32 masters), as
 // rank tp.rank() of a tensor-parallel group of tp.size() (buffers on the communicator's device).
 // The tokens are the same whatever the group.
-inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro) {
-  Config cfg = tiny_config();
+inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& cfg = tiny_config()) {
   const GPTDims d = make_dims(cfg, tp.size(), tp.rank(), 1, 0);
   const ParamLayout layout = make_param_layout(d);
   VecF host(size_t(layout.total));
