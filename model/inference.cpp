@@ -108,6 +108,7 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
         for (int64_t s = 0; s <= t; ++s) {
           const float* k = kc + s * C + h * D;
           float dot = 0;
+#pragma omp simd reduction(+ : dot)
           for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
           pr[size_t(s)] = dot * scale;
           mx = std::max(mx, pr[size_t(s)]);

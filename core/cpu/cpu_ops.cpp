@@ -178,6 +178,7 @@ class CpuOps final : public Ops {
           for (int64_t s = 0; s <= t; ++s) {
             const float* k = base + s * row + H * D + h * D;
             float dot = 0;
+#pragma omp simd reduction(+ : dot)
             for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
             p[size_t(s)] = dot * scale;
             mx = std::max(mx, p[size_t(s)]);
@@ -225,6 +226,7 @@ class CpuOps final : public Ops {
           for (int64_t s = 0; s <= t; ++s) {
             const float* k = base + s * row + H * D + h * D;
             float dot = 0;
+#pragma omp simd reduction(+ : dot)
             for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
             p[size_t(s)] = fast_exp(dot * scale - lse_t);
             sum += p[size_t(s)];
@@ -237,6 +239,7 @@ class CpuOps final : public Ops {
             float* dv = dbase + s * row + 2 * H * D + h * D;
             float d_ps = 0;
             const float ps = p[size_t(s)] * inv;
+#pragma omp simd reduction(+ : d_ps)
             for (int64_t d = 0; d < D; ++d) {
               d_ps += dy[d] * v[d];
               dv[d] += ps * dy[d];
