@@ -37,7 +37,7 @@ struct ParallelConfig {
   bool distributed_optimizer = false;
   // DP gradient all-reduce in buckets of layers, each started as soon as the last micro-batch's
   // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
-  bool overlap_grad_reduce = true;
+  bool overlap_grad_reduce = false;
   int64_t ddp_bucket_size = 40000000;
 };
 

@@ -64,7 +64,8 @@ class MpiComm final : public Comm {
   }
   void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
 
-  // MPI_Iallreduce per chunk; they progress inside the rank's later MPI calls (pipeline messages)
+  // MPI_Iallreduce per chunk; they progress inside the rank's later MPI calls (the next start, the
+  // pipeline's messages)
   void start_all_reduce(float* buf, int64_t n) override {
     for (int64_t off = 0; off < n; off += kChunk) {
       pending_.emplace_back();
@@ -72,6 +73,10 @@ class MpiComm final : public Comm {
                            &pending_.back()),
             "Iallreduce");
     }
+    // MPI progresses non-blocking collectives only inside MPI calls: drive the started ones now
+    int done = 0;
+    check(MPI_Testall(int(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE), "Testall");
+    if (done) pending_.clear();
   }
   void finish_all_reduces() override {
     if (pending_.empty()) return;

@@ -18,8 +18,9 @@ data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
 pass=0; fail=0
-run() {  # name np tp pp mbs [schedule [section.key=value]]
-  local name=$1 np=$2 tp=$3 pp=$4 mbs=$5 sched=${6:-1f1b} extra=(${7:+--set "$7"})
+run() {  # name np tp pp mbs [schedule ["section.key=value ..."]]
+  local name=$1 np=$2 tp=$3 pp=$4 mbs=$5 sched=${6:-1f1b} extra=() kv
+  for kv in ${7:-}; do extra+=(--set "$kv"); done
   if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" \
       --set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp \
       --set parallel.pipeline_schedule=$sched --set training.micro_batch_size=$mbs \
@@ -44,11 +45,11 @@ run tp4 4 4 1 4
 run pp2_gpipe 2 1 2 2 gpipe
 run pp4 4 1 4 2
 run dp4 4 1 1 4
-run dp4_layer_buckets 4 1 1 4 1f1b parallel.ddp_bucket_size=1  # a DP sum per layer, started in backward
+run dp4_layer_buckets 4 1 1 4 1f1b "parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"  # a DP sum per layer, started in backward
 run tp2_pp2 4 2 2 4
 run pp2_dp2 4 1 2 2
-run pp2_dp2_no_overlap 4 1 2 2 1f1b parallel.overlap_grad_reduce=false
+run pp2_dp2_overlap 4 1 2 2 1f1b parallel.overlap_grad_reduce=true  # one bucket
 run pp4_m1 4 1 4 16
-run tp2_pp2_dp2 8 2 2 2 1f1b parallel.ddp_bucket_size=1
+run tp2_pp2_dp2 8 2 2 2 1f1b "parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

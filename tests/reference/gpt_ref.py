@@ -65,7 +65,7 @@ SCHEMA = {
         "pipeline_schedule": ("str", "1f1b", None, False),
         "sequence_parallel": ("bool", False, None, False),
         "distributed_optimizer": ("bool", False, None, False),
-        "overlap_grad_reduce": ("bool", True, None, False),      # when the DP sums run: no math
+        "overlap_grad_reduce": ("bool", False, None, False),      # when the DP sums run: no math
         "ddp_bucket_size": ("int", 40000000, None, False),
     },
     "training": {
