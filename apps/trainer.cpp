@@ -120,16 +120,8 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   if (grid.pp > 1 && dtype_ != DType::F32) wire_send_ = reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats));
   if (act_in_.empty()) act_in_.push_back(nullptr), grad_in_.push_back(nullptr);
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_);
-  std::vector<GradRange> layer_ranges;  // each layer's tensors, ln_1.weight .. mlp.fc2.bias
-  for (int64_t l = dims_.layer_begin; l < dims_.layer_end; ++l) {
-    const std::string pre = "h." + std::to_string(l) + ".";
-    const ParamInfo* first = layout_.find(pre + "ln_1.weight");
-    const ParamInfo* last = layout_.find(pre + "mlp.fc2.bias");
-    TPT_CHECK(first && last && last->offset >= first->offset);
-    layer_ranges.push_back({first->offset, last->offset + last->numel - first->offset});
-  }
   const ParamInfo* wte = layout_.find("wte.weight");
-  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, std::move(layer_ranges),
+  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, layer_ranges(layout_, dims_),
                                           grid.dp > 1 ? &grid.device_dp() : nullptr /* cuda */,
                                           grid.device_embedding() /* cuda */,
                                           wte ? GradRange{wte->offset, wte->numel} : GradRange{},

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
@@ -53,6 +54,9 @@ struct ParamLayout {
   const ParamInfo* find(const std::string& name) const;
 };
 ParamLayout make_param_layout(const GPTDims& d);
+// Where each of the stage's transformer layers lies in a buffer of that layout (ln_1.weight through
+// mlp.fc2.bias, first layer first): the DP gradient sync's buckets (parallel/grad_sync.h).
+std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d);
 
 // Counter-based init of the local shards (DESIGN "Numerics"): element e of a global tensor gets
 // std * normal(seed, name, e), whatever the layout. params is a host buffer of layout.total.

@@ -153,6 +153,18 @@ ParamLayout make_param_layout(const GPTDims& d) {
   return b.layout;
 }
 
+std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d) {
+  std::vector<GradRange> r;
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+    const std::string pre = "h." + std::to_string(l) + ".";
+    const ParamInfo* first = layout.find(pre + "ln_1.weight");
+    const ParamInfo* last = layout.find(pre + "mlp.fc2.bias");
+    TPT_CHECK(first && last && last->offset >= first->offset);
+    r.push_back({first->offset, last->offset + last->numel - first->offset});
+  }
+  return r;
+}
+
 void init_params_host(const ParamLayout& layout, uint64_t seed, float* params) {
   for (const ParamInfo& p : layout.params) {
     float* out = params + p.offset;

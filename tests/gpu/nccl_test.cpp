@@ -154,5 +154,24 @@ TEST_F(GpuNccl, TensorParallelTrainingMatchesOneCpuRank) {
     EXPECT_NEAR(tp.losses[k], one.losses[k], 1e-4 * std::fabs(one.losses[k])) << "step " << k + 1;
 }
 
+// Data parallel over NCCL: each rank trains its share of the micro-batches on its GPU, the gradient
+// buckets summed on the communication stream while backward runs (GradSync, overlap on), against
+// one CPU rank training on all of them.
+TEST_F(GpuNccl, DataParallelTrainingWithOverlappedBucketsMatchesOneCpuRank) {
+  Comm& c = *world->dev;
+  auto cpu = make_cpu_ops(2);
+  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  const auto self = make_self_comm();
+  const auto self_dev = make_device_self_comm();
+  const int micro = 2 * c.size();
+  const Trained one = train(*cpu, *self, DType::F32, 3, micro);
+  const Trained dp = train(*gpu, *self_dev, DType::F32, 3, micro, tiny_config(), {&c, world->grid.world.get()});
+  for (size_t k = 0; k < one.losses.size(); ++k) {
+    EXPECT_NEAR(dp.losses[k], one.losses[k], 1e-4 * std::fabs(one.losses[k])) << "step " << k + 1;
+    if (c.rank() == 0) std::printf("step %zu: loss 1 cpu rank %.7f, DP %d on GPUs %.7f\n", k + 1, one.losses[k], c.size(), dp.losses[k]);
+  }
+  EXPECT_LT(relative_distance(dp.params, one.params, one.init), 1e-2) << "weights after the last step";
+}
+
 }  // namespace
 }  // namespace tpt::gpu_test

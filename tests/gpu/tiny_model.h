@@ -2,14 +2,17 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "core/config.h"
+#include "core/error.h"
 #include "tests/common/tiny_config.h"
 #include "gpu_test_util.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
 #include "parallel/comm.h"
+#include "parallel/grad_sync.h"
 
 namespace tpt::gpu_test {
 
@@ -40,7 +43,16 @@ inline double relative_distance(const VecF& a, const VecF& b, const VecF& init) 
 // parameters rounded to dtype; gradients accumulated over micro-batches; AdamW on fp32 masters), as
 // rank tp.rank() of a tensor-parallel group of tp.size() (buffers on the communicator's device).
 // The tokens are the same whatever the group.
-inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& cfg = tiny_config()) {
+// Data parallelism (optional): the step's micro-batches dealt round-robin over dev's ranks, the
+// gradients summed by a GradSync on dev (overlapped with the last micro-batch's backward, a bucket
+// per layer), the losses over host.
+struct DataParallel {
+  Comm* dev = nullptr;
+  Comm* host = nullptr;
+};
+
+inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& cfg = tiny_config(),
+                     DataParallel dp = {}) {
   const GPTDims d = make_dims(cfg, tp.size(), tp.rank(), 1, 0);
   const ParamLayout layout = make_param_layout(d);
   VecF host(size_t(layout.total));
@@ -55,6 +67,9 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   GPTStage stage(d, layout, ops, tp, dtype == DType::F32 ? params.get() : compute.get(), grads, B, 1,
                  StageOptions{dtype, Recompute::None});
   AdamW adamw(layout, ops, params, grads);
+  const int dp_size = dp.dev ? dp.dev->size() : 1, dp_rank = dp.dev ? dp.dev->rank() : 0;
+  TPT_CHECK(micro % dp_size == 0);
+  GradSync sync(ops, grads, layout.total, layer_ranges(layout, d), dp.dev, nullptr, GradRange{}, true, 1);
   std::mt19937 gen(17);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(d.V) - 1);
   Trained r;
@@ -67,11 +82,16 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
       for (auto& t : tokens) t = tok(gen);
       for (auto& t : targets) t = tok(gen);
       targets[0] = int32_t(d.V - 1);
+      if (m % dp_size != dp_rank) continue;  // another DP rank's
       Buf dev_tokens(ops, tokens), dev_targets(ops, targets);
       stage.forward(0, dev_tokens.ints(), nullptr);
-      sum += stage.loss(0, dev_targets.ints(), 1.0f / float(N * micro), true);
-      stage.backward(0, nullptr);
+      sum += stage.loss(0, dev_targets.ints(), 1.0f / float(N * (micro / dp_size)), true);
+      std::function<void(int64_t)> layer_done;
+      if (m + dp_size >= micro) layer_done = [&](int64_t l) { sync.layer_done(int(l - d.layer_begin)); };
+      stage.backward(0, nullptr, layer_done);
     }
+    sync.finish();
+    if (dp.host) dp.host->all_reduce(&sum, 1, ReduceOp::Sum);
     r.losses.push_back(sum / double(N * micro));
     if (k == 1) r.first_grads = grads.host();
     adamw.step(cfg.optimizer, cfg.optimizer.lr, k);
