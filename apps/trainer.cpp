@@ -119,7 +119,8 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   }
   if (grid.pp > 1 && dtype_ != DType::F32) wire_send_ = reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats));
   if (act_in_.empty()) act_in_.push_back(nullptr), grad_in_.push_back(nullptr);
-  adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_);
+  adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_,
+                                   params_compute_ != params_ ? params_compute_ : nullptr, dtype_);
   const ParamInfo* wte = layout_.find("wte.weight");
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, layer_ranges(layout_, dims_),
                                           grid.dp > 1 ? &grid.device_dp() : nullptr /* cuda */,
@@ -296,8 +297,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   const double clip = cfg_.optimizer.clip_grad;
   if (clip > 0 && r.grad_norm > clip) ops_->scale(grads_, float(clip / (r.grad_norm + 1e-6)), layout_.total);
   const double t_opt = schedule_clock_us();
-  adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);
-  refresh_compute_params();
+  adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);  // also refreshes the compute copy
   trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, schedule_clock_us());
   return r;
 }

@@ -104,9 +104,10 @@ class Ops {
 
   // sum of squares of x (n), in double.
   virtual double sum_squares(const float* x, int64_t n) = 0;
-  // AdamW over a contiguous range; decay applies weight decay to the whole range.
+  // AdamW over a contiguous range; decay applies weight decay to the whole range. compute (n), if
+  // not null, receives the updated p rounded to t: the compute copy of bf16/fp16 runs, in the same pass.
   virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a,
-                     bool decay) = 0;
+                     bool decay, float* compute, DType t) = 0;
 
   // Allocation accounting (tptrain plan's check against model/memory.h): bytes currently held by
   // alloc() as the allocator rounds them, and the most held at once since the backend was made.

@@ -39,8 +39,14 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
-AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads)
-    : layout_(layout), ops_(ops), params_(params), grads_(grads) {
+AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, float* compute, DType dtype)
+    : layout_(layout), ops_(ops), params_(params), grads_(grads), compute_(compute), dtype_(dtype) {
+  for (const ParamInfo& p : layout.params) {
+    if (!runs_.empty() && runs_.back().decay == p.weight_decay && runs_.back().offset + runs_.back().n <= p.offset)
+      runs_.back().n = p.offset + p.numel - runs_.back().offset;
+    else
+      runs_.push_back({p.offset, p.numel, p.weight_decay});
+  }
   m_ = ops_.alloc(size_t(layout.total));
   v_ = ops_.alloc(size_t(layout.total));
 }
@@ -61,9 +67,9 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
   a.weight_decay = float(o.weight_decay);
   a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));
   a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
-  for (const ParamInfo& p : layout_.params)
-    ops_.adamw(params_ + p.offset, grads_ + p.offset, m_ + p.offset, v_ + p.offset, p.numel, a,
-               p.weight_decay);
+  for (const Run& r : runs_)
+    ops_.adamw(params_ + r.offset, grads_ + r.offset, m_ + r.offset, v_ + r.offset, r.n, a, r.decay,
+               compute_ ? compute_ + r.offset : nullptr, dtype_);
 }
 
 }  // namespace tpt

@@ -34,7 +34,10 @@ struct LossScaler {
 
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads);
+  // compute: null, or (bf16/fp16 runs) the compute copy of params, refreshed by each step as the
+  // updated params rounded to dtype.
+  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, float* compute = nullptr,
+        DType dtype = DType::F32);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -48,7 +51,16 @@ class AdamW {
   Ops& ops_;
   float* params_;
   const float* grads_;
+  float* compute_;
+  DType dtype_;
   float *m_ = nullptr, *v_ = nullptr;
+  // the layout in runs of consecutive tensors with the same weight-decay choice (one kernel each;
+  // the alignment padding between tensors is zero everywhere and stays zero)
+  struct Run {
+    int64_t offset, n;
+    bool decay;
+  };
+  std::vector<Run> runs_;
 };
 
 }  // namespace tpt

@@ -401,9 +401,12 @@ class CpuOps final : public Ops {
     return s;
   }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a,
-             bool decay) override {
+             bool decay, float* compute, DType t) override {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) adamw_update(p[i], g[i], m[i], v[i], a, decay);
+    for (int64_t i = 0; i < n; ++i) {
+      adamw_update(p[i], g[i], m[i], v[i], a, decay);
+      if (compute) compute[i] = tpt::round_to(p[i], t);
+    }
   }
 
  private:

@@ -285,8 +285,9 @@ class CudaOps final : public Ops {
   double sum_squares(const float* x, int64_t n) override {
     return cuda::sum_squares(x, n, scratch_, static_cast<double*>(pinned_), stream_);
   }
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay) override {
-    cuda::adamw(p, g, m, v, n, a, decay, stream_);
+  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+             float* compute, DType t) override {
+    cuda::adamw(p, g, m, v, n, a, decay, compute, t, stream_);
   }
 
  private:

@@ -39,11 +39,13 @@ __global__ void pack_kernel(uint16_t* dst, const float* src, int64_t n, DType t)
 __global__ void unpack_kernel(float* dst, const uint16_t* src, int64_t n, DType t) {
   TPT_GRID_LOOP(i, n) dst[i] = t == DType::BF16 ? bf16_to_fp32(src[i]) : fp16_to_fp32(src[i]);
 }
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamWParams a, bool decay) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamWParams a, bool decay,
+                             float* compute, DType t) {
   TPT_GRID_LOOP(i, n) {
     float pi = p[i], mi = m[i], vi = v[i];
     adamw_update(pi, g[i], mi, vi, a, decay);
     p[i] = pi;
+    if (compute) compute[i] = tpt::round_to(pi, t);
     m[i] = mi;
     v[i] = vi;
   }
@@ -360,9 +362,9 @@ void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t, cudaStream
   TPT_CUDA_LAUNCHED();
 }
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-           cudaStream_t s) {
+           float* compute, DType t, cudaStream_t s) {
   if (n <= 0) return;
-  adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, a, decay);
+  adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, a, decay, compute, t);
   TPT_CUDA_LAUNCHED();
 }
 void broadcast_rows(float* out, const float* row, int64_t N, int64_t C, cudaStream_t s) {

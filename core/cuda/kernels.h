@@ -20,7 +20,7 @@ void round_to(float* x, int64_t n, DType t, cudaStream_t s);
 void pack_half(uint16_t* dst, const float* src, int64_t n, DType t, cudaStream_t s);
 void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t, cudaStream_t s);
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-           cudaStream_t s);
+           float* compute, DType t, cudaStream_t s);
 
 // out (N, C) = row (C) in every row.
 void broadcast_rows(float* out, const float* row, int64_t N, int64_t C, cudaStream_t s);

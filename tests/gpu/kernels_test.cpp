@@ -368,13 +368,14 @@ TEST(GpuOptimizer, AdamWMatchesCpu) {
   a.lr = 3e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f;
   a.one_minus_beta1 = float(1.0 - 0.9), a.one_minus_beta2 = float(1.0 - 0.95);
   Pair p(*cpu, *gpu, randn(size_t(n), 121)), g(*cpu, *gpu, randn(size_t(n), 122)), m(*cpu, *gpu, randn(size_t(n), 123, 0.1f)),
-      v(*cpu, *gpu, VecF(size_t(n), 0.01f));
+      v(*cpu, *gpu, VecF(size_t(n), 0.01f)), c(*cpu, *gpu, VecF(size_t(n)));
   for (int step = 1; step <= 3; ++step) {
     a.bias_correction1 = float(1.0 - std::pow(0.9, step));
     a.bias_correction2 = float(1.0 - std::pow(0.95, step));
-    cpu->adamw(p.cpu, g.cpu, m.cpu, v.cpu, n, a, step != 2);
-    gpu->adamw(p.gpu, g.gpu, m.gpu, v.gpu, n, a, step != 2);
+    cpu->adamw(p.cpu, g.cpu, m.cpu, v.cpu, n, a, step != 2, c.cpu, DType::F16);
+    gpu->adamw(p.gpu, g.gpu, m.gpu, v.gpu, n, a, step != 2, c.gpu, DType::F16);
   }
+  EXPECT_TRUE(close(c.gpu.host(), c.cpu.host(), 1e-3, 1e-7));  // fp16 copies of p (equal unless p straddles a rounding edge)
   EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), 1e-6, 1e-7));
   EXPECT_TRUE(close(m.gpu.host(), m.cpu.host(), 1e-6, 1e-7));
   EXPECT_TRUE(close(v.gpu.host(), v.cpu.host(), 1e-6, 1e-9));

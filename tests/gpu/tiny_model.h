@@ -66,7 +66,7 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   const int64_t B = cfg.training.micro_batch_size, S = d.S, N = B * S;
   GPTStage stage(d, layout, ops, tp, dtype == DType::F32 ? params.get() : compute.get(), grads, B, 1,
                  StageOptions{dtype, Recompute::None});
-  AdamW adamw(layout, ops, params, grads);
+  AdamW adamw(layout, ops, params, grads, compute, dtype);  // the trainer's way: the step writes the compute copy
   const int dp_size = dp.dev ? dp.dev->size() : 1, dp_rank = dp.dev ? dp.dev->rank() : 0;
   TPT_CHECK(micro % dp_size == 0);
   GradSync sync(ops, grads, layout.total, layer_ranges(layout, d), dp.dev, nullptr, GradRange{}, true, 1);
@@ -95,7 +95,6 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
     r.losses.push_back(sum / double(N * micro));
     if (k == 1) r.first_grads = grads.host();
     adamw.step(cfg.optimizer, cfg.optimizer.lr, k);
-    refresh();
   }
   r.params = params.host();
   return r;
