@@ -12,7 +12,10 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 
 #include "core/cuda/device_util.h"
 #include "core/cuda/kernels.h"
@@ -25,6 +28,7 @@ using namespace nvcuda;
 constexpr int kRows = 64;  // rows a block owns
 constexpr int kTile = 64;  // rows of the other operand per step
 static_assert(kTile == kRows, "dK/dV start their query tiles at the block's first key");
+static_assert(kTile == 64 && kRows / (kRows / 16) == 16, "two columns per lane, 16 rows per warp");
 constexpr int kWarps = kRows / 16;
 constexpr int kBlock = kWarps * 32;
 constexpr int kPad16 = 8;  // 16-bit rows padded by 8 elements (ldm stays a multiple of 8; banks spread)
@@ -395,16 +399,38 @@ void backward_t(float* dqkv, const float* dout, const float* qkv, const float* l
   internal_error("tensor-core attention: head dimension " + std::to_string(D) + " not built");
 }
 
+template <int D>
+size_t smem_bytes() {  // the larger of the kernels' (the same for bf16 and fp16)
+  using L = Layout<__nv_bfloat16, D>;
+  return std::max(typename L::Fwd().total, typename L::Bwd().total);
+}
+
+void check_aligned(const float* p, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    internal_error(std::string("tensor-core attention: ") + what + " is not 16-byte aligned");
+}
+
 }  // namespace
 
+// Also asks the current device: D = 128 needs ~121 KB of shared memory per block, more than the
+// 99 KB of sm_86 / sm_89 GPUs (they run the sm_80 code), which then take the fp32 kernels.
 bool tc_attention_supported(int64_t D, DType t) {
-  return (t == DType::BF16 || t == DType::F16) && (D == 32 || D == 64 || D == 128);
+  if (!(t == DType::BF16 || t == DType::F16) || !(D == 32 || D == 64 || D == 128)) return false;
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const size_t need = D == 32 ? smem_bytes<32>() : D == 64 ? smem_bytes<64>() : smem_bytes<128>();
+  return size_t(optin) >= need;
 }
 
 void tc_flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                 DType t, cudaStream_t s) {
   if (B * T * H <= 0) return;
   TPT_CHECK(tc_attention_supported(D, t) && B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
+  check_aligned(qkv, "qkv");
   if (t == DType::BF16) forward_t<__nv_bfloat16>(out, lse, qkv, B, T, H, D, s);
   else forward_t<__half>(out, lse, qkv, B, T, H, D, s);
 }
@@ -414,6 +440,8 @@ void tc_flash_attention_backward(float* dqkv, float* delta, const float* dout, c
                                  cudaStream_t s) {
   if (B * T * H <= 0) return;
   TPT_CHECK(tc_attention_supported(D, t) && B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
+  check_aligned(qkv, "qkv");
+  check_aligned(dout, "dout");
   attention_row_dots(delta, dout, out, B, T, H, D, s);
   if (t == DType::BF16) backward_t<__nv_bfloat16>(dqkv, dout, qkv, lse, delta, B, T, H, D, s);
   else backward_t<__half>(dqkv, dout, qkv, lse, delta, B, T, H, D, s);
