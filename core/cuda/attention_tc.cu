@@ -412,18 +412,24 @@ void check_aligned(const float* p, const char* what) {
 
 }  // namespace
 
-// Also asks the current device: D = 128 needs ~121 KB of shared memory per block, more than the
-// 99 KB of sm_86 / sm_89 GPUs (they run the sm_80 code), which then take the fp32 kernels.
+// Also asks the current device (once; called on every attention call): D = 128 needs ~121 KB of
+// shared memory per block, more than the 99 KB of sm_86 / sm_89 GPUs (they run the sm_80 code),
+// which then take the fp32 kernels.
 bool tc_attention_supported(int64_t D, DType t) {
   if (!(t == DType::BF16 || t == DType::F16) || !(D == 32 || D == 64 || D == 128)) return false;
-  int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+  static int optin[64] = {};  // per device; 0 = not asked yet, -1 = unknown
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
     (void)cudaGetLastError();
     return false;
   }
+  if (optin[device] == 0 &&
+      cudaDeviceGetAttribute(&optin[device], cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    optin[device] = -1;
+  }
   const size_t need = D == 32 ? smem_bytes<32>() : D == 64 ? smem_bytes<64>() : smem_bytes<128>();
-  return size_t(optin) >= need;
+  return optin[device] > 0 && size_t(optin[device]) >= need;
 }
 
 void tc_flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
