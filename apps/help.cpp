@@ -14,7 +14,7 @@ Usage:
                                                                GPT-2 BPE with Hugging Face's vocabulary files)
   tptrain plan --config FILE [--set section.key=value]... [--world-size N] [--device-memory-gib G]
                [--peak-tflops X] [--intra-node-gbps B] [--inter-node-gbps B]
-               [--storage compute_dtype|fp32_buffers] [--json]
+               [--compute-efficiency F] [--hbm-gbps B] [--json]
                                                                memory per rank, FLOPs, bubble and step time
                                                                of a config (no MPI launch, no GPU needed;
                                                                bandwidths in GB/s; see README "Plan")

@@ -1,6 +1,6 @@
 // tptrain plan --config FILE [--set k=v]... [--world-size N] [--device-memory-gib G] [--peak-tflops X]
 //              [--intra-node-gbps B] [--inter-node-gbps B] [--compute-efficiency F] [--hbm-gbps B]
-//              [--storage compute_dtype|fp32_buffers] [--json]
+//              [--json]
 // Memory, FLOPs and time of a config on its grid (model/memory.h), without MPI or a GPU: a plain
 // process that never calls runtime_init.
 #include <algorithm>
@@ -66,12 +66,6 @@ PlanArgs parse_args(int argc, char** argv) {
     else if (s == "--intra-node-gbps") o.intra_node_gbps = positive_number(s, value());
     else if (s == "--inter-node-gbps") o.inter_node_gbps = positive_number(s, value());
     else if (s == "--hbm-gbps") o.hbm_gbps = positive_number(s, value());
-    else if (s == "--storage") {
-      const std::string v = value();
-      if (v == "compute_dtype") o.storage = Storage::ComputeDtype;
-      else if (v == "fp32_buffers") o.storage = Storage::Fp32Buffers;
-      else input_error("--storage: expected compute_dtype or fp32_buffers, got '" + v + "'");
-    }
     else if (s == "--compute-efficiency") {
       o.compute_efficiency = positive_number(s, value());
       if (o.compute_efficiency > 1) input_error("--compute-efficiency: expected a fraction in (0, 1]");
@@ -139,7 +133,6 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"pipeline_schedule", c.parallel.pipeline_schedule},
           {"precision", c.training.precision},
           {"recompute", c.training.recompute},
-          {"storage", storage_name(p.storage)},
           {"device_memory_bytes", p.device_memory_bytes},
           {"total_parameters", p.total_parameters},
           {"padded_vocab_size", p.padded_vocab},
@@ -182,13 +175,9 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
               c.parallel.pipeline_schedule.c_str(), c.training.precision.c_str(), c.training.recompute.c_str());
-  std::printf("storage: %s\n\n",
-              p.storage == Storage::Fp32Buffers
-                  ? "fp32_buffers -- what tptrain's CPU and CUDA backends allocate: every tensor an fp32 buffer "
-                    "(values rounded to the compute dtype)"
-                  : "compute_dtype -- activations, workspace and the compute copy of the weights in the compute "
-                    "dtype, as Megatron stores them on a GPU (tptrain's backends allocate fp32 buffers today: "
-                    "--storage fp32_buffers)");
+  std::printf("storage: every tensor in its own dtype -- activations, workspace, pipeline messages and the "
+              "compute copy of the weights in the compute dtype; master weights, gradients and Adam state in "
+              "fp32 (what tptrain's backends allocate)\n\n");
   // GiB for real models, MiB for the small CPU configs
   int64_t largest = 0;
   for (const StageMemory& s : p.stages) largest = std::max(largest, s.total_bytes());

@@ -45,8 +45,6 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     setup_cuda_devices(grid);
 #ifdef TPTRAIN_HAVE_CUDA
     CudaOptions cuda_options;
-    const std::string& p = cfg.training.precision;  // mixed precision: GEMM operands are 16-bit values
-    cuda_options.gemm_inputs = p == "bf16" ? DType::BF16 : p == "fp16" ? DType::F16 : DType::F32;
     const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
     cuda_options.tf32 = tf32 && std::string(tf32) == "1";
     ops_ = make_cuda_ops(grid.cuda_device, cuda_options);
@@ -96,7 +94,7 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   grads_ = ops_->alloc(size_t(layout_.total));
   ops_->to_device(params_, host.data(), host.size());
   dtype_ = cfg.training.precision == "bf16" ? DType::BF16 : cfg.training.precision == "fp16" ? DType::F16 : DType::F32;
-  params_compute_ = dtype_ == DType::F32 ? params_ : ops_->alloc(size_t(layout_.total));
+  params_compute_ = dtype_ == DType::F32 ? Buf(params_) : ops_->alloc(layout_.total, dtype_);
   refresh_compute_params();
   scaler_.scale = dtype_ == DType::F16 ? cfg.optimizer.initial_loss_scale : 1.0;
   const int dp = grid.dp;
@@ -108,19 +106,12 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, grid.device_tp() /* cuda */, params_compute_, grads_,
                                       cfg.training.micro_batch_size, slots, stage_options);
   const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size;
-  const size_t wire_floats = size_t(message + 1) / 2;  // 16-bit values, two per float slot
   for (int i = 0; i < slots && grid.pp > 1; ++i) {
-    act_in_.push_back(ops_->alloc(size_t(message)));
-    grad_in_.push_back(ops_->alloc(size_t(message)));
-    if (dtype_ != DType::F32) {
-      wire_act_in_.push_back(reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats)));
-      wire_grad_in_.push_back(reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats)));
-    }
+    act_in_.push_back(ops_->alloc(message, dtype_));
+    grad_in_.push_back(ops_->alloc(message, dtype_));
   }
-  if (grid.pp > 1 && dtype_ != DType::F32) wire_send_ = reinterpret_cast<uint16_t*>(ops_->alloc(wire_floats));
-  if (act_in_.empty()) act_in_.push_back(nullptr), grad_in_.push_back(nullptr);
-  adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_,
-                                   params_compute_ != params_ ? params_compute_ : nullptr, dtype_);
+  if (act_in_.empty()) act_in_.push_back(Buf{}), grad_in_.push_back(Buf{});
+  adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
   const ParamInfo* wte = layout_.find("wte.weight");
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, layer_ranges(layout_, dims_),
                                           grid.dp > 1 ? &grid.device_dp() : nullptr /* cuda */,
@@ -152,12 +143,12 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
                                                             "as the last micro-batch's backward has finished it",
                                                             grad_sync_->num_buckets(), cfg.parallel.ddp_bucket_size)
                                               : std::string("one all-reduce after the pipeline"));
-    // The backends keep activations in fp32 buffers (bf16/fp16 values rounded in place): 4 bytes each.
-    const double act =
-        double(activation_floats_per_microbatch(dims_, cfg.training.micro_batch_size, stage_options.recompute)) * slots * 4;
-    const double scratch = double(scratch_floats(dims_, cfg.training.micro_batch_size, stage_options.recompute)) * 4;
+    const double act = double(activation_bytes_per_microbatch(dims_, cfg.training.micro_batch_size,
+                                                              stage_options.recompute, dtype_)) * slots;
+    const double scratch =
+        double(scratch_bytes(dims_, cfg.training.micro_batch_size, stage_options.recompute, dtype_));
     spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
-                 "(fp32 buffers holding {} values, recompute {})",
+                 "({} storage, recompute {})",
                  act / 1048576.0, slots, scratch / 1048576.0, cfg.training.precision, cfg.training.recompute);
     if (!cfg.logging.metrics_file.empty()) {
       metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
@@ -165,7 +156,7 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     }
     // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
     spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
-                 ops_->allocated_bytes(), describe_memory(stage_memory(cfg, grid.pp_rank, Storage::Fp32Buffers)));
+                 ops_->allocated_bytes(), describe_memory(stage_memory(cfg, grid.pp_rank)));
   }
   setup_checkpointing();  // checkpoint: resume from checkpoint.load (the optimizer exists now)
 }
@@ -179,12 +170,9 @@ Trainer::~Trainer() {
     ops_->free(grads_);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
     ops_->free(reinterpret_cast<float*>(dev_targets_));
-    for (float* b : act_in_) ops_->free(b);
-    for (float* b : grad_in_) ops_->free(b);
-    for (uint16_t* b : wire_act_in_) ops_->free(reinterpret_cast<float*>(b));
-    for (uint16_t* b : wire_grad_in_) ops_->free(reinterpret_cast<float*>(b));
-    if (wire_send_) ops_->free(reinterpret_cast<float*>(wire_send_));
-    if (params_compute_ != params_) ops_->free(params_compute_);
+    for (Buf b : act_in_) ops_->free(b.p);
+    for (Buf b : grad_in_) ops_->free(b.p);
+    if (params_compute_.p != params_) ops_->free(params_compute_.p);
   }
 }
 
@@ -198,10 +186,8 @@ void Trainer::load_microbatch(const GPTDataset& ds, int64_t base, int m) {
     std::copy(sample.begin(), sample.end() - 1, tokens_.begin() + b * S);
     std::copy(sample.begin() + 1, sample.end(), targets_.begin() + b * S);
   }
-  ops_->to_device(reinterpret_cast<float*>(dev_tokens_), reinterpret_cast<const float*>(tokens_.data()),
-                  tokens_.size());
-  ops_->to_device(reinterpret_cast<float*>(dev_targets_), reinterpret_cast<const float*>(targets_.data()),
-                  targets_.size());
+  ops_->to_device(reinterpret_cast<float*>(dev_tokens_), tokens_.data(), int64_t(tokens_.size()));
+  ops_->to_device(reinterpret_cast<float*>(dev_targets_), targets_.data(), int64_t(targets_.size()));
 }
 
 // Forward (and backward) of every micro-batch of this rank's share of the global batch starting at
@@ -216,46 +202,35 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   const int slots = int(act_in_.size());
   double loss_sum = 0;
   StageHooks h;
-  const bool wire = !wire_act_in_.empty();  // 16-bit pipeline messages
-  const int64_t n = B * S * cfg_.model.hidden_size;
+  const int64_t n = B * S * cfg_.model.hidden_size;  // elements of one message, in the compute dtype
   h.forward = [&](int mb) {
     const int slot = mb % slots;
-    if (wire && !grid_.first_stage()) ops_->unpack_half(act_in_[size_t(slot)], wire_act_in_[size_t(slot)], n, dtype_);
     if (grid_.first_stage() || grid_.last_stage()) load_microbatch(ds, base, mb);
-    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? nullptr : act_in_[size_t(slot)]);
+    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? CBuf{} : CBuf(act_in_[size_t(slot)]));
     if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad);
   };
   h.backward = [&](int mb) {
     const int slot = mb % slots;
-    if (wire && !grid_.last_stage()) ops_->unpack_half(grad_in_[size_t(slot)], wire_grad_in_[size_t(slot)], n, dtype_);
     // the last micro-batch's backward finishes each layer's gradients: the DP sums may start
     std::function<void(int64_t)> layer_done;
     if (mb == num_micro_ - 1 && grad_sync_->overlapping())
       layer_done = [&](int64_t layer) { grad_sync_->layer_done(int(layer - dims_.layer_begin)); };
-    stage_->backward(slot, grid_.last_stage() ? nullptr : grad_in_[size_t(slot)], layer_done);
+    stage_->backward(slot, grid_.last_stage() ? CBuf{} : CBuf(grad_in_[size_t(slot)]), layer_done);
   };
-  auto packed = [&](const float* x) {
-    ops_->pack_half(wire_send_, x, n, dtype_);
-    return reinterpret_cast<const float*>(wire_send_);
-  };
-  h.activation_out = [&](int mb) { return wire ? packed(stage_->output(mb % slots)) : stage_->output(mb % slots); };
-  h.activation_in = [&](int mb) {
-    return wire ? reinterpret_cast<float*>(wire_act_in_[size_t(mb % slots)]) : act_in_[size_t(mb % slots)];
-  };
-  h.grad_out = [&](int) { return wire ? packed(stage_->input_grad()) : stage_->input_grad(); };
-  h.grad_in = [&](int mb) {
-    return wire ? reinterpret_cast<float*>(wire_grad_in_[size_t(mb % slots)]) : grad_in_[size_t(mb % slots)];
-  };
+  // messages are the stored tensors themselves, counted in 4-byte words
+  auto words = [](CBuf b) { return static_cast<const float*>(b.p); };
+  h.activation_out = [&](int mb) { return words(stage_->output(mb % slots)); };
+  h.activation_in = [&](int mb) { return static_cast<float*>(act_in_[size_t(mb % slots)].p); };
+  h.grad_out = [&](int) { return words(stage_->input_grad()); };
+  h.grad_in = [&](int mb) { return static_cast<float*>(grad_in_[size_t(mb % slots)].p); };
   if (trace_->enabled() && want_grad)
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
-  execute_schedule(actions, grid_.device_pp() /* cuda */, wire ? (n + 1) / 2 : n, h);
+  execute_schedule(actions, grid_.device_pp() /* cuda */, words_of(n, dtype_), h);
   return loss_sum;
 }
 
 void Trainer::refresh_compute_params() {
-  if (params_compute_ == params_) return;
-  ops_->copy(params_compute_, params_, size_t(layout_.total));
-  ops_->round_to(params_compute_, layout_.total, dtype_);
+  if (params_compute_.p != params_) ops_->convert(params_compute_, params_, layout_.total);
 }
 
 Trainer::StepResult Trainer::train_step(int64_t k) {

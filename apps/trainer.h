@@ -60,7 +60,7 @@ class Trainer {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   DType dtype_ = DType::F32;
-  float* params_compute_ = nullptr;  // == params_ in fp32
+  Buf params_compute_;  // the weights compute uses: params_ in fp32, else their bf16/fp16 copy
   LossScaler scaler_;
   int consecutive_nan_ = 0;
   std::unique_ptr<GPTStage> stage_;
@@ -72,10 +72,9 @@ class Trainer {
   int32_t *dev_tokens_ = nullptr, *dev_targets_ = nullptr;
   int num_micro_ = 1;
   std::vector<Action> train_schedule_, eval_schedule_;
-  std::vector<float*> act_in_, grad_in_;  // per activation slot: received activations / gradients
-  // bf16/fp16 pipeline messages travel as 16-bit values: staging buffers (per slot for receives)
-  std::vector<uint16_t*> wire_act_in_, wire_grad_in_;
-  uint16_t* wire_send_ = nullptr;
+  // per activation slot: received activations / gradients, in the compute dtype (the pipeline's
+  // messages travel as they are stored: 16-bit values in bf16/fp16 runs)
+  std::vector<Buf> act_in_, grad_in_;
   FILE* metrics_ = nullptr;
   std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;

@@ -1,6 +1,17 @@
-// The backend interface (DESIGN "Backends"): every kernel the model and optimizer need, on
-// pointers that live on the backend's device. Model code is written once against it; core/cpu
-// implements it with OpenBLAS + OpenMP, core/cuda (later) with cuBLASLt + custom kernels.
+// The backend interface (DESIGN "Backends"): every kernel the model and optimizer
+// need, on memory that lives on the backend's device. Model code is written once against it;
+// core/cpu implements it with OpenBLAS + OpenMP, core/cuda with cuBLASLt + custom kernels.
+//
+// Storage (DESIGN "Numerics"). Each tensor is stored in its own dtype:
+//   - the compute dtype of the run (fp32, bf16 or fp16): activations, activation gradients, the
+//     compute copy of the weights, logits, pipeline messages, TP sums. These arguments are `Buf`
+//     (written) / `CBuf` (read): a device pointer and the dtype of its elements.
+//   - fp32 always: master weights, gradients (the main-grad buffer), Adam moments, LayerNorm
+//     statistics, the attention log-sum-exp, losses and the cross-entropy's row statistics. These
+//     arguments are plain `float*`.
+// Every kernel computes in fp32: it converts 16-bit values as it loads them and rounds (nearest
+// even, core/dtype.h) once as it stores its result. The compute-dtype arguments of one call all
+// have the same dtype. A `float*` converts implicitly to a Buf / CBuf of dtype F32.
 // Shapes in comments: N = rows (tokens), C = features. Gradients marked "+=" accumulate.
 #pragma once
 #include <cstddef>
@@ -13,104 +24,147 @@
 
 namespace tpt {
 
+// A typed device pointer: `p` holds elements of type `t`. Arithmetic is in elements.
+struct Buf {
+  void* p = nullptr;
+  DType t = DType::F32;
+  Buf() = default;
+  Buf(std::nullptr_t) {}
+  Buf(float* f) : p(f) {}  // NOLINT: fp32 buffers are Bufs
+  Buf(void* ptr, DType type) : p(ptr), t(type) {}
+  Buf operator+(int64_t elements) const { return {static_cast<char*>(p) + elements * dtype_bytes(t), t}; }
+  explicit operator bool() const { return p != nullptr; }
+  float* f32() const { return t == DType::F32 ? static_cast<float*>(p) : nullptr; }
+};
+
+struct CBuf {
+  const void* p = nullptr;
+  DType t = DType::F32;
+  CBuf() = default;
+  CBuf(std::nullptr_t) {}
+  CBuf(const float* f) : p(f) {}  // NOLINT
+  CBuf(const Buf& b) : p(b.p), t(b.t) {}  // NOLINT
+  CBuf(const void* ptr, DType type) : p(ptr), t(type) {}
+  CBuf operator+(int64_t elements) const {
+    return {static_cast<const char*>(p) + elements * dtype_bytes(t), t};
+  }
+  explicit operator bool() const { return p != nullptr; }
+  const float* f32() const { return t == DType::F32 ? static_cast<const float*>(p) : nullptr; }
+};
+
+// Bytes of n elements of t, and the same in 4-byte words (the unit of Comm's buffers; a 16-bit
+// message of odd length ends in half a word of padding, which every allocation has room for).
+inline int64_t dtype_size(int64_t n, DType t) { return n * dtype_bytes(t); }
+inline int64_t words_of(int64_t n, DType t) { return (dtype_size(n, t) + 3) / 4; }
+
 class Ops {
  public:
   virtual ~Ops() = default;
   virtual std::string name() const = 0;
 
-  // Memory on the device.
-  virtual float* alloc(size_t n) = 0;  // zeroed
-  virtual void free(float* p) = 0;
-  virtual void zero(float* p, size_t n) = 0;
-  virtual void copy(float* dst, const float* src, size_t n) = 0;  // device to device
-  virtual void to_host(float* host, const float* dev, size_t n) = 0;
-  virtual void to_device(float* dev, const float* host, size_t n) = 0;
+  // ---- memory on the device
+  // `bytes` zeroed bytes (the allocation accounting rounds each one up: 64 B on the CPU, 256 on a GPU).
+  virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  float* alloc(size_t n) { return static_cast<float*>(alloc_bytes(n * sizeof(float))); }  // n floats
+  Buf alloc(int64_t n, DType t) { return {alloc_bytes(size_t(dtype_size(n, t))), t}; }
+  // n elements (of dst.t == src.t); device to device, device to host, host to device.
+  virtual void zero(Buf p, int64_t n) = 0;
+  virtual void copy(Buf dst, CBuf src, int64_t n) = 0;
+  virtual void to_host(void* host, CBuf dev, int64_t n) = 0;
+  virtual void to_device(Buf dev, const void* host, int64_t n) = 0;
+  // dst (n) = src (n) converted to dst.t (rounded to nearest even when narrowing).
+  virtual void convert(Buf dst, CBuf src, int64_t n) = 0;
 
-  // out (N, O) = inp (N, I) @ w(O, I)^T + bias(O) [bias may be null]
-  virtual void linear_forward(float* out, const float* inp, const float* w, const float* bias,
-                              int64_t N, int64_t I, int64_t O) = 0;
-  // dinp (N, I) = / += dout (N, O) @ w (O, I)  (accumulate_dinp chooses);  dw (O, I) += dout^T @ inp;
-  // dbias (O) += column sums of dout [dbias may be null]
-  virtual void linear_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                               const float* inp, const float* w, int64_t N, int64_t I, int64_t O,
-                               bool accumulate_dinp) = 0;
+  // ---- GEMMs: fp32 accumulation of the products of the stored values
+  // out (N, O) = inp (N, I) @ w(O, I)^T + bias(O) [bias may be null].
+  // With gelu_pre (N, O): gelu_pre = inp @ w^T + bias and out = gelu(that fp32 value): the GELU of
+  // fc1 fused into its GEMM (cuBLASLt's GELU_AUX_BIAS epilogue); both are stored rounded.
+  virtual void linear_forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                              Buf gelu_pre = {}) = 0;
+  // dinp (N, I) = / += dout (N, O) @ w (O, I)  (accumulate_dinp chooses; dinp may be null);
+  // dw (O, I) += dout^T @ inp, straight into the fp32 gradient (gradient-accumulation fusion);
+  // dbias (O) += column sums of dout [dbias may be null].
+  // With gelu_pre (N, I), the pre-activation whose GELU was `inp` of the layer that produced
+  // dout's input: dinp = (dout @ w) * gelu'(gelu_pre), the fp32 product rounded once (cuBLASLt's
+  // DGELU epilogue); accumulate_dinp must then be false.
+  virtual void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N,
+                               int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {}) = 0;
 
+  // ---- rows
   // out (N, C) = LN(inp) * w + b; stores mean (N), rstd (N).
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* w, const float* b, int64_t N, int64_t C, float eps) = 0;
+  virtual void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N,
+                                 int64_t C, float eps) = 0;
+  // The residual add and the next LayerNorm in one pass: res (N, C) = a + b (stored rounded), then
+  // out = LN(res as stored) * w + bias with its mean and rstd. res may alias a.
+  virtual void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w,
+                                          CBuf bias, int64_t N, int64_t C, float eps) = 0;
   // dinp (N, C) += ; dw, db (C) +=
-  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                  const float* inp, const float* w, const float* mean,
+  virtual void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                                   const float* rstd, int64_t N, int64_t C) = 0;
 
   // Causal attention, flash-style: nothing of size T x T outlives a call. qkv (B, T, 3, H, D) (q, k,
   // v of H local heads), out (B, T, H*D); lse (B, H, T) the log-sum-exp of each query's scaled
   // scores over the keys it sees, which is all backward needs to rebuild the probabilities.
-  virtual void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                                 int64_t H, int64_t D) = 0;
+  virtual void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) = 0;
   // dqkv (B, T, 3, H, D) = ; from the forward's qkv, out and lse; scratch (B, H, T)
-  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                                  int64_t D) = 0;
+  virtual void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse,
+                                  int64_t B, int64_t T, int64_t H, int64_t D) = 0;
 
-  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  // ---- element-wise
+  virtual void gelu_forward(Buf out, CBuf inp, int64_t n) = 0;
   // dinp = dout * gelu'(inp)
-  virtual void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) = 0;
-
+  virtual void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) = 0;
   // out = a + b
-  virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void add(Buf out, CBuf a, CBuf b, int64_t n) = 0;
   // y += x
-  virtual void accumulate(float* y, const float* x, int64_t n) = 0;
+  virtual void accumulate(Buf y, CBuf x, int64_t n) = 0;
+  // out (n) = sum over r < k of parts (k, n) row r, added in fp32 in the order r = 0, 1, ...
+  // and rounded once: the 16-bit tensor-parallel sum (parallel/tensor_parallel.h).
+  virtual void sum_parts(Buf out, CBuf parts, int k, int64_t n) = 0;
   virtual void scale(float* x, float s, int64_t n) = 0;
 
+  // ---- embeddings
   // Vocab-parallel embedding: out (N, C) = wte rows for tokens in [v0, v0 + rows), 0 elsewhere.
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t N,
-                                 int64_t C, int64_t v0, int64_t rows) = 0;
+  virtual void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
+                                 int64_t rows) = 0;
   // dwte (rows, C) += dout rows of tokens in range
-  virtual void embedding_backward(float* dwte, const int32_t* tokens, const float* dout, int64_t N,
-                                  int64_t C, int64_t v0, int64_t rows) = 0;
+  virtual void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+                                  int64_t rows) = 0;
   // out (B, T, C) += wpe (T, C) broadcast over B
-  virtual void add_position_embedding(float* out, const float* wpe, int64_t B, int64_t T,
-                                      int64_t C) = 0;
+  virtual void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) = 0;
   // dwpe (T, C) += sum over B of dout (B, T, C)
-  virtual void position_embedding_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
-                                           int64_t C) = 0;
+  virtual void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) = 0;
 
-  // Vocab-parallel cross-entropy on a logits shard (N, Vl) whose column j is vocabulary id v0 + j;
-  // ids >= valid_vocab are padding and masked out. Step 1: row maxima over valid columns (-inf if
-  // none) and the target logit if the target lies in this shard (else 0).
-  virtual void xent_local_max(float* row_max, float* target_logit, const float* logits,
-                              const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                              int64_t valid_vocab) = 0;
-  // Step 2 (after max is reduced over TP): sum_exp (N) = sum over valid columns exp(l - max); the
-  // logits are overwritten in place by exp(l - max) (0 on padding), which step 3 reuses.
-  virtual void xent_local_sumexp(float* sum_exp, float* logits, const float* row_max, int64_t N,
-                                 int64_t Vl, int64_t v0, int64_t valid_vocab) = 0;
-  // Step 3 (after sum_exp, target_logit reduced): losses (N) = log(sum_exp) + max - target; if
-  // want_grad, the exps of step 2 are overwritten in place by dlogits = (softmax - onehot) *
-  // dloss_scale (0 on padding).
-  virtual void xent_backward_inplace(float* exps, float* losses, const float* row_max,
-                                     const float* sum_exp, const float* target_logit,
-                                     const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                                     int64_t valid_vocab, float dloss_scale, bool want_grad) = 0;
+  // ---- vocab-parallel cross-entropy on a logits shard (N, Vl) whose column j is vocabulary id v0 + j;
+  // ids >= valid_vocab are padding and masked out. Three passes over the logits, with the TP
+  // reductions between them; the row statistics are fp32 (N).
+  // Pass 1: row maxima over valid columns (-inf if none) and the target logit if the target lies
+  // in this shard (else 0).
+  virtual void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
+                              int64_t Vl, int64_t v0, int64_t valid_vocab) = 0;
+  // Pass 2 (after max is reduced over TP): sum_exp (N) = sum over valid columns exp(l - max).
+  virtual void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_t N, int64_t Vl,
+                                 int64_t v0, int64_t valid_vocab) = 0;
+  // Pass 3 (after sum_exp, target_logit reduced): losses (N) = log(sum_exp) + max - target; if
+  // want_grad, the logits are overwritten in place by dlogits = (softmax - onehot) * dloss_scale
+  // (0 on padding), the softmax recomputed as exp(l - max) / sum_exp.
+  virtual void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
+                              const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
+                              int64_t valid_vocab, float dloss_scale, bool want_grad) = 0;
 
-  // Mixed precision. Rounds x in place to dtype t (storage of a bf16/fp16 tensor; no-op for F32).
-  virtual void round_to(float* x, int64_t n, DType t) = 0;
+  // ---- norms and the optimizer (fp32)
   // Whether x holds an inf or a nan.
   virtual bool has_nonfinite(const float* x, int64_t n) = 0;
-  // 16-bit wire format of pipeline messages: dst (n) = src rounded to t, and back.
-  virtual void pack_half(uint16_t* dst, const float* src, int64_t n, DType t) = 0;
-  virtual void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t) = 0;
-
   // sum of squares of x (n), in double.
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // AdamW over a contiguous range; decay applies weight decay to the whole range. compute (n), if
-  // not null, receives the updated p rounded to t: the compute copy of bf16/fp16 runs, in the same pass.
-  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a,
-                     bool decay, float* compute, DType t) = 0;
+  // given, receives the updated p in its dtype: the compute copy of bf16/fp16 runs, in the same pass.
+  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+                     Buf compute) = 0;
 
   // Allocation accounting (tptrain plan's check against model/memory.h): bytes currently held by
-  // alloc() as the allocator rounds them, and the most held at once since the backend was made.
+  // alloc_bytes() as the allocator rounds them, and the most held at once since the backend was made.
   virtual int64_t allocated_bytes() const = 0;
   virtual int64_t peak_allocated_bytes() const = 0;
 };

@@ -62,8 +62,9 @@ std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d)
 // std * normal(seed, name, e), whatever the layout. params is a host buffer of layout.total.
 void init_params_host(const ParamLayout& layout, uint64_t seed, float* params);
 
-// How a stage stores activations: the compute dtype (values rounded to it wherever a GPU kernel
-// would store them; the CPU keeps them in fp32 buffers) and activation recompute:
+// How a stage stores activations: the compute dtype (activations, their gradients, the logits and
+// the compute copy of the weights are stored in it; LayerNorm statistics, the attention
+// log-sum-exp and the losses in fp32) and activation recompute:
 //   none       keep every activation of a layer until its backward;
 //   selective  drop the attention output and its log-sum-exp and rerun the attention core (scores,
 //              softmax, weighted values) in backward (the probabilities are never kept: flash-style);
@@ -75,29 +76,30 @@ struct StageOptions {
   Recompute recompute = Recompute::None;
 };
 
-// Elements of activation storage that one micro-batch of B sequences keeps between its forward and
-// backward on this stage, and of the scratch shared by all micro-batches (planner and allocation
-// both use these). Bytes = elements * dtype_bytes(dtype).
-int64_t activation_floats_per_microbatch(const GPTDims& d, int64_t B, Recompute r = Recompute::None);
-int64_t scratch_floats(const GPTDims& d, int64_t B, Recompute r = Recompute::None);
-// Words (4 bytes) of the scratch that 16-bit TP sums use (bf16/fp16 with TP > 1, else 0).
-int64_t tp_wire_floats(const GPTDims& d, int64_t B, DType t);
+// Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
+// backward on this stage, and of the scratch shared by all micro-batches (the 16-bit TP sums'
+// gather buffer included), for compute dtype t. The planner and GPTStage's allocations both use
+// these: they are equal whenever each tensor's bytes are a multiple of the allocator's alignment.
+int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
+int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 
 class GPTStage {
  public:
-  // params / grads: device buffers of layout.total floats. tp: the tensor-parallel group.
-  // slots: how many micro-batches may be in flight between forward and backward.
-  GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, float* params,
-           float* grads, int64_t micro_batch, int slots, StageOptions options = {});
+  // params: the weights used in compute, layout.total elements of options.dtype (the fp32 master
+  // weights in fp32 runs, else their compute copy); grads: the fp32 gradients, layout.total floats.
+  // tp: the tensor-parallel group. slots: how many micro-batches may be in flight between forward
+  // and backward.
+  GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, CBuf params, float* grads,
+           int64_t micro_batch, int slots, StageOptions options = {});
   ~GPTStage();
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
 
   // Forward of micro-batch `slot`. First stage: tokens (B, S) on the device; other stages: the
-  // previous stage's output hidden (B, S, C) on the device.
-  void forward(int slot, const int32_t* tokens, const float* hidden_in);
-  // Output of a non-last stage (B, S, C).
-  const float* output(int slot) const;
+  // previous stage's output hidden (B, S, C) on the device, in the compute dtype.
+  void forward(int slot, const int32_t* tokens, CBuf hidden_in);
+  // Output of a non-last stage (B, S, C), in the compute dtype.
+  CBuf output(int slot) const;
   // Last stage: per-token losses of the slot's forward; if want_grad, also prepares the logits
   // gradient scaled by dloss_scale (d total_loss / d token_loss). Returns the sum of the losses.
   double loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad);
@@ -105,40 +107,40 @@ class GPTStage {
   // into grads. Non-first stages: input_grad() then holds d hidden_in. layer_done(l), if given, is
   // called as soon as transformer layer l (global index) has added its gradients (last layer first):
   // what the DP gradient sync overlaps with the rest of backward.
-  void backward(int slot, const float* doutput, const std::function<void(int64_t layer)>& layer_done = {});
-  const float* input_grad() const;
+  void backward(int slot, CBuf doutput, const std::function<void(int64_t layer)>& layer_done = {});
+  CBuf input_grad() const;
 
   int64_t micro_batch() const { return B_; }
 
  private:
   struct LayerActs;
   struct SlotActs;
-  void block_forward(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
-  void rnd(float* x, int64_t n) { if (opt_.dtype != DType::F32) ops_.round_to(x, n, opt_.dtype); }
+  void block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out);
+  void block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres);
+  void attention_core_forward(LayerActs& a);
   // How the TP mappings' sums travel: 16-bit values in bf16/fp16 runs, else fp32 (null).
   const TPWire* wire() const { return wire_.ops ? &wire_ : nullptr; }
-  void block_backward(int64_t layer, LayerActs& a, const float* x_in, float* dres);
-  void attention_core_forward(LayerActs& a);
-  const float* p(const std::string& name) const;
+  CBuf p(const std::string& name) const;
   float* g(const std::string& name) const;
 
   GPTDims d_;
   const ParamLayout& layout_;
   Ops& ops_;
   Comm& tp_;
-  float* params_;
+  CBuf params_;
   float* grads_;
   int64_t B_;
   StageOptions opt_;
   std::vector<SlotActs*> slots_;
   LayerActs* recompute_acts_ = nullptr;  // full recompute: one layer's activations, rebuilt in backward
-  // shared scratch
-  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr, *datt_stats_ = nullptr,
-        *dfc_ = nullptr, *tmp_ = nullptr, *logits_ = nullptr, *xent_ = nullptr;
-  TPWire wire_{nullptr, DType::F32, nullptr};
+  // shared scratch (compute dtype, except the fp32 attention and cross-entropy row statistics)
+  Buf dres_, dln_, dqkv_, datt_, dfc_, tmp_, logits_;
+  float *datt_stats_ = nullptr, *xent_ = nullptr;
+  TPWire wire_{nullptr, Buf{}};  // bf16/fp16 with TP > 1: the backend and the 16-bit sums' gather buffer
   int logits_slot_ = -1;  // which slot's logits gradient is in logits_
-  std::vector<float*> owned_;
-  float* alloc(int64_t n);
+  std::vector<void*> owned_;
+  Buf alloc(int64_t n);    // n elements of the compute dtype
+  float* alloc_f32(int64_t n);
 };
 
 }  // namespace tpt

@@ -33,18 +33,13 @@ double mib(int64_t bytes) { return double(bytes) / 1048576.0; }
 
 }  // namespace
 
-Storage storage_for(const Config& cfg) { return cfg.training.device == "cpu" ? Storage::Fp32Buffers : Storage::ComputeDtype; }
-const char* storage_name(Storage s) { return s == Storage::Fp32Buffers ? "fp32_buffers" : "compute_dtype"; }
-
-StageMemory stage_memory(const Config& cfg, int pp_rank, Storage storage) {
+StageMemory stage_memory(const Config& cfg, int pp_rank) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
   const GPTDims d = make_dims(cfg, tp, 0, pp, pp_rank);  // every TP rank of a stage holds the same sizes
   const ParamLayout layout = make_param_layout(d);
   const DType dtype = compute_dtype(cfg);
   const int64_t B = cfg.training.micro_batch_size;
-  const int64_t compute_bytes = dtype_bytes(dtype);
-  const int64_t storage_bytes = storage == Storage::Fp32Buffers ? 4 : compute_bytes;  // activations, compute weights
 
   StageMemory m;
   m.stage = pp_rank;
@@ -52,26 +47,17 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, Storage storage) {
   m.in_flight = max_in_flight(stage_schedule(cfg, pp_rank));
   for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
   m.parameter_buffer = layout.total;
-  m.weight_bytes = layout.total * 4 + (dtype == DType::F32 ? 0 : layout.total * storage_bytes);
+  m.weight_bytes = layout.total * 4 + (dtype == DType::F32 ? 0 : dtype_size(layout.total, dtype));
   m.gradient_bytes = layout.total * 4;
   m.optimizer_bytes = layout.total * 8;
   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
     m.activation_and_workspace_by_mode[int(r)] =
-        (activation_floats_per_microbatch(d, B, r) * m.in_flight + scratch_floats(d, B, r)) * storage_bytes +
-        tp_wire_floats(d, B, dtype) * 4;
+        activation_bytes_per_microbatch(d, B, r, dtype) * m.in_flight + scratch_bytes(d, B, r, dtype);
   const Recompute mode = parse_recompute(cfg.training.recompute);
-  m.activation_bytes = activation_floats_per_microbatch(d, B, mode) * m.in_flight * storage_bytes;
-  m.workspace_bytes = scratch_floats(d, B, mode) * storage_bytes + tp_wire_floats(d, B, dtype) * 4;
+  m.activation_bytes = activation_bytes_per_microbatch(d, B, mode, dtype) * m.in_flight;
+  m.workspace_bytes = scratch_bytes(d, B, mode, dtype);
   // The trainer's buffers: per in-flight slot a received activation and a received gradient.
-  const int64_t message = B * d.S * d.C;
-  if (pp > 1) {
-    if (storage == Storage::Fp32Buffers) {
-      m.buffer_bytes += 2 * m.in_flight * message * 4;
-      if (dtype != DType::F32) m.buffer_bytes += (2 * m.in_flight + 1) * ((message + 1) / 2) * 4;  // 16-bit wire
-    } else {
-      m.buffer_bytes += 2 * m.in_flight * message * compute_bytes;
-    }
-  }
+  if (pp > 1) m.buffer_bytes += 2 * m.in_flight * dtype_size(B * d.S * d.C, dtype);
   m.buffer_bytes += 2 * B * d.S * 4;  // tokens, targets (int32)
   return m;
 }
@@ -177,7 +163,7 @@ struct StageWork {
   double fwd_tp_bytes = 0, bwd_tp_bytes = 0;
 };
 
-StageWork stage_work(const Config& c, int s, Storage storage) {
+StageWork stage_work(const Config& c, int s) {
   const int tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
   const GPTDims d = make_dims(c, tp, 0, pp, s);
   const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), F = double(d.F);
@@ -198,7 +184,7 @@ StageWork stage_work(const Config& c, int s, Storage storage) {
   // GPipe: the last stage's logits of all but the last micro-batch are recomputed in backward
   if (gpipe && d.last_stage()) w.bwd_flops += lm_head * (M - 1) / M;
   if (tp > 1) {
-    const double cb = storage == Storage::Fp32Buffers ? 4 : dtype_bytes(compute_dtype(c));
+    const double cb = dtype_bytes(compute_dtype(c));
     const double act = N * C * cb;
     w.fwd_tp_bytes = layers * 2 * act + (d.first_stage() ? act : 0) + (d.last_stage() ? 3 * N * 4 : 0);
     w.bwd_tp_bytes = layers * 2 * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * 2 * act : 0);
@@ -208,7 +194,7 @@ StageWork stage_work(const Config& c, int s, Storage storage) {
 
 // Largest total over the stages; -1 when the config is not a valid grid for `world`.
 // distributed_optimizer: Megatron's estimate (fp32 master weights and Adam moments sharded over DP).
-int64_t peak_bytes(Config c, int world, Storage storage, bool distributed_optimizer) {
+int64_t peak_bytes(Config c, int world, bool distributed_optimizer) {
   try {
     c.parallel.data_parallel_size = 0;
     resolve_parallel(c, world);
@@ -218,7 +204,7 @@ int64_t peak_bytes(Config c, int world, Storage storage, bool distributed_optimi
   const int dp = c.parallel.data_parallel_size;
   int64_t peak = 0;
   for (int s = 0; s < c.parallel.pipeline_model_parallel_size; ++s) {
-    StageMemory m = stage_memory(c, s, storage);
+    StageMemory m = stage_memory(c, s);
     if (distributed_optimizer) {
       const int64_t master = m.parameter_buffer * 4;
       if (compute_dtype(c) != DType::F32) m.weight_bytes = m.weight_bytes - master + master / dp;
@@ -232,9 +218,8 @@ int64_t peak_bytes(Config c, int world, Storage storage, bool distributed_optimi
 std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   std::vector<PlanSuggestion> out;
   const double limit = plan.device_memory_bytes;
-  const Storage st = plan.storage;
   auto add = [&](const std::string& change, const std::string& note, Config v, int world, bool distopt) {
-    const int64_t peak = peak_bytes(v, world, st, distopt);
+    const int64_t peak = peak_bytes(v, world, distopt);
     if (peak >= 0) out.push_back({change, note, peak, double(peak) <= limit});
     return peak >= 0 && double(peak) <= limit;
   };
@@ -264,8 +249,8 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
         const int g = plan.options.gpus_per_node;  // TP groups that tile nodes: 1, 2, 4, 8, 16, ...
         if (!pipeline && (tp <= g ? g % tp != 0 : tp % g != 0)) continue;
         int world = tp * pp * plan.dp;  // keep DP, unless the same world size works
-        if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size, st, false) >= 0) world = plan.world_size;
-        const int64_t peak = peak_bytes(v, world, st, false);
+        if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size, false) >= 0) world = plan.world_size;
+        const int64_t peak = peak_bytes(v, world, false);
         if (peak < 0 || double(peak) > limit) continue;
         std::string note = "TP " + std::to_string(tp) + " x PP " + std::to_string(pp) + " x DP " +
                            std::to_string(world / (tp * pp)) + " = " + std::to_string(world) + " ranks";
@@ -303,7 +288,6 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   plan.pp = par.pipeline_model_parallel_size;
   plan.dp = par.data_parallel_size;
   plan.num_microbatches = num_microbatches(cfg);
-  plan.storage = o.storage.value_or(storage_for(cfg));
   plan.device_memory_bytes = o.device_memory_gib * 1073741824.0;
   plan.total_parameters = total_parameters(cfg);
   plan.padded_vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, plan.tp);
@@ -328,15 +312,14 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   const double tp_bw = link(plan.tp), dp_bw = link(plan.tp * plan.dp), pp_bw = link(plan.tp * plan.dp * 2);
   const double ring_tp = plan.tp > 1 ? 2.0 * (plan.tp - 1) / plan.tp : 0.0;
   const double ring_dp = plan.dp > 1 ? 2.0 * (plan.dp - 1) / plan.dp : 0.0;
-  const int64_t wire_bytes = plan.storage == Storage::Fp32Buffers ? (dtype == DType::F32 ? 4 : 2) : dtype_bytes(dtype);
-  const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size * wire_bytes;
+  const int64_t message = dtype_size(int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size, dtype);
   std::vector<double> fwd(static_cast<size_t>(P), 0.0), bwd(static_cast<size_t>(P), 0.0);
   double dp_time = 0;
   for (int s = 0; s < P; ++s) {
-    plan.stages.push_back(stage_memory(cfg, s, plan.storage));
+    plan.stages.push_back(stage_memory(cfg, s));
     const StageMemory& m = plan.stages.back();
     plan.fits = plan.fits && double(m.total_bytes()) <= plan.device_memory_bytes;
-    const StageWork w = stage_work(cfg, s, plan.storage);
+    const StageWork w = stage_work(cfg, s);
     fwd[size_t(s)] = w.fwd_flops / flops_per_s + w.fwd_tp_bytes * ring_tp / tp_bw;
     bwd[size_t(s)] = w.bwd_flops / flops_per_s + w.bwd_tp_bytes * ring_tp / tp_bw;
     plan.hardware_flops_per_iteration += (w.fwd_flops + w.bwd_flops) * M * plan.tp * plan.dp;

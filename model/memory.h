@@ -4,17 +4,17 @@
 //
 // Memory of one rank of pipeline stage s (every TP and DP rank of a stage holds the same amount):
 //   weights     fp32 master (the parameter buffer, ParamLayout::total floats) + for bf16/fp16 the
-//               compute copy (2 B/element with ComputeDtype storage, 4 with Fp32Buffers)
+//               compute copy (2 B/element)
 //   gradients   fp32, ParamLayout::total floats
 //   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element)
-//   activations activation_floats_per_microbatch(...) x the schedule's in-flight micro-batches on
-//               the stage (max_in_flight of its 1F1B / GPipe list), x the storage bytes
-//   workspace   scratch_floats(...) x the storage bytes (shared by all micro-batches)
-//   buffers     pipeline receive buffers (activation + gradient per in-flight slot when PP > 1; on
-//               the CPU backend also the 16-bit wire staging of bf16/fp16 messages) and the
-//               micro-batch's tokens and targets (int32)
-// With bf16 and ComputeDtype storage, weights + gradients + optimizer = 2 + 4 + 4 + 4 + 4 = 18 B per
-// element of the rank's parameter buffer: Megatron's documented 18 B/parameter (20 with Fp32Buffers).
+//   activations activation_bytes_per_microbatch(...) x the schedule's in-flight micro-batches on
+//               the stage (max_in_flight of its 1F1B / GPipe list)
+//   workspace   scratch_bytes(...) (shared by all micro-batches)
+//   buffers     pipeline receive buffers (activation + gradient per in-flight slot when PP > 1, in
+//               the compute dtype) and the micro-batch's tokens and targets (int32)
+// Every tensor is stored in its own dtype (core/ops.h): both backends allocate exactly this.
+// With bf16, weights + gradients + optimizer = 2 + 4 + 4 + 4 + 4 = 18 B per element of the rank's
+// parameter buffer: Megatron's documented 18 B/parameter.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -27,16 +27,6 @@
 namespace tpt {
 
 struct Config;
-
-// How tensors are stored. ComputeDtype: activations, workspace and the compute copy of the weights
-// in the compute dtype (2 B for bf16/fp16), as Megatron stores them on a GPU. Fp32Buffers: what
-// tptrain's backends allocate today (the CPU backend, and the CUDA backend through the same Ops
-// interface): every tensor an fp32 buffer holding values rounded to the compute dtype, 16-bit
-// pipeline messages staged in separate buffers.
-enum class Storage { ComputeDtype, Fp32Buffers };
-// Fp32Buffers when training.device is "cpu", else ComputeDtype (tptrain plan's --storage overrides).
-Storage storage_for(const Config& cfg);
-const char* storage_name(Storage s);  // "compute_dtype" | "fp32_buffers"
 
 struct StageMemory {
   int stage = 0;
@@ -57,7 +47,7 @@ struct StageMemory {
 };
 
 // Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done).
-StageMemory stage_memory(const Config& cfg, int pp_rank, Storage storage);
+StageMemory stage_memory(const Config& cfg, int pp_rank);
 // One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,
 // workspace .., buffers .. MiB" (the trainer's start-up log uses it).
 std::string describe_memory(const StageMemory& m);
@@ -89,7 +79,6 @@ struct PlanOptions {
   double inter_node_gbps = 40;         // GB/s (bytes): one 400 Gbit/s NIC per GPU at 80 %
   double hbm_gbps = 2500;              // GB/s: memory-bound optimizer step
   int gpus_per_node = 8;
-  std::optional<Storage> storage;      // default: storage_for(config)
 };
 
 struct PlanSuggestion {
@@ -102,7 +91,6 @@ struct PlanSuggestion {
 struct Plan {
   int world_size = 1, tp = 1, pp = 1, dp = 1;
   int num_microbatches = 1;
-  Storage storage = Storage::ComputeDtype;
   double device_memory_bytes = 0;
   int64_t total_parameters = 0, padded_vocab = 0;
   double flops_per_iteration = 0;      // model FLOPs (Megatron's formula)

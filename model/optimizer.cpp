@@ -39,8 +39,8 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
-AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, float* compute, DType dtype)
-    : layout_(layout), ops_(ops), params_(params), grads_(grads), compute_(compute), dtype_(dtype) {
+AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute)
+    : layout_(layout), ops_(ops), params_(params), grads_(grads), compute_(compute) {
   for (const ParamInfo& p : layout.params) {
     if (!runs_.empty() && runs_.back().decay == p.weight_decay && runs_.back().offset + runs_.back().n <= p.offset)
       runs_.back().n = p.offset + p.numel - runs_.back().offset;
@@ -69,7 +69,7 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
   a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
   for (const Run& r : runs_)
     ops_.adamw(params_ + r.offset, grads_ + r.offset, m_ + r.offset, v_ + r.offset, r.n, a, r.decay,
-               compute_ ? compute_ + r.offset : nullptr, dtype_);
+               compute_ ? compute_ + r.offset : Buf{});
 }
 
 }  // namespace tpt

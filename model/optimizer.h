@@ -34,10 +34,9 @@ struct LossScaler {
 
 class AdamW {
  public:
-  // compute: null, or (bf16/fp16 runs) the compute copy of params, refreshed by each step as the
-  // updated params rounded to dtype.
-  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, float* compute = nullptr,
-        DType dtype = DType::F32);
+  // compute: null, or (bf16/fp16 runs) the compute copy of params in its dtype, refreshed by each
+  // step as the updated params rounded to that dtype.
+  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute = {});
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -51,8 +50,7 @@ class AdamW {
   Ops& ops_;
   float* params_;
   const float* grads_;
-  float* compute_;
-  DType dtype_;
+  Buf compute_;
   float *m_ = nullptr, *v_ = nullptr;
   // the layout in runs of consecutive tensors with the same weight-decay choice (one kernel each;
   // the alignment padding between tensors is zero everywhere and stays zero)

@@ -24,7 +24,8 @@ struct StageHooks {
 // Microseconds on the clock the schedule's trace spans use (a process-wide epoch).
 double schedule_clock_us();
 
-// message_floats: floats of one activation (= one gradient) message, B * S * C.
+// message_floats: 4-byte words of one activation (= one gradient) message: B * S * C values of the
+// compute dtype (words_of in core/ops.h; the hooks return the stored tensors as float pointers).
 void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t message_floats,
                       const StageHooks& hooks);
 

@@ -11,31 +11,25 @@
 
 namespace tpt {
 
-// The same sums in bf16/fp16 runs: the partial sums travel as 16-bit values (half the bytes of an
-// fp32 all-reduce) -- an all-gather of every rank's packed values, then a sum in fp32 in rank
-// order (identical on every rank), rounded to t. scratch holds (tp + 1) * ceil(n / 2) + n floats.
-void all_reduce_half(Comm& tp, Ops& ops, float* x, int64_t n, DType t, float* scratch);
-
-// How the mappings' sums travel: fp32 (wire == nullptr) or 16-bit values (bf16/fp16 runs).
+// The sums of f and g on a tensor x of n elements of the compute dtype x.t, in place. fp32: an
+// all-reduce. bf16/fp16: the partial sums travel as 16-bit values (half the bytes of an fp32
+// all-reduce) -- an all-gather of every rank's values into wire->gather, then a sum in fp32 in rank
+// order on wire->ops (identical on every rank), rounded once to x.t.
 struct TPWire {
   Ops* ops;
-  DType dtype;
-  float* scratch;  // see all_reduce_half
+  Buf gather;  // tp_gather_bytes(n, x.t, tp) bytes
 };
-
-inline void tp_sum(Comm& tp, float* x, int64_t n, const TPWire* wire) {
-  if (tp.size() == 1) return;
-  if (wire) all_reduce_half(tp, *wire->ops, x, n, wire->dtype, wire->scratch);
-  else tp.all_reduce(x, n, ReduceOp::Sum);
-}
+void tp_sum(Comm& tp, Buf x, int64_t n, const TPWire* wire = nullptr);
+// Bytes of the gather buffer of tp_sum for n elements of t on `tp` ranks (0 when none is needed).
+int64_t tp_gather_bytes(int64_t n, DType t, int tp);
 
 // f backward: sum the input gradients of a column-parallel layer over the TP group.
-inline void copy_to_tp_region_backward(Comm& tp, float* grad, int64_t n, const TPWire* wire = nullptr) {
+inline void copy_to_tp_region_backward(Comm& tp, Buf grad, int64_t n, const TPWire* wire = nullptr) {
   tp_sum(tp, grad, n, wire);
 }
 
 // g forward: sum the partial outputs of a row-parallel layer over the TP group.
-inline void reduce_from_tp_region_forward(Comm& tp, float* x, int64_t n, const TPWire* wire = nullptr) {
+inline void reduce_from_tp_region_forward(Comm& tp, Buf x, int64_t n, const TPWire* wire = nullptr) {
   tp_sum(tp, x, n, wire);
 }
 

@@ -1,5 +1,8 @@
 // CPU backend: GEMMs through OpenBLAS sgemm, everything else as OpenMP loops that touch each
 // tensor once. Accumulations over rows (LayerNorm/bias gradients, norms) use per-thread partials.
+// It computes in fp32: a bf16/fp16 tensor is converted into an fp32 staging buffer where a kernel
+// reads it, and a result is rounded (nearest even) into its 16-bit storage where the kernel
+// stores it -- the values a GPU kernel that converts on load and store computes.
 #include <cblas.h>
 #include <omp.h>
 
@@ -34,6 +37,46 @@ void add_column_sums(float* out, const float* x, int64_t N, int64_t C) {
   }
 }
 
+// n elements of src (dtype t) as fp32 into dst, and back (rounded to t).
+void load_f32(float* dst, const void* src, DType t, int64_t n) {
+  if (t == DType::F32) {
+    if (dst != src) std::memcpy(dst, src, size_t(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  if (t == DType::BF16) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+  }
+}
+
+void store_f32(void* dst, DType t, const float* src, int64_t n) {
+  if (t == DType::F32) {
+    if (dst != src) std::memcpy(dst, src, size_t(n) * sizeof(float));
+    return;
+  }
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  if (t == DType::BF16) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+  }
+}
+
+// One row of a tensor of dtype t as fp32 (the cross-entropy's row loops).
+inline void row_to_f32(float* dst, const void* src, DType t, int64_t off, int64_t n) {
+  if (t == DType::F32) std::memcpy(dst, static_cast<const float*>(src) + off, size_t(n) * sizeof(float));
+  else if (t == DType::BF16)
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(static_cast<const uint16_t*>(src)[off + i]);
+  else
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(static_cast<const uint16_t*>(src)[off + i]);
+}
+
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(int threads) : threads_(std::max(1, threads)) {
@@ -42,8 +85,10 @@ class CpuOps final : public Ops {
   }
   std::string name() const override { return "cpu (OpenBLAS, " + std::to_string(threads_) + " threads)"; }
 
-  float* alloc(size_t n) override {
-    size_t bytes = std::max<size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
+  // ---- memory
+
+  void* alloc_bytes(size_t n) override {
+    size_t bytes = std::max<size_t>(64, (n + 63) / 64 * 64);
     void* p = std::aligned_alloc(64, bytes);
     if (!p) internal_error("out of host memory allocating " + std::to_string(bytes) + " bytes");
     std::memset(p, 0, bytes);
@@ -53,9 +98,9 @@ class CpuOps final : public Ops {
       allocated_ += int64_t(bytes);
       peak_ = std::max(peak_, allocated_);
     }
-    return static_cast<float*>(p);
+    return p;
   }
-  void free(float* p) override {
+  void free(void* p) override {
     if (!p) return;
     {
       std::lock_guard<std::mutex> lock(alloc_mutex_);
@@ -75,13 +120,287 @@ class CpuOps final : public Ops {
     std::lock_guard<std::mutex> lock(alloc_mutex_);
     return peak_;
   }
-  void zero(float* p, size_t n) override { std::memset(p, 0, n * sizeof(float)); }
-  void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
-  void to_host(float* host, const float* dev, size_t n) override { copy(host, dev, n); }
-  void to_device(float* dev, const float* host, size_t n) override { copy(dev, host, n); }
+  void zero(Buf p, int64_t n) override { std::memset(p.p, 0, size_t(dtype_size(n, p.t))); }
+  void copy(Buf dst, CBuf src, int64_t n) override {
+    TPT_CHECK(dst.t == src.t);
+    if (n > 0 && dst.p != src.p) std::memcpy(dst.p, src.p, size_t(dtype_size(n, src.t)));
+  }
+  void to_host(void* host, CBuf dev, int64_t n) override { copy(Buf(host, dev.t), dev, n); }
+  void to_device(Buf dev, const void* host, int64_t n) override { copy(dev, CBuf(host, dev.t), n); }
+  void convert(Buf dst, CBuf src, int64_t n) override {
+    if (dst.t == src.t) return copy(dst, src, n);
+    if (src.t == DType::F32) return store_f32(dst.p, dst.t, src.f32(), n);
+    if (dst.t == DType::F32) return load_f32(dst.f32(), src.p, src.t, n);
+    float* tmp = stage(0, n);  // bf16 <-> fp16 through fp32
+    load_f32(tmp, src.p, src.t, n);
+    store_f32(dst.p, dst.t, tmp, n);
+  }
 
-  void linear_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
-                      int64_t I, int64_t O) override {
+  // ---- typed kernels: stage 16-bit operands as fp32, run the fp32 kernel, round the results
+
+  void linear_forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                      Buf gelu_pre) override {
+    const float* x = in(inp, N * I, 0);
+    const float* wf = in(w, O * I, 1);
+    const float* bf = bias ? in(bias, O, 2) : nullptr;
+    if (!gelu_pre) {
+      float* y = out_f32(out, N * O, 3);
+      linear_forward_f32(y, x, wf, bf, N, I, O);
+      store(out, y, N * O);
+      return;
+    }
+    float* pre = out_f32(gelu_pre, N * O, 3);  // the fp32 pre-activation: GELU reads it before it is rounded
+    linear_forward_f32(pre, x, wf, bf, N, I, O);
+    float* y = out_f32(out, N * O, 4);
+    gelu_forward_f32(y, pre, N * O);
+    store(gelu_pre, pre, N * O);
+    store(out, y, N * O);
+  }
+
+  void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
+                       int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
+    TPT_CHECK(!(gelu_pre && accumulate_dinp));
+    const float* dy = in(dout, N * O, 0);
+    const float* x = in(inp, N * I, 1);
+    if (dinp) {
+      const float* wf = in(w, O * I, 2);
+      float* dx = accumulate_dinp ? load(dinp, N * I, 3) : out_f32(dinp, N * I, 3);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.0f, dy, O, wf, I,
+                  accumulate_dinp ? 1.0f : 0.0f, dx, I);
+      if (gelu_pre) {
+        const float* pre = in(gelu_pre, N * I, 4);
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < N * I; ++i) dx[i] *= gelu_grad(pre[i]);
+      }
+      store(dinp, dx, N * I);
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
+    if (dbias) add_column_sums(dbias, dy, N, O);
+  }
+
+  void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
+                         float eps) override {
+    float* y = out_f32(out, N * C, 0);
+    layernorm_forward_f32(y, mean, rstd, in(inp, N * C, 1), in(w, C, 2), in(b, C, 3), N, C, eps);
+    store(out, y, N * C);
+  }
+  void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w, CBuf bias,
+                                  int64_t N, int64_t C, float eps) override {
+    const int64_t n = N * C;
+    float* r = out_f32(res, n, 0);
+    add_f32(r, in(a, n, 1), in(b, n, 2), n);
+    store(res, r, n);
+    const float* stored = in(res, n, 1);  // LayerNorm reads the residual as stored (rounded)
+    float* y = out_f32(out, n, 2);
+    layernorm_forward_f32(y, mean, rstd, stored, in(w, C, 3), in(bias, C, 4), N, C, eps);
+    store(out, y, n);
+  }
+  void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+                          const float* rstd, int64_t N, int64_t C) override {
+    float* dx = load(dinp, N * C, 0);
+    layernorm_backward_f32(dx, dw, db, in(dout, N * C, 1), in(inp, N * C, 2), in(w, C, 3), mean, rstd, N, C);
+    store(dinp, dx, N * C);
+  }
+
+  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    float* y = out_f32(out, B * T * H * D, 0);
+    attention_forward_f32(y, lse, in(qkv, 3 * B * T * H * D, 1), B, T, H, D);
+    store(out, y, B * T * H * D);
+  }
+  void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf, const float* lse, int64_t B,
+                          int64_t T, int64_t H, int64_t D) override {
+    const int64_t n = 3 * B * T * H * D;
+    float* dx = out_f32(dqkv, n, 0);
+    attention_backward_f32(dx, scratch, in(dout, B * T * H * D, 1), in(qkv, n, 2), nullptr, lse, B, T, H, D);
+    store(dqkv, dx, n);
+  }
+
+  void gelu_forward(Buf out, CBuf inp, int64_t n) override {
+    float* y = out_f32(out, n, 0);
+    gelu_forward_f32(y, in(inp, n, 1), n);
+    store(out, y, n);
+  }
+  void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) override {
+    const float* dy = in(dout, n, 1);
+    const float* x = in(inp, n, 2);
+    float* dx = out_f32(dinp, n, 0);
+    gelu_backward_f32(dx, dy, x, n);
+    store(dinp, dx, n);
+  }
+  void add(Buf out, CBuf a, CBuf b, int64_t n) override {
+    const float* af = in(a, n, 1);
+    const float* bf = in(b, n, 2);
+    float* y = out_f32(out, n, 0);
+    add_f32(y, af, bf, n);
+    store(out, y, n);
+  }
+  void accumulate(Buf y, CBuf x, int64_t n) override {
+    float* yf = load(y, n, 0);
+    accumulate_f32(yf, in(x, n, 1), n);
+    store(y, yf, n);
+  }
+  void sum_parts(Buf out, CBuf parts, int k, int64_t n) override {
+    float* y = out_f32(out, n, 0);
+    load_f32(y, parts.p, parts.t, n);
+    for (int r = 1; r < k; ++r) accumulate_f32(y, in(parts + int64_t(r) * n, n, 1), n);
+    store(out, y, n);
+  }
+  void scale(float* x, float s, int64_t n) override { scale_f32(x, s, n); }
+
+  void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
+                         int64_t rows) override {
+    TPT_CHECK(out.t == wte.t);  // rows are copied as stored
+    const size_t row = size_t(dtype_size(C, out.t));
+    char* o = static_cast<char*>(out.p);
+    const char* wp = static_cast<const char*>(wte.p);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      int64_t r = int64_t(tokens[n]) - v0;
+      if (r >= 0 && r < rows) std::memcpy(o + n * row, wp + r * row, row);
+      else std::memset(o + n * row, 0, row);
+    }
+  }
+  void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+                          int64_t rows) override {
+    embedding_backward_f32(dwte, tokens, in(dout, N * C, 0), N, C, v0, rows);
+  }
+  void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) override {
+    float* y = load(out, B * T * C, 0);
+    add_position_embedding_f32(y, in(wpe, T * C, 1), B, T, C);
+    store(out, y, B * T * C);
+  }
+  void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
+    position_embedding_backward_f32(dwpe, in(dout, B * T * C, 0), B, T, C);
+  }
+
+  // ---- cross-entropy: row by row, each row converted into a buffer of its thread
+
+  void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
+                      int64_t Vl, int64_t v0, int64_t valid_vocab) override {
+    const int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
+#pragma omp parallel
+    {
+      std::vector<float> row(size_t(std::max<int64_t>(nvalid, 1)));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        float* l = row.data();
+        row_to_f32(l, logits.p, logits.t, n * Vl, nvalid);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < nvalid; ++j) mx = std::max(mx, l[j]);
+        row_max[n] = mx;
+        int64_t j = int64_t(targets[n]) - v0;
+        target_logit[n] = (j >= 0 && j < nvalid) ? l[j] : 0.0f;
+      }
+    }
+  }
+  void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_t N, int64_t Vl, int64_t v0,
+                         int64_t valid_vocab) override {
+    const int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
+#pragma omp parallel
+    {
+      std::vector<float> row(size_t(std::max<int64_t>(nvalid, 1)));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        float* l = row.data();
+        row_to_f32(l, logits.p, logits.t, n * Vl, nvalid);
+        const float mx = row_max[n];
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < nvalid; ++j) s += fast_exp(l[j] - mx);
+        sum_exp[n] = s;
+      }
+    }
+  }
+  void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
+                      const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
+                      int64_t valid_vocab, float dloss_scale, bool want_grad) override {
+    const int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
+#pragma omp parallel
+    {
+      std::vector<float> row(size_t(std::max<int64_t>(Vl, 1)));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        const float mx = row_max[n], se = sum_exp[n];
+        losses[n] = std::log(se) + mx - target_logit[n];
+        if (!want_grad) continue;
+        float* l = row.data();
+        row_to_f32(l, logits.p, logits.t, n * Vl, nvalid);
+        const float inv = dloss_scale / se;
+#pragma omp simd
+        for (int64_t j = 0; j < nvalid; ++j) l[j] = fast_exp(l[j] - mx) * inv;
+        for (int64_t j = nvalid; j < Vl; ++j) l[j] = 0.0f;
+        int64_t t = int64_t(targets[n]) - v0;
+        if (t >= 0 && t < nvalid) l[t] -= dloss_scale;
+        if (logits.t == DType::F32) std::memcpy(logits.f32() + n * Vl, l, size_t(Vl) * sizeof(float));
+        else if (logits.t == DType::BF16)
+          for (int64_t j = 0; j < Vl; ++j) static_cast<uint16_t*>(logits.p)[n * Vl + j] = fp32_to_bf16(l[j]);
+        else
+          for (int64_t j = 0; j < Vl; ++j) static_cast<uint16_t*>(logits.p)[n * Vl + j] = fp32_to_fp16(l[j]);
+      }
+    }
+  }
+
+  // ---- norms, optimizer
+
+  bool has_nonfinite(const float* x, int64_t n) override {
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+    return bad != 0;
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
+    return s;
+  }
+  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+             Buf compute) override {
+    const DType t = compute.t;
+    float* c32 = compute.f32();
+    uint16_t* c16 = static_cast<uint16_t*>(compute.p);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      adamw_update(p[i], g[i], m[i], v[i], a, decay);
+      if (!compute) continue;
+      if (t == DType::F32) c32[i] = p[i];
+      else c16[i] = t == DType::BF16 ? fp32_to_bf16(p[i]) : fp32_to_fp16(p[i]);
+    }
+  }
+
+ private:
+  // ---- fp32 staging: a few grow-only buffers, reused by every call (slot k: a kernel's k-th operand)
+  float* stage(int slot, int64_t n) {
+    auto& s = staging_[size_t(slot)];
+    if (s.n < n) {
+      s.data.reset(new float[size_t(std::max<int64_t>(n, 1))]);
+      s.n = n;
+    }
+    return s.data.get();
+  }
+  // x as fp32 for reading: itself, or its conversion in staging slot `slot`
+  const float* in(CBuf x, int64_t n, int slot) {
+    if (x.t == DType::F32) return x.f32();
+    float* s = stage(slot, n);
+    load_f32(s, x.p, x.t, n);
+    return s;
+  }
+  // where a kernel writes y's fp32 result: y itself, or staging that store() then rounds into y
+  float* out_f32(Buf y, int64_t n, int slot) { return y.t == DType::F32 ? y.f32() : stage(slot, n); }
+  // the same for read-modify-write results (+=): staging starts as y's values
+  float* load(Buf y, int64_t n, int slot) {
+    if (y.t == DType::F32) return y.f32();
+    float* s = stage(slot, n);
+    load_f32(s, y.p, y.t, n);
+    return s;
+  }
+  void store(Buf y, const float* f, int64_t n) {
+    if (y.t != DType::F32) store_f32(y.p, y.t, f, n);
+  }
+
+  // ---- the fp32 kernels
+  void linear_forward_f32(float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                      int64_t I, int64_t O) {
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static)
@@ -91,8 +410,8 @@ class CpuOps final : public Ops {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, O, I, 1.0f, inp, I, w, I, beta, out, O);
   }
 
-  void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t I, int64_t O, bool accumulate_dinp) override {
+  void linear_backward_f32(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int64_t N, int64_t I, int64_t O, bool accumulate_dinp) {
     if (dinp)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.0f, dout, O, w, I,
                   accumulate_dinp ? 1.0f : 0.0f, dinp, I);
@@ -100,8 +419,8 @@ class CpuOps final : public Ops {
     if (dbias) add_column_sums(dbias, dout, N, O);
   }
 
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, int64_t N, int64_t C, float eps) override {
+  void layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int64_t N, int64_t C, float eps) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + n * C;
@@ -121,9 +440,9 @@ class CpuOps final : public Ops {
     }
   }
 
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  void layernorm_backward_f32(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int64_t N,
-                          int64_t C) override {
+                          int64_t C) {
     int nt = threads_;
     std::vector<float> part(size_t(nt) * 2 * C, 0.0f);
 #pragma omp parallel num_threads(nt)
@@ -163,8 +482,8 @@ class CpuOps final : public Ops {
   }
 
   // A query row at a time: its scores live in a row buffer of this thread, never a T x T matrix.
-  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                         int64_t D) override {
+  void attention_forward_f32(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
+                         int64_t D) {
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t row = 3 * H * D;  // stride between tokens in qkv
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -203,8 +522,8 @@ class CpuOps final : public Ops {
 
   // Rebuilds each query row's probabilities from its scores and lse (in a row buffer); the softmax
   // backward's sum(p * dp) comes from the rebuilt row, so `out` and the scratch are not needed here.
-  void attention_backward(float* dqkv, float*, const float* dout, const float* qkv, const float*,
-                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) override {
+  void attention_backward_f32(float* dqkv, float*, const float* dout, const float* qkv, const float*,
+                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) {
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t row = 3 * H * D;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -263,29 +582,29 @@ class CpuOps final : public Ops {
       }
   }
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override {
+  void gelu_forward_f32(float* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
   }
-  void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) override {
+  void gelu_backward_f32(float* dinp, const float* dout, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) dinp[i] = dout[i] * gelu_grad(inp[i]);
   }
-  void add(float* out, const float* a, const float* b, int64_t n) override {
+  void add_f32(float* out, const float* a, const float* b, int64_t n) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }
-  void accumulate(float* y, const float* x, int64_t n) override {
+  void accumulate_f32(float* y, const float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
   }
-  void scale(float* x, float s, int64_t n) override {
+  void scale_f32(float* x, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] *= s;
   }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t N, int64_t C,
-                         int64_t v0, int64_t rows) override {
+  void embedding_forward_f32(float* out, const int32_t* tokens, const float* wte, int64_t N, int64_t C,
+                         int64_t v0, int64_t rows) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       int64_t r = int64_t(tokens[n]) - v0;
@@ -293,8 +612,8 @@ class CpuOps final : public Ops {
       else std::memset(out + n * C, 0, C * sizeof(float));
     }
   }
-  void embedding_backward(float* dwte, const int32_t* tokens, const float* dout, int64_t N, int64_t C,
-                          int64_t v0, int64_t rows) override {
+  void embedding_backward_f32(float* dwte, const int32_t* tokens, const float* dout, int64_t N, int64_t C,
+                          int64_t v0, int64_t rows) {
     // Parallel over feature columns so that repeated tokens never race.
 #pragma omp parallel for schedule(static)
     for (int64_t c0 = 0; c0 < C; c0 += 64) {
@@ -306,7 +625,7 @@ class CpuOps final : public Ops {
       }
     }
   }
-  void add_position_embedding(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) override {
+  void add_position_embedding_f32(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) {
@@ -315,8 +634,8 @@ class CpuOps final : public Ops {
         for (int64_t c = 0; c < C; ++c) o[c] += p[c];
       }
   }
-  void position_embedding_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
-                                   int64_t C) override {
+  void position_embedding_backward_f32(float* dwpe, const float* dout, int64_t B, int64_t T,
+                                   int64_t C) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t b = 0; b < B; ++b) {
@@ -326,91 +645,13 @@ class CpuOps final : public Ops {
       }
   }
 
-  void xent_local_max(float* row_max, float* target_logit, const float* logits, const int32_t* targets,
-                      int64_t N, int64_t Vl, int64_t v0, int64_t valid_vocab) override {
-    int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* l = logits + n * Vl;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < nvalid; ++j) mx = std::max(mx, l[j]);
-      row_max[n] = mx;
-      int64_t j = int64_t(targets[n]) - v0;
-      target_logit[n] = (j >= 0 && j < nvalid) ? l[j] : 0.0f;
-    }
-  }
-  void xent_local_sumexp(float* sum_exp, float* logits, const float* row_max, int64_t N, int64_t Vl,
-                         int64_t v0, int64_t valid_vocab) override {
-    int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      float* l = logits + n * Vl;
-      const float mx = row_max[n];
-      float s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < nvalid; ++j) {
-        l[j] = fast_exp(l[j] - mx);
-        s += l[j];
-      }
-      for (int64_t j = nvalid; j < Vl; ++j) l[j] = 0.0f;
-      sum_exp[n] = s;
-    }
-  }
-  void xent_backward_inplace(float* exps, float* losses, const float* row_max, const float* sum_exp,
-                             const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl,
-                             int64_t v0, int64_t valid_vocab, float dloss_scale, bool want_grad) override {
-    int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      float mx = row_max[n], se = sum_exp[n];
-      losses[n] = std::log(se) + mx - target_logit[n];
-      if (!want_grad) continue;
-      float* l = exps + n * Vl;
-      const float inv = dloss_scale / se;
-#pragma omp simd
-      for (int64_t j = 0; j < Vl; ++j) l[j] *= inv;  // padding stays 0
-      int64_t t = int64_t(targets[n]) - v0;
-      if (t >= 0 && t < nvalid) l[t] -= dloss_scale;
-    }
-  }
 
-  void round_to(float* x, int64_t n, DType t) override {
-    if (t == DType::F32) return;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) x[i] = tpt::round_to(x[i], t);
-  }
-  bool has_nonfinite(const float* x, int64_t n) override {
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
-    return bad != 0;
-  }
-  void pack_half(uint16_t* dst, const float* src, int64_t n, DType t) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) dst[i] = t == DType::BF16 ? fp32_to_bf16(src[i]) : fp32_to_fp16(src[i]);
-  }
-  void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) dst[i] = t == DType::BF16 ? bf16_to_fp32(src[i]) : fp16_to_fp32(src[i]);
-  }
-
-  double sum_squares(const float* x, int64_t n) override {
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
-    return s;
-  }
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a,
-             bool decay, float* compute, DType t) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      adamw_update(p[i], g[i], m[i], v[i], a, decay);
-      if (compute) compute[i] = tpt::round_to(p[i], t);
-    }
-  }
-
- private:
   int threads_;
+  struct Staging {
+    std::unique_ptr<float[]> data;
+    int64_t n = 0;
+  };
+  Staging staging_[5];
   // allocation accounting: bytes of each live allocation (as rounded by alloc)
   mutable std::mutex alloc_mutex_;
   std::unordered_map<const void*, size_t> alloc_sizes_;

@@ -224,7 +224,7 @@ StageRun run_pipeline(const GPTDims& d, const ParamLayout& l, Comm& tp, Comm* pp
     pp->send_recv(nullptr, 0, 0, buf.data(), NC, s - 1);
     stage.forward(0, nullptr, buf.data());
   }
-  if (!d.last_stage()) pp->send_recv(stage.output(0), NC, s + 1, nullptr, 0, 0);
+  if (!d.last_stage()) pp->send_recv(stage.output(0).f32(), NC, s + 1, nullptr, 0, 0);
   if (d.last_stage()) {
     out.loss = stage.loss(0, targets.data(), 1.0f / float(N), true) / double(N);
     stage.backward(0, nullptr);
@@ -232,7 +232,7 @@ StageRun run_pipeline(const GPTDims& d, const ParamLayout& l, Comm& tp, Comm* pp
     pp->send_recv(nullptr, 0, 0, buf.data(), NC, s + 1);
     stage.backward(0, buf.data());
   }
-  if (!d.first_stage()) pp->send_recv(stage.input_grad(), NC, s - 1, nullptr, 0, 0);
+  if (!d.first_stage()) pp->send_recv(stage.input_grad().f32(), NC, s - 1, nullptr, 0, 0);
   if (pp) pp->all_reduce(&out.loss, 1, ReduceOp::Sum);  // only the last stage's is nonzero
   if (embedding) {
     const ParamInfo* wte = l.find("wte.weight");

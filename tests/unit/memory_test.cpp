@@ -70,7 +70,7 @@ TEST(Memory, SC21ModelStateIs18BytesPerParameter) {
   const int64_t held = 145622261760LL + (tp - 1) * replicated + V * h;
   int64_t state = 0, elements = 0;
   for (int stage = 0; stage < 8; ++stage) {
-    const StageMemory m = stage_memory(c, stage, Storage::ComputeDtype);
+    const StageMemory m = stage_memory(c, stage);
     EXPECT_EQ(m.parameter_buffer, m.parameters_per_rank);  // no alignment padding at these sizes
     EXPECT_EQ(m.model_state_bytes(), 18 * m.parameter_buffer);
     state += tp * m.model_state_bytes();
@@ -91,10 +91,10 @@ TEST(Memory, GPT2SmallParameters) {
   EXPECT_EQ(total_parameters(c), 124439808LL);  // counted with the unpadded vocabulary
   // The padded vocabulary (50304 = 393 * 128 rows) adds 47 zero rows of 768 to the word embedding a
   // rank holds: parameters_per_rank (and the buffer) count them, total_parameters does not.
-  const StageMemory m = stage_memory(c, 0, Storage::ComputeDtype);
+  const StageMemory m = stage_memory(c, 0);
   EXPECT_EQ(m.parameters_per_rank, 124439808LL + 47 * 768);
   const Config c1 = config(shape + ", make_vocab_size_divisible_by: 1", "training: {train_iters: 1}", 1);
-  EXPECT_EQ(stage_memory(c1, 0, Storage::ComputeDtype).parameters_per_rank, 124439808LL);
+  EXPECT_EQ(stage_memory(c1, 0).parameters_per_rank, 124439808LL);
   EXPECT_EQ(total_parameters(c1), 124439808LL);
 }
 
@@ -120,12 +120,13 @@ TEST(Memory, SimulatedBubbleMatchesAnalytic) {
 }
 
 // The categories against hand counts, and activations + workspace against the CPU backend's
-// allocations for the same stage (the size functions the planner uses are the allocation's).
+// allocations for the same stage (the size functions the planner uses are the allocation's), in
+// every precision: bf16/fp16 activations take half the bytes of fp32 ones.
 TEST(Memory, CategoriesMatchAllocation) {
   const std::string shape =
       "num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97, "
       "make_vocab_size_divisible_by: 8";
-  for (const char* precision : {"fp32", "bf16"})
+  for (const char* precision : {"fp32", "bf16", "fp16"})
     for (const char* recompute : {"none", "selective", "full"})
       for (int tp : {1, 2})
         for (int pp : {1, 2}) {
@@ -135,32 +136,44 @@ TEST(Memory, CategoriesMatchAllocation) {
                                 "}\ntraining: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, "
                                 "precision: " + precision + ", recompute: " + recompute + "}",
                             tp * pp);
-          const bool bf16 = std::string(precision) == "bf16";
+          const DType t = std::string(precision) == "bf16"   ? DType::BF16
+                          : std::string(precision) == "fp16" ? DType::F16
+                                                             : DType::F32;
+          Config c32 = c;
+          c32.training.precision = "fp32";
           for (int s = 0; s < pp; ++s) {
             const GPTDims d = make_dims(c, tp, 0, pp, s);
             const ParamLayout layout = make_param_layout(d);
-            const StageMemory cpu = stage_memory(c, s, Storage::Fp32Buffers), dev = stage_memory(c, s, Storage::ComputeDtype);
+            const StageMemory m = stage_memory(c, s), m32 = stage_memory(c32, s);
             const std::string where = std::string(precision) + " " + recompute + " tp" + std::to_string(tp) +
                                       " pp" + std::to_string(pp) + " stage " + std::to_string(s);
-            EXPECT_EQ(cpu.in_flight, std::min(pp - s, 4)) << where;  // 1F1B, M = 4
-            EXPECT_EQ(cpu.gradient_bytes, layout.total * 4) << where;
-            EXPECT_EQ(cpu.optimizer_bytes, layout.total * 8) << where;
-            EXPECT_EQ(cpu.model_state_bytes(), layout.total * (bf16 ? 20 : 16)) << where;
-            EXPECT_EQ(dev.model_state_bytes(), layout.total * (bf16 ? 18 : 16)) << where;
-            if (bf16) {
-              EXPECT_EQ(2 * dev.activation_bytes, cpu.activation_bytes) << where;
+            EXPECT_EQ(m.in_flight, std::min(pp - s, 4)) << where;  // 1F1B, M = 4
+            EXPECT_EQ(m.gradient_bytes, layout.total * 4) << where;
+            EXPECT_EQ(m.optimizer_bytes, layout.total * 8) << where;
+            EXPECT_EQ(m.model_state_bytes(), layout.total * (t == DType::F32 ? 16 : 18)) << where;
+            if (t != DType::F32) {
+              // 16-bit tensors halve; the fp32 ones (LayerNorm statistics, lse, tokens) do not
+              const GPTDims d1 = make_dims(c, tp, 0, pp, s);
+              const int64_t N = 4 * d1.S, layers = d1.layer_end - d1.layer_begin;
+              const int64_t f32_per_layer =
+                  std::string(recompute) == "full" ? 0 : 4 * N + (std::string(recompute) == "none" ? 4 * d1.Hl * d1.S : 0);
+              const int64_t f32 = 2 * N + layers * f32_per_layer + (d1.last_stage() ? 2 * N : 0);  // floats
+              EXPECT_EQ(m.activation_bytes, (m32.activation_bytes - 4 * f32 * m.in_flight) / 2 + 4 * f32 * m.in_flight)
+                  << where;
+              EXPECT_EQ(m.buffer_bytes - 2 * N * 4, (m32.buffer_bytes - 2 * N * 4) / 2) << where;
             }
             std::unique_ptr<Ops> ops = make_cpu_ops(1);
             std::unique_ptr<Comm> comm = make_self_comm();  // construction allocates only
-            std::vector<float> params(size_t(layout.total)), grads(size_t(layout.total));
+            std::vector<float> grads(size_t(layout.total));
+            std::vector<float> params(size_t(layout.total));  // room for any dtype
             const int64_t before = ops->allocated_bytes();
             {
-              GPTStage stage(d, layout, *ops, *comm, params.data(), grads.data(), 4, cpu.in_flight,
-                             StageOptions{bf16 ? DType::BF16 : DType::F32, parse_recompute(recompute)});
-              EXPECT_EQ(ops->allocated_bytes() - before, cpu.activation_bytes + cpu.workspace_bytes) << where;
+              GPTStage stage(d, layout, *ops, *comm, CBuf(params.data(), t), grads.data(), 4, m.in_flight,
+                             StageOptions{t, parse_recompute(recompute)});
+              EXPECT_EQ(ops->allocated_bytes() - before, m.activation_bytes + m.workspace_bytes) << where;
             }
             EXPECT_EQ(ops->allocated_bytes(), before) << where;
-            EXPECT_GE(ops->peak_allocated_bytes(), cpu.activation_bytes + cpu.workspace_bytes) << where;
+            EXPECT_GE(ops->peak_allocated_bytes(), m.activation_bytes + m.workspace_bytes) << where;
           }
         }
 }
