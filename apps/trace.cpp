@@ -30,6 +30,8 @@ void TraceRecorder::write_part() const {
   snprintf(label, sizeof(label), "rank %d (tp %d, pp %d, dp %d)", rank_, tp_rank_, pp_rank_, dp_rank_);
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", label}}}});
   ev.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"sort_index", rank_}}}});
+  ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 0}, {"args", {{"name", "schedule"}}}});
+  ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 1}, {"args", {{"name", "ops"}}}});
   for (const Event& e : events_) {
     std::string cat = !e.cat.empty()                               ? e.cat
                       : e.action.kind == Action::Kind::Forward    ? "forward"
@@ -39,7 +41,7 @@ void TraceRecorder::write_part() const {
                   {"cat", cat},
                   {"ph", "X"},
                   {"pid", rank_},
-                  {"tid", 0},
+                  {"tid", cat == "op" ? 1 : 0},  // the op profile's spans on a track of their own
                   {"ts", e.t0},
                   {"dur", e.t1 - e.t0},
                   {"args", {{"iteration", e.iteration}, {"stage", pp_rank_}}}});

@@ -16,7 +16,8 @@ class TraceRecorder {
   TraceRecorder(std::string path, int rank, int tp_rank, int pp_rank, int dp_rank);
   bool enabled() const { return !path_.empty(); }
   void record(int64_t iteration, const Action& a, double t0_us, double t1_us);
-  // A span outside the schedule: category "allreduce" (gradient reduction) or "optimizer".
+  // A span outside the schedule: category "allreduce" (gradient reduction), "optimizer", or "op"
+  // (logging.profile_ops: one Ops call or collective, on a track of its own).
   void record_span(int64_t iteration, const std::string& name, const std::string& cat, double t0_us, double t1_us);
   // Writes this rank's part; rank 0 waits for `barrier` then merges all parts into the trace file.
   void write_part() const;

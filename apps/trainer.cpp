@@ -12,6 +12,7 @@
 #include "model/hf_gpt2.h"
 #include "model/memory.h"  // plan: the memory line below
 #include "parallel/pipeline.h"
+#include "parallel/profiled_comm.h"
 #ifdef TPTRAIN_HAVE_CUDA
 #include <cstdlib>
 
@@ -51,6 +52,15 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
 #endif
   } else {
     ops_ = make_cpu_ops(threads);
+  }
+  if (cfg.logging.profile_ops) {  // every op and collective timed on the backend's clock
+    backend_ = std::move(ops_);
+    profile_ = std::make_unique<OpProfile>(*backend_, schedule_clock_us);
+    ops_ = make_profiled_ops(*backend_, *profile_, [this](int64_t in, int64_t out) { return linear_name(dims_, in, out); });
+    profiled_tp_ = make_profiled_comm(grid.device_tp(), *profile_, "tp");
+    profiled_pp_ = make_profiled_comm(grid.device_pp(), *profile_, "pp");
+    profiled_dp_ = make_profiled_comm(grid.device_dp(), *profile_, "dp");
+    if (grid.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid.device_embedding(), *profile_, "embedding");
   }
 
   // data
@@ -103,7 +113,7 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid.pp, grid.pp_rank, num_micro_);
   const int slots = max_in_flight(train_schedule_);
   StageOptions stage_options{dtype_, parse_recompute(cfg.training.recompute)};
-  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, grid.device_tp() /* cuda */, params_compute_, grads_,
+  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, comm(grid.device_tp(), profiled_tp_), params_compute_, grads_,
                                       cfg.training.micro_batch_size, slots, stage_options);
   const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size;
   for (int i = 0; i < slots && grid.pp > 1; ++i) {
@@ -114,8 +124,9 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
   const ParamInfo* wte = layout_.find("wte.weight");
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, layer_ranges(layout_, dims_),
-                                          grid.dp > 1 ? &grid.device_dp() : nullptr /* cuda */,
-                                          grid.device_embedding() /* cuda */,
+                                          grid.dp > 1 ? &comm(grid.device_dp(), profiled_dp_) : nullptr,
+                                          grid.device_embedding() ? &comm(*grid.device_embedding(), profiled_embedding_)
+                                                                  : nullptr,
                                           wte ? GradRange{wte->offset, wte->numel} : GradRange{},
                                           cfg.parallel.overlap_grad_reduce, cfg.parallel.ddp_bucket_size);
   const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
@@ -225,7 +236,7 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   h.grad_in = [&](int mb) { return static_cast<float*>(grad_in_[size_t(mb % slots)].p); };
   if (trace_->enabled() && want_grad)
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
-  execute_schedule(actions, grid_.device_pp() /* cuda */, words_of(n, dtype_), h);
+  execute_schedule(actions, comm(grid_.device_pp(), profiled_pp_), words_of(n, dtype_), h);
   return loss_sum;
 }
 
@@ -341,9 +352,13 @@ int Trainer::train() {
   int64_t window_iters = 0, window_counted = 0;
   int window_skipped = 0, window_nan = 0;
   double window_loss = 0;
+  const int64_t first = iteration_ + 1;
   for (int64_t k = iteration_ + 1; k <= c.training.train_iters; ++k) {
+    const auto step_start = clock::now();
     StepResult r = train_step(k);
     iteration_ = k;
+    if (profile_)  // the first iteration is warm-up (GEMM algorithm choice, first touches)
+      profile_iteration(k, k > first, std::chrono::duration<double, std::milli>(clock::now() - step_start).count());
     ++window_iters;
     window_skipped += r.skipped;
     window_nan += r.nan;
@@ -357,6 +372,7 @@ int Trainer::train() {
       if (window_counted) avg.lm_loss = window_loss / double(window_counted);
       if (eval_now) {
         val = evaluate();
+        if (profile_) profile_iteration(k, false, 0);
         if (rank0)
           spdlog::info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", k, *val,
                        std::exp(std::min(*val, 20.0)));
@@ -367,9 +383,30 @@ int Trainer::train() {
       window_skipped = window_nan = 0;
       window_loss = 0;
     }
-    if (checkpoint_and_check_exit(k)) return 0;  // checkpoint: save_interval / last iteration / exit signal
+    if (checkpoint_and_check_exit(k)) {  // checkpoint: save_interval / last iteration / exit signal
+      report_profile();
+      return 0;
+    }
   }
+  report_profile();
   return 0;
+}
+
+void Trainer::profile_iteration(int64_t k, bool counted, double wall_ms) {
+  for (const OpProfile::Timed& t : profile_->flush(counted)) trace_->record_span(k, t.name, "op", t.t0_us, t.t1_us);
+  if (counted) profile_->count_iteration(wall_ms);
+}
+
+void Trainer::report_profile() const {
+  if (!profile_ || grid_.world_rank != 0) return;
+  spdlog::info("op profile of rank 0 (stage 0) over {} iterations (the first iteration excluded), on {}:",
+               profile_->iterations(), backend_->name());
+  std::string table = profile_->table();
+  for (size_t a = 0, b; a < table.size(); a = b + 1) {
+    b = table.find('\n', a);
+    if (b == std::string::npos) b = table.size();
+    spdlog::info("  {}", table.substr(a, b - a));
+  }
 }
 
 }  // namespace tpt

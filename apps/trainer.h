@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/op_profile.h"
 #include "core/ops.h"
 #include "data/dataset.h"
 #include "model/gpt.h"
@@ -54,7 +55,17 @@ class Trainer {
 
   const Config& cfg_;
   Grid& grid_;
+  // The backend; with logging.profile_ops, ops_ wraps it and times every call into profile_, and
+  // the device communicators are wrapped the same way (comm() picks the wrapper).
+  std::unique_ptr<Ops> backend_;
+  std::unique_ptr<OpProfile> profile_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Comm> profiled_tp_, profiled_pp_, profiled_dp_, profiled_embedding_;
+  Comm& comm(Comm& device, const std::unique_ptr<Comm>& profiled) { return profiled ? *profiled : device; }
+  // After iteration k (counted: a training iteration after the first, taking wall_ms): the op
+  // profile's spans of the iteration into its totals and the trace.
+  void profile_iteration(int64_t k, bool counted, double wall_ms);
+  void report_profile() const;
   GPTDims dims_;
   ParamLayout layout_;
   float* params_ = nullptr;

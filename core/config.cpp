@@ -113,6 +113,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(logging, log_interval),
       TPT_FIELD(logging, metrics_file, kNull),
       TPT_FIELD(logging, trace_file, kNull),
+      TPT_FIELD(logging, profile_ops),
   };
   return kFields;
 }

@@ -89,6 +89,7 @@ struct LoggingConfig {
   int64_t log_interval = 1;
   std::string metrics_file;             // empty = null
   std::string trace_file;               // empty = null
+  bool profile_ops = false;             // per-op time table after the run (core/op_profile.h)
 };
 
 struct Config {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/math.h"
@@ -167,6 +168,18 @@ class Ops {
   // alloc_bytes() as the allocator rounds them, and the most held at once since the backend was made.
   virtual int64_t allocated_bytes() const = 0;
   virtual int64_t peak_allocated_bytes() const = 0;
+
+  // ---- timing for the op profile (core/op_profile.h). mark() records a point in this backend's
+  // stream of work and returns its id (0, 1, ... since the last clear_marks()); mark_ms(id) waits
+  // for the work before that point and returns when it was reached, in ms after mark 0. The CPU's
+  // work is done when a call returns, so these defaults read the wall clock; a GPU backend records
+  // events on its stream instead.
+  virtual int64_t mark();
+  virtual double mark_ms(int64_t id);
+  virtual void clear_marks();
+
+ private:
+  std::vector<double> wall_marks_;  // the defaults' wall-clock times (ms, steady clock)
 };
 
 // CPU backend with `threads` OpenMP/OpenBLAS threads.

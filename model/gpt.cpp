@@ -75,6 +75,16 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   return n + tp_gather_bytes(N * d.C, t, d.tp);
 }
 
+std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
+  const std::pair<std::pair<int64_t, int64_t>, const char*> parts[] = {
+      {{d.C, 3 * d.Cl}, "attn.qkv"}, {{d.Cl, d.C}, "attn.proj"}, {{d.C, d.Fl}, "mlp.fc1"},
+      {{d.Fl, d.C}, "mlp.fc2"},      {{d.C, d.Vl}, "lm_head"}};
+  std::string name;
+  for (const auto& [shape, part] : parts)
+    if (shape == std::pair<int64_t, int64_t>{in, out}) name += (name.empty() ? "" : "|") + std::string(part);
+  return name.empty() ? std::to_string(in) + "->" + std::to_string(out) : name;
+}
+
 namespace {
 // Parameter (or gradient) pointers of one transformer block.
 template <class P>

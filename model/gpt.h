@@ -83,6 +83,10 @@ struct StageOptions {
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 
+// The name of the stage's GEMM with input width `in` and output width `out` ("attn.qkv",
+// "attn.proj", "mlp.fc1", "mlp.fc2", "lm_head"; names joined by "|" where the widths coincide).
+std::string linear_name(const GPTDims& d, int64_t in, int64_t out);
+
 class GPTStage {
  public:
   // params: the weights used in compute, layout.total elements of options.dtype (the fp32 master

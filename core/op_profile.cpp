@@ -1,0 +1,259 @@
+#include "core/op_profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace tpt {
+
+// ---- the Ops base class's marks: the wall clock (the CPU backend's work is done when a call returns)
+
+int64_t Ops::mark() {
+  using clock = std::chrono::steady_clock;
+  wall_marks_.push_back(std::chrono::duration<double, std::milli>(clock::now().time_since_epoch()).count());
+  return int64_t(wall_marks_.size()) - 1;
+}
+
+double Ops::mark_ms(int64_t id) {
+  TPT_CHECK(id >= 0 && id < int64_t(wall_marks_.size()));
+  return wall_marks_[size_t(id)] - wall_marks_[0];
+}
+
+void Ops::clear_marks() { wall_marks_.clear(); }
+
+// ---- OpProfile
+
+OpProfile::OpProfile(Ops& backend, std::function<double()> host_clock_us)
+    : backend_(backend), host_clock_us_(std::move(host_clock_us)) {}
+
+int64_t OpProfile::begin() {
+  const int64_t m = backend_.mark();
+  if (m == 0) anchor_us_ = host_clock_us_();
+  return m;
+}
+
+void OpProfile::end(int64_t begin_mark, std::string_view name, double flops, double bytes) {
+  pending_.push_back({std::string(name), begin_mark, backend_.mark(), flops, bytes});
+}
+
+std::vector<OpProfile::Timed> OpProfile::flush(bool count) {
+  std::vector<Timed> out;
+  out.reserve(pending_.size());
+  for (const Pending& p : pending_) {
+    const double t0 = backend_.mark_ms(p.m0), t1 = backend_.mark_ms(p.m1);
+    out.push_back({p.name, anchor_us_ + 1000.0 * t0, anchor_us_ + 1000.0 * t1});
+    if (!count) continue;
+    auto it = std::find_if(totals_.begin(), totals_.end(), [&](const Total& t) { return t.name == p.name; });
+    if (it == totals_.end()) it = totals_.insert(totals_.end(), Total{p.name});
+    ++it->calls;
+    it->ms += t1 - t0;
+    it->flops += p.flops;
+    it->bytes += p.bytes;
+  }
+  pending_.clear();
+  backend_.clear_marks();
+  return out;
+}
+
+void OpProfile::count_iteration(double wall_ms) {
+  ++iterations_;
+  wall_ms_ += wall_ms;
+}
+
+std::string OpProfile::table() const {
+  if (iterations_ == 0) return "op profile: no iteration was profiled (the first one is warm-up)\n";
+  std::vector<Total> rows = totals_;
+  std::sort(rows.begin(), rows.end(), [](const Total& a, const Total& b) { return a.ms > b.ms; });
+  double all = 0;
+  for (const Total& r : rows) all += r.ms;
+  const double n = double(iterations_);
+  std::string s;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-44s %9s %10s %7s %10s %9s\n", "op", "calls/it", "ms/it", "share",
+                "TFLOP/s", "GB/s");
+  s += line;
+  for (const Total& r : rows) {
+    const double sec = r.ms / 1000.0;
+    char tf[32] = "", gb[32] = "";
+    if (r.flops > 0 && sec > 0) std::snprintf(tf, sizeof(tf), "%.2f", r.flops / sec / 1e12);
+    if (r.bytes > 0 && sec > 0) std::snprintf(gb, sizeof(gb), "%.1f", r.bytes / sec / 1e9);
+    std::snprintf(line, sizeof(line), "%-44s %9.1f %10.3f %6.1f%% %10s %9s\n", r.name.c_str(), double(r.calls) / n,
+                  r.ms / n, all > 0 ? 100.0 * r.ms / all : 0.0, tf, gb);
+    s += line;
+  }
+  std::snprintf(line, sizeof(line),
+                "%-44s %9s %10.3f   (iteration wall time %.3f ms; the rest is host work, waiting and gaps)\n",
+                "all ops", "", all / n, wall_ms_ / n);
+  s += line;
+  return s;
+}
+
+// ---- ProfiledOps: every call forwarded to the backend inside a span
+
+namespace {
+
+class ProfiledOps final : public Ops {
+ public:
+  ProfiledOps(Ops& inner, OpProfile& profile, LinearNamer linear_name)
+      : in_(inner), prof_(profile), linear_name_(std::move(linear_name)) {}
+
+  std::string name() const override { return in_.name(); }
+  void* alloc_bytes(size_t bytes) override { return in_.alloc_bytes(bytes); }
+  void free(void* p) override { in_.free(p); }
+  int64_t allocated_bytes() const override { return in_.allocated_bytes(); }
+  int64_t peak_allocated_bytes() const override { return in_.peak_allocated_bytes(); }
+  int64_t mark() override { return in_.mark(); }
+  double mark_ms(int64_t id) override { return in_.mark_ms(id); }
+  void clear_marks() override { in_.clear_marks(); }
+
+  void zero(Buf p, int64_t n) override {
+    timed("zero", 0, double(dtype_size(n, p.t)), [&] { in_.zero(p, n); });
+  }
+  void copy(Buf dst, CBuf src, int64_t n) override {
+    timed("copy", 0, 2.0 * double(dtype_size(n, src.t)), [&] { in_.copy(dst, src, n); });
+  }
+  void to_host(void* host, CBuf dev, int64_t n) override {
+    timed("to host", 0, double(dtype_size(n, dev.t)), [&] { in_.to_host(host, dev, n); });
+  }
+  void to_device(Buf dev, const void* host, int64_t n) override {
+    timed("to device", 0, double(dtype_size(n, dev.t)), [&] { in_.to_device(dev, host, n); });
+  }
+  void convert(Buf dst, CBuf src, int64_t n) override {
+    timed("convert", 0, double(dtype_size(n, src.t) + dtype_size(n, dst.t)), [&] { in_.convert(dst, src, n); });
+  }
+
+  void linear_forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre) override {
+    const std::string name = "linear fwd " + linear_name_(I, O) + (gelu_pre ? " +GELU" : "");
+    timed(name, 2.0 * N * I * O, 0, [&] { in_.linear_forward(out, inp, w, bias, N, I, O, gelu_pre); });
+  }
+  void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
+                       bool accumulate_dinp, CBuf gelu_pre) override {
+    const std::string name = "linear bwd " + linear_name_(I, O) + (gelu_pre ? " +dGELU" : "");
+    timed(name, (dinp ? 4.0 : 2.0) * N * I * O, 0,
+          [&] { in_.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre); });
+  }
+
+  void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
+                         float eps) override {
+    timed("layernorm fwd", 0, 2.0 * double(dtype_size(N * C, inp.t)),
+          [&] { in_.layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps); });
+  }
+  void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w, CBuf bias,
+                                  int64_t N, int64_t C, float eps) override {
+    timed("residual + layernorm fwd", 0, 4.0 * double(dtype_size(N * C, a.t)),
+          [&] { in_.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps); });
+  }
+  void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+                          const float* rstd, int64_t N, int64_t C) override {
+    timed("layernorm bwd", 0, 4.0 * double(dtype_size(N * C, inp.t)),
+          [&] { in_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
+  }
+
+  // causal: half of the 4 B H T^2 D of the two products forward; backward recomputes the scores
+  // and has three more products (2.5 times forward)
+  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    timed("attention fwd", 2.0 * B * H * T * T * D, 0, [&] { in_.attention_forward(out, lse, qkv, B, T, H, D); });
+  }
+  void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
+                          int64_t T, int64_t H, int64_t D) override {
+    timed("attention bwd", 5.0 * B * H * T * T * D, 0,
+          [&] { in_.attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D); });
+  }
+
+  void gelu_forward(Buf out, CBuf inp, int64_t n) override {
+    timed("gelu fwd", 0, 2.0 * double(dtype_size(n, inp.t)), [&] { in_.gelu_forward(out, inp, n); });
+  }
+  void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) override {
+    timed("gelu bwd", 0, 3.0 * double(dtype_size(n, inp.t)), [&] { in_.gelu_backward(dinp, dout, inp, n); });
+  }
+  void add(Buf out, CBuf a, CBuf b, int64_t n) override {
+    timed("residual add", 0, 3.0 * double(dtype_size(n, a.t)), [&] { in_.add(out, a, b, n); });
+  }
+  void accumulate(Buf y, CBuf x, int64_t n) override {
+    timed("accumulate", 0, 3.0 * double(dtype_size(n, x.t)), [&] { in_.accumulate(y, x, n); });
+  }
+  void sum_parts(Buf out, CBuf parts, int k, int64_t n) override {
+    timed("tp sum (16-bit parts)", 0, double(k + 1) * double(dtype_size(n, parts.t)),
+          [&] { in_.sum_parts(out, parts, k, n); });
+  }
+  void scale(float* x, float s, int64_t n) override {
+    timed("scale gradients", 0, 8.0 * double(n), [&] { in_.scale(x, s, n); });
+  }
+
+  void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
+                         int64_t rows) override {
+    timed("embedding fwd", 0, 2.0 * double(dtype_size(N * C, out.t)),
+          [&] { in_.embedding_forward(out, tokens, wte, N, C, v0, rows); });
+  }
+  void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+                          int64_t rows) override {
+    timed("embedding bwd", 0, double(dtype_size(N * C, dout.t)) + 8.0 * double(N * C),
+          [&] { in_.embedding_backward(dwte, tokens, dout, N, C, v0, rows); });
+  }
+  void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) override {
+    timed("position embedding fwd", 0, 2.0 * double(dtype_size(B * T * C, out.t)),
+          [&] { in_.add_position_embedding(out, wpe, B, T, C); });
+  }
+  void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
+    timed("position embedding bwd", 0, double(dtype_size(B * T * C, dout.t)),
+          [&] { in_.position_embedding_backward(dwpe, dout, B, T, C); });
+  }
+
+  void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
+                      int64_t Vl, int64_t v0, int64_t valid_vocab) override {
+    timed("cross-entropy max", 0, double(dtype_size(N * Vl, logits.t)),
+          [&] { in_.xent_local_max(row_max, target_logit, logits, targets, N, Vl, v0, valid_vocab); });
+  }
+  void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_t N, int64_t Vl, int64_t v0,
+                         int64_t valid_vocab) override {
+    timed("cross-entropy sum-exp", 0, double(dtype_size(N * Vl, logits.t)),
+          [&] { in_.xent_local_sumexp(sum_exp, logits, row_max, N, Vl, v0, valid_vocab); });
+  }
+  void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
+                      const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
+                      int64_t valid_vocab, float dloss_scale, bool want_grad) override {
+    timed(want_grad ? "cross-entropy loss + dlogits" : "cross-entropy loss", 0,
+          (want_grad ? 2.0 : 0.0) * double(dtype_size(N * Vl, logits.t)), [&] {
+            in_.xent_loss_grad(logits, losses, row_max, sum_exp, target_logit, targets, N, Vl, v0, valid_vocab,
+                               dloss_scale, want_grad);
+          });
+  }
+
+  bool has_nonfinite(const float* x, int64_t n) override {
+    bool r = false;
+    timed("nan/inf check", 0, 4.0 * double(n), [&] { r = in_.has_nonfinite(x, n); });
+    return r;
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    double r = 0;
+    timed("gradient norm", 0, 4.0 * double(n), [&] { r = in_.sum_squares(x, n); });
+    return r;
+  }
+  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+             Buf compute) override {
+    // reads p, g, m, v; writes p, m, v and the compute copy
+    const double bytes = 28.0 * double(n) + (compute ? double(dtype_size(n, compute.t)) : 0.0);
+    timed("adamw", 0, bytes, [&] { in_.adamw(p, g, m, v, n, a, decay, compute); });
+  }
+
+ private:
+  template <class F>
+  void timed(std::string_view name, double flops, double bytes, F&& f) {
+    const int64_t m0 = prof_.begin();
+    f();
+    prof_.end(m0, name, flops, bytes);
+  }
+  Ops& in_;
+  OpProfile& prof_;
+  LinearNamer linear_name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_profiled_ops(Ops& inner, OpProfile& profile, LinearNamer linear_name) {
+  return std::make_unique<ProfiledOps>(inner, profile, std::move(linear_name));
+}
+
+}  // namespace tpt
