@@ -304,10 +304,10 @@ class CpuOps final : public Ops {
         float* l = row.data();
         row_to_f32(l, logits.p, logits.t, n * Vl, nvalid);
         const float mx = row_max[n];
-        float s = 0;
+        double s = 0;  // fp32 partial sums over 50k exps would be off by ~1e-4 relative
 #pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < nvalid; ++j) s += fast_exp(l[j] - mx);
-        sum_exp[n] = s;
+        for (int64_t j = 0; j < nvalid; ++j) s += double(fast_exp(l[j] - mx));
+        sum_exp[n] = float(s);
       }
     }
   }

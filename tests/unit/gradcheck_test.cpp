@@ -626,6 +626,22 @@ TEST(GradCheck, CrossEntropyThreeShardsPaddingInLastShard) { check_cross_entropy
 // The last of four shards holds nothing but padding (its local max is -inf).
 TEST(GradCheck, CrossEntropyFourShardsOneAllPadding) { check_cross_entropy(4, 16); }
 
+// A GPT-2-wide row (50257 ids in a 50304 shard): the sum of exps is accurate to a few ulp of fp32
+// against a double-precision sum (a plain fp32 accumulation over 50k terms is not: issue 14).
+TEST(GradCheck, CrossEntropyWideRowSumExpIsAccurate) {
+  const int64_t N = 4, Vl = 50304, V = 50257;
+  VecF logits = randn(N * Vl, 121, 3.0f);
+  std::vector<int32_t> targets = {0, 17, 50256, 4096};
+  VecF row_max(N), target(N), sum_exp(N);
+  cpu().xent_local_max(row_max.data(), target.data(), logits.data(), targets.data(), N, Vl, 0, V);
+  cpu().xent_local_sumexp(sum_exp.data(), logits.data(), row_max.data(), N, Vl, 0, V);
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(double(logits[size_t(n * Vl + j)]) - double(row_max[size_t(n)]));
+    EXPECT_NEAR(sum_exp[size_t(n)], s, 5e-7 * s) << "row " << n;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // AdamW against torch.optim.AdamW
 
