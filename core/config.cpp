@@ -14,7 +14,6 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -214,10 +213,44 @@ struct IntResult {
   bool in_range = false;
 };
 
+// Hand-written matchers for user strings: std::regex matches recursively and overflows the stack on
+// strings of ~26,000 characters.
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_alpha(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
+
+// [-+]?[0-9]+
+bool is_int_text(std::string_view s) {
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  return !s.empty() && std::all_of(s.begin(), s.end(), is_digit);
+}
+
+// [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
+bool is_float_text(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  auto digits = [&] {
+    const size_t b = i;
+    while (i < n && is_digit(s[i])) ++i;
+    return i - b;
+  };
+  if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
+  size_t mantissa = digits();
+  if (i < n && s[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == n;
+}
+
 template <typename T>
 IntResult parse_int(const YAML::Node& v, T& out) {
-  static const std::regex kInt("[-+]?[0-9]+");
-  if (!is_plain(v) || !std::regex_match(v.Scalar(), kInt)) return {};
+  if (!is_plain(v) || !is_int_text(v.Scalar())) return {};
   std::string s = v.Scalar();
   if (s[0] == '+') s.erase(0, 1);
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -225,8 +258,7 @@ IntResult parse_int(const YAML::Node& v, T& out) {
 }
 
 std::optional<double> parse_double(const std::string& s) {
-  static const std::regex kFloat(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
-  if (!std::regex_match(s, kFloat)) return std::nullopt;
+  if (!is_float_text(s)) return std::nullopt;
   errno = 0;
   double x = std::strtod(s.c_str(), nullptr);
   if (errno == ERANGE && std::isinf(x)) return std::nullopt;
@@ -501,11 +533,19 @@ std::string format_double(double x) {
 std::string yaml_string(const std::string& s) {
   // Plain: a path-like name, or a name starting with a digit that holds a letter (1f1b) but is no
   // number in YAML 1.1 or 1.2 (1e5, 0x1f).
-  static const std::regex kPlain("[A-Za-z_./][A-Za-z0-9_./+-]*|[1-9][A-Za-z0-9_]*[A-Za-z][A-Za-z0-9_]*");
-  static const std::regex kReserved(
-      "null|Null|NULL|true|True|TRUE|false|False|FALSE|yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|y|Y|n|N|"
-      "\\.(inf|Inf|INF|nan|NaN|NAN)");
-  if (std::regex_match(s, kPlain) && !std::regex_match(s, kReserved) && !parse_double(s)) return s;
+  // [A-Za-z_./][A-Za-z0-9_./+-]*  |  [1-9][A-Za-z0-9_]*[A-Za-z][A-Za-z0-9_]*
+  auto word = [](char c) { return is_alpha(c) || is_digit(c) || c == '_'; };
+  const bool path_like = !s.empty() && (is_alpha(s[0]) || s[0] == '_' || s[0] == '.' || s[0] == '/') &&
+                         std::all_of(s.begin(), s.end(), [&](char c) {
+                           return word(c) || c == '.' || c == '/' || c == '+' || c == '-';
+                         });
+  const bool digit_name = !s.empty() && s[0] >= '1' && s[0] <= '9' && std::all_of(s.begin(), s.end(), word) &&
+                          std::any_of(s.begin() + 1, s.end(), is_alpha);
+  static const std::set<std::string, std::less<>> kReserved = {
+      "null", "Null", "NULL", "true", "True", "TRUE", "false", "False", "FALSE", "yes",  "Yes",  "YES",
+      "no",   "No",   "NO",   "on",   "On",   "ON",   "off",   "Off",   "OFF",   "y",    "Y",    "n",
+      "N",    ".inf", ".Inf", ".INF", ".nan", ".NaN", ".NAN"};
+  if ((path_like || digit_name) && !kReserved.count(s) && !parse_double(s)) return s;
   return nlohmann::json(s).dump();
 }
 

@@ -15,7 +15,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #if defined(__SSE4_2__)
@@ -48,14 +47,15 @@ std::string read_text(const std::string& path) {
 }
 
 DirScan scan_save_dir(const std::string& dir) {
-  static const std::regex kIter("iter_([0-9]{1,18})");
   DirScan s;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    std::smatch m;
+    const std::string digits = name.starts_with("iter_") ? name.substr(5) : "";  // iter_[0-9]{1,18}
+    const bool iter = !digits.empty() && digits.size() <= 18 &&
+                      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (name.size() > 8 && name.ends_with(".partial")) s.partial.push_back(name);
-    else if (std::regex_match(name, m, kIter) && it->is_directory(ec)) s.complete.push_back(std::stoll(m[1]));
+    else if (iter && it->is_directory(ec)) s.complete.push_back(std::stoll(digits));
   }
   std::sort(s.complete.begin(), s.complete.end());
   std::sort(s.partial.begin(), s.partial.end());

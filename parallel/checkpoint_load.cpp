@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <regex>
 #include <set>
 
 #include "core/error.h"
@@ -229,10 +228,13 @@ Candidates find_candidates(const std::string& dir) {
       text = read_text(latest);
     } catch (const InputError&) {
     }
-    static const std::regex kNumber("\\s*([0-9]{1,18})\\s*");
-    std::smatch m;
-    if (std::regex_match(text, m, kNumber)) {
-      int64_t n = std::stoll(m[1]);
+    // an iteration number of 1 to 18 digits between white space (no std::regex on file contents: it
+    // matches recursively and overflows the stack on long inputs)
+    const size_t b = text.find_first_not_of(" \t\n\v\f\r"), e = text.find_last_not_of(" \t\n\v\f\r");
+    const std::string digits = b == std::string::npos ? "" : text.substr(b, e - b + 1);
+    if (!digits.empty() && digits.size() <= 18 &&
+        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      int64_t n = std::stoll(digits);
       if (std::find(scan.complete.begin(), scan.complete.end(), n) == scan.complete.end()) {
         std::string p = std::string(kLatestFile) + " names iteration " + std::to_string(n) + " but " +
                         checkpoint_dir_name(n) + " does not exist";

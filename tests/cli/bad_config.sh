@@ -42,7 +42,7 @@ check() {
   fi
   if [ -z "$why" ]; then
     passed=$((passed + 1))
-    echo "PASS $name: $(head -n 1 "$err")"
+    echo "PASS $name: $(head -n 1 "$err" | cut -c1-300)"
   else
     failed=$((failed + 1))
     echo "FAIL $name: $why; stderr:"
@@ -78,6 +78,12 @@ check directory_as_config "bad_configs|is a directory" -- --config "$FIX"
 check set_unknown_key "model.hiden_size|did you mean 'model.hidden_size'" -- --config "$BASE" --set model.hiden_size=64
 check set_no_equals "--set model.hidden_size|section.key=value" -- --config "$BASE" --set model.hidden_size
 check set_no_section "hidden_size=64|section.key=value" -- --config "$BASE" --set hidden_size=64
+# 30,000-character values (issue 17: a recursive std::regex crashed on them with SIGSEGV)
+LONG=$(printf 'x%.0s' $(seq 30000))
+check set_long_path "/nonexistent/xxxxxxxxxx|not found" -- --config "$BASE" --set data.path="/nonexistent/$LONG"
+DIGITS=$(printf '9%.0s' $(seq 30000))
+check set_long_number "training.train_iters" -- --config "$BASE" --set training.train_iters="$DIGITS"
+check set_long_float "optimizer.lr" -- --config "$BASE" --set optimizer.lr="0.$DIGITS"e999
 check set_wrong_type "training.train_iters|expected an integer|ten" -- --config "$BASE" --set training.train_iters=ten
 check set_bad_yaml "data.split|YAML syntax error" -- --config "$BASE" --set "data.split=[98,1"
 check set_constraint "parallel.tensor_model_parallel_size|must be >= 1" -- --config "$BASE" --set parallel.tensor_model_parallel_size=0

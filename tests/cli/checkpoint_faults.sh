@@ -90,6 +90,11 @@ copy base1 garbled; echo '{"format": "tptrain-checkpoint", "iteration": 8, "fil'
 resumes garbled_meta 1 "$W/garbled" 4 12 "meta.json is not valid JSON" "$W/ref1.jsonl"
 copy base1 nowhere; echo 999 > "$W/nowhere/latest_checkpointed_iteration.txt"
 resumes latest_pointing_nowhere 1 "$W/nowhere" 8 12 "names iteration 999 but iter_0000999 does not exist" "$W/ref1.jsonl"
+# long latest files (issue 17: a recursive std::regex overflowed the stack on them)
+copy base1 spaces; { printf '%*s' 30000 ''; echo 8; } > "$W/spaces/latest_checkpointed_iteration.txt"
+resumes latest_after_30000_spaces 1 "$W/spaces" 8 12 "" "$W/ref1.jsonl"
+copy base1 newlines; $PY -c "print('\n' * 100000, end='')" > "$W/newlines/latest_checkpointed_iteration.txt"
+resumes latest_of_100000_newlines 1 "$W/newlines" 8 12 "does not hold an iteration number" "$W/ref1.jsonl"
 copy base1 nolatest; rm "$W/nolatest/latest_checkpointed_iteration.txt"
 resumes no_latest_file 1 "$W/nolatest" 8 12 "no latest_checkpointed_iteration.txt" "$W/ref1.jsonl"
 copy base1 partial; mkdir "$W/partial/iter_0000012.partial"; echo junk > "$W/partial/iter_0000012.partial/$M"
