@@ -3,8 +3,12 @@
 #   1. builds tptrain with CUDA (or takes a prebuilt build directory),
 #   2. runs the GPU tests (every CUDA kernel against the CPU backend, a tiny model trained on both;
 #      NCCL tests too when mpirun and two GPUs are there),
-#   3. benchmarks a GPT-2 124M and a 350M shape (bf16, seq 1024, the largest micro-batch that fits)
-#      and prints tokens/s, TFLOP/s per GPU (Megatron's model-FLOPs formula) and MFU.
+#   3. benchmarks a GPT-2 124M shape at micro-batch 16 (llm.c's and the PyTorch figures' shape) and
+#      at the largest micro-batch that fits, and a 350M shape at the largest (bf16, seq 1024), and
+#      prints tokens/s, TFLOP/s per GPU (Megatron's model-FLOPs formula) and MFU; after each, the
+#      same shape and micro-batch in PyTorch eager (scripts/bench_torch.py: bf16 autocast, SDPA,
+#      fused AdamW, fp32 master weights) and the ratio of the two; and tptrain's op profile
+#      (logging.profile_ops) of the 124M micro-batch-16 run.
 #
 #   bash scripts/gpu_check.sh                         build here (needs the Debian packages of
 #                                                     scripts/setup.sh, CMake and CUDA), then check
@@ -17,7 +21,7 @@
 #                                                     libgfortran, libstdc++, cudart)
 # Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m", --iters N
 # (default 8, the first 3 are warm-up), --out DIR (logs; default /tmp/tptrain_gpu_check),
-# --budget SECONDS (default 480), --skip-tests.
+# --budget SECONDS (default 480), --skip-tests. PYTHON=... names the python3 with PyTorch (default python3).
 #
 # The GPU machine needs an NVIDIA driver for CUDA 13 and the CUDA 13 cuBLASLt library (the CUDA
 # toolkit, or its runtime libraries): cuBLASLt is too large to carry. Its glibc must be 2.34 or newer.
@@ -38,11 +42,12 @@ while (($#)); do
     --budget) BUDGET=$2; shift 2 ;;
     --prepare) PREPARE=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 START=$SECONDS
+PY=${PYTHON:-python3}  # with PyTorch (the GPU machine's python3 has it) for the side-by-side baseline
 left() { echo $((BUDGET - (SECONDS - START))); }
 say() { echo "gpu_check [$((SECONDS - START))s] $*"; }
 
@@ -94,8 +99,9 @@ if ((TESTS)); then
   say "GPU tests"
   timeout "$(($(left) > 240 ? 240 : $(left)))" "$GTESTS" --gtest_filter=-GpuNccl.* >"$OUT/gpu_tests.log" 2>&1
   rc=$?
-  grep -E "^GPU 0|no GPU visible|step [0-9]+:|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
-  if ((rc != 0)); then status=1; say "GPU tests FAILED (rc $rc; $OUT/gpu_tests.log)"; else say "GPU tests passed"; fi
+  grep -E "^GPU 0|no GPU visible|step [0-9]+:|^cuBLASLt epilogues|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
+  if ((rc == 77)); then say "GPU tests skipped (no GPU visible to them)"  # tests/gpu/main.cpp's skip status
+  elif ((rc != 0)); then status=1; say "GPU tests FAILED (rc $rc; $OUT/gpu_tests.log)"; else say "GPU tests passed"; fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if command -v mpirun >/dev/null && [ "${gpus:-0}" -ge 2 ] && (($(left) > 200)); then
     timeout 120 mpirun --allow-run-as-root -np 2 "$GTESTS" --gtest_filter=GpuNccl.* >"$OUT/nccl_tests.log" 2>&1 &&
@@ -127,22 +133,51 @@ fi
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%d", $1/1024}')
 mem_gib=${mem_gib:-80}
 
-# Largest micro-batch estimate: fp32 activation storage of tptrain (~16*S*C floats and a log-sum-exp
-# per head and position per layer and sample, logits and scratch), 16-bit GEMM copies, 20 bytes/parameter
-# of state.
+# Largest micro-batch estimate: bf16 activation storage of tptrain (~16*S*C values per layer and
+# sample), fp32 LayerNorm statistics and a log-sum-exp per head and position, bf16 logits and scratch;
+# 18 bytes/parameter of state (fp32 master, gradient, Adam moments; bf16 compute copy) and 1 GiB.
 estimate_mb() {  # L C H params
   awk -v L="$1" -v C="$2" -v H="$3" -v P="$4" -v G="$mem_gib" 'BEGIN {
     S = 1024; V = 50304
-    per = 4 * (L * (S * (16 * C + 4) + H * S) + S * 11 * C + 1.5 * S * V)
-    fixed = 20 * P + 2^30
+    per = 2 * (L * S * 16 * C + S * 11 * C + 1.5 * S * V) + 4 * L * (4 * S + H * S)
+    fixed = 18 * P + 2^30
     mb = int((0.85 * G * 2^30 - fixed) / per)
     print (mb < 1 ? 1 : mb) }'
 }
 
-bench() {  # name layers hidden heads params(M)
+# PyTorch eager on the same shape and micro-batch (scripts/bench_torch.py), then tptrain's
+# tokens/s over PyTorch's; and, with --profile, a short tptrain run with logging.profile_ops whose
+# op table is printed.
+side_by_side() {  # name layers hidden heads mb tptrain_tokens_per_s
+  local name=$1 L=$2 C=$3 H=$4 mb=$5 tpt=$6
+  if (($(left) < 60)); then say "$name: PyTorch baseline skipped (time budget)"; return; fi
+  local dev=$DEVICE; [ "$dev" = cuda ] || dev=cpu
+  timeout "$(($(left) > 150 ? 150 : $(left)))" "$PY" "$SRC/scripts/bench_torch.py" --layers "$L" --hidden "$C" \
+    --heads "$H" --seq 1024 --micro-batch "$mb" --iters "$ITERS" --warmup 3 --device "$dev" \
+    >"$OUT/$name-mb$mb-torch.json" 2>"$OUT/$name-mb$mb-torch.err"
+  local torch_tps
+  torch_tps=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$OUT/$name-mb$mb-torch.json" 2>/dev/null)
+  if [ -z "$torch_tps" ]; then
+    say "$name: PyTorch baseline failed: $(tail -1 "$OUT/$name-mb$mb-torch.err" "$OUT/$name-mb$mb-torch.json" 2>/dev/null | tr '\n' ' ')"
+    return
+  fi
+  awk -v n="$name" -v mb="$mb" -v a="$tpt" -v b="$torch_tps" -v sys="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["system"])' "$OUT/$name-mb$mb-torch.json")" \
+    'BEGIN { printf "SIDE BY SIDE %s, micro-batch %d: tptrain %.0f tokens/s, PyTorch %.0f tokens/s (%s): ratio %.2f\n", n, mb, a, b, sys, a / b }'
+}
+
+profile() {  # name yaml
+  local name=$1 yaml=$2
+  if (($(left) < 60)); then say "$name: op profile skipped (time budget)"; return; fi
+  timeout "$(($(left) > 120 ? 120 : $(left)))" "$TPTRAIN" --config "$yaml" --set logging.profile_ops=true \
+    --set training.train_iters=5 --set logging.metrics_file=null >"$OUT/$name-profile.log" 2>&1 ||
+    { say "$name: profiled run failed ($OUT/$name-profile.log)"; return; }
+  sed -n '/op profile of rank 0/,/all ops/p' "$OUT/$name-profile.log"
+}
+
+bench() {  # name layers hidden heads params(M) [micro-batch; default: the largest that fits] [--profile]
   local name=$1 L=$2 C=$3 H=$4 P=$5
-  local mb
-  mb=$(estimate_mb "$L" "$C" "$H" "$((P * 1000000))")
+  local mb=${6:-}
+  [ -n "$mb" ] || mb=$(estimate_mb "$L" "$C" "$H" "$((P * 1000000))")
   while ((mb >= 1)); do
     if (($(left) < 60)); then say "$name: skipped (time budget)"; return; fi
     local log="$OUT/$name-mb$mb.log" metrics="$OUT/$name-mb$mb.jsonl"
@@ -167,7 +202,11 @@ YAML
           if (k == 0) { print "RESULT " name ": no timed iterations"; exit 1 }
           printf "RESULT %s: bf16, seq 1024, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
                  name, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
-        }' "$metrics"
+        }' "$metrics" | tee "$OUT/$name-mb$mb.result"
+      local tps
+      tps=$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' "$OUT/$name-mb$mb.result")
+      [ -n "$tps" ] && side_by_side "$name" "$L" "$C" "$H" "$mb" "$tps"
+      [ "${7:-}" = --profile ] && profile "$name-mb$mb" "$OUT/$name-mb$mb.yaml"
       return
     fi
     if grep -qiE "out of (GPU )?memory" "$log"; then
@@ -181,9 +220,10 @@ YAML
 
 for m in $MODELS; do
   case $m in
-    124m) bench gpt2-124m 12 768 12 124 ;;
+    124m) bench gpt2-124m 12 768 12 124 16 --profile  # the shape of llm.c's and PyTorch's figures
+          bench gpt2-124m 12 768 12 124 ;;
     350m) bench gpt2-350m 24 1024 16 355 ;;
-    tiny) mem_gib=1 bench tiny 2 128 2 13 ;;  # for a dry run of this script
+    tiny) mem_gib=1 bench tiny 2 128 2 13 "" --profile ;;  # for a dry run of this script
     *) say "unknown model '$m' (124m | 350m)"; status=1 ;;
   esac
 done

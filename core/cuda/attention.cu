@@ -1,6 +1,9 @@
 // Causal attention of the CUDA backend. CudaOps::attention_forward / backward run the flash-style
 // kernels: tiled, with an online softmax, they never materialise a T x T matrix and keep only the
-// log-sum-exp of each query row; backward recomputes the probabilities tile by tile.
+// log-sum-exp of each query row; backward recomputes the probabilities tile by tile. They are
+// instantiated for the storage type of qkv / out / dout / dqkv (fp32, bf16 or fp16 bits): rows are
+// converted to fp32 as they are staged, everything is computed in fp32, and out / dqkv are rounded
+// once as they are stored. lse and delta are fp32.
 //
 // Below them, a naive reference (tests only) on a (B, H, T, T) probability buffer: scores, causal
 // softmax rows, weighted values, and their backward, each element computed on its own.
@@ -67,26 +70,29 @@ __device__ inline float dot_rows(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-// rows [r0, r0 + n) of one head's q (part 0), k (1) or v (2) -> smem (n, D); zeros past T
-__device__ inline void stage_rows(float* dst, const float* base, int part, int64_t r0, int n, int64_t T, int64_t H,
+// rows [r0, r0 + n) of one head's q (part 0), k (1) or v (2) -> fp32 smem (n, D); zeros past T
+template <class S>
+__device__ inline void stage_rows(float* dst, const S* base, int part, int64_t r0, int n, int64_t T, int64_t H,
                                   int64_t D, int64_t h) {
   const int64_t row = 3 * H * D;
   for (int64_t i = threadIdx.x; i < int64_t(n) * D; i += blockDim.x) {
     const int64_t r = r0 + i / D, d = i % D;
-    dst[i / D * (D + 1) + i % D] = r < T ? base[r * row + part * H * D + h * D + d] : 0.0f;
+    dst[i / D * (D + 1) + i % D] = r < T ? ld(base, r * row + part * H * D + h * D + d) : 0.0f;
   }
 }
-// rows of a (B, T, H, D) tensor (out, dout) of one head -> smem (n, D)
-__device__ inline void stage_head_rows(float* dst, const float* base, int64_t r0, int n, int64_t T, int64_t H,
+// rows of a (B, T, H, D) tensor (out, dout) of one head -> fp32 smem (n, D)
+template <class S>
+__device__ inline void stage_head_rows(float* dst, const S* base, int64_t r0, int n, int64_t T, int64_t H,
                                        int64_t D, int64_t h) {
   for (int64_t i = threadIdx.x; i < int64_t(n) * D; i += blockDim.x) {
     const int64_t r = r0 + i / D, d = i % D;
-    dst[i / D * (D + 1) + i % D] = r < T ? base[(r * H + h) * D + d] : 0.0f;
+    dst[i / D * (D + 1) + i % D] = r < T ? ld(base, (r * H + h) * D + d) : 0.0f;
   }
 }
 
 // grid (B * H, ceil(T / kFlashRows))
-__global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, int64_t T, int64_t H, int64_t D,
+template <class S>
+__global__ void flash_forward_kernel(S* out, float* lse, const S* qkv, int64_t T, int64_t H, int64_t D,
                                      float scale) {
   extern __shared__ float sm[];
   const int64_t L = D + 1;  // padded rows: lanes reading different rows hit different banks
@@ -96,7 +102,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, i
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kFlashRows, t = t0 + warp;  // longest rows first
-  const float* base = qkv + b * T * 3 * H * D;
+  const S* base = qkv + b * T * 3 * H * D;
   stage_rows(qs, base, 0, t0, kFlashRows, T, H, D, h);
   float m = -INFINITY, l = 0.0f, o[kPerLane] = {};
   const int64_t last = min(T - 1, t0 + kFlashRows - 1);  // every tile starts at or before t0
@@ -127,28 +133,30 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, i
   const float inv = 1.0f / l;
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t d = lane + 32 * k;
-    if (d < D) out[((b * T + t) * H + h) * D + d] = o[k] * inv;
+    if (d < D) st(out, ((b * T + t) * H + h) * D + d, o[k] * inv);
   }
   if (lane == 0) lse[bh * T + t] = m + logf(l);
 }
 
 // delta (B*H, T) = rowsum(dout * out) per head: a warp per (b, h, t)
-__global__ void flash_delta_kernel(float* delta, const float* dout, const float* out, int64_t B, int64_t T,
-                                   int64_t H, int64_t D) {
+template <class S>
+__global__ void flash_delta_kernel(float* delta, const S* dout, const S* out, int64_t B, int64_t T, int64_t H,
+                                   int64_t D) {
   const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;  // (b, h, t)
   const int lane = threadIdx.x % 32;
   if (r >= B * H * T) return;
   const int64_t t = r % T, bh = r / T, b = bh / H, h = bh % H;
   const int64_t off = ((b * T + t) * H + h) * D;
   float s = 0.0f;
-  for (int64_t d = lane; d < D; d += 32) s += dout[off + d] * out[off + d];
+  for (int64_t d = lane; d < D; d += 32) s += ld(dout, off + d) * ld(out, off + d);
   s = warp_reduce(s, SumOp{});
   if (lane == 0) delta[r] = s;
 }
 
 // dq: grid (B * H, ceil(T / kFlashRows)); a warp per query row, tiles of keys
-__global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                const float* delta, int64_t T, int64_t H, int64_t D, float scale) {
+template <class S>
+__global__ void flash_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* delta, int64_t T,
+                                int64_t H, int64_t D, float scale) {
   extern __shared__ float sm[];
   const int64_t L = D + 1;  // padded rows: lanes reading different rows hit different banks
   float* ks = sm;
@@ -158,7 +166,7 @@ __global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kFlashRows, t = t0 + warp;  // longest rows first
-  const float* base = qkv + b * T * 3 * H * D;
+  const S* base = qkv + b * T * 3 * H * D;
   stage_rows(qs, base, 0, t0, kFlashRows, T, H, D, h);
   stage_head_rows(dos, dout + b * T * H * D, t0, kFlashRows, T, H, D, h);
   const float lse_t = t < T ? lse[bh * T + t] : 0.0f, delta_t = t < T ? delta[bh * T + t] : 0.0f;
@@ -188,13 +196,14 @@ __global__ void flash_dq_kernel(float* dqkv, const float* dout, const float* qkv
   if (t >= T) return;
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t d = lane + 32 * k;
-    if (d < D) dqkv[(b * T + t) * 3 * H * D + h * D + d] = dq[k];
+    if (d < D) st(dqkv, (b * T + t) * 3 * H * D + h * D + d, dq[k]);
   }
 }
 
 // dk, dv: grid (B * H, ceil(T / kFlashRows)); a warp per key row, tiles of the queries that see it
-__global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                 const float* delta, int64_t T, int64_t H, int64_t D, float scale) {
+template <class S>
+__global__ void flash_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* delta,
+                                 int64_t T, int64_t H, int64_t D, float scale) {
   extern __shared__ float sm[];
   const int64_t L = D + 1;  // padded rows: lanes reading different rows hit different banks
   float* qs = sm;                       // (kFlashTile, D) queries of the tile
@@ -206,7 +215,7 @@ __global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qk
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j0 = int64_t(blockIdx.y) * kFlashRows, j = j0 + warp;  // the most queries first
-  const float* base = qkv + b * T * 3 * H * D;
+  const S* base = qkv + b * T * 3 * H * D;
   stage_rows(kr, base, 1, j0, kFlashRows, T, H, D, h);
   stage_rows(vr, base, 2, j0, kFlashRows, T, H, D, h);
   float dk[kPerLane] = {}, dv[kPerLane] = {};
@@ -244,8 +253,8 @@ __global__ void flash_dkv_kernel(float* dqkv, const float* dout, const float* qk
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t d = lane + 32 * k;
     if (d < D) {
-      dqkv[off + H * D + d] = dk[k];
-      dqkv[off + 2 * H * D + d] = dv[k];
+      st(dqkv, off + H * D + d, dk[k]);
+      st(dqkv, off + 2 * H * D + d, dv[k]);
     }
   }
 }
@@ -317,38 +326,55 @@ void check_head_dim(int64_t D) {
 }
 }  // namespace
 
-void attention_row_dots(float* delta, const float* dout, const float* out, int64_t B, int64_t T, int64_t H, int64_t D,
+void attention_row_dots(float* delta, CBuf dout, CBuf out, int64_t B, int64_t T, int64_t H, int64_t D,
                         cudaStream_t s) {
   const int64_t rows = B * H * T;
   if (rows <= 0) return;
-  flash_delta_kernel<<<unsigned((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(delta, dout, out, B,
-                                                                                                  T, H, D);
-  TPT_CUDA_LAUNCHED();
+  TPT_CHECK(dout.t == out.t);
+  dispatch(out.t, [&](auto tag) {
+    using S = decltype(tag);
+    flash_delta_kernel<S><<<unsigned((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
+        delta, static_cast<const S*>(dout.p), static_cast<const S*>(out.p), B, T, H, D);
+    TPT_CUDA_LAUNCHED();
+  });
 }
 
-void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+void flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                              cudaStream_t s) {
   if (B * T * H <= 0) return;
   check_head_dim(D);
+  TPT_CHECK(out.t == qkv.t && B * H <= int64_t(INT32_MAX) && (T + kFlashRows - 1) / kFlashRows <= 65535);
   const size_t smem = size_t(2 * kFlashTile + kFlashRows) * size_t(D + 1) * sizeof(float);
   const dim3 grid(unsigned(B * H), unsigned((T + kFlashRows - 1) / kFlashRows));
-  flash_forward_kernel<<<grid, kFlashRows * 32, smem, s>>>(out, lse, qkv, T, H, D, 1.0f / std::sqrt(float(D)));
-  TPT_CUDA_LAUNCHED();
+  dispatch(out.t, [&](auto tag) {
+    using S = decltype(tag);
+    flash_forward_kernel<S><<<grid, kFlashRows * 32, smem, s>>>(static_cast<S*>(out.p), lse,
+                                                                static_cast<const S*>(qkv.p), T, H, D,
+                                                                1.0f / std::sqrt(float(D)));
+    TPT_CUDA_LAUNCHED();
+  });
 }
 
-void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s) {
+void flash_attention_backward(Buf dqkv, float* delta, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
+                              int64_t T, int64_t H, int64_t D, cudaStream_t s) {
   if (B * T * H <= 0) return;
   check_head_dim(D);
+  TPT_CHECK(dqkv.t == qkv.t && dout.t == qkv.t && out.t == qkv.t && B * H <= int64_t(INT32_MAX) &&
+            (T + kFlashRows - 1) / kFlashRows <= 65535);
   const float scale = 1.0f / std::sqrt(float(D));
   attention_row_dots(delta, dout, out, B, T, H, D, s);
   const dim3 grid(unsigned(B * H), unsigned((T + kFlashRows - 1) / kFlashRows));
   const size_t smem =
       size_t(2 * kFlashTile + 2 * kFlashRows) * size_t(D + 1) * sizeof(float) + 2 * kFlashTile * sizeof(float);
-  flash_dq_kernel<<<grid, kFlashRows * 32, smem, s>>>(dqkv, dout, qkv, lse, delta, T, H, D, scale);
-  TPT_CUDA_LAUNCHED();
-  flash_dkv_kernel<<<grid, kFlashRows * 32, smem, s>>>(dqkv, dout, qkv, lse, delta, T, H, D, scale);
-  TPT_CUDA_LAUNCHED();
+  dispatch(dqkv.t, [&](auto tag) {
+    using S = decltype(tag);
+    S* dq = static_cast<S*>(dqkv.p);
+    const S *dy = static_cast<const S*>(dout.p), *x = static_cast<const S*>(qkv.p);
+    flash_dq_kernel<S><<<grid, kFlashRows * 32, smem, s>>>(dq, dy, x, lse, delta, T, H, D, scale);
+    TPT_CUDA_LAUNCHED();
+    flash_dkv_kernel<S><<<grid, kFlashRows * 32, smem, s>>>(dq, dy, x, lse, delta, T, H, D, scale);
+    TPT_CUDA_LAUNCHED();
+  });
 }
 
 void reference_attention_forward(float* out, float* lse, float* probs, const float* qkv, int64_t B, int64_t T,

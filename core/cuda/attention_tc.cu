@@ -2,9 +2,10 @@
 // for bf16 / fp16 runs with head dimension 32, 64 or 128. The algorithm of attention.cu's fp32
 // kernels -- online softmax over key tiles, a log-sum-exp per query row, probabilities rebuilt in
 // backward, dQ and dK/dV in separate kernels (no atomics) -- with the products on 16-bit operands:
-// q, k, v, out and dout are already values of the 16-bit type in these runs (the model rounds
-// them), so staging them as 16-bit is exact; the probabilities and their gradient are rounded to it
-// before their products, as FlashAttention does. Scores, softmax and accumulators stay fp32.
+// q, k, v and dout are read as stored (bf16 / fp16 tensors, 16-byte loads straight into the shared
+// tiles); the probabilities and their gradient are rounded to the 16-bit type before their
+// products, as FlashAttention does. Scores, softmax and accumulators stay fp32; out and dqkv are
+// rounded once as they are stored.
 //
 // A block owns 64 rows (queries in forward and dQ, keys in dK/dV), 16 per warp; every product is
 // warp-local, so the only block-wide synchronisation is around staging the shared tiles.
@@ -36,6 +37,9 @@ constexpr int kPad32 = 4;  // fp32 rows by 4
 constexpr int LS = kTile + kPad32;  // fp32 (16, kTile) score tiles
 constexpr int LP = kTile + kPad16;  // 16-bit (16, kTile) probability tiles
 
+// The raw bits of each tensor's elements (bf16 or fp16, as T says).
+using Bits = uint16_t;
+
 template <class T>
 __device__ inline T to_16(float x);
 template <>
@@ -45,6 +49,18 @@ __device__ inline __nv_bfloat16 to_16<__nv_bfloat16>(float x) {
 template <>
 __device__ inline __half to_16<__half>(float x) {
   return __float2half_rn(x);
+}
+
+// fp32 -> the bits of T stored in a tensor (core/dtype.h's nearest-even rounding, as every store)
+template <class T>
+__device__ inline Bits store_bits(float x);
+template <>
+__device__ inline Bits store_bits<__nv_bfloat16>(float x) {
+  return fp32_to_bf16(x);
+}
+template <>
+__device__ inline Bits store_bits<__half>(float x) {
+  return fp32_to_fp16(x);
 }
 
 // Bump allocation of the dynamic shared memory, 128-byte aligned pieces (WMMA needs 32).
@@ -90,17 +106,19 @@ struct Layout {  // offsets (bytes) of the shared-memory pieces of each kernel
   static_assert(2 * LS >= LO, "output staging fits in the two fp32 tiles");
 };
 
-// rows [r0, r0 + n) of one head of a strided fp32 tensor -> 16-bit smem (n, LD); zeros past T.
-// src row r starts at base + r * stride (+ the head's column offset, already in base).
+// rows [r0, r0 + n) of one head of a strided 16-bit tensor -> smem (n, LD), 8 elements (16 bytes)
+// at a time, as stored; zeros past T. src row r starts at base + r * stride (+ the head's column
+// offset, already in base); base and stride keep every row 16-byte aligned (tc_attention_aligned, D
+// a multiple of 8), and so do the smem rows (LD * 2 bytes a multiple of 16, pieces 128-aligned).
 template <class T, int D>
-__device__ inline void stage(T* dst, const float* base, int64_t stride, int64_t r0, int n, int64_t T_) {
+__device__ inline void stage(T* dst, const Bits* base, int64_t stride, int64_t r0, int n, int64_t T_) {
+  static_assert(D % 8 == 0 && (D + kPad16) % 8 == 0, "16-byte rows");
   constexpr int LD = D + kPad16;
-  for (int i = threadIdx.x; i < n * D / 4; i += blockDim.x) {
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r0 + r < T_) x = *reinterpret_cast<const float4*>(base + (r0 + r) * stride + c);
-    T* o = dst + r * LD + c;
-    o[0] = to_16<T>(x.x), o[1] = to_16<T>(x.y), o[2] = to_16<T>(x.z), o[3] = to_16<T>(x.w);
+  for (int i = threadIdx.x; i < n * D / 8; i += blockDim.x) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < T_) x = *reinterpret_cast<const uint4*>(base + (r0 + r) * stride + c);
+    *reinterpret_cast<uint4*>(dst + r * LD + c) = x;
   }
 }
 
@@ -144,10 +162,10 @@ __device__ inline void accumulate_pm(Acc (&acc)[D / 16], const T* p, const T* m)
     }
 }
 
-// Writes acc (16, D) through the warp's fp32 staging (16, LO) to rows r0.. of a strided tensor
-// (rows at or past T skipped).
-template <int D>
-__device__ inline void write_rows(float* dst, int64_t stride, int64_t r0, int64_t T_, Acc (&acc)[D / 16],
+// Writes acc (16, D) through the warp's fp32 staging (16, LO) to rows r0.. of a strided 16-bit
+// tensor, rounded (rows at or past T skipped).
+template <class T, int D>
+__device__ inline void write_rows(Bits* dst, int64_t stride, int64_t r0, int64_t T_, Acc (&acc)[D / 16],
                                   float* staging) {
   constexpr int LO = D + kPad32;
   for (int j = 0; j < D / 16; ++j) wmma::store_matrix_sync(staging + j * 16, acc[j], LO, wmma::mem_row_major);
@@ -155,14 +173,14 @@ __device__ inline void write_rows(float* dst, int64_t stride, int64_t r0, int64_
   const int lane = threadIdx.x % 32;
   for (int i = lane; i < 16 * D; i += 32) {
     const int r = i / D, c = i % D;
-    if (r0 + r < T_) dst[(r0 + r) * stride + c] = staging[r * LO + c];
+    if (r0 + r < T_) dst[(r0 + r) * stride + c] = store_bits<T>(staging[r * LO + c]);
   }
   __syncwarp();
 }
 
 // grid (B * H, ceil(T / kRows)); the longest query rows first
 template <class T, int D>
-__global__ void __launch_bounds__(kBlock) tc_forward_kernel(float* out, float* lse, const float* qkv, int64_t T_,
+__global__ void __launch_bounds__(kBlock) tc_forward_kernel(Bits* out, float* lse, const Bits* qkv, int64_t T_,
                                                             int64_t H, float scale) {
   using L = Layout<T, D>;
   constexpr int LD = L::LD, LO = L::LO;
@@ -180,7 +198,7 @@ __global__ void __launch_bounds__(kBlock) tc_forward_kernel(float* out, float* l
   float* cw = lw + kRows;                                              // this tile's correction
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = 3 * H * D;
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows, t0 = q0 + warp * 16;
-  const float* base = qkv + b * T_ * row + h * D;
+  const Bits* base = qkv + b * T_ * row + h * D;
   stage<T, D>(qs, base, row, q0, kRows, T_);
   for (int i = lane; i < 16 * LO; i += 32) ow[i] = 0.0f;
   if (lane < 16) mw[lane] = -INFINITY, lw[lane] = 0.0f;
@@ -226,14 +244,14 @@ __global__ void __launch_bounds__(kBlock) tc_forward_kernel(float* out, float* l
   }
   for (int i = lane; i < 16 * D; i += 32) {
     const int r = i / D, c = i % D;
-    if (t0 + r < T_) out[((b * T_ + t0 + r) * H + h) * D + c] = ow[r * LO + c] / lw[r];
+    if (t0 + r < T_) out[((b * T_ + t0 + r) * H + h) * D + c] = store_bits<T>(ow[r * LO + c] / lw[r]);
   }
   if (lane < 16 && t0 + lane < T_) lse[bh * T_ + t0 + lane] = mw[lane] + logf(lw[lane]);
 }
 
 // dQ: grid (B * H, ceil(T / kRows)); a block owns 64 query rows and walks the key tiles before them.
 template <class T, int D>
-__global__ void __launch_bounds__(kBlock) tc_dq_kernel(float* dqkv, const float* dout, const float* qkv,
+__global__ void __launch_bounds__(kBlock) tc_dq_kernel(Bits* dqkv, const Bits* dout, const Bits* qkv,
                                                        const float* lse, const float* delta, int64_t T_, int64_t H,
                                                        float scale) {
   using L = Layout<T, D>;
@@ -250,7 +268,7 @@ __global__ void __launch_bounds__(kBlock) tc_dq_kernel(float* dqkv, const float*
   T* dsw = reinterpret_cast<T*>(smem + at.h) + warp * 2 * 16 * LP;         // dscores
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = 3 * H * D;
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows, t0 = q0 + warp * 16;
-  const float* base = qkv + b * T_ * row + h * D;
+  const Bits* base = qkv + b * T_ * row + h * D;
   stage<T, D>(qs, base, row, q0, kRows, T_);
   stage<T, D>(dos, dout + b * T_ * H * D + h * D, H * D, q0, kRows, T_);
   Acc dq[D / 16];
@@ -282,13 +300,13 @@ __global__ void __launch_bounds__(kBlock) tc_dq_kernel(float* dqkv, const float*
     accumulate_pm<T, D>(dq, dsw, ks);  // dq += dscores (16, keys) @ k (keys, D)
     __syncwarp();
   }
-  write_rows<D>(dqkv + b * T_ * row + h * D, row, t0, T_, dq, sw);
+  write_rows<T, D>(dqkv + b * T_ * row + h * D, row, t0, T_, dq, sw);
 }
 
 // dK, dV: grid (B * H, ceil(T / kRows)); a block owns 64 key rows and walks the query tiles after
 // them. Each warp computes its keys' transposed scores k_w q^T directly, so all is warp-local.
 template <class T, int D>
-__global__ void __launch_bounds__(kBlock) tc_dkv_kernel(float* dqkv, const float* dout, const float* qkv,
+__global__ void __launch_bounds__(kBlock) tc_dkv_kernel(Bits* dqkv, const Bits* dout, const Bits* qkv,
                                                         const float* lse, const float* delta, int64_t T_, int64_t H,
                                                         float scale) {
   using L = Layout<T, D>;
@@ -308,7 +326,7 @@ __global__ void __launch_bounds__(kBlock) tc_dkv_kernel(float* dqkv, const float
   T* dstw = ptw + 16 * LP;                                                    // dscores^T
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = 3 * H * D;
   const int64_t j0 = int64_t(blockIdx.y) * kRows, k0 = j0 + warp * 16;  // the most queries first
-  const float* base = qkv + b * T_ * row + h * D;
+  const Bits* base = qkv + b * T_ * row + h * D;
   stage<T, D>(ks, base + H * D, row, j0, kRows, T_);
   stage<T, D>(vs, base + 2 * H * D, row, j0, kRows, T_);
   Acc dk[D / 16], dv[D / 16];
@@ -344,8 +362,8 @@ __global__ void __launch_bounds__(kBlock) tc_dkv_kernel(float* dqkv, const float
     accumulate_pm<T, D>(dk, dstw, qs);  // dk += dscores^T @ q
     __syncwarp();
   }
-  write_rows<D>(dqkv + b * T_ * row + H * D + h * D, row, k0, T_, dk, stw);
-  write_rows<D>(dqkv + b * T_ * row + 2 * H * D + h * D, row, k0, T_, dv, stw);
+  write_rows<T, D>(dqkv + b * T_ * row + H * D + h * D, row, k0, T_, dk, stw);
+  write_rows<T, D>(dqkv + b * T_ * row + 2 * H * D + h * D, row, k0, T_, dv, stw);
 }
 
 template <class K>
@@ -354,7 +372,7 @@ void allow_smem(K kernel, size_t bytes) {
 }
 
 template <class T, int D>
-void forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T_, int64_t H, cudaStream_t s) {
+void forward(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, cudaStream_t s) {
   const size_t smem = typename Layout<T, D>::Fwd().total;
   static const bool once = (allow_smem(tc_forward_kernel<T, D>, smem), true);
   (void)once;
@@ -364,7 +382,7 @@ void forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T_, in
 }
 
 template <class T, int D>
-void backward(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta, int64_t B,
+void backward(Bits* dqkv, const Bits* dout, const Bits* qkv, const float* lse, const float* delta, int64_t B,
               int64_t T_, int64_t H, cudaStream_t s) {
   const size_t smem = typename Layout<T, D>::Bwd().total;
   static const bool once =
@@ -379,7 +397,7 @@ void backward(float* dqkv, const float* dout, const float* qkv, const float* lse
 }
 
 template <class T>
-void forward_t(float* out, float* lse, const float* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t s) {
+void forward_t(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t s) {
   switch (D) {
     case 32: return forward<T, 32>(out, lse, qkv, B, T_, H, s);
     case 64: return forward<T, 64>(out, lse, qkv, B, T_, H, s);
@@ -389,7 +407,7 @@ void forward_t(float* out, float* lse, const float* qkv, int64_t B, int64_t T_, 
 }
 
 template <class T>
-void backward_t(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta, int64_t B,
+void backward_t(Bits* dqkv, const Bits* dout, const Bits* qkv, const float* lse, const float* delta, int64_t B,
                 int64_t T_, int64_t H, int64_t D, cudaStream_t s) {
   switch (D) {
     case 32: return backward<T, 32>(dqkv, dout, qkv, lse, delta, B, T_, H, s);
@@ -405,10 +423,6 @@ size_t smem_bytes() {  // the larger of the kernels' (the same for bf16 and fp16
   return std::max(typename L::Fwd().total, typename L::Bwd().total);
 }
 
-void check_aligned(const float* p, const char* what) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-    internal_error(std::string("tensor-core attention: ") + what + " is not 16-byte aligned");
-}
 
 }  // namespace
 
@@ -432,25 +446,31 @@ bool tc_attention_supported(int64_t D, DType t) {
   return optin[device] > 0 && size_t(optin[device]) >= need;
 }
 
-void tc_flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                DType t, cudaStream_t s) {
-  if (B * T * H <= 0) return;
-  TPT_CHECK(tc_attention_supported(D, t) && B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
-  check_aligned(qkv, "qkv");
-  if (t == DType::BF16) forward_t<__nv_bfloat16>(out, lse, qkv, B, T, H, D, s);
-  else forward_t<__half>(out, lse, qkv, B, T, H, D, s);
+bool tc_attention_aligned(CBuf qkv, CBuf dout) {
+  return is_aligned(qkv.p, 16) && (!dout || is_aligned(dout.p, 16));
 }
 
-void tc_flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
-                                 const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, DType t,
-                                 cudaStream_t s) {
+void tc_flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                cudaStream_t s) {
   if (B * T * H <= 0) return;
-  TPT_CHECK(tc_attention_supported(D, t) && B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
-  check_aligned(qkv, "qkv");
-  check_aligned(dout, "dout");
+  TPT_CHECK(out.t == qkv.t && tc_attention_supported(D, qkv.t) && tc_attention_aligned(qkv, {}) &&
+            B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
+  auto* o = static_cast<Bits*>(out.p);
+  const auto* x = static_cast<const Bits*>(qkv.p);
+  if (qkv.t == DType::BF16) forward_t<__nv_bfloat16>(o, lse, x, B, T, H, D, s);
+  else forward_t<__half>(o, lse, x, B, T, H, D, s);
+}
+
+void tc_flash_attention_backward(Buf dqkv, float* delta, CBuf dout, CBuf qkv, CBuf out, const float* lse,
+                                 int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s) {
+  if (B * T * H <= 0) return;
+  TPT_CHECK(dqkv.t == qkv.t && dout.t == qkv.t && out.t == qkv.t && tc_attention_supported(D, qkv.t) &&
+            tc_attention_aligned(qkv, dout) && B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
   attention_row_dots(delta, dout, out, B, T, H, D, s);
-  if (t == DType::BF16) backward_t<__nv_bfloat16>(dqkv, dout, qkv, lse, delta, B, T, H, D, s);
-  else backward_t<__half>(dqkv, dout, qkv, lse, delta, B, T, H, D, s);
+  auto* dx = static_cast<Bits*>(dqkv.p);
+  const auto *dy = static_cast<const Bits*>(dout.p), *x = static_cast<const Bits*>(qkv.p);
+  if (qkv.t == DType::BF16) backward_t<__nv_bfloat16>(dx, dy, x, lse, delta, B, T, H, D, s);
+  else backward_t<__half>(dx, dy, x, lse, delta, B, T, H, D, s);
 }
 
 }  // namespace tpt::cuda

@@ -1,13 +1,15 @@
 // CudaOps: the Ops interface (core/ops.h) on one GPU. Memory is cudaMalloc'd device memory; every
 // kernel, copy and GEMM runs in order on the process's compute stream, and only the calls that
-// return values to the host (to_host, sum_squares, has_nonfinite) wait for it. GEMMs go through
-// cuBLASLt (core/cuda/gemm.h), the rest through core/cuda/kernels.h.
+// return values to the host (to_host, to_device, sum_squares, has_nonfinite) wait for it. GEMMs go
+// through cuBLASLt (core/cuda/gemm.h), the rest through core/cuda/kernels.h. Tensors are stored in
+// their own dtype (Buf / CBuf): no conversion or packing pass anywhere.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda/cuda_ops.h"
 #include "core/cuda/gemm.h"
@@ -89,6 +91,7 @@ namespace {
 
 using cuda::DeviceBuffer;
 using cuda::Epilogue;
+using cuda::EpilogueArgs;
 using cuda::Operand;
 
 class CudaOps final : public Ops {
@@ -105,21 +108,20 @@ class CudaOps final : public Ops {
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (pinned_) cudaFreeHost(pinned_);
   }
 
   std::string name() const override {
-    std::string s = "cuda (device " + std::to_string(device_) + ": " + cuda_device_name(device_) + "; cuBLASLt ";
-    if (opt_.gemm_inputs == DType::BF16) s += "bf16";
-    else if (opt_.gemm_inputs == DType::F16) s += "fp16";
-    else s += opt_.tf32 ? "tf32" : "fp32";
-    return s + " GEMMs)";
+    return "cuda (device " + std::to_string(device_) + ": " + cuda_device_name(device_) +
+           "; cuBLASLt GEMMs in the compute dtype, fp32 " + (opt_.tf32 ? "on TF32" : "exact") +
+           (opt_.gemm_epilogues ? ", epilogues" : ", no epilogues") + ")";
   }
 
   // ---- memory
 
-  float* alloc(size_t n) override {
-    const size_t bytes = std::max<size_t>(256, (n * sizeof(float) + 255) / 256 * 256);
+  void* alloc_bytes(size_t n) override {
+    const size_t bytes = std::max<size_t>(256, (n + 255) / 256 * 256);
     void* p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -136,9 +138,9 @@ class CudaOps final : public Ops {
     alloc_sizes_[p] = bytes;
     allocated_ += int64_t(bytes);
     peak_ = std::max(peak_, allocated_);
-    return static_cast<float*>(p);
+    return p;
   }
-  void free(float* p) override {
+  void free(void* p) override {
     if (!p) return;
     auto it = alloc_sizes_.find(p);
     if (it != alloc_sizes_.end()) {
@@ -147,166 +149,210 @@ class CudaOps final : public Ops {
     }
     TPT_CUDA_CHECK(cudaFree(p));
   }
-  // alloc()'s device memory only (the backend's own scratch and cuBLASLt's workspace are not counted)
+  // alloc_bytes()'s device memory only (the backend's own scratch and cuBLASLt's workspace are not counted)
   int64_t allocated_bytes() const override { return allocated_; }
   int64_t peak_allocated_bytes() const override { return peak_; }
-  void zero(float* p, size_t n) override {
-    if (n) TPT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
+  void zero(Buf p, int64_t n) override {
+    if (n > 0) TPT_CUDA_CHECK(cudaMemsetAsync(p.p, 0, size_t(dtype_size(n, p.t)), stream_));
   }
-  void copy(float* dst, const float* src, size_t n) override {
-    if (n && dst != src) TPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  void copy(Buf dst, CBuf src, int64_t n) override {
+    TPT_CHECK(dst.t == src.t);
+    if (n > 0 && dst.p != src.p)
+      TPT_CUDA_CHECK(
+          cudaMemcpyAsync(dst.p, src.p, size_t(dtype_size(n, src.t)), cudaMemcpyDeviceToDevice, stream_));
   }
-  void to_host(float* host, const float* dev, size_t n) override {
-    if (!n) return;
-    TPT_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  void to_host(void* host, CBuf dev, int64_t n) override {
+    if (n <= 0) return;
+    TPT_CUDA_CHECK(cudaMemcpyAsync(host, dev.p, size_t(dtype_size(n, dev.t)), cudaMemcpyDeviceToHost, stream_));
     TPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  void to_device(float* dev, const float* host, size_t n) override {
-    if (!n) return;
-    TPT_CUDA_CHECK(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  void to_device(Buf dev, const void* host, int64_t n) override {
+    if (n <= 0) return;
+    TPT_CUDA_CHECK(cudaMemcpyAsync(dev.p, host, size_t(dtype_size(n, dev.t)), cudaMemcpyHostToDevice, stream_));
     TPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may go away on return
   }
+  void convert(Buf dst, CBuf src, int64_t n) override { cuda::convert(dst, src, n, stream_); }
 
-  // ---- GEMMs
+  // ---- GEMMs: operands as stored (fp32, or bf16 / fp16 on the tensor cores), fp32 accumulation,
+  // outputs in their dtype; epilogues where cuBLASLt has them, else the separate kernels below
 
-  void linear_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t I,
-                      int64_t O) override {
+  void linear_forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                      Buf gelu_pre) override {
     if (N <= 0 || O <= 0) return;
-    const DType t = opt_.gemm_inputs;
-    const Operand A{operand(a16_, inp, N * I), I};          // (N, I)
-    const Operand B{operand(b16_, w, O * I), I, true};      // w (O, I) used as (I, O)
-    if (bias && opt_.gemm_epilogues &&
-        gemm_->run(N, O, I, A, B, out, O, 0, 1, 1.0f, 0.0f, t, Epilogue::Bias, const_cast<float*>(bias)))
+    const DType t = out.t;
+    TPT_CHECK(inp.t == t && w.t == t && (!bias || bias.t == t) && (!gelu_pre || gelu_pre.t == t));
+    const Operand A{inp.p, I};        // (N, I)
+    const Operand B{w.p, I, true};    // w (O, I) used as (I, O)
+    if (!gelu_pre) {
+      if (bias && opt_.gemm_epilogues &&
+          gemm_->run(N, O, I, A, B, out.p, t, O, 0, 1, 1.0f, 0.0f, t, {Epilogue::Bias, bias.p}))
+        return;
+      if (bias) cuda::broadcast_rows(out, bias, N, O, stream_);  // then the GEMM adds the products
+      gemm_->run(N, O, I, A, B, out.p, t, O, 0, 1, 1.0f, bias ? 1.0f : 0.0f, t);
       return;
-    if (bias) cuda::broadcast_rows(out, bias, N, O, stream_);
-    gemm_->run(N, O, I, A, B, out, O, 0, 1, 1.0f, bias ? 1.0f : 0.0f, t);
+    }
+    // fc1 with its GELU: pre = x w^T + b, gelu_pre = pre, out = gelu(pre), both rounded from fp32.
+    // cuBLASLt's GELU is its own approximation of the tanh form: bf16 / fp16 runs take it (their
+    // rounding is far coarser), fp32 runs keep the shared gelu() of core/math.h, as the CPU.
+    if (opt_.gemm_epilogues && t != DType::F32 &&
+        gemm_->run(N, O, I, A, B, out.p, t, O, 0, 1, 1.0f, 0.0f, t, {Epilogue::GeluAux, bias.p, gelu_pre.p, O}))
+      return;
+    // fallback: the fp32 products (in gelu_pre itself when that is fp32), then bias and GELU
+    float* acc = t == DType::F32 ? gelu_pre.f32() : gemm_f32_.as<float>(size_t(N * O));
+    gemm_->run(N, O, I, A, B, acc, DType::F32, O, 0, 1, 1.0f, 0.0f, t);
+    cuda::bias_gelu_forward(out, gelu_pre, acc, bias, N, O, stream_);
   }
 
-  void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                       int64_t N, int64_t I, int64_t O, bool accumulate_dinp) override {
+  void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
+                       int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     if (N <= 0) return;
-    const DType t = opt_.gemm_inputs;
-    const void* dout_p = operand(a16_, dout, N * O);
-    if (dinp)  // dinp (N, I) = / += dout (N, O) @ w (O, I)
-      gemm_->run(N, I, O, Operand{dout_p, O}, Operand{operand(b16_, w, O * I), I}, dinp, I, 0, 1, 1.0f,
-                 accumulate_dinp ? 1.0f : 0.0f, t);
-    // dw (O, I) += dout^T (O, N) @ inp (N, I); dbias (O) += row sums of dout^T
-    const Operand A{dout_p, O, true}, B{operand(c16_, inp, N * I), I};
-    if (dbias && opt_.gemm_epilogues) {
+    const DType t = dout.t;
+    TPT_CHECK(inp.t == t && (!dinp || (dinp.t == t && w.t == t)) && (!gelu_pre || gelu_pre.t == t));
+    TPT_CHECK(!(gelu_pre && accumulate_dinp));
+    if (dinp && I > 0) {  // dinp (N, I) = / += dout (N, O) @ w (O, I)
+      const Operand A{dout.p, O}, B{w.p, I};
+      if (!gelu_pre) {
+        gemm_->run(N, I, O, A, B, dinp.p, t, I, 0, 1, 1.0f, accumulate_dinp ? 1.0f : 0.0f, t);
+      } else if (!(opt_.gemm_epilogues && t != DType::F32 &&  // DGELU: as GELU_AUX above
+                   gemm_->run(N, I, O, A, B, dinp.p, t, I, 0, 1, 1.0f, 0.0f, t,
+                              {Epilogue::DGelu, nullptr, const_cast<void*>(gelu_pre.p), I}))) {
+        // fallback: the fp32 product (in dinp itself when that is fp32), times gelu'(pre), rounded once
+        float* acc = t == DType::F32 ? dinp.f32() : gemm_f32_.as<float>(size_t(N * I));
+        gemm_->run(N, I, O, A, B, acc, DType::F32, I, 0, 1, 1.0f, 0.0f, t);
+        cuda::gelu_backward(dinp, acc, gelu_pre, N * I, stream_);
+      }
+    }
+    if (O <= 0) return;
+    // dw (O, I) += dout^T (O, N) @ inp (N, I), into the fp32 gradient; dbias (O) += row sums of dout^T
+    const Operand A{dout.p, O, true}, B{inp.p, I};
+    if (dbias && opt_.gemm_epilogues && I > 0) {
       float* tmp = bias_grad_.as<float>(size_t(O));
-      if (gemm_->run(O, I, N, A, B, dw, I, 0, 1, 1.0f, 1.0f, t, Epilogue::BiasGrad, tmp)) {
+      if (gemm_->run(O, I, N, A, B, dw, DType::F32, I, 0, 1, 1.0f, 1.0f, t, {Epilogue::BiasGrad, tmp})) {
         cuda::accumulate(dbias, tmp, O, stream_);
         return;
       }
     }
-    gemm_->run(O, I, N, A, B, dw, I, 0, 1, 1.0f, 1.0f, t);
+    gemm_->run(O, I, N, A, B, dw, DType::F32, I, 0, 1, 1.0f, 1.0f, t);
     if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
   }
 
-  // ---- attention: flash-style kernels, on the tensor cores in bf16 / fp16 runs where the head
-  // dimension allows (core/cuda/attention_tc.cu), else fp32 on the CUDA cores (attention.cu)
+  // ---- attention: flash-style kernels, on the tensor cores for bf16 / fp16 tensors where the head
+  // dimension and alignment allow (core/cuda/attention_tc.cu), else fp32 math on the CUDA cores
+  // (attention.cu); both read and write the compute dtype directly
 
-  void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                         int64_t D) override {
-    if (cuda::tc_attention_supported(D, opt_.gemm_inputs))
-      cuda::tc_flash_attention_forward(out, lse, qkv, B, T, H, D, opt_.gemm_inputs, stream_);
+  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    if (cuda::tc_attention_supported(D, qkv.t) && cuda::tc_attention_aligned(qkv, {}))
+      cuda::tc_flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
     else
       cuda::flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
   }
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) override {
-    if (cuda::tc_attention_supported(D, opt_.gemm_inputs))
-      cuda::tc_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, opt_.gemm_inputs, stream_);
+  void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
+                          int64_t T, int64_t H, int64_t D) override {
+    if (cuda::tc_attention_supported(D, qkv.t) && cuda::tc_attention_aligned(qkv, dout))
+      cuda::tc_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
     else
       cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
   }
 
   // ---- element-wise and rows
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
-  void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) override {
+  void gelu_forward(Buf out, CBuf inp, int64_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
+  void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) override {
+    TPT_CHECK(dout.t == dinp.t);
     cuda::gelu_backward(dinp, dout, inp, n, stream_);
   }
-  void add(float* out, const float* a, const float* b, int64_t n) override { cuda::add(out, a, b, n, stream_); }
-  void accumulate(float* y, const float* x, int64_t n) override { cuda::accumulate(y, x, n, stream_); }
+  void add(Buf out, CBuf a, CBuf b, int64_t n) override { cuda::add(out, a, b, n, stream_); }
+  void accumulate(Buf y, CBuf x, int64_t n) override { cuda::accumulate(y, x, n, stream_); }
+  void sum_parts(Buf out, CBuf parts, int k, int64_t n) override { cuda::sum_parts(out, parts, k, n, stream_); }
   void scale(float* x, float s, int64_t n) override { cuda::scale(x, s, n, stream_); }
 
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                         int64_t N, int64_t C, float eps) override {
+  void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
+                         float eps) override {
     cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, stream_);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                          const float* mean, const float* rstd, int64_t N, int64_t C) override {
+  void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w, CBuf bias,
+                                  int64_t N, int64_t C, float eps) override {
+    cuda::residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps, stream_);
+  }
+  void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+                          const float* rstd, int64_t N, int64_t C) override {
     cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch_, stream_);
   }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t N, int64_t C, int64_t v0,
+  void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
                          int64_t rows) override {
     cuda::embedding_forward(out, tokens, wte, N, C, v0, rows, stream_);
   }
-  void embedding_backward(float* dwte, const int32_t* tokens, const float* dout, int64_t N, int64_t C, int64_t v0,
+  void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                           int64_t rows) override {
     cuda::embedding_backward(dwte, tokens, dout, N, C, v0, rows, scratch_, stream_);
   }
-  void add_position_embedding(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) override {
+  void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) override {
     cuda::add_position_embedding(out, wpe, B, T, C, stream_);
   }
-  void position_embedding_backward(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C) override {
+  void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
     cuda::position_embedding_backward(dwpe, dout, B, T, C, stream_);
   }
 
-  void xent_local_max(float* row_max, float* target_logit, const float* logits, const int32_t* targets, int64_t N,
+  void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
                       int64_t Vl, int64_t v0, int64_t valid_vocab) override {
     cuda::xent_local_max(row_max, target_logit, logits, targets, N, Vl, v0, valid_vocab, stream_);
   }
-  void xent_local_sumexp(float* sum_exp, float* logits, const float* row_max, int64_t N, int64_t Vl, int64_t v0,
+  void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_t N, int64_t Vl, int64_t v0,
                          int64_t valid_vocab) override {
     cuda::xent_local_sumexp(sum_exp, logits, row_max, N, Vl, v0, valid_vocab, stream_);
   }
-  void xent_backward_inplace(float* exps, float* losses, const float* row_max, const float* sum_exp,
-                             const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                             int64_t valid_vocab, float dloss_scale, bool want_grad) override {
-    cuda::xent_backward_inplace(exps, losses, row_max, sum_exp, target_logit, targets, N, Vl, v0, valid_vocab,
-                                dloss_scale, want_grad, stream_);
+  void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
+                      const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
+                      int64_t valid_vocab, float dloss_scale, bool want_grad) override {
+    cuda::xent_loss_grad(logits, losses, row_max, sum_exp, target_logit, targets, N, Vl, v0, valid_vocab,
+                         dloss_scale, want_grad, stream_);
   }
 
-  // ---- mixed precision, norms, optimizer
+  // ---- norms, optimizer (fp32)
 
-  void round_to(float* x, int64_t n, DType t) override { cuda::round_to(x, n, t, stream_); }
   bool has_nonfinite(const float* x, int64_t n) override {
     return cuda::has_nonfinite(x, n, scratch_, static_cast<int*>(pinned_), stream_);
-  }
-  void pack_half(uint16_t* dst, const float* src, int64_t n, DType t) override {
-    cuda::pack_half(dst, src, n, t, stream_);
-  }
-  void unpack_half(float* dst, const uint16_t* src, int64_t n, DType t) override {
-    cuda::unpack_half(dst, src, n, t, stream_);
   }
   double sum_squares(const float* x, int64_t n) override {
     return cuda::sum_squares(x, n, scratch_, static_cast<double*>(pinned_), stream_);
   }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-             float* compute, DType t) override {
-    cuda::adamw(p, g, m, v, n, a, decay, compute, t, stream_);
+             Buf compute) override {
+    cuda::adamw(p, g, m, v, n, a, decay, compute, stream_);
   }
 
- private:
-  // A GEMM operand of n floats: itself for fp32 GEMMs, else its 16-bit copy in `buf` (exact: the
-  // values are representable, see CudaOptions::gemm_inputs).
-  const void* operand(DeviceBuffer& buf, const float* x, int64_t n) {
-    if (opt_.gemm_inputs == DType::F32) return x;
-    uint16_t* h = buf.as<uint16_t>(size_t(n));
-    cuda::pack_half(h, x, n, opt_.gemm_inputs, stream_);
-    return h;
+  // ---- op profile: events on the compute stream, from a pool reused after clear_marks()
+
+  int64_t mark() override {
+    if (marks_ == int64_t(events_.size())) {
+      cudaEvent_t e = nullptr;
+      TPT_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    TPT_CUDA_CHECK(cudaEventRecord(events_[size_t(marks_)], stream_));
+    return marks_++;
   }
+  double mark_ms(int64_t id) override {
+    TPT_CHECK(id >= 0 && id < marks_);
+    TPT_CUDA_CHECK(cudaEventSynchronize(events_[size_t(id)]));
+    float ms = 0;
+    TPT_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[size_t(id)]));
+    return double(ms);
+  }
+  void clear_marks() override { marks_ = 0; }
+
+ private:
+  std::vector<cudaEvent_t> events_;  // the op profile's marks: events_[0, marks_) recorded
+  int64_t marks_ = 0;
   int device_;
   CudaOptions opt_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
-  DeviceBuffer scratch_;         // partial sums, sort buffers, reduction results
-  DeviceBuffer a16_, b16_, c16_;  // 16-bit GEMM operands
-  DeviceBuffer bias_grad_;       // the bias-gradient epilogue's output before it is accumulated
-  void* pinned_ = nullptr;       // page-locked host memory for reduction results
+  DeviceBuffer scratch_;    // partial sums, sort buffers, reduction results
+  DeviceBuffer gemm_f32_;   // fp32 GEMM products where an epilogue falls back to separate kernels (16-bit runs)
+  DeviceBuffer bias_grad_;  // the bias-gradient epilogue's output before it is accumulated
+  void* pinned_ = nullptr;  // page-locked host memory for reduction results
   std::unordered_map<void*, size_t> alloc_sizes_;  // allocation accounting (single-threaded use)
   int64_t allocated_ = 0, peak_ = 0;
 };

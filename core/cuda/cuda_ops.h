@@ -11,17 +11,13 @@ namespace tpt {
 
 struct CudaOptions {
   // fp32 GEMMs on TF32 tensor cores (10-bit mantissa products). Off by default: fp32 GEMMs then
-  // match the CPU backend up to summation order.
+  // match the CPU backend up to summation order. (bf16 / fp16 GEMMs read their operands as stored,
+  // on the tensor cores, with fp32 accumulation, whatever this says.)
   bool tf32 = false;
-  // BF16 / F16: every GEMM operand is already a value of that type (mixed precision rounds each one
-  // to the compute dtype before it is stored, DESIGN "Numerics"), so the GEMMs read 16-bit copies
-  // on the tensor cores with fp32 accumulation -- the same products, exactly. Attention then runs
-  // its tensor-core flash kernels where the head dimension allows (core/cuda/kernels.h), rounding
-  // the probabilities and their gradient to the 16-bit type for their products (the CPU keeps them
-  // in fp32). F32 (default): fp32 GEMMs and fp32 attention kernels.
-  DType gemm_inputs = DType::F32;
-  // Fuse the bias add (forward) and the bias gradient (backward) into the GEMMs as cuBLASLt
-  // epilogues; off: separate kernels (the same sums in another order).
+  // Fuse into the GEMMs, as cuBLASLt epilogues: the bias add and (bf16 / fp16) fc1's GELU with its
+  // pre-activation in forward, the GELU derivative (bf16 / fp16) and the bias gradient in backward.
+  // Off, or where cuBLASLt offers no algorithm for one: separate kernels (the same math, sums in
+  // another order; fp32 runs always take core/math.h's GELU, cuBLASLt's is its own approximation).
   bool gemm_epilogues = true;
 };
 

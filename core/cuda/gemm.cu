@@ -3,14 +3,24 @@
 // cuBLASLt is column-major: a row-major matrix X (r x c, ld) is the column-major X^T (c x r, ld).
 // So row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
 // operand is our B, its second our A, with m = N, n = M, k = K and the same leading dimensions.
-// cuBLASLt's bias epilogue adds a vector along D's rows (our columns: bias[j]); its BGRADB epilogue
-// sums its second operand (our A) over k into a vector along D's columns (our rows: bias[i]).
+// In that view:
+//   - the BIAS epilogue adds a vector along D's rows (m = our N: bias[j]);
+//   - GELU_AUX(_BIAS) / DGELU's auxiliary matrix has D's shape (m x n column-major, ld = aux_ld),
+//     which is our row-major M x N with row stride aux_ld; cuBLASLt wants aux_ld % 8 == 0;
+//   - BGRADB sums its second operand (our A) over k into a vector along D's columns (our rows:
+//     bias[i]), in C's type.
+// The bias and auxiliary matrix have C's dtype (cuBLASLt's default: the output type), so a bf16
+// forward reads a bf16 bias and writes a bf16 pre-activation; the bias gradient is fp32 (C is the
+// fp32 main gradient there).
 #include "core/cuda/gemm.h"
 
+#include <atomic>
 #include <string>
 
 namespace tpt::cuda {
 namespace {
+
+std::atomic<int64_t> g_fused[kEpilogueKinds], g_fell_back[kEpilogueKinds];
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
 
@@ -24,6 +34,7 @@ void lt_check(cublasStatus_t st, const char* what, const char* file, int line) {
 cudaDataType_t cuda_type(DType t) {
   return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
 }
+const char* type_name(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
 
 // Largest power of two (<= 256) dividing the address: what the heuristic may assume.
 int alignment(const void* p) {
@@ -38,13 +49,38 @@ void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const
   TPT_LT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
 }
 
+cublasLtEpilogue_t lt_epilogue(const EpilogueArgs& e) {
+  switch (e.kind) {
+    case Epilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::GeluAux: return e.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::BiasGrad: return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool uses_bias(const EpilogueArgs& e) {
+  return e.kind == Epilogue::Bias || e.kind == Epilogue::BiasGrad || (e.kind == Epilogue::GeluAux && e.bias);
+}
+bool uses_aux(const EpilogueArgs& e) { return e.kind == Epilogue::GeluAux || e.kind == Epilogue::DGelu; }
+
 }  // namespace
+
+EpilogueStats epilogue_stats() {
+  EpilogueStats s;
+  for (int k = 0; k < kEpilogueKinds; ++k) {
+    s.fused[k] = g_fused[k].load(std::memory_order_relaxed);
+    s.fell_back[k] = g_fell_back[k].load(std::memory_order_relaxed);
+  }
+  return s;
+}
 
 struct LtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool ok = false;  // the heuristic returned an algorithm
+  bool ok = false;  // the heuristic returned an algorithm (and cuBLASLt accepted it)
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -54,9 +90,10 @@ struct LtGemm::Plan {
 };
 
 size_t LtGemm::KeyHash::operator()(const Key& k) const {
-  const int64_t fields[] = {k.op_a, k.op_b, k.m,  k.n,  k.k,       k.lda,     k.ldb,   k.ldc,   k.batch,
-                            k.sa,   k.sb,   k.sc, k.ab, k.compute, k.epilogue, k.align_a, k.align_b, k.align_c,
-                            k.align_bias};
+  const int64_t fields[] = {k.op_a,  k.op_b,  k.m,       k.n,        k.k,       k.lda,     k.ldb,
+                            k.ldc,   k.batch, k.sa,      k.sb,       k.sc,      k.ab,      k.ct,
+                            k.compute, k.epilogue, k.aux_ld, k.align_a, k.align_b, k.align_c, k.align_bias,
+                            k.align_aux};
   uint64_t h = 1469598103934665603ull;
   for (int64_t f : fields) h = (h ^ uint64_t(f)) * 1099511628211ull;
   return size_t(h);
@@ -73,7 +110,7 @@ LtGemm::~LtGemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-LtGemm::Plan& LtGemm::plan(const Key& key, const float* bias) {
+LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   auto p = std::make_unique<Plan>();
@@ -81,11 +118,15 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const float* bias) {
   TPT_LT_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
   set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t(key.op_a));
   set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t(key.op_b));
-  const auto epi = cublasLtEpilogue_t(key.epilogue);
-  set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
-  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));  // for its alignment
+  set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, cublasLtEpilogue_t(key.epilogue));
+  // the pointers are set for their alignment (the heuristic reads it); run() sets each call's own
+  if (uses_bias(e)) {
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(key.ct));  // C's type (cuBLASLt's default)
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, e.bias);
+  }
+  if (uses_aux(e)) {
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(e.aux));
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.aux_ld);
   }
   const auto ab = cudaDataType_t(key.ab);
   auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, bool transposed, int64_t rows, int64_t cols,
@@ -102,7 +143,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const float* bias) {
   };
   layout(&p->a, ab, key.op_a == CUBLAS_OP_T, key.m, key.k, key.lda, key.sa);
   layout(&p->b, ab, key.op_b == CUBLAS_OP_T, key.k, key.n, key.ldb, key.sb);
-  layout(&p->c, CUDA_R_32F, false, key.m, key.n, key.ldc, key.sc);
+  layout(&p->c, cudaDataType_t(key.ct), false, key.m, key.n, key.ldc, key.sc);
 
   cublasLtMatmulPreference_t pref = nullptr;
   TPT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -123,16 +164,37 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const float* bias) {
   if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     p->algo = result.algo;
     p->ok = true;
-  } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+  } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
+             !(key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT) && st == CUBLAS_STATUS_INVALID_VALUE)) {
     lt_check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
   }
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
-bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operand& B, float* C, int64_t ldc,
-                 int64_t sc, int64_t batch, float alpha, float beta, DType ab, Epilogue epilogue, float* bias) {
+bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operand& B, void* C, DType ct, int64_t ldc,
+                 int64_t sc, int64_t batch, float alpha, float beta, DType ab, const EpilogueArgs& e) {
   if (M <= 0 || N <= 0 || batch <= 0) return true;
-  TPT_CHECK(epilogue == Epilogue::None || (batch == 1 && bias != nullptr));
+  const bool epilogue = e.kind != Epilogue::None;
+  if (epilogue) {
+    TPT_CHECK(batch == 1);
+    TPT_CHECK(!uses_bias(e) || e.bias != nullptr);
+    TPT_CHECK(!uses_aux(e) || (e.aux != nullptr && e.aux_ld >= N));
+    TPT_CHECK(e.kind != Epilogue::DGelu || beta == 0.0f);
+    TPT_CHECK(e.kind != Epilogue::BiasGrad || ct == DType::F32);
+    if (K == 0 || (uses_aux(e) && e.aux_ld % 8 != 0)) {  // an empty product; cuBLASLt's rule for the GELU aux matrix
+      g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  const size_t csize = size_t(dtype_bytes(ct));
+  if (K == 0) {  // an empty sum: C = beta * C (cuBLASLt needs k >= 1)
+    TPT_CHECK(beta == 0.0f || beta == 1.0f);
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < batch; ++i)
+        TPT_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(C) + size_t(i * sc) * csize, size_t(ldc) * csize, 0,
+                                         size_t(N) * csize, size_t(M), stream_));
+    return true;
+  }
   Key key{};
   key.op_a = int(B.trans ? CUBLAS_OP_T : CUBLAS_OP_N);  // cuBLASLt's A is our B (see the top of this file)
   key.op_b = int(A.trans ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -147,41 +209,47 @@ bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operan
   key.sb = batch > 1 ? A.stride : 0;
   key.sc = batch > 1 ? sc : 0;
   key.ab = int(cuda_type(ab));
+  key.ct = int(cuda_type(ct));
   key.compute = int(ab == DType::F32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
-  key.epilogue = int(epilogue == Epilogue::Bias       ? CUBLASLT_EPILOGUE_BIAS
-                     : epilogue == Epilogue::BiasGrad ? CUBLASLT_EPILOGUE_BGRADB
-                                                      : CUBLASLT_EPILOGUE_DEFAULT);
+  key.epilogue = int(lt_epilogue(e));
+  key.aux_ld = uses_aux(e) ? e.aux_ld : 0;
   key.align_a = alignment(B.p);
   key.align_b = alignment(A.p);
   key.align_c = alignment(C);
-  key.align_bias = bias ? alignment(bias) : 0;
-  if (K == 0) {  // an empty sum: C = beta * C (cuBLASLt needs k >= 1)
-    TPT_CHECK(epilogue == Epilogue::None && (beta == 0.0f || beta == 1.0f));
-    if (beta == 0.0f)
-      for (int64_t i = 0; i < batch; ++i)
-        TPT_CUDA_CHECK(cudaMemset2DAsync(C + i * sc, size_t(ldc) * 4, 0, size_t(N) * 4, size_t(M), stream_));
-    return true;
-  }
-  Plan& p = plan(key, bias);
+  key.align_bias = uses_bias(e) ? alignment(e.bias) : 0;
+  key.align_aux = uses_aux(e) ? alignment(e.aux) : 0;
+  Plan& p = plan(key, e);
   if (!p.ok) {
-    if (epilogue != Epilogue::None) return false;
+    if (epilogue) {
+      g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     if (batch > 1) {  // no strided-batched algorithm for these strides: one call per member
-      const size_t esize = ab == DType::F32 ? 4 : 2;
+      const size_t esize = size_t(dtype_bytes(ab));
       for (int64_t i = 0; i < batch; ++i) {
         Operand a = A, b = B;
         a.p = static_cast<const char*>(A.p) + size_t(i * A.stride) * esize;
         b.p = static_cast<const char*>(B.p) + size_t(i * B.stride) * esize;
-        run(M, N, K, a, b, C + i * sc, ldc, 0, 1, alpha, beta, ab);
+        run(M, N, K, a, b, static_cast<char*>(C) + size_t(i * sc) * csize, ct, ldc, 0, 1, alpha, beta, ab);
       }
       return true;
     }
     internal_error("cuBLASLt has no algorithm for a " + std::to_string(M) + " x " + std::to_string(N) + " x " +
-                   std::to_string(K) + " GEMM (lda " + std::to_string(A.ld) + ", ldb " + std::to_string(B.ld) +
-                   ", ldc " + std::to_string(ldc) + ")");
+                   std::to_string(K) + " GEMM (" + type_name(ab) + " operands, " + type_name(ct) + " output; lda " +
+                   std::to_string(A.ld) + ", ldb " + std::to_string(B.ld) + ", ldc " + std::to_string(ldc) + ")");
   }
-  if (epilogue != Epilogue::None) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(bias));
-  TPT_LT_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, B.p, p.a, A.p, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
-                              kWorkspaceBytes, stream_));
+  if (uses_bias(e)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, e.bias);
+  if (uses_aux(e)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(e.aux));
+  const cublasStatus_t st = cublasLtMatmul(handle_, p.desc, &alpha, B.p, p.a, A.p, p.b, &beta, C, p.c, C, p.c,
+                                           &p.algo, workspace_, kWorkspaceBytes, stream_);
+  if (st != CUBLAS_STATUS_SUCCESS && epilogue &&
+      (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+    p.ok = false;  // rejected before launch: the caller's path from now on
+    g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  lt_check(st, "cublasLtMatmul", __FILE__, __LINE__);
+  if (epilogue) g_fused[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

@@ -1,6 +1,6 @@
 // cuBLASLt GEMMs of the CUDA backend in row-major terms. Every distinct problem (shape, strides,
-// transposes, types, epilogue, pointer alignments) gets its descriptors and the heuristic's best
-// algorithm once; later calls reuse them. One workspace, one stream.
+// transposes, types, epilogue and its auxiliary settings, pointer alignments) gets its descriptors
+// and the heuristic's best algorithm once; later calls reuse them. One workspace, one stream.
 #pragma once
 #include <cublasLt.h>
 
@@ -22,11 +22,30 @@ struct Operand {
   int64_t stride = 0;
 };
 
+// What cuBLASLt does besides the product (row-major C is M x N; all in fp32 before C's rounding):
 enum class Epilogue {
   None,
-  Bias,      // C[i][j] += bias[j]                  (bias: N floats, read)
-  BiasGrad,  // bias[i] = sum over k of op(A)[i][k]  (bias: M floats, overwritten)
+  Bias,      // C[i][j] = acc + bias[j]                 (bias: N elements of C's dtype, read)
+  GeluAux,   // pre = acc (+ bias[j] if bias), aux[i][j] = pre, C[i][j] = gelu(pre)
+             //                                         (aux: M x N of C's dtype, written, row stride aux_ld)
+  DGelu,     // C[i][j] = acc * gelu'(aux[i][j])        (aux: M x N of C's dtype, read; beta must be 0)
+  BiasGrad,  // bias[i] = sum over k of op(A)[i][k]     (bias: M floats, overwritten; C fp32)
 };
+
+struct EpilogueArgs {
+  Epilogue kind = Epilogue::None;
+  const void* bias = nullptr;  // Bias, GeluAux (optional): read; BiasGrad: written
+  void* aux = nullptr;         // GeluAux: written; DGelu: read
+  int64_t aux_ld = 0;          // elements; cuBLASLt wants a multiple of 8
+};
+
+// Process-wide counts of GEMMs with an epilogue, by Epilogue: run by cuBLASLt (fused) or handed
+// back to the caller's separate kernels (fell back). For reports; never reset.
+constexpr int kEpilogueKinds = 5;
+struct EpilogueStats {
+  int64_t fused[kEpilogueKinds] = {}, fell_back[kEpilogueKinds] = {};
+};
+EpilogueStats epilogue_stats();
 
 class LtGemm {
  public:
@@ -37,18 +56,20 @@ class LtGemm {
 
   // Row-major C (M x N, row stride ldc) = alpha * op(A) (M x K) * op(B) (K x N) + beta * C, for each
   // of `batch` members (C advancing by sc elements). A and B hold `ab` values (F32, BF16 or F16 bit
-  // patterns); C is fp32; accumulation is fp32 (TF32 products for F32 inputs if enabled).
-  // Returns false, having done nothing, when cuBLASLt offers no algorithm for this epilogue; the
-  // caller then does the epilogue's work itself. Without an epilogue it always succeeds (or throws).
-  bool run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operand& B, float* C, int64_t ldc, int64_t sc,
-           int64_t batch, float alpha, float beta, DType ab, Epilogue epilogue = Epilogue::None,
-           float* bias = nullptr);
+  // patterns, as stored); C holds `ct` values (written rounded to ct; read for beta != 0);
+  // accumulation and epilogues in fp32 (TF32 products for F32 inputs if enabled).
+  // Returns false, having done nothing, when cuBLASLt offers no algorithm for this epilogue (or its
+  // auxiliary settings break cuBLASLt's rules); the caller then does the epilogue's work itself.
+  // Without an epilogue it always succeeds (or throws).
+  bool run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operand& B, void* C, DType ct, int64_t ldc,
+           int64_t sc, int64_t batch, float alpha, float beta, DType ab, const EpilogueArgs& epilogue = {});
 
   struct Key {
     int op_a, op_b;  // cuBLASLt's (column-major) view
     int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
-    int ab, compute, epilogue;
-    int align_a, align_b, align_c, align_bias;
+    int ab, ct, compute, epilogue;
+    int64_t aux_ld;
+    int align_a, align_b, align_c, align_bias, align_aux;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -57,7 +78,7 @@ class LtGemm {
   struct Plan;
 
  private:
-  Plan& plan(const Key& key, const float* bias);
+  Plan& plan(const Key& key, const EpilogueArgs& e);
 
   bool tf32_;
   cudaStream_t stream_;

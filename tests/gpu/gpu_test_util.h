@@ -1,4 +1,5 @@
-// Helpers of the GPU tests: random host data, device buffers of a backend, element-wise comparison.
+// Helpers of the GPU tests: random host data, typed device buffers of a backend, element-wise
+// comparison.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/cuda/cuda_ops.h"
+#include "core/error.h"
 #include "core/ops.h"
 
 namespace tpt::gpu_test {
@@ -31,37 +33,79 @@ inline VecF rounded(VecF v, DType t) {
   return v;
 }
 
-// A buffer of n floats on a backend's device, freed with it.
-class Buf {
- public:
-  Buf(Ops& ops, size_t n) : ops_(&ops), n_(n), p_(ops.alloc(n)) {}
-  Buf(Ops& ops, const VecF& host) : Buf(ops, host.size()) { ops.to_device(p_, host.data(), host.size()); }
-  Buf(Ops& ops, const std::vector<int32_t>& host) : Buf(ops, host.size()) {
-    ops.to_device(p_, reinterpret_cast<const float*>(host.data()), host.size());
+inline const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
+
+// Host floats as the raw storage of dtype t (rounded to nearest even), and back.
+inline std::vector<char> to_storage(const VecF& v, DType t) {
+  std::vector<char> out(v.size() * size_t(dtype_bytes(t)));
+  if (t == DType::F32) {
+    if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+    return out;
   }
-  ~Buf() { ops_->free(p_); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  float* get() const { return p_; }
-  operator float*() const { return p_; }
-  int32_t* ints() const { return reinterpret_cast<int32_t*>(p_); }
-  uint16_t* halves() const { return reinterpret_cast<uint16_t*>(p_); }
+  auto* h = reinterpret_cast<uint16_t*>(out.data());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::BF16 ? fp32_to_bf16(v[i]) : fp32_to_fp16(v[i]);
+  return out;
+}
+inline VecF from_storage(const char* p, size_t n, DType t) {
+  VecF v(n);
+  if (t == DType::F32) {
+    if (n) std::memcpy(v.data(), p, n * sizeof(float));
+    return v;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  for (size_t i = 0; i < n; ++i) v[i] = t == DType::BF16 ? bf16_to_fp32(h[i]) : fp16_to_fp32(h[i]);
+  return v;
+}
+
+// n elements of dtype t on a backend's device, freed with it. Converts to a Buf / CBuf of its
+// dtype, and to float* (fp32 buffers only: statistics, gradients).
+class Dev {
+ public:
+  Dev(Ops& ops, size_t n, DType t = DType::F32) : ops_(&ops), n_(n), t_(t), p_(ops.alloc_bytes(n * size_t(dtype_bytes(t)))) {}
+  Dev(Ops& ops, const VecF& host, DType t = DType::F32) : Dev(ops, host.size(), t) { upload(host); }
+  Dev(Ops& ops, const std::vector<int32_t>& host) : Dev(ops, host.size()) {
+    ops.to_device(Buf(p_, DType::F32), host.data(), int64_t(host.size()));
+  }
+  ~Dev() { ops_->free(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+
+  Buf buf() const { return {p_, t_}; }
+  operator Buf() const { return buf(); }
+  operator CBuf() const { return buf(); }
+  operator float*() const { return f32(); }
+  float* f32() const {
+    TPT_CHECK(t_ == DType::F32);
+    return static_cast<float*>(p_);
+  }
+  int32_t* ints() const { return static_cast<int32_t*>(p_); }
+  DType dtype() const { return t_; }
+  size_t size() const { return n_; }
+
+  // host floats -> the device, rounded to the dtype
+  void upload(const VecF& host) {
+    TPT_CHECK(host.size() == n_);
+    const std::vector<char> raw = to_storage(host, t_);
+    ops_->to_device(buf(), raw.data(), int64_t(n_));
+  }
+  // the stored values as floats
   VecF host() const {
-    VecF h(n_);
-    ops_->to_host(h.data(), p_, n_);
-    return h;
+    std::vector<char> raw(n_ * size_t(dtype_bytes(t_)));
+    ops_->to_host(raw.data(), buf(), int64_t(n_));
+    return from_storage(raw.data(), n_, t_);
   }
 
  private:
   Ops* ops_;
   size_t n_;
-  float* p_;
+  DType t_;
+  void* p_;
 };
 
 // The same buffer on the CPU and the GPU backend.
 struct Pair {
-  Buf cpu, gpu;
-  Pair(Ops& c, Ops& g, const VecF& host) : cpu(c, host), gpu(g, host) {}
+  Dev cpu, gpu;
+  Pair(Ops& c, Ops& g, const VecF& host, DType t = DType::F32) : cpu(c, host, t), gpu(g, host, t) {}
   Pair(Ops& c, Ops& g, const std::vector<int32_t>& host) : cpu(c, host), gpu(g, host) {}
 };
 
@@ -90,6 +134,10 @@ inline ::testing::AssertionResult bitwise(const VecF& gpu, const VecF& cpu) {
       return ::testing::AssertionFailure() << "element " << i << ": gpu " << gpu[i] << " cpu " << cpu[i];
   return ::testing::AssertionSuccess();
 }
+
+// Relative rounding step of a stored value of dtype t (fp32: 0): a result computed in fp32 from the
+// same inputs in another order may land one such step away after rounding.
+inline double ulp(DType t) { return t == DType::BF16 ? 1.0 / 128 : t == DType::F16 ? 1.0 / 1024 : 0.0; }
 
 inline std::unique_ptr<Ops> cpu_ops() { return make_cpu_ops(4); }
 inline std::unique_ptr<Ops> gpu_ops(const CudaOptions& o = {}) { return make_cuda_ops(0, o); }

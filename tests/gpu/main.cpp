@@ -1,6 +1,7 @@
 // Entry point of the GPU tests (ctest label `gpu`). With no GPU visible -- CI, a laptop -- it prints
-// one line and passes. Under mpirun (the GpuNccl tests) every rank needs its own GPU; with fewer
-// GPUs than ranks on the host it also skips with one line.
+// one line and exits with kSkipped, which ctest reports as "skipped" (SKIP_RETURN_CODE in
+// tests/CMakeLists.txt). Under mpirun (the GpuNccl tests) every rank needs its own GPU; with fewer
+// GPUs than ranks on the host every rank skips the same way (mpirun passes the code on).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -8,6 +9,9 @@
 
 #include "core/cuda/cuda_ops.h"
 #include "parallel/runtime.h"
+
+// The exit status of a run that skipped every test (automake's convention).
+constexpr int kSkipped = 77;
 
 int main(int argc, char** argv) {
   tpt::runtime_init(&argc, &argv);
@@ -21,8 +25,10 @@ int main(int argc, char** argv) {
     status = RUN_ALL_TESTS();
   } else if (gpus == 0) {
     if (rank == 0) std::printf("no GPU visible: skipping GPU tests\n");
+    status = kSkipped;
   } else if (world > gpus) {
     if (rank == 0) std::printf("%d ranks but %d GPUs visible: skipping GPU tests\n", world, gpus);
+    status = kSkipped;
   } else {
     ::testing::InitGoogleTest(&argc, argv);
     if (rank == 0) std::printf("GPU 0: %s\n", tpt::cuda_device_name(0).c_str());

@@ -39,8 +39,9 @@ inline double relative_distance(const VecF& a, const VecF& b, const VecF& init) 
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// Trains `steps` steps of `micro` micro-batches on `ops`, the trainer's way (compute copy of the
-// parameters rounded to dtype; gradients accumulated over micro-batches; AdamW on fp32 masters), as
+// Trains `steps` steps of `micro` micro-batches on `ops`, the trainer's way (bf16 / fp16: a compute
+// copy of the parameters in that dtype, refreshed by AdamW; gradients accumulated in fp32 over
+// micro-batches; AdamW on fp32 masters), as
 // rank tp.rank() of a tensor-parallel group of tp.size() (buffers on the communicator's device).
 // The tokens are the same whatever the group.
 // Data parallelism (optional): the step's micro-batches dealt round-robin over dev's ranks, the
@@ -57,16 +58,15 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   const ParamLayout layout = make_param_layout(d);
   VecF host(size_t(layout.total));
   init_params_host(layout, cfg.training.seed, host.data());
-  Buf params(ops, host), grads(ops, size_t(layout.total)), compute(ops, size_t(layout.total));
-  auto refresh = [&] {
-    ops.copy(compute, params, size_t(layout.total));
-    ops.round_to(compute, layout.total, dtype);
-  };
-  refresh();
+  Dev params(ops, host), grads(ops, size_t(layout.total));
+  // bf16 / fp16: the compute copy of the fp32 master weights, in the compute dtype
+  const bool copy = dtype != DType::F32;
+  Dev compute(ops, copy ? size_t(layout.total) : 0, dtype);
+  if (copy) ops.convert(compute, params.buf(), layout.total);
   const int64_t B = cfg.training.micro_batch_size, S = d.S, N = B * S;
-  GPTStage stage(d, layout, ops, tp, dtype == DType::F32 ? params.get() : compute.get(), grads, B, 1,
+  GPTStage stage(d, layout, ops, tp, copy ? CBuf(compute.buf()) : CBuf(params.buf()), grads, B, 1,
                  StageOptions{dtype, Recompute::None});
-  AdamW adamw(layout, ops, params, grads, compute, dtype);  // the trainer's way: the step writes the compute copy
+  AdamW adamw(layout, ops, params, grads, copy ? compute.buf() : Buf{});  // the step writes the compute copy
   const int dp_size = dp.dev ? dp.dev->size() : 1, dp_rank = dp.dev ? dp.dev->rank() : 0;
   TPT_CHECK(micro % dp_size == 0);
   GradSync sync(ops, grads, layout.total, layer_ranges(layout, d), dp.dev, nullptr, GradRange{}, true, 1);
@@ -75,7 +75,7 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   Trained r;
   r.init = host;
   for (int k = 1; k <= steps; ++k) {
-    ops.zero(grads, size_t(layout.total));
+    ops.zero(grads.buf(), layout.total);
     double sum = 0;
     for (int m = 0; m < micro; ++m) {
       std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
@@ -83,12 +83,12 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
       for (auto& t : targets) t = tok(gen);
       targets[0] = int32_t(d.V - 1);
       if (m % dp_size != dp_rank) continue;  // another DP rank's
-      Buf dev_tokens(ops, tokens), dev_targets(ops, targets);
-      stage.forward(0, dev_tokens.ints(), nullptr);
+      Dev dev_tokens(ops, tokens), dev_targets(ops, targets);
+      stage.forward(0, dev_tokens.ints(), CBuf{});
       sum += stage.loss(0, dev_targets.ints(), 1.0f / float(N * (micro / dp_size)), true);
       std::function<void(int64_t)> layer_done;
       if (m + dp_size >= micro) layer_done = [&](int64_t l) { sync.layer_done(int(l - d.layer_begin)); };
-      stage.backward(0, nullptr, layer_done);
+      stage.backward(0, CBuf{}, layer_done);
     }
     sync.finish();
     if (dp.host) dp.host->all_reduce(&sum, 1, ReduceOp::Sum);
