@@ -2,7 +2,8 @@
 # Checkpoint resume (DESIGN "Checkpoints (contract)"): 16 iterations straight vs 8 + a resume of 8
 # give bitwise-equal lm loss and grad norm at 1 rank and at TP2 x PP2 x DP2 (fp32); a checkpoint
 # saved at TP2 x PP2 x DP2 resumes at 1 rank, TP4 x PP1 x DP2 and TP1 x PP4 x DP1 within 1e-5 of
-# the uninterrupted run; fp16 resumes exactly too (loss scaler); keep_last keeps the newest checkpoints.
+# the uninterrupted run; fp16 resumes exactly too (loss scaler), and bf16 at TP2 x PP2 x DP2; bf16 and
+# fp32 checkpoints resume in the other precision within 5e-3; keep_last keeps the newest checkpoints.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
@@ -83,6 +84,17 @@ run 4 1 4 cross_pp4 --set checkpoint.load="$W/ck8" &&
   compare "$W/straight8.jsonl" "$W/cross_pp4.jsonl" 1e-5 "saved TP2xPP2xDP2, resumed at TP1xPP4xDP1 (1e-5)"
 # and against the one-rank straight run too (layouts agree to 1e-5 among themselves)
 compare "$W/straight1.jsonl" "$W/cross_tp4_dp2.jsonl" 1e-5 "TP4xPP1xDP2 resume vs the 1-rank straight run (1e-5)"
+
+# --- bf16 (16-bit compute copy; the checkpoint holds the fp32 master weights): bitwise resume at
+# TP2xPP2xDP2, and checkpoints load across precisions (fp32 <-> bf16) within bf16's tolerance
+run 8 2 2 straight8_bf16 --set training.precision=bf16 || bad "straight bf16 8 ranks"
+run 8 2 2 first8_bf16 --set training.precision=bf16 --set training.train_iters=8 --set checkpoint.save="$W/ck8bf16" &&
+  run 8 2 2 resume8_bf16 --set training.precision=bf16 --set checkpoint.load="$W/ck8bf16"
+compare "$W/straight8_bf16.jsonl" "$W/resume8_bf16.jsonl" 0 "bf16, TP2xPP2xDP2: 8 + resume 8 bitwise equal to 16 straight"
+run 1 1 1 cross_bf16_to_fp32 --set checkpoint.load="$W/ck8bf16" --set training.micro_batch_size=8 &&
+  KEYS=lm_loss compare "$W/straight8.jsonl" "$W/cross_bf16_to_fp32.jsonl" 5e-3 "saved bf16 at TP2xPP2xDP2, resumed fp32 at 1 rank (5e-3 of fp32)"
+run 4 2 1 cross_fp32_to_bf16 --set checkpoint.load="$W/ck8" --set training.precision=bf16 &&
+  KEYS=lm_loss compare "$W/straight8.jsonl" "$W/cross_fp32_to_bf16.jsonl" 5e-3 "saved fp32 at TP2xPP2xDP2, resumed bf16 at TP2xDP2 (5e-3 of fp32)"
 
 # --- keep_last: save every 2 iterations, keep 2 -------------------------------------------------
 run 1 1 1 keep --set training.train_iters=10 --set checkpoint.save="$W/keep" --set checkpoint.save_interval=2 \
