@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -91,31 +92,39 @@ int train_main(int argc, char** argv) {
     return 2;
   }
 
-  // Phase 2: any failure on any rank ends the job.
+  // Phase 2: any failure on any rank ends the job. The grid and the trainer outlive the try block:
+  // on a failure the job is aborted (or, alone, the process ends) without destroying them, since
+  // their destructors may wait on GPU work or on collectives that a dead peer will never finish.
   int status = 0;
+  std::unique_ptr<Grid> grid;
+  std::unique_ptr<Trainer> trainer;
+  auto fail = [&](int code, const char* what, const char* kind) {
+    std::fprintf(stderr, "tptrain: %s: rank %d: %s\n", kind, rank, what);
+    if (world > 1) runtime_abort(code);  // never returns
+    (void)trainer.release();             // alone: no peer to wait for, but no GPU teardown either
+    (void)grid.release();
+    runtime_finalize();
+    return code;
+  };
   try {
-    Grid grid = make_grid(cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size,
-                          cfg.parallel.data_parallel_size);
+    grid = std::make_unique<Grid>(make_grid(cfg.parallel.tensor_model_parallel_size,
+                                            cfg.parallel.pipeline_model_parallel_size, cfg.parallel.data_parallel_size));
     if (rank == 0) {
       spdlog::info("tptrain {} | config {}", TPTRAIN_VERSION, args.config_path);
       spdlog::info("resolved config:\n{}", config_to_yaml(cfg));
-      spdlog::info("{}", grid.table());
+      spdlog::info("{}", grid->table());
     }
-    Trainer trainer(cfg, grid);
-    status = trainer.train();
-    trainer.write_trace();
-    report_peak_memory(grid);
+    trainer = std::make_unique<Trainer>(cfg, *grid);
+    status = trainer->train();
+    trainer->write_trace();
+    report_peak_memory(*grid);
   } catch (const InputError& e) {
-    std::fprintf(stderr, "tptrain: error: rank %d: %s\n", rank, e.what());
-    if (world > 1) runtime_abort(2);
-    runtime_finalize();
-    return 2;
+    return fail(2, e.what(), "error");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tptrain: internal error: rank %d: %s\n", rank, e.what());
-    if (world > 1) runtime_abort(1);
-    runtime_finalize();
-    return 1;
+    return fail(1, e.what(), "internal error");
   }
+  trainer.reset();
+  grid.reset();
   runtime_finalize();
   return status;
 }

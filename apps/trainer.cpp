@@ -221,6 +221,9 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
     if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad);
   };
   h.backward = [&](int mb) {
+    if (fault_in_step_ && mb == num_micro_ - 1)
+      internal_error("injected fault (TPTRAIN_FAULT) in the backward of micro-batch " + std::to_string(mb) +
+                     " of iteration " + std::to_string(iteration_ + 1));
     const int slot = mb % slots;
     // the last micro-batch's backward finishes each layer's gradients: the DP sums may start
     std::function<void(int64_t)> layer_done;
@@ -352,9 +355,18 @@ int Trainer::train() {
   int64_t window_iters = 0, window_counted = 0;
   int window_skipped = 0, window_nan = 0;
   double window_loss = 0;
+  // TPTRAIN_FAULT=RANK:ITERATION: that rank fails in that iteration, after its forward and backward
+  // have started (tests of the failure path: the job must end with the rank's message, no hang)
+  int64_t fault_iteration = -1;
+  if (const char* f = std::getenv("TPTRAIN_FAULT")) {
+    int r = -1;
+    long long it = -1;
+    if (std::sscanf(f, "%d:%lld", &r, &it) == 2 && r == grid_.world_rank) fault_iteration = it;
+  }
   const int64_t first = iteration_ + 1;
   for (int64_t k = iteration_ + 1; k <= c.training.train_iters; ++k) {
     const auto step_start = clock::now();
+    if (k == fault_iteration) fault_in_step_ = true;
     StepResult r = train_step(k);
     iteration_ = k;
     if (profile_)  // the first iteration is warm-up (GEMM algorithm choice, first touches)

@@ -89,6 +89,7 @@ class Trainer {
   FILE* metrics_ = nullptr;
   std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;
+  bool fault_in_step_ = false;  // TPTRAIN_FAULT: fail in this iteration's last backward (tests)
 
   // checkpoint: apps/trainer_checkpoint.cpp (DESIGN "Checkpoints")
  public:
