@@ -1,5 +1,9 @@
 #include "apps/help.h"
 
+#ifdef TPTRAIN_HAVE_CUDA
+#include "core/cuda/cudnn_attention.h"
+#endif
+
 namespace tpt {
 
 std::string help_text() {
@@ -40,6 +44,10 @@ std::string version_text() {
   std::string s = "tptrain " TPTRAIN_VERSION "\nbackends: cpu (OpenBLAS)";
 #ifdef TPTRAIN_HAVE_CUDA  // cuda: the CUDA backend and, with it, NCCL
   s += ", cuda (cuBLASLt)";
+  const std::string cudnn = cuda::cudnn_attention_version();  // empty: built without cuDNN (TPTRAIN_CUDNN)
+  s += "\nattention on GPUs: " +
+       (cudnn.empty() ? std::string("own flash kernels (built without cuDNN)")
+                      : cudnn + " for bf16/fp16, own flash kernels otherwise");
 #ifdef TPTRAIN_HAVE_NCCL
   s += "\ncommunication on GPUs: NCCL";
 #endif

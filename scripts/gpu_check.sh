@@ -15,16 +15,21 @@
 #   bash scripts/gpu_check.sh --build-dir DIR [--lib-dir DIR/lib]
 #                                                     use a build made elsewhere (see --prepare)
 #   bash scripts/gpu_check.sh --prepare DIR           on a build machine (no GPU needed): a portable
-#                                                     single-process CUDA build in DIR and, in
-#                                                     DIR/lib, the shared libraries a bare GPU machine
-#                                                     lacks (yaml-cpp, spdlog, fmt, OpenBLAS, libgomp,
-#                                                     libgfortran, libstdc++, cudart)
+#                                                     single-process CUDA build in DIR (with cuDNN
+#                                                     attention where cuDNN and the cudnn-frontend
+#                                                     headers are there) and, in DIR/lib, the shared
+#                                                     libraries a bare GPU machine lacks (yaml-cpp,
+#                                                     spdlog, fmt, OpenBLAS, libgomp, libgfortran,
+#                                                     libstdc++, cudart)
 # Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m", --iters N
 # (default 8, the first 3 are warm-up), --out DIR (logs; default /tmp/tptrain_gpu_check),
 # --budget SECONDS (default 480), --skip-tests. PYTHON=... names the python3 with PyTorch (default python3).
 #
-# The GPU machine needs an NVIDIA driver for CUDA 13 and the CUDA 13 cuBLASLt library (the CUDA
-# toolkit, or its runtime libraries): cuBLASLt is too large to carry. Its glibc must be 2.34 or newer.
+# The GPU machine needs an NVIDIA driver for CUDA 13 and the CUDA 13 cuBLASLt and NVRTC libraries
+# (the CUDA toolkit, or its runtime libraries): they are too large to carry. A build with cuDNN
+# attention also needs cuDNN 9: the script adds the folder of PyTorch's (python3 -c 'import
+# nvidia.cudnn') to LD_LIBRARY_PATH, and PyTorch's NVRTC folder after the toolkit's. Its glibc must
+# be 2.34 or newer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -42,7 +47,7 @@ while (($#)); do
     --budget) BUDGET=$2; shift 2 ;;
     --prepare) PREPARE=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,16 +58,20 @@ say() { echo "gpu_check [$((SECONDS - START))s] $*"; }
 
 # ---- --prepare: a build to carry to a GPU machine ------------------------------------------------
 if [ -n "$PREPARE" ]; then
-  # no MPI (a bare machine has no mpirun; one process drives one GPU), AVX2 instead of -march=native
+  # no MPI (a bare machine has no mpirun; one process drives one GPU), AVX2 instead of -march=native;
+  # cuDNN attention (TPTRAIN_CUDNN=AUTO) with the cudnn-frontend headers scripts/setup.sh fetches
+  bash "$SRC/scripts/setup.sh" --cudnn-frontend
   cmake -S "$SRC" -B "$PREPARE" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_CUDA=ON -DTPTRAIN_MPI=OFF \
         -DTPTRAIN_MARCH=x86-64-v3 -DTPTRAIN_WERROR=OFF >/dev/null || exit 1
   cmake --build "$PREPARE" -j"$(nproc)" --target tptrain tptrain_gpu_tests 2>&1 | grep -E "error|warning" || true
   [ -x "$PREPARE/tptrain" ] && [ -x "$PREPARE/tests/tptrain_gpu_tests" ] || { echo "gpu_check: build failed" >&2; exit 1; }
   mkdir -p "$PREPARE/lib"
-  # everything the binaries load except glibc, the driver and cuBLASLt (the GPU machine's own)
+  # everything the binaries load except glibc, the driver, and cuBLASLt, NVRTC and cuDNN (hundreds
+  # of MB: the GPU machine's own, cuDNN from its PyTorch)
   ldd "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests" | awk '/=> \//{print $3}' | sort -u |
-    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublasLt)\.so' |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublasLt|libnvrtc[^/]*|libcudnn[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$PREPARE/lib/"; done
+  "$PREPARE/tptrain" --version | grep -i attention
   du -sh "$PREPARE/lib" "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests"
   echo "gpu_check: carry $PREPARE/tptrain, $PREPARE/tests/tptrain_gpu_tests and $PREPARE/lib, then run there:"
   echo "  bash scripts/gpu_check.sh --build-dir $PREPARE --lib-dir $PREPARE/lib"
@@ -73,7 +82,19 @@ mkdir -p "$OUT"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && CUDA_LIBS="${CUDA_LIBS:+$CUDA_LIBS:}$d"
 done
-export LD_LIBRARY_PATH="${LIBS:+$LIBS:}${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}${CUDA_LIBS:-}"
+# cuDNN (for cuDNN attention) from PyTorch's wheels, whose NVRTC also serves where the toolkit has none
+TORCH_LIBS=$("$PY" -c '
+import importlib, os
+dirs = []
+for name in ("nvidia.cudnn", "nvidia.cu13", "nvidia.cuda_nvrtc"):
+    try:
+        m = importlib.import_module(name)
+    except Exception:
+        continue
+    dirs += [os.path.join(p, "lib") for p in m.__path__ if os.path.isdir(os.path.join(p, "lib"))]
+print(":".join(dirs))' 2>/dev/null)
+LDP="${LIBS:+$LIBS:}${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}${CUDA_LIBS:+$CUDA_LIBS:}${TORCH_LIBS:-}"
+export LD_LIBRARY_PATH="${LDP%:}"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu_check: GPU /'
 else
@@ -84,8 +105,13 @@ fi
 if [ -z "$BUILD" ]; then
   BUILD=build-gpu
   say "configuring and building $BUILD (CUDA on)"
-  cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_CUDA=ON -DTPTRAIN_WERROR=ON >"$OUT/cmake.log" 2>&1 ||
-    { tail -20 "$OUT/cmake.log"; exit 1; }
+  # cuDNN attention: the cudnn-frontend headers (carried in .deps/, or fetched if PyPI answers),
+  # cuDNN's headers and library from PyTorch's wheel unless the toolkit has them
+  PIP_RETRIES=0 PIP_TIMEOUT=10 bash "$SRC/scripts/setup.sh" --cudnn-frontend
+  [ -n "${CUDNN_HOME:-}" ] || CUDNN_HOME=$("$PY" -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null) || true
+  CUDNN_HOME=$CUDNN_HOME cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_CUDA=ON \
+    -DTPTRAIN_WERROR=ON >"$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
+  grep "cuDNN attention" "$OUT/cmake.log"
   timeout "$(left)" cmake --build "$BUILD" -j"$(nproc)" --target tptrain tptrain_gpu_tests >"$OUT/build.log" 2>&1 ||
     { grep -E "error" "$OUT/build.log" | head -20; say "build failed"; exit 1; }
 fi
@@ -99,7 +125,7 @@ if ((TESTS)); then
   say "GPU tests"
   timeout "$(($(left) > 240 ? 240 : $(left)))" "$GTESTS" --gtest_filter=-GpuNccl.* >"$OUT/gpu_tests.log" 2>&1
   rc=$?
-  grep -E "^GPU 0|no GPU visible|step [0-9]+:|^cuBLASLt epilogues|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
+  grep -E "^GPU 0|no GPU visible|step [0-9]+:|^cuBLASLt epilogues|^cuda \(device|WARNING: cuDNN|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
   if ((rc == 77)); then say "GPU tests skipped (no GPU visible to them)"  # tests/gpu/main.cpp's skip status
   elif ((rc != 0)); then status=1; say "GPU tests FAILED (rc $rc; $OUT/gpu_tests.log)"; else say "GPU tests passed"; fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -203,6 +229,7 @@ YAML
           printf "RESULT %s: bf16, seq 1024, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
                  name, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
         }' "$metrics" | tee "$OUT/$name-mb$mb.result"
+      grep -m2 "WARNING: cuDNN attention" "$log"  # shapes cuDNN refused (the own kernels ran them)
       local tps
       tps=$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' "$OUT/$name-mb$mb.result")
       [ -n "$tps" ] && side_by_side "$name" "$L" "$C" "$H" "$mb" "$tps"

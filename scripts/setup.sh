@@ -1,12 +1,59 @@
 #!/usr/bin/env bash
-# Installs what tptrain needs from Debian's packages (idempotent; silent when all is present),
-# then configures and builds into ${BUILD_DIR:-build}.
+# Installs what tptrain needs from Debian's packages (idempotent; silent when all is present) and,
+# where nvcc is, the cudnn-frontend headers (below), then configures and builds into ${BUILD_DIR:-build}.
+#   bash scripts/setup.sh                    all of that
+#   bash scripts/setup.sh --cudnn-frontend   only the cudnn-frontend headers (scripts/gpu_check.sh --prepare)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# cuda: cuDNN attention (core/cuda/cudnn_attention.cpp) needs the header-only cudnn-frontend: the C++
+# headers of PyPI's nvidia-cudnn-frontend wheel, unpacked once into .deps/cudnn_frontend/include
+# (git-ignored), where CMake looks for them (TPTRAIN_CUDNN). The wheel is fetched for one fixed
+# Python and platform whatever pip runs it (only its headers are used). Without them the build
+# goes on without cuDNN attention.
+CUDNN_FE_DIR=$PWD/.deps/cudnn_frontend
+CUDNN_FE_VERSION=${CUDNN_FRONTEND_VERSION:-1.32.0}
+have_nvcc() { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }
+have_cudnn_frontend() { [ -f "$CUDNN_FE_DIR/include/cudnn_frontend.h" ]; }
+pip_python() {  # a python3 whose pip works (pyenv's, Debian's), or nothing
+  local c
+  for c in python3 /usr/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -m pip --version >/dev/null 2>&1; then echo "$c"; return; fi
+  done
+}
+install_cudnn_frontend() {
+  have_cudnn_frontend && return 0
+  local py tmp rc=0
+  py=$(pip_python)
+  if [ -z "$py" ]; then
+    echo "setup: cuDNN attention off: no python3 with pip to fetch the cudnn-frontend headers (apt-get install python3-pip)"
+    return 0
+  fi
+  tmp=$(mktemp -d)
+  PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet --disable-pip-version-check --no-input --no-deps \
+    --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 \
+    --target "$tmp/wheel" "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" >"$tmp/log" 2>&1 || rc=$?
+  if ((rc == 0)) && [ -f "$tmp/wheel/include/cudnn_frontend.h" ]; then
+    mkdir -p "$CUDNN_FE_DIR"
+    rm -rf "$CUDNN_FE_DIR/include"
+    mv "$tmp/wheel/include" "$CUDNN_FE_DIR/include"
+    echo "setup: cudnn-frontend $CUDNN_FE_VERSION headers in $CUDNN_FE_DIR/include (for cuDNN attention)"
+  else
+    echo "setup: cuDNN attention off: could not fetch the cudnn-frontend $CUDNN_FE_VERSION headers from PyPI" \
+         "($(grep -v '^ *$' "$tmp/log" | tail -1 | cut -c1-160))"
+  fi
+  rm -rf "$tmp"
+}
+if [ "${1:-}" = --cudnn-frontend ]; then
+  install_cudnn_frontend
+  exit 0
+fi
 
 PACKAGES=(build-essential cmake pkg-config git libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev
           libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
           python3 python3-numpy python3-yaml python3-torch python3-matplotlib fortunes-min fortunes)
+# cuda: pip fetches the cudnn-frontend headers (Debian's python3 has no pip of its own)
+if have_nvcc && ! have_cudnn_frontend && [ -z "$(pip_python)" ]; then PACKAGES+=(python3-pip); fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,7 +65,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+CMAKE_EXTRA=()
+if have_nvcc; then
+  install_cudnn_frontend
+  have_cudnn_frontend && CMAKE_EXTRA+=(-DCUDNN_FRONTEND_INCLUDE="$CUDNN_FE_DIR/include")
+fi
+
 BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_WERROR="${TPTRAIN_WERROR:-ON}" >/dev/null
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_WERROR="${TPTRAIN_WERROR:-ON}" "${CMAKE_EXTRA[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^gmake|^Consolidate' || true
 test -x "$BUILD_DIR/tptrain" || { echo "setup: build failed" >&2; exit 1; }

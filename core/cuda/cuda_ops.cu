@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "core/cuda/cuda_ops.h"
+#include "core/cuda/cudnn_attention.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 
@@ -105,6 +108,13 @@ class CudaOps final : public Ops {
     stream_ = cuda::compute_stream();
     gemm_ = std::make_unique<cuda::LtGemm>(options.tf32, stream_);
     TPT_CUDA_CHECK(cudaMallocHost(&pinned_, 64));
+    // cuDNN attention: TPTRAIN_CUDNN_ATTENTION=0 forces the own kernels; =nondeterministic lets
+    // cuDNN's backward sum dQ with atomics
+    const char* env = std::getenv("TPTRAIN_CUDNN_ATTENTION");
+    if (env && std::strcmp(env, "0") == 0) opt_.cudnn_attention = false;
+    if (env && std::strcmp(env, "nondeterministic") == 0) opt_.cudnn_deterministic = false;
+    if (opt_.cudnn_attention && cuda::cudnn_attention_built())
+      cudnn_ = std::make_unique<cuda::CudnnAttention>(stream_, opt_.cudnn_deterministic);
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
@@ -115,7 +125,20 @@ class CudaOps final : public Ops {
   std::string name() const override {
     return "cuda (device " + std::to_string(device_) + ": " + cuda_device_name(device_) +
            "; cuBLASLt GEMMs in the compute dtype, fp32 " + (opt_.tf32 ? "on TF32" : "exact") +
-           (opt_.gemm_epilogues ? ", epilogues" : ", no epilogues") + ")";
+           (opt_.gemm_epilogues ? ", epilogues" : ", no epilogues") + "; attention: " + attention_name() + ")";
+  }
+
+  // Which attention runs: "cuDNN SDPA (cuDNN 9.19.0 loaded, ...) for bf16/fp16, own flash kernels
+  // otherwise", or the own kernels and why not cuDNN.
+  std::string attention_name() const {
+    if (cudnn_)
+      return cuda::cudnn_attention_version() + " for bf16/fp16" +
+             (opt_.cudnn_deterministic ? "" : " (nondeterministic backward)") +
+             ", own flash kernels otherwise (fp32, shapes cuDNN rejects)";
+    return std::string("own flash kernels (") +
+           (!cuda::cudnn_attention_built() ? "built without cuDNN"
+                                           : "cuDNN SDPA off: TPTRAIN_CUDNN_ATTENTION=0 or CudaOptions") +
+           ")";
   }
 
   // ---- memory
@@ -236,11 +259,14 @@ class CudaOps final : public Ops {
     if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
   }
 
-  // ---- attention: flash-style kernels, on the tensor cores for bf16 / fp16 tensors where the head
-  // dimension and alignment allow (core/cuda/attention_tc.cu), else fp32 math on the CUDA cores
-  // (attention.cu); both read and write the compute dtype directly
+  // ---- attention: bf16 / fp16 through cuDNN's fused SDPA where this build has it and cuDNN runs
+  // the shape (core/cuda/cudnn_attention.h); else flash-style kernels of our own, on the tensor
+  // cores for bf16 / fp16 tensors where the head dimension and alignment allow
+  // (core/cuda/attention_tc.cu), else fp32 math on the CUDA cores (attention.cu). All read and write
+  // the compute dtype directly and share the lse convention, so either backward follows either forward.
 
   void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    if (cudnn_ && qkv.t != DType::F32 && cudnn_->forward(out, lse, qkv, B, T, H, D)) return;
     if (cuda::tc_attention_supported(D, qkv.t) && cuda::tc_attention_aligned(qkv, {}))
       cuda::tc_flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
     else
@@ -248,6 +274,7 @@ class CudaOps final : public Ops {
   }
   void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
                           int64_t T, int64_t H, int64_t D) override {
+    if (cudnn_ && qkv.t != DType::F32 && cudnn_->backward(dqkv, dout, qkv, out, lse, B, T, H, D)) return;
     if (cuda::tc_attention_supported(D, qkv.t) && cuda::tc_attention_aligned(qkv, dout))
       cuda::tc_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
     else
@@ -349,6 +376,7 @@ class CudaOps final : public Ops {
   CudaOptions opt_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own attention kernels only
   DeviceBuffer scratch_;    // partial sums, sort buffers, reduction results
   DeviceBuffer gemm_f32_;   // fp32 GEMM products where an epilogue falls back to separate kernels (16-bit runs)
   DeviceBuffer bias_grad_;  // the bias-gradient epilogue's output before it is accumulated

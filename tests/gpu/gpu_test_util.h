@@ -142,4 +142,11 @@ inline double ulp(DType t) { return t == DType::BF16 ? 1.0 / 128 : t == DType::F
 inline std::unique_ptr<Ops> cpu_ops() { return make_cpu_ops(4); }
 inline std::unique_ptr<Ops> gpu_ops(const CudaOptions& o = {}) { return make_cuda_ops(0, o); }
 
+// Options whose attention is always the own flash kernels (no cuDNN), for the tests of those kernels.
+inline CudaOptions own_attention() {
+  CudaOptions o;
+  o.cudnn_attention = false;
+  return o;
+}
+
 }  // namespace tpt::gpu_test

@@ -5,7 +5,10 @@
 // precision test's tolerance), with cuBLASLt's epilogues and with the separate kernels.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
+#include "core/cuda/cudnn_attention.h"
 #include "core/cuda/kernels.h"
 #include "parallel/nccl_comm.h"
 #include "tiny_model.h"
@@ -52,14 +55,15 @@ TEST(GpuModel, Bf16TrainingWithinTheMixedPrecisionTolerance) {
   }
 }
 
-// Head dimension 32: the bf16 run's attention goes through the tensor-core kernels (attention_tc.cu).
+// Head dimension 32: the bf16 run's attention goes through the tensor-core kernels (attention_tc.cu;
+// cuDNN off).
 TEST(GpuModel, Bf16TensorCoreAttentionTrainingWithinTheMixedPrecisionTolerance) {
   Config cfg = tiny_config();
   cfg.model.hidden_size = 64;
   cfg.model.num_attention_heads = 2;
   ASSERT_TRUE(cuda::tc_attention_supported(32, DType::BF16));
   auto cpu = cpu_ops();
-  auto gpu = gpu_ops();
+  auto gpu = gpu_ops(own_attention());
   const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
   const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2, cfg);
   for (size_t k = 0; k < c16.losses.size(); ++k) {
@@ -67,6 +71,38 @@ TEST(GpuModel, Bf16TensorCoreAttentionTrainingWithinTheMixedPrecisionTolerance) 
     std::printf("step %zu: loss cpu bf16 %.6f gpu bf16 (tensor-core attention) %.6f\n", k + 1, c16.losses[k],
                 g16.losses[k]);
   }
+}
+
+// Head dimension 32 (sequence 33): the bf16 run's attention goes through cuDNN's fused SDPA, every
+// call; against the CPU's bf16 run and the GPU's run on the own tensor-core kernels.
+TEST(GpuModel, Bf16CudnnAttentionTrainingWithinTheMixedPrecisionTolerance) {
+  if (!cuda::cudnn_attention_built()) GTEST_SKIP() << "built without cuDNN (TPTRAIN_CUDNN)";
+  const char* env = std::getenv("TPTRAIN_CUDNN_ATTENTION");
+  if (env && std::strcmp(env, "0") == 0) GTEST_SKIP() << "TPTRAIN_CUDNN_ATTENTION=0";
+  Config cfg = tiny_config();
+  cfg.model.hidden_size = 64;
+  cfg.model.num_attention_heads = 2;
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  auto own = gpu_ops(own_attention());
+  const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
+  const cuda::CudnnAttentionStats s0 = cuda::cudnn_attention_stats();
+  const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2, cfg);
+  const cuda::CudnnAttentionStats s1 = cuda::cudnn_attention_stats();
+  const Trained o16 = train(*own, *dev, DType::BF16, 4, 2, cfg);
+  // 4 steps x 2 micro-batches x 2 layers, forward and backward, all on cuDNN
+  EXPECT_EQ(s1.forward - s0.forward, 16);
+  EXPECT_EQ(s1.backward - s0.backward, 16);
+  EXPECT_EQ(s1.fell_back, s0.fell_back);
+  for (size_t k = 0; k < c16.losses.size(); ++k) {
+    EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
+    EXPECT_NEAR(g16.losses[k], o16.losses[k], 2e-2) << "step " << k + 1 << " vs the own kernels";
+    std::printf("step %zu: loss cpu bf16 %.6f gpu bf16 cuDNN attention %.6f, own kernels %.6f\n", k + 1,
+                c16.losses[k], g16.losses[k], o16.losses[k]);
+  }
+  // the gradients of step 1 as a whole (L2), against the own kernels' (bf16 rounding apart)
+  const VecF zero(o16.first_grads.size(), 0.0f);
+  EXPECT_LT(relative_distance(g16.first_grads, o16.first_grads, zero), 5e-2) << "gradients of step 1";
 }
 
 // fp16 storage (no loss scaling here: the tiny model's gradients stay in fp16's range).

@@ -1,0 +1,330 @@
+// Causal attention through cuDNN's fused SDPA (core/cuda/cudnn_attention.h), with the graph API of
+// the header-only cudnn-frontend. This is the only translation unit that includes the frontend
+// (large and slow to compile); without TPTRAIN_HAVE_CUDNN it holds the stubs that say "not built".
+#include "core/cuda/cudnn_attention.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#ifdef TPTRAIN_HAVE_CUDNN
+#include <spdlog/spdlog.h>
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <exception>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#if CUDNN_FRONTEND_VERSION < 11300
+#error "cudnn-frontend 1.13 or newer is needed (CMake checks this: TPTRAIN_CUDNN)"
+#endif
+#if !defined(CUDNN_MAJOR) || CUDNN_MAJOR < 9
+#error "cuDNN 9 or newer is needed (CMake checks this: TPTRAIN_CUDNN)"
+#endif
+#endif
+
+namespace tpt::cuda {
+
+namespace {
+std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fell_back{0};
+}  // namespace
+
+CudnnAttentionStats cudnn_attention_stats() {
+  return {g_forward.load(), g_backward.load(), g_fell_back.load()};
+}
+
+#ifdef TPTRAIN_HAVE_CUDNN
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// The graphs' tensors, by uid (the keys of the variant packs).
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
+
+// cuDNN 9 numbers its versions major * 10000 + minor * 100 + patch.
+std::string version_text(size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+std::string dtype_text(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
+
+std::string shape_text(int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
+  return "B " + std::to_string(B) + ", T " + std::to_string(T) + ", H " + std::to_string(H) + ", D " +
+         std::to_string(D) + ", " + dtype_text(t);
+}
+
+// The graphs declare cudnn-frontend's default 16-byte alignment for every tensor (the SDPA engines
+// move rows with 16-byte vector loads and TMA); a pointer that is not is left to the own kernels.
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// cuDNN's own description of its last error (cuDNN 9: per thread), or "".
+std::string last_cudnn_error() {
+  char buf[1024] = {};
+  cudnnGetLastErrorString(buf, sizeof(buf));
+  return buf;
+}
+
+enum class Dir : int { Forward = 0, Backward = 1 };
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>;  // B, T, H, D, dtype, direction
+
+}  // namespace
+
+bool cudnn_attention_built() { return true; }
+
+std::string cudnn_attention_version() {
+  return "cuDNN SDPA (cuDNN " + version_text(cudnnGetVersion()) + " loaded, built with " + version_text(CUDNN_VERSION) +
+         "; cudnn-frontend " + std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
+         std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_PATCH_VERSION) + ")";
+}
+
+struct CudnnAttention::Impl {
+  cudaStream_t stream;
+  bool deterministic;
+  cudnnHandle_t handle = nullptr;
+  bool unusable = false;  // the handle could not be made: every call falls back
+  // the built graphs; null where cuDNN refused the shape (asked once)
+  std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
+  DeviceBuffer workspace;
+
+  Impl(cudaStream_t s, bool det) : stream(s), deterministic(det) {}
+  ~Impl() {
+    graphs.clear();  // the plans before the handle they were built with
+    if (handle) cudnnDestroy(handle);
+  }
+
+  // The handle, bound to the compute stream; false if cuDNN cannot run here (said once).
+  bool ready() {
+    if (handle) return true;
+    if (unusable) return false;
+    cudnnStatus_t st = cudnnCreate(&handle);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(handle, stream);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      if (handle) cudnnDestroy(handle);
+      handle = nullptr;
+      unusable = true;
+      (void)cudaGetLastError();
+      spdlog::warn("WARNING: cuDNN attention unavailable ({}: {}); using the own attention kernels",
+                   cudnnGetErrorString(st), last_cudnn_error());
+      return false;
+    }
+    return true;
+  }
+
+  // The graph of key, built on first use; null when cuDNN refuses it (said once per key).
+  fe::graph::Graph* graph(const Key& key) {
+    auto it = graphs.find(key);
+    if (it != graphs.end()) return it->second.get();
+    const auto [B, T, H, D, dt, dir] = key;
+    const DType t = DType(dt);
+    std::shared_ptr<fe::graph::Graph> g;
+    last_build_error = "unsupported";
+    try {
+      g = Dir(dir) == Dir::Forward ? build_forward(B, T, H, D, t) : build_backward(B, T, H, D, t);
+    } catch (const std::exception& e) {  // the frontend's older parts throw
+      g = nullptr;
+      last_build_error = e.what();
+    }
+    if (!g) {
+      (void)cudaGetLastError();  // what a failed build may leave behind is no later kernel's error
+      spdlog::warn("WARNING: cuDNN attention {} ({}): no cuDNN graph: {}; the own attention kernels run it",
+                   Dir(dir) == Dir::Forward ? "forward" : "backward", shape_text(B, T, H, D, t), last_build_error);
+    }
+    graphs.emplace(key, g);
+    return g.get();
+  }
+
+  std::string last_build_error;  // why the last build_*() returned null
+
+  // Builds a configured graph (validate, operation graph, heuristics' plans, support check, the
+  // first plan that builds); null with the reason in last_build_error if any step fails.
+  std::shared_ptr<fe::graph::Graph> finish(std::shared_ptr<fe::graph::Graph> g) {
+    const fe::error_t e = g->build(handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+    if (e.is_bad()) {
+      last_build_error = e.err_msg;
+      return nullptr;
+    }
+    int64_t ws = 0;
+    const fe::error_t w = g->get_workspace_size(ws);
+    if (w.is_bad() || ws < 0) {
+      last_build_error = w.err_msg;
+      return nullptr;
+    }
+    return g;
+  }
+
+  static std::shared_ptr<fe::graph::Graph> new_graph(DType t) {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(t == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+  }
+
+  // Every 16-bit operand is a (B, H, T, D) view, element (b, h, t, d) at
+  //   qkv (B, T, 3, H, D), part s:  b*T*3HD + t*3HD + s*HD + h*D + d  -> strides (T*3HD, D, 3HD, 1),
+  //                                 the part offset s*HD going into the pointer (q 0, k HD, v 2HD);
+  //   out / dout (B, T, H*D):       b*T*HD  + t*HD  + h*D + d          -> strides (T*HD, D, HD, 1);
+  // dq, dk, dv are written into dqkv with qkv's strides. stats (B, H, T) fp32 is (B, H, T, 1) packed.
+  struct Layout {
+    std::vector<int64_t> dim, qkv_stride, o_stride, stats_dim, stats_stride;
+    Layout(int64_t B, int64_t T, int64_t H, int64_t D)
+        : dim{B, H, T, D},
+          qkv_stride{T * 3 * H * D, D, 3 * H * D, 1},
+          o_stride{T * H * D, D, H * D, 1},
+          stats_dim{B, H, T, 1},
+          stats_stride{H * T, T, 1, 1} {}
+  };
+
+  static std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                             const std::vector<int64_t>& dim,
+                                                             const std::vector<int64_t>& stride) {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
+  }
+  // the scores' scale, 1 / sqrt(D): a constant of the graph (D is part of its key)
+  static float scale_of(int64_t D) { return 1.0f / std::sqrt(float(D)); }
+
+  std::shared_ptr<fe::graph::Graph> build_forward(int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
+    const Layout L(B, T, H, D);
+    auto g = new_graph(t);
+    auto q = input(*g, "Q", kQ, L.dim, L.qkv_stride);
+    auto k = input(*g, "K", kK, L.dim, L.qkv_stride);
+    auto v = input(*g, "V", kV, L.dim, L.qkv_stride);
+    auto opt = fe::graph::SDPA_attributes()
+                   .set_name("attention_forward")
+                   .set_generate_stats(true)  // the lse backward needs
+                   .set_causal_mask(true)     // top-left diagonal: query t sees keys 0..t
+                   .set_attn_scale(scale_of(D));
+    auto [o, stats] = g->sdpa(q, k, v, opt);
+    if (!o || !stats) return nullptr;
+    o->set_output(true).set_uid(kO).set_dim(L.dim).set_stride(L.o_stride);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(L.stats_dim).set_stride(
+        L.stats_stride);
+    return finish(std::move(g));
+  }
+
+  std::shared_ptr<fe::graph::Graph> build_backward(int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
+    const Layout L(B, T, H, D);
+    auto g = new_graph(t);
+    auto q = input(*g, "Q", kQ, L.dim, L.qkv_stride);
+    auto k = input(*g, "K", kK, L.dim, L.qkv_stride);
+    auto v = input(*g, "V", kV, L.dim, L.qkv_stride);
+    auto o = input(*g, "O", kO, L.dim, L.o_stride);
+    auto dout = input(*g, "dO", kdO, L.dim, L.o_stride);
+    auto stats = input(*g, "Stats", kStats, L.stats_dim, L.stats_stride);
+    stats->set_data_type(fe::DataType_t::FLOAT);
+    auto opt = fe::graph::SDPA_backward_attributes()
+                   .set_name("attention_backward")
+                   .set_causal_mask(true)
+                   .set_attn_scale(scale_of(D))
+                   .set_deterministic_algorithm(deterministic);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opt);
+    if (!dq || !dk || !dv) return nullptr;
+    dq->set_output(true).set_uid(kdQ).set_dim(L.dim).set_stride(L.qkv_stride);
+    dk->set_output(true).set_uid(kdK).set_dim(L.dim).set_stride(L.qkv_stride);
+    dv->set_output(true).set_uid(kdV).set_dim(L.dim).set_stride(L.qkv_stride);
+    return finish(std::move(g));
+  }
+
+  // Runs g on the compute stream with the pointers of pack and the workspace it asks for.
+  void execute(fe::graph::Graph& g, std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*>& pack,
+               const char* what, int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
+    int64_t ws = 0;
+    fe::error_t e = g.get_workspace_size(ws);
+    void* w = nullptr;
+    if (e.is_good() && ws > 0) w = workspace.get(size_t(ws));
+    if (e.is_good()) {
+      try {
+        e = g.execute(handle, pack, w);
+      } catch (const std::exception& x) {
+        e = fe::error_t(fe::error_code_t::GRAPH_EXECUTION_FAILED, x.what());
+      }
+    }
+    if (e.is_bad()) {
+      const std::string detail = last_cudnn_error();
+      internal_error(std::string("cuDNN attention ") + what + " (" + shape_text(B, T, H, D, t) +
+                     ") failed: " + e.err_msg + (detail.empty() ? "" : " (" + detail + ")"));
+    }
+  }
+};
+
+CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic)
+    : impl_(std::make_unique<Impl>(stream, deterministic)) {}
+CudnnAttention::~CudnnAttention() = default;
+
+bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const DType t = qkv.t;
+  const bool usable = (t == DType::BF16 || t == DType::F16) && out.t == t && lse && D % 8 == 0 && B > 0 &&
+                      T > 0 && H > 0 && D > 0 && aligned16(qkv.p) && aligned16(out.p) && aligned16(lse) &&
+                      impl_->ready();
+  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, D, int(t), int(Dir::Forward)}) : nullptr;
+  if (!g) {
+    ++g_fell_back;
+    return false;
+  }
+  // q, k, v: the parts of qkv (B, T, 3, H, D) at element offsets 0, H*D, 2*H*D
+  const int64_t HD = H * D, e = dtype_bytes(t);
+  auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
+  std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
+      {kQ, x}, {kK, x + HD * e}, {kV, x + 2 * HD * e}, {kO, out.p}, {kStats, lse}};
+  impl_->execute(*g, pack, "forward", B, T, H, D, t);
+  ++g_forward;
+  return true;
+}
+
+bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B, int64_t T,
+                              int64_t H, int64_t D) {
+  const DType t = qkv.t;
+  const bool usable = (t == DType::BF16 || t == DType::F16) && dqkv.t == t && dout.t == t && out.t == t && lse &&
+                      D % 8 == 0 && B > 0 && T > 0 && H > 0 && D > 0 && aligned16(qkv.p) && aligned16(dqkv.p) &&
+                      aligned16(dout.p) && aligned16(out.p) && aligned16(lse) && impl_->ready();
+  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, D, int(t), int(Dir::Backward)}) : nullptr;
+  if (!g) {
+    ++g_fell_back;
+    return false;
+  }
+  // q, k, v and dq, dk, dv: the parts of qkv and dqkv (B, T, 3, H, D) at element offsets 0, H*D, 2*H*D
+  const int64_t HD = H * D, e = dtype_bytes(t);
+  auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
+  auto* dx = static_cast<char*>(dqkv.p);
+  std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
+      {kQ, x},
+      {kK, x + HD * e},
+      {kV, x + 2 * HD * e},
+      {kO, const_cast<void*>(out.p)},
+      {kdO, const_cast<void*>(dout.p)},
+      {kStats, const_cast<float*>(lse)},
+      {kdQ, dx},
+      {kdK, dx + HD * e},
+      {kdV, dx + 2 * HD * e}};
+  impl_->execute(*g, pack, "backward", B, T, H, D, t);
+  ++g_backward;
+  return true;
+}
+
+#else  // ---- built without cuDNN: every call falls back
+
+bool cudnn_attention_built() { return false; }
+std::string cudnn_attention_version() { return ""; }
+
+struct CudnnAttention::Impl {};
+CudnnAttention::CudnnAttention(cudaStream_t, bool) {}
+CudnnAttention::~CudnnAttention() = default;
+bool CudnnAttention::forward(Buf, float*, CBuf, int64_t, int64_t, int64_t, int64_t) {
+  ++g_fell_back;
+  return false;
+}
+bool CudnnAttention::backward(Buf, CBuf, CBuf, CBuf, const float*, int64_t, int64_t, int64_t, int64_t) {
+  ++g_fell_back;
+  return false;
+}
+
+#endif
+
+}  // namespace tpt::cuda

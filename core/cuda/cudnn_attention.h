@@ -1,0 +1,65 @@
+// Causal attention through cuDNN's fused scaled-dot-product attention (flash attention), for the
+// CUDA backend's bf16 / fp16 runs: the Ops methods attention_forward / backward (core/ops.h) as
+// cuDNN graphs built with the header-only cudnn-frontend. q, k, v are read in place from qkv
+// (B, T, 3, H, D), out and dout are (B, T, H*D), dq, dk, dv are written in place into dqkv: strided
+// (B, H, T, D) views, no transposes. lse (B, H, T) is cuDNN's softmax "stats": the natural-log
+// log-sum-exp of each query's scaled scores, as the other backends store it, so a forward here and
+// a backward in the own kernels (or the other way round) agree.
+//
+// Built only when CMake finds cuDNN 9 and cudnn-frontend (TPTRAIN_CUDNN, TPTRAIN_HAVE_CUDNN); without
+// them forward / backward always return false and the caller runs its own kernels. Plain C++ with
+// the CUDA runtime API only: the frontend's headers stay inside cudnn_attention.cpp.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/cuda/cuda_util.h"
+#include "core/ops.h"
+
+namespace tpt::cuda {
+
+// Whether this build has the cuDNN path.
+bool cudnn_attention_built();
+
+// One line for --version and the start-up log, e.g. "cuDNN SDPA (cuDNN 9.19.0 loaded, built with
+// 9.19.0; cudnn-frontend 1.32.0)"; empty when not built. Needs no GPU.
+std::string cudnn_attention_version();
+
+// Process-wide counts, never reset: calls run by cuDNN, and calls handed back to the caller (no
+// graph for the shape, misaligned pointers, fp32, no usable cuDNN). The tests check the path taken.
+struct CudnnAttentionStats {
+  int64_t forward = 0, backward = 0, fell_back = 0;
+};
+CudnnAttentionStats cudnn_attention_stats();
+
+// One per CudaOps: a cuDNN handle bound to `stream` (created at first use), one built graph per
+// (B, T, H, D, dtype, direction) kept for the object's life, a workspace that grows on demand.
+// Calls it hands back: fp32 tensors, head dimensions not a multiple of 8, pointers not 16-byte
+// aligned, and shapes whose graph cuDNN refuses (too large a head dimension, a cuDNN too old for
+// the GPU, ...): such a shape is remembered, with one warning in the log, and refused at once
+// afterwards. If cuDNN cannot make a handle at all (one warning), every call is handed back.
+class CudnnAttention {
+ public:
+  // deterministic: the backward's dQ accumulation in a fixed order (cuDNN's deterministic
+  // algorithm: bitwise reproducible, more workspace); false lets cuDNN use atomics.
+  CudnnAttention(cudaStream_t stream, bool deterministic);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Enqueue the Ops method's work on the stream and return true; or return false, having done
+  // nothing, when cuDNN cannot run this call (above): the caller then runs its own kernels.
+  // A graph that fails while it executes throws InternalError with cuDNN's message.
+  // Backward writes all of dqkv (=) and needs no scratch.
+  bool forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D);
+  bool backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B, int64_t T, int64_t H,
+                int64_t D);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpt::cuda
