@@ -14,6 +14,7 @@
 #include "apps/trainer.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "model/memory.h"
 #include "parallel/runtime.h"
 
 namespace tpt {
@@ -86,6 +87,7 @@ int train_main(int argc, char** argv) {
     cfg = load_config(args.config_path, args.overrides);
     resolve_parallel(cfg, world);
     reject_unimplemented(cfg);
+    check_plannable(cfg);  // before anything is sized in 64 bits or allocated
   } catch (const InputError& e) {
     if (rank == 0) std::fprintf(stderr, "tptrain: error: %s\n", e.what());
     runtime_finalize();

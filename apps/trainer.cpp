@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <unistd.h>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -32,6 +33,31 @@ std::string hms(double seconds) {
 }
 
 }  // namespace
+
+// The plan's bytes for this rank's stage against the memory it may use: on a GPU the device's free
+// memory, on the CPU the host's physical memory shared by its ranks. Exit 2 with the plan's numbers
+// when it cannot fit (allocation would fail later, or the OOM killer would end the job).
+void Trainer::check_memory(const Config& cfg, const Grid& grid) const {
+  const StageMemory plan = stage_memory(cfg, grid.pp_rank);
+  int64_t have = -1;
+  std::string where;
+#ifdef TPTRAIN_HAVE_CUDA
+  if (ops_->name().rfind("cuda", 0) == 0 || (backend_ && backend_->name().rfind("cuda", 0) == 0)) {
+    have = cuda_free_memory();
+    where = "free on GPU " + std::to_string(grid.cuda_device);
+  }
+#endif
+  if (where.empty()) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) have = int64_t(pages) * page / std::max(1, grid.local_size);
+    where = "of host memory per rank (" + std::to_string(grid.local_size) + " ranks on this host)";
+  }
+  if (have >= 0 && plan.total_bytes() > have)
+    input_error("this rank's stage needs " + describe_memory(plan) + " by the plan, but has " +
+                std::to_string(have / 1048576) + " MiB " + where +
+                ": lower training.micro_batch_size, set training.recompute, or use more TP / PP "
+                "(tptrain plan --config ... lists what would fit)");
+}
 
 Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   const bool rank0 = grid.world_rank == 0;
@@ -62,6 +88,8 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     profiled_dp_ = make_profiled_comm(grid.device_dp(), *profile_, "dp");
     if (grid.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid.device_embedding(), *profile_, "embedding");
   }
+
+  check_memory(cfg, grid);  // the plan against what this rank has, before any allocation
 
   // data
   corpus_ = open_corpus(cfg.data.path, cfg.model.vocab_size);

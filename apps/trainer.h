@@ -66,6 +66,7 @@ class Trainer {
   // profile's spans of the iteration into its totals and the trace.
   void profile_iteration(int64_t k, bool counted, double wall_ms);
   void report_profile() const;
+  void check_memory(const Config& cfg, const Grid& grid) const;
   GPTDims dims_;
   ParamLayout layout_;
   float* params_ = nullptr;

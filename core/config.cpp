@@ -387,10 +387,21 @@ void validate(Config& c, const Ctx& ctx) {
       ctx.fail(name, "must be >= 1, got " + std::to_string(x) +
                          (f.presence == Presence::kNullable ? " (use null for the default)" : ""));
     }
+    // Sane upper bounds: far above any real run, low enough that no size computed from them can
+    // overflow before the plan's memory check (model/memory.h check_plannable) sees it.
+    static const std::map<std::string, int64_t, std::less<>> kMax = {
+        {"model.num_layers", 100000},           {"model.hidden_size", 1 << 20},
+        {"model.num_attention_heads", 1 << 16}, {"model.ffn_hidden_size", 1 << 22},
+        {"model.seq_length", 1 << 24},          {"model.max_position_embeddings", 1 << 24},
+        {"model.vocab_size", 1 << 24},          {"training.micro_batch_size", 1 << 24},
+        {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096}};
+    auto bound = kMax.find(name);
+    if (bound != kMax.end() && x > bound->second)
+      ctx.fail(name, "must be <= " + std::to_string(bound->second) + ", got " + std::to_string(x));
   }
 
   ModelConfig& m = c.model;
-  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;  // <= 2^22 by the bounds above
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
   if (c.optimizer.lr_decay_iters == 0) c.optimizer.lr_decay_iters = c.training.train_iters;
 

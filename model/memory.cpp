@@ -33,6 +33,28 @@ double mib(int64_t bytes) { return double(bytes) / 1048576.0; }
 
 }  // namespace
 
+void check_plannable(const Config& c) {
+  const ModelConfig& m = c.model;
+  const double tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
+  const double L = m.num_layers, C = m.hidden_size, F = m.ffn_hidden_size, S = m.seq_length;
+  const double V = m.vocab_size, B = c.training.micro_batch_size;
+  // the largest rank: its share of the layers, the word embedding, the positions; model state at
+  // 20 B per parameter; a micro-batch's activations (~24 values of C per token and layer) and logits
+  const double params = std::ceil(L / pp) * (4 * C * C + 2 * C * F) / tp + V * C / tp + double(m.max_position_embeddings) * C;
+  const double bytes = 20 * params + 4 * B * S * (24 * C * std::ceil(L / pp) + V / tp) * std::min(pp, 64.0);
+  if (!(bytes < std::ldexp(1.0, 50)))
+    input_error("the model needs about " + std::to_string(int64_t(bytes / std::ldexp(1.0, 40))) +
+                " TiB per rank (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.vocab_size, "
+                "model.seq_length, training.micro_batch_size on TP " + std::to_string(int(tp)) + " x PP " +
+                std::to_string(int(pp)) + "): more than a PiB, beyond any device; nothing was allocated");
+  const double actions = double(num_microbatches(c)) * pp;
+  if (actions > double(1 << 22))
+    input_error("training.global_batch_size: " + std::to_string(num_microbatches(c)) + " micro-batches per DP rank x " +
+                std::to_string(int(pp)) + " pipeline stages = " + std::to_string(int64_t(actions)) +
+                " scheduled micro-batch passes, more than 4194304 (raise training.micro_batch_size or lower "
+                "training.global_batch_size)");
+}
+
 StageMemory stage_memory(const Config& cfg, int pp_rank) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
@@ -198,6 +220,7 @@ int64_t peak_bytes(Config c, int world, bool distributed_optimizer) {
   try {
     c.parallel.data_parallel_size = 0;
     resolve_parallel(c, world);
+    check_plannable(c);
   } catch (const InputError&) {
     return -1;
   }
@@ -283,6 +306,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
                                      : par.tensor_model_parallel_size * par.pipeline_model_parallel_size *
                                            std::max(1, par.data_parallel_size);
   resolve_parallel(cfg, plan.world_size);
+  check_plannable(cfg);
   parse_schedule(par.pipeline_schedule);
   plan.tp = par.tensor_model_parallel_size;
   plan.pp = par.pipeline_model_parallel_size;

@@ -46,6 +46,12 @@ struct StageMemory {
   }
 };
 
+// Throws InputError, naming the keys, when a resolved config is beyond what can be planned or
+// trained at all: about a PiB per rank (counted in double, before any 64-bit size is computed), or
+// more than 2^22 micro-batches x stages in one schedule. Both make_plan and the trainer call it
+// first, so that such a config is an error in milliseconds instead of an overflow or bad_alloc.
+void check_plannable(const Config& cfg);
+
 // Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done).
 StageMemory stage_memory(const Config& cfg, int pp_rank);
 // One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,

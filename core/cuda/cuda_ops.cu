@@ -88,6 +88,15 @@ std::string cuda_device_uuid(int device) {
   return std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes));
 }
 
+int64_t cuda_free_memory() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return int64_t(free_b);
+}
+
 void cuda_set_device(int device) { TPT_CUDA_CHECK(cudaSetDevice(device)); }
 
 namespace {

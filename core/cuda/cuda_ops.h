@@ -33,6 +33,8 @@ struct CudaOptions {
 int cuda_device_count();
 // "NVIDIA H200 (sm_90, 139.8 GiB)"; empty if the device does not exist.
 std::string cuda_device_name(int device);
+// Free memory of the current device in bytes (cudaMemGetInfo); -1 if it cannot be read.
+int64_t cuda_free_memory();
 // The device's 16-byte UUID (unique across machines); empty if it does not exist.
 std::string cuda_device_uuid(int device);
 // Makes `device` the current device of this process (its compute stream is created on it).

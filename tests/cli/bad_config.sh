@@ -84,6 +84,17 @@ check set_long_path "/nonexistent/xxxxxxxxxx|not found" -- --config "$BASE" --se
 DIGITS=$(printf '9%.0s' $(seq 30000))
 check set_long_number "training.train_iters" -- --config "$BASE" --set training.train_iters="$DIGITS"
 check set_long_float "optimizer.lr" -- --config "$BASE" --set optimizer.lr="0.$DIGITS"e999
+# counts beyond any real run, and configs too large to plan or to fit (issue 17 items 3-5): exit 2
+# naming the key and the bound or the plan's numbers, at once (no overflow, no bad_alloc, no hang)
+check cpu_threads_bound "training.cpu_threads: must be <= 4096" -- --config "$BASE" --set training.cpu_threads=10000000
+check hidden_size_bound "model.hidden_size: must be <= 1048576" -- plan --config "$BASE" --set model.hidden_size=536870912
+check num_layers_bound "model.num_layers: must be <= 100000" -- plan --config "$BASE" --set model.num_layers=10000000
+check plan_beyond_a_pib "TiB per rank|more than a PiB" -- plan --config "$BASE" --set model.num_layers=100000 \
+  --set model.hidden_size=65536 --set model.num_attention_heads=64
+check schedule_too_long "training.global_batch_size|scheduled micro-batch passes" -- plan --config "$BASE" \
+  --set training.global_batch_size=1000000000 --set training.micro_batch_size=4
+check train_beyond_memory "by the plan, but has|MiB of host memory per rank" -- --config "$BASE" \
+  --set model.hidden_size=65536 --set model.num_attention_heads=64
 check set_wrong_type "training.train_iters|expected an integer|ten" -- --config "$BASE" --set training.train_iters=ten
 check set_bad_yaml "data.split|YAML syntax error" -- --config "$BASE" --set "data.split=[98,1"
 check set_constraint "parallel.tensor_model_parallel_size|must be >= 1" -- --config "$BASE" --set parallel.tensor_model_parallel_size=0
