@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <filesystem>
 #include <map>
 
 #include "apps/trainer.h"
@@ -124,6 +125,12 @@ bool Trainer::load_checkpoint() {
   for (const char* prefix : {"", kExpAvg, kExpAvgSq})
     for (const ParamInfo& p : whole.params) req.model.push_back({prefix + p.name, p.global_shape});
 
+  {  // a missing directory is the first run of a requeued job; anything else but a directory is a mistake
+    std::error_code ec;
+    const auto st = std::filesystem::status(dir, ec);
+    if (!ec && std::filesystem::exists(st) && !std::filesystem::is_directory(st))
+      input_error("checkpoint.load: '" + dir + "' is not a directory");
+  }
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*grid_.world, req);
   if (!reader) {
     if (rank0) spdlog::warn("WARNING: checkpoint.load: no checkpoint in {}; training from scratch", dir);

@@ -471,7 +471,11 @@ void validate(Config& c, const Ctx& ctx) {
 // Parses YAML text; a syntax error names `where` and, for a file, the line and column.
 YAML::Node load_yaml(const std::string& text, const std::string& where, bool is_file) {
   try {
-    return YAML::Load(text);
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      input_error(where + ": holds " + std::to_string(docs.size()) +
+                  " YAML documents (separated by ---); a config is one document");
+    return docs.empty() ? YAML::Node() : docs[0];
   } catch (const YAML::ParserException& e) {
     std::string at = ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
     input_error(where + (is_file ? at : "") + ": YAML syntax error: " + e.msg);
@@ -605,6 +609,12 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) input_error(path + ": cannot read config file: is a directory");
+  // only regular files of sane size: a FIFO would block, /dev/zero would never end
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    input_error(path + ": cannot read config file: not a regular file");
+  if (!ec && std::filesystem::exists(st) && std::filesystem::file_size(path, ec) > (uintmax_t(16) << 20))
+    input_error(path + ": cannot read config file: larger than 16 MiB");
   std::ifstream in(path, std::ios::binary);
   if (!in) input_error(path + ": cannot read config file: " + std::strerror(errno));
   std::ostringstream text;

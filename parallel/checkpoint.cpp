@@ -39,6 +39,12 @@ int64_t volume(const std::vector<int64_t>& s) {
 }
 
 std::string read_text(const std::string& path) {
+  // only regular files: opening a FIFO (or a device) would block or never end
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st)) throw InputError(path + ": not a regular file");
+  if (!ec && fs::is_regular_file(st) && fs::file_size(path, ec) > (uintmax_t(1) << 30))
+    throw InputError(path + ": larger than 1 GiB, not a checkpoint's text file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream s;
@@ -363,6 +369,7 @@ void check_save_dir(const std::string& save_dir) {
   try {
     write_text(probe, "ok\n");
   } catch (const InputError& e) {
+    ::unlink(probe.c_str());  // a failed write (full disk) may have left it, empty
     input_error(std::string("checkpoint.save: directory is not writable: ") + e.what());
   }
   ::unlink(probe.c_str());

@@ -95,6 +95,13 @@ copy base1 spaces; { printf '%*s' 30000 ''; echo 8; } > "$W/spaces/latest_checkp
 resumes latest_after_30000_spaces 1 "$W/spaces" 8 12 "" "$W/ref1.jsonl"
 copy base1 newlines; $PY -c "print('\n' * 100000, end='')" > "$W/newlines/latest_checkpointed_iteration.txt"
 resumes latest_of_100000_newlines 1 "$W/newlines" 8 12 "does not hold an iteration number" "$W/ref1.jsonl"
+# FIFOs where a checkpoint's text files should be: never opened (they would block), the checkpoint
+# is damaged (issue 17 item 6)
+copy base1 fifolatest; rm "$W/fifolatest/latest_checkpointed_iteration.txt"; mkfifo "$W/fifolatest/latest_checkpointed_iteration.txt"
+resumes latest_is_a_fifo 1 "$W/fifolatest" 8 12 "does not hold an iteration number" "$W/ref1.jsonl"
+copy base1 fifometa; rm "$W/fifometa/iter_0000008/meta.json"; mkfifo "$W/fifometa/iter_0000008/meta.json"
+resumes meta_is_a_fifo 1 "$W/fifometa" 4 12 "meta.json" "$W/ref1.jsonl"
+fails load_names_a_file 1 "checkpoint.load: .* is not a directory" --set checkpoint.load="$W/ref1.jsonl"
 copy base1 nolatest; rm "$W/nolatest/latest_checkpointed_iteration.txt"
 resumes no_latest_file 1 "$W/nolatest" 8 12 "no latest_checkpointed_iteration.txt" "$W/ref1.jsonl"
 copy base1 partial; mkdir "$W/partial/iter_0000012.partial"; echo junk > "$W/partial/iter_0000012.partial/$M"
