@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "model/memory.h"
 #include "parallel/runtime.h"
+#include "parallel/watchdog.h"
 
 namespace tpt {
 
@@ -93,6 +94,8 @@ int train_main(int argc, char** argv) {
     runtime_finalize();
     return 2;
   }
+
+  watchdog_start(cfg.parallel.distributed_timeout_minutes * 60.0, rank);  // a hung peer ends the job
 
   // Phase 2: any failure on any rank ends the job. The grid and the trainer outlive the try block:
   // on a failure the job is aborted (or, alone, the process ends) without destroying them, since

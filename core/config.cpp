@@ -77,6 +77,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, distributed_optimizer),
       TPT_FIELD(parallel, overlap_grad_reduce),
       TPT_FIELD(parallel, ddp_bucket_size),
+      TPT_FIELD(parallel, distributed_timeout_minutes),
       TPT_FIELD(training, micro_batch_size),
       TPT_FIELD(training, global_batch_size, kNull),
       TPT_FIELD(training, train_iters, kReq),
@@ -426,6 +427,9 @@ void validate(Config& c, const Ctx& ctx) {
   check("model.attention_dropout", m.attention_dropout, in_unit(m.attention_dropout), "in [0, 1)");
   check("model.layernorm_epsilon", m.layernorm_epsilon, m.layernorm_epsilon > 0, "> 0");
   check("model.init_method_std", m.init_method_std, m.init_method_std > 0, "> 0");
+
+  check("parallel.distributed_timeout_minutes", c.parallel.distributed_timeout_minutes,
+        c.parallel.distributed_timeout_minutes > 0, "> 0");
 
   const OptimizerConfig& o = c.optimizer;
   check("optimizer.lr", o.lr, o.lr >= 0, ">= 0");

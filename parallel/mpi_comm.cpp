@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "parallel/comm.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/watchdog.h"
 
 namespace tpt {
 namespace {
@@ -30,6 +32,19 @@ class MpiComm final : public Comm {
   explicit MpiComm(MPI_Comm c) : comm_(c) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // the group's world ranks, for the watchdog's message (parallel/watchdog.h)
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> mine(static_cast<size_t>(size_)), theirs(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) mine[size_t(i)] = i;
+    MPI_Group_translate_ranks(group, size_, mine.data(), world, theirs.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    world_ranks_ = theirs;
+    peers_ = "world ranks ";
+    for (int i = 0; i < size_ && i < 16; ++i) peers_ += (i ? ", " : "") + std::to_string(theirs[size_t(i)]);
+    if (size_ > 16) peers_ += ", ... (" + std::to_string(size_) + " ranks)";
   }
   ~MpiComm() override {
     if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -42,13 +57,16 @@ class MpiComm final : public Comm {
 
   void all_gather(float* out, const float* in, int64_t n) override {
     TPT_CHECK(n <= INT_MAX);
+    CommWait w("all_gather", peers_);
     check(MPI_Allgather(in, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_), "Allgather");
   }
   void reduce_scatter(float* out, const float* in, int64_t n) override {
     TPT_CHECK(n <= INT_MAX);
+    CommWait w("reduce_scatter", peers_);
     check(MPI_Reduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM, comm_), "Reduce_scatter_block");
   }
   void broadcast(float* buf, int64_t n, int root) override {
+    CommWait w("broadcast", peers_);
     for (int64_t off = 0; off < n; off += kChunk)
       check(MPI_Bcast(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, root, comm_), "Bcast");
   }
@@ -60,9 +78,13 @@ class MpiComm final : public Comm {
     if (recv_n > 0) check(MPI_Irecv(recv_buf, int(recv_n), MPI_FLOAT, recv_peer, 0, comm_, &req[k++]), "Irecv");
     if (send_n > 0)
       check(MPI_Isend(send_buf, int(send_n), MPI_FLOAT, send_peer, 0, comm_, &req[k++]), "Isend");
+    CommWait w("a pipeline send/receive", "world ranks " + peer_list(send_n > 0 ? send_peer : -1, recv_n > 0 ? recv_peer : -1));
     if (k) check(MPI_Waitall(k, req, MPI_STATUSES_IGNORE), "Waitall");
   }
-  void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
+  void barrier() override {
+    CommWait w("barrier", peers_);
+    check(MPI_Barrier(comm_), "Barrier");
+  }
 
   // MPI_Iallreduce per chunk; they progress inside the rank's later MPI calls (the next start, the
   // pipeline's messages)
@@ -80,6 +102,7 @@ class MpiComm final : public Comm {
   }
   void finish_all_reduces() override {
     if (pending_.empty()) return;
+    CommWait w("the DP gradient buckets' all_reduce", peers_);
     check(MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE), "Waitall");
     pending_.clear();
   }
@@ -89,13 +112,22 @@ class MpiComm final : public Comm {
     int esize = 0;
     MPI_Type_size(t, &esize);
     auto* p = static_cast<char*>(buf);
+    CommWait w("all_reduce", peers_);
     for (int64_t off = 0; off < n; off += kChunk)
       check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, int(std::min(kChunk, n - off)), t,
                           op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_),
             "Allreduce");
   }
+  std::string peer_list(int a, int b) const {
+    std::string s;
+    for (int p : {a, b})
+      if (p >= 0 && (s.empty() || p != b || a != b)) s += (s.empty() ? "" : ", ") + std::to_string(world_ranks_[size_t(p)]);
+    return s;
+  }
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;  // of this group's ranks
+  std::string peers_;             // "world ranks 0, 2, ..." (the watchdog's message)
   std::vector<MPI_Request> pending_;  // started, unfinished all-reduces
 };
 

@@ -3,6 +3,7 @@
 # TPTRAIN_FAULT=RANK:ITERATION makes RANK throw in the last backward of ITERATION, while its peers
 # wait in pipeline and tensor-parallel exchanges with it. 4 CPU ranks (TP 2 x PP 2), the failing
 # rank on either stage; and a single process, which must exit 1 without tearing anything down.
+# A stopped (hung) rank ends the job through the watchdog (parallel.distributed_timeout_minutes).
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -34,5 +35,34 @@ expect_failure last_stage_rank 4 3:3 mpirun -np 4 "$TPTRAIN" --config "$W/cfg.ya
 expect_failure first_stage_rank 4 0:2 mpirun -np 4 "$TPTRAIN" --config "$W/cfg.yaml"
 expect_failure single_process 1 0:2 "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.tensor_model_parallel_size=1 \
   --set parallel.pipeline_model_parallel_size=1
+
+# A hung peer (issue 17 item 7): SIGSTOP one of 4 ranks once training runs; with
+# parallel.distributed_timeout_minutes 0.5 the others give up after 30 s in their wait, naming it,
+# and the job ends with exit 1 -- not the hang of before.
+hung() {  # name rank-to-stop
+  local name=$1 victim=$2 t0=$SECONDS
+  timeout 180 mpirun -np 4 "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.distributed_timeout_minutes=0.5 \
+    --set training.train_iters=100000 > "$W/$name.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 600); do grep -q "^iteration *2/" "$W/$name.log" 2>/dev/null && break; sleep 0.1; done
+  # the ranks are mpirun's children; the victim is the one whose environment says its rank
+  local pid=""
+  for p in $(pgrep -f "tptrain --config $W/cfg.yaml"); do
+    [ "$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -c "^OMPI_COMM_WORLD_RANK=$victim\$")" = 1 ] && pid=$p
+  done
+  if [ -z "$pid" ]; then bad "$name: could not find rank $victim"; kill $job; return; fi
+  kill -STOP "$pid"
+  wait $job; local rc=$? dt=$((SECONDS - t0))
+  kill -KILL "$pid" 2>/dev/null
+  if [ $rc -eq 1 ] && [ $dt -le 120 ] && grep -q "no progress for [0-9]* s in .*waiting for world ranks" "$W/$name.log"; then
+    ok "$name: rank $victim stopped; the job ended with exit 1 after ${dt} s: $(grep -o "rank [0-9]*: no progress for [0-9]* s in [^;]*" "$W/$name.log" | head -1)"
+  else bad "$name: exit status $rc after ${dt} s"; grep -E "error|progress" "$W/$name.log" | head -5; fi
+}
+hung hung_peer_stage1 3
+# a healthy run never fires with the same short timeout
+if timeout 120 mpirun -np 4 "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.distributed_timeout_minutes=0.5 > "$W/healthy.log" 2>&1 &&
+   grep -q "^iteration *6/" "$W/healthy.log"; then ok "healthy run with a 30 s timeout completes"
+else bad "healthy run with a 30 s timeout"; tail -3 "$W/healthy.log"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
