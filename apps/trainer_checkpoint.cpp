@@ -142,7 +142,8 @@ bool Trainer::load_checkpoint() {
   }
   refresh_compute_params();  // bf16 / fp16: the compute copy of the loaded fp32 master weights
   iteration_ = reader->iteration();
-  const nlohmann::json& ls = reader->meta()["loss_scaler"];
+  // (copies: a const operator[] on a missing key is undefined behaviour in nlohmann::json)
+  const nlohmann::json ls = reader->meta().value("loss_scaler", nlohmann::json());
   if (dtype_ == DType::F16 && ls.is_object()) {
     scaler_.scale = ls.value("scale", scaler_.scale);
     scaler_.growth_tracker = ls.value("growth_tracker", scaler_.growth_tracker);
@@ -155,10 +156,12 @@ bool Trainer::load_checkpoint() {
     const nlohmann::json& m = reader->meta();
     const int64_t G = cfg_.training.global_batch_size;
     const int64_t consumed = m.value("consumed_samples", int64_t(-1));
+    const nlohmann::json grid = m.value("grid", nlohmann::json::object());
+    auto saved = [&](const char* key) { return grid.is_object() ? grid.value(key, 0) : 0; };
     spdlog::info("loaded checkpoint {} at iteration {} (consumed samples {}; saved on TP {} x PP {} x DP {}): "
                  "{:.1f} MB read, {:.1f} MB checksummed, in {:.3f} s",
-                 reader->path(), iteration_, consumed, m["grid"].value("tensor_model_parallel_size", 0),
-                 m["grid"].value("pipeline_model_parallel_size", 0), m["grid"].value("data_parallel_size", 0),
+                 reader->path(), iteration_, consumed, saved("tensor_model_parallel_size"),
+                 saved("pipeline_model_parallel_size"), saved("data_parallel_size"),
                  megabytes(io[0]), megabytes(io[1]), s);
     if (consumed != iteration_ * G)
       spdlog::warn("WARNING: checkpoint {}: consumed samples {} != iteration {} x global batch size {}: training "

@@ -374,10 +374,33 @@ int64_t as_int(const FieldRef& r) {
   internal_error("config: as_int on a non-integer field");
 }
 
+// Well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (n < 0 || i + size_t(n) >= s.size() + (n == 0 ? 1 : 0)) return false;
+    uint32_t cp = n == 0 ? c : n == 1 ? c & 0x1Fu : n == 2 ? c & 0x0Fu : c & 0x07u;
+    for (int k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + size_t(k)]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3Fu);
+    }
+    const uint32_t min[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
 void validate(Config& c, const Ctx& ctx) {
   for (const Field& f : fields()) {
     const std::string name = f.name();
     if (f.presence == Presence::kRequired && !ctx.given(name)) ctx.fail(name, "missing required key");
+    // strings travel into JSON (checkpoints, metrics) and the log: UTF-8 only
+    const FieldRef ref = cref(f, c);
+    if (auto* str = std::get_if<std::string*>(&ref))
+      if (!valid_utf8(**str)) ctx.fail(name, "is not valid UTF-8 text");
     // Every integer size/count/interval is >= 1 when given, except these two counts.
     bool is_int = std::holds_alternative<int*>(cref(f, c)) || std::holds_alternative<int64_t*>(cref(f, c));
     if (!is_int) continue;
@@ -474,12 +497,21 @@ void validate(Config& c, const Ctx& ctx) {
 
 // Parses YAML text; a syntax error names `where` and, for a file, the line and column.
 YAML::Node load_yaml(const std::string& text, const std::string& where, bool is_file) {
+  // One document: a "---" line after content starts a second one, which YAML::Load would ignore
+  // (YAML::LoadAll cannot be used: it never returns on some inputs, e.g. ",").
+  bool content = false;
+  for (size_t b = 0; b < text.size();) {
+    size_t e = text.find('\n', b);
+    if (e == std::string::npos) e = text.size();
+    const std::string_view line(text.data() + b, e - b);
+    const bool marker = line.substr(0, 3) == "---" && (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+    if (marker && content) input_error(where + ": holds more than one YAML document (a second \"---\"); a config is one document");
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (!marker && first != std::string_view::npos && line[first] != '#' && line.substr(0, 3) != "...") content = true;
+    b = e + 1;
+  }
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1)
-      input_error(where + ": holds " + std::to_string(docs.size()) +
-                  " YAML documents (separated by ---); a config is one document");
-    return docs.empty() ? YAML::Node() : docs[0];
+    return YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     std::string at = ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
     input_error(where + (is_file ? at : "") + ": YAML syntax error: " + e.msg);

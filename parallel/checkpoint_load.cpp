@@ -49,6 +49,15 @@ std::vector<int64_t> int_list(const nlohmann::json& j, const char* what) {
 // Parses and checks meta.json of the checkpoint directory `dir`: format, iteration (when
 // expected_iteration >= 0), files, and that the saved boxes of every tensor tile its global shape.
 // Throws InputError describing the problem (without the path).
+// j[key] of a const JSON value, or null when j is no object or lacks the key (a const operator[]
+// on a missing key is undefined behaviour in nlohmann::json: a fuzzer found it reading freed memory).
+const nlohmann::json& field(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json null;
+  if (!j.is_object()) return null;
+  auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
 ParsedMeta parse_meta(const std::string& dir, int64_t expected_iteration) {
   ParsedMeta p;
   std::string text;
@@ -66,26 +75,26 @@ ParsedMeta parse_meta(const std::string& dir, int64_t expected_iteration) {
   auto bad = [](const std::string& what) { throw InputError("meta.json: " + what); };
   if (!m.is_object() || m.value("format", "") != kCheckpointFormat)
     bad(std::string("not a tptrain checkpoint (\"format\" is not \"") + kCheckpointFormat + "\")");
-  if (!m["format_version"].is_number_integer() || m["format_version"].get<int>() < 1)
+  if (!field(m, "format_version").is_number_integer() || field(m, "format_version").get<int>() < 1)
     bad("missing or invalid format_version");
-  if (m["format_version"].get<int>() > kCheckpointFormatVersion)
-    bad("format_version " + m["format_version"].dump() + " is newer than this tptrain reads (" +
+  if (field(m, "format_version").get<int>() > kCheckpointFormatVersion)
+    bad("format_version " + field(m, "format_version").dump() + " is newer than this tptrain reads (" +
         std::to_string(kCheckpointFormatVersion) + ")");
-  if (!m["iteration"].is_number_integer()) bad("missing iteration");
-  p.iteration = m["iteration"].get<int64_t>();
+  if (!field(m, "iteration").is_number_integer()) bad("missing iteration");
+  p.iteration = field(m, "iteration").get<int64_t>();
   if (expected_iteration >= 0 && p.iteration != expected_iteration)
     bad("iteration " + std::to_string(p.iteration) + " does not match the directory name");
   if (m.value("checksum", "") != "crc32c") bad("checksum is not \"crc32c\"");
-  if (!m["files"].is_object() || m["files"].empty()) bad("no files listed");
+  if (!field(m, "files").is_object() || field(m, "files").empty()) bad("no files listed");
   std::map<std::string, std::vector<const CkptTensor*>> by_name;
-  for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {
+  for (auto it = field(m, "files").begin(); it != field(m, "files").end(); ++it) {
     IndexedFile f;
     f.name = it.key();
     if (f.name.find('/') != std::string::npos || f.name.empty() || f.name[0] == '.') bad("bad file name '" + f.name + "'");
     try {
       const nlohmann::json& v = it.value();
-      if (!v["bytes"].is_number_unsigned()) bad("bytes");
-      f.bytes = v["bytes"].get<uint64_t>();
+      if (!field(v, "bytes").is_number_unsigned()) bad("bytes");
+      f.bytes = field(v, "bytes").get<uint64_t>();
       f.crc = uint32_t(std::stoul(v.at("crc32c").get<std::string>(), nullptr, 16));
       for (const auto& t : v.at("tensors")) {
         CkptTensor c;
@@ -94,7 +103,7 @@ ParsedMeta parse_meta(const std::string& dir, int64_t expected_iteration) {
         c.box_offset = int_list(t.at("box_offset"), "box_offset");
         c.box_size = int_list(t.at("box_size"), "box_size");
         c.local_shape = c.box_size;
-        f.tensor_crc.push_back(t.contains("crc32c") ? int64_t(std::stoul(t["crc32c"].get<std::string>(), nullptr, 16)) : -1);
+        f.tensor_crc.push_back(t.contains("crc32c") ? int64_t(std::stoul(field(t, "crc32c").get<std::string>(), nullptr, 16)) : -1);
         const size_t nd = c.global_shape.size();
         if (c.box_offset.size() != nd || c.box_size.size() != nd) bad("tensor " + c.name + ": box rank");
         for (size_t d = 0; d < nd; ++d)

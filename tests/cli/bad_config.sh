@@ -95,10 +95,11 @@ check schedule_too_long "training.global_batch_size|scheduled micro-batch passes
   --set training.global_batch_size=1000000000 --set training.micro_batch_size=4
 # only regular files, one YAML document (issue 17 items 4, 6, 8)
 printf 'model: {num_layers: 2}\n---\nmodel: {num_layers: 3}\n' > "$TPTRAIN_WORK/multi.yaml"
-check multi_document "multi.yaml|2 YAML documents" -- --config "$TPTRAIN_WORK/multi.yaml"
+check multi_document "multi.yaml|more than one YAML document" -- --config "$TPTRAIN_WORK/multi.yaml"
 rm -f "$TPTRAIN_WORK/fifo.yaml"; mkfifo "$TPTRAIN_WORK/fifo.yaml"
 check fifo_config "fifo.yaml|not a regular file" -- --config "$TPTRAIN_WORK/fifo.yaml"
 check dev_zero_config "/dev/zero|not a regular file" -- --config /dev/zero
+check non_utf8_string "data.path|not valid UTF-8" -- --config "$BASE" --set data.path="$(printf 'ab\xff\xfe')"
 check train_beyond_memory "by the plan, but has|MiB of host memory per rank" -- --config "$BASE" \
   --set model.hidden_size=65536 --set model.num_attention_heads=64
 check set_wrong_type "training.train_iters|expected an integer|ten" -- --config "$BASE" --set training.train_iters=ten

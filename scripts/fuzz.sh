@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Reliability checks (issue 17): the unit tests once under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then every libFuzzer target (tests/fuzz/fuzz_*.cpp: config loader, safetensors, Megatron .idx and
+# llm.c shards, a checkpoint's meta.json and latest file) for FUZZ_SECONDS each (default 20),
+# starting from the seeds in tests/fuzz/corpus/<target>/. A finding leaves its input in
+# ${BUILD_DIR:-build-fuzz}/findings/ and fails the script. Needs clang and libomp (installed if missing).
+#   bash scripts/fuzz.sh                 CI runs it from scripts/test.sh (CI=true)
+#   FUZZ_SECONDS=300 bash scripts/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
+SECONDS_EACH=${FUZZ_SECONDS:-20}
+missing=()
+for p in clang libomp-dev libclang-rt-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "fuzz: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "fuzz: building $BUILD (clang, ASan + UBSan, no MPI, no CUDA)"
+CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPTRAIN_SANITIZE=ON -DTPTRAIN_FUZZ=ON \
+  -DTPTRAIN_CUDA=OFF -DTPTRAIN_MPI=OFF -DTPTRAIN_WERROR=OFF >/dev/null
+targets=(fuzz_config fuzz_safetensors fuzz_corpus fuzz_checkpoint)
+cmake --build "$BUILD" -j"$(nproc)" --target tptrain_unit "${targets[@]}" 2>&1 | grep -E "error|warning: .*sanitize" || true
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+echo "fuzz: unit tests under ASan + UBSan"
+"$BUILD/tests/tptrain_unit" --gtest_brief=1 >"$BUILD/unit_sanitized.log" 2>&1 || {
+  tail -40 "$BUILD/unit_sanitized.log"; echo "fuzz: unit tests under sanitizers FAILED"; echo "0 passed, 1 failed"; exit 1; }
+grep -E "^\[  PASSED  \]" "$BUILD/unit_sanitized.log"
+pass=1; fail=0
+mkdir -p "$BUILD/findings"
+for t in "${targets[@]}"; do
+  name=${t#fuzz_}
+  work="$BUILD/corpus/$name"; mkdir -p "$work"
+  if "$BUILD/$t" "$work" "tests/fuzz/corpus/$name" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+      -malloc_limit_mb=1024 -artifact_prefix="$BUILD/findings/$name-" -print_final_stats=1 >"$BUILD/$t.log" 2>&1; then
+    echo "ok   $t: $(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$BUILD/$t.log" | grep -oE '[0-9]+$') inputs in ${SECONDS_EACH} s, no finding"
+    pass=$((pass + 1))
+  else
+    echo "FAIL $t:"; grep -E "ERROR|SUMMARY|==[0-9]+==|Test unit written" "$BUILD/$t.log" | head -10
+    fail=$((fail + 1))
+  fi
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
