@@ -418,7 +418,9 @@ void validate(Config& c, const Ctx& ctx) {
         {"model.num_attention_heads", 1 << 16}, {"model.ffn_hidden_size", 1 << 22},
         {"model.seq_length", 1 << 24},          {"model.max_position_embeddings", 1 << 24},
         {"model.vocab_size", 1 << 24},          {"training.micro_batch_size", 1 << 24},
-        {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096}};
+        {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096},
+        {"parallel.tensor_model_parallel_size", 1024}, {"parallel.pipeline_model_parallel_size", 1024},
+        {"parallel.data_parallel_size", 1 << 20}};
     auto bound = kMax.find(name);
     if (bound != kMax.end() && x > bound->second)
       ctx.fail(name, "must be <= " + std::to_string(bound->second) + ", got " + std::to_string(x));

@@ -48,7 +48,7 @@ struct StageMemory {
 
 // Throws InputError, naming the keys, when a resolved config is beyond what can be planned or
 // trained at all: about a PiB per rank (counted in double, before any 64-bit size is computed), or
-// more than 2^22 micro-batches x stages in one schedule. Both make_plan and the trainer call it
+// more than 2^18 micro-batches x stages in one schedule (whose simulation would take minutes). Both make_plan and the trainer call it
 // first, so that such a config is an error in milliseconds instead of an overflow or bad_alloc.
 void check_plannable(const Config& cfg);
 

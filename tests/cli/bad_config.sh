@@ -89,6 +89,8 @@ check set_long_float "optimizer.lr" -- --config "$BASE" --set optimizer.lr="0.$D
 check cpu_threads_bound "training.cpu_threads: must be <= 4096" -- --config "$BASE" --set training.cpu_threads=10000000
 check hidden_size_bound "model.hidden_size: must be <= 1048576" -- plan --config "$BASE" --set model.hidden_size=536870912
 check num_layers_bound "model.num_layers: must be <= 100000" -- plan --config "$BASE" --set model.num_layers=10000000
+check pp_bound "parallel.pipeline_model_parallel_size: must be <= 1024" -- plan --config "$BASE" \
+  --set parallel.pipeline_model_parallel_size=100000 --set model.num_layers=100000
 check plan_beyond_a_pib "TiB per rank|more than a PiB" -- plan --config "$BASE" --set model.num_layers=100000 \
   --set model.hidden_size=65536 --set model.num_attention_heads=64
 check schedule_too_long "training.global_batch_size|scheduled micro-batch passes" -- plan --config "$BASE" \
