@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "model/memory.h"
 #include "parallel/runtime.h"
-#include "parallel/watchdog.h"
+#include "core/watchdog.h"
 
 namespace tpt {
 

@@ -67,14 +67,18 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     threads = std::max(1, int(hw) / std::max(1, grid.local_size));
   }
-  // cuda: GPUs for training.device cuda, or auto when every rank has one; else the CPU backend
-  if (use_cuda_devices(cfg.training.device, grid)) {
-    setup_cuda_devices(grid);
+  // cuda: GPUs for training.device cuda, or auto when every rank has one; else the CPU backend. A
+  // grid whose GPU is chosen already (threads as ranks on one GPU, parallel/thread_comm.h) comes
+  // with its device groups.
+  if (grid.cuda_device >= 0 || use_cuda_devices(cfg.training.device, grid)) {
+    if (grid.cuda_device < 0) setup_cuda_devices(grid);
 #ifdef TPTRAIN_HAVE_CUDA
     CudaOptions cuda_options;
     const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
     cuda_options.tf32 = tf32 && std::string(tf32) == "1";
     ops_ = make_cuda_ops(grid.cuda_device, cuda_options);
+#else
+    internal_error("a GPU grid, but this tptrain was built without CUDA");
 #endif
   } else {
     ops_ = make_cpu_ops(threads);

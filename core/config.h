@@ -39,7 +39,7 @@ struct ParallelConfig {
   // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
   bool overlap_grad_reduce = false;
   int64_t ddp_bucket_size = 40000000;
-  // A rank stuck this long in one communication aborts the job (parallel/watchdog.h).
+  // A rank stuck this long in one communication aborts the job (core/watchdog.h).
   double distributed_timeout_minutes = 10;
 };
 

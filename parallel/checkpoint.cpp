@@ -391,6 +391,12 @@ CheckpointWriter::CheckpointWriter(Comm& world, std::string save_dir, int64_t it
   world_.barrier();  // the directory exists before anyone writes into it
 }
 
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(partial_dir_, ec);
+}
+
 void CheckpointWriter::write_file(const std::string& file_name, const std::vector<CkptTensor>& tensors) {
   TPT_CHECK(file_name.find('/') == std::string::npos && file_name.ends_with(".safetensors"));
   ShardSummary s = write_shard(partial_dir_ + "/" + file_name, tensors);
@@ -454,6 +460,7 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     }
   }
   world_.barrier();
+  committed_ = true;
   return uint64_t(totals[1]);
 }
 

@@ -65,6 +65,11 @@ void check_save_dir(const std::string& save_dir);
 class CheckpointWriter {
  public:
   CheckpointWriter(Comm& world, std::string save_dir, int64_t iteration);
+  // A save that failed before its commit completed (an exception on this rank: a full disk, say)
+  // removes iter_N.partial, so it does not hold the disk space. Never throws.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   // Writes <partial>/<file_name> (fp32 safetensors, the boxes of `tensors`; empty boxes skipped),
   // fsyncs it and leaves a sidecar with its size, CRC-32C and tensor index for rank 0.
   void write_file(const std::string& file_name, const std::vector<CkptTensor>& tensors);
@@ -80,6 +85,7 @@ class CheckpointWriter {
   int64_t iteration_;
   int files_written_ = 0;
   uint64_t bytes_written_ = 0;
+  bool committed_ = false;
 };
 
 // What a rank asks of a checkpoint directory.

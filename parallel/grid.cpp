@@ -76,6 +76,9 @@ int runtime_world_rank() {
 void runtime_abort(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+#ifdef TPTRAIN_HAVE_CUDA
+  nccl_abort_all();  // abort, never destroy: a dead peer's collectives will not complete
+#endif
 #ifdef TPTRAIN_HAVE_MPI
   if (g_mpi_started && runtime_world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
 #endif

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "parallel/comm.h"
 #include "parallel/mpi_comm.h"
-#include "parallel/watchdog.h"
+#include "core/watchdog.h"
 
 namespace tpt {
 namespace {
@@ -32,7 +32,7 @@ class MpiComm final : public Comm {
   explicit MpiComm(MPI_Comm c) : comm_(c) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    // the group's world ranks, for the watchdog's message (parallel/watchdog.h)
+    // the group's world ranks, for the watchdog's message (core/watchdog.h)
     MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
     MPI_Comm_group(comm_, &group);
     MPI_Comm_group(MPI_COMM_WORLD, &world);

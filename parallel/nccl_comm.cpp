@@ -2,12 +2,18 @@
 #ifdef TPTRAIN_HAVE_CUDA
 #include "parallel/nccl_comm.h"
 
+#include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/cuda/cuda_util.h"
 #include "core/error.h"
+#include "core/watchdog.h"
 
 #ifdef TPTRAIN_HAVE_NCCL
 #include <nccl.h>
@@ -28,7 +34,7 @@ class DeviceSelfComm final : public Comm {
   void send_recv(const float*, int64_t send_n, int, float*, int64_t recv_n, int) override {
     if (send_n || recv_n) internal_error("send/recv within a group of one rank");
   }
-  void barrier() override { TPT_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream())); }
+  void barrier() override { cuda::stream_wait(cuda::compute_stream()); }
 
  private:
   static void copy(float* out, const float* in, int64_t n) {
@@ -39,6 +45,16 @@ class DeviceSelfComm final : public Comm {
 };
 
 #ifdef TPTRAIN_HAVE_NCCL
+// Non-blocking NCCL communicators (config.blocking = 0): no NCCL call blocks the host. A call that
+// answers ncclInProgress is followed by polling ncclCommGetAsyncError until the communicator is
+// ready (NCCL's rule before the next call), inside a CommWait, so the watchdog bounds it; the host's
+// waits for the GPU poll every live communicator's asynchronous error (cuda::set_wait_poll). On
+// failure the job is aborted with ncclCommAbort (nccl_abort_all, from runtime_abort), never a
+// destroy that would flush collectives a dead peer will never complete.
+class NcclComm;
+std::mutex g_live_mutex;
+std::vector<NcclComm*> g_live;  // every NcclComm not yet destroyed or aborted
+
 class NcclComm final : public Comm {
  public:
   explicit NcclComm(Comm& host) : host_(host), rank_(host.rank()), size_(host.size()), stream_(cuda::compute_stream()) {
@@ -50,10 +66,27 @@ class NcclComm final : public Comm {
     std::memcpy(words, &id, sizeof(id));
     host_.broadcast(words, int64_t(std::size(words)), 0);
     std::memcpy(&id, words, sizeof(id));
-    check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    check(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    g_live.push_back(this);
+    cuda::set_wait_poll(&poll_async_errors);
   }
+  // Normal end of a run: finalize (flushes this rank's operations), then destroy; an error on the
+  // way aborts instead. Never throws.
   ~NcclComm() override {
-    if (comm_) ncclCommDestroy(comm_);
+    const ncclComm_t c = release();
+    if (c) {
+      ncclResult_t state = ncclCommFinalize(c);
+      while (state == ncclInProgress || state == ncclSuccess) {
+        if (ncclCommGetAsyncError(c, &state) != ncclSuccess) state = ncclInternalError;
+        if (state == ncclSuccess) break;
+        if (state == ncclInProgress) std::this_thread::yield();
+      }
+      if (state == ncclSuccess) ncclCommDestroy(c);
+      else ncclCommAbort(c);
+    }
     if (ready_) cudaEventDestroy(ready_);
     if (done_) cudaEventDestroy(done_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -62,31 +95,36 @@ class NcclComm final : public Comm {
   int size() const override { return size_; }
 
   void all_reduce(float* buf, int64_t n, ReduceOp op) override {
-    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, nccl_op(op), comm_, stream_), "ncclAllReduce");
+    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, nccl_op(op), comm(), stream_), "ncclAllReduce");
   }
   void all_reduce(double* buf, int64_t n, ReduceOp op) override {
-    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), ncclDouble, nccl_op(op), comm_, stream_), "ncclAllReduce");
+    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), ncclDouble, nccl_op(op), comm(), stream_), "ncclAllReduce");
   }
   void all_gather(float* out, const float* in, int64_t n) override {
-    if (n > 0) check(ncclAllGather(in, out, size_t(n), ncclFloat, comm_, stream_), "ncclAllGather");
+    if (n > 0) check(ncclAllGather(in, out, size_t(n), ncclFloat, comm(), stream_), "ncclAllGather");
   }
   void reduce_scatter(float* out, const float* in, int64_t n) override {
-    if (n > 0) check(ncclReduceScatter(in, out, size_t(n), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
+    if (n > 0) check(ncclReduceScatter(in, out, size_t(n), ncclFloat, ncclSum, comm(), stream_), "ncclReduceScatter");
   }
   void broadcast(float* buf, int64_t n, int root) override {
-    if (n > 0) check(ncclBroadcast(buf, buf, size_t(n), ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    if (n > 0) check(ncclBroadcast(buf, buf, size_t(n), ncclFloat, root, comm(), stream_), "ncclBroadcast");
   }
+  // One group: the group is closed whatever fails inside it, and only then is a failure reported.
   void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
                  int recv_peer) override {
     if (send_n <= 0 && recv_n <= 0) return;
     check(ncclGroupStart(), "ncclGroupStart");
-    if (send_n > 0) check(ncclSend(send_buf, size_t(send_n), ncclFloat, send_peer, comm_, stream_), "ncclSend");
-    if (recv_n > 0) check(ncclRecv(recv_buf, size_t(recv_n), ncclFloat, recv_peer, comm_, stream_), "ncclRecv");
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    ncclResult_t send = ncclSuccess, recv = ncclSuccess;
+    if (send_n > 0) send = ncclSend(send_buf, size_t(send_n), ncclFloat, send_peer, comm(), stream_);
+    if (recv_n > 0 && !failed(send)) recv = ncclRecv(recv_buf, size_t(recv_n), ncclFloat, recv_peer, comm(), stream_);
+    const ncclResult_t end = ncclGroupEnd();
+    if (failed(send)) check(send, "ncclSend");
+    if (failed(recv)) check(recv, "ncclRecv");
+    check(end, "ncclGroupEnd");
   }
   void barrier() override {
     finish_all_reduces();
-    TPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cuda::stream_wait(stream_);
     host_.barrier();
   }
 
@@ -101,7 +139,7 @@ class NcclComm final : public Comm {
     }
     TPT_CUDA_CHECK(cudaEventRecord(ready_, stream_));
     TPT_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
-    check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, ncclSum, comm_, comm_stream_), "ncclAllReduce");
+    check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, ncclSum, comm(), comm_stream_), "ncclAllReduce");
     started_ = true;
   }
   void finish_all_reduces() override {
@@ -111,16 +149,68 @@ class NcclComm final : public Comm {
     started_ = false;
   }
 
+  // ncclCommAbort of every live communicator (the failure path; runtime_abort). Never throws.
+  static void abort_all() {
+    std::vector<ncclComm_t> comms;
+    {
+      std::lock_guard<std::mutex> lock(g_live_mutex);
+      for (NcclComm* c : g_live) comms.push_back(std::exchange(c->comm_, nullptr));
+      g_live.clear();
+    }
+    for (ncclComm_t c : comms)
+      if (c) ncclCommAbort(c);
+  }
+
  private:
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
-  void check(ncclResult_t r, const char* what) const {
-    if (r == ncclSuccess || r == ncclInProgress) return;
+  static bool failed(ncclResult_t r) { return r != ncclSuccess && r != ncclInProgress; }
+  ncclComm_t comm() const {
+    if (!comm_) internal_error("NCCL communicator used after the job was aborted");
+    return comm_;
+  }
+  // Unregisters this communicator; returns its handle (null once aborted).
+  ncclComm_t release() {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
+    return std::exchange(comm_, nullptr);
+  }
+  std::string describe(const char* what, ncclResult_t r) const {
     std::string msg = std::string("NCCL ") + what + " failed: " + ncclGetErrorString(r);
-    if (comm_) {
-      const char* last = ncclGetLastError(comm_);
-      if (last && *last) msg += std::string(" (") + last + ")";
+    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    if (last && *last) msg += std::string(" (") + last + ")";
+    return msg + " (rank " + std::to_string(rank_) + " of a group of " + std::to_string(size_) + ")";
+  }
+  void check(ncclResult_t r, const char* what) const {
+    if (r == ncclInProgress) r = wait_ready(what);
+    if (r != ncclSuccess) internal_error(describe(what, r));
+  }
+  // Polls until the communicator has finished its pending call; returns its final state.
+  ncclResult_t wait_ready(const char* what) const {
+    if (!comm_) return ncclSuccess;
+    CommWait wait(what, "the ranks of an NCCL group of " + std::to_string(size_));
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) return q;
+      if (state != ncclInProgress) return state;
+      std::this_thread::yield();
     }
-    internal_error(msg + " (rank " + std::to_string(rank_) + " of a group of " + std::to_string(size_) + ")");
+  }
+  // The poll hook of cuda::stream_wait: the first live communicator with an asynchronous error.
+  static void poll_async_errors() {
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(g_live_mutex);
+      for (NcclComm* c : g_live) {
+        ncclResult_t state = ncclSuccess;
+        if (!c->comm_ || ncclCommGetAsyncError(c->comm_, &state) != ncclSuccess) continue;
+        if (failed(state)) {
+          error = c->describe("asynchronous operation", state);
+          break;
+        }
+      }
+    }
+    if (!error.empty()) internal_error(error);
   }
 
   Comm& host_;
@@ -137,9 +227,11 @@ class NcclComm final : public Comm {
 
 #ifdef TPTRAIN_HAVE_NCCL
 bool nccl_built() { return true; }
+void nccl_abort_all() { NcclComm::abort_all(); }
 std::unique_ptr<Comm> make_nccl_comm(Comm& host_group) { return std::make_unique<NcclComm>(host_group); }
 #else
 bool nccl_built() { return false; }
+void nccl_abort_all() {}
 std::unique_ptr<Comm> make_nccl_comm(Comm& host_group) {
   if (host_group.size() == 1) return make_device_self_comm();
   internal_error("a device-side communicator over " + std::to_string(host_group.size()) +

@@ -13,6 +13,10 @@ namespace tpt {
 // Whether this build has NcclComm.
 bool nccl_built();
 
+// The failure path (runtime_abort): ncclCommAbort of every NcclComm of this process, so none is
+// destroyed (a destroy would wait for collectives that a dead peer never completes). Never throws.
+void nccl_abort_all();
+
 // An NCCL communicator over the ranks of `host_group` (a host communicator of the same group, in
 // the same rank order): rank 0 makes the unique id, host_group broadcasts it, every member joins.
 // Collective over host_group. The current CUDA device must be this rank's GPU; host_group must

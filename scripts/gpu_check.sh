@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check (issue 7): on a GPU machine, in one command and within 8 minutes,
 #   1. builds tptrain with CUDA (or takes a prebuilt build directory),
-#   2. runs the GPU tests (every CUDA kernel against the CPU backend, a tiny model trained on both;
-#      NCCL tests too when mpirun and two GPUs are there),
+#   2. runs the GPU tests (every CUDA kernel against the CPU backend, a tiny model trained on both,
+#      the trainer in TP 2 x PP 2 x DP 2 with 8 threads as ranks on one GPU, NCCL communicators of
+#      one rank), and where mpirun and two GPUs are there the NCCL tests and tptrain itself on 2
+#      GPUs (TP 2, PP 2, DP 2 against CPU ranks; a failing and a killed rank end the job),
 #   3. benchmarks a GPT-2 124M shape at micro-batch 16 (llm.c's and the PyTorch figures' shape) and
 #      at the largest micro-batch that fits, and a 350M shape at the largest (bf16, seq 1024), and
 #      prints tokens/s, TFLOP/s per GPU (Megatron's model-FLOPs formula) and MFU; after each, the
@@ -154,6 +156,56 @@ with open(sys.argv[1], "wb") as f:
 PY
 fi
 [ "$(stat -c %s "$OUT/tokens.bin")" -eq $((1024 + 2 * NTOK)) ] || { say "writing $OUT/tokens.bin failed"; exit 1; }
+
+# ---- 2b. tptrain on two or more GPUs (mpirun) -------------------------------------------------------
+# TP 2, PP 2 and DP 2 on 2 GPUs in bf16 against the same layout on CPU ranks (losses within 2e-2
+# relative, the mixed-precision tolerance), then a rank failing mid-step (TPTRAIN_FAULT) and a rank
+# killed (SIGKILL) mid-run: the job must end, with the rank's message, well within the 1-minute
+# watchdog (parallel.distributed_timeout_minutes 1).
+multi_gpu_cli() {
+  cat >"$OUT/multi.yaml" <<YAML
+model: {num_layers: 2, hidden_size: 128, num_attention_heads: 4, seq_length: 128, vocab_size: 50257}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 8, precision: bf16, seed: 3}
+parallel: {overlap_grad_reduce: true, distributed_timeout_minutes: 1}
+data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
+YAML
+  local layout set name
+  for layout in "tensor_model_parallel_size" "pipeline_model_parallel_size" "data_parallel_size"; do
+    name=${layout%%_*}2; set=(--set "parallel.$layout=2")
+    [ "$layout" = data_parallel_size ] && set=()
+    for dev in cuda cpu; do
+      timeout 120 mpirun --allow-run-as-root -np 2 "$TPTRAIN" --config "$OUT/multi.yaml" "${set[@]}" \
+        --set training.device=$dev --set training.cpu_threads=4 --set logging.metrics_file="$OUT/${name}_$dev.jsonl" \
+        >"$OUT/${name}_$dev.log" 2>&1 || { status=1; say "$name on $dev FAILED ($OUT/${name}_$dev.log)"; continue 2; }
+    done
+    if "$PY" "$SRC/tests/tools/compare_runs.py" "$OUT/${name}_cpu.jsonl" "$OUT/${name}_cuda.jsonl" --rel 2e-2 --keys lm_loss \
+        >"$OUT/${name}_compare.log" 2>&1; then say "$name on 2 GPUs matches 2 CPU ranks: $(tail -1 "$OUT/${name}_compare.log")"
+    else status=1; say "$name on 2 GPUs differs from CPU ranks: $(tail -2 "$OUT/${name}_compare.log")"; fi
+  done
+  local t0=$SECONDS rc
+  TPTRAIN_FAULT=1:3 timeout 150 mpirun --allow-run-as-root -np 2 "$TPTRAIN" --config "$OUT/multi.yaml" \
+    --set parallel.tensor_model_parallel_size=2 --set training.train_iters=50 --set training.device=cuda >"$OUT/fault.log" 2>&1
+  rc=$?
+  if ((rc != 0 && rc != 124)) && grep -q "rank 1: injected fault" "$OUT/fault.log"; then
+    say "a failing rank ends the 2-GPU job in $((SECONDS - t0)) s (exit $rc)"
+  else status=1; say "failing rank: exit $rc after $((SECONDS - t0)) s, no message ($OUT/fault.log)"; fi
+  t0=$SECONDS
+  timeout 150 mpirun --allow-run-as-root -np 2 "$TPTRAIN" --config "$OUT/multi.yaml" --set training.train_iters=100000 \
+    --set training.device=cuda --set logging.metrics_file="$OUT/kill.jsonl" >"$OUT/kill.log" 2>&1 &
+  local job=$!
+  while [ ! -s "$OUT/kill.jsonl" ] && kill -0 $job 2>/dev/null && ((SECONDS - t0 < 60)); do sleep 0.5; done
+  pkill -9 -f -n "tptrain --config $OUT/multi.yaml" || true  # the newest rank
+  wait $job; rc=$?
+  if ((rc != 0 && rc != 124)); then say "a killed rank ends the 2-GPU job in $((SECONDS - t0)) s (exit $rc)"
+  else status=1; say "killed rank: the job did not end by itself (exit $rc after $((SECONDS - t0)) s; $OUT/kill.log)"; fi
+}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if ((TESTS)) && command -v mpirun >/dev/null && [ "${gpus:-0}" -ge 2 ] && (($(left) > 300)); then
+  say "tptrain on 2 GPUs (mpirun)"
+  multi_gpu_cli
+elif ((TESTS)); then
+  say "tptrain on 2 GPUs skipped (need mpirun and two GPUs)"
+fi
 
 # total GPU memory in GiB (nvidia-smi), 80 if unknown
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%d", $1/1024}')

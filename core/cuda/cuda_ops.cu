@@ -6,10 +6,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "core/cuda/cudnn_attention.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
+#include "core/watchdog.h"
 
 namespace tpt {
 namespace cuda {
@@ -27,7 +31,9 @@ namespace cuda {
 }
 
 cudaStream_t compute_stream() {
-  static cudaStream_t streams[64] = {};
+  // per thread and device; never destroyed (a rank's stream lives as long as its process; the few
+  // threads of a threads-as-ranks test leave theirs to process exit)
+  thread_local cudaStream_t streams[64] = {};
   int device = 0;
   TPT_CUDA_CHECK(cudaGetDevice(&device));
   TPT_CHECK(device >= 0 && device < 64);
@@ -36,13 +42,45 @@ cudaStream_t compute_stream() {
   return streams[device];
 }
 
+namespace {
+std::atomic<void (*)()> g_wait_poll{nullptr};
+
+template <class Query>
+void poll_until_done(Query query, const char* what) {
+  CommWait wait(what, "the kernels and collectives queued on this GPU stream");
+  auto last_poll = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t e = query();
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) fail(e, what, __FILE__, __LINE__);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_poll >= std::chrono::milliseconds(1)) {
+      last_poll = now;
+      if (auto poll = g_wait_poll.load()) poll();
+    }
+    std::this_thread::yield();
+  }
+}
+}  // namespace
+
+void set_wait_poll(void (*poll)()) { g_wait_poll = poll; }
+void stream_wait(cudaStream_t stream) {
+  poll_until_done([stream] { return cudaStreamQuery(stream); }, "cudaStreamQuery (a host wait for the GPU)");
+}
+void event_wait(cudaEvent_t event) {
+  poll_until_done([event] { return cudaEventQuery(event); }, "cudaEventQuery (a host wait for the GPU)");
+}
+
 DeviceBuffer::~DeviceBuffer() {
   if (p_) cudaFree(p_);
 }
 
 void* DeviceBuffer::get(size_t bytes) {
   if (p_ && bytes <= capacity_) return p_;
-  if (p_) TPT_CUDA_CHECK(cudaFree(p_));  // waits for pending work that may still use it
+  if (p_) {
+    stream_wait(compute_stream());  // pending work may still use it (bounded, unlike cudaFree's own wait)
+    TPT_CUDA_CHECK(cudaFree(p_));
+  }
   p_ = nullptr;
   capacity_ = 0;
   const size_t want = std::max(bytes + bytes / 4, size_t(1) << 20);
@@ -196,12 +234,12 @@ class CudaOps final : public Ops {
   void to_host(void* host, CBuf dev, int64_t n) override {
     if (n <= 0) return;
     TPT_CUDA_CHECK(cudaMemcpyAsync(host, dev.p, size_t(dtype_size(n, dev.t)), cudaMemcpyDeviceToHost, stream_));
-    TPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cuda::stream_wait(stream_);
   }
   void to_device(Buf dev, const void* host, int64_t n) override {
     if (n <= 0) return;
     TPT_CUDA_CHECK(cudaMemcpyAsync(dev.p, host, size_t(dtype_size(n, dev.t)), cudaMemcpyHostToDevice, stream_));
-    TPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may go away on return
+    cuda::stream_wait(stream_);  // the host buffer may go away on return
   }
   void convert(Buf dst, CBuf src, int64_t n) override { cuda::convert(dst, src, n, stream_); }
 
@@ -371,7 +409,7 @@ class CudaOps final : public Ops {
   }
   double mark_ms(int64_t id) override {
     TPT_CHECK(id >= 0 && id < marks_);
-    TPT_CUDA_CHECK(cudaEventSynchronize(events_[size_t(id)]));
+    cuda::event_wait(events_[size_t(id)]);
     float ms = 0;
     TPT_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[size_t(id)]));
     return double(ms);

@@ -17,9 +17,21 @@ inline void check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) fail(e, what, file, line);
 }
 
-// The one stream every kernel, copy, GEMM and NCCL collective of this process runs on (created on
-// the current device at first use; the process uses one device).
+// The stream every kernel, copy, GEMM and NCCL collective of this thread runs on, one per thread and
+// device (created on the current device at first use). A rank is a process with one thread issuing
+// GPU work; the one-GPU 3D tests run ranks as threads of one process, each with its own stream.
 cudaStream_t compute_stream();
+
+// Host waits for the device: until `stream` has drained (or `event` has completed), polling instead
+// of blocking in the driver. While it waits it calls the poll hook about once a millisecond (NCCL's
+// asynchronous errors, parallel/nccl_comm.cpp: a failed collective then ends the wait with an
+// error instead of leaving the stream spinning forever) and it counts as one communication wait of
+// the watchdog (core/watchdog.h: parallel.distributed_timeout_minutes), since collectives of the
+// GPU's groups run on the stream. Throws InternalError on a CUDA error or what the hook throws.
+void stream_wait(cudaStream_t stream);
+void event_wait(cudaEvent_t event);
+// The function stream_wait calls while it waits (one per process, nullptr for none).
+void set_wait_poll(void (*poll)());
 
 // Device memory that grows on demand and is reused across calls (all on the compute stream, so a
 // later kernel never races an earlier one on it). Growing frees the old block: cudaFree waits for

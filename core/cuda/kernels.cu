@@ -877,7 +877,7 @@ double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pin
   sum_partials_kernel<<<1, 1024, 0, s>>>(partial, partial + 1, int(blocks));
   TPT_CUDA_LAUNCHED();
   TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, partial, sizeof(double), cudaMemcpyDeviceToHost, s));
-  TPT_CUDA_CHECK(cudaStreamSynchronize(s));
+  stream_wait(s);
   return *pinned;
 }
 
@@ -888,7 +888,7 @@ bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned
   nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), 4 * kReduceBlocks), kThreads, 0, s>>>(flag, x, n);
   TPT_CUDA_LAUNCHED();
   TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
-  TPT_CUDA_CHECK(cudaStreamSynchronize(s));
+  stream_wait(s);
   return *pinned != 0;
 }
 

@@ -210,5 +210,29 @@ signal_case sigterm_one_rank 4 SIGTERM rank --set parallel.tensor_model_parallel
 # Open MPI's mpirun answers SIGTERM by killing the job at once, but forwards SIGUSR1/SIGUSR2
 signal_case sigusr1_mpirun 4 SIGUSR1 mpirun --set parallel.pipeline_model_parallel_size=2
 
+# A save that fails for lack of space (here: a file size limit, ulimit -f, with SIGXFSZ ignored so a
+# write past it fails with EFBIG as on a full disk) exits 2 naming the file, leaves no
+# iter_N.partial holding the space, and the previous checkpoint stays the latest and loadable.
+# Hidden 256: a 12.6 MB model shard, past the 8 MiB limit (MPI's start-up needs a few MiB).
+d=$W/ck_space
+H=(--set model.hidden_size=256)
+if tpt 1 space_first "${H[@]}" --set checkpoint.save="$d" --set training.train_iters=4; then
+  (trap '' XFSZ; ulimit -f 8192; tpt 1 space_full "${H[@]}" --set checkpoint.save="$d" --set checkpoint.load="$d" \
+     --set training.train_iters=8)
+  rc=$?
+  left=$(ls "$d" | grep -c partial)
+  if [ $rc -eq 2 ] && grep -q "iter_0000008.partial/" "$W/space_full.log" && [ "$left" = 0 ] &&
+     [ "$(cat "$d/latest_checkpointed_iteration.txt")" = 4 ] &&
+     tpt 1 space_after "${H[@]}" --set checkpoint.load="$d" --set training.train_iters=5 &&
+     grep -q "loaded checkpoint $d/iter_0000004 at iteration 4" "$W/space_after.log"; then
+    ok "save past the space limit: exit 2 naming the file, no .partial left, iteration 4 still loads"
+  else
+    bad "save past the space limit: exit $rc, $left partial dir(s), latest $(cat "$d/latest_checkpointed_iteration.txt")"
+    tail -3 "$W/space_full.log"
+  fi
+else
+  bad "space_first: exit status $?"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -13,6 +13,23 @@
 // The exit status of a run that skipped every test (automake's convention).
 constexpr int kSkipped = 77;
 
+// Under mpirun, a failed assertion on one rank would leave the others waiting in their next
+// collective until ctest's timeout: the first failure prints itself with its rank and aborts the
+// job, so every rank ends at once (exit 1).
+class AbortJobOnFailure : public ::testing::EmptyTestEventListener {
+ public:
+  explicit AbortJobOnFailure(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "rank %d: %s:%d: failure, aborting the job:\n%s\n", rank_,
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    tpt::runtime_abort(1);
+  }
+
+ private:
+  int rank_;
+};
+
 int main(int argc, char** argv) {
   tpt::runtime_init(&argc, &argv);
   const int rank = tpt::runtime_world_rank(), world = tpt::runtime_world_size();
@@ -31,6 +48,7 @@ int main(int argc, char** argv) {
     status = kSkipped;
   } else {
     ::testing::InitGoogleTest(&argc, argv);
+    if (world > 1) ::testing::UnitTest::GetInstance()->listeners().Append(new AbortJobOnFailure(rank));
     if (rank == 0) std::printf("GPU 0: %s\n", tpt::cuda_device_name(0).c_str());
     status = RUN_ALL_TESTS();
   }

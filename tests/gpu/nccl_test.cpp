@@ -10,13 +10,15 @@
 namespace tpt::gpu_test {
 namespace {
 
-// The world as a host group (MPI) and as a device group (NCCL), this rank on GPU rank % GPUs.
+// The world as a host group (MPI) and as a device group (NCCL): a grid of TP = world, its GPU and
+// device groups chosen by the trainer's code (the local rank on its host, parallel/grid.h).
 struct World {
   Grid grid;
-  std::unique_ptr<Comm> dev;
+  Comm* dev = nullptr;
   World() : grid(make_grid(runtime_world_size(), 1, 1)) {
-    cuda_set_device(grid.world_rank % cuda_device_count());
-    dev = make_nccl_comm(*grid.world);
+    if (!use_cuda_devices("cuda", grid)) internal_error("no GPU per rank");
+    setup_cuda_devices(grid);
+    dev = grid.tp_device.get();
   }
 };
 
@@ -36,7 +38,7 @@ class GpuNccl : public ::testing::Test {
 TEST_F(GpuNccl, CollectivesOnDeviceBuffers) {
   Comm& c = *world->dev;
   const int r = c.rank(), n = c.size();
-  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
   const int64_t k = 1001;
   VecF mine(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) mine[size_t(i)] = float(r + 1) * float(i % 17) - float(r);
@@ -98,7 +100,7 @@ TEST_F(GpuNccl, CollectivesOnDeviceBuffers) {
 TEST_F(GpuNccl, StartedAllReducesOverlapAndFinishInOrder) {
   Comm& c = *world->dev;
   const int r = c.rank(), n = c.size();
-  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
   const int64_t k = 1 << 22;  // 16 MiB: long enough for the streams to overlap
   Dev a(*gpu, VecF(size_t(k), float(r + 1))), b(*gpu, VecF(size_t(k), 1.0f)), one(*gpu, VecF(size_t(k), 1.0f));
   for (int it = 0; it < 3; ++it) {
@@ -129,7 +131,7 @@ TEST_F(GpuNccl, StartedAllReducesOverlapAndFinishInOrder) {
 TEST_F(GpuNccl, SendRecvPairsAroundARing) {
   Comm& c = *world->dev;
   const int r = c.rank(), n = c.size();
-  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
   const int64_t k = 4097;
   Dev send(*gpu, VecF(size_t(k), float(r))), recv(*gpu, size_t(k));
   c.send_recv(send, k, (r + 1) % n, recv, k, (r + n - 1) % n);
@@ -145,7 +147,7 @@ TEST_F(GpuNccl, SendRecvPairsAroundARing) {
 TEST_F(GpuNccl, TensorParallelTrainingMatchesOneCpuRank) {
   Comm& c = *world->dev;
   auto cpu = make_cpu_ops(2);
-  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
   if (tiny_config().model.num_attention_heads % c.size() != 0) GTEST_SKIP() << "heads not divisible by the ranks";
   const auto self = make_self_comm();
   const Trained one = train(*cpu, *self, DType::F32, 3, 2);
@@ -159,7 +161,7 @@ TEST_F(GpuNccl, TensorParallelTrainingMatchesOneCpuRank) {
 TEST_F(GpuNccl, Bf16TensorParallelTrainingWithinTheMixedPrecisionTolerance) {
   Comm& c = *world->dev;
   auto cpu = make_cpu_ops(2);
-  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
   if (tiny_config().model.num_attention_heads % c.size() != 0) GTEST_SKIP() << "heads not divisible by the ranks";
   const auto self = make_self_comm();
   const Trained one = train(*cpu, *self, DType::BF16, 3, 2);
@@ -176,7 +178,7 @@ TEST_F(GpuNccl, Bf16TensorParallelTrainingWithinTheMixedPrecisionTolerance) {
 TEST_F(GpuNccl, DataParallelTrainingWithOverlappedBucketsMatchesOneCpuRank) {
   Comm& c = *world->dev;
   auto cpu = make_cpu_ops(2);
-  auto gpu = make_cuda_ops(world->grid.world_rank % cuda_device_count());
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
   const auto self = make_self_comm();
   const auto self_dev = make_device_self_comm();
   const int micro = 2 * c.size();
@@ -187,6 +189,44 @@ TEST_F(GpuNccl, DataParallelTrainingWithOverlappedBucketsMatchesOneCpuRank) {
     if (c.rank() == 0) std::printf("step %zu: loss 1 cpu rank %.7f, DP %d on GPUs %.7f\n", k + 1, one.losses[k], c.size(), dp.losses[k]);
   }
   EXPECT_LT(relative_distance(dp.params, one.params, one.init), 1e-2) << "weights after the last step";
+}
+
+// NcclComm over groups of one rank, several in one process (no mpirun, one GPU): every call of the
+// communicator runs for real -- the non-blocking creation, each collective, a send to itself in
+// one group, the overlapped all-reduce, barrier, and the finalize-and-destroy of a normal end.
+TEST(GpuNcclOneRank, EveryCallOfSeveralCommunicators) {
+  if (!nccl_built()) GTEST_SKIP() << "built without NCCL";
+  auto gpu = make_cuda_ops(0);
+  const auto host_a = make_self_comm(), host_b = make_self_comm();
+  auto a = make_nccl_comm(*host_a);
+  auto b = make_nccl_comm(*host_b);
+  const int64_t k = 1000;
+  VecF x(size_t(k));
+  for (int64_t i = 0; i < k; ++i) x[size_t(i)] = float(i % 13) - 6.0f;
+  for (Comm* c : {a.get(), b.get()}) {
+    ASSERT_EQ(c->size(), 1);
+    Dev d(*gpu, x), out(*gpu, size_t(k));
+    c->all_reduce(d, k, ReduceOp::Sum);
+    c->all_reduce(d, k, ReduceOp::Max);
+    c->broadcast(d, k, 0);
+    c->all_gather(out, d, k);
+    EXPECT_EQ(out.host(), x);
+    c->reduce_scatter(out, d, k);
+    EXPECT_EQ(out.host(), x);
+    Dev recv(*gpu, size_t(k));
+    c->send_recv(d, k, 0, recv, k, 0);
+    EXPECT_EQ(recv.host(), x);
+    c->start_all_reduce(d, k);
+    c->finish_all_reduces();
+    gpu->accumulate(d, d, k);  // after the finished sum
+    const VecF h = d.host();
+    EXPECT_EQ(h[7], 2.0f * x[7]);
+    c->barrier();
+  }
+  a.reset();  // finalize + destroy while b lives on
+  Dev d(*gpu, x);
+  b->all_reduce(d, k, ReduceOp::Sum);
+  EXPECT_EQ(d.host(), x);
 }
 
 }  // namespace

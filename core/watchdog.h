@@ -3,8 +3,10 @@
 // <peers>)" and ends its process with exit 1, which makes the launcher end the whole job -- so a
 // hung or stopped peer ends the job instead of leaving every other rank waiting forever.
 //
-// Every blocking wait of a communicator runs inside a CommWait (parallel/mpi_comm.cpp); a thread
-// started by watchdog_start() checks the current wait's age once a second. Only time spent inside
+// Every blocking wait of a communicator runs inside a CommWait (parallel/mpi_comm.cpp), and so does
+// every host wait for a GPU's compute stream (core/cuda: NCCL collectives run on that stream, so a
+// hung GPU peer shows as a stream that never drains); a thread started by watchdog_start() checks
+// the current wait's age four times a second. Only time spent inside
 // one wait counts: compute, checkpoint saves and evaluation between waits never fire it.
 #pragma once
 #include <string>

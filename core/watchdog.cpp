@@ -1,4 +1,4 @@
-#include "parallel/watchdog.h"
+#include "core/watchdog.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,0 +1,108 @@
+// The real Trainer on a small random-token dataset, for a few iterations: on one rank (make_grid:
+// the one-process path of `tptrain`) or on threads of this process as the ranks of a TP x PP x DP
+// grid (parallel/thread_comm.h), on the CPU or on one GPU. Shared by the unit tests (CPU) and the
+// GPU tests (the one-GPU 3D test).
+#pragma once
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "apps/trainer.h"
+#include "core/config.h"
+#include "data/indexed_writer.h"
+#include "parallel/runtime.h"
+#include "parallel/thread_comm.h"
+#ifdef TPTRAIN_HAVE_CUDA
+#include "core/cuda/cuda_ops.h"
+#endif
+
+namespace tpt::test {
+
+// A Megatron dataset of 120 documents of 10..89 random tokens in [0, vocab - 1), each ended by the
+// end-of-document token vocab - 1; returns its prefix.
+inline std::string write_random_dataset(const std::string& dir, int vocab) {
+  std::filesystem::create_directories(dir);
+  const std::string prefix = dir + "/random_text_document";
+  IndexedDatasetWriter w(prefix, vocab <= 65535 ? 8 : 4);
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 2), len(10, 89);
+  for (int d = 0; d < 120; ++d) {
+    std::vector<int32_t> doc(size_t(len(gen)));
+    for (auto& t : doc) t = tok(gen);
+    doc.back() = vocab - 1;
+    w.add_document(doc);
+  }
+  w.finish();
+  return prefix;
+}
+
+// The tiny GPT (2 layers of hidden 48, 4 heads, seq 32, vocab 101) on `data` for a TP x PP x DP
+// layout: 4 micro-batches of 2 per DP rank and iteration, no evaluation, no files written.
+inline Config thread_test_config(const std::string& dir, const std::string& data, const std::string& precision,
+                                 int tp, int pp, int dp, const std::string& device) {
+  const std::string path = dir + "/config_" + precision + "_" + std::to_string(tp) + std::to_string(pp) +
+                           std::to_string(dp) + ".yaml";
+  std::ofstream(path) << "model: {num_layers: 2, hidden_size: 48, num_attention_heads: 4, seq_length: 32, "
+                         "vocab_size: 101, make_vocab_size_divisible_by: 8}\n"
+                      << "parallel: {tensor_model_parallel_size: " << tp << ", pipeline_model_parallel_size: " << pp
+                      << ", overlap_grad_reduce: true, ddp_bucket_size: 3000}\n"
+                      << "training: {micro_batch_size: 2, global_batch_size: " << 8 * dp
+                      << ", train_iters: 4, precision: " << precision << ", device: " << device
+                      << ", cpu_threads: 1, seed: 1234}\n"
+                      << "optimizer: {lr: 3.0e-3, lr_warmup_iters: 1}\n"
+                      << "data: {path: " << data << ", split: [1, 0, 0], eval_iters: 0}\n";
+  Config cfg = load_config(path);
+  resolve_parallel(cfg, tp * pp * dp);
+  return cfg;
+}
+
+// Each iteration's loss and gradient norm as one rank saw them.
+struct StepLog {
+  std::vector<double> loss, grad_norm;
+};
+
+inline StepLog train_steps(Trainer& t, int64_t iters) {
+  StepLog log;
+  for (int64_t k = 1; k <= iters; ++k) {
+    const Trainer::StepResult r = t.train_step(k);
+    log.loss.push_back(r.lm_loss);
+    log.grad_norm.push_back(r.grad_norm);
+  }
+  return log;
+}
+
+// One rank, as `tptrain --config` without mpirun (training.device decides the backend).
+inline StepLog train_one_rank(const Config& cfg) {
+  spdlog::set_level(spdlog::level::warn);
+  Grid grid = make_grid(1, 1, 1);
+  Trainer t(cfg, grid);
+  return train_steps(t, cfg.training.train_iters);
+}
+
+// Threads as the ranks of cfg's layout; every rank's log (world rank order). cuda_device >= 0: every
+// rank trains on that GPU with its own stream and device groups.
+inline std::vector<StepLog> train_thread_ranks(const Config& cfg, int cuda_device = -1) {
+  spdlog::set_level(spdlog::level::warn);
+  const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size,
+            dp = cfg.parallel.data_parallel_size;
+  std::vector<StepLog> logs(size_t(tp * pp * dp));
+  run_thread_ranks(tp, pp, dp, cuda_device >= 0, [&](Grid& grid) {
+    if (cuda_device >= 0) {
+      grid.cuda_device = cuda_device;
+#ifdef TPTRAIN_HAVE_CUDA
+      cuda_set_device(cuda_device);
+#endif
+    }
+    Trainer t(cfg, grid);
+    logs[size_t(grid.world_rank)] = train_steps(t, cfg.training.train_iters);
+  });
+  return logs;
+}
+
+}  // namespace tpt::test

@@ -1,0 +1,46 @@
+// The 3D GPU path on one GPU: the real trainer in TP 2 x PP 2 x DP 2 with 8 threads as the ranks
+// (parallel/thread_comm.h), each with its own CUDA stream and CudaOps on GPU 0 and device groups
+// that carry device buffers -- the TP sums in their 16-bit wire format, the packed pipeline
+// messages, the DP buckets started from the backward hooks, the embedding group -- against the
+// one-rank GPU run and the one-rank CPU run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/common/thread_ranks.h"
+
+namespace tpt {
+namespace {
+
+class GpuThreadRanks : public ::testing::TestWithParam<const char*> {};
+
+// fp32: 1e-4 relative (summation orders of GPU and CPU, as GpuModel.Fp32TrainingMatchesCpu);
+// bf16: 2e-2 (the mixed-precision tolerance of the precision tests).
+TEST_P(GpuThreadRanks, TP2xPP2xDP2OnOneGpuMatchesOneRank) {
+  const std::string precision = GetParam();
+  const std::string dir = ::testing::TempDir() + "/gpu_thread_ranks_" + precision;
+  const std::string data = test::write_random_dataset(dir, 101);
+  Config one = test::thread_test_config(dir, data, precision, 1, 1, 1, "cuda");
+  one.training.global_batch_size = 16;  // the 3D run's global batch (8 per DP rank)
+  const test::StepLog gpu_one = test::train_one_rank(one);
+  one.training.device = "cpu";
+  const test::StepLog cpu_one = test::train_one_rank(one);
+  const Config cfg = test::thread_test_config(dir, data, precision, 2, 2, 2, "cuda");
+  const std::vector<test::StepLog> logs = test::train_thread_ranks(cfg, 0);
+  const double tol = precision == "fp32" ? 1e-4 : 2e-2;
+  for (size_t r = 0; r < logs.size(); ++r)
+    for (size_t k = 0; k < gpu_one.loss.size(); ++k) {
+      EXPECT_NEAR(logs[r].loss[k], gpu_one.loss[k], tol * std::abs(gpu_one.loss[k]))
+          << "rank " << r << " iteration " << k + 1 << " vs one GPU rank";
+      EXPECT_NEAR(logs[r].loss[k], cpu_one.loss[k], tol * std::abs(cpu_one.loss[k]))
+          << "rank " << r << " iteration " << k + 1 << " vs one CPU rank";
+      EXPECT_NEAR(logs[r].grad_norm[k], cpu_one.grad_norm[k], 10 * tol * cpu_one.grad_norm[k])
+          << "rank " << r << " iteration " << k + 1 << " gradient norm vs one CPU rank";
+      EXPECT_EQ(logs[r].loss[k], logs[0].loss[k]) << "every rank reports the same loss";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, GpuThreadRanks, ::testing::Values("fp32", "bf16"));
+
+}  // namespace
+}  // namespace tpt
