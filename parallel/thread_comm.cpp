@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -124,6 +125,13 @@ class ThreadComm final : public Comm {
     }
   }
   void barrier() override { g_->arrive(); }
+  // Deferred to finish_all_reduces: the sum reads the bucket as late as an asynchronous one may, so
+  // a bucket written after its start gives a wrong sum (what a race checker looks for).
+  void start_all_reduce(float* buf, int64_t n) override { pending_.push_back({buf, n}); }
+  void finish_all_reduces() override {
+    for (auto [buf, n] : pending_) all_reduce(buf, n, ReduceOp::Sum);
+    pending_.clear();
+  }
 
  private:
   template <class T>
@@ -149,6 +157,7 @@ class ThreadComm final : public Comm {
 
   std::shared_ptr<Group> g_;
   int rank_;
+  std::vector<std::pair<float*, int64_t>> pending_;  // started all-reduces
 };
 
 #ifdef TPTRAIN_HAVE_CUDA
@@ -167,7 +176,7 @@ class StagedDeviceComm final : public Comm {
     to_device(out, h_out);
   }
   void reduce_scatter(float* out, const float* in, int64_t n) override {
-    std::vector<float> h_in = to_host(in, size() * n), h_out(size_t(n));
+    std::vector<float> h_in = to_host(in, size() * n), h_out(static_cast<size_t>(n));
     host_->reduce_scatter(h_out.data(), h_in.data(), n);
     to_device(out, h_out);
   }
@@ -185,6 +194,12 @@ class StagedDeviceComm final : public Comm {
   void barrier() override {
     cuda::stream_wait(cuda::compute_stream());
     host_->barrier();
+  }
+  // Deferred, as ThreadComm's: the bucket is read at finish_all_reduces, in stream order there.
+  void start_all_reduce(float* buf, int64_t n) override { pending_.push_back({buf, n}); }
+  void finish_all_reduces() override {
+    for (auto [buf, n] : pending_) all_reduce(buf, n, ReduceOp::Sum);
+    pending_.clear();
   }
 
  private:
@@ -212,6 +227,7 @@ class StagedDeviceComm final : public Comm {
   }
 
   std::unique_ptr<Comm> host_;
+  std::vector<std::pair<float*, int64_t>> pending_;
 };
 #endif
 

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/trainer.h"
@@ -20,6 +22,7 @@
 #include "parallel/thread_comm.h"
 #ifdef TPTRAIN_HAVE_CUDA
 #include "core/cuda/cuda_ops.h"
+#include "core/cuda/cuda_util.h"
 #endif
 
 namespace tpt::test {
@@ -62,6 +65,67 @@ inline Config thread_test_config(const std::string& dir, const std::string& data
   return cfg;
 }
 
+#ifdef TPTRAIN_HAVE_CUDA
+// n floats of device memory to the host, after the work queued on this thread's compute stream.
+inline void cuda_read_on_compute_stream(float* host, const float* dev, int64_t n) {
+  const cudaStream_t s = cuda::compute_stream();
+  TPT_CUDA_CHECK(cudaMemcpyAsync(host, dev, size_t(n) * sizeof(float), cudaMemcpyDefault, s));
+  cuda::stream_wait(s);
+}
+#endif
+
+// The bucket-race checker: wraps a DP group of two ranks. At each start_all_reduce it snapshots the
+// bucket (as the sum must see it); after finish_all_reduces it reads the bucket again, which must
+// equal the two ranks' snapshots summed (exact: two floats add commutatively) -- a bucket written
+// inside its reduction window (backward still writing a started bucket) breaks that. `read` copies
+// n floats of a bucket to the host (after the work queued before it); `peers` is a host group of
+// the same two ranks for the snapshots.
+class BucketRaceChecker final : public Comm {
+ public:
+  using Reader = std::function<void(float* host, const float* bucket, int64_t n)>;
+  BucketRaceChecker(Comm& inner, Comm& peers, Reader read) : in_(inner), peers_(peers), read_(std::move(read)) {}
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  void all_reduce(float* b, int64_t n, ReduceOp op) override { in_.all_reduce(b, n, op); }
+  void all_reduce(double* b, int64_t n, ReduceOp op) override { in_.all_reduce(b, n, op); }
+  void all_gather(float* o, const float* i, int64_t n) override { in_.all_gather(o, i, n); }
+  void reduce_scatter(float* o, const float* i, int64_t n) override { in_.reduce_scatter(o, i, n); }
+  void broadcast(float* b, int64_t n, int root) override { in_.broadcast(b, n, root); }
+  void send_recv(const float* s, int64_t sn, int sp, float* r, int64_t rn, int rp) override {
+    in_.send_recv(s, sn, sp, r, rn, rp);
+  }
+  void barrier() override { in_.barrier(); }
+  void start_all_reduce(float* buf, int64_t n) override {
+    std::vector<float> snap(static_cast<size_t>(n));
+    read_(snap.data(), buf, n);
+    started_.push_back({buf, std::move(snap)});
+    in_.start_all_reduce(buf, n);
+  }
+  void finish_all_reduces() override {
+    in_.finish_all_reduces();
+    for (auto& [buf, want] : started_) {
+      const int64_t n = int64_t(want.size());
+      peers_.all_reduce(want.data(), n, ReduceOp::Sum);
+      std::vector<float> got(want.size(), 0.0f);
+      read_(got.data(), buf, n);
+      ++buckets;
+      for (int64_t i = 0; i < n; ++i)
+        if (got[size_t(i)] != want[size_t(i)]) {
+          ++raced;
+          break;
+        }
+    }
+    started_.clear();
+  }
+  int buckets = 0, raced = 0;  // buckets checked, and those whose sum differed from their snapshots'
+
+ private:
+  Comm& in_;
+  Comm& peers_;
+  Reader read_;
+  std::vector<std::pair<float*, std::vector<float>>> started_;
+};
+
 // Each iteration's loss and gradient norm as one rank saw them.
 struct StepLog {
   std::vector<double> loss, grad_norm;
@@ -87,11 +151,15 @@ inline StepLog train_one_rank(const Config& cfg) {
 
 // Threads as the ranks of cfg's layout; every rank's log (world rank order). cuda_device >= 0: every
 // rank trains on that GPU with its own stream and device groups.
-inline std::vector<StepLog> train_thread_ranks(const Config& cfg, int cuda_device = -1) {
+// With `race`, every rank's DP group is wrapped in a BucketRaceChecker (DP must be 2) and its counts
+// are added to race[0] (buckets) and race[1] (raced).
+inline std::vector<StepLog> train_thread_ranks(const Config& cfg, int cuda_device = -1, int* race = nullptr) {
   spdlog::set_level(spdlog::level::warn);
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size,
             dp = cfg.parallel.data_parallel_size;
   std::vector<StepLog> logs(size_t(tp * pp * dp));
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Comm>> keep;  // the wrapped device groups (outlive their checkers)
   run_thread_ranks(tp, pp, dp, cuda_device >= 0, [&](Grid& grid) {
     if (cuda_device >= 0) {
       grid.cuda_device = cuda_device;
@@ -99,8 +167,29 @@ inline std::vector<StepLog> train_thread_ranks(const Config& cfg, int cuda_devic
       cuda_set_device(cuda_device);
 #endif
     }
-    Trainer t(cfg, grid);
-    logs[size_t(grid.world_rank)] = train_steps(t, cfg.training.train_iters);
+    BucketRaceChecker* checker = nullptr;
+    if (race) {
+      BucketRaceChecker::Reader read = [](float* h, const float* b, int64_t n) { std::copy_n(b, n, h); };
+#ifdef TPTRAIN_HAVE_CUDA
+      if (cuda_device >= 0) read = [](float* h, const float* b, int64_t n) { cuda_read_on_compute_stream(h, b, n); };
+#endif
+      std::unique_ptr<Comm> inner = std::move(grid.dp_device);
+      Comm& dp = inner ? *inner : *grid.dp_group;
+      auto c = std::make_unique<BucketRaceChecker>(dp, *grid.dp_group, read);
+      checker = c.get();
+      grid.dp_device = std::move(c);
+      std::lock_guard<std::mutex> lock(mutex);
+      keep.push_back(std::move(inner));
+    }
+    {
+      Trainer t(cfg, grid);
+      logs[size_t(grid.world_rank)] = train_steps(t, cfg.training.train_iters);
+    }
+    if (checker) {
+      std::lock_guard<std::mutex> lock(mutex);
+      race[0] += checker->buckets;
+      race[1] += checker->raced;
+    }
   });
   return logs;
 }

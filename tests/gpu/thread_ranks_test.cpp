@@ -40,6 +40,18 @@ TEST_P(GpuThreadRanks, TP2xPP2xDP2OnOneGpuMatchesOneRank) {
     }
 }
 
+// The DP buckets on one GPU: started from the backward hooks on the compute stream, never written
+// inside their reduction window (the device groups read a bucket at finish, in stream order).
+TEST(GpuThreadRanksRace, DpBucketsAreNotWrittenWhileTheirSumRuns) {
+  const std::string dir = ::testing::TempDir() + "/gpu_thread_ranks_race";
+  const std::string data = test::write_random_dataset(dir, 101);
+  const Config cfg = test::thread_test_config(dir, data, "bf16", 1, 1, 2, "cuda");
+  int race[2] = {0, 0};
+  test::train_thread_ranks(cfg, 0, race);
+  EXPECT_GE(race[0], 2 * 4 * 2) << "buckets checked";
+  EXPECT_EQ(race[1], 0) << "buckets written during their sum";
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, GpuThreadRanks, ::testing::Values("fp32", "bf16"));
 
 }  // namespace

@@ -4,9 +4,11 @@
 // mpirun; the GPU tests run it on one GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "core/error.h"
@@ -133,6 +135,38 @@ TEST_P(ThreadRanksTrainer, TP2xPP2xDP2OnThreadsMatchesOneRank) {
       EXPECT_EQ(logs[r].loss[k], logs[0].loss[k]) << "every rank reports the same loss";
     }
   EXPECT_LT(ref.loss.back(), ref.loss.front()) << "it learns";
+}
+
+// The DP buckets, started from the backward hooks while backward goes on, are never written inside
+// their reduction window (the thread groups read a bucket at finish, as late as an asynchronous sum
+// may): each bucket's sum equals the sum of its snapshots at start.
+TEST(ThreadRanks, DpBucketsAreNotWrittenWhileTheirSumRuns) {
+  const std::string dir = ::testing::TempDir() + "/thread_ranks_race";
+  const std::string data = test::write_random_dataset(dir, 101);
+  Config cfg = test::thread_test_config(dir, data, "fp32", 1, 1, 2, "cpu");
+  int race[2] = {0, 0};
+  test::train_thread_ranks(cfg, -1, race);
+  EXPECT_GE(race[0], 2 * 4 * 2) << "buckets checked (2 ranks x 4 iterations x >= 2 buckets)";
+  EXPECT_EQ(race[1], 0) << "buckets written during their sum";
+}
+
+// The checker itself: a bucket written between start and finish is caught.
+TEST(ThreadRanks, TheRaceCheckerCatchesAWriteInsideTheWindow) {
+  int raced = 0;
+  std::mutex m;
+  run_thread_ranks(1, 1, 2, false, [&](Grid& g) {
+    test::BucketRaceChecker c(*g.dp_group, *g.dp_group, [](float* h, const float* b, int64_t n) { std::copy_n(b, n, h); });
+    std::vector<float> a(10, 1.0f), b(10, 2.0f);
+    c.start_all_reduce(a.data(), 10);
+    c.start_all_reduce(b.data(), 10);
+    if (g.dp_rank == 1) b[3] = 5.0f;  // inside b's window
+    c.finish_all_reduces();
+    EXPECT_EQ(a[0], 2.0f);
+    EXPECT_EQ(c.buckets, 2);
+    std::lock_guard<std::mutex> lock(m);
+    raced += c.raced;
+  });
+  EXPECT_EQ(raced, 2) << "both ranks see b's sum differ from its snapshots'";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ThreadRanksTrainer, ::testing::Values("fp32", "bf16"));
