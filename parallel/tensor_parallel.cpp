@@ -1,7 +1,5 @@
 #include "parallel/tensor_parallel.h"
 
-#include <cstring>
-
 #include "core/error.h"
 
 namespace tpt {
@@ -28,19 +26,17 @@ void tp_sum(Comm& tp, Buf x, int64_t n, const TPWire* wire) {
   ops.sum_parts(x, parts, tp.size(), n);
 }
 
-void gather_from_tp_region_forward(Comm& tp, float* full, const float* local, float* scratch,
+void gather_from_tp_region_forward(Ops& ops, Comm& tp, float* full, const float* local, float* scratch,
                                    int64_t N, int64_t Ol) {
   const int T = tp.size();
   tp.all_gather(scratch, local, N * Ol);  // (T, N, Ol)
   for (int r = 0; r < T; ++r)
-    for (int64_t n = 0; n < N; ++n)
-      std::memcpy(full + n * Ol * T + r * Ol, scratch + (int64_t(r) * N + n) * Ol, Ol * sizeof(float));
+    for (int64_t n = 0; n < N; ++n) ops.copy(full + n * Ol * T + r * Ol, scratch + (int64_t(r) * N + n) * Ol, Ol);
 }
 
-void gather_from_tp_region_backward(Comm& tp, float* dlocal, const float* dfull, int64_t N, int64_t Ol) {
+void gather_from_tp_region_backward(Ops& ops, Comm& tp, float* dlocal, const float* dfull, int64_t N, int64_t Ol) {
   const int T = tp.size(), r = tp.rank();
-  for (int64_t n = 0; n < N; ++n)
-    std::memcpy(dlocal + n * Ol, dfull + n * Ol * T + r * Ol, Ol * sizeof(float));
+  for (int64_t n = 0; n < N; ++n) ops.copy(dlocal + n * Ol, dfull + n * Ol * T + r * Ol, Ol);
 }
 
 }  // namespace tpt

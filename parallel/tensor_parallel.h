@@ -34,10 +34,10 @@ inline void reduce_from_tp_region_forward(Comm& tp, Buf x, int64_t n, const TPWi
 }
 
 // Column-parallel gather_output: local (N, Ol) on each rank -> full (N, Ol * tp), columns in rank
-// order. scratch holds tp * N * Ol floats.
-void gather_from_tp_region_forward(Comm& tp, float* full, const float* local, float* scratch,
+// order. scratch holds tp * N * Ol floats. Buffers of `ops` (host or device: rows move by Ops::copy).
+void gather_from_tp_region_forward(Ops& ops, Comm& tp, float* full, const float* local, float* scratch,
                                    int64_t N, int64_t Ol);
 // Its backward: this rank's columns of dfull (N, Ol * tp) -> dlocal (N, Ol).
-void gather_from_tp_region_backward(Comm& tp, float* dlocal, const float* dfull, int64_t N, int64_t Ol);
+void gather_from_tp_region_backward(Ops& ops, Comm& tp, float* dlocal, const float* dfull, int64_t N, int64_t Ol);
 
 }  // namespace tpt

@@ -93,9 +93,9 @@ TEST(MpiTensorParallel, ColumnParallelLinear) {
       VecF dyl(N * Ol);
       if (gather) {
         VecF full(N * O, -1.0f), scratch(N * O);
-        gather_from_tp_region_forward(c, full.data(), yl.data(), scratch.data(), N, Ol);
+        gather_from_tp_region_forward(cpu(), c, full.data(), yl.data(), scratch.data(), N, Ol);
         expect_close(full, y, 1e-5, "gathered output");
-        gather_from_tp_region_backward(c, dyl.data(), dy.data(), N, Ol);
+        gather_from_tp_region_backward(cpu(), c, dyl.data(), dy.data(), N, Ol);
         EXPECT_EQ(dyl, columns(dy, N, O, r * Ol, Ol)) << "split backward";
       } else {
         expect_close(yl, columns(y, N, O, r * Ol, Ol), 1e-5, "local output columns");
