@@ -28,6 +28,11 @@ Usage:
                    [--seed S] [--vocab-file vocab.json --merge-file merges.txt]
                                                                text from a checkpoint of any layout (one
                                                                process, KV cache; temperature 0 = greedy)
+  tptrain data --config FILE [--set section.key=value]... --samples A:B [--json] [--split train|valid|test]
+               [--vocab-file vocab.json --merge-file merges.txt]
+                                                               the global samples training reads: blend
+                                                               component, its sample, documents spanned,
+                                                               start of the text (one process, no MPI)
   tptrain --help | --version
 
 Config: YAML with sections model, parallel, training, optimizer, data, checkpoint, logging

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       if (cmd == "export") return export_main(argc - 1, argv + 1);
       if (cmd == "plan") return plan_main(argc - 1, argv + 1);
       if (cmd == "generate") return generate_main(argc - 1, argv + 1);
+      if (cmd == "data") return data_main(argc - 1, argv + 1);
       if (cmd.rfind("-", 0) != 0)
         input_error("unknown command '" + cmd + "' (try: tptrain --help)");
     }

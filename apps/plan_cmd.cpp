@@ -12,6 +12,7 @@
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "data/run_data.h"
 #include "model/memory.h"
 
 namespace tpt {
@@ -252,8 +253,27 @@ int plan_main(int argc, char** argv) {
   Config cfg = load_config(args.config_path, args.overrides);
   Plan plan = make_plan(cfg, args.options);
   resolve_parallel(cfg, plan.world_size);  // for the batch sizes the report prints
-  if (args.json) std::printf("%s\n", to_json(plan, cfg).dump(2).c_str());
-  else print_report(plan, cfg, args.config_path);
+  // the data (each blend component's documents, tokens, epochs covered by train_iters) when it can
+  // be read here; the plan itself needs no data
+  nlohmann::json data_json;
+  std::vector<std::string> data_lines;
+  try {
+    const RunData data = open_run_data(cfg);
+    data_json = run_data_json(data, cfg);
+    data_lines = describe_run_data(data, cfg);
+  } catch (const InputError& e) {
+    data_json = {{"error", e.what()}};
+    data_lines = {std::string("not read here (") + e.what() + ")"};
+  }
+  if (args.json) {
+    nlohmann::json j = to_json(plan, cfg);
+    j["data"] = data_json;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    print_report(plan, cfg, args.config_path);
+    std::printf("\n");
+    for (const std::string& line : data_lines) std::printf("data: %s\n", line.c_str());
+  }
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/doc_masks.h"
 #include "model/hf_gpt2.h"
 #include "model/memory.h"  // plan: the memory line below
 #include "parallel/pipeline.h"
@@ -95,35 +96,25 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
 
   check_memory(cfg, grid);  // the plan against what this rank has, before any allocation
 
-  // data
-  corpus_ = open_corpus(cfg.data.path, cfg.model.vocab_size);
-  auto splits = split_documents(corpus_->num_documents(), cfg.data.split);
-  train_data_ = std::make_unique<GPTDataset>(corpus_, splits[0], cfg.model.seq_length, cfg.data.shuffle,
-                                             cfg.training.seed);
-  if (train_data_->num_samples() < 1)
-    input_error(cfg.data.path + ": the train split has " + std::to_string(train_data_->num_tokens()) +
-                " tokens, fewer than one sample of seq_length + 1 = " +
-                std::to_string(cfg.model.seq_length + 1));
-  if (!cfg.data.valid_path.empty()) {
-    valid_corpus_ = open_corpus(cfg.data.valid_path, cfg.model.vocab_size);
-    valid_data_ = std::make_unique<GPTDataset>(valid_corpus_, DocRange{0, valid_corpus_->num_documents()},
-                                               cfg.model.seq_length, false, cfg.training.seed);
-  } else if (splits[1].end > splits[1].begin) {
-    valid_data_ = std::make_unique<GPTDataset>(corpus_, splits[1], cfg.model.seq_length, false, cfg.training.seed);
-  }
-  if (valid_data_ && valid_data_->num_samples() < 1) valid_data_.reset();
+  // data: one path or a blend (data/run_data.h), the same code tptrain data and tptrain plan use
+  data_ = open_run_data(cfg);
+  train_data_ = data_.train.get();
+  valid_data_ = data_.valid.get();
   if (rank0) {
-    spdlog::info("data: {}", corpus_->description());
-    spdlog::info("data: train split {} documents, {} tokens, {} samples of {} tokens", splits[0].end - splits[0].begin,
-                 train_data_->num_tokens(), train_data_->num_samples(), cfg.model.seq_length);
-    const int64_t samples = cfg.training.train_iters * cfg.training.global_batch_size;
-    spdlog::info("data: {} iterations x {} samples = {} samples of the train split's {}: {:.2f} epochs",
-                 cfg.training.train_iters, cfg.training.global_batch_size, samples, train_data_->num_samples(),
-                 double(samples) / double(train_data_->num_samples()));
-    if (valid_data_)
-      spdlog::info("data: validation {} tokens, {} samples", valid_data_->num_tokens(), valid_data_->num_samples());
-    else if (cfg.data.eval_iters > 0)
-      spdlog::warn("WARNING: no validation data (empty valid split and no data.valid_path): evaluation is skipped");
+    for (const std::string& line : describe_run_data(data_, cfg)) spdlog::info("data: {}", line);
+    if (valid_data_) {
+      int64_t tokens = 0, samples = 0;
+      for (int i = 0; i < valid_data_->num_components(); ++i)
+        tokens += valid_data_->component(i).num_tokens(), samples += valid_data_->component(i).num_samples();
+      spdlog::info("data: validation {} tokens, {} samples{}", tokens, samples,
+                   valid_data_->num_components() > 1 ? " (blended as the train split)" : "");
+    } else if (cfg.data.eval_iters > 0) {
+      spdlog::warn("WARNING: no validation data ({}): evaluation is skipped", data_.valid_missing);
+    }
+    if (cfg.data.eod_mask_loss || cfg.data.reset_position_ids)
+      spdlog::info("data: end of document = token {}{}{}", cfg.data.eod_token_id,
+                   cfg.data.eod_mask_loss ? "; eod_mask_loss: positions whose input is it do not count in the loss" : "",
+                   cfg.data.reset_position_ids ? "; reset_position_ids: positions restart after it" : "");
   }
 
   // model
@@ -166,6 +157,14 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   targets_.resize(n);
   dev_tokens_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
   dev_targets_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
+  if (cfg.data.reset_position_ids) {
+    positions_.resize(n);
+    dev_positions_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
+  }
+  if (cfg.data.eod_mask_loss) {
+    loss_weights_.resize(n);
+    dev_loss_weights_ = ops_->alloc(n);
+  }
 
   trace_ = std::make_unique<TraceRecorder>(cfg.logging.trace_file, grid.world_rank, grid.tp_rank, grid.pp_rank,
                                            grid.dp_rank);
@@ -213,13 +212,15 @@ Trainer::~Trainer() {
     ops_->free(grads_);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
     ops_->free(reinterpret_cast<float*>(dev_targets_));
+    if (dev_positions_) ops_->free(reinterpret_cast<float*>(dev_positions_));
+    if (dev_loss_weights_) ops_->free(dev_loss_weights_);
     for (Buf b : act_in_) ops_->free(b.p);
     for (Buf b : grad_in_) ops_->free(b.p);
     if (params_compute_.p != params_) ops_->free(params_compute_.p);
   }
 }
 
-void Trainer::load_microbatch(const GPTDataset& ds, int64_t base, int m) {
+void Trainer::load_microbatch(const BlendedDataset& ds, int64_t base, int m) {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
   // Megatron's order: micro-batch m of a global batch is B * DP consecutive samples, this DP rank's B.
   std::vector<int32_t> sample(size_t(S + 1));
@@ -228,19 +229,42 @@ void Trainer::load_microbatch(const GPTDataset& ds, int64_t base, int m) {
     ds.get(pos, sample.data());
     std::copy(sample.begin(), sample.end() - 1, tokens_.begin() + b * S);
     std::copy(sample.begin() + 1, sample.end(), targets_.begin() + b * S);
+    const int32_t eod = int32_t(cfg_.data.eod_token_id);
+    if (dev_positions_) document_positions(sample.data(), S, eod, positions_.data() + b * S);
+    if (dev_loss_weights_) eod_loss_mask(sample.data(), S, eod, loss_weights_.data() + b * S);
   }
   ops_->to_device(reinterpret_cast<float*>(dev_tokens_), tokens_.data(), int64_t(tokens_.size()));
   ops_->to_device(reinterpret_cast<float*>(dev_targets_), targets_.data(), int64_t(targets_.size()));
+  if (dev_positions_)
+    ops_->to_device(reinterpret_cast<float*>(dev_positions_), positions_.data(), int64_t(positions_.size()));
+  if (dev_loss_weights_) ops_->to_device(dev_loss_weights_, loss_weights_.data(), int64_t(loss_weights_.size()));
+}
+
+int64_t Trainer::counted_tokens(const BlendedDataset& ds, int64_t base) const {
+  const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
+  if (!cfg_.data.eod_mask_loss) return G * S;
+  std::vector<int32_t> sample(size_t(S + 1));
+  std::vector<float> w(static_cast<size_t>(S));
+  int64_t counted = 0;
+  for (int64_t i = 0; i < G; ++i) {
+    ds.get(base + i, sample.data());
+    counted += eod_loss_mask(sample.data(), S, int32_t(cfg_.data.eod_token_id), w.data());
+  }
+  return counted;
 }
 
 // Forward (and backward) of every micro-batch of this rank's share of the global batch starting at
 // position `base`, driven by this stage's pipeline schedule. Returns the sum of token losses
 // (non-zero on the last stage only).
-double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_grad) {
+double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool want_grad) {
+  // d(mean loss over the global batch's counted tokens) / d(token loss), times DP: DP averaging
+  // divides by DP later. Without eod_mask_loss every one of the G * S tokens counts (= 1 / (B*S*M)
+  // per rank). fp16: times the loss scale (gradients are unscaled after the reduction).
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
-  // d(mean loss over this rank's B*S*M tokens) / d(token loss); DP averaging divides by DP later.
-  // fp16: times the loss scale (gradients are unscaled after the reduction).
-  const float dloss = float(scaler_.scale / double(B * S * num_micro_));
+  batch_counted_ = counted_tokens(ds, base);
+  const float dloss = cfg_.data.eod_mask_loss
+                          ? float(scaler_.scale * double(grid_.dp) / double(std::max<int64_t>(batch_counted_, 1)))
+                          : float(scaler_.scale / double(B * S * num_micro_));
   const auto& actions = want_grad ? train_schedule_ : eval_schedule_;
   const int slots = int(act_in_.size());
   double loss_sum = 0;
@@ -249,8 +273,8 @@ double Trainer::forward_backward(int64_t base, const GPTDataset& ds, bool want_g
   h.forward = [&](int mb) {
     const int slot = mb % slots;
     if (grid_.first_stage() || grid_.last_stage()) load_microbatch(ds, base, mb);
-    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? CBuf{} : CBuf(act_in_[size_t(slot)]));
-    if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad);
+    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? CBuf{} : CBuf(act_in_[size_t(slot)]), dev_positions_);
+    if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad, dev_loss_weights_);
   };
   h.backward = [&](int mb) {
     if (fault_in_step_ && mb == num_micro_ - 1)
@@ -300,7 +324,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   grid_.dp_group->all_reduce(&dp_loss, 1, ReduceOp::Sum);
   double nonfinite = ops_->has_nonfinite(grads_, layout_.total) ? 1.0 : 0.0;
   grid_.world->all_reduce(&nonfinite, 1, ReduceOp::Max);
-  r.lm_loss = dp_loss / double(G * cfg_.model.seq_length);
+  r.lm_loss = dp_loss / double(std::max<int64_t>(batch_counted_, 1));  // G * S without eod_mask_loss
   r.grad_norm = std::sqrt(stats[1]);
   if (dtype_ == DType::F16) {
     r.skipped = nonfinite > 0;
@@ -326,13 +350,15 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
 double Trainer::evaluate() {
   const int64_t G = cfg_.training.global_batch_size;
   double sum = 0;
+  int64_t counted = 0;  // eval_iters * G * S without eod_mask_loss
   for (int64_t i = 0; i < cfg_.data.eval_iters; ++i) {
     double s = forward_backward(i * G, *valid_data_, false);
     double v = grid_.last_stage() && grid_.tp_rank == 0 ? s : 0.0;
     grid_.world->all_reduce(&v, 1, ReduceOp::Sum);
     sum += v;
+    counted += batch_counted_;
   }
-  return sum / double(cfg_.data.eval_iters * G * cfg_.model.seq_length);
+  return sum / double(std::max<int64_t>(counted, 1));
 }
 
 void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,

@@ -12,6 +12,7 @@
 #include "core/op_profile.h"
 #include "core/ops.h"
 #include "data/dataset.h"
+#include "data/run_data.h"
 #include "model/gpt.h"
 #include "apps/trace.h"
 #include "model/optimizer.h"
@@ -46,8 +47,11 @@ class Trainer {
  private:
   // Loads micro-batch m of global positions starting at `base` for this DP rank: tokens (B, S)
   // and targets (B, S) into the host buffers.
-  void load_microbatch(const GPTDataset& ds, int64_t base, int m);
-  double forward_backward(int64_t base, const GPTDataset& ds, bool want_grad);
+  void load_microbatch(const BlendedDataset& ds, int64_t base, int m);
+  double forward_backward(int64_t base, const BlendedDataset& ds, bool want_grad);
+  // data.eod_mask_loss: target tokens of the global batch at `base` that count in the loss (on
+  // every DP rank alike, so the mean is over the whole batch whatever the layout); else G * S.
+  int64_t counted_tokens(const BlendedDataset& ds, int64_t base) const;
   // Mixed precision: the compute copy of the parameters = master rounded to the compute dtype.
   void refresh_compute_params();
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
@@ -78,10 +82,17 @@ class Trainer {
   std::unique_ptr<GPTStage> stage_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums
-  std::shared_ptr<const TokenCorpus> corpus_, valid_corpus_;
-  std::unique_ptr<GPTDataset> train_data_, valid_data_;
+  RunData data_;  // data.path (one path or a blend), data.valid_path
+  const BlendedDataset* train_data_ = nullptr;
+  const BlendedDataset* valid_data_ = nullptr;  // null: no validation
   std::vector<int32_t> tokens_, targets_;  // host (B, S)
   int32_t *dev_tokens_ = nullptr, *dev_targets_ = nullptr;
+  // data.reset_position_ids / data.eod_mask_loss: positions (B, S) and loss weights (B, S)
+  std::vector<int32_t> positions_;
+  std::vector<float> loss_weights_;
+  int32_t* dev_positions_ = nullptr;
+  float* dev_loss_weights_ = nullptr;
+  int64_t batch_counted_ = 0;  // counted_tokens() of the last forward_backward's global batch
   int num_micro_ = 1;
   std::vector<Action> train_schedule_, eval_schedule_;
   // per activation slot: received activations / gradients, in the compute dtype (the pipeline's

@@ -98,7 +98,9 @@ void Trainer::save_checkpoint() {
       // Every random number is a pure function of (seed, name, index): the seed is the whole state.
       {"rng", {{"seed", cfg_.training.seed}}},
       {"sampler", {{"consumed_samples", n * G}, {"global_batch_size", G}, {"shuffle", cfg_.data.shuffle},
-                   {"seed", cfg_.training.seed}}}};
+                   {"seed", cfg_.training.seed},
+                   // data/run_data.h: the blend's per-component counts at this position (a shortcut on resume)
+                   {"blend", blend_state_json(*data_.train, n * G)}}}};
   const uint64_t bytes = writer.commit(std::move(meta), cfg_.checkpoint.keep_last);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (grid_.world_rank == 0)
@@ -142,6 +144,16 @@ bool Trainer::load_checkpoint() {
   }
   refresh_compute_params();  // bf16 / fp16: the compute copy of the loaded fp32 master weights
   iteration_ = reader->iteration();
+  {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match
+    const nlohmann::json sampler = reader->meta().value("sampler", nlohmann::json::object());
+    std::string note;
+    const int64_t position = iteration_ * cfg_.training.global_batch_size;
+    const nlohmann::json state = sampler.is_object() ? sampler.value("blend", nlohmann::json()) : nlohmann::json();
+    const bool seeded = resume_blend(*data_.train, state, position, note);
+    if (rank0 && data_.train->num_components() > 1)
+      spdlog::info("data: blend resumes at sample {}{}", position,
+                   seeded ? " from the checkpoint's per-component counts" : " (" + note + "; replayed from sample 0)");
+  }
   // (copies: a const operator[] on a missing key is undefined behaviour in nlohmann::json)
   const nlohmann::json ls = reader->meta().value("loss_scaler", nlohmann::json());
   if (dtype_ == DType::F16 && ls.is_object()) {

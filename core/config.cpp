@@ -24,8 +24,8 @@
 namespace tpt {
 namespace {
 
-using FieldRef =
-    std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*>;
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
+                              DataPath*>;
 
 enum class Presence {
   kDefault,   // has a default value; null is a type error
@@ -99,6 +99,10 @@ const std::vector<Field>& fields() {
       TPT_FIELD(optimizer, clip_grad),
       TPT_FIELD(optimizer, initial_loss_scale),
       TPT_FIELD(data, path, kReq),
+      TPT_FIELD(data, eod_mask_loss),
+      TPT_FIELD(data, reset_position_ids),
+      TPT_FIELD(data, reset_attention_mask),
+      TPT_FIELD(data, eod_token_id),
       TPT_FIELD(data, shuffle),
       TPT_FIELD(data, split),
       TPT_FIELD(data, valid_path, kNull),
@@ -309,6 +313,34 @@ std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
   return out;
 }
 
+// data.path / data.valid_path: a string, or Megatron's blend [w1, prefix1, w2, prefix2, ...]. Errors
+// name the list item (1-based) and what it should be.
+DataPath parse_data_path(const YAML::Node& v, const std::string& what) {
+  DataPath out;
+  if (v.IsScalar() && v.Scalar().empty()) input_error(what + ": empty path");
+  if (v.IsScalar()) return {{v.Scalar()}, {}};
+  if (!v.IsSequence()) input_error(what + ": expected a path or a blend [weight, path, ...], got " + describe(v));
+  const size_t n = v.size();
+  const std::string form = " (a blend is Megatron's list [weight1, prefix1, weight2, prefix2, ...])";
+  if (n == 0 || n / 2 > 32767) input_error(what + (n ? ": more than 32767 components" : ": empty blend") + form);
+  if (n % 2 != 0)
+    input_error(what + ": the blend has " + std::to_string(n) + " items, an odd number: item " + std::to_string(n) +
+                " (" + describe(v[n - 1]) + ") has no " + (parse_double(v[n - 1]) ? "prefix after it" : "weight") + form);
+  for (size_t i = 0; i < n; i += 2) {
+    const std::string item = "blend item " + std::to_string(i + 1), comp = " (component " + std::to_string(i / 2 + 1) + ")";
+    const auto w = parse_double(v[i]);
+    if (!w) input_error(what + ": " + item + comp + " must be a weight (a number), got " + describe(v[i]) + form);
+    if (!(*w > 0) || !std::isfinite(*w))
+      input_error(what + ": " + item + comp + ": the weight " + v[i].Scalar() + " must be positive and finite");
+    const YAML::Node& pv = v[i + 1];
+    if (!pv.IsScalar() || pv.Scalar().empty() || parse_double(pv))
+      input_error(what + ": blend item " + std::to_string(i + 2) + comp + " must be a path (a prefix), got " +
+                  describe(pv) + form);
+    out.weights.push_back(*w), out.paths.push_back(pv.Scalar());
+  }
+  return out;
+}
+
 // Sets field `f` from YAML value `v`; `where` names the file or the --set that gave it.
 void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const std::string& where) {
   const std::string name = f.name();
@@ -325,6 +357,7 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
         if constexpr (std::is_same_v<T, bool>) bad("a bool (true | false)");
         else if constexpr (std::is_same_v<T, std::string>) bad("a string");
         else if constexpr (std::is_same_v<T, std::vector<double>>) bad("a list of 3 numbers");
+        else if constexpr (std::is_same_v<T, DataPath>) bad("a path or a blend [weight, path, ...]");
         else if constexpr (std::is_same_v<T, double>) bad("a number");
         else bad("an integer");
       }, ref);
@@ -357,6 +390,8 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
         input_error(where + ": " + name + ": unknown value '" + v.Scalar() +
                     "' (allowed: " + join(f.choices, " | ") + ")");
       *p = v.Scalar();
+    } else if constexpr (std::is_same_v<T, DataPath>) {
+      *p = parse_data_path(v, where + ": " + name);
     } else {
       auto x = parse_split(v);
       if (!x) bad("a list of 3 numbers (train, valid, test)");
@@ -401,11 +436,15 @@ void validate(Config& c, const Ctx& ctx) {
     const FieldRef ref = cref(f, c);
     if (auto* str = std::get_if<std::string*>(&ref))
       if (!valid_utf8(**str)) ctx.fail(name, "is not valid UTF-8 text");
+    if (auto* dp = std::get_if<DataPath*>(&ref))
+      for (const std::string& path : (*dp)->paths) if (!valid_utf8(path)) ctx.fail(name, "is not valid UTF-8 text");
     // Every integer size/count/interval is >= 1 when given, except these two counts.
     bool is_int = std::holds_alternative<int*>(cref(f, c)) || std::holds_alternative<int64_t*>(cref(f, c));
     if (!is_int) continue;
     int64_t x = as_int(cref(f, c));
-    if (name == "data.eval_iters" || name == "optimizer.lr_warmup_iters") {
+    if (name == "data.eod_token_id") {
+      if (ctx.given(name) && x < 0) ctx.fail(name, "must be >= 0, got " + std::to_string(x));
+    } else if (name == "data.eval_iters" || name == "optimizer.lr_warmup_iters") {
       if (x < 0) ctx.fail(name, "must be >= 0, got " + std::to_string(x));
     } else if ((f.presence != Presence::kNullable || ctx.given(name)) && x < 1) {
       ctx.fail(name, "must be >= 1, got " + std::to_string(x) +
@@ -429,6 +468,15 @@ void validate(Config& c, const Ctx& ctx) {
   ModelConfig& m = c.model;
   if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;  // <= 2^22 by the bounds above
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+  if (!ctx.given("data.eod_token_id")) c.data.eod_token_id = m.vocab_size - 1;  // both tokenizers' EOD
+  if (c.data.eod_token_id >= m.vocab_size)
+    ctx.fail("data.eod_token_id", "model.vocab_size", std::to_string(c.data.eod_token_id) +
+                                      " is not below model.vocab_size (" + std::to_string(m.vocab_size) + ")");
+  if (c.data.reset_attention_mask)
+    ctx.fail("data.reset_attention_mask",
+             "is not supported: attention blocked across documents would need a per-sequence document mask "
+             "in both attention paths (our flash kernels, cuDNN's, the CPU's); use data.reset_position_ids "
+             "and data.eod_mask_loss, or set it to false");
   if (c.optimizer.lr_decay_iters == 0) c.optimizer.lr_decay_iters = c.training.train_iters;
 
   auto str = [](double x) {
@@ -609,6 +657,12 @@ std::string value_yaml(const Field& f, const Config& cfg) {
     if (null_value) return "null";
     if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
     else if constexpr (std::is_same_v<T, std::string>) return yaml_string(*p);
+    else if constexpr (std::is_same_v<T, DataPath>) {
+      std::string s = "[";
+      for (size_t i = 0; i < p->paths.size() && p->is_blend(); ++i)
+        s += (i ? ", " : "") + format_double(p->weights[i]) + ", " + yaml_string(p->paths[i]);
+      return p->is_blend() ? s + "]" : yaml_string(p->paths.at(0));
+    }
     else if constexpr (std::is_same_v<T, double>) return format_double(*p);
     else if constexpr (std::is_same_v<T, std::vector<double>>) {
       std::string s = "[";
@@ -622,7 +676,14 @@ nlohmann::json value_json(const Field& f, const Config& cfg) {
   return std::visit([&](auto* p) -> nlohmann::json {
     using T = std::remove_pointer_t<decltype(p)>;
     if (f.presence == Presence::kNullable && *p == T{}) return nullptr;
-    return *p;
+    if constexpr (std::is_same_v<T, DataPath>) {
+      if (!p->is_blend()) return p->paths.at(0);
+      nlohmann::json a = nlohmann::json::array();
+      for (size_t i = 0; i < p->paths.size(); ++i) a.push_back(p->weights[i]), a.push_back(p->paths[i]);
+      return a;
+    } else {
+      return *p;
+    }
   }, cref(f, cfg));
 }
 
@@ -717,6 +778,13 @@ nlohmann::json config_to_json(const Config& cfg) {
   for (std::string_view sec : kSections) j[std::string(sec)] = nlohmann::json::object();
   for (const Field& f : fields()) j[std::string(f.section)][std::string(f.key)] = value_json(f, cfg);
   return j;
+}
+
+std::string DataPath::text() const {
+  if (!is_blend()) return paths.empty() ? "null" : paths[0];
+  std::string s = "[";
+  for (size_t i = 0; i < paths.size(); ++i) s += (i ? ", " : "") + format_double(weights[i]) + ", " + paths[i];
+  return s + "]";
 }
 
 int padded_vocab_size(int vocab_size, int divisible_by, int tp) {

@@ -69,11 +69,27 @@ struct OptimizerConfig {
   double initial_loss_scale = 4294967296.0;
 };
 
+// data.path / data.valid_path: one path (a Megatron prefix, an llm.c .bin shard or a glob of
+// shards), or Megatron's blend [w1, prefix1, w2, prefix2, ...] (weights > 0; they need not sum to 1).
+struct DataPath {
+  std::vector<std::string> paths;  // one per blend component; empty = null
+  std::vector<double> weights;     // as given; empty when the path was given as one string
+  bool empty() const { return paths.empty(); }
+  bool is_blend() const { return !weights.empty(); }
+  std::string text() const;        // "prefix" or "[0.3, a, 0.7, b]", for messages
+  bool operator==(const DataPath&) const = default;
+};
+
 struct DataConfig {
-  std::string path;                     // required: Megatron prefix, or llm.c .bin shard / glob
+  DataPath path;                        // required
+  bool eod_mask_loss = false;           // Megatron's --eod-mask-loss (data/loss_mask.h)
+  bool reset_position_ids = false;      // Megatron's --reset-position-ids
+  bool reset_attention_mask = false;    // Megatron's --reset-attention-mask: not supported (exit 2)
+  int64_t eod_token_id = -1;            // default (-1, resolved): vocab_size - 1, the end of document of
+                                        // both tokenizers (byte-level 256, GPT-2 BPE 50256)
   bool shuffle = true;
   std::vector<double> split = {969, 30, 1};  // train / valid / test weights, by documents
-  std::string valid_path;               // empty = null
+  DataPath valid_path;                  // empty = null
   int64_t eval_interval = 1000;
   int64_t eval_iters = 10;
 };

@@ -213,11 +213,11 @@ class ProfiledOps final : public Ops {
   }
   void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
                       const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                      int64_t valid_vocab, float dloss_scale, bool want_grad) override {
+                      int64_t valid_vocab, float dloss_scale, bool want_grad, const float* row_weight) override {
     timed(want_grad ? "cross-entropy loss + dlogits" : "cross-entropy loss", 0,
           (want_grad ? 2.0 : 0.0) * double(dtype_size(N * Vl, logits.t)), [&] {
             in_.xent_loss_grad(logits, losses, row_max, sum_exp, target_logit, targets, N, Vl, v0, valid_vocab,
-                               dloss_scale, want_grad);
+                               dloss_scale, want_grad, row_weight);
           });
   }
 

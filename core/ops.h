@@ -149,10 +149,13 @@ class Ops {
                                  int64_t v0, int64_t valid_vocab) = 0;
   // Pass 3 (after sum_exp, target_logit reduced): losses (N) = log(sum_exp) + max - target; if
   // want_grad, the logits are overwritten in place by dlogits = (softmax - onehot) * dloss_scale
-  // (0 on padding), the softmax recomputed as exp(l - max) / sum_exp.
+  // (0 on padding), the softmax recomputed as exp(l - max) / sum_exp. row_weight (N), if given,
+  // weighs each row (data.eod_mask_loss): losses[n] = w * loss (exactly 0 where w = 0, whatever the
+  // loss) and dlogits scaled by dloss_scale * w.
   virtual void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
                               const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                              int64_t valid_vocab, float dloss_scale, bool want_grad) = 0;
+                              int64_t valid_vocab, float dloss_scale, bool want_grad,
+                              const float* row_weight = nullptr) = 0;
 
   // ---- norms and the optimizer (fp32)
   // Whether x holds an inf or a nan.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tpt {
@@ -48,6 +49,9 @@ class GPTDataset {
   // The sample at visiting position `position` (0-based), as S + 1 tokens.
   void get(int64_t position, int32_t* tokens) const;
   int64_t sample_index(int64_t position) const;  // which sample a position visits
+  // The documents (numbered as in the corpus) that sample `sample` spans: [first, last].
+  std::pair<int64_t, int64_t> document_span(int64_t sample) const;
+  DocRange documents() const { return docs_; }
 
  private:
   struct PermutationCache;  // permutations of recently visited epochs (thread-safe)

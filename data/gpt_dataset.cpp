@@ -123,6 +123,15 @@ int64_t GPTDataset::sample_index(int64_t position) const {
   return (*permutation(position / num_samples_))[static_cast<size_t>(within)];
 }
 
+std::pair<int64_t, int64_t> GPTDataset::document_span(int64_t sample) const {
+  TPT_CHECK(sample >= 0 && sample < num_samples_);
+  const int64_t first = sample * seq_length_, last = first + seq_length_;  // tokens [first, last]
+  auto doc_of = [&](int64_t token) {  // the last document starting at or before `token` (skips empty ones)
+    return std::upper_bound(doc_start_.begin(), doc_start_.end(), token) - doc_start_.begin() - 1;
+  };
+  return {docs_.begin + doc_of(first), docs_.begin + doc_of(last)};
+}
+
 void GPTDataset::get(int64_t position, int32_t* tokens) const {
   int64_t token = sample_index(position) * seq_length_;  // position in this split's token stream
   int64_t n = static_cast<int64_t>(seq_length_) + 1;

@@ -27,6 +27,8 @@ struct GPTStage::LayerActs {
 struct GPTStage::SlotActs {
   int32_t* tokens = nullptr;   // (B, S) first stage
   int32_t* targets = nullptr;  // (B, S) last stage
+  int32_t* positions = nullptr;    // (B, S) first stage, d.position_ids
+  float* loss_weights = nullptr;   // (B, S) last stage, d.loss_mask
   Buf x_in;                    // (N, C) stage input (embeddings or received hidden)
   std::vector<LayerActs> layers;
   Buf lnf;                                         // last stage (N, C)
@@ -61,6 +63,7 @@ int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r
   const int64_t layers = d.layer_end - d.layer_begin;
   const int64_t per_layer = r == Recompute::Full ? tb(N * d.C, t) : layer_bytes(d, B, t, r == Recompute::None);
   int64_t n = tb(N * d.C, t) + layers * per_layer + fb(2 * N);  // + stage input, tokens, targets
+  n += fb(N) * (int64_t(d.position_ids) + int64_t(d.loss_mask));  // positions, loss weights
   if (d.last_stage()) n += tb(N * d.C, t) + fb(2 * N);         // final LayerNorm
   return n;
 }
@@ -165,6 +168,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     slots_.push_back(a);
     a->tokens = reinterpret_cast<int32_t*>(alloc_f32(N));
     a->targets = reinterpret_cast<int32_t*>(alloc_f32(N));
+    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(alloc_f32(N));
+    if (d.loss_mask) a->loss_weights = alloc_f32(N);
     a->x_in = alloc(N * d.C);
     for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
       if (opt_.recompute == Recompute::Full) {  // only the layer's output (= next layer's input) is kept
@@ -252,7 +257,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres) 
   ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, d.C);
 }
 
-void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in) {
+void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S;
   SlotActs& a = *slots_.at(size_t(slot));
@@ -261,7 +266,14 @@ void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in) {
     // vocab-parallel embedding: rows outside this rank's shard give 0, summed over TP (g)
     ops_.embedding_forward(a.x_in, a.tokens, p("wte.weight"), N, d.C, d.v0, d.Vl);
     reduce_from_tp_region_forward(tp_, a.x_in, N * d.C, wire());
-    ops_.add_position_embedding(a.x_in, p("wpe.weight"), B_, d.S, d.C);
+    if (d.position_ids) {  // wpe rows of the given positions: an embedding lookup, then the add
+      TPT_CHECK(positions != nullptr);
+      ops_.copy(reinterpret_cast<float*>(a.positions), reinterpret_cast<const float*>(positions), N);
+      ops_.embedding_forward(tmp_, a.positions, p("wpe.weight"), N, d.C, 0, d.P);
+      ops_.add(a.x_in, a.x_in, tmp_, N * d.C);
+    } else {
+      ops_.add_position_embedding(a.x_in, p("wpe.weight"), B_, d.S, d.C);
+    }
   } else {
     ops_.copy(a.x_in, hidden_in, N * d.C);
   }
@@ -281,13 +293,17 @@ CBuf GPTStage::output(int slot) const {
   return a.layers.empty() ? a.x_in : a.layers.back().x_out;
 }
 
-double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad) {
+double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad, const float* weights) {
   const GPTDims& d = d_;
   TPT_CHECK(d.last_stage());
   const int64_t N = B_ * d.S;
   SlotActs& a = *slots_.at(size_t(slot));
   if (targets != a.targets) ops_.copy(reinterpret_cast<float*>(a.targets), reinterpret_cast<const float*>(targets), N);
   a.dloss_scale = dloss_scale;
+  if (d.loss_mask) {
+    TPT_CHECK(weights != nullptr);
+    if (weights != a.loss_weights) ops_.copy(a.loss_weights, weights, N);
+  }
   // LM head tied to the word embedding, vocab-parallel: logits (N, Vl) of this rank's vocabulary
   // rows, in the compute dtype; the cross-entropy reads them in three passes (fp32 row statistics).
   ops_.linear_forward(logits_, a.lnf, p("wte.weight"), nullptr, N, d.C, d.Vl);
@@ -300,7 +316,7 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   ops_.xent_local_sumexp(sum_exp, logits_, row_max, N, d.Vl, d.v0, d.V);
   if (tp_.size() > 1) tp_.all_reduce(target_logit, 2 * N, ReduceOp::Sum);
   ops_.xent_loss_grad(logits_, losses, row_max, sum_exp, target_logit, a.targets, N, d.Vl, d.v0, d.V, dloss_scale,
-                      want_grad);
+                      want_grad, a.loss_weights);
   logits_slot_ = want_grad ? slot : -1;
   std::vector<float> host(static_cast<size_t>(N));
   ops_.to_host(host.data(), losses, N);
@@ -314,7 +330,7 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
   const int64_t N = B_ * d.S;
   SlotActs& a = *slots_.at(size_t(slot));
   if (d.last_stage()) {
-    if (logits_slot_ != slot) loss(slot, a.targets, a.dloss_scale, true);  // recompute (e.g. GPipe)
+    if (logits_slot_ != slot) loss(slot, a.targets, a.dloss_scale, true, a.loss_weights);  // recompute (e.g. GPipe)
     // LM head backward: d lnf = dlogits @ wte_local, summed over TP (f); d wte += dlogits^T lnf
     ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, a.lnf, p("wte.weight"), N, d.C, d.Vl, false);
     logits_slot_ = -1;
@@ -339,7 +355,8 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
   }
   if (d.first_stage()) {
     ops_.embedding_backward(g("wte.weight"), a.tokens, dres_, N, d.C, d.v0, d.Vl);
-    ops_.position_embedding_backward(g("wpe.weight"), dres_, B_, d.S, d.C);
+    if (d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, N, d.C, 0, d.P);
+    else ops_.position_embedding_backward(g("wpe.weight"), dres_, B_, d.S, d.C);
   }
 }
 

@@ -26,6 +26,8 @@ struct GPTDims {
   int tp = 1, tp_rank = 0, pp = 1, pp_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;     // this stage's layers [begin, end)
   int64_t Hl = 0, Cl = 0, Fl = 0, Vl = 0, v0 = 0;  // local heads, local attention width, local ffn, local vocab rows, first vocab id
+  bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
+  bool loss_mask = false;     // data.eod_mask_loss: per-token loss weights come with the targets
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
 };
@@ -99,14 +101,17 @@ class GPTStage {
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
 
-  // Forward of micro-batch `slot`. First stage: tokens (B, S) on the device; other stages: the
-  // previous stage's output hidden (B, S, C) on the device, in the compute dtype.
-  void forward(int slot, const int32_t* tokens, CBuf hidden_in);
+  // Forward of micro-batch `slot`. First stage: tokens (B, S) on the device, and with
+  // d.position_ids their positions (B, S) (< P) on the device; other stages: the previous stage's
+  // output hidden (B, S, C) on the device, in the compute dtype.
+  void forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions = nullptr);
   // Output of a non-last stage (B, S, C), in the compute dtype.
   CBuf output(int slot) const;
   // Last stage: per-token losses of the slot's forward; if want_grad, also prepares the logits
-  // gradient scaled by dloss_scale (d total_loss / d token_loss). Returns the sum of the losses.
-  double loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad);
+  // gradient scaled by dloss_scale (d total_loss / d token_loss). With d.loss_mask, weights (B, S)
+  // on the device multiply each token's loss and gradient (0: the token does not count). Returns the
+  // sum of the (weighted) losses.
+  double loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad, const float* weights = nullptr);
   // Backward of micro-batch `slot`. Non-last stages get d output (B, S, C). Gradients accumulate
   // into grads. Non-first stages: input_grad() then holds d hidden_in. layer_done(l), if given, is
   // called as soon as transformer layer l (global index) has added its gradients (last layer first):

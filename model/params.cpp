@@ -37,6 +37,8 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.Fl = d.F / tp;
   d.Vl = d.Vp / tp;
   d.v0 = d.Vl * tp_rank;
+  d.position_ids = cfg.data.reset_position_ids;
+  d.loss_mask = cfg.data.eod_mask_loss;
   return d;
 }
 

@@ -73,11 +73,12 @@ class NcclComm final : public Comm {
     g_live.push_back(this);
     cuda::set_wait_poll(&poll_async_errors);
   }
-  // Normal end of a run: finalize (flushes this rank's operations), then destroy; an error on the
-  // way aborts instead. Never throws.
+  // Normal end of a run: finalize (flushes this rank's operations; bounded by the watchdog), then
+  // destroy; an error on the way aborts instead.
   ~NcclComm() override {
     const ncclComm_t c = release();
     if (c) {
+      CommWait wait("ncclCommFinalize", "the ranks of an NCCL group of " + std::to_string(size_));
       ncclResult_t state = ncclCommFinalize(c);
       while (state == ncclInProgress || state == ncclSuccess) {
         if (ncclCommGetAsyncError(c, &state) != ncclSuccess) state = ncclInternalError;

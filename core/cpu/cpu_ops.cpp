@@ -313,7 +313,8 @@ class CpuOps final : public Ops {
   }
   void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
                       const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                      int64_t valid_vocab, float dloss_scale, bool want_grad) override {
+                      int64_t valid_vocab, float dloss_scale_all, bool want_grad,
+                      const float* row_weight) override {
     const int64_t nvalid = std::clamp<int64_t>(valid_vocab - v0, 0, Vl);
 #pragma omp parallel
     {
@@ -321,7 +322,9 @@ class CpuOps final : public Ops {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; ++n) {
         const float mx = row_max[n], se = sum_exp[n];
-        losses[n] = std::log(se) + mx - target_logit[n];
+        const float w = row_weight ? row_weight[n] : 1.0f;
+        const float dloss_scale = dloss_scale_all * w;
+        losses[n] = w == 0.0f ? 0.0f : w * (std::log(se) + mx - target_logit[n]);
         if (!want_grad) continue;
         float* l = row.data();
         row_to_f32(l, logits.p, logits.t, n * Vl, nvalid);

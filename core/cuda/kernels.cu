@@ -515,10 +515,13 @@ __device__ inline float xent_dlogit(float l, int64_t j, float mx, float inv, int
 template <class T, int W>
 __global__ void xent_loss_grad_kernel(T* logits, float* losses, const float* row_max, const float* sum_exp,
                                       const float* target_logit, const int32_t* targets, int64_t Vl, int64_t v0,
-                                      int64_t nvalid, float dloss_scale, bool want_grad) {
+                                      int64_t nvalid, float dloss_scale_all, bool want_grad,
+                                      const float* row_weight) {
   const int64_t n = blockIdx.x;
   const float se = sum_exp[n], mx = row_max[n];
-  if (threadIdx.x == 0) losses[n] = logf(se) + mx - target_logit[n];
+  const float w = row_weight ? row_weight[n] : 1.0f;  // data.eod_mask_loss: 0 drops the row
+  const float dloss_scale = dloss_scale_all * w;
+  if (threadIdx.x == 0) losses[n] = w == 0.0f ? 0.0f : w * (logf(se) + mx - target_logit[n]);
   if (!want_grad) return;
   T* l = logits + n * Vl;
   const float inv = dloss_scale / se;
@@ -849,7 +852,8 @@ void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_
 
 void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
                     const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                    int64_t valid_vocab, float dloss_scale, bool want_grad, cudaStream_t s) {
+                    int64_t valid_vocab, float dloss_scale, bool want_grad, const float* row_weight,
+                    cudaStream_t s) {
   if (N <= 0) return;
   TPT_CHECK(N <= int64_t(INT32_MAX));
   const int64_t nvalid = valid_columns(valid_vocab, v0, Vl);
@@ -860,10 +864,10 @@ void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float
     T* l = typed<T>(logits);
     if (Vl % W == 0 && is_aligned(l, 16))
       xent_loss_grad_kernel<T, W><<<unsigned(N), threads, 0, s>>>(l, losses, row_max, sum_exp, target_logit, targets,
-                                                                  Vl, v0, nvalid, dloss_scale, want_grad);
+                                                                  Vl, v0, nvalid, dloss_scale, want_grad, row_weight);
     else
       xent_loss_grad_kernel<T, 1><<<unsigned(N), threads, 0, s>>>(l, losses, row_max, sum_exp, target_logit, targets,
-                                                                  Vl, v0, nvalid, dloss_scale, want_grad);
+                                                                  Vl, v0, nvalid, dloss_scale, want_grad, row_weight);
     TPT_CUDA_LAUNCHED();
   });
 }

@@ -63,7 +63,7 @@ void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_
                        int64_t valid_vocab, cudaStream_t s);
 void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float* sum_exp,
                     const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
-                    int64_t valid_vocab, float dloss_scale, bool want_grad, cudaStream_t s);
+                    int64_t valid_vocab, float dloss_scale, bool want_grad, const float* row_weight, cudaStream_t s);
 
 // ---- reductions to the host (synchronize the stream) ----
 // `pinned` is page-locked host memory for the result.

@@ -173,6 +173,24 @@ run_case c_micro4x2           w_f32.safetensors        tokens  training.micro_ba
 run_case d_f16_prefix_init    w_f16_prefix.safetensors tokens
 # tensor parallel from init_from: each of 2 ranks reads its own slices of the HF tensors
 NP=2 run_case e_tp2_init_from w_f32.safetensors        tokens  parallel.tensor_model_parallel_size=2
+# data.eod_mask_loss and data.reset_position_ids (Megatron's masks and positions, built by the
+# reference itself): the stream's most frequent token plays the end of document, so most global
+# batches hold several (counted below: the case fails if too few would make it vacuous).
+EOD=$("$PY" -c "
+import numpy as np, sys
+t = np.fromfile('tokens.bin', dtype=np.uint16)
+v, c = np.unique(t[:8 * 10 * 16 + 1], return_counts=True)
+print(int(v[np.argmax(c)]))
+")
+NEOD=$("$PY" -c "import numpy as np; print(int((np.fromfile('tokens.bin', dtype=np.uint16) == $EOD).sum()))")
+echo "end of document for the masks: token $EOD ($NEOD of 1225 tokens)"
+if [ "$NEOD" -lt 30 ]; then fail f_eod_masks "only $NEOD end-of-document tokens in the stream"
+else
+run_case f_eod_masks          w_f32.safetensors        tokens  data.eod_mask_loss=true data.reset_position_ids=true \
+  data.eod_token_id=$EOD
+NP=4 run_case g_eod_masks_pp2_dp2 w_f32.safetensors    tokens  data.eod_mask_loss=true data.reset_position_ids=true \
+  data.eod_token_id=$EOD parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2
+fi
 
 echo
 [ "$failed" -gt 0 ] && echo "failed: ${failures[*]}"

@@ -201,7 +201,7 @@ TEST(GpuNcclOneRank, EveryCallOfSeveralCommunicators) {
   auto a = make_nccl_comm(*host_a);
   auto b = make_nccl_comm(*host_b);
   const int64_t k = 1000;
-  VecF x(size_t(k));
+  VecF x(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) x[size_t(i)] = float(i % 13) - 6.0f;
   for (Comm* c : {a.get(), b.get()}) {
     ASSERT_EQ(c->size(), 1);

@@ -96,6 +96,9 @@ SCHEMA = {
         "shuffle": ("bool", EXPLICIT, True, False),
         "split": ("split", EXPLICIT, [969.0, 30.0, 1.0], False),
         "valid_path": ("str", None, None, True),
+        "eod_mask_loss": ("bool", False, False, False),
+        "reset_position_ids": ("bool", False, False, False),
+        "eod_token_id": ("int", None, None, True),             # null: vocab_size - 1
         "eval_interval": ("int", 1000, None, False),
         "eval_iters": ("int", 10, None, False),
     },
@@ -558,11 +561,13 @@ class GPT(nn.Module):
         self.ln_f_bias = nn.Parameter(torch.zeros(C))
         self.register_buffer("mask", torch.tril(torch.ones(P, P, dtype=torch.bool)), persistent=False)
 
-    def forward(self, idx):                               # idx: (B, T) -> logits (B, T, V)
+    def forward(self, idx, pos=None):                     # idx: (B, T) -> logits (B, T, V)
         B, T = idx.shape
         C = self.wte.weight.shape[1]
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)[None]           # (B, T, C)
+        if pos is None:
+            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))[None]  # (B, T, C)
+        else:                                             # pos: (B, T) per-token positions
+            x = self.wte(idx) + self.wpe(pos)
         for blk in self.blocks:
             x = blk(x, self.mask)
         x = F.layer_norm(x, (C,), self.ln_f_weight, self.ln_f_bias, self.eps)
@@ -613,13 +618,19 @@ def train_step(model, opt, micro_batches, lr, clip_grad):
         loss = model.loss(mb)
         (loss / n).backward()
         total += float(loss.detach())
+    gn = clip_and_step(model, opt, clip_grad)
+    return total / n, gn
+
+
+def clip_and_step(model, opt, clip_grad):
+    """The global gradient norm before clipping (clipped to clip_grad when > 0), then the update."""
     params = [p for p in model.parameters()]
     if clip_grad > 0:
         gn = torch.nn.utils.clip_grad_norm_(params, max_norm=clip_grad)
     else:
         gn = torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2)
     opt.step()
-    return total / n, float(gn)
+    return float(gn)
 
 
 def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rule="megatron",
@@ -646,7 +657,14 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
                        o["lr_decay_style"])
             positions = list(range((k - 1) * G, k * G))
             micro = [data.batch(positions[j:j + mb]) for j in range(0, G, mb)]
-            loss, gn = train_step(model, opt, micro, lr, o["clip_grad"])
+            if d.get("eod_mask_loss") or d.get("reset_position_ids"):
+                eod = d.get("eod_token_id")
+                eod = m["vocab_size"] - 1 if eod is None else eod
+                from doc_masks_ref import train_step_doc  # tests/reference/doc_masks_ref.py
+                loss, gn = train_step_doc(model, opt, micro, lr, o["clip_grad"], eod,
+                                          d.get("reset_position_ids"), d.get("eod_mask_loss"))
+            else:
+                loss, gn = train_step(model, opt, micro, lr, o["clip_grad"])
             rec = {"iteration": k, "consumed_samples": k * G, "lm_loss": loss, "grad_norm": gn, "lr": lr}
             print(f"gpt_ref: iteration {k}/{steps} | lm loss {loss:.6E} | grad norm {gn:.6f} | "
                   f"learning rate {lr:.6E}", file=log)

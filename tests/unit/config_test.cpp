@@ -86,7 +86,11 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.checkpoint.exit_signal, "SIGTERM");
   EXPECT_EQ(c.checkpoint.keep_last, 0);
   EXPECT_EQ(c.logging.log_interval, 1);
-  EXPECT_EQ(c.data.path, "/nonexistent/tiny_text_document");  // not checked here
+  EXPECT_EQ(c.data.path.paths, std::vector<std::string>{"/nonexistent/tiny_text_document"});  // not checked here
+  EXPECT_FALSE(c.data.path.is_blend());
+  EXPECT_FALSE(c.data.eod_mask_loss);
+  EXPECT_FALSE(c.data.reset_position_ids);
+  EXPECT_EQ(c.data.eod_token_id, c.model.vocab_size - 1);  // both tokenizers' end of document
 }
 
 TEST(Config, DerivedValues) {
@@ -189,7 +193,17 @@ TEST(ConfigErrors, WrongTypes) {
       {"optimizer.lr=fast", "optimizer.lr: expected a number, got 'fast'"},
       {"optimizer.lr=null", "optimizer.lr: expected a number, got null"},
       {"training.seed=-1", "training.seed: expected a non-negative integer"},
-      {"data.path=[a, b]", "data.path: expected a string, got a list"},
+      {"data.path=[a, b]", "data.path: blend item 1 (component 1) must be a weight (a number), got 'a'"},
+      {"data.path=[0.5, a, 0.5]", "data.path: the blend has 3 items, an odd number: item 3 ('0.5') has no prefix"},
+      {"data.path=[0.5, a, b]", "data.path: the blend has 3 items, an odd number: item 3 ('b') has no weight"},
+      {"data.path=[0.5, a, 0, b]", "data.path: blend item 3 (component 2): the weight 0 must be positive"},
+      {"data.path=[0.5, a, -1, b]", "data.path: blend item 3 (component 2): the weight -1 must be positive"},
+      {"data.path=[0.5, a, 1, 2]", "data.path: blend item 4 (component 2) must be a path (a prefix), got '2'"},
+      {"data.path=[]", "data.path: empty blend"},
+      {"data.path={a: 1}", "data.path: expected a path or a blend"},
+      {"data.eod_token_id=-1", "data.eod_token_id: must be >= 0"},
+      {"data.eod_token_id=50257", "data.eod_token_id: 50257 is not below model.vocab_size"},
+      {"data.reset_attention_mask=true", "data.reset_attention_mask: is not supported"},
       {"data.split=[1, 2]", "data.split: expected a list of 3 numbers"},
       {"data.split=[1, x, 2]", "data.split: expected a list of 3 numbers"},
       {"data.shuffle=null", "data.shuffle: expected a bool"},
@@ -377,7 +391,14 @@ Config unusual_config(const std::string& weights) {
 TEST(ConfigOutput, RoundTrip) {
   TempDir dir;
   std::string weights = dir.write("w.safetensors", "x");
-  for (const Config& c : {parse_config(kBase, "test.yaml"), unusual_config(weights)}) {
+  const Config blend = parse_config(kBase, "test.yaml",
+                                    {"data.path=[0.3, 'a b', 1e-3, \"0.5\", 2, c]", "data.valid_path=[1, v]",
+                                     "data.eod_mask_loss=true", "data.reset_position_ids=true", "data.eod_token_id=0"});
+  EXPECT_EQ(blend.data.path.paths, (std::vector<std::string>{"a b", "0.5", "c"}));
+  EXPECT_EQ(blend.data.path.weights, (std::vector<double>{0.3, 1e-3, 2}));
+  EXPECT_EQ(blend.data.valid_path.paths, std::vector<std::string>{"v"});
+  EXPECT_EQ(blend.data.eod_token_id, 0);
+  for (const Config& c : {parse_config(kBase, "test.yaml"), unusual_config(weights), blend}) {
     std::string yaml = config_to_yaml(c);
     Config back = parse_config(yaml, "resolved.yaml");
     EXPECT_EQ(config_to_json(back), config_to_json(c)) << yaml;
@@ -389,8 +410,8 @@ TEST(ConfigOutput, RoundTrip) {
     EXPECT_EQ(config_to_json(resolved_back), config_to_json(resolved));
   }
   Config c = unusual_config(weights);
-  EXPECT_EQ(c.data.path, "data/my corpus: v2 #1");
-  EXPECT_EQ(c.data.valid_path, "null");
+  EXPECT_EQ(c.data.path.paths, std::vector<std::string>{"data/my corpus: v2 #1"});
+  EXPECT_EQ(c.data.valid_path.paths, std::vector<std::string>{"null"});
   EXPECT_EQ(c.checkpoint.load, "yes");
   EXPECT_EQ(c.logging.trace_file, "-x\\\"y");
 }
