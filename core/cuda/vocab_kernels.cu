@@ -6,6 +6,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda/device_util.h"
 #include "core/cuda/kernels.h"
@@ -188,37 +189,40 @@ void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N
   });
 }
 
+namespace {
+// The launch of a cross-entropy pass: launch(T{}, W) with T the logits' storage type and W the
+// widest vector width its rows allow (1 when Vl % W != 0 or the logits are not 16-byte aligned).
+template <class F>
+void xent_launch(CBuf logits, int64_t N, int64_t Vl, F launch) {
+  TPT_CHECK(N <= int64_t(INT32_MAX));
+  dispatch(logits.t, [&](auto tag) {
+    constexpr int W = vec_width<decltype(tag)>();
+    if (Vl % W == 0 && is_aligned(logits.p, 16)) launch(tag, std::integral_constant<int, W>{});
+    else launch(tag, std::integral_constant<int, 1>{});
+    TPT_CUDA_LAUNCHED();
+  });
+}
+}  // namespace
+
 void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
                     int64_t Vl, int64_t v0, int64_t valid_vocab, cudaStream_t s) {
   if (N <= 0) return;
-  TPT_CHECK(N <= int64_t(INT32_MAX));
   const int64_t nvalid = valid_columns(valid_vocab, v0, Vl);
-  dispatch(logits.t, [&](auto tag) {
+  xent_launch(logits, N, Vl, [&](auto tag, auto w) {
     using T = decltype(tag);
-    constexpr int W = vec_width<T>();
-    const T* l = typed<T>(logits);
-    if (Vl % W == 0 && is_aligned(l, 16))
-      xent_max_kernel<T, W><<<unsigned(N), kXentThreads, 0, s>>>(row_max, target_logit, l, targets, Vl, v0, nvalid);
-    else
-      xent_max_kernel<T, 1><<<unsigned(N), kXentThreads, 0, s>>>(row_max, target_logit, l, targets, Vl, v0, nvalid);
-    TPT_CUDA_LAUNCHED();
+    xent_max_kernel<T, decltype(w)::value>
+        <<<unsigned(N), kXentThreads, 0, s>>>(row_max, target_logit, typed<T>(logits), targets, Vl, v0, nvalid);
   });
 }
 
 void xent_local_sumexp(float* sum_exp, CBuf logits, const float* row_max, int64_t N, int64_t Vl, int64_t v0,
                        int64_t valid_vocab, cudaStream_t s) {
   if (N <= 0) return;
-  TPT_CHECK(N <= int64_t(INT32_MAX));
   const int64_t nvalid = valid_columns(valid_vocab, v0, Vl);
-  dispatch(logits.t, [&](auto tag) {
+  xent_launch(logits, N, Vl, [&](auto tag, auto w) {
     using T = decltype(tag);
-    constexpr int W = vec_width<T>();
-    const T* l = typed<T>(logits);
-    if (Vl % W == 0 && is_aligned(l, 16))
-      xent_sumexp_kernel<T, W><<<unsigned(N), kXentThreads, 0, s>>>(sum_exp, l, row_max, Vl, nvalid);
-    else
-      xent_sumexp_kernel<T, 1><<<unsigned(N), kXentThreads, 0, s>>>(sum_exp, l, row_max, Vl, nvalid);
-    TPT_CUDA_LAUNCHED();
+    xent_sumexp_kernel<T, decltype(w)::value>
+        <<<unsigned(N), kXentThreads, 0, s>>>(sum_exp, typed<T>(logits), row_max, Vl, nvalid);
   });
 }
 
@@ -227,20 +231,13 @@ void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float
                     int64_t valid_vocab, float dloss_scale, bool want_grad, const float* row_weight,
                     cudaStream_t s) {
   if (N <= 0) return;
-  TPT_CHECK(N <= int64_t(INT32_MAX));
   const int64_t nvalid = valid_columns(valid_vocab, v0, Vl);
   const unsigned threads = want_grad ? kXentThreads : 32;
-  dispatch(logits.t, [&](auto tag) {
+  xent_launch(logits, N, Vl, [&](auto tag, auto w) {
     using T = decltype(tag);
-    constexpr int W = vec_width<T>();
-    T* l = typed<T>(logits);
-    if (Vl % W == 0 && is_aligned(l, 16))
-      xent_loss_grad_kernel<T, W><<<unsigned(N), threads, 0, s>>>(l, losses, row_max, sum_exp, target_logit, targets,
-                                                                  Vl, v0, nvalid, dloss_scale, want_grad, row_weight);
-    else
-      xent_loss_grad_kernel<T, 1><<<unsigned(N), threads, 0, s>>>(l, losses, row_max, sum_exp, target_logit, targets,
-                                                                  Vl, v0, nvalid, dloss_scale, want_grad, row_weight);
-    TPT_CUDA_LAUNCHED();
+    xent_loss_grad_kernel<T, decltype(w)::value><<<unsigned(N), threads, 0, s>>>(
+        typed<T>(logits), losses, row_max, sum_exp, target_logit, targets, Vl, v0, nvalid, dloss_scale, want_grad,
+        row_weight);
   });
 }
 
