@@ -1,5 +1,5 @@
 // tptrain preprocess: text / JSON lines -> Megatron .bin/.idx with the byte-level tokenizer or GPT-2
-// BPE (DESIGN "Command line (contract)"). One sequence per document; uint16 tokens (int32 for a
+// BPE (docs/ARCHITECTURE.md "Command line and exit status"). One sequence per document; uint16 tokens (int32 for a
 // vocabulary above 65536 ids).
 #include <cstdio>
 #include <optional>

@@ -103,7 +103,7 @@ class Trainer {
   int64_t iteration_ = 0;
   bool fault_in_step_ = false;  // TPTRAIN_FAULT: fail in this iteration's last backward (tests)
 
-  // checkpoint: apps/trainer_checkpoint.cpp (DESIGN "Checkpoints")
+  // checkpoint: apps/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
  public:
   // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save.
   void save_checkpoint();

@@ -1,4 +1,4 @@
-// The Trainer's side of checkpoints (DESIGN "Checkpoints (contract)"): maps this rank's parameter
+// The Trainer's side of checkpoints (docs/ARCHITECTURE.md "Checkpoint format"): maps this rank's parameter
 // layout (the fp32 master weights) and AdamW moments to parallel/checkpoint.h's boxes, keeps the
 // fp16 loss scaler's state in meta.json, and handles the exit signal.
 //

@@ -1,4 +1,4 @@
-// Config loading (DESIGN "Config (contract)"). One table, kFields, lists every section.key with its
+// Config loading (docs/ARCHITECTURE.md "Config"). One table, kFields, lists every section.key with its
 // C++ field, whether it is required or nullable, and its allowed values; parsing, suggestions for
 // misspellings, YAML and JSON output all walk that table, so a new key is added in one place.
 #include "core/config.h"

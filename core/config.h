@@ -1,4 +1,4 @@
-// The resolved run configuration (DESIGN "Config (contract)"): YAML sections and keys named after
+// The resolved run configuration (docs/ARCHITECTURE.md "Config"): YAML sections and keys named after
 // Megatron's arguments. load_config() fills every key with its default, applies --set overrides,
 // validates types and constraints, and throws InputError naming the key (and the closest valid key
 // for a misspelling).
@@ -82,7 +82,7 @@ struct DataPath {
 
 struct DataConfig {
   DataPath path;                        // required
-  bool eod_mask_loss = false;           // Megatron's --eod-mask-loss (data/loss_mask.h)
+  bool eod_mask_loss = false;           // Megatron's --eod-mask-loss (data/doc_masks.h)
   bool reset_position_ids = false;      // Megatron's --reset-position-ids
   bool reset_attention_mask = false;    // Megatron's --reset-attention-mask: not supported (exit 2)
   int64_t eod_token_id = -1;            // default (-1, resolved): vocab_size - 1, the end of document of

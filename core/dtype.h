@@ -1,5 +1,5 @@
 // Per-element conversions between fp32 and the 16-bit float formats (bf16, fp16), shared by the
-// CPU and CUDA backends (DESIGN "Backends": per-element math in __host__ __device__ inline
+// CPU and CUDA backends (docs/ARCHITECTURE.md "Backends and communicators": per-element math in __host__ __device__ inline
 // functions). All conversions from fp32 round to nearest, ties to even; infinities keep their
 // sign, NaNs stay (quiet) NaNs with their sign, and subnormals are produced and read exactly.
 // The 16-bit values travel as their raw bit patterns (uint16_t).

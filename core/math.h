@@ -1,5 +1,6 @@
-// Per-element math shared by the CPU and CUDA backends (DESIGN "Backends"): one definition of
-// GELU, the AdamW update and the LR schedule, so the CPU tests cover what the GPU runs.
+// Per-element math shared by the CPU and CUDA backends (docs/ARCHITECTURE.md "Backends and
+// communicators"): one definition of exp, tanh, GELU and the AdamW update, so the CPU
+// tests cover what the GPU runs. (The LR schedule is model/optimizer.h's learning_rate.)
 #pragma once
 #include <cmath>
 #include <cstdint>

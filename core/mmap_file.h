@@ -1,4 +1,4 @@
-// A read-only memory-mapped file (DESIGN "Data formats": datasets and checkpoints are mapped,
+// A read-only memory-mapped file (docs/ARCHITECTURE.md "Data formats": datasets and checkpoints are mapped,
 // never read whole). Opening errors are InputError naming the file.
 #pragma once
 #include <cstddef>

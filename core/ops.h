@@ -1,8 +1,8 @@
-// The backend interface (DESIGN "Backends"): every kernel the model and optimizer
+// The backend interface (docs/ARCHITECTURE.md "Backends and communicators"): every kernel the model and optimizer
 // need, on memory that lives on the backend's device. Model code is written once against it;
 // core/cpu implements it with OpenBLAS + OpenMP, core/cuda with cuBLASLt + custom kernels.
 //
-// Storage (DESIGN "Numerics"). Each tensor is stored in its own dtype:
+// Storage (docs/ARCHITECTURE.md "Numerics"). Each tensor is stored in its own dtype:
 //   - the compute dtype of the run (fp32, bf16 or fp16): activations, activation gradients, the
 //     compute copy of the weights, logits, pipeline messages, TP sums. These arguments are `Buf`
 //     (written) / `CBuf` (read): a device pointer and the dtype of its elements.

@@ -1,5 +1,5 @@
 // safetensors files (https://huggingface.co/docs/safetensors): HF GPT-2 weights for init_from and
-// export, and checkpoint shards (DESIGN "Checkpoints (contract)").
+// export, and checkpoint shards (docs/ARCHITECTURE.md "Checkpoint format").
 // Layout: <u64 little-endian N> <N bytes of JSON header> <data>. The header maps each tensor name
 // to {"dtype", "shape", "data_offsets": [begin, end)} (offsets relative to the data section) and
 // may hold "__metadata__": {string: string}. Tensors are row-major.

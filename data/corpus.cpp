@@ -1,5 +1,5 @@
 // Token corpora: memory-mapped Megatron indexed datasets (.idx/.bin) and llm.c shards, validated
-// once at open (DESIGN "Data formats (contract)"): every inconsistency is an InputError naming
+// once at open (docs/ARCHITECTURE.md "Data formats"): every inconsistency is an InputError naming
 // the file, so a bad file never crashes a run halfway through.
 #include <glob.h>
 

@@ -1,4 +1,4 @@
-// Token datasets (DESIGN "Data formats (contract)" and "Numerics"): memory-mapped Megatron
+// Token datasets (docs/ARCHITECTURE.md "Data formats" and "Numerics"): memory-mapped Megatron
 // .bin/.idx and llm.c shards, split by documents, concatenated into one token stream per split,
 // cut into samples of seq_length + 1 tokens, visited sequentially or by a seeded per-epoch
 // permutation.

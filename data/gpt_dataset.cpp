@@ -1,5 +1,5 @@
 // Splits by documents, the per-split token stream cut into samples, and the per-epoch shuffle
-// (DESIGN "Numerics (contract)", data bullet).
+// (docs/ARCHITECTURE.md "Data", "Numerics").
 #include <algorithm>
 #include <cmath>
 #include <mutex>

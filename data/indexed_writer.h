@@ -1,4 +1,4 @@
-// Writes a Megatron indexed dataset (DESIGN "Data formats (contract)"): PREFIX.bin (raw tokens)
+// Writes a Megatron indexed dataset (docs/ARCHITECTURE.md "Data formats"): PREFIX.bin (raw tokens)
 // and PREFIX.idx. Both are written to temporary files, fsynced, then renamed into place (.bin
 // first, .idx last), so a reader never sees a half-written dataset.
 #pragma once

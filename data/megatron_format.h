@@ -1,4 +1,4 @@
-// Constants of the on-disk token formats (DESIGN "Data formats (contract)"), shared by the
+// Constants of the on-disk token formats (docs/ARCHITECTURE.md "Data formats"), shared by the
 // readers (data/corpus.cpp) and the writer (data/indexed_writer.cpp).
 #pragma once
 #include <cstddef>

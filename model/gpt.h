@@ -1,4 +1,4 @@
-// The GPT-2 model of DESIGN "Model (contract)", as one pipeline stage's share of one tensor-parallel
+// The GPT-2 model of docs/ARCHITECTURE.md "Model", as one pipeline stage's share of one tensor-parallel
 // rank: its parameter layout (global names, global shapes, this rank's box) and its forward and
 // backward over micro-batches. It talks to other TP ranks only through parallel/tensor_parallel.h.
 #pragma once
@@ -60,7 +60,7 @@ ParamLayout make_param_layout(const GPTDims& d);
 // mlp.fc2.bias, first layer first): the DP gradient sync's buckets (parallel/grad_sync.h).
 std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d);
 
-// Counter-based init of the local shards (DESIGN "Numerics"): element e of a global tensor gets
+// Counter-based init of the local shards (docs/ARCHITECTURE.md "Numerics"): element e of a global tensor gets
 // std * normal(seed, name, e), whatever the layout. params is a host buffer of layout.total.
 void init_params_host(const ParamLayout& layout, uint64_t seed, float* params);
 

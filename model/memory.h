@@ -1,4 +1,4 @@
-// Per-rank memory, FLOPs and time of a config on its TP x PP x DP grid (DESIGN "Layout": the same
+// Per-rank memory, FLOPs and time of a config on its TP x PP x DP grid (docs/ARCHITECTURE.md "Plan": the same
 // size functions the trainer allocates with feed `tptrain plan`). Everything here is a pure function
 // of the resolved config: no ranks, no device.
 //

@@ -1,4 +1,4 @@
-// AdamW (torch semantics), the LR schedule and global gradient-norm clipping (DESIGN "Numerics").
+// AdamW (torch semantics), the LR schedule and global gradient-norm clipping (docs/ARCHITECTURE.md "Numerics").
 #pragma once
 #include <cstdint>
 

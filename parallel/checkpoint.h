@@ -1,4 +1,4 @@
-// Sharded checkpoints (DESIGN "Checkpoints (contract)"): the on-disk format, the collective save
+// Sharded checkpoints (docs/ARCHITECTURE.md "Checkpoint format"): the on-disk format, the collective save
 // (iter_N.partial -> iter_N -> latest file) and the collective find / verify / load that reads any
 // saved layout into any other. Knows nothing of the model: a tensor is a name, its global shape and
 // the box of it a rank holds.

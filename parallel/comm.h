@@ -1,5 +1,5 @@
-// Communicator interface (DESIGN "Backends"): one group of ranks and the collectives the trainer
-// needs. MpiComm works on host buffers; NcclComm (CUDA issue) implements the same interface on
+// Communicator interface (docs/ARCHITECTURE.md "Backends and communicators"): one group of ranks and the collectives the trainer
+// needs. MpiComm works on host buffers; NcclComm (parallel/nccl_comm.h) implements the same interface on
 // device buffers. A group of size 1 (SelfComm) makes every collective a copy or a no-op.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The TP x PP x DP process grid (DESIGN "Process grid (contract)"):
+// The TP x PP x DP process grid (docs/ARCHITECTURE.md "Process grid"):
 // rank = tp + TP * (dp + DP * pp) -- TP fastest so TP peers share a node, PP slowest.
 // Every group the trainer talks to is derived here.
 #pragma once

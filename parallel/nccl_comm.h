@@ -1,4 +1,4 @@
-// Communicators on device buffers (DESIGN "Backends"): NcclComm runs the Comm interface's
+// Communicators on device buffers (docs/ARCHITECTURE.md "Backends and communicators"): NcclComm runs the Comm interface's
 // collectives with NCCL on the compute stream of the CUDA backend, so they are ordered with the
 // kernels around them. A collective returns once it is enqueued: the device sees its result in
 // stream order; the host sees it after the next synchronizing call (Ops::to_host and the like).

@@ -1,4 +1,4 @@
-// Pipeline schedules as data (DESIGN "How we write code"): a pure function gives each stage its
+// Pipeline schedules as data (docs/ARCHITECTURE.md "Pipeline parallelism (PP)"): a pure function gives each stage its
 // list of actions; a simulator runs every stage's list together and checks it; the same lists
 // drive training (parallel/pipeline.h), tracing and the planner.
 //

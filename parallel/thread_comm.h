@@ -1,4 +1,4 @@
-// Threads of one process as the ranks of a TP x PP x DP grid (DESIGN "Backends"): the whole 3D
+// Threads of one process as the ranks of a TP x PP x DP grid (docs/ARCHITECTURE.md "Backends and communicators"): the whole 3D
 // path -- the trainer, its hooks, TP sums in their wire formats, pipeline messages, DP buckets and
 // the embedding group -- run in one process, on CPU ranks or on one GPU (each thread its own CUDA
 // stream and Ops; the one-GPU 3D tests), without mpirun or a second GPU. For tests.

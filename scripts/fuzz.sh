@@ -3,7 +3,7 @@
 # then every libFuzzer target (tests/fuzz/fuzz_*.cpp: config loader, safetensors, Megatron .idx and
 # llm.c shards, a checkpoint's meta.json and latest file) for FUZZ_SECONDS each (default 20),
 # starting from the seeds in tests/fuzz/corpus/<target>/. A finding leaves its input in
-# ${BUILD_DIR:-build-fuzz}/findings/ and fails the script. Needs clang and libomp (installed if missing).
+# ${FUZZ_BUILD_DIR:-build-fuzz}/findings/ and fails the script. Needs clang and libomp (installed if missing).
 #   bash scripts/fuzz.sh                 CI runs it from scripts/test.sh (CI=true)
 #   FUZZ_SECONDS=300 bash scripts/fuzz.sh
 set -euo pipefail

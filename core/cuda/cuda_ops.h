@@ -1,4 +1,4 @@
-// The CUDA backend (DESIGN "Backends"): the Ops interface on device memory of one GPU, with
+// The CUDA backend (docs/ARCHITECTURE.md "Backends and communicators"): the Ops interface on device memory of one GPU, with
 // cuBLASLt GEMMs and custom kernels on one compute stream. Plain C++: callers need no CUDA headers.
 // Built only when the CUDA toolkit is found (TPTRAIN_HAVE_CUDA).
 #pragma once

@@ -1,4 +1,4 @@
-// Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, attention.cu, attention_tc.cu):
+// Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, vocab_kernels.cu, attention.cu, attention_tc.cu):
 // host functions that enqueue work on stream `s`. Arguments, shapes and "=" / "+=" semantics are
 // those of the Ops methods of the same name (core/ops.h); the per-element math is core/math.h and
 // core/dtype.h. Compute-dtype tensors are Buf / CBuf: the kernels are instantiated for their

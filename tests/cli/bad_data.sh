@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bad data is bad input: exit status 2 and a message naming the file, never a crash (DESIGN
-# "Data formats (contract)", "Command line (contract)").
+# Bad data is bad input: exit status 2 and a message naming the file, never a crash
+# (docs/ARCHITECTURE.md "Data formats", "Command line and exit status").
 # Environment (set by ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -u
 : "${TPTRAIN:?}" "${TPTRAIN_SRC:?}" "${TPTRAIN_WORK:?}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoint faults (DESIGN "Checkpoints (contract)"): a crash at any moment of a save leaves the
+# Checkpoint faults (docs/ARCHITECTURE.md "Checkpoint format"): a crash at any moment of a save leaves the
 # previous checkpoint loadable; SIGTERM saves and exits 0; damaged checkpoints fall back to an
 # older one with a warning naming the file, or exit 2 with a clear message -- never a crash or a
 # hang. Every resumed run must continue bitwise exactly like an uninterrupted run.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoint resume (DESIGN "Checkpoints (contract)"): 16 iterations straight vs 8 + a resume of 8
+# Checkpoint resume (docs/ARCHITECTURE.md "Checkpoint format"): 16 iterations straight vs 8 + a resume of 8
 # give bitwise-equal lm loss and grad norm at 1 rank and at TP2 x PP2 x DP2 (fp32); a checkpoint
 # saved at TP2 x PP2 x DP2 resumes at 1 rank, TP4 x PP1 x DP2 and TP1 x PP4 x DP1 within 1e-5 of
 # the uninterrupted run; fp16 resumes exactly too (loss scaler), and bf16 at TP2 x PP2 x DP2; bf16 and

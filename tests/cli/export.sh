@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tptrain export (DESIGN "Command line"): a TP2 x PP2 checkpoint -> Hugging Face GPT-2
+# tptrain export (docs/ARCHITECTURE.md "Command line and exit status"): a TP2 x PP2 checkpoint -> Hugging Face GPT-2
 # model.safetensors + config.json. Checks: the file's names, shapes and values against the
 # checkpoint's shards (the inverse of model/hf_gpt2.cpp), config.json's keys, and the loss of one
 # step from the exported weights in the PyTorch reference (tests/reference/gpt_ref.py) and in

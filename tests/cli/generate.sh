@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tptrain generate (DESIGN "Command line"): a tiny byte-level model trained on a small text at
+# tptrain generate (docs/ARCHITECTURE.md "Command line and exit status"): a tiny byte-level model trained on a small text at
 # 1 rank, TP2, PP2 and TP2 x PP2 (same config, same data: the same weights up to 1e-5); greedy
 # generation from each checkpoint is the same text, and the PyTorch reference's greedy continuation
 # (tests/reference/greedy.py on the `tptrain export`ed weights) is that text too. Also: sampling is

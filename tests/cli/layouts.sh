@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every parallel layout trains identically (DESIGN "Numerics"): per-step lm loss and grad norm of
+# Every parallel layout trains identically (docs/ARCHITECTURE.md "Numerics"): per-step lm loss and grad norm of
 # TP / PP / DP / 3D runs on CPU ranks within 1e-5 relative of the one-rank run, for 10 steps, and
 # the final parameters (saved, then exported to one full HF file) within 1e-5 of the one-rank run's.
 # DP runs sum their gradients in buckets overlapped with backward (one per layer in some runs), or

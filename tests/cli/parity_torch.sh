@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end parity: tptrain (fp32, CPU, one process) against the independent PyTorch reference
 # tests/reference/gpt_ref.py, step by step (lm loss, grad norm, learning rate) on a tiny GPT-2
-# started from the same HF safetensors weights (DESIGN "Numerics": fp32 on CPU must reproduce a
+# started from the same HF safetensors weights (docs/ARCHITECTURE.md "Numerics": fp32 on CPU must reproduce a
 # straightforward PyTorch implementation).
 #
 # Environment (set by ctest): TPTRAIN (binary), TPTRAIN_SRC (source dir), TPTRAIN_WORK (scratch dir,

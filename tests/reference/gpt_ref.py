@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent PyTorch reference for tptrain (DESIGN "Model", "Numerics", "Config", "Data formats").
+"""Independent PyTorch reference for tptrain (docs/ARCHITECTURE.md "Model", "Numerics", "Config", "Data formats").
 
 A deliberately plain GPT-2 (torch.nn, fp32 on CPU, optional float64) trained exactly the way
 tptrain must train it, so that tptrain's metrics can be compared step by step:
@@ -33,7 +33,7 @@ class RefError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-# Config: the keys of DESIGN "Config (contract)". Only what changes the math is honoured; keys that
+# Config: the keys of docs/ARCHITECTURE.md "Config". Only what changes the math is honoured; keys that
 # cannot change the math on one CPU process (parallel layout, seed when init_from is given, eval,
 # checkpoint saving, logging files) are accepted and ignored; anything the reference cannot
 # reproduce is an error.

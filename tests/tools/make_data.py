@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Test helper for tptrain's token data (DESIGN "Data formats (contract)"), independent of the C++ code.
+"""Test helper for tptrain's token data (docs/ARCHITECTURE.md "Data formats"), independent of the C++ code.
 
   make_data.py check PREFIX --inputs FILE... [--json-key KEY] [--append-eod]
       Parses PREFIX.idx / PREFIX.bin as written by `tptrain preprocess` and checks them against the
