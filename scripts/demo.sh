@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo, end to end on CPU ranks (about 7 minutes on 2 cores once built):
-#   1. builds tptrain (scripts/setup.sh: Debian packages, cmake);
+#   1. builds tptrain alone (scripts/setup.sh: Debian packages, cmake; progress every 10%);
 #   2. turns the fortune cookies of Debian's fortunes packages into a Megatron dataset
 #      (tptrain preprocess, byte-level tokens) in data_cache/;
 #   3. trains configs/demo.yaml in a 3D layout, TP 2 x PP 2 x DP 2 on 8 ranks (mpirun -np 8),
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-[ "${DEMO_SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
+[ "${DEMO_SKIP_SETUP:-0}" = 1 ] || BUILD_TARGETS=tptrain bash scripts/setup.sh  # the demo needs only tptrain
 source scripts/env.sh
 PY=/usr/bin/python3
 DEMO_DIR=${DEMO_DIR:-data_cache/demo}

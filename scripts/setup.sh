@@ -71,7 +71,19 @@ if have_nvcc; then
   have_cudnn_frontend && CMAKE_EXTRA+=(-DCUDNN_FRONTEND_INCLUDE="$CUDNN_FE_DIR/include")
 fi
 
+# BUILD_TARGETS: what to build (default all: tptrain and the tests; the demo builds only tptrain).
+# Progress: one line each time CMake's percentage moves by 10 or more, then the time it took.
 BUILD_DIR=${BUILD_DIR:-build}
+BUILD_TARGETS=${BUILD_TARGETS:-all}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_WERROR="${TPTRAIN_WERROR:-ON}" "${CMAKE_EXTRA[@]}" >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^gmake|^Consolidate' || true
-test -x "$BUILD_DIR/tptrain" || { echo "setup: build failed" >&2; exit 1; }
+t0=$SECONDS
+if [ -x "$BUILD_DIR/tptrain" ]; then echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ (what changed only)"
+else echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ with $(nproc) jobs (first build on 2 cores: about $([ "$BUILD_TARGETS" = tptrain ] && echo 4 || echo 7) minutes)"; fi
+set +e
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target $BUILD_TARGETS 2>&1 |
+  awk '/^\[ *[0-9]+%\]/ { match($0, /[0-9]+%/); p = substr($0, RSTART, RLENGTH - 1) + 0; if (p >= shown + 10) { shown = p - p % 10; printf "setup: build %d%%\n", shown; fflush() } next }
+       /^gmake|^Consolidate/ { next } { print; fflush() }'
+status=${PIPESTATUS[0]}
+set -e
+[ "$status" = 0 ] && [ -x "$BUILD_DIR/tptrain" ] || { echo "setup: build failed (cmake --build exit $status)" >&2; exit 1; }
+echo "setup: built in $((SECONDS - t0)) s"
