@@ -107,6 +107,7 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
                       {"layers", m.layers},
                       {"in_flight_microbatches", m.in_flight},
                       {"parameters_per_rank", m.parameters_per_rank},
+                      {"parameter_buffer", m.parameter_buffer},
                       {"weight_bytes", m.weight_bytes},
                       {"gradient_bytes", m.gradient_bytes},
                       {"optimizer_bytes", m.optimizer_bytes},
@@ -165,6 +166,9 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
 void print_report(const Plan& p, const Config& c, const std::string& path) {
   const ModelConfig& m = c.model;
   const PlanOptions& o = p.options;
+  const char* dp_sync = c.parallel.distributed_optimizer && p.dp > 1
+                            ? "reduce-scatter of the fp32 gradients + all-gather of the parameters (distributed optimizer)"
+                            : "all-reduce of the fp32 gradients";
   std::printf("tptrain plan | config %s\n", path.c_str());
   std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
@@ -214,20 +218,20 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("pipeline bubble: %.2f%% (schedule simulated with forward 1, backward 2, free communication; "
               "1F1B's analytic (PP-1)/(M+PP-1) = %.2f%%)\n",
               100 * p.bubble_fraction, 100 * p.bubble_fraction_analytic);
-  std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP all-reduce %s (payloads)\n",
-              bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(),
+  std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP %s %s (payloads)\n",
+              bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(), dp_sync,
               bytes(double(p.dp_comm_bytes)).c_str());
-  std::printf("step time estimate: %.4g s (pipeline %.4g + DP gradient all-reduce %.4g + optimizer %.4g): "
+  std::printf("step time estimate: %.4g s (pipeline %.4g + DP gradient sync %.4g + optimizer %.4g): "
               "%.0f tokens/s, %.4g TFLOP/s per rank, MFU %.1f%%\n",
               p.step_time_s, p.pipeline_time_s, p.dp_time_s, p.optimizer_time_s, p.tokens_per_s,
               p.flops_per_iteration / p.step_time_s / p.world_size / 1e12, 100 * p.mfu);
   auto intra = [&](int span) { return span <= o.gpus_per_node && o.gpus_per_node % span == 0; };
   std::printf("  assumptions: GEMMs at %.0f%% of %.0f TFLOP/s peak (LayerNorm, GELU, softmax not timed); TP "
-              "all-reduce %s; DP ring all-reduce of the fp32 gradients after the pipeline (no credit for overlap); PP "
+              "all-reduce %s; DP ring %s after the pipeline (no credit for overlap); PP "
               "messages %.0f GB/s; %d GPUs per node; optimizer step memory-bound at %.0f GB/s; no latency terms\n",
               100 * o.compute_efficiency, o.peak_tflops,
               intra(p.tp) ? fmt("over NVLink at %.0f GB/s", o.intra_node_gbps).c_str()
-                          : fmt("across nodes at %.0f GB/s", o.inter_node_gbps).c_str(),
+                          : fmt("across nodes at %.0f GB/s", o.inter_node_gbps).c_str(), dp_sync,
               intra(2 * p.tp * p.dp) ? o.intra_node_gbps : o.inter_node_gbps, o.gpus_per_node,
               o.hbm_gbps);
   if (p.fits) {

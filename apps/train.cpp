@@ -56,8 +56,6 @@ void reject_unimplemented(const Config& c) {
                 "build time; see README \"GPU\")");
 #endif
   if (c.model.hidden_dropout > 0 || c.model.attention_dropout > 0) no("model.hidden_dropout/attention_dropout", "dropout");
-  if (c.parallel.sequence_parallel) no("parallel.sequence_parallel", "sequence parallelism");
-  if (c.parallel.distributed_optimizer) no("parallel.distributed_optimizer", "the distributed optimizer");
 }
 
 // Peak resident memory of the ranks (getrusage), max and sum over the job.

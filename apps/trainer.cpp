@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <thread>
 #include <unistd.h>
 #include <cmath>
@@ -123,11 +124,33 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   std::vector<float> host(size_t(layout_.total), 0.0f);
   if (!cfg.model.init_from.empty()) load_hf_gpt2(cfg.model.init_from, dims_, layout_, host.data());
   else init_params_host(layout_, cfg.training.seed, host.data());
-  params_ = ops_->alloc(size_t(layout_.total));
-  grads_ = ops_->alloc(size_t(layout_.total));
-  ops_->to_device(params_, host.data(), host.size());
   dtype_ = cfg.training.precision == "bf16" ? DType::BF16 : cfg.training.precision == "fp16" ? DType::F16 : DType::F32;
-  params_compute_ = dtype_ == DType::F32 ? Buf(params_) : ops_->alloc(layout_.total, dtype_);
+  // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)
+  const bool distributed_optimizer = cfg.parallel.distributed_optimizer && grid.dp > 1;
+  buffer_total_ = GradSync::buffer_size(layout_.total, grid.dp, distributed_optimizer);
+  grads_ = ops_->alloc(size_t(buffer_total_));
+  GradSyncOptions sync;
+  sync.overlap = cfg.parallel.overlap_grad_reduce;
+  sync.bucket_size = cfg.parallel.ddp_bucket_size;
+  sync.distributed_optimizer = distributed_optimizer;
+  sync.overlap_param_gather = cfg.parallel.overlap_param_gather;
+  if (dims_.sequence_parallel) {  // TP-replicated tensors' gradients: partial sums over this rank's tokens
+    sync.tp = &comm(grid.device_tp(), profiled_tp_);
+    for (const ParamInfo& p : layout_.params)
+      if (p.tp_replicated) sync.tp_sum.push_back({p.offset, p.numel});
+  }
+  const ParamInfo* wte = layout_.find("wte.weight");
+  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, layer_ranges(layout_, dims_),
+                                          grid.dp > 1 ? &comm(grid.device_dp(), profiled_dp_) : nullptr,
+                                          grid.device_embedding() ? &comm(*grid.device_embedding(), profiled_embedding_)
+                                                                  : nullptr,
+                                          wte ? GradRange{wte->offset, wte->numel} : GradRange{}, sync);
+  // fp32 master weights: the whole buffer (fp32 runs: the weights compute uses; without the
+  // distributed optimizer), else only the owned blocks next to a full compute copy in bf16 / fp16
+  master_sharded_ = distributed_optimizer && dtype_ != DType::F32;
+  master_ = ops_->alloc(size_t(master_sharded_ ? grad_sync_->owned_size() : buffer_total_));
+  params_compute_ = dtype_ == DType::F32 ? Buf(master_) : ops_->alloc(buffer_total_, dtype_);
+  owned_from_host(master_, host.data(), master_sharded_);
   refresh_compute_params();
   scaler_.scale = dtype_ == DType::F16 ? cfg.optimizer.initial_loss_scale : 1.0;
   const int dp = grid.dp;
@@ -138,20 +161,16 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   StageOptions stage_options{dtype_, parse_recompute(cfg.training.recompute)};
   stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, comm(grid.device_tp(), profiled_tp_), params_compute_, grads_,
                                       cfg.training.micro_batch_size, slots, stage_options);
-  const int64_t message = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size;
+  // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
+  // TP rank's (B*S/tp, C)
+  const int64_t message = stage_message_elements(dims_, cfg.training.micro_batch_size);
   for (int i = 0; i < slots && grid.pp > 1; ++i) {
     act_in_.push_back(ops_->alloc(message, dtype_));
     grad_in_.push_back(ops_->alloc(message, dtype_));
   }
   if (act_in_.empty()) act_in_.push_back(Buf{}), grad_in_.push_back(Buf{});
-  adamw_ = std::make_unique<AdamW>(layout_, *ops_, params_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
-  const ParamInfo* wte = layout_.find("wte.weight");
-  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, layout_.total, layer_ranges(layout_, dims_),
-                                          grid.dp > 1 ? &comm(grid.device_dp(), profiled_dp_) : nullptr,
-                                          grid.device_embedding() ? &comm(*grid.device_embedding(), profiled_embedding_)
-                                                                  : nullptr,
-                                          wte ? GradRange{wte->offset, wte->numel} : GradRange{},
-                                          cfg.parallel.overlap_grad_reduce, cfg.parallel.ddp_bucket_size);
+  adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
+                                   master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
   const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
   tokens_.resize(n);
   targets_.resize(n);
@@ -176,9 +195,24 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
                  cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
                  cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.vocab_size, dims_.Vp,
                  total_parameters(cfg) / 1e6, local / 1e6);
+    if (cfg.parallel.distributed_optimizer && grid.dp == 1)
+      spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
+                   "optimizer runs as without it");
+    if (grad_sync_->distributed())
+      spdlog::info("distributed optimizer: fp32 master weights{} and Adam moments of {} of the {} elements of "
+                   "rank 0's buffer ({} buckets; parameter all-gather {})",
+                   master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
+                   buffer_total_, grad_sync_->num_buckets(),
+                   cfg.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
     spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
                  "({} activation slots on stage 0)",
                  ops_->name(), num_micro_, cfg.training.micro_batch_size, cfg.parallel.pipeline_schedule, slots);
+    if (dims_.sequence_parallel) {
+      const int64_t N = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length;
+      spdlog::info("sequence parallel: each of the {} TP ranks holds {} of a micro-batch's {} tokens in the "
+                   "LayerNorm / residual regions (all-gather before, reduce-scatter after the TP-sharded GEMMs)",
+                   grid.tp, dims_.local_tokens(N), N);
+    }
     if (grid.dp > 1)
       spdlog::info("DP gradient sync: {}", grad_sync_->overlapping()
                                               ? fmt::format("{} bucket(s) of >= {} elements, each started as soon "
@@ -208,7 +242,7 @@ Trainer::~Trainer() {
   stage_.reset();
   adamw_.reset();
   if (ops_) {
-    ops_->free(params_);
+    ops_->free(master_);
     ops_->free(grads_);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
     ops_->free(reinterpret_cast<float*>(dev_targets_));
@@ -216,7 +250,7 @@ Trainer::~Trainer() {
     if (dev_loss_weights_) ops_->free(dev_loss_weights_);
     for (Buf b : act_in_) ops_->free(b.p);
     for (Buf b : grad_in_) ops_->free(b.p);
-    if (params_compute_.p != params_) ops_->free(params_compute_.p);
+    if (params_compute_.p != master_) ops_->free(params_compute_.p);
   }
 }
 
@@ -267,13 +301,21 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
                           : float(scaler_.scale / double(B * S * num_micro_));
   const auto& actions = want_grad ? train_schedule_ : eval_schedule_;
   const int slots = int(act_in_.size());
+  // the distributed optimizer's parameter all-gathers (parallel.overlap_param_gather): training's
+  // first forward waits for each bucket just before its layers; evaluation for all of them first
+  if (!want_grad) grad_sync_->wait_params(INT_MAX);
+  const std::function<void(int64_t)> wait_params = [&](int64_t layer) {
+    grad_sync_->wait_params(int(layer - dims_.layer_begin));
+  };
   double loss_sum = 0;
   StageHooks h;
-  const int64_t n = B * S * cfg_.model.hidden_size;  // elements of one message, in the compute dtype
+  const int64_t n = stage_message_elements(dims_, B);  // elements of one message, in the compute dtype
   h.forward = [&](int mb) {
     const int slot = mb % slots;
     if (grid_.first_stage() || grid_.last_stage()) load_microbatch(ds, base, mb);
-    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? CBuf{} : CBuf(act_in_[size_t(slot)]), dev_positions_);
+    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? CBuf{} : CBuf(act_in_[size_t(slot)]), dev_positions_,
+                    mb == 0 && want_grad && grad_sync_->overlapping_param_gather() ? wait_params
+                                                                                  : std::function<void(int64_t)>{});
     if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad, dev_loss_weights_);
   };
   h.backward = [&](int mb) {
@@ -300,29 +342,60 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
 }
 
 void Trainer::refresh_compute_params() {
-  if (params_compute_.p != params_) ops_->convert(params_compute_, params_, layout_.total);
+  if (params_compute_.p != master_)
+    for (const ShardRange& r : grad_sync_->owned())
+      ops_->convert(params_compute_ + r.offset, master_ + (master_sharded_ ? r.local : r.offset), r.n);
+  grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: every block to every DP rank
+  grad_sync_->wait_params(INT_MAX);
+}
+
+void Trainer::owned_to_host(float* host, const float* state, bool sharded) const {
+  for (const ShardRange& r : grad_sync_->owned()) {
+    const int64_t n = std::max<int64_t>(0, std::min(r.n, layout_.total - r.offset));
+    if (n > 0) ops_->to_host(host + r.offset, state + (sharded ? r.local : r.offset), n);
+  }
+}
+
+void Trainer::owned_from_host(float* state, const float* host, bool sharded) {
+  for (const ShardRange& r : grad_sync_->owned()) {
+    const int64_t n = std::max<int64_t>(0, std::min(r.n, layout_.total - r.offset));
+    if (n > 0) ops_->to_device(state + (sharded ? r.local : r.offset), host + r.offset, n);
+  }
 }
 
 Trainer::StepResult Trainer::train_step(int64_t k) {
   const int64_t G = cfg_.training.global_batch_size;
   StepResult r;
   r.loss_scale = scaler_.scale;
-  ops_->zero(grads_, size_t(layout_.total));
+  ops_->zero(grads_, size_t(buffer_total_));
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
-  // gradients averaged over DP (buckets already started during the last backward finish here), the
-  // tied word embedding's summed over the embedding group
+  // gradients averaged over DP (buckets already started during the last backward finish here;
+  // reduce-scattered with the distributed optimizer), the tied word embedding's summed over the
+  // embedding group
   const double t_reduce = schedule_clock_us();
   grad_sync_->finish();
   trace_->record_span(k, "reduce gradients (DP, embedding group)", "allreduce", t_reduce, schedule_clock_us());
-  if (scaler_.scale != 1.0) ops_->scale(grads_, float(1.0 / scaler_.scale), layout_.total);
+  const std::vector<ShardRange>& owned = grad_sync_->owned();  // what this rank updates
+  auto scale_owned = [&](double factor) {
+    for (const ShardRange& o : owned) ops_->scale(grads_ + o.offset, float(factor), o.n);
+  };
+  if (scaler_.scale != 1.0) scale_owned(1.0 / scaler_.scale);
   // loss: sum over the whole global batch (all DP ranks), on the last stage; an inf/nan anywhere in
-  // the gradients of any rank (MAX over the job) skips the step everywhere.
+  // the gradients of any rank (MAX over the job) skips the step everywhere. The squared gradient
+  // norm sums over the model-parallel group, and with the distributed optimizer over DP too.
   double stats[2] = {grid_.last_stage() && grid_.tp_rank == 0 ? loss_sum : 0.0,
-                     local_grad_sum_squares(layout_, *ops_, grads_, grid_.tp_rank)};
-  grid_.mp_group->all_reduce(stats, 2, ReduceOp::Sum);
-  double dp_loss = stats[0];
-  grid_.dp_group->all_reduce(&dp_loss, 1, ReduceOp::Sum);
-  double nonfinite = ops_->has_nonfinite(grads_, layout_.total) ? 1.0 : 0.0;
+                     local_grad_sum_squares(layout_, *ops_, grads_, grid_.tp_rank, owned)};
+  double dp_loss = 0;
+  if (grad_sync_->distributed()) {
+    grid_.world->all_reduce(stats, 2, ReduceOp::Sum);
+    dp_loss = stats[0];
+  } else {
+    grid_.mp_group->all_reduce(stats, 2, ReduceOp::Sum);
+    dp_loss = stats[0];
+    grid_.dp_group->all_reduce(&dp_loss, 1, ReduceOp::Sum);
+  }
+  double nonfinite = 0.0;
+  for (const ShardRange& o : owned) nonfinite = std::max(nonfinite, ops_->has_nonfinite(grads_ + o.offset, o.n) ? 1.0 : 0.0);
   grid_.world->all_reduce(&nonfinite, 1, ReduceOp::Max);
   r.lm_loss = dp_loss / double(std::max<int64_t>(batch_counted_, 1));  // G * S without eod_mask_loss
   r.grad_norm = std::sqrt(stats[1]);
@@ -340,9 +413,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   }
   consecutive_nan_ = 0;
   const double clip = cfg_.optimizer.clip_grad;
-  if (clip > 0 && r.grad_norm > clip) ops_->scale(grads_, float(clip / (r.grad_norm + 1e-6)), layout_.total);
+  if (clip > 0 && r.grad_norm > clip) scale_owned(clip / (r.grad_norm + 1e-6));
   const double t_opt = schedule_clock_us();
   adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);  // also refreshes the compute copy
+  grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: the updated blocks to every DP rank
   trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, schedule_clock_us());
   return r;
 }
@@ -454,10 +528,12 @@ int Trainer::train() {
       window_loss = 0;
     }
     if (checkpoint_and_check_exit(k)) {  // checkpoint: save_interval / last iteration / exit signal
+      grad_sync_->wait_params(INT_MAX);
       report_profile();
       return 0;
     }
   }
+  grad_sync_->wait_params(INT_MAX);  // no collective left running
   report_profile();
   return 0;
 }

@@ -52,8 +52,14 @@ class Trainer {
   // data.eod_mask_loss: target tokens of the global batch at `base` that count in the loss (on
   // every DP rank alike, so the mean is over the whole batch whatever the layout); else G * S.
   int64_t counted_tokens(const BlendedDataset& ds, int64_t base) const;
-  // Mixed precision: the compute copy of the parameters = master rounded to the compute dtype.
+  // The compute copy of the parameters = master rounded to the compute dtype (the owned blocks,
+  // then the distributed optimizer's all-gather).
   void refresh_compute_params();
+  // A state indexed like the master weights (sharded: by the owned ranges' local offsets; else a
+  // buffer of the layout) to / from a host buffer of the layout (layout_.total floats; only the
+  // owned ranges are touched).
+  void owned_to_host(float* host, const float* state, bool sharded) const;
+  void owned_from_host(float* state, const float* host, bool sharded);
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
                      int skipped, int nans, std::optional<double> val_loss);
 
@@ -73,10 +79,12 @@ class Trainer {
   void check_memory(const Config& cfg, const Grid& grid) const;
   GPTDims dims_;
   ParamLayout layout_;
-  float* params_ = nullptr;
-  float* grads_ = nullptr;
+  int64_t buffer_total_ = 0;  // elements of the parameter / gradient buffers (GradSync::buffer_size)
+  float* master_ = nullptr;   // fp32 master weights: the buffer, or (master_sharded_) the owned blocks
+  bool master_sharded_ = false;
+  float* grads_ = nullptr;    // fp32, buffer_total_
   DType dtype_ = DType::F32;
-  Buf params_compute_;  // the weights compute uses: params_ in fp32, else their bf16/fp16 copy
+  Buf params_compute_;  // the weights compute uses: master_ in fp32, else their bf16/fp16 copy
   LossScaler scaler_;
   int consecutive_nan_ = 0;
   std::unique_ptr<GPTStage> stage_;

@@ -2,11 +2,15 @@
 // layout (the fp32 master weights) and AdamW moments to parallel/checkpoint.h's boxes, keeps the
 // fp16 loss scaler's state in meta.json, and handles the exit signal.
 //
-// Who writes what: dp_rank 0 of each (tp, pp) writes model_tpXX_ppYYY.safetensors (parameters)
-// and optim_tpXX_ppYYY_dp000.safetensors (exp_avg, exp_avg_sq; without a distributed optimizer
-// every DP rank holds the same moments). Each global element is saved once: TP-replicated tensors
-// by tp_rank 0 only, the word embedding by the first stage only (the last stage's tied copy is
-// identical and is loaded from the same boxes), never the vocabulary padding rows.
+// Who writes what: without the distributed optimizer, dp_rank 0 of each (tp, pp) writes
+// model_tpXX_ppYYY.safetensors (the fp32 parameters) and optim_tpXX_ppYYY_dp000.safetensors
+// (exp_avg, exp_avg_sq: every DP rank holds the same). With it, every DP rank writes the blocks it
+// owns (parallel/grad_sync.h) of both, model_tpXX_ppYYY_dpZZZ.safetensors and
+// optim_tpXX_ppYYY_dpZZZ.safetensors: a block is a flat range of the layout, saved as boxes of the
+// global tensors it covers (flat_range_parts), so either kind loads on any layout with or without
+// the distributed optimizer. Each global element is saved once: TP-replicated tensors by tp_rank 0
+// only, the word embedding by the first stage only (the last stage's tied copy is identical and is
+// loaded from the same boxes), never the vocabulary padding rows.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -37,13 +41,25 @@ int signal_number(const std::string& name) {
 }
 
 // This rank's tensors in `buffer` (a host copy of a parameter-shaped buffer), named prefix + name.
-// for_save: each global element once (see the file comment); else every local tensor.
+// for_save: each global element once (see the file comment), only the parts in `owned`; else
+// every local tensor.
 std::vector<CkptTensor> rank_tensors(const ParamLayout& layout, int tp_rank, float* buffer, const std::string& prefix,
-                                     bool for_save) {
+                                     bool for_save, const std::vector<ShardRange>& owned = {}) {
   std::vector<CkptTensor> out;
   for (const ParamInfo& p : layout.params) {
     if (for_save && (p.tied_copy || (p.tp_replicated && tp_rank != 0))) continue;
-    out.push_back({prefix + p.name, p.global_shape, p.box_offset, p.box_size, p.local_shape, buffer + p.offset});
+    CkptTensor t{p, buffer + p.offset};
+    t.name = prefix + p.name;
+    if (!for_save) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // the owned parts of the local tensor
+    for (const ShardRange& r : owned) {
+      const int64_t lo = std::max(p.offset, r.offset), hi = std::min(p.offset + p.numel, r.offset + r.n);
+      if (lo < hi) ranges.emplace_back(lo - p.offset, hi - p.offset);
+    }
+    for (CkptTensor& part : flat_range_parts(t, ranges)) out.push_back(std::move(part));
   }
   return out;
 }
@@ -71,16 +87,20 @@ void Trainer::save_checkpoint() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = iteration_, G = cfg_.training.global_batch_size;
   CheckpointWriter writer(*grid_.world, cfg_.checkpoint.save, n);
-  if (grid_.dp_rank == 0) {
+  const bool distributed = grad_sync_->distributed();  // every DP rank saves the blocks it owns
+  if (distributed || grid_.dp_rank == 0) {
+    const std::vector<ShardRange>& owned = grad_sync_->owned();
     const size_t total = size_t(layout_.total);
-    std::vector<float> a(total), b(total);
-    ops_->to_host(a.data(), params_, total);
-    writer.write_file(model_shard_name(grid_.tp_rank, grid_.pp_rank),
-                      rank_tensors(layout_, grid_.tp_rank, a.data(), "", true));
-    ops_->to_host(a.data(), adamw_->exp_avg(), total);
-    ops_->to_host(b.data(), adamw_->exp_avg_sq(), total);
-    std::vector<CkptTensor> moments = rank_tensors(layout_, grid_.tp_rank, a.data(), kExpAvg, true);
-    for (CkptTensor& t : rank_tensors(layout_, grid_.tp_rank, b.data(), kExpAvgSq, true)) moments.push_back(std::move(t));
+    std::vector<float> a(total, 0.0f), b(total, 0.0f);
+    owned_to_host(a.data(), master_, master_sharded_);
+    writer.write_file(distributed ? model_shard_name(grid_.tp_rank, grid_.pp_rank, grid_.dp_rank)
+                                  : model_shard_name(grid_.tp_rank, grid_.pp_rank),
+                      rank_tensors(layout_, grid_.tp_rank, a.data(), "", true, owned));
+    owned_to_host(a.data(), adamw_->exp_avg(), true);
+    owned_to_host(b.data(), adamw_->exp_avg_sq(), true);
+    std::vector<CkptTensor> moments = rank_tensors(layout_, grid_.tp_rank, a.data(), kExpAvg, true, owned);
+    for (CkptTensor& t : rank_tensors(layout_, grid_.tp_rank, b.data(), kExpAvgSq, true, owned))
+      moments.push_back(std::move(t));
     writer.write_file(optim_shard_name(grid_.tp_rank, grid_.pp_rank, grid_.dp_rank), moments);
   }
   nlohmann::json meta = {
@@ -89,7 +109,8 @@ void Trainer::save_checkpoint() {
       {"grid", {{"tensor_model_parallel_size", grid_.tp}, {"pipeline_model_parallel_size", grid_.pp},
                 {"data_parallel_size", grid_.dp}, {"world_size", grid_.world_size}}},
       {"scheduler", {{"iteration", n}, {"lr", learning_rate(cfg_.optimizer, n)}}},
-      {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}}}},
+      {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}},
+                     {"distributed", distributed}}},
       // fp16's dynamic loss scaler (null for fp32 / bf16, which do not scale)
       {"loss_scaler", dtype_ != DType::F16 ? nlohmann::json(nullptr)
                                            : nlohmann::json{{"scale", scaler_.scale},
@@ -117,8 +138,8 @@ bool Trainer::load_checkpoint() {
   const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, grid_.tp_rank, host.data(), "", false),
                                              rank_tensors(layout_, grid_.tp_rank, host.data(), kExpAvg, false),
                                              rank_tensors(layout_, grid_.tp_rank, host.data(), kExpAvgSq, false)};
-  float* const targets[3] = {params_, adamw_->exp_avg(), adamw_->exp_avg_sq()};
-
+  float* const targets[3] = {master_, adamw_->exp_avg(), adamw_->exp_avg_sq()};
+  const bool sharded[3] = {master_sharded_, true, true};  // indexed by the owned ranges' local offsets
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
@@ -140,9 +161,9 @@ bool Trainer::load_checkpoint() {
   }
   for (int g = 0; g < 3; ++g) {
     for (const CkptTensor& t : groups[g]) reader->read(t);
-    ops_->to_device(targets[g], host.data(), total);
+    owned_from_host(targets[g], host.data(), sharded[g]);  // this rank's part (all of it, or its blocks)
   }
-  refresh_compute_params();  // bf16 / fp16: the compute copy of the loaded fp32 master weights
+  refresh_compute_params();  // the compute copy of the loaded fp32 master weights, all-gathered
   iteration_ = reader->iteration();
   {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match
     const nlohmann::json sampler = reader->meta().value("sampler", nlohmann::json::object());

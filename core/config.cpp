@@ -75,6 +75,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, pipeline_schedule, kDef, {"1f1b", "gpipe"}),
       TPT_FIELD(parallel, sequence_parallel),
       TPT_FIELD(parallel, distributed_optimizer),
+      TPT_FIELD(parallel, overlap_param_gather),
       TPT_FIELD(parallel, overlap_grad_reduce),
       TPT_FIELD(parallel, ddp_bucket_size),
       TPT_FIELD(parallel, distributed_timeout_minutes),
@@ -747,6 +748,14 @@ void resolve_parallel(Config& cfg, int world_size) {
   if (m.num_layers % pp != 0)
     input_error("model.num_layers (" + s(m.num_layers) +
                 ") is not divisible by parallel.pipeline_model_parallel_size (" + s(pp) + ")");
+  if (p.overlap_param_gather && !p.distributed_optimizer)
+    input_error("parallel.overlap_param_gather: needs parallel.distributed_optimizer: true (the parameters are "
+                "all-gathered only with the distributed optimizer)");
+  if (p.sequence_parallel && tp == 1)
+    input_error("parallel.sequence_parallel: needs parallel.tensor_model_parallel_size > 1 (it splits the tokens of "
+                "the LayerNorm and residual regions over the tensor-parallel ranks; with "
+                "tensor_model_parallel_size 1 there is nothing to split): set parallel.sequence_parallel: false or "
+                "parallel.tensor_model_parallel_size >= 2");
   if (p.sequence_parallel && m.seq_length % tp != 0)
     input_error("parallel.sequence_parallel: model.seq_length (" + s(m.seq_length) +
                 ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");

@@ -34,7 +34,11 @@ struct ParallelConfig {
   int data_parallel_size = 0;           // 0 = null: derived as world / (TP * PP)
   std::string pipeline_schedule = "1f1b";   // 1f1b | gpipe
   bool sequence_parallel = false;
+  // Megatron's distributed optimizer (ZeRO-1): gradients reduce-scattered over DP, fp32 master
+  // weights and Adam moments sharded over DP, parameters all-gathered after the step
+  // (parallel/grad_sync.h); overlap_param_gather: per bucket, waited for by the next forward.
   bool distributed_optimizer = false;
+  bool overlap_param_gather = false;
   // DP gradient all-reduce in buckets of layers, each started as soon as the last micro-batch's
   // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
   bool overlap_grad_reduce = false;

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/sharded_tensor.h"
 
 namespace tpt {
 namespace {
@@ -174,7 +175,8 @@ void SafetensorsReader::read(const std::string& name, float* out) const {
 }
 
 void SafetensorsReader::read_box(const std::string& name, std::span<const int64_t> offsets,
-                                 std::span<const int64_t> sizes, float* out) const {
+                                 std::span<const int64_t> sizes, float* out, std::span<const int64_t> out_shape,
+                                 std::span<const int64_t> out_at) const {
   const SafetensorInfo& t = info(name);
   auto bad = [&](const std::string& what) { input_error(path() + ": tensor '" + name + "': " + what); };
   if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16" && t.dtype != "F64")
@@ -187,30 +189,13 @@ void SafetensorsReader::read_box(const std::string& name, std::span<const int64_
     if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > t.shape[d] || sizes[d] > t.shape[d] - offsets[d])
       bad("box dimension " + std::to_string(d) + " [" + std::to_string(offsets[d]) + ", +" +
           std::to_string(sizes[d]) + ") is outside shape " + shape_string(t.shape));
-  for (size_t d = 0; d < ndim; ++d)
-    if (sizes[d] == 0) return;
-
+  if (out_shape.empty()) out_shape = sizes;
+  TPT_CHECK(out_shape.size() == ndim && (out_at.empty() || out_at.size() == ndim));
   const size_t esize = dtype_size(t.dtype);
   const uint8_t* base = file_.data() + data_start_ + t.begin;
-  if (ndim == 0) {
-    convert_to_fp32(t.dtype, base, 1, out);
-    return;
-  }
-  // Element strides of the stored tensor.
-  std::vector<int64_t> stride(ndim, 1);
-  for (size_t d = ndim - 1; d > 0; --d) stride[d - 1] = stride[d] * t.shape[d];
-  // Walk the leading ndim-1 coordinates of the box; each step copies one contiguous row.
-  const int64_t row = sizes[ndim - 1];
-  std::vector<int64_t> idx(ndim, 0);  // position inside the box; idx[ndim-1] stays 0
-  for (;;) {
-    int64_t elem = 0;
-    for (size_t d = 0; d < ndim; ++d) elem += (offsets[d] + idx[d]) * stride[d];
-    convert_to_fp32(t.dtype, base + static_cast<size_t>(elem) * esize, row, out);
-    out += row;
-    int d = static_cast<int>(ndim) - 2;  // odometer over the leading dimensions
-    while (d >= 0 && ++idx[d] == sizes[d]) idx[d--] = 0;
-    if (d < 0) return;
-  }
+  for_each_box_row(sizes, t.shape, offsets, out_shape, out_at, [&](int64_t src, int64_t dst, int64_t n) {
+    convert_to_fp32(t.dtype, base + static_cast<size_t>(src) * esize, n, out + dst);
+  });
 }
 
 void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, const float* data) {

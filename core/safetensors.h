@@ -38,9 +38,10 @@ class SafetensorsReader {
   // Whole tensor converted to fp32 (from F32, F16, BF16 or F64) into out[numel].
   void read(const std::string& name, float* out) const;
   // A box of the tensor: dimension d covers [offsets[d], offsets[d] + sizes[d]). out receives the
-  // box row-major (prod(sizes) floats). InputError if the box is not inside the tensor.
-  void read_box(const std::string& name, std::span<const int64_t> offsets,
-                std::span<const int64_t> sizes, float* out) const;
+  // box row-major (prod(sizes) floats), or with out_shape it goes to out_at inside a row-major
+  // tensor of out_shape at out. InputError if the box is not inside the tensor.
+  void read_box(const std::string& name, std::span<const int64_t> offsets, std::span<const int64_t> sizes,
+                float* out, std::span<const int64_t> out_shape = {}, std::span<const int64_t> out_at = {}) const;
   // The raw bytes of a tensor, as stored (possibly unaligned).
   const uint8_t* raw(const std::string& name) const;
 

@@ -1,7 +1,13 @@
 // Forward and backward of one pipeline stage of the GPT on one TP rank, micro-batch by
-// micro-batch. Shapes: N = B*S tokens of the micro-batch; Cl, Fl, Vl the local (TP-sharded) widths.
+// micro-batch. Shapes: N = B*S tokens of the micro-batch; Cl, Fl, Vl the local (TP-sharded) widths;
+// Nt = d.local_tokens(N) the tokens this rank holds in the LayerNorm / residual regions: N, or with
+// sequence parallelism (Korthikanti et al. 2022, as Megatron) its block of N/tp consecutive tokens of
+// the flattened (B, S) micro-batch. Sequence parallelism changes only what those regions hold and the
+// TP mappings around the GEMMs (gather_tokens, input_grad_to_tokens, row_parallel_output and their
+// conjugates): the GEMMs and the attention see all N tokens as before.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -10,29 +16,32 @@
 namespace tpt {
 
 // Compute-dtype tensors are Bufs; LayerNorm statistics and the log-sum-exp are fp32.
+// The LayerNorm outputs are kept as this rank's tokens (Nt, C); with sequence parallelism the GEMMs'
+// gathered (N, C) copy lives in scratch and is gathered again in backward (as Megatron does), which
+// keeps 2 (N - Nt) C fewer values per layer than keeping it.
 struct GPTStage::LayerActs {
-  Buf ln1;                            // (N, C)
-  float *ln1_mean, *ln1_rstd;         // (N), (N)
+  Buf ln1;                            // (Nt, C)
+  float *ln1_mean, *ln1_rstd;         // (Nt), (Nt)
   Buf qkv;                            // (B, S, 3, Hl, D)
   Buf atty;                           // (N, Cl) attention output (before the projection)
   float* lse;                         // (B, Hl, S) log-sum-exp of each query's scores
-  Buf x_mid;                          // (N, C) residual after attention
-  Buf ln2;                            // (N, C)
-  float *ln2_mean, *ln2_rstd;         // (N), (N)
+  Buf x_mid;                          // (Nt, C) residual after attention
+  Buf ln2;                            // (Nt, C)
+  float *ln2_mean, *ln2_rstd;         // (Nt), (Nt)
   Buf fc1;                            // (N, Fl) before GELU
   Buf gelu;                           // (N, Fl)
-  Buf x_out;                          // (N, C) block output
+  Buf x_out;                          // (Nt, C) block output
 };
 
 struct GPTStage::SlotActs {
   int32_t* tokens = nullptr;   // (B, S) first stage
   int32_t* targets = nullptr;  // (B, S) last stage
-  int32_t* positions = nullptr;    // (B, S) first stage, d.position_ids
+  int32_t* positions = nullptr;    // (Nt) first stage, d.position_ids: this rank's tokens' positions
   float* loss_weights = nullptr;   // (B, S) last stage, d.loss_mask
-  Buf x_in;                    // (N, C) stage input (embeddings or received hidden)
+  Buf x_in;                    // (Nt, C) stage input (embeddings or received hidden)
   std::vector<LayerActs> layers;
-  Buf lnf;                                         // last stage (N, C)
-  float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // last stage
+  Buf lnf;                                         // last stage (Nt, C)
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // last stage (Nt)
   float dloss_scale = 0.0f;
 };
 
@@ -51,27 +60,29 @@ int64_t fb(int64_t n) { return 4 * n; }
 // the attention output and its log-sum-exp: what selective recompute rebuilds in backward
 int64_t attention_core_bytes(const GPTDims& d, int64_t B, DType t) { return tb(B * d.S * d.Cl, t) + fb(B * d.Hl * d.S); }
 
-// one layer's activations (LayerActs), with or without the attention core
+// one layer's activations (LayerActs), with or without the attention core: the residual stream and
+// the LayerNorms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N
 int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core) {
-  const int64_t N = B * d.S;
-  return tb(4 * N * d.C + 3 * N * d.Cl + 2 * N * d.Fl, t) + fb(4 * N) + (with_core ? attention_core_bytes(d, B, t) : 0);
+  const int64_t N = B * d.S, Nt = d.local_tokens(N);
+  return tb(4 * Nt * d.C + 3 * N * d.Cl + 2 * N * d.Fl, t) + fb(4 * Nt) +
+         (with_core ? attention_core_bytes(d, B, t) : 0);
 }
 }  // namespace
 
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t) {
-  const int64_t N = B * d.S;
+  const int64_t N = B * d.S, Nt = d.local_tokens(N);
   const int64_t layers = d.layer_end - d.layer_begin;
-  const int64_t per_layer = r == Recompute::Full ? tb(N * d.C, t) : layer_bytes(d, B, t, r == Recompute::None);
-  int64_t n = tb(N * d.C, t) + layers * per_layer + fb(2 * N);  // + stage input, tokens, targets
-  n += fb(N) * (int64_t(d.position_ids) + int64_t(d.loss_mask));  // positions, loss weights
-  if (d.last_stage()) n += tb(N * d.C, t) + fb(2 * N);         // final LayerNorm
+  const int64_t per_layer = r == Recompute::Full ? tb(Nt * d.C, t) : layer_bytes(d, B, t, r == Recompute::None);
+  int64_t n = tb(Nt * d.C, t) + layers * per_layer + fb(2 * N);  // + stage input, tokens, targets
+  n += fb(Nt) * int64_t(d.position_ids) + fb(N) * int64_t(d.loss_mask);  // positions, loss weights
+  if (d.last_stage()) n += tb(Nt * d.C, t) + fb(2 * Nt);         // final LayerNorm
   return n;
 }
 
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
-  const int64_t N = B * d.S;
-  // dres, dln, tmp, dqkv, datt, dfc; the attention backward's row statistics
-  int64_t n = tb(3 * N * d.C + 3 * N * d.Cl + N * d.Cl + N * d.Fl, t) + fb(B * d.Hl * d.S);
+  const int64_t N = B * d.S, Nt = d.local_tokens(N);
+  // dres (Nt, C); dln, tmp (N, C); dqkv, datt, dfc; the attention backward's row statistics
+  int64_t n = tb(Nt * d.C + 2 * N * d.C + 3 * N * d.Cl + N * d.Cl + N * d.Fl, t) + fb(B * d.Hl * d.S);
   if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
@@ -137,7 +148,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
                    int64_t micro_batch, int slots, StageOptions options)
     : d_(d), layout_(layout), ops_(ops), tp_(tp), params_(params), grads_(grads), B_(micro_batch), opt_(options) {
   TPT_CHECK(params.t == opt_.dtype);
-  const int64_t N = B_ * d.S;
+  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
+  TPT_CHECK(Nt * d.tp == N || !d.sequence_parallel);
   // Allocation order and sizes are what activation_bytes_per_microbatch / scratch_bytes count.
   auto attention_core = [&](LayerActs& la) {
     la.atty = alloc(N * d.Cl);
@@ -145,19 +157,19 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   };
   auto layer_acts = [&](const LayerActs* shared_core) {
     LayerActs la;
-    la.ln1 = alloc(N * d.C);
-    la.ln1_mean = alloc_f32(N);
-    la.ln1_rstd = alloc_f32(N);
+    la.ln1 = alloc(Nt * d.C);
+    la.ln1_mean = alloc_f32(Nt);
+    la.ln1_rstd = alloc_f32(Nt);
     la.qkv = alloc(3 * N * d.Cl);
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la);
-    la.x_mid = alloc(N * d.C);
-    la.ln2 = alloc(N * d.C);
-    la.ln2_mean = alloc_f32(N);
-    la.ln2_rstd = alloc_f32(N);
+    la.x_mid = alloc(Nt * d.C);
+    la.ln2 = alloc(Nt * d.C);
+    la.ln2_mean = alloc_f32(Nt);
+    la.ln2_rstd = alloc_f32(Nt);
     la.fc1 = alloc(N * d.Fl);
     la.gelu = alloc(N * d.Fl);
-    la.x_out = alloc(N * d.C);
+    la.x_out = alloc(Nt * d.C);
     return la;
   };
   LayerActs shared_core{};
@@ -168,29 +180,29 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     slots_.push_back(a);
     a->tokens = reinterpret_cast<int32_t*>(alloc_f32(N));
     a->targets = reinterpret_cast<int32_t*>(alloc_f32(N));
-    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(alloc_f32(N));
+    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(alloc_f32(Nt));
     if (d.loss_mask) a->loss_weights = alloc_f32(N);
-    a->x_in = alloc(N * d.C);
+    a->x_in = alloc(Nt * d.C);
     for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
       if (opt_.recompute == Recompute::Full) {  // only the layer's output (= next layer's input) is kept
         LayerActs la{};
-        la.x_out = alloc(N * d.C);
+        la.x_out = alloc(Nt * d.C);
         a->layers.push_back(la);
       } else {
         a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr));
       }
     }
     if (d.last_stage()) {
-      a->lnf = alloc(N * d.C);
-      a->lnf_mean = alloc_f32(N);
-      a->lnf_rstd = alloc_f32(N);
+      a->lnf = alloc(Nt * d.C);
+      a->lnf_mean = alloc_f32(Nt);
+      a->lnf_rstd = alloc_f32(Nt);
     }
   }
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) {
     wire_ = TPWire{&ops_, Buf(ops_.alloc_bytes(size_t(bytes)), opt_.dtype)};
     owned_.push_back(wire_.gather.p);
   }
-  dres_ = alloc(N * d.C);
+  dres_ = alloc(Nt * d.C);
   dln_ = alloc(N * d.C);
   tmp_ = alloc(N * d.C);
   dqkv_ = alloc(3 * N * d.Cl);
@@ -209,26 +221,110 @@ GPTStage::~GPTStage() {
   delete recompute_acts_;
 }
 
+// ---- the TP mappings around the GEMMs (parallel/tensor_parallel.h), for both layouts of the
+// LayerNorm / residual regions: all N tokens (copy_to / reduce_from_tp_region: all-reduces of the
+// (N, C) tensors) or, with sequence parallelism, this rank's Nt tokens (all-gather before each
+// column-parallel GEMM, reduce-scatter after each row-parallel one, and the conjugates in backward).
+
+CBuf GPTStage::gather_tokens(CBuf x, Buf full) {
+  if (!d_.sequence_parallel) return x;
+  gather_from_sequence_parallel_region_forward(tp_, full, x, d_.local_tokens(B_ * d_.S) * d_.C, wire());
+  return full;
+}
+
+CBuf GPTStage::input_grad_to_tokens(Buf dfull, Buf shard) {
+  if (!d_.sequence_parallel) {
+    copy_to_tp_region_backward(tp_, dfull, B_ * d_.S * d_.C, wire());
+    return dfull;
+  }
+  gather_from_sequence_parallel_region_backward(tp_, shard, dfull, d_.local_tokens(B_ * d_.S) * d_.C, wire());
+  return shard;
+}
+
+CBuf GPTStage::row_parallel_output(Buf partial, Buf shard, CBuf bias) {
+  if (!d_.sequence_parallel) {  // the bias, if any, was added in tp_rank 0's GEMM (row_bias_in_gemm)
+    reduce_from_tp_region_forward(tp_, partial, B_ * d_.S * d_.C, wire());
+    return partial;
+  }
+  const int64_t Nt = d_.local_tokens(B_ * d_.S);
+  reduce_scatter_to_sequence_parallel_region_forward(tp_, shard, partial, Nt * d_.C, wire());
+  // out (Nt, C) += bias (C) on every rank (Megatron): Ops' position-embedding add with one position
+  if (bias) ops_.add_position_embedding(shard, bias, Nt, 1, d_.C);
+  return shard;
+}
+
+GPTStage::RowGrad GPTStage::row_parallel_output_grad(CBuf dout, Buf full, float* dbias) {
+  if (!d_.sequence_parallel) return {dout, dbias};
+  const int64_t Nt = d_.local_tokens(B_ * d_.S);
+  reduce_scatter_to_sequence_parallel_region_backward(tp_, full, dout, Nt * d_.C, wire());
+  if (dbias) ops_.position_embedding_backward(dbias, dout, Nt, 1, d_.C);  // column sums of this rank's rows
+  return {full, nullptr};
+}
+
+namespace {
+// The runs of consecutive positions among the tokens [t0, t0 + n) of the flattened (B, S)
+// micro-batch: f(row, pos, seqs, len) for rows [row, row + seqs * len) (counted from t0) holding
+// seqs sequences' positions pos .. pos + len - 1 -- the end of a sequence begun before t0, the whole
+// sequences, the start of one that goes on after t0 + n. All tokens (t0 = 0, n = B*S): one run.
+template <class F>
+void for_each_position_run(int64_t t0, int64_t n, int64_t S, F&& f) {
+  const int64_t end = t0 + n;
+  int64_t t = t0;
+  if (t % S != 0 && t < end) {
+    const int64_t len = std::min(S - t % S, end - t);
+    f(t - t0, t % S, int64_t{1}, len);
+    t += len;
+  }
+  if (const int64_t whole = (end - t) / S) {
+    f(t - t0, int64_t{0}, whole, S);
+    t += whole * S;
+  }
+  if (t < end) f(t - t0, int64_t{0}, int64_t{1}, end - t);
+}
+}  // namespace
+
+void GPTStage::add_positions(Buf out) {
+  const int64_t N = B_ * d_.S, C = d_.C;
+  const CBuf wpe = p("wpe.weight");
+  for_each_position_run(d_.local_token_begin(N), d_.local_tokens(N), d_.S,
+                        [&](int64_t row, int64_t pos, int64_t seqs, int64_t len) {
+                          ops_.add_position_embedding(out + row * C, wpe + pos * C, seqs, len, C);
+                        });
+}
+
+void GPTStage::positions_backward(CBuf dout) {
+  const int64_t N = B_ * d_.S, C = d_.C;
+  float* dwpe = g("wpe.weight");
+  for_each_position_run(d_.local_token_begin(N), d_.local_tokens(N), d_.S,
+                        [&](int64_t row, int64_t pos, int64_t seqs, int64_t len) {
+                          ops_.position_embedding_backward(dwpe + pos * C, dout + row * C, seqs, len, C);
+                        });
+}
+
 // Every tensor is stored in the compute dtype by the op that writes it (rounded once).
 void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out) {
   const GPTDims& d = d_;
-  const int64_t N = B_ * d.S;
+  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockParams<CBuf> w = block_params(layout_, params_, layer);
-  const bool bias_rank = d.tp_rank == 0;  // row-parallel biases are added once, before the all-reduce
+  // row-parallel biases: added once (tp_rank 0) before the all-reduce, or with sequence parallelism
+  // on every rank after the reduce-scatter (row_parallel_output)
+  const bool bias_in_gemm = row_bias_in_gemm();
   // attention
-  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, N, d.C, d.eps);
-  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, d.C, 3 * d.Cl);  // column-parallel (by heads)
+  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, Nt, d.C, d.eps);
+  CBuf ln1 = gather_tokens(a.ln1, tmp_);                                   // (N, C)
+  ops_.linear_forward(a.qkv, ln1, w.qkv_w, w.qkv_b, N, d.C, 3 * d.Cl);  // column-parallel (by heads)
   attention_core_forward(a);
-  ops_.linear_forward(tmp_, a.atty, w.proj_w, bias_rank ? w.proj_b : nullptr, N, d.Cl, d.C);  // row-parallel
-  reduce_from_tp_region_forward(tp_, tmp_, N * d.C, wire());
+  ops_.linear_forward(tmp_, a.atty, w.proj_w, bias_in_gemm ? w.proj_b : nullptr, N, d.Cl, d.C);  // row-parallel
+  CBuf y = row_parallel_output(tmp_, dln_, w.proj_b);  // (Nt, C)
   // residual, then the MLP's LayerNorm in the same pass
-  ops_.residual_layernorm_forward(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, tmp_, w.ln2_w, w.ln2_b, N, d.C,
+  ops_.residual_layernorm_forward(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, y, w.ln2_w, w.ln2_b, Nt, d.C,
                                   d.eps);
   // MLP: fc1 with its GELU fused (column-parallel), fc2 (row-parallel)
-  ops_.linear_forward(a.gelu, a.ln2, w.fc1_w, w.fc1_b, N, d.C, d.Fl, /*gelu_pre=*/a.fc1);
-  ops_.linear_forward(tmp_, a.gelu, w.fc2_w, bias_rank ? w.fc2_b : nullptr, N, d.Fl, d.C);
-  reduce_from_tp_region_forward(tp_, tmp_, N * d.C, wire());
-  ops_.add(x_out, a.x_mid, tmp_, N * d.C);
+  CBuf ln2 = gather_tokens(a.ln2, tmp_);  // (N, C)
+  ops_.linear_forward(a.gelu, ln2, w.fc1_w, w.fc1_b, N, d.C, d.Fl, /*gelu_pre=*/a.fc1);
+  ops_.linear_forward(tmp_, a.gelu, w.fc2_w, bias_in_gemm ? w.fc2_b : nullptr, N, d.Fl, d.C);
+  y = row_parallel_output(tmp_, dln_, w.fc2_b);
+  ops_.add(x_out, a.x_mid, y, Nt * d.C);
 }
 
 // Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.
@@ -237,54 +333,65 @@ void GPTStage::attention_core_forward(LayerActs& a) {
   ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.D);  // lse stays fp32
 }
 
-// dres: d block output on entry, d block input on exit.
+// dres: d block output on entry, d block input on exit (Nt, C).
 void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres) {
   const GPTDims& d = d_;
-  const int64_t N = B_ * d.S;
+  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockParams<CBuf> w = block_params(layout_, params_, layer);
   const BlockParams<float*> gw = block_params(layout_, grads_, layer);
   // MLP: fc2's input gradient goes through GELU's derivative in the same GEMM
-  ops_.linear_backward(dfc_, gw.fc2_w, gw.fc2_b, dres, a.gelu, w.fc2_w, N, d.Fl, d.C, false, /*gelu_pre=*/a.fc1);
-  ops_.linear_backward(dln_, gw.fc1_w, gw.fc1_b, dfc_, a.ln2, w.fc1_w, N, d.C, d.Fl, false);
-  copy_to_tp_region_backward(tp_, dln_, N * d.C, wire());
-  ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln_, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, d.C);
+  RowGrad dy = row_parallel_output_grad(dres, tmp_, gw.fc2_b);  // (N, C)
+  ops_.linear_backward(dfc_, gw.fc2_w, dy.dbias, dy.dout, a.gelu, w.fc2_w, N, d.Fl, d.C, false, /*gelu_pre=*/a.fc1);
+  CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again
+  ops_.linear_backward(dln_, gw.fc1_w, gw.fc1_b, dfc_, ln2, w.fc1_w, N, d.C, d.Fl, false);
+  CBuf dln2 = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
+  ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln2, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, Nt, d.C);
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  ops_.linear_backward(datt_, gw.proj_w, gw.proj_b, dres, a.atty, w.proj_w, N, d.Cl, d.C, false);
+  dy = row_parallel_output_grad(dres, tmp_, gw.proj_b);
+  ops_.linear_backward(datt_, gw.proj_w, dy.dbias, dy.dout, a.atty, w.proj_w, N, d.Cl, d.C, false);
   ops_.attention_backward(dqkv_, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.D);
-  ops_.linear_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
-  copy_to_tp_region_backward(tp_, dln_, N * d.C, wire());
-  ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, d.C);
+  CBuf ln1 = gather_tokens(a.ln1, tmp_);
+  ops_.linear_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv_, ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
+  CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
+  ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln1, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, Nt, d.C);
 }
 
-void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions) {
+void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,
+                       const std::function<void(int64_t layer)>& layer_start) {
   const GPTDims& d = d_;
-  const int64_t N = B_ * d.S;
+  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   SlotActs& a = *slots_.at(size_t(slot));
+  if (layer_start) layer_start(d.layer_begin - 1);
   if (d.first_stage()) {
     ops_.copy(reinterpret_cast<float*>(a.tokens), reinterpret_cast<const float*>(tokens), N);
-    // vocab-parallel embedding: rows outside this rank's shard give 0, summed over TP (g)
-    ops_.embedding_forward(a.x_in, a.tokens, p("wte.weight"), N, d.C, d.v0, d.Vl);
-    reduce_from_tp_region_forward(tp_, a.x_in, N * d.C, wire());
+    // vocab-parallel embedding of all N tokens: rows outside this rank's shard give 0, summed over TP
+    // (g) in place, or with sequence parallelism reduce-scattered to this rank's tokens
+    const Buf partial = d.sequence_parallel ? tmp_ : a.x_in;  // (N, C)
+    ops_.embedding_forward(partial, a.tokens, p("wte.weight"), N, d.C, d.v0, d.Vl);
+    row_parallel_output(partial, a.x_in, nullptr);  // (Nt, C)
     if (d.position_ids) {  // wpe rows of the given positions: an embedding lookup, then the add
       TPT_CHECK(positions != nullptr);
-      ops_.copy(reinterpret_cast<float*>(a.positions), reinterpret_cast<const float*>(positions), N);
-      ops_.embedding_forward(tmp_, a.positions, p("wpe.weight"), N, d.C, 0, d.P);
-      ops_.add(a.x_in, a.x_in, tmp_, N * d.C);
+      ops_.copy(reinterpret_cast<float*>(a.positions), reinterpret_cast<const float*>(positions + d.local_token_begin(N)),
+                Nt);
+      ops_.embedding_forward(tmp_, a.positions, p("wpe.weight"), Nt, d.C, 0, d.P);
+      ops_.add(a.x_in, a.x_in, tmp_, Nt * d.C);
     } else {
-      ops_.add_position_embedding(a.x_in, p("wpe.weight"), B_, d.S, d.C);
+      add_positions(a.x_in);
     }
   } else {
-    ops_.copy(a.x_in, hidden_in, N * d.C);
+    ops_.copy(a.x_in, hidden_in, Nt * d.C);
   }
   CBuf x = a.x_in;
   for (size_t i = 0; i < a.layers.size(); ++i) {
     LayerActs& la = opt_.recompute == Recompute::Full ? *recompute_acts_ : a.layers[i];
+    if (layer_start) layer_start(d.layer_begin + int64_t(i));
     block_forward(d.layer_begin + int64_t(i), la, x, a.layers[i].x_out);
     x = a.layers[i].x_out;
   }
+  if (layer_start) layer_start(d.layer_end);
   if (d.last_stage())
-    ops_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p("ln_f.weight"), p("ln_f.bias"), N, d.C, d.eps);
+    ops_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p("ln_f.weight"), p("ln_f.bias"), Nt, d.C, d.eps);
   if (logits_slot_ == slot) logits_slot_ = -1;
 }
 
@@ -305,8 +412,10 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
     if (weights != a.loss_weights) ops_.copy(a.loss_weights, weights, N);
   }
   // LM head tied to the word embedding, vocab-parallel: logits (N, Vl) of this rank's vocabulary
-  // rows, in the compute dtype; the cross-entropy reads them in three passes (fp32 row statistics).
-  ops_.linear_forward(logits_, a.lnf, p("wte.weight"), nullptr, N, d.C, d.Vl);
+  // rows, in the compute dtype, from the final LayerNorm of all N tokens (with sequence parallelism
+  // all-gathered); the cross-entropy reads them in three passes (fp32 row statistics).
+  CBuf lnf = gather_tokens(a.lnf, tmp_);  // (N, C)
+  ops_.linear_forward(logits_, lnf, p("wte.weight"), nullptr, N, d.C, d.Vl);
   float* row_max = xent_;
   float* target_logit = xent_ + N;
   float* sum_exp = xent_ + 2 * N;  // adjacent to target_logit: one all-reduce for both
@@ -327,20 +436,22 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
 
 void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t layer)>& layer_done) {
   const GPTDims& d = d_;
-  const int64_t N = B_ * d.S;
+  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   SlotActs& a = *slots_.at(size_t(slot));
   if (d.last_stage()) {
     if (logits_slot_ != slot) loss(slot, a.targets, a.dloss_scale, true, a.loss_weights);  // recompute (e.g. GPipe)
-    // LM head backward: d lnf = dlogits @ wte_local, summed over TP (f); d wte += dlogits^T lnf
-    ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, a.lnf, p("wte.weight"), N, d.C, d.Vl, false);
+    // LM head backward: d lnf = dlogits @ wte_local, summed over TP (f; with sequence parallelism
+    // reduce-scattered to this rank's tokens); d wte += dlogits^T lnf (lnf gathered again)
+    CBuf lnf = gather_tokens(a.lnf, tmp_);
+    ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, lnf, p("wte.weight"), N, d.C, d.Vl, false);
     logits_slot_ = -1;
-    copy_to_tp_region_backward(tp_, dln_, N * d.C, wire());
+    CBuf dlnf = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
     CBuf x = a.layers.empty() ? a.x_in : a.layers.back().x_out;
-    ops_.zero(dres_, N * d.C);
-    ops_.layernorm_backward(dres_, g("ln_f.weight"), g("ln_f.bias"), dln_, x, p("ln_f.weight"), a.lnf_mean,
-                            a.lnf_rstd, N, d.C);
+    ops_.zero(dres_, Nt * d.C);
+    ops_.layernorm_backward(dres_, g("ln_f.weight"), g("ln_f.bias"), dlnf, x, p("ln_f.weight"), a.lnf_mean,
+                            a.lnf_rstd, Nt, d.C);
   } else {
-    ops_.copy(dres_, doutput, N * d.C);
+    ops_.copy(dres_, doutput, Nt * d.C);
   }
   for (size_t i = a.layers.size(); i-- > 0;) {
     CBuf x_in = i == 0 ? a.x_in : a.layers[i - 1].x_out;
@@ -354,9 +465,11 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
     if (layer_done) layer_done(layer);
   }
   if (d.first_stage()) {
-    ops_.embedding_backward(g("wte.weight"), a.tokens, dres_, N, d.C, d.v0, d.Vl);
-    if (d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, N, d.C, 0, d.P);
-    else ops_.position_embedding_backward(g("wpe.weight"), dres_, B_, d.S, d.C);
+    // the vocab-parallel embedding's gradient from all N tokens (sequence parallel: all-gathered)
+    const CBuf demb = row_parallel_output_grad(dres_, tmp_, nullptr).dout;  // (N, C)
+    ops_.embedding_backward(g("wte.weight"), a.tokens, demb, N, d.C, d.v0, d.Vl);
+    if (d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, Nt, d.C, 0, d.P);
+    else positions_backward(dres_);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/sharded_tensor.h"
 #include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
 
@@ -28,19 +29,23 @@ struct GPTDims {
   int64_t Hl = 0, Cl = 0, Fl = 0, Vl = 0, v0 = 0;  // local heads, local attention width, local ffn, local vocab rows, first vocab id
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
   bool loss_mask = false;     // data.eod_mask_loss: per-token loss weights come with the targets
+  // parallel.sequence_parallel with tp > 1: the LayerNorm / residual regions hold only this TP
+  // rank's block of the micro-batch's N = B*S tokens (see local_tokens)
+  bool sequence_parallel = false;
   bool first_stage() const { return pp_rank == 0; }
+  // Tokens (rows) of a micro-batch of N tokens that this rank holds outside the TP-sharded GEMMs:
+  // all N, or with sequence parallelism its block [tp_rank N/tp, (tp_rank+1) N/tp) of the flattened
+  // (B, S) tokens. Stage inputs and outputs, and so pipeline messages, are (local_tokens(N), C).
+  int64_t local_tokens(int64_t N) const { return sequence_parallel ? N / tp : N; }
+  int64_t local_token_begin(int64_t N) const { return sequence_parallel ? tp_rank * (N / tp) : 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
 };
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
 
-// One parameter tensor of this rank. The local tensor is the box [offset, offset + box) of the
-// global tensor, stored row-major with shape `local_shape`; only the word embedding's local shape
-// is larger than its box (padded vocabulary rows, kept at zero).
-struct ParamInfo {
-  std::string name;                    // global name, e.g. "h.3.attn.qkv.weight"
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> box_offset, box_size;
-  std::vector<int64_t> local_shape;
+// One parameter tensor of this rank: its shard of the global tensor (core/sharded_tensor.h; only
+// the word embedding's local shape is larger than its box: padded vocabulary rows, kept at zero)
+// and where it lies in the rank's parameter buffer.
+struct ParamInfo : TensorShard {
   int64_t offset = 0;                  // in floats, into the rank's parameter buffer
   int64_t numel = 0;                   // local elements (product of local_shape)
   bool weight_decay = false;           // 2-D weights (both embeddings included)
@@ -82,8 +87,13 @@ struct StageOptions {
 // backward on this stage, and of the scratch shared by all micro-batches (the 16-bit TP sums'
 // gather buffer included), for compute dtype t. The planner and GPTStage's allocations both use
 // these: they are equal whenever each tensor's bytes are a multiple of the allocator's alignment.
+// With sequence parallelism the residual stream, the LayerNorm outputs and statistics, the stage
+// input and the final LayerNorm are counted on this rank's local_tokens(B*S) tokens.
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
+// Elements of one pipeline message (a stage's output or its input gradient) for micro-batches of B:
+// B*S*C, or B*S*C/tp with sequence parallelism.
+inline int64_t stage_message_elements(const GPTDims& d, int64_t B) { return d.local_tokens(B * d.S) * d.C; }
 
 // The name of the stage's GEMM with input width `in` and output width `out` ("attn.qkv",
 // "attn.proj", "mlp.fc1", "mlp.fc2", "lm_head"; names joined by "|" where the widths coincide).
@@ -103,16 +113,21 @@ class GPTStage {
 
   // Forward of micro-batch `slot`. First stage: tokens (B, S) on the device, and with
   // d.position_ids their positions (B, S) (< P) on the device; other stages: the previous stage's
-  // output hidden (B, S, C) on the device, in the compute dtype.
-  void forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions = nullptr);
-  // Output of a non-last stage (B, S, C), in the compute dtype.
+  // output hidden (Nt, C) on the device, in the compute dtype. Nt = d.local_tokens(B*S): B*S, or
+  // with sequence parallelism this TP rank's block of the tokens.
+  // layer_start(l), if given, is called before anything reads transformer layer l's parameters
+  // (global index), with layer_begin - 1 before the embeddings and layer_end before the final
+  // LayerNorm: where the distributed optimizer's overlapped parameter all-gather is waited for.
+  void forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions = nullptr,
+               const std::function<void(int64_t layer)>& layer_start = {});
+  // Output of a non-last stage (Nt, C), in the compute dtype.
   CBuf output(int slot) const;
   // Last stage: per-token losses of the slot's forward; if want_grad, also prepares the logits
   // gradient scaled by dloss_scale (d total_loss / d token_loss). With d.loss_mask, weights (B, S)
   // on the device multiply each token's loss and gradient (0: the token does not count). Returns the
   // sum of the (weighted) losses.
   double loss(int slot, const int32_t* targets, float dloss_scale, bool want_grad, const float* weights = nullptr);
-  // Backward of micro-batch `slot`. Non-last stages get d output (B, S, C). Gradients accumulate
+  // Backward of micro-batch `slot`. Non-last stages get d output (Nt, C). Gradients accumulate
   // into grads. Non-first stages: input_grad() then holds d hidden_in. layer_done(l), if given, is
   // called as soon as transformer layer l (global index) has added its gradients (last layer first):
   // what the DP gradient sync overlaps with the rest of backward.
@@ -127,6 +142,32 @@ class GPTStage {
   void block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out);
   void block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres);
   void attention_core_forward(LayerActs& a);
+  // The TP mappings around the GEMMs, written once for both layouts of the LayerNorm / residual
+  // regions (all N tokens, or with sequence parallelism this rank's Nt):
+  // the input (N, C) of a column-parallel GEMM from this rank's LayerNorm output x (Nt, C): x itself,
+  // or with sequence parallelism x all-gathered into `full`.
+  CBuf gather_tokens(CBuf x, Buf full);
+  // d of that input (N, C, this rank's partial, in dfull) summed over TP -> d of x: dfull all-reduced
+  // in place, or with sequence parallelism this rank's tokens reduce-scattered into `shard`.
+  CBuf input_grad_to_tokens(Buf dfull, Buf shard);
+  // The partial outputs (N, C) of a row-parallel GEMM in `partial` summed over TP -> the layer's output
+  // on this rank's tokens: partial all-reduced in place (the bias was added on tp_rank 0 in the GEMM),
+  // or with sequence parallelism reduce-scattered into `shard`, then the bias added on every rank.
+  CBuf row_parallel_output(Buf partial, Buf shard, CBuf bias);
+  // Its backward, from d output (Nt, C): what the GEMM's backward reads (d output (N, C)) and the
+  // bias gradient it accumulates -- dout and dbias themselves, or with sequence parallelism dout
+  // all-gathered into `full` and no bias: its gradient, the sum over this rank's tokens (summed over
+  // TP with the other replicated gradients), is added to dbias here.
+  struct RowGrad {
+    CBuf dout;
+    float* dbias;
+  };
+  RowGrad row_parallel_output_grad(CBuf dout, Buf full, float* dbias);
+  // out (Nt, C) += wpe rows of this rank's tokens' positions 0..S-1 (without d.position_ids), and
+  // its backward dwpe += dout at those positions.
+  void add_positions(Buf out);
+  void positions_backward(CBuf dout);
+  bool row_bias_in_gemm() const { return !d_.sequence_parallel && d_.tp_rank == 0; }
   // How the TP mappings' sums travel: 16-bit values in bf16/fp16 runs, else fp32 (null).
   const TPWire* wire() const { return wire_.ops ? &wire_ : nullptr; }
   CBuf p(const std::string& name) const;
@@ -142,7 +183,10 @@ class GPTStage {
   StageOptions opt_;
   std::vector<SlotActs*> slots_;
   LayerActs* recompute_acts_ = nullptr;  // full recompute: one layer's activations, rebuilt in backward
-  // shared scratch (compute dtype, except the fp32 attention and cross-entropy row statistics)
+  // shared scratch (compute dtype, except the fp32 attention and cross-entropy row statistics):
+  // dres_ (Nt, C) the residual stream's gradient; tmp_ (N, C) row-parallel partial outputs, gathered
+  // tokens, all-gathered gradients; dln_ (N, C) a column-parallel GEMM's input gradient, and in
+  // forward with sequence parallelism the reduce-scattered row-parallel output (Nt, C)
   Buf dres_, dln_, dqkv_, datt_, dfc_, tmp_, logits_;
   float *datt_stats_ = nullptr, *xent_ = nullptr;
   TPWire wire_{nullptr, Buf{}};  // bf16/fp16 with TP > 1: the backend and the 16-bit sums' gather buffer

@@ -37,7 +37,7 @@ InferenceWeights load_inference_weights(const std::string& dir) {
   LoadRequest req;
   req.dir = dir;
   for (const ParamInfo& p : w.layout.params) {
-    req.wanted.push_back({p.name, p.global_shape, p.box_offset, p.box_size, p.local_shape, w.params.data() + p.offset});
+    req.wanted.push_back({p, w.params.data() + p.offset});
     // the shape check covers the whole checkpoint: parameters and their Adam moments (not read)
     for (const char* prefix : {"", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."})
       req.model.push_back({prefix + p.name, p.global_shape});

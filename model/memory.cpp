@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "parallel/grad_sync.h"
 
 namespace tpt {
 
@@ -68,18 +69,25 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   m.layers = d.layer_end - d.layer_begin;
   m.in_flight = max_in_flight(stage_schedule(cfg, pp_rank));
   for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
-  m.parameter_buffer = layout.total;
-  m.weight_bytes = layout.total * 4 + (dtype == DType::F32 ? 0 : dtype_size(layout.total, dtype));
-  m.gradient_bytes = layout.total * 4;
-  m.optimizer_bytes = layout.total * 8;
+  // The distributed optimizer (parallel/grad_sync.h): the buffers padded to its blocks; fp32 master
+  // weights (bf16 / fp16 runs) and Adam moments only for this DP rank's 1/DP of them
+  const int dp = std::max(1, cfg.parallel.data_parallel_size);
+  const bool distributed = cfg.parallel.distributed_optimizer && dp > 1;
+  const int64_t buffer = GradSync::buffer_size(layout.total, dp, distributed);
+  const int64_t owned = distributed ? buffer / dp : buffer;
+  m.parameter_buffer = buffer;
+  m.weight_bytes = dtype == DType::F32 ? buffer * 4 : dtype_size(buffer, dtype) + owned * 4;
+  m.gradient_bytes = buffer * 4;
+  m.optimizer_bytes = owned * 8;
   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
     m.activation_and_workspace_by_mode[int(r)] =
         activation_bytes_per_microbatch(d, B, r, dtype) * m.in_flight + scratch_bytes(d, B, r, dtype);
   const Recompute mode = parse_recompute(cfg.training.recompute);
   m.activation_bytes = activation_bytes_per_microbatch(d, B, mode, dtype) * m.in_flight;
   m.workspace_bytes = scratch_bytes(d, B, mode, dtype);
-  // The trainer's buffers: per in-flight slot a received activation and a received gradient.
-  if (pp > 1) m.buffer_bytes += 2 * m.in_flight * dtype_size(B * d.S * d.C, dtype);
+  // The trainer's buffers: per in-flight slot a received activation and a received gradient
+  // (B*S*C, or this TP rank's B*S*C/tp with sequence parallelism).
+  if (pp > 1) m.buffer_bytes += 2 * m.in_flight * dtype_size(stage_message_elements(d, B), dtype);
   m.buffer_bytes += 2 * B * d.S * 4;  // tokens, targets (int32)
   return m;
 }
@@ -215,8 +223,7 @@ StageWork stage_work(const Config& c, int s) {
 }
 
 // Largest total over the stages; -1 when the config is not a valid grid for `world`.
-// distributed_optimizer: Megatron's estimate (fp32 master weights and Adam moments sharded over DP).
-int64_t peak_bytes(Config c, int world, bool distributed_optimizer) {
+int64_t peak_bytes(Config c, int world) {
   try {
     c.parallel.data_parallel_size = 0;
     resolve_parallel(c, world);
@@ -224,25 +231,16 @@ int64_t peak_bytes(Config c, int world, bool distributed_optimizer) {
   } catch (const InputError&) {
     return -1;
   }
-  const int dp = c.parallel.data_parallel_size;
   int64_t peak = 0;
-  for (int s = 0; s < c.parallel.pipeline_model_parallel_size; ++s) {
-    StageMemory m = stage_memory(c, s);
-    if (distributed_optimizer) {
-      const int64_t master = m.parameter_buffer * 4;
-      if (compute_dtype(c) != DType::F32) m.weight_bytes = m.weight_bytes - master + master / dp;
-      m.optimizer_bytes /= dp;
-    }
-    peak = std::max(peak, m.total_bytes());
-  }
+  for (int s = 0; s < c.parallel.pipeline_model_parallel_size; ++s) peak = std::max(peak, stage_memory(c, s).total_bytes());
   return peak;
 }
 
 std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   std::vector<PlanSuggestion> out;
   const double limit = plan.device_memory_bytes;
-  auto add = [&](const std::string& change, const std::string& note, Config v, int world, bool distopt) {
-    const int64_t peak = peak_bytes(v, world, distopt);
+  auto add = [&](const std::string& change, const std::string& note, Config v, int world) {
+    const int64_t peak = peak_bytes(v, world);
     if (peak >= 0) out.push_back({change, note, peak, double(peak) <= limit});
     return peak >= 0 && double(peak) <= limit;
   };
@@ -252,11 +250,11 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
     return v;
   };
   const std::string already = "already configured";
-  if (rc == "none") add("training.recompute=selective", "", with_recompute(c, "selective"), plan.world_size, false);
-  add("training.recompute=full", rc == "full" ? already : "", with_recompute(c, "full"), plan.world_size, false);
+  if (rc == "none") add("training.recompute=selective", "", with_recompute(c, "selective"), plan.world_size);
+  add("training.recompute=full", rc == "full" ? already : "", with_recompute(c, "full"), plan.world_size);
   Config mb1 = c;
   mb1.training.micro_batch_size = 1;
-  add("training.micro_batch_size=1", c.training.micro_batch_size == 1 ? already : "", mb1, plan.world_size, false);
+  add("training.micro_batch_size=1", c.training.micro_batch_size == 1 ? already : "", mb1, plan.world_size);
   // More PP / more TP: the smallest degree that fits (first with the configured recompute, then
   // with full recompute). The world keeps its size where the grid allows, else DP is kept.
   auto grow = [&](bool pipeline) {
@@ -272,8 +270,8 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
         const int g = plan.options.gpus_per_node;  // TP groups that tile nodes: 1, 2, 4, 8, 16, ...
         if (!pipeline && (tp <= g ? g % tp != 0 : tp % g != 0)) continue;
         int world = tp * pp * plan.dp;  // keep DP, unless the same world size works
-        if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size, false) >= 0) world = plan.world_size;
-        const int64_t peak = peak_bytes(v, world, false);
+        if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size) >= 0) world = plan.world_size;
+        const int64_t peak = peak_bytes(v, world);
         if (peak < 0 || double(peak) > limit) continue;
         std::string note = "TP " + std::to_string(tp) + " x PP " + std::to_string(pp) + " x DP " +
                            std::to_string(world / (tp * pp)) + " = " + std::to_string(world) + " ranks";
@@ -288,11 +286,30 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   };
   grow(true);
   grow(false);
-  const std::string distopt = "not implemented yet in tptrain: Megatron's estimate, fp32 master weights and Adam "
-                              "moments sharded over DP";
-  if (!add("parallel.distributed_optimizer=true", distopt, c, plan.world_size, true) && rc != "full")
-    add("parallel.distributed_optimizer=true training.recompute=full", distopt, with_recompute(c, "full"),
-        plan.world_size, true);
+  // Megatron's memory switches: the distributed optimizer (fp32 master weights and Adam moments
+  // sharded over DP: 6 + 12/DP bytes per parameter in bf16) and sequence parallelism (the
+  // LayerNorm / residual activations split over TP), alone, together, and with full recompute
+  const ParallelConfig& par = c.parallel;
+  std::vector<std::pair<std::string, Config>> switches;
+  Config v = c;
+  std::string change;
+  if (!par.distributed_optimizer && plan.dp > 1) {
+    v.parallel.distributed_optimizer = true;
+    change = "parallel.distributed_optimizer=true";
+    switches.push_back({change, v});
+  }
+  if (!par.sequence_parallel && plan.tp > 1 && c.model.seq_length % plan.tp == 0) {
+    Config sp = c;
+    sp.parallel.sequence_parallel = true;
+    switches.push_back({"parallel.sequence_parallel=true", sp});
+    v.parallel.sequence_parallel = true;
+    change += (change.empty() ? "" : " ") + std::string("parallel.sequence_parallel=true");
+    if (switches.size() == 2) switches.push_back({change, v});
+  }
+  bool fits = false;
+  for (const auto& [what, cfg] : switches) fits = add(what, "", cfg, plan.world_size) || fits;
+  if (!fits && !change.empty() && rc != "full")
+    add(change + " training.recompute=full", "", with_recompute(v, "full"), plan.world_size);
   return out;
 }
 
@@ -336,7 +353,9 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   const double tp_bw = link(plan.tp), dp_bw = link(plan.tp * plan.dp), pp_bw = link(plan.tp * plan.dp * 2);
   const double ring_tp = plan.tp > 1 ? 2.0 * (plan.tp - 1) / plan.tp : 0.0;
   const double ring_dp = plan.dp > 1 ? 2.0 * (plan.dp - 1) / plan.dp : 0.0;
-  const int64_t message = dtype_size(int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length * cfg.model.hidden_size, dtype);
+  // a pipeline message: the stage output (B*S*C; this TP rank's B*S*C/TP with sequence parallelism)
+  const int64_t message =
+      dtype_size(stage_message_elements(make_dims(cfg, plan.tp, 0, P, 0), cfg.training.micro_batch_size), dtype);
   std::vector<double> fwd(static_cast<size_t>(P), 0.0), bwd(static_cast<size_t>(P), 0.0);
   double dp_time = 0;
   for (int s = 0; s < P; ++s) {
@@ -350,9 +369,14 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     plan.tp_comm_bytes = std::max(plan.tp_comm_bytes, int64_t((w.fwd_tp_bytes + w.bwd_tp_bytes) * M));
     const int64_t sends = (s > 0 ? M : 0) + (s < P - 1 ? M : 0);  // gradients back, activations forward
     plan.pp_comm_bytes = std::max(plan.pp_comm_bytes, sends * message);
-    // DP: the fp32 gradient buffer; the tied word embedding's gradient over {first, last stage}
+    // DP: the fp32 gradient buffer's all-reduce, or with the distributed optimizer its
+    // reduce-scatter and the all-gather of the parameters in the compute dtype (each half a ring
+    // all-reduce's traffic); the tied word embedding's gradient over {first, last stage}
+    const bool distributed = cfg.parallel.distributed_optimizer && plan.dp > 1;
+    const int64_t owned = distributed ? m.parameter_buffer / plan.dp : m.parameter_buffer;
     int64_t dp_bytes = plan.dp > 1 ? m.parameter_buffer * 4 : 0;
-    double t = double(dp_bytes) * ring_dp / dp_bw;
+    if (distributed) dp_bytes += dtype_size(m.parameter_buffer, compute_dtype(cfg));
+    double t = double(dp_bytes) * ring_dp / dp_bw / (distributed ? 2.0 : 1.0);
     if (P > 1 && (s == 0 || s == P - 1)) {
       const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);
       dp_bytes += d.Vl * d.C * 4;
@@ -362,7 +386,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     dp_time = std::max(dp_time, t);
     // AdamW reads p, g, m, v and writes p, m, v (28 B); zeroing, unscaling / clipping, norm and nan
     // check of the gradients (~16 B); the compute copy's refresh (6 B): ~50 B per element.
-    plan.optimizer_time_s = std::max(plan.optimizer_time_s, double(m.parameter_buffer) * 50.0 / (o.hbm_gbps * 1e9));
+    plan.optimizer_time_s = std::max(plan.optimizer_time_s, double(owned) * 50.0 / (o.hbm_gbps * 1e9));
   }
   plan.pipeline_time_s = time_schedule(lists, fwd, bwd, P > 1 ? double(message) / pp_bw : 0.0).makespan;
   plan.dp_time_s = dp_time;

@@ -4,9 +4,10 @@
 //
 // Memory of one rank of pipeline stage s (every TP and DP rank of a stage holds the same amount):
 //   weights     fp32 master (the parameter buffer, ParamLayout::total floats) + for bf16/fp16 the
-//               compute copy (2 B/element)
-//   gradients   fp32, ParamLayout::total floats
-//   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element)
+//               compute copy (2 B/element); with the distributed optimizer the buffer is padded to
+//               its blocks and a bf16/fp16 run keeps fp32 master weights for 1/DP of it only
+//   gradients   fp32, the parameter buffer's elements
+//   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element; of 1/DP with the distributed optimizer)
 //   activations activation_bytes_per_microbatch(...) x the schedule's in-flight micro-batches on
 //               the stage (max_in_flight of its 1F1B / GPipe list)
 //   workspace   scratch_bytes(...) (shared by all micro-batches)
@@ -14,7 +15,8 @@
 //               the compute dtype) and the micro-batch's tokens and targets (int32)
 // Every tensor is stored in its own dtype (core/ops.h): both backends allocate exactly this.
 // With bf16, weights + gradients + optimizer = 2 + 4 + 4 + 4 + 4 = 18 B per element of the rank's
-// parameter buffer: Megatron's documented 18 B/parameter.
+// parameter buffer: Megatron's documented 18 B/parameter; with the distributed optimizer
+// 2 + 4 + 12/DP (Megatron's 6 + 12/DP).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -18,12 +18,16 @@ double learning_rate(const OptimizerConfig& o, int64_t k) {
   return o.min_lr + coeff * (o.lr - o.min_lr);
 }
 
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank) {
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
+                              const std::vector<ShardRange>& owned) {
   double s = 0;
   for (const ParamInfo& p : layout.params) {
     if (p.tied_copy) continue;
     if (p.tp_replicated && tp_rank != 0) continue;
-    s += ops.sum_squares(grads + p.offset, p.numel);
+    for (const ShardRange& r : owned) {
+      const int64_t lo = std::max(p.offset, r.offset), hi = std::min(p.offset + p.numel, r.offset + r.n);
+      if (lo < hi) s += ops.sum_squares(grads + lo, hi - lo);
+    }
   }
   return s;
 }
@@ -39,16 +43,27 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
-AdamW::AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute)
-    : layout_(layout), ops_(ops), params_(params), grads_(grads), compute_(compute) {
+AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
+             float* master, bool master_sharded, const float* grads, Buf compute)
+    : ops_(ops), master_(master), master_sharded_(master_sharded), grads_(grads), compute_(compute) {
+  struct Span {
+    int64_t offset, n;
+    bool decay;
+  };
+  std::vector<Span> spans;  // the layout in runs of the same weight-decay choice
   for (const ParamInfo& p : layout.params) {
-    if (!runs_.empty() && runs_.back().decay == p.weight_decay && runs_.back().offset + runs_.back().n <= p.offset)
-      runs_.back().n = p.offset + p.numel - runs_.back().offset;
+    if (!spans.empty() && spans.back().decay == p.weight_decay && spans.back().offset + spans.back().n <= p.offset)
+      spans.back().n = p.offset + p.numel - spans.back().offset;
     else
-      runs_.push_back({p.offset, p.numel, p.weight_decay});
+      spans.push_back({p.offset, p.numel, p.weight_decay});
   }
-  m_ = ops_.alloc(size_t(layout.total));
-  v_ = ops_.alloc(size_t(layout.total));
+  for (const ShardRange& r : owned)
+    for (const Span& s : spans) {
+      const int64_t lo = std::max(s.offset, r.offset), hi = std::min(s.offset + s.n, r.offset + r.n);
+      if (lo < hi) runs_.push_back({lo, hi - lo, r.local + (lo - r.offset), s.decay});
+    }
+  m_ = ops_.alloc(size_t(owned_size));
+  v_ = ops_.alloc(size_t(owned_size));
 }
 
 AdamW::~AdamW() {
@@ -68,8 +83,8 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
   a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));
   a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
   for (const Run& r : runs_)
-    ops_.adamw(params_ + r.offset, grads_ + r.offset, m_ + r.offset, v_ + r.offset, r.n, a, r.decay,
-               compute_ ? compute_ + r.offset : Buf{});
+    ops_.adamw(master_ + (master_sharded_ ? r.local : r.offset), grads_ + r.offset, m_ + r.local, v_ + r.local, r.n,
+               a, r.decay, compute_ ? compute_ + r.offset : Buf{});
 }
 
 }  // namespace tpt

@@ -16,7 +16,9 @@ double learning_rate(const OptimizerConfig& o, int64_t iteration);
 
 // Sum of squares of this rank's gradients, counting each global element once across the model:
 // TP-replicated tensors only on tp_rank 0, the last stage's tied copy of the word embedding never.
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank);
+// Only the elements in `owned` (parallel/grad_sync.h) are counted (default: all).
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
+                              const std::vector<ShardRange>& owned = {{0, INT64_MAX / 2, 0}});
 
 // Megatron's DynamicGradScaler (fp16): the loss is multiplied by `scale` before backward. An
 // overflowing step (inf/nan in any gradient) is skipped and counts down the hysteresis; when it
@@ -32,11 +34,20 @@ struct LossScaler {
   void update(bool found_inf);
 };
 
+// AdamW over the parts of the parameter buffer this rank owns (parallel/grad_sync.h: the whole
+// buffer, or with the distributed optimizer its block of each DP bucket). The moments exp_avg and
+// exp_avg_sq are fp32 arrays of owned_size elements (owned range r at [r.local, r.local + r.n)).
 class AdamW {
  public:
-  // compute: null, or (bf16/fp16 runs) the compute copy of params in its dtype, refreshed by each
-  // step as the updated params rounded to that dtype.
-  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute = {});
+  // master: the fp32 weights it updates: a buffer of the layout (indexed by offset), or with
+  // master_sharded an array of owned_size (indexed by local). grads: the fp32 gradient buffer.
+  // compute: null, or (bf16/fp16 runs) the compute copy of the weights in its dtype, a buffer of
+  // the layout whose owned ranges each step refreshes as the updated weights rounded to that dtype.
+  AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size, float* master,
+        bool master_sharded, const float* grads, Buf compute = {});
+  // Over the whole layout (no distributed optimizer): master = params, a buffer of the layout.
+  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute = {})
+      : AdamW(layout, ops, {{0, layout.total, 0}}, layout.total, params, false, grads, compute) {}
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -46,16 +57,16 @@ class AdamW {
   float* exp_avg_sq() { return v_; }
 
  private:
-  const ParamLayout& layout_;
   Ops& ops_;
-  float* params_;
+  float* master_;
+  bool master_sharded_;
   const float* grads_;
   Buf compute_;
   float *m_ = nullptr, *v_ = nullptr;
-  // the layout in runs of consecutive tensors with the same weight-decay choice (one kernel each;
-  // the alignment padding between tensors is zero everywhere and stays zero)
+  // the owned parts of the layout in runs of consecutive tensors with the same weight-decay choice
+  // (one kernel each; the alignment padding between tensors is zero everywhere and stays zero)
   struct Run {
-    int64_t offset, n;
+    int64_t offset, n, local;
     bool decay;
   };
   std::vector<Run> runs_;

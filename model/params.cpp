@@ -39,6 +39,8 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.v0 = d.Vl * tp_rank;
   d.position_ids = cfg.data.reset_position_ids;
   d.loss_mask = cfg.data.eod_mask_loss;
+  d.sequence_parallel = cfg.parallel.sequence_parallel && tp > 1;  // with TP 1 there is nothing to split
+  if (d.sequence_parallel && d.S % tp) internal_error("make_dims: unchecked sequence_parallel / seq_length mismatch");
   return d;
 }
 
@@ -177,23 +179,14 @@ void init_params_host(const ParamLayout& layout, uint64_t seed, float* params) {
     std::fill(out, out + p.numel, 0.0f);
     if (p.init == ParamInfo::Init::Zeros) continue;
     const uint64_t stream = stream_id(p.name);
-    const size_t nd = p.local_shape.size();
-    // Row-major walk over the box; local rows beyond the box (vocabulary padding) stay zero.
-    int64_t box_numel = 1;
-    for (int64_t s : p.box_size) box_numel *= s;
-#pragma omp parallel for schedule(static)
-    for (int64_t e = 0; e < box_numel; ++e) {
-      int64_t rem = e, local = 0, global = 0, lstride = 1, gstride = 1;
-      for (size_t k = nd; k-- > 0;) {
-        int64_t i = rem % p.box_size[k];
-        rem /= p.box_size[k];
-        local += i * lstride;
-        global += (p.box_offset[k] + i) * gstride;
-        lstride *= p.local_shape[k];
-        gstride *= p.global_shape[k];
-      }
-      out[local] = p.init_std * normal_at(seed, stream, uint64_t(global));
-    }
+    // element e of the global tensor gets init_std * normal(seed, name, e); local rows beyond the
+    // box (vocabulary padding) stay zero
+    for_each_box_row(p.box_size, p.local_shape, {}, p.global_shape, p.box_offset,
+                     [&](int64_t local, int64_t global, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= 16384)
+                       for (int64_t i = 0; i < n; ++i)
+                         out[local + i] = p.init_std * normal_at(seed, stream, uint64_t(global + i));
+                     });
   }
 }
 

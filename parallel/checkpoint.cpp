@@ -32,12 +32,6 @@ namespace fs = std::filesystem;
 
 namespace checkpoint_detail {
 
-int64_t volume(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
 std::string read_text(const std::string& path) {
   // only regular files: opening a FIFO (or a device) would block or never end
   std::error_code ec;
@@ -85,6 +79,40 @@ std::string model_shard_name(int tp_rank, int pp_rank) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model_tp%02d_pp%03d.safetensors", tp_rank, pp_rank);
   return buf;
+}
+
+std::string model_shard_name(int tp_rank, int pp_rank, int dp_rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model_tp%02d_pp%03d_dp%03d.safetensors", tp_rank, pp_rank, dp_rank);
+  return buf;
+}
+
+std::vector<CkptTensor> flat_range_parts(const CkptTensor& t, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  const size_t nd = t.local_shape.size();
+  std::vector<int64_t> stride(nd, 1);
+  for (size_t d = nd; d-- > 1;) stride[d - 1] = stride[d] * t.local_shape[d];
+  std::vector<CkptTensor> parts;
+  for (const auto& [a, b] : ranges)
+    for (auto& [off, size] : flat_range_boxes(t.local_shape, a, b)) {
+      bool empty = false;  // clipped to the box (the local tensor's padding is not saved)
+      for (size_t d = 0; d < nd; ++d) {
+        size[d] = std::min(off[d] + size[d], t.box_size[d]) - off[d];
+        empty = empty || size[d] <= 0;
+      }
+      if (empty) continue;
+      CkptTensor p = t;
+      int64_t at = 0;
+      for (size_t d = 0; d < nd; ++d) {
+        at += off[d] * stride[d];
+        p.box_offset[d] = t.box_offset[d] + off[d];
+      }
+      p.box_size = size;
+      p.data = t.data + at;
+      parts.push_back(std::move(p));
+    }
+  if (parts.size() > 1)
+    for (size_t i = 0; i < parts.size(); ++i) parts[i].key = t.name + "#" + std::to_string(i + 1);
+  return parts;
 }
 
 std::string optim_shard_name(int tp_rank, int pp_rank, int dp_rank) {
@@ -275,7 +303,10 @@ std::string format_meta(const nlohmann::json& meta) {
 }
 
 nlohmann::json tensor_index_entry(const CkptTensor& t) {
-  return {{"name", t.name}, {"global_shape", t.global_shape}, {"box_offset", t.box_offset}, {"box_size", t.box_size}};
+  nlohmann::json j = {{"name", t.name}, {"global_shape", t.global_shape}, {"box_offset", t.box_offset},
+                      {"box_size", t.box_size}};
+  if (!t.key.empty()) j["key"] = t.key;
+  return j;
 }
 
 // One shard: safetensors with each tensor's box (shape = box_size); its CRC-32C and tensor index
@@ -286,25 +317,10 @@ struct ShardSummary {
   nlohmann::json tensors = nlohmann::json::array();
 };
 
-// Appends the box of t, row-major: it is the leading part of the local tensor, so it goes row by
-// row (last dimension) unless box and local tensor coincide.
+// Appends the box of t, row-major (the leading part of its local tensor).
 void write_box(FileSink& f, const CkptTensor& t) {
-  const size_t nd = t.box_size.size();
-  if (nd == 0 || t.box_size == t.local_shape) {
-    f.append(t.data, 4 * size_t(volume(t.box_size)));
-    return;
-  }
-  const int64_t row = t.box_size[nd - 1];
-  std::vector<int64_t> stride(nd, 1), idx(nd, 0);
-  for (size_t d = nd - 1; d > 0; --d) stride[d - 1] = stride[d] * t.local_shape[d];
-  for (;;) {
-    int64_t at = 0;
-    for (size_t d = 0; d + 1 < nd; ++d) at += idx[d] * stride[d];
-    f.append(t.data + at, 4 * size_t(row));
-    int d = int(nd) - 2;
-    while (d >= 0 && ++idx[size_t(d)] == t.box_size[size_t(d)]) idx[size_t(d--)] = 0;
-    if (d < 0) return;
-  }
+  for_each_box_row(t.box_size, t.local_shape, {}, t.box_size, {},
+                   [&](int64_t local, int64_t, int64_t n) { f.append(t.data + local, 4 * size_t(n)); });
 }
 
 ShardSummary write_shard(const std::string& path, const std::vector<CkptTensor>& tensors) {
@@ -319,9 +335,9 @@ ShardSummary write_shard(const std::string& path, const std::vector<CkptTensor>&
       TPT_CHECK(t.box_size[d] >= 0 && t.box_size[d] <= t.local_shape[d] && t.box_offset[d] >= 0 &&
                 t.box_offset[d] + t.box_size[d] <= t.global_shape[d]);
     if (volume(t.box_size) == 0) continue;
-    TPT_CHECK(!header.contains(t.name) && t.data != nullptr);
+    TPT_CHECK(!header.contains(t.file_key()) && t.data != nullptr);
     const uint64_t n = 4 * static_cast<uint64_t>(volume(t.box_size));
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.box_size}, {"data_offsets", {offset, offset + n}}};
+    header[t.file_key()] = {{"dtype", "F32"}, {"shape", t.box_size}, {"data_offsets", {offset, offset + n}}};
     offset += n;
     kept.push_back(&t);
   }

@@ -19,24 +19,31 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/sharded_tensor.h"
 #include "parallel/comm.h"
 
 namespace tpt {
 
 class SafetensorsReader;
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: a tensor index entry may name its safetensors key ("key": a rank saving several boxes of one
+// tensor, e.g. the distributed optimizer's flat block, stores them as name#1, name#2, ...).
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kCheckpointFormat = "tptrain-checkpoint";
 inline constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
 
-// A rank's shard of a global tensor: the box [box_offset, box_offset + box_size) of the global
-// tensor (global_shape), stored row-major as the leading part, in every dimension, of a local
-// tensor of local_shape (e.g. the word embedding's local rows past the vocabulary are padding).
-struct CkptTensor {
-  std::string name;
-  std::vector<int64_t> global_shape, box_offset, box_size, local_shape;
-  float* data = nullptr;  // host memory, prod(local_shape) floats
+// A rank's shard of a global tensor (core/sharded_tensor.h) and the host memory holding its local
+// tensor, prod(local_shape) floats.
+struct CkptTensor : TensorShard {
+  float* data = nullptr;
+  std::string key = {};  // the key in its safetensors file when not `name` (several boxes of one tensor)
+  const std::string& file_key() const { return key.empty() ? name : key; }
 };
+
+// The parts of a rank's tensor t held in the local flat ranges [r.first, r.second) (row-major in
+// local_shape), each as a box of the global tensor pointing into t.data; padding outside the box
+// is left out. More than one part: keys name#1, name#2, ...
+std::vector<CkptTensor> flat_range_parts(const CkptTensor& t, const std::vector<std::pair<int64_t, int64_t>>& ranges);
 
 // A tensor of the whole model, for the shape check on load.
 struct GlobalTensor {
@@ -46,6 +53,7 @@ struct GlobalTensor {
 
 std::string checkpoint_dir_name(int64_t iteration);                       // iter_0000200
 std::string model_shard_name(int tp_rank, int pp_rank);                   // model_tp00_pp000.safetensors
+std::string model_shard_name(int tp_rank, int pp_rank, int dp_rank);      // model_tp00_pp000_dp000.safetensors
 std::string optim_shard_name(int tp_rank, int pp_rank, int dp_rank);      // optim_tp00_pp000_dp000.safetensors
 std::string shape_string(const std::vector<int64_t>& shape);              // [3, 64, 64]
 
@@ -122,7 +130,7 @@ class CheckpointReader {
   uint64_t bytes_verified() const { return bytes_verified_; }
 
   struct SavedBox {
-    std::string file;
+    std::string file, key;
     std::vector<int64_t> offset, size;
   };
 
@@ -145,7 +153,6 @@ struct DirScan {
 };
 DirScan scan_save_dir(const std::string& dir);
 std::string read_text(const std::string& path);  // InputError naming the path if unreadable
-int64_t volume(const std::vector<int64_t>& shape);
 }  // namespace checkpoint_detail
 
 }  // namespace tpt

@@ -103,6 +103,10 @@ ParsedMeta parse_meta(const std::string& dir, int64_t expected_iteration) {
         c.box_offset = int_list(t.at("box_offset"), "box_offset");
         c.box_size = int_list(t.at("box_size"), "box_size");
         c.local_shape = c.box_size;
+        if (t.contains("key")) {  // format 2: several boxes of one tensor in a file
+          if (!field(t, "key").is_string() || field(t, "key").get<std::string>().empty()) bad("tensor " + c.name + ": bad key");
+          c.key = field(t, "key").get<std::string>();
+        }
         f.tensor_crc.push_back(t.contains("crc32c") ? int64_t(std::stoul(field(t, "crc32c").get<std::string>(), nullptr, 16)) : -1);
         const size_t nd = c.global_shape.size();
         if (c.box_offset.size() != nd || c.box_size.size() != nd) bad("tensor " + c.name + ": box rank");
@@ -177,7 +181,7 @@ int verify_file(const std::string& dir, const IndexedFile& f, const std::set<std
   const std::string path = dir + "/" + f.name;
   bool per_tensor = touched && touched->size() < f.tensors.size();
   for (size_t i = 0; per_tensor && i < f.tensors.size(); ++i)
-    per_tensor = f.tensor_crc[i] >= 0 || !touched->count(f.tensors[i].name);
+    per_tensor = f.tensor_crc[i] >= 0 || !touched->count(f.tensors[i].file_key());
   try {
     MappedFile mf(path);
     if (mf.size() != f.bytes) return kSize;
@@ -193,12 +197,12 @@ int verify_file(const std::string& dir, const IndexedFile& f, const std::set<std
     uint64_t at = 0;  // tensors are stored in index order, back to back
     for (size_t i = 0; i < f.tensors.size(); ++i) {
       const CkptTensor& t = f.tensors[i];
-      if (!r->contains(t.name)) return kHeader;
-      const SafetensorInfo& info = r->info(t.name);
+      if (!r->contains(t.file_key())) return kHeader;
+      const SafetensorInfo& info = r->info(t.file_key());
       if (info.dtype != "F32" || info.shape != t.box_size || info.begin != at) return kHeader;
       at = info.end;
-      if (per_tensor && touched->count(t.name)) {
-        if (crc32c(0, r->raw(t.name), info.end - info.begin) != uint32_t(f.tensor_crc[i])) return kChecksum;
+      if (per_tensor && touched->count(t.file_key())) {
+        if (crc32c(0, r->raw(t.file_key()), info.end - info.begin) != uint32_t(f.tensor_crc[i])) return kChecksum;
         verified += info.end - info.begin;
       }
     }
@@ -364,7 +368,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
       for (const IndexedFile& f : parsed->files)
         for (const CkptTensor& t : f.tensors) {
           r->shapes_[t.name] = t.global_shape;
-          r->boxes_[t.name].push_back({f.name, t.box_offset, t.box_size});
+          r->boxes_[t.name].push_back({f.name, t.file_key(), t.box_offset, t.box_size});
         }
       // the tensors of each file this rank's boxes intersect
       std::map<std::string, std::set<std::string>> touched;
@@ -374,7 +378,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
           internal_error("checkpoint: wanted tensor '" + t.name + "' " + shape_string(t.global_shape) +
                          " is not in " + path + " (the model check should have caught it)");
         for (const SavedBox& b : it->second)
-          if (boxes_intersect(t, b)) touched[b.file].insert(t.name);
+          if (boxes_intersect(t, b)) touched[b.file].insert(b.key);
       }
       for (size_t i = 0; i < parsed->files.size() && result == kOk; ++i) {
         const IndexedFile& f = parsed->files[i];
@@ -406,40 +410,20 @@ void CheckpointReader::read(const CkptTensor& t) {
   auto it = boxes_.find(t.name);
   if (it == boxes_.end() || shapes_[t.name] != t.global_shape)
     input_error("checkpoint " + path_ + ": no tensor '" + t.name + "' of global shape " + shape_string(t.global_shape));
-  std::vector<int64_t> lstride(nd, 1);
-  for (size_t d = nd; d-- > 1;) lstride[d - 1] = lstride[d] * t.local_shape[d];
   for (const SavedBox& b : it->second) {
     if (!boxes_intersect(t, b)) continue;
     auto f = files_.find(b.file);
     if (f == files_.end() || !f->second)
       internal_error("checkpoint: read() of '" + t.name + "', which open() was not asked for");
-    SafetensorsReader* file = f->second.get();
-    std::vector<int64_t> lo(nd), size(nd), src(nd);
+    std::vector<int64_t> size(nd), src(nd), dst(nd);  // the intersection, in the saved box and the local tensor
     for (size_t d = 0; d < nd; ++d) {
-      lo[d] = std::max(t.box_offset[d], b.offset[d]);
-      size[d] = std::min(t.box_offset[d] + t.box_size[d], b.offset[d] + b.size[d]) - lo[d];
-      src[d] = lo[d] - b.offset[d];
+      const int64_t lo = std::max(t.box_offset[d], b.offset[d]);
+      size[d] = std::min(t.box_offset[d] + t.box_size[d], b.offset[d] + b.size[d]) - lo;
+      src[d] = lo - b.offset[d];
+      dst[d] = lo - t.box_offset[d];
     }
-    const int64_t n = volume(size);
-    bytes_read_ += uint64_t(n) * 4;
-    int64_t dst0 = 0;  // local offset of the intersection's first element
-    for (size_t d = 0; d < nd; ++d) dst0 += (lo[d] - t.box_offset[d]) * lstride[d];
-    bool contiguous = true;  // the intersection spans whole local rows in every inner dimension
-    for (size_t d = 1; d < nd; ++d) contiguous = contiguous && size[d] == t.local_shape[d];
-    if (contiguous) {
-      file->read_box(t.name, src, size, t.data + dst0);
-      continue;
-    }
-    std::vector<float> tmp(static_cast<size_t>(n));
-    file->read_box(t.name, src, size, tmp.data());
-    const int64_t row = size[nd - 1];
-    std::vector<int64_t> idx(nd, 0);
-    for (int64_t done = 0; done < n; done += row) {
-      int64_t at = dst0;
-      for (size_t d = 0; d + 1 < nd; ++d) at += idx[d] * lstride[d];
-      std::copy(tmp.begin() + done, tmp.begin() + done + row, t.data + at);
-      for (int d = int(nd) - 2; d >= 0 && ++idx[size_t(d)] == size[size_t(d)]; --d) idx[size_t(d)] = 0;
-    }
+    bytes_read_ += uint64_t(volume(size)) * 4;
+    f->second->read_box(b.key, src, size, t.data, t.local_shape, dst);
   }
 }
 

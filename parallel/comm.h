@@ -18,9 +18,9 @@ class Comm {
   virtual int size() const = 0;
   virtual void all_reduce(float* buf, int64_t n, ReduceOp op) = 0;
   virtual void all_reduce(double* buf, int64_t n, ReduceOp op) = 0;
-  // out (size * n) = concatenation of every rank's in (n), in rank order.
+  // out (size * n) = concatenation of every rank's in (n), in rank order. in may be out + rank * n.
   virtual void all_gather(float* out, const float* in, int64_t n) = 0;
-  // in (size * n) summed over ranks; this rank keeps block `rank` in out (n).
+  // in (size * n) summed over ranks; this rank keeps block `rank` in out (n). out may be in + rank * n.
   virtual void reduce_scatter(float* out, const float* in, int64_t n) = 0;
   virtual void broadcast(float* buf, int64_t n, int root) = 0;
   // A matched pair: send to `peer`, receive from `peer`; either may be empty (n = 0).
@@ -29,12 +29,27 @@ class Comm {
                          int64_t recv_n, int recv_peer) = 0;
   virtual void barrier() = 0;
 
-  // Non-blocking in-place sum: starts it and returns (device groups: on a communication stream,
-  // after the work already queued on the compute stream). finish_all_reduces() returns when every
-  // started one is complete (device groups: orders the compute stream's later work after them).
-  // The buffer must not be touched in between. By default a blocking all_reduce.
-  virtual void start_all_reduce(float* buf, int64_t n) { all_reduce(buf, n, ReduceOp::Sum); }
-  virtual void finish_all_reduces() {}
+  // Non-blocking collectives (the DP gradient buckets; the distributed optimizer's parameter
+  // buckets). start_* starts one and returns a ticket (device groups: on a communication stream,
+  // after the work already queued on the compute stream); wait(ticket) returns when that one and
+  // every one started before it on this group have completed (device groups: orders the compute
+  // stream's later work after them); wait_all() waits for every started one. The buffers must not
+  // be touched in between. By default blocking (ticket -1). In place: start_all_gather with in =
+  // out + rank * n, start_reduce_scatter with out = in + rank * n.
+  virtual int64_t start_all_reduce(float* buf, int64_t n) {
+    all_reduce(buf, n, ReduceOp::Sum);
+    return -1;
+  }
+  virtual int64_t start_reduce_scatter(float* out, const float* in, int64_t n) {
+    reduce_scatter(out, in, n);
+    return -1;
+  }
+  virtual int64_t start_all_gather(float* out, const float* in, int64_t n) {
+    all_gather(out, in, n);
+    return -1;
+  }
+  virtual void wait(int64_t /*ticket*/) {}
+  virtual void wait_all() {}
 };
 
 // The group of one rank.

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <deque>
 #include <climits>
 #include <string>
 #include <vector>
@@ -55,16 +56,6 @@ class MpiComm final : public Comm {
   void all_reduce(float* buf, int64_t n, ReduceOp op) override { reduce(buf, n, MPI_FLOAT, op); }
   void all_reduce(double* buf, int64_t n, ReduceOp op) override { reduce(buf, n, MPI_DOUBLE, op); }
 
-  void all_gather(float* out, const float* in, int64_t n) override {
-    TPT_CHECK(n <= INT_MAX);
-    CommWait w("all_gather", peers_);
-    check(MPI_Allgather(in, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_), "Allgather");
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    TPT_CHECK(n <= INT_MAX);
-    CommWait w("reduce_scatter", peers_);
-    check(MPI_Reduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM, comm_), "Reduce_scatter_block");
-  }
   void broadcast(float* buf, int64_t n, int root) override {
     CommWait w("broadcast", peers_);
     for (int64_t off = 0; off < n; off += kChunk)
@@ -86,25 +77,45 @@ class MpiComm final : public Comm {
     check(MPI_Barrier(comm_), "Barrier");
   }
 
-  // MPI_Iallreduce per chunk; they progress inside the rank's later MPI calls (the next start, the
-  // pipeline's messages)
-  void start_all_reduce(float* buf, int64_t n) override {
+  // Non-blocking: MPI_Iallreduce per chunk, MPI_Ireduce_scatter_block, MPI_Iallgather. They
+  // progress inside the rank's later MPI calls (the next start, the pipeline's messages).
+  int64_t start_all_reduce(float* buf, int64_t n) override {
     for (int64_t off = 0; off < n; off += kChunk) {
-      pending_.emplace_back();
-      check(MPI_Iallreduce(MPI_IN_PLACE, buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, MPI_SUM, comm_,
-                           &pending_.back()),
+      Pending& p = add();
+      check(MPI_Iallreduce(MPI_IN_PLACE, buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, MPI_SUM, comm_, &p.req),
             "Iallreduce");
     }
-    // MPI progresses non-blocking collectives only inside MPI calls: drive the started ones now
-    int done = 0;
-    check(MPI_Testall(int(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE), "Testall");
-    if (done) pending_.clear();
+    return progress();
   }
-  void finish_all_reduces() override {
-    if (pending_.empty()) return;
-    CommWait w("the DP gradient buckets' all_reduce", peers_);
-    check(MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE), "Waitall");
-    pending_.clear();
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
+    TPT_CHECK(n <= INT_MAX);
+    Pending& p = add();
+    if (out == in + int64_t(rank_) * n) {  // in place: MPI's result goes to a buffer, copied at the wait
+      p.tmp.resize(size_t(n));
+      p.copy_to = out;
+      out = p.tmp.data();
+    }
+    check(MPI_Ireduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM, comm_, &p.req), "Ireduce_scatter_block");
+    return progress();
+  }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
+    TPT_CHECK(n <= INT_MAX);
+    Pending& p = add();
+    const void* send = in == out + int64_t(rank_) * n ? MPI_IN_PLACE : static_cast<const void*>(in);
+    check(MPI_Iallgather(send, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_, &p.req), "Iallgather");
+    return progress();
+  }
+  void wait(int64_t ticket) override { complete(through(ticket), "the DP buckets' collectives"); }
+  void wait_all() override { complete(pending_.size(), "the DP buckets' collectives"); }
+
+  void all_gather(float* out, const float* in, int64_t n) override {
+    TPT_CHECK(n <= INT_MAX);
+    CommWait w("all_gather", peers_);
+    const void* send = in == out + int64_t(rank_) * n ? MPI_IN_PLACE : static_cast<const void*>(in);
+    check(MPI_Allgather(send, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_), "Allgather");
+  }
+  void reduce_scatter(float* out, const float* in, int64_t n) override {
+    complete(through(start_reduce_scatter(out, in, n)), "reduce_scatter");
   }
 
  private:
@@ -128,7 +139,46 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
   std::vector<int> world_ranks_;  // of this group's ranks
   std::string peers_;             // "world ranks 0, 2, ..." (the watchdog's message)
-  std::vector<MPI_Request> pending_;  // started, unfinished all-reduces
+  // Started, unfinished collectives, in start order (MPI completes a group's collectives in order).
+  struct Pending {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int64_t ticket = 0;
+    std::vector<float> tmp;   // an in-place reduce-scatter's result, copied to copy_to at the wait
+    float* copy_to = nullptr;
+  };
+  std::deque<Pending> pending_;
+  int64_t next_ticket_ = 0;
+  Pending& add() {
+    pending_.emplace_back();
+    pending_.back().ticket = next_ticket_;
+    return pending_.back();
+  }
+  // Drives the started ones (MPI progresses non-blocking collectives only inside MPI calls) and
+  // returns the ticket of the last one.
+  int64_t progress() {
+    for (Pending& p : pending_) {
+      int done = 0;
+      if (p.req != MPI_REQUEST_NULL) check(MPI_Test(&p.req, &done, MPI_STATUS_IGNORE), "Test");
+    }
+    return next_ticket_++;
+  }
+  // How many pending collectives have tickets up to `ticket`.
+  size_t through(int64_t ticket) const {
+    size_t k = 0;
+    while (k < pending_.size() && pending_[k].ticket <= ticket) ++k;
+    return k;
+  }
+  // Completes the first k pending collectives.
+  void complete(size_t k, const char* what) {
+    if (k == 0) return;
+    CommWait w(what, peers_);
+    for (size_t i = 0; i < k; ++i) {
+      Pending& p = pending_.front();
+      check(MPI_Wait(&p.req, MPI_STATUS_IGNORE), "Wait");
+      if (p.copy_to) std::copy(p.tmp.begin(), p.tmp.end(), p.copy_to);
+      pending_.pop_front();
+    }
+  }
 };
 
 }  // namespace

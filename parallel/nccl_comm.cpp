@@ -3,7 +3,9 @@
 #include "parallel/nccl_comm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <mutex>
 #include <string>
@@ -89,7 +91,8 @@ class NcclComm final : public Comm {
       else ncclCommAbort(c);
     }
     if (ready_) cudaEventDestroy(ready_);
-    if (done_) cudaEventDestroy(done_);
+    for (auto& [ticket, e] : started_) cudaEventDestroy(e);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
   }
   int rank() const override { return rank_; }
@@ -124,31 +127,35 @@ class NcclComm final : public Comm {
     check(end, "ncclGroupEnd");
   }
   void barrier() override {
-    finish_all_reduces();
+    wait_all();
     cuda::stream_wait(stream_);
     host_.barrier();
   }
 
   // On the communication stream, after what the compute stream has queued so far (an event), so
-  // the compute stream goes on with backward while the sum runs.
-  void start_all_reduce(float* buf, int64_t n) override {
-    if (n <= 0) return;
-    if (!comm_stream_) {
-      TPT_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-      TPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      TPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  // the compute stream goes on (backward, the next forward) while the collective runs; an event
+  // recorded after it is what wait() orders the compute stream behind.
+  int64_t start_all_reduce(float* buf, int64_t n) override {
+    return start(n, [&] { return ncclAllReduce(buf, buf, size_t(n), ncclFloat, ncclSum, comm(), comm_stream_); });
+  }
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
+    return start(n, [&] { return ncclReduceScatter(in, out, size_t(n), ncclFloat, ncclSum, comm(), comm_stream_); });
+  }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
+    return start(n, [&] { return ncclAllGather(in, out, size_t(n), ncclFloat, comm(), comm_stream_); });
+  }
+  void wait(int64_t ticket) override {
+    cudaEvent_t last = nullptr;
+    while (!started_.empty() && started_.front().first <= ticket) {
+      if (last) free_events_.push_back(last);
+      last = started_.front().second;
+      started_.pop_front();
     }
-    TPT_CUDA_CHECK(cudaEventRecord(ready_, stream_));
-    TPT_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
-    check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, ncclSum, comm(), comm_stream_), "ncclAllReduce");
-    started_ = true;
+    if (!last) return;
+    TPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, last, 0));
+    free_events_.push_back(last);
   }
-  void finish_all_reduces() override {
-    if (!started_) return;
-    TPT_CUDA_CHECK(cudaEventRecord(done_, comm_stream_));
-    TPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, done_, 0));
-    started_ = false;
-  }
+  void wait_all() override { wait(INT64_MAX); }
 
   // ncclCommAbort of every live communicator (the failure path; runtime_abort). Never throws.
   static void abort_all() {
@@ -218,9 +225,33 @@ class NcclComm final : public Comm {
   int rank_, size_;
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t comm_stream_ = nullptr;            // start_all_reduce's stream, made on first use
-  cudaEvent_t ready_ = nullptr, done_ = nullptr;  // compute -> communication, and back
-  bool started_ = false;
+  template <class F>
+  int64_t start(int64_t n, F launch) {
+    const int64_t ticket = next_ticket_++;
+    if (n <= 0) return ticket;
+    if (!comm_stream_) {
+      TPT_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+      TPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    }
+    TPT_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+    TPT_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+    check(launch(), "a non-blocking collective");
+    cudaEvent_t done = nullptr;
+    if (free_events_.empty()) {
+      TPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    } else {
+      done = free_events_.back();
+      free_events_.pop_back();
+    }
+    TPT_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+    started_.emplace_back(ticket, done);
+    return ticket;
+  }
+  cudaStream_t comm_stream_ = nullptr;  // the non-blocking collectives' stream, made on first use
+  cudaEvent_t ready_ = nullptr;         // compute -> communication
+  std::deque<std::pair<int64_t, cudaEvent_t>> started_;  // (ticket, done event), in start order
+  std::vector<cudaEvent_t> free_events_;
+  int64_t next_ticket_ = 0;
 };
 #endif
 

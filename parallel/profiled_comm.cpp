@@ -32,11 +32,26 @@ class ProfiledComm final : public Comm {
   void barrier() override {
     timed("barrier", 0, [&] { in_.barrier(); });
   }
-  void start_all_reduce(float* buf, int64_t n) override {
-    timed("start all_reduce (bucket)", 4.0 * double(n), [&] { in_.start_all_reduce(buf, n); });
+  int64_t start_all_reduce(float* buf, int64_t n) override {
+    int64_t t = -1;
+    timed("start all_reduce (bucket)", 4.0 * double(n), [&] { t = in_.start_all_reduce(buf, n); });
+    return t;
   }
-  void finish_all_reduces() override {
-    timed("finish all_reduces", 0, [&] { in_.finish_all_reduces(); });
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
+    int64_t t = -1;
+    timed("start reduce_scatter (bucket)", 4.0 * double(n) * size(), [&] { t = in_.start_reduce_scatter(out, in, n); });
+    return t;
+  }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
+    int64_t t = -1;
+    timed("start all_gather (bucket)", 4.0 * double(n) * size(), [&] { t = in_.start_all_gather(out, in, n); });
+    return t;
+  }
+  void wait(int64_t ticket) override {
+    timed("wait (bucket)", 0, [&] { in_.wait(ticket); });
+  }
+  void wait_all() override {
+    timed("wait (all buckets)", 0, [&] { in_.wait_all(); });
   }
 
  private:

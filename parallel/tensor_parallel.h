@@ -2,6 +2,9 @@
 //   f  (copy_to_tp_region):      identity forward, all-reduce backward   (before column-parallel)
 //   g  (reduce_from_tp_region):  all-reduce forward, identity backward   (after row-parallel)
 //   gather_from_tp_region:       all-gather forward, split backward      (column-parallel gather_output)
+// and, with sequence parallelism (parallel.sequence_parallel, Korthikanti et al. 2022):
+//   gather_from_sequence_parallel_region:      all-gather forward, reduce-scatter backward (before column-parallel)
+//   reduce_scatter_to_sequence_parallel_region: reduce-scatter forward, all-gather backward (after row-parallel)
 // Buffers live on the communicator's device. With TP = 1 every mapping is free.
 #pragma once
 #include <cstdint>
@@ -31,6 +34,44 @@ inline void copy_to_tp_region_backward(Comm& tp, Buf grad, int64_t n, const TPWi
 // g forward: sum the partial outputs of a row-parallel layer over the TP group.
 inline void reduce_from_tp_region_forward(Comm& tp, Buf x, int64_t n, const TPWire* wire = nullptr) {
   tp_sum(tp, x, n, wire);
+}
+
+// Sequence parallelism: the (N, C) activations of the LayerNorm / residual regions are split by
+// tokens (rows) into tp contiguous blocks, TP rank r holding rows [r N/tp, (r+1) N/tp). `n` is the
+// number of elements of one block (N/tp * C); the full tensor holds tp * n, blocks in rank order.
+// fp32: Comm::all_gather / Comm::reduce_scatter. bf16/fp16 (wire given): the all-gather moves the
+// 16-bit values as 4-byte words (an odd n goes through wire->gather: each block padded to whole
+// words, then packed), and the reduce-scatter, like tp_sum, gathers every rank's 16-bit partials of
+// the whole tensor into wire->gather (tp_gather_bytes(tp * n, t, tp) bytes) and sums only this rank's
+// block in fp32 in rank order, rounded once -- the same bits on every layout's rank that holds them.
+// full (tp * n) = every rank's shard (n), in rank order.
+void sp_all_gather(Comm& tp, Buf full, CBuf shard, int64_t n, const TPWire* wire = nullptr);
+// shard (n) = block `rank` of full (tp * n) summed over the ranks.
+void sp_reduce_scatter(Comm& tp, Buf shard, CBuf full, int64_t n, const TPWire* wire = nullptr);
+
+// gather_from_sequence_parallel_region forward: this rank's tokens (n) -> all tokens (tp * n), the
+// input of a column-parallel GEMM (QKV, fc1, the LM head).
+inline void gather_from_sequence_parallel_region_forward(Comm& tp, Buf full, CBuf shard, int64_t n,
+                                                         const TPWire* wire = nullptr) {
+  sp_all_gather(tp, full, shard, n, wire);
+}
+// Its backward: the column-parallel GEMM's input gradient (tp * n, partial on each rank) summed over
+// TP, this rank's tokens kept (n).
+inline void gather_from_sequence_parallel_region_backward(Comm& tp, Buf dshard, CBuf dfull, int64_t n,
+                                                          const TPWire* wire = nullptr) {
+  sp_reduce_scatter(tp, dshard, dfull, n, wire);
+}
+// reduce_scatter_to_sequence_parallel_region forward: the partial outputs (tp * n) of a row-parallel
+// GEMM (attention projection, fc2) or of the vocab-parallel embedding summed over TP, this rank's
+// tokens kept (n).
+inline void reduce_scatter_to_sequence_parallel_region_forward(Comm& tp, Buf shard, CBuf full, int64_t n,
+                                                               const TPWire* wire = nullptr) {
+  sp_reduce_scatter(tp, shard, full, n, wire);
+}
+// Its backward: the gradient of this rank's tokens (n) -> the gradient of all tokens (tp * n).
+inline void reduce_scatter_to_sequence_parallel_region_backward(Comm& tp, Buf dfull, CBuf dshard, int64_t n,
+                                                                const TPWire* wire = nullptr) {
+  sp_all_gather(tp, dfull, dshard, n, wire);
 }
 
 // Column-parallel gather_output: local (N, Ol) on each rank -> full (N, Ol * tp), columns in rank

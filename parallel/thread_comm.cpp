@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -83,6 +84,37 @@ class Group {
   std::vector<std::deque<std::vector<char>>> mail_;
 };
 
+// Started collectives of a group member that run at the wait (ThreadComm, StagedDeviceComm), in
+// start order; a ticket's wait runs it and every earlier one.
+class Deferred {
+ public:
+  struct Op {
+    float* out;
+    const float* in;
+    int64_t n;
+    int kind;  // 0 all_reduce (in place), 1 reduce_scatter, 2 all_gather
+    int64_t ticket = 0;
+  };
+  int64_t add(Op op) {
+    op.ticket = next_++;
+    ops_.push_back(op);
+    return op.ticket;
+  }
+  void run(Comm& c, int64_t ticket) {
+    while (!ops_.empty() && ops_.front().ticket <= ticket) {
+      const Op op = ops_.front();
+      ops_.pop_front();
+      if (op.kind == 0) c.all_reduce(op.out, op.n, ReduceOp::Sum);
+      else if (op.kind == 1) c.reduce_scatter(op.out, op.in, op.n);
+      else c.all_gather(op.out, op.in, op.n);
+    }
+  }
+
+ private:
+  std::deque<Op> ops_;
+  int64_t next_ = 0;
+};
+
 // A member of a group on host buffers.
 class ThreadComm final : public Comm {
  public:
@@ -125,13 +157,13 @@ class ThreadComm final : public Comm {
     }
   }
   void barrier() override { g_->arrive(); }
-  // Deferred to finish_all_reduces: the sum reads the bucket as late as an asynchronous one may, so
-  // a bucket written after its start gives a wrong sum (what a race checker looks for).
-  void start_all_reduce(float* buf, int64_t n) override { pending_.push_back({buf, n}); }
-  void finish_all_reduces() override {
-    for (auto [buf, n] : pending_) all_reduce(buf, n, ReduceOp::Sum);
-    pending_.clear();
-  }
+  // Deferred to the wait: the collective reads its buffer as late as an asynchronous one may, so a
+  // bucket written after its start gives a wrong result (what a race checker looks for).
+  int64_t start_all_reduce(float* buf, int64_t n) override { return deferred_.add({buf, buf, n, 0}); }
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 1}); }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 2}); }
+  void wait(int64_t ticket) override { deferred_.run(*this, ticket); }
+  void wait_all() override { deferred_.run(*this, INT64_MAX); }
 
  private:
   template <class T>
@@ -157,7 +189,7 @@ class ThreadComm final : public Comm {
 
   std::shared_ptr<Group> g_;
   int rank_;
-  std::vector<std::pair<float*, int64_t>> pending_;  // started all-reduces
+  Deferred deferred_;
 };
 
 #ifdef TPTRAIN_HAVE_CUDA
@@ -195,12 +227,12 @@ class StagedDeviceComm final : public Comm {
     cuda::stream_wait(cuda::compute_stream());
     host_->barrier();
   }
-  // Deferred, as ThreadComm's: the bucket is read at finish_all_reduces, in stream order there.
-  void start_all_reduce(float* buf, int64_t n) override { pending_.push_back({buf, n}); }
-  void finish_all_reduces() override {
-    for (auto [buf, n] : pending_) all_reduce(buf, n, ReduceOp::Sum);
-    pending_.clear();
-  }
+  // Deferred, as ThreadComm's: the buffers are read at the wait, in stream order there.
+  int64_t start_all_reduce(float* buf, int64_t n) override { return deferred_.add({buf, buf, n, 0}); }
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 1}); }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 2}); }
+  void wait(int64_t ticket) override { deferred_.run(*this, ticket); }
+  void wait_all() override { deferred_.run(*this, INT64_MAX); }
 
  private:
   template <class T>
@@ -227,7 +259,7 @@ class StagedDeviceComm final : public Comm {
   }
 
   std::unique_ptr<Comm> host_;
-  std::vector<std::pair<float*, int64_t>> pending_;
+  Deferred deferred_;
 };
 #endif
 

@@ -158,7 +158,9 @@ fi
 [ "$(stat -c %s "$OUT/tokens.bin")" -eq $((1024 + 2 * NTOK)) ] || { say "writing $OUT/tokens.bin failed"; exit 1; }
 
 # ---- 2b. tptrain on two or more GPUs (mpirun) -------------------------------------------------------
-# TP 2, PP 2 and DP 2 on 2 GPUs in bf16 against the same layout on CPU ranks (losses within 2e-2
+# TP 2, PP 2, DP 2, DP 2 with the distributed optimizer (NCCL reduce-scatter and all-gather on the
+# communication stream, overlapped) and TP 2 with sequence parallelism on 2 GPUs in bf16 against
+# the same layout on CPU ranks (losses within 2e-2
 # relative, the mixed-precision tolerance), then a rank failing mid-step (TPTRAIN_FAULT) and a rank
 # killed (SIGKILL) mid-run: the job must end, with the rank's message, well within the 1-minute
 # watchdog (parallel.distributed_timeout_minutes 1).
@@ -169,10 +171,12 @@ training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 8, precision
 parallel: {overlap_grad_reduce: true, distributed_timeout_minutes: 1}
 data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
 YAML
-  local layout set name
-  for layout in "tensor_model_parallel_size" "pipeline_model_parallel_size" "data_parallel_size"; do
-    name=${layout%%_*}2; set=(--set "parallel.$layout=2")
-    [ "$layout" = data_parallel_size ] && set=()
+  local case set name kv
+  for case in "tensor2 parallel.tensor_model_parallel_size=2" "pipeline2 parallel.pipeline_model_parallel_size=2" \
+              "data2" "data2_distopt parallel.distributed_optimizer=true parallel.overlap_param_gather=true" \
+              "tensor2_sp parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true"; do
+    set -- $case; name=$1; shift; set=()
+    for kv in "$@"; do set+=(--set "$kv"); done
     for dev in cuda cpu; do
       timeout 120 mpirun --allow-run-as-root -np 2 "$TPTRAIN" --config "$OUT/multi.yaml" "${set[@]}" \
         --set training.device=$dev --set training.cpu_threads=4 --set logging.metrics_file="$OUT/${name}_$dev.jsonl" \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The seed article's grid on one small machine: mpirun -np 192 with TP 4 x PP 6 x DP 8 and a tiny
 # 12-layer GPT, a few iterations on CPU ranks (1 thread each, heavily oversubscribed), compared
-# step by step with the same training on one rank. Prints both runs' losses, the wall time and
-# the peak memory. Outside CI (it takes minutes): bash scripts/grid192.sh [iterations]
+# step by step with the same training on one rank; then the same grid with the distributed
+# optimizer and sequence parallelism (overlapped), compared the same way. Prints the runs' losses,
+# the wall time and the peak memory. Outside CI (it takes minutes): bash scripts/grid192.sh [iterations]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x "${BUILD_DIR:-build}/tptrain" ] || bash scripts/setup.sh
@@ -19,15 +20,25 @@ optimizer: {lr: 1.0e-3, lr_warmup_iters: 1}
 data: {path: $W/data, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
-echo "== 192 ranks: TP 4 x PP 6 x DP 8 (2 micro-batches per DP rank) =="
-start=$(date +%s.%N)
-mpirun -np 192 --mca btl self,vader --bind-to none "$TPTRAIN" --config "$W/grid192.yaml" \
-  --set logging.metrics_file="$W/grid192.jsonl" 2>&1 | grep -E "^iteration|peak memory|process grid|error" 
-end=$(date +%s.%N)
-echo "wall time (mpirun start to end): $(echo "$end - $start" | bc) s"
+run192() {  # name title [--set ...]
+  local name=$1 title=$2; shift 2
+  echo "== 192 ranks: TP 4 x PP 6 x DP 8 (2 micro-batches per DP rank)$title =="
+  local start end
+  start=$(date +%s.%N)
+  mpirun -np 192 --mca btl self,vader --bind-to none "$TPTRAIN" --config "$W/grid192.yaml" \
+    --set logging.metrics_file="$W/$name.jsonl" "$@" 2>&1 | grep -E "^iteration|peak memory|process grid|distributed optimizer|error"
+  end=$(date +%s.%N)
+  echo "wall time (mpirun start to end): $(echo "$end - $start" | bc) s"
+}
+run192 grid192 ""
+run192 grid192_distopt_sp ", distributed optimizer + sequence parallelism, overlapped" \
+  --set parallel.distributed_optimizer=true --set parallel.sequence_parallel=true \
+  --set parallel.overlap_grad_reduce=true --set parallel.ddp_bucket_size=1 --set parallel.overlap_param_gather=true
 echo "== 1 rank, same model and data =="
 "$TPTRAIN" --config "$W/grid192.yaml" --set parallel.tensor_model_parallel_size=1 \
   --set parallel.pipeline_model_parallel_size=1 --set training.micro_batch_size=8 \
   --set logging.metrics_file="$W/single.jsonl" 2>&1 | grep -E "^iteration|peak memory"
 echo "== per-step comparison (192 ranks vs 1 rank) =="
 /usr/bin/python3 tests/tools/compare_runs.py "$W/single.jsonl" "$W/grid192.jsonl" --rel 1e-5 --min-iters 1
+echo "== per-step comparison (192 ranks with the distributed optimizer and sequence parallelism vs 1 rank) =="
+/usr/bin/python3 tests/tools/compare_runs.py "$W/single.jsonl" "$W/grid192_distopt_sp.jsonl" --rel 1e-5 --min-iters 1

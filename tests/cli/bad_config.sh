@@ -107,6 +107,8 @@ check train_beyond_memory "by the plan, but has|MiB of host memory per rank" -- 
 check set_wrong_type "training.train_iters|expected an integer|ten" -- --config "$BASE" --set training.train_iters=ten
 check set_bad_yaml "data.split|YAML syntax error" -- --config "$BASE" --set "data.split=[98,1"
 check set_constraint "parallel.tensor_model_parallel_size|must be >= 1" -- --config "$BASE" --set parallel.tensor_model_parallel_size=0
+check sequence_parallel_tp1 "parallel.sequence_parallel|parallel.tensor_model_parallel_size > 1" -- --config "$BASE" \
+  --set parallel.sequence_parallel=true
 check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
 check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
 check no_config "--config" --

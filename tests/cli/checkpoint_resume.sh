@@ -3,7 +3,9 @@
 # give bitwise-equal lm loss and grad norm at 1 rank and at TP2 x PP2 x DP2 (fp32); a checkpoint
 # saved at TP2 x PP2 x DP2 resumes at 1 rank, TP4 x PP1 x DP2 and TP1 x PP4 x DP1 within 1e-5 of
 # the uninterrupted run; fp16 resumes exactly too (loss scaler), and bf16 at TP2 x PP2 x DP2; bf16 and
-# fp32 checkpoints resume in the other precision within 5e-3; keep_last keeps the newest checkpoints.
+# fp32 checkpoints resume in the other precision within 5e-3; with the distributed optimizer (every
+# DP rank saves its blocks) resume is bitwise and its checkpoints load without it and vice versa;
+# keep_last keeps the newest checkpoints.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
@@ -95,6 +97,35 @@ run 1 1 1 cross_bf16_to_fp32 --set checkpoint.load="$W/ck8bf16" --set training.m
   KEYS=lm_loss compare "$W/straight8.jsonl" "$W/cross_bf16_to_fp32.jsonl" 5e-3 "saved bf16 at TP2xPP2xDP2, resumed fp32 at 1 rank (5e-3 of fp32)"
 run 4 2 1 cross_fp32_to_bf16 --set checkpoint.load="$W/ck8" --set training.precision=bf16 &&
   KEYS=lm_loss compare "$W/straight8.jsonl" "$W/cross_fp32_to_bf16.jsonl" 5e-3 "saved fp32 at TP2xPP2xDP2, resumed bf16 at TP2xDP2 (5e-3 of fp32)"
+
+# --- distributed optimizer: every DP rank saves the blocks of parameters and moments it owns, as
+# boxes of the global tensors; bitwise resume on the same layout, and the checkpoint loads on layouts
+# without it (and a checkpoint saved without it loads with it)
+DO=(--set parallel.distributed_optimizer=true)
+run 4 1 1 straight_do4 "${DO[@]}" || bad "straight DP4 + distributed optimizer"
+run 4 1 1 first_do4 "${DO[@]}" --set training.train_iters=8 --set checkpoint.save="$W/ckdo4" &&
+  run 4 1 1 resume_do4 "${DO[@]}" --set checkpoint.load="$W/ckdo4"
+got=$(cd "$W/ckdo4/iter_0000008" && ls | tr '\n' ' ')
+want="meta.json "; for d in 000 001 002 003; do want+="model_tp00_pp000_dp$d.safetensors "; done
+for d in 000 001 002 003; do want+="optim_tp00_pp000_dp$d.safetensors "; done
+if [ "$got" = "$want" ]; then ok "DP4 + distributed optimizer files: $got"; else bad "DP4 + distributed optimizer files: got $got"; fi
+compare "$W/straight_do4.jsonl" "$W/resume_do4.jsonl" 0 "DP4 + distributed optimizer: 8 + resume 8 bitwise equal to 16 straight"
+compare "$W/straight1.jsonl" "$W/resume_do4.jsonl" 1e-5 "DP4 + distributed optimizer resume vs the 1-rank straight run (1e-5)"
+run 2 1 1 cross_do4_to_dp2 --set checkpoint.load="$W/ckdo4" --set training.micro_batch_size=8 &&
+  compare "$W/straight1.jsonl" "$W/cross_do4_to_dp2.jsonl" 1e-5 "saved DP4 + distributed optimizer, resumed at DP2 without it (1e-5)"
+run 4 2 1 cross_do4_to_tp2_sp --set checkpoint.load="$W/ckdo4" --set parallel.sequence_parallel=true &&
+  compare "$W/straight1.jsonl" "$W/cross_do4_to_tp2_sp.jsonl" 1e-5 "saved DP4 + distributed optimizer, resumed at TP2xDP2 + sequence parallel (1e-5)"
+run 4 1 1 cross_8_to_do4 "${DO[@]}" --set checkpoint.load="$W/ck8" &&
+  compare "$W/straight8.jsonl" "$W/cross_8_to_do4.jsonl" 1e-5 "saved TP2xPP2xDP2, resumed at DP4 + distributed optimizer (1e-5)"
+# bf16 with the fp32 master weights sharded, overlapped bucket reduce-scatters and parameter
+# all-gathers, on TP2 x PP2 x DP2: bitwise resume, and onto DP4 + distributed optimizer
+DOB=("${DO[@]}" --set training.precision=bf16 --set parallel.overlap_grad_reduce=true --set parallel.ddp_bucket_size=1
+     --set parallel.overlap_param_gather=true)
+run 8 2 2 straight8_do_bf16 "${DOB[@]}" || bad "straight bf16 TP2xPP2xDP2 + distributed optimizer"
+run 8 2 2 first8_do_bf16 "${DOB[@]}" --set training.train_iters=8 --set checkpoint.save="$W/ck8dobf16" &&
+  run 8 2 2 resume8_do_bf16 "${DOB[@]}" --set checkpoint.load="$W/ck8dobf16"
+compare "$W/straight8_do_bf16.jsonl" "$W/resume8_do_bf16.jsonl" 0 "bf16, TP2xPP2xDP2 + distributed optimizer (overlapped): 8 + resume 8 bitwise equal"
+KEYS=lm_loss compare "$W/straight8_bf16.jsonl" "$W/resume8_do_bf16.jsonl" 5e-3 "bf16 + distributed optimizer vs bf16 without it (5e-3)"
 
 # --- keep_last: save every 2 iterations, keep 2 -------------------------------------------------
 run 1 1 1 keep --set training.train_iters=10 --set checkpoint.save="$W/keep" --set checkpoint.save_interval=2 \

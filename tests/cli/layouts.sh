@@ -3,7 +3,8 @@
 # TP / PP / DP / 3D runs on CPU ranks within 1e-5 relative of the one-rank run, for 10 steps, and
 # the final parameters (saved, then exported to one full HF file) within 1e-5 of the one-rank run's.
 # DP runs sum their gradients in buckets overlapped with backward (one per layer in some runs), or
-# in one all-reduce after the pipeline.
+# in one all-reduce after the pipeline; with the distributed optimizer they reduce-scatter them and
+# all-gather the parameters.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -51,5 +52,21 @@ run pp2_dp2 4 1 2 2
 run pp2_dp2_overlap 4 1 2 2 1f1b parallel.overlap_grad_reduce=true  # one bucket
 run pp4_m1 4 1 4 16
 run tp2_pp2_dp2 8 2 2 2 1f1b "parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"
+# sequence parallelism: LayerNorm / residual activations and pipeline messages split over the TP
+# ranks by tokens (micro-batch 8 x seq 16 = 128 tokens: 64 or 32 per rank, whole sequences;
+# micro-batch 1 at TP 4: 4 tokens per rank, a quarter of one sequence; blocks that end inside a
+# sequence after whole ones are in tests/unit/sequence_parallel_test.cpp)
+run tp2_sp 2 2 1 8 1f1b parallel.sequence_parallel=true
+run tp4_sp 4 4 1 4 1f1b parallel.sequence_parallel=true
+run tp4_sp_m1 4 4 1 1 1f1b parallel.sequence_parallel=true
+run tp2_pp2_sp 4 2 2 4 1f1b parallel.sequence_parallel=true
+run tp2_pp2_sp_gpipe_selective 4 2 2 2 gpipe "parallel.sequence_parallel=true training.recompute=selective"
+run tp2_pp2_dp2_sp 8 2 2 2 1f1b "parallel.sequence_parallel=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"
+# the distributed optimizer: gradients reduce-scattered over DP, each DP rank steps its blocks,
+# parameters all-gathered (with overlap: a bucket per layer, gathers waited for per bucket)
+run dp4_distopt 4 1 1 4 1f1b parallel.distributed_optimizer=true
+run dp4_distopt_overlap 4 1 1 4 1f1b "parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 parallel.overlap_param_gather=true"
+run pp2_dp2_distopt 4 1 2 2 1f1b parallel.distributed_optimizer=true  # the tied embedding summed before the reduce-scatter
+run tp2_pp2_dp2_distopt_sp 8 2 2 2 1f1b "parallel.distributed_optimizer=true parallel.sequence_parallel=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 parallel.overlap_param_gather=true"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

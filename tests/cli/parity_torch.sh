@@ -12,9 +12,11 @@
 #
 # Cases: reference self-checks; (a) Megatron data, micro 8 = global 8; (b) the same tokens as an
 # llm.c shard; (c) micro-batch accumulation 4 x 2 = 8; (d) init from F16 weights with "transformer."
-# names and HF attn.bias buffers. The tiny config pads the vocabulary (97 -> 128), clips on some
-# steps but not all, warms up for 2 steps then decays by cosine, and runs 10 iterations over 76
-# samples, so the last two iterations wrap around the data.
+# names and HF attn.bias buffers; (e) TP 2 from init_from; (h) TP 2 x PP 2 x DP 2 with the
+# distributed optimizer and sequence parallelism; (f, g) Megatron's end-of-document masks. The
+# tiny config pads the vocabulary (97 -> 128), clips on some steps but not all, warms up for 2
+# steps then decays by cosine, and runs 10 iterations over 76 samples, so the last two iterations
+# wrap around the data.
 set -u -o pipefail
 
 SRC=${TPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -173,6 +175,11 @@ run_case c_micro4x2           w_f32.safetensors        tokens  training.micro_ba
 run_case d_f16_prefix_init    w_f16_prefix.safetensors tokens
 # tensor parallel from init_from: each of 2 ranks reads its own slices of the HF tensors
 NP=2 run_case e_tp2_init_from w_f32.safetensors        tokens  parallel.tensor_model_parallel_size=2
+# the distributed optimizer and sequence parallelism together on TP 2 x PP 2 x DP 2, overlapped
+NP=8 run_case h_3d_distopt_sp      w_f32.safetensors        tokens  parallel.tensor_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true \
+  parallel.sequence_parallel=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 \
+  parallel.overlap_param_gather=true
 # data.eod_mask_loss and data.reset_position_ids (Megatron's masks and positions, built by the
 # reference itself): the stream's most frequent token plays the end of document, so most global
 # batches hold several (counted below: the case fails if too few would make it vacuous).

@@ -50,8 +50,10 @@ for st in p80["stages"]:
 check(p80["fits"] is False, "does not fit on 80 GiB")
 fit = [x for x in p80["suggestions"] if x["fits"]]
 check(any(x["change"].startswith("parallel.pipeline_model_parallel_size=") for x in fit), "suggests more PP")
-check(any(x["change"].startswith("parallel.distributed_optimizer") and "not implemented" in x["note"] for x in fit),
-      "suggests the distributed optimizer, saying it is not implemented")
+check(any(x["change"] == "parallel.distributed_optimizer=true" and x["note"] == "" for x in fit),
+      "suggests the distributed optimizer")
+check(any(x["change"] == "parallel.distributed_optimizer=true parallel.sequence_parallel=true" for x in fit),
+      "suggests the distributed optimizer with sequence parallelism")
 check(p141["fits"] is True and all(st["fits"] for st in p141["stages"]), "fits on 141 GiB with full recompute")
 check(p141["stages"][0]["total_bytes_by_recompute"]["selective"] > 141 * 2**30, "selective would not fit 141 GiB")
 check(0 < p80["step_time_s"] < 1000 and 0 < p80["mfu"] < 0.6, "step time and MFU sane")
@@ -61,6 +63,21 @@ sys.exit(1 if errors else 0)
 PY
 ); then ok "gpt96.yaml plan values ($out)"; else bad "gpt96.yaml plan values: $out"; fi
 
+# the distributed optimizer and sequence parallelism bring gpt96 under 80 GiB: model state at
+# Megatron's 6 + 12/DP bytes per parameter (bf16: compute copy 2 + fp32 gradients 4 + 12/DP of fp32
+# master weights and moments)
+if out=$("$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --set parallel.distributed_optimizer=true \
+          --set parallel.sequence_parallel=true --json | $PYTHON -c '
+import json, sys
+p = json.load(sys.stdin)
+bad = [st["stage"] for st in p["stages"]
+       if st["weight_bytes"] + st["gradient_bytes"] + st["optimizer_bytes"] != (6 + 12 / 8) * st["parameter_buffer"]]
+peak = max(st["total_bytes"] for st in p["stages"]) / 2**30
+print("peak %.2f GiB" % peak)
+sys.exit(0 if p["fits"] and peak < 80 and not bad else 1)'); then
+  ok "gpt96.yaml with the distributed optimizer and sequence parallelism fits 80 GiB, 7.5 B/parameter ($out)"
+else bad "gpt96.yaml with the distributed optimizer and sequence parallelism: $out"; fi
+
 # --storage is gone: every tensor is stored in its own dtype (the plan is what is allocated)
 "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --storage fp32_buffers > "$W/storage.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "unknown argument '--storage'" "$W/storage.out"; then ok "--storage: an unknown argument (exit 2)"
@@ -68,7 +85,7 @@ else bad "--storage (rc $rc)"; cat "$W/storage.out"; fi
 
 # text report
 "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" > "$W/gpt96.txt" 2>&1
-if grep -q "^fits: NO" "$W/gpt96.txt" && grep -q "distributed_optimizer=true.*not implemented yet" "$W/gpt96.txt" \
+if grep -q "^fits: NO" "$W/gpt96.txt" && grep -q "distributed_optimizer=true  *[0-9.]*  fits" "$W/gpt96.txt" \
    && grep -q "^grid: TP 4 x PP 6 x DP 8 = 192 ranks" "$W/gpt96.txt" && grep -q "^step time estimate" "$W/gpt96.txt"; then
   ok "text report (grid, fit verdict, suggestions, step time)"
 else bad "text report"; cat "$W/gpt96.txt"; fi
@@ -103,7 +120,7 @@ compare() {  # name np tp pp extra-set...
   if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" "${sets[@]}" > "$W/$name.log" 2>&1; then
     bad "$name: training exited non-zero"; tail -20 "$W/$name.log"; return
   fi
-  if ! "$TPTRAIN" plan --config "$W/cfg.yaml" "${sets[@]}" --json > "$W/$name.json" 2> "$W/$name.plan.err"; then
+  if ! "$TPTRAIN" plan --config "$W/cfg.yaml" --world-size "$np" "${sets[@]}" --json > "$W/$name.json" 2> "$W/$name.plan.err"; then
     bad "$name: plan exited non-zero"; cat "$W/$name.plan.err"; return
   fi
   local line allocated logged planned
@@ -123,5 +140,7 @@ compare tp2_pp2_fp32 4 2 2
 compare tp2_pp2_bf16_selective 4 2 2 training.precision=bf16 training.recompute=selective
 compare pp2_gpipe_bf16_full 2 1 2 training.precision=bf16 training.recompute=full parallel.pipeline_schedule=gpipe
 compare tp2_dp2_fp16 4 2 1 training.precision=fp16
+compare dp4_distopt_bf16 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true
+compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -74,12 +74,13 @@ inline void cuda_read_on_compute_stream(float* host, const float* dev, int64_t n
 }
 #endif
 
-// The bucket-race checker: wraps a DP group of two ranks. At each start_all_reduce it snapshots the
-// bucket (as the sum must see it); after finish_all_reduces it reads the bucket again, which must
-// equal the two ranks' snapshots summed (exact: two floats add commutatively) -- a bucket written
-// inside its reduction window (backward still writing a started bucket) breaks that. `read` copies
-// n floats of a bucket to the host (after the work queued before it); `peers` is a host group of
-// the same two ranks for the snapshots.
+// The bucket-race checker: wraps a DP group of two ranks. At each start_all_reduce /
+// start_reduce_scatter it snapshots the bucket (as the collective must see it); after wait_all it
+// reads the result again, which must equal the two ranks' snapshots summed (this rank's block of
+// it for a reduce-scatter; exact: two floats add commutatively) -- a bucket written inside its
+// reduction window (backward still writing a started bucket) breaks that. `read` copies n floats
+// of a bucket to the host (after the work queued before it); `peers` is a host group of the same
+// two ranks for the snapshots.
 class BucketRaceChecker final : public Comm {
  public:
   using Reader = std::function<void(float* host, const float* bucket, int64_t n)>;
@@ -95,22 +96,27 @@ class BucketRaceChecker final : public Comm {
     in_.send_recv(s, sn, sp, r, rn, rp);
   }
   void barrier() override { in_.barrier(); }
-  void start_all_reduce(float* buf, int64_t n) override {
-    std::vector<float> snap(static_cast<size_t>(n));
-    read_(snap.data(), buf, n);
-    started_.push_back({buf, std::move(snap)});
-    in_.start_all_reduce(buf, n);
+  int64_t start_all_reduce(float* buf, int64_t n) override {
+    snapshot(buf, buf, n, -1);
+    return in_.start_all_reduce(buf, n);
   }
-  void finish_all_reduces() override {
-    in_.finish_all_reduces();
-    for (auto& [buf, want] : started_) {
-      const int64_t n = int64_t(want.size());
-      peers_.all_reduce(want.data(), n, ReduceOp::Sum);
-      std::vector<float> got(want.size(), 0.0f);
-      read_(got.data(), buf, n);
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
+    snapshot(out, in, size() * n, int64_t(rank()) * n);
+    return in_.start_reduce_scatter(out, in, n);
+  }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override { return in_.start_all_gather(out, in, n); }
+  void wait(int64_t ticket) override { in_.wait(ticket); }
+  void wait_all() override {
+    in_.wait_all();
+    for (Started& s : started_) {
+      const int64_t n = int64_t(s.want.size());
+      peers_.all_reduce(s.want.data(), n, ReduceOp::Sum);
+      const int64_t m = s.block < 0 ? n : n / size();
+      std::vector<float> got(static_cast<size_t>(m), 0.0f);
+      read_(got.data(), s.out, m);
       ++buckets;
-      for (int64_t i = 0; i < n; ++i)
-        if (got[size_t(i)] != want[size_t(i)]) {
+      for (int64_t i = 0; i < m; ++i)
+        if (got[size_t(i)] != s.want[size_t(s.block < 0 ? i : s.block + i)]) {
           ++raced;
           break;
         }
@@ -120,10 +126,20 @@ class BucketRaceChecker final : public Comm {
   int buckets = 0, raced = 0;  // buckets checked, and those whose sum differed from their snapshots'
 
  private:
+  struct Started {
+    float* out;
+    std::vector<float> want;
+    int64_t block;  // -1: all-reduce (the whole bucket); else the offset of this rank's block
+  };
+  void snapshot(float* out, const float* in, int64_t n, int64_t block) {
+    std::vector<float> snap(static_cast<size_t>(n));
+    read_(snap.data(), in, n);
+    started_.push_back({out, std::move(snap), block});
+  }
   Comm& in_;
   Comm& peers_;
   Reader read_;
-  std::vector<std::pair<float*, std::vector<float>>> started_;
+  std::vector<Started> started_;
 };
 
 // Each iteration's loss and gradient norm as one rank saw them.

@@ -96,7 +96,7 @@ TEST_F(GpuNccl, CollectivesOnDeviceBuffers) {
 }
 
 // start_all_reduce runs on the communication stream after the compute stream's earlier work (the
-// scale below), and finish_all_reduces orders the compute stream's later work (the accumulate) after it.
+// scale below), and wait_all orders the compute stream's later work (the accumulate) after it.
 TEST_F(GpuNccl, StartedAllReducesOverlapAndFinishInOrder) {
   Comm& c = *world->dev;
   const int r = c.rank(), n = c.size();
@@ -108,7 +108,7 @@ TEST_F(GpuNccl, StartedAllReducesOverlapAndFinishInOrder) {
     c.start_all_reduce(a, k);
     c.start_all_reduce(b, k);
     gpu->accumulate(one, one, k);  // unrelated compute meanwhile
-    c.finish_all_reduces();
+    c.wait_all();
     gpu->accumulate(b, one, k);  // after finish: sees the summed b
   }
   // a: ((r+1)*2 summed) -> per iteration a = 2 * sum(a_q); b = n * b + one(2^it)
@@ -125,6 +125,33 @@ TEST_F(GpuNccl, StartedAllReducesOverlapAndFinishInOrder) {
   EXPECT_EQ(double(ha[0]), want_a);
   EXPECT_EQ(double(ha[size_t(k - 1)]), want_a);
   EXPECT_EQ(double(hb[size_t(k / 2)]), want_b);
+  c.barrier();
+}
+
+// The distributed optimizer's collectives: reduce-scatter of a bucket in place on the
+// communication stream after the compute stream's earlier work, the in-place all-gather of the
+// parameters, each waited for by ticket; the compute stream's later work sees the results.
+TEST_F(GpuNccl, StartedReduceScatterAndAllGatherInPlaceByTicket) {
+  Comm& c = *world->dev;
+  const int r = c.rank(), n = c.size();
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
+  const int64_t k = 1 << 20;  // per rank's block
+  Dev grads(*gpu, VecF(size_t(k * n), float(r + 1))), params(*gpu, VecF(size_t(k * n), -1.0f)),
+      mine(*gpu, VecF(size_t(k), float(10 * r))), one(*gpu, VecF(size_t(k), 1.0f));
+  gpu->scale(grads, 2.0f, k * n);  // queued before the start: the reduce-scatter must see it
+  const int64_t t0 = c.start_reduce_scatter(static_cast<float*>(grads) + r * k, grads, k);
+  gpu->copy(static_cast<float*>(params) + r * k, mine, k);  // this rank's updated block
+  const int64_t t1 = c.start_all_gather(params, static_cast<float*>(params) + r * k, k);
+  gpu->accumulate(one, one, k);  // unrelated compute meanwhile
+  c.wait(t0);
+  gpu->accumulate(static_cast<float*>(grads) + r * k, one, k);  // after the wait: sees the sum
+  c.wait(t1);
+  const VecF hg = grads.host(), hp = params.host();
+  double want = 0;
+  for (int q = 0; q < n; ++q) want += 2.0 * (q + 1);
+  EXPECT_EQ(double(hg[size_t(r * k)]), want + 2.0);
+  EXPECT_EQ(double(hg[size_t(r * k + k - 1)]), want + 2.0);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(hp[size_t(q * k + k / 2)], float(10 * q)) << q;
   c.barrier();
 }
 
@@ -217,7 +244,7 @@ TEST(GpuNcclOneRank, EveryCallOfSeveralCommunicators) {
     c->send_recv(d, k, 0, recv, k, 0);
     EXPECT_EQ(recv.host(), x);
     c->start_all_reduce(d, k);
-    c->finish_all_reduces();
+    c->wait_all();
     gpu->accumulate(d, d, k);  // after the finished sum
     const VecF h = d.host();
     EXPECT_EQ(h[7], 2.0f * x[7]);

@@ -15,17 +15,25 @@ namespace {
 class GpuThreadRanks : public ::testing::TestWithParam<const char*> {};
 
 // fp32: 1e-4 relative (summation orders of GPU and CPU, as GpuModel.Fp32TrainingMatchesCpu);
-// bf16: 2e-2 (the mixed-precision tolerance of the precision tests).
+// bf16: 2e-2 (the mixed-precision tolerance of the precision tests). "+distopt_sp": with the
+// distributed optimizer (reduce-scatter, parameter all-gather overlapped with the next forward)
+// and sequence parallelism.
 TEST_P(GpuThreadRanks, TP2xPP2xDP2OnOneGpuMatchesOneRank) {
-  const std::string precision = GetParam();
-  const std::string dir = ::testing::TempDir() + "/gpu_thread_ranks_" + precision;
+  const std::string param = GetParam();
+  const std::string precision = param.substr(0, param.find('+'));
+  const bool distopt_sp = param.find("+distopt_sp") != std::string::npos;
+  const std::string dir = ::testing::TempDir() + "/gpu_thread_ranks_" + precision + (distopt_sp ? "_distopt_sp" : "");
   const std::string data = test::write_random_dataset(dir, 101);
   Config one = test::thread_test_config(dir, data, precision, 1, 1, 1, "cuda");
   one.training.global_batch_size = 16;  // the 3D run's global batch (8 per DP rank)
   const test::StepLog gpu_one = test::train_one_rank(one);
   one.training.device = "cpu";
   const test::StepLog cpu_one = test::train_one_rank(one);
-  const Config cfg = test::thread_test_config(dir, data, precision, 2, 2, 2, "cuda");
+  Config cfg = test::thread_test_config(dir, data, precision, 2, 2, 2, "cuda");
+  if (distopt_sp) {
+    cfg.parallel.distributed_optimizer = cfg.parallel.sequence_parallel = cfg.parallel.overlap_param_gather = true;
+    cfg.parallel.ddp_bucket_size = 1;
+  }
   const std::vector<test::StepLog> logs = test::train_thread_ranks(cfg, 0);
   const double tol = precision == "fp32" ? 1e-4 : 2e-2;
   for (size_t r = 0; r < logs.size(); ++r)
@@ -52,7 +60,12 @@ TEST(GpuThreadRanksRace, DpBucketsAreNotWrittenWhileTheirSumRuns) {
   EXPECT_EQ(race[1], 0) << "buckets written during their sum";
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, GpuThreadRanks, ::testing::Values("fp32", "bf16"));
+INSTANTIATE_TEST_SUITE_P(Precisions, GpuThreadRanks, ::testing::Values("fp32", "bf16", "bf16+distopt_sp"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = c == '+' ? '_' : c;
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace tpt

@@ -69,7 +69,7 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   AdamW adamw(layout, ops, params, grads, copy ? compute.buf() : Buf{});  // the step writes the compute copy
   const int dp_size = dp.dev ? dp.dev->size() : 1, dp_rank = dp.dev ? dp.dev->rank() : 0;
   TPT_CHECK(micro % dp_size == 0);
-  GradSync sync(ops, grads, layout.total, layer_ranges(layout, d), dp.dev, nullptr, GradRange{}, true, 1);
+  GradSync sync(ops, grads, layout.total, layer_ranges(layout, d), dp.dev, nullptr, GradRange{}, {.overlap = true, .bucket_size = 1});
   std::mt19937 gen(17);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(d.V) - 1);
   Trained r;

@@ -242,5 +242,41 @@ TEST(MpiGrid, GroupsDoNotInterfere) {
   }
 }
 
+// The non-blocking collectives of the DP buckets (the distributed optimizer's gradient
+// reduce-scatter and parameter all-gather), in place, interleaved with blocking traffic on
+// another group; wait(ticket) completes that one and every earlier one.
+TEST(MpiGrid, StartedReduceScattersAndAllGathersInPlace) {
+  const int world = runtime_world_size();
+  Grid g = make_grid(1, 1, world);
+  Comm& dp = *g.dp_group;
+  const int r = dp.rank(), n = dp.size();
+  const int64_t k = 5;  // elements per rank's block
+  std::vector<float> grads(size_t(n * k)), params(size_t(n * k), -1.0f);
+  for (int64_t i = 0; i < n * k; ++i) grads[size_t(i)] = float(100 * (r + 1) + i);
+  for (int64_t i = 0; i < k; ++i) params[size_t(r * k + i)] = float(1000 * r + i);
+  std::vector<float> extra(3, float(r));
+  const int64_t t0 = dp.start_reduce_scatter(grads.data() + r * k, grads.data(), k);
+  const int64_t t1 = dp.start_all_gather(params.data(), params.data() + r * k, k);
+  g.world->all_reduce(extra.data(), 3, ReduceOp::Sum);  // other traffic meanwhile
+  dp.wait(t0);
+  for (int64_t i = 0; i < k; ++i) {
+    float want = 0;
+    for (int q = 0; q < n; ++q) want += float(100 * (q + 1) + r * k + i);
+    EXPECT_EQ(grads[size_t(r * k + i)], want) << i;
+  }
+  dp.wait(t1);
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < k; ++i) EXPECT_EQ(params[size_t(q * k + i)], float(1000 * q + i));
+  EXPECT_EQ(extra[0], float(n * (n - 1) / 2));
+  // wait_all after several: all complete
+  std::vector<float> a(size_t(n) * 2, 1.0f), b(size_t(n) * 2, 0.0f);
+  dp.start_all_reduce(a.data(), 2 * n);
+  for (int64_t i = 0; i < 2; ++i) b[size_t(r * 2 + i)] = float(r);
+  dp.start_all_gather(b.data(), b.data() + r * 2, 2);
+  dp.wait_all();
+  EXPECT_EQ(a[0], float(n));
+  EXPECT_EQ(b[size_t(2 * (n - 1))], float(n - 1));
+}
+
 }  // namespace
 }  // namespace tpt

@@ -18,6 +18,7 @@
 #include "model/gpt.h"
 #include "parallel/runtime.h"
 #include "parallel/tensor_parallel.h"
+#include "tests/common/box_elements.h"
 
 namespace tpt {
 namespace {
@@ -182,25 +183,6 @@ TEST(MpiTensorParallel, ColumnThenRowParallelMlp) {
 // the last rank holds nothing but padding rows).
 Config tiny_config() { return test::tiny_gpt_config({.heads = 4}); }
 
-// f(local offset, global offset) over the box of p, row-major.
-template <class F>
-void for_each_box_element(const ParamInfo& p, F&& f) {
-  int64_t n = 1;
-  for (int64_t s : p.box_size) n *= s;
-  for (int64_t e = 0; e < n; ++e) {
-    int64_t rem = e, local = 0, global = 0, ls = 1, gs = 1;
-    for (size_t k = p.box_size.size(); k-- > 0;) {
-      const int64_t i = rem % p.box_size[k];
-      rem /= p.box_size[k];
-      local += i * ls;
-      global += (p.box_offset[k] + i) * gs;
-      ls *= p.local_shape[k];
-      gs *= p.global_shape[k];
-    }
-    f(local, global);
-  }
-}
-
 struct StageRun {
   double loss = 0;
   VecF grads;
@@ -287,7 +269,7 @@ void check_gpt(int tp, int pp, int dp, bool randomize) {
     const ParamInfo* f = l1.find(p.name);
     ASSERT_NE(f, nullptr) << p.name;
     std::fill(pn.begin() + p.offset, pn.begin() + p.offset + p.numel, 50.0f);
-    for_each_box_element(p, [&](int64_t local, int64_t global) { pn[size_t(p.offset + local)] = p1[size_t(f->offset + global)]; });
+    test::for_each_box_element(p, [&](int64_t local, int64_t global) { pn[size_t(p.offset + local)] = p1[size_t(f->offset + global)]; });
   }
   const StageRun got = run_pipeline(dn, ln, *g.tp_group, pp > 1 ? g.pp_group.get() : nullptr,
                                     g.embedding_group.get(), pn, tokens, targets, B);
@@ -300,7 +282,7 @@ void check_gpt(int tp, int pp, int dp, bool randomize) {
     SCOPED_TRACE(p.name);
     const ParamInfo* f = l1.find(p.name);
     VecF mine, want;
-    for_each_box_element(p, [&](int64_t local, int64_t global) {
+    test::for_each_box_element(p, [&](int64_t local, int64_t global) {
       mine.push_back(got.grads[size_t(p.offset + local)]);
       want.push_back(ref.grads[size_t(f->offset + global)]);
     });

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "parallel/checkpoint.h"
+#include "tests/common/box_elements.h"
 
 namespace tpt {
 namespace {
@@ -37,25 +38,9 @@ struct Shard {
     t = {std::move(name), std::move(global), std::move(off), std::move(size), std::move(local), nullptr};
     data.assign(size_t(volume(t.local_shape)), -7.0f);
     t.data = data.data();
-    for_each_box_element([&](int64_t local_i, int64_t global_i) { data[size_t(local_i)] = value(salt, global_i, version); });
-  }
-  // Calls f(local index, global flat index) for every element of the box.
-  template <class F>
-  void for_each_box_element(F f) const {
-    const size_t nd = t.global_shape.size();
-    std::vector<int64_t> idx(nd, 0);
-    for (int64_t e = 0; e < volume(t.box_size); ++e) {
-      int64_t rem = e, local = 0, global = 0, ls = 1, gs = 1;
-      for (size_t d = nd; d-- > 0;) {
-        int64_t i = rem % t.box_size[d];
-        rem /= t.box_size[d];
-        local += i * ls;
-        global += (t.box_offset[d] + i) * gs;
-        ls *= t.local_shape[d];
-        gs *= t.global_shape[d];
-      }
-      f(local, global);
-    }
+    test::for_each_box_element(t, [&](int64_t local_i, int64_t global_i) {
+      data[size_t(local_i)] = value(salt, global_i, version);
+    });
   }
 };
 
@@ -310,6 +295,95 @@ TEST_F(CheckpointTest, KeepLastAndReplacingAnIteration) {
   EXPECT_EQ(r->iteration(), 3);
   expect_loaded(*r, 7);
   EXPECT_TRUE(fs::exists(dir_ + "/iter_0000004"));  // keep_last never deletes what it just wrote
+}
+
+// The one box walk (core/sharded_tensor.h) against per-element index arithmetic: every element of
+// the box visited once, in row-major order, at the right flat offsets in both tensors; whole inner
+// dimensions merged into longer runs.
+TEST(ForEachBoxRow, VisitsTheBoxInBothTensors) {
+  struct Case {
+    std::vector<int64_t> size, a_shape, a_at, b_shape, b_at;
+    size_t runs;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 4}, {2, 3, 4}, {}, {2, 3, 4}, {}, 1},                  // everything whole: one run
+      {{2, 3, 4}, {5, 3, 4}, {1, 0, 0}, {2, 6, 4}, {0, 2, 0}, 2},    // dims 1.. whole in a only up to dim 2
+      {{3, 2}, {4, 5}, {1, 2}, {3, 2}, {}, 3},                       // a sub-box: one run per row
+      {{1, 1, 7}, {2, 3, 9}, {1, 2, 1}, {7, 1, 1}, {0, 0, 0}, 1},
+      {{}, {}, {}, {}, {}, 1},                                        // a scalar
+      {{2, 0}, {2, 3}, {}, {2, 3}, {}, 0},                            // empty
+  };
+  for (const Case& c : cases) {
+    std::vector<std::pair<int64_t, int64_t>> got, want;
+    size_t runs = 0;
+    for_each_box_row(c.size, c.a_shape, c.a_at, c.b_shape, c.b_at, [&](int64_t a, int64_t b, int64_t n) {
+      ++runs;
+      for (int64_t i = 0; i < n; ++i) got.emplace_back(a + i, b + i);
+    });
+    const size_t nd = c.size.size();
+    for (int64_t e = 0; e < volume(c.size); ++e) {
+      int64_t rem = e, a = 0, b = 0, as = 1, bs = 1;
+      for (size_t d = nd; d-- > 0;) {
+        const int64_t i = rem % c.size[d];
+        rem /= c.size[d];
+        a += ((c.a_at.empty() ? 0 : c.a_at[d]) + i) * as;
+        b += ((c.b_at.empty() ? 0 : c.b_at[d]) + i) * bs;
+        as *= c.a_shape[d];
+        bs *= c.b_shape[d];
+      }
+      want.emplace_back(a, b);
+    }
+    EXPECT_EQ(got, want) << shape_string(c.size);
+    EXPECT_EQ(runs, c.runs) << shape_string(c.size);
+  }
+}
+
+TEST(FlatRangeBoxes, TileExactlyTheRangeInOrder) {
+  const std::vector<int64_t> shape = {3, 4, 5};
+  const int64_t n = volume(shape);
+  for (int64_t a = 0; a <= n; ++a)
+    for (int64_t b = a; b <= n; ++b) {
+      const auto boxes = flat_range_boxes(shape, a, b);
+      EXPECT_LE(boxes.size(), 5u);
+      std::vector<int64_t> covered;  // flat indices of the boxes, box by box in row-major order
+      for (const auto& [off, size] : boxes)
+        for (int64_t i = 0; i < size[0]; ++i)
+          for (int64_t j = 0; j < size[1]; ++j)
+            for (int64_t k = 0; k < size[2]; ++k) covered.push_back(((off[0] + i) * 4 + off[1] + j) * 5 + off[2] + k);
+      std::vector<int64_t> want;
+      for (int64_t e = a; e < b; ++e) want.push_back(e);
+      ASSERT_EQ(covered, want) << "[" << a << ", " << b << ")";
+    }
+}
+
+// The distributed optimizer's save: each rank writes flat blocks of its local tensors (the padding
+// rows left out), several boxes of one tensor per file under their own keys; any box layout loads it.
+TEST_F(CheckpointTest, FlatBlocksOfLocalTensorsLoadAsBoxes) {
+  const int version = 3;
+  Shard a0("A", {6, 10}, {0, 0}, {3, 10}, {4, 10}, 1, version), a1("A", {6, 10}, {3, 0}, {3, 10}, {3, 10}, 1, version);
+  Shard b("B", {3, 4, 5}, {0, 0, 0}, {3, 4, 5}, {3, 5, 6}, 2, version);  // padded in two dimensions
+  {
+    CheckpointWriter w(*comm_, dir_, 5);
+    // three "DP ranks": blocks of the local flat ranges at odd boundaries; rank 2 holds two blocks of a0
+    const std::vector<std::vector<std::pair<int64_t, int64_t>>> a0_blocks = {{{0, 7}}, {{7, 23}}, {{23, 25}, {31, 40}}};
+    const std::vector<std::vector<std::pair<int64_t, int64_t>>> a1_blocks = {{{0, 13}}, {{13, 14}}, {{14, 30}}};
+    const std::vector<std::vector<std::pair<int64_t, int64_t>>> b_blocks = {{{0, 33}}, {{33, 61}}, {{61, 90}}};
+    for (int r = 0; r < 3; ++r) {
+      std::vector<CkptTensor> ts;
+      for (const CkptTensor& t : flat_range_parts(a0.t, a0_blocks[size_t(r)])) ts.push_back(t);
+      for (const CkptTensor& t : flat_range_parts(a1.t, a1_blocks[size_t(r)])) ts.push_back(t);
+      for (const CkptTensor& t : flat_range_parts(b.t, b_blocks[size_t(r)])) ts.push_back(t);
+      w.write_file(optim_shard_name(0, 0, r), ts);
+    }
+    // a0's flat [25, 31) is not saved by anyone above: rank 1 writes it under its own file
+    w.write_file(model_shard_name(0, 0, 1), flat_range_parts(a0.t, {{25, 31}}));
+    w.commit({{"consumed_samples", 0}}, 0);
+  }
+  const std::string meta = checkpoint_detail::read_text(dir_ + "/iter_0000005/meta.json");
+  EXPECT_NE(meta.find("\"key\":\"A#2\""), std::string::npos);
+  auto r = open(dir_);
+  ASSERT_TRUE(r);
+  expect_loaded(*r, version);
 }
 
 TEST_F(CheckpointTest, UnwritableSaveDirectoryIsAnInputError) {

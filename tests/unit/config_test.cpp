@@ -537,6 +537,15 @@ TEST(Config, ResolveParallel) {
   r.model.max_position_embeddings = 32;
   EXPECT_HAS(resolve_error(r, 4), "model.seq_length (31) is not divisible by parallel.tensor_model_parallel_size (2)");
 
+  r = c;  // sequence parallelism splits tokens over the TP ranks: with TP 1 it is refused
+  r.parallel.sequence_parallel = true;
+  r.parallel.tensor_model_parallel_size = 1;
+  m = resolve_error(r, 4);
+  EXPECT_HAS(m, "parallel.sequence_parallel: needs parallel.tensor_model_parallel_size > 1");
+  r.parallel.tensor_model_parallel_size = 2;
+  resolve_parallel(r, 4);  // and accepted with TP 2
+  EXPECT_TRUE(r.parallel.sequence_parallel);
+
   r = parse_config(kBase, "test.yaml");
   resolve_parallel(r, 1);
   EXPECT_EQ(r.parallel.data_parallel_size, 1);

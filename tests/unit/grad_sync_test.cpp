@@ -26,11 +26,12 @@ class RecordingComm final : public Comm {
   void broadcast(float*, int64_t, int) override {}
   void send_recv(const float*, int64_t, int, float*, int64_t, int) override {}
   void barrier() override {}
-  void start_all_reduce(float* buf, int64_t n) override {
+  int64_t start_all_reduce(float* buf, int64_t n) override {
     log.push_back("start " + range(buf, n));
     pending.push_back({buf, n});
+    return int64_t(pending.size());
   }
-  void finish_all_reduces() override {
+  void wait_all() override {
     log.push_back("finish");
     for (auto [buf, n] : pending)
       for (int64_t i = 0; i < n; ++i) buf[i] *= float(size_);
@@ -57,9 +58,9 @@ TEST(GradSync, BucketsStartAsBackwardFinishesTheirLayers) {
   RecordingComm dp(4), emb(2);
   dp.base = emb.base = g.data();
   // buckets of >= 30 elements, last layers first: layers 3+2 (38), layers 1+0 (29, the rest)
-  GradSync sync(*ops, g.data(), 100, kLayers, &dp, &emb, GradRange{0, 20}, true, 30);
+  GradSync sync(*ops, g.data(), 100, kLayers, &dp, &emb, GradRange{0, 20}, {.overlap = true, .bucket_size = 30});
   EXPECT_TRUE(sync.overlapping());
-  EXPECT_EQ(sync.num_buckets(), 2);
+  EXPECT_EQ(sync.num_buckets(), 4);  // two of layers, the two ranges around them
   sync.layer_done(3);
   EXPECT_TRUE(dp.log.empty());  // layer 2 still missing
   sync.layer_done(2);
@@ -88,7 +89,7 @@ TEST(GradSync, WithoutOverlapOneAllReduceAfterBackward) {
   auto ops = make_cpu_ops(1);
   RecordingComm dp(2);
   dp.base = g.data();
-  GradSync sync(*ops, g.data(), 100, kLayers, &dp, nullptr, GradRange{}, false, 1);
+  GradSync sync(*ops, g.data(), 100, kLayers, &dp, nullptr, GradRange{}, {.overlap = false, .bucket_size = 1});
   EXPECT_FALSE(sync.overlapping());
   for (int l = 3; l >= 0; --l) sync.layer_done(l);
   EXPECT_TRUE(dp.log.empty());
@@ -102,15 +103,133 @@ TEST(GradSync, OneLayerPerBucketAndNoDpGroup) {
   auto ops = make_cpu_ops(1);
   RecordingComm dp(2);
   dp.base = g.data();
-  GradSync per_layer(*ops, g.data(), 100, kLayers, &dp, nullptr, GradRange{}, true, 1);
-  EXPECT_EQ(per_layer.num_buckets(), 4);
+  GradSync per_layer(*ops, g.data(), 100, kLayers, &dp, nullptr, GradRange{}, {.overlap = true, .bucket_size = 1});
+  EXPECT_EQ(per_layer.num_buckets(), 6);
   per_layer.layer_done(3);
   EXPECT_EQ(dp.log, std::vector<std::string>{"start [72,90)"});
   RecordingComm one(1);
-  GradSync alone(*ops, g.data(), 100, kLayers, &one, nullptr, GradRange{}, true, 1);
+  GradSync alone(*ops, g.data(), 100, kLayers, &one, nullptr, GradRange{}, {.overlap = true, .bucket_size = 1});
   EXPECT_FALSE(alone.overlapping());  // DP 1: nothing to sum
   alone.finish();
   EXPECT_TRUE(one.log.empty());
+}
+
+// The distributed optimizer's side, with a recording DP group of two ranks (this one rank 1) whose
+// peers hold the same values, and an embedding group writing to the same log.
+class LoggingComm final : public Comm {
+ public:
+  LoggingComm(int rank, int size, std::vector<std::string>& log, const float* base, std::string name)
+      : rank_(rank), size_(size), log_(log), base_(base), name_(std::move(name)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(float* buf, int64_t n, ReduceOp) override {
+    log_.push_back(name_ + " all_reduce " + range(buf, n));
+    for (int64_t i = 0; i < n; ++i) buf[i] *= float(size_);
+  }
+  void all_reduce(double*, int64_t, ReduceOp) override {}
+  void all_gather(float*, const float*, int64_t) override {}
+  void reduce_scatter(float*, const float*, int64_t) override {}
+  void broadcast(float*, int64_t, int) override {}
+  void send_recv(const float*, int64_t, int, float*, int64_t, int) override {}
+  void barrier() override {}
+  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
+    log_.push_back(name_ + " reduce_scatter " + range(out, n) + " of " + range(in, n * size_));
+    for (int64_t i = 0; i < n; ++i) out[i] = in[int64_t(rank_) * n + i] * float(size_);  // in place
+    return ticket_++;
+  }
+  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
+    EXPECT_EQ(in, out + int64_t(rank_) * n);  // in place
+    log_.push_back(name_ + " all_gather words " + std::to_string(out - base_) + "+" + std::to_string(n * size_) +
+                   " ticket " + std::to_string(ticket_));
+    return ticket_++;
+  }
+  void wait(int64_t ticket) override { log_.push_back(name_ + " wait " + std::to_string(ticket)); }
+  void wait_all() override { log_.push_back(name_ + " wait_all"); }
+  std::string range(const float* buf, int64_t n) const {
+    return "[" + std::to_string(buf - base_) + "," + std::to_string(buf - base_ + n) + ")";
+  }
+
+ private:
+  int rank_, size_;
+  std::vector<std::string>& log_;
+  const float* base_;
+  std::string name_;
+  int64_t ticket_ = 0;
+};
+
+TEST(GradSync, DistributedOptimizerReduceScattersAlignedBuckets) {
+  // layout of 1000 elements padded to 1024 (a multiple of 64 x DP 2): word embedding [0, 100),
+  // layers [200, 300) [300, 520) [520, 900), final LayerNorm [900, 1000)
+  EXPECT_EQ(GradSync::buffer_size(1000, 2, true), 1024);
+  EXPECT_EQ(GradSync::buffer_size(1000, 2, false), 1000);
+  EXPECT_EQ(GradSync::buffer_size(1000, 1, true), 1000);
+  std::vector<float> g(1024);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = float(i);
+  std::vector<std::string> log;
+  LoggingComm dp(1, 2, log, g.data(), "dp"), emb(0, 2, log, g.data(), "emb");
+  auto ops = make_cpu_ops(1);
+  GradSync sync(*ops, g.data(), 1024, {{200, 100}, {300, 220}, {520, 380}}, &dp, &emb, GradRange{0, 100},
+                {.overlap = true, .bucket_size = 1, .distributed_optimizer = true});
+  EXPECT_TRUE(sync.distributed());
+  // bucket boundaries at multiples of 128: starts rounded up (256, 384, 640), the top layer's end
+  // down (896); this rank (1) owns the upper half of each
+  const std::vector<std::pair<int64_t, int64_t>> want_owned = {{128, 128}, {320, 64}, {512, 128}, {768, 128}, {960, 64}};
+  ASSERT_EQ(sync.owned().size(), want_owned.size());
+  int64_t local = 0;
+  for (size_t i = 0; i < want_owned.size(); ++i) {
+    EXPECT_EQ(sync.owned()[i].offset, want_owned[i].first) << i;
+    EXPECT_EQ(sync.owned()[i].n, want_owned[i].second) << i;
+    EXPECT_EQ(sync.owned()[i].local, local) << i;
+    local += want_owned[i].second;
+  }
+  EXPECT_EQ(sync.owned_size(), 512);
+  sync.layer_done(2);
+  sync.layer_done(1);
+  sync.layer_done(0);
+  sync.finish();
+  const std::vector<std::string> want = {
+      "dp reduce_scatter [768,896) of [640,896)",   // layer 2, as backward finishes it
+      "dp reduce_scatter [512,640) of [384,640)",   // layer 1 (and layer 2's first 120 elements)
+      "dp reduce_scatter [320,384) of [256,384)",   // layer 0's last 44 elements, layer 1's first 84
+      "emb all_reduce [0,100)",                     // the tied embedding before its bucket
+      "dp reduce_scatter [128,256) of [0,256)",     // embeddings and layer 0's first 56 elements
+      "dp reduce_scatter [960,1024) of [896,1024)", // layer 2's last 4, the final LayerNorm, padding
+      "dp wait_all"};
+  EXPECT_EQ(log, want);
+  // owned elements: summed over 2 ranks, divided by 2 (the embedding's sum doubled [0, 100): not owned)
+  for (const ShardRange& r : sync.owned())
+    for (int64_t i = r.offset; i < r.offset + r.n; ++i) EXPECT_EQ(g[size_t(i)], float(i)) << i;
+  EXPECT_EQ(g[50], 100.0f);  // summed over the embedding group
+
+  // 16-bit parameters: all-gathered as 4-byte words, blocking without overlap_param_gather
+  log.clear();
+  std::vector<uint16_t> p16(1024);
+  sync.start_param_gather(Buf(p16.data(), DType::BF16));
+  ASSERT_EQ(log.size(), 6u);
+  EXPECT_EQ(log.back(), "dp wait_all");
+}
+
+TEST(GradSync, OverlappedParameterGatherWaitsPerLayer) {
+  std::vector<float> g(1024, 1.0f), p(1024, 1.0f);
+  std::vector<std::string> log;
+  LoggingComm dp(0, 2, log, p.data(), "dp");
+  auto ops = make_cpu_ops(1);
+  GradSync sync(*ops, g.data(), 1024, {{200, 100}, {300, 220}, {520, 380}}, &dp, nullptr, GradRange{},
+                {.overlap = true, .bucket_size = 1, .distributed_optimizer = true, .overlap_param_gather = true});
+  sync.start_param_gather(Buf(p.data()));
+  const std::vector<std::string> starts = {
+      "dp all_gather words 0+256 ticket 0", "dp all_gather words 256+128 ticket 1",
+      "dp all_gather words 384+256 ticket 2", "dp all_gather words 640+256 ticket 3",
+      "dp all_gather words 896+128 ticket 4"};
+  EXPECT_EQ(log, starts);
+  log.clear();
+  sync.wait_params(-1);  // the embeddings: [0, 200) lies in the first bucket
+  sync.wait_params(0);   // layer 0 [200, 300): up to the bucket starting at 256
+  sync.wait_params(1);   // layer 1 [300, 520): up to the bucket starting at 384
+  sync.wait_params(3);   // everything
+  sync.wait_params(0);   // nothing left
+  const std::vector<std::string> waits = {"dp wait 0", "dp wait 1", "dp wait 2", "dp wait_all"};
+  EXPECT_EQ(log, waits);
 }
 
 }  // namespace

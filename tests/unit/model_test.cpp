@@ -18,6 +18,7 @@
 #include "core/ops.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
+#include "tests/common/box_elements.h"
 
 namespace tpt {
 namespace {
@@ -31,25 +32,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   return n;
-}
-
-// Visits every element of p's box: f(local index, global index).
-template <class F>
-void for_each_box_element(const ParamInfo& p, F&& f) {
-  const int64_t n = numel_of(p.box_size);
-  const size_t nd = p.box_size.size();
-  for (int64_t e = 0; e < n; ++e) {
-    int64_t rem = e, local = 0, global = 0, ls = 1, gs = 1;
-    for (size_t k = nd; k-- > 0;) {
-      const int64_t i = rem % p.box_size[k];
-      rem /= p.box_size[k];
-      local += i * ls;
-      global += (p.box_offset[k] + i) * gs;
-      ls *= p.local_shape[k];
-      gs *= p.global_shape[k];
-    }
-    f(local, global);
-  }
 }
 
 // One TP = PP = 1 stage with host buffers (the CPU backend works on host memory).
@@ -143,7 +125,7 @@ TEST(ModelGradient, MeanLossGradientMatchesFiniteDifferencesForEveryTensor) {
     ++tensors;
     // elements inside the box (the word embedding's padded rows are checked separately)
     std::vector<int64_t> box;
-    for_each_box_element(p, [&](int64_t local, int64_t) { box.push_back(p.offset + local); });
+    test::for_each_box_element(p, [&](int64_t local, int64_t) { box.push_back(p.offset + local); });
     double gmax = 0;
     int64_t arg = box[0];
     for (int64_t off : box)
@@ -404,7 +386,7 @@ void check_stitching(int tp, int pp) {
         for (size_t k = 0; k < p.global_shape.size(); ++k)
           ASSERT_LE(p.box_offset[k] + p.box_size[k], p.global_shape[k]) << p.name;
         EXPECT_EQ(p.tied_copy, p.name == "wte.weight" && s != 0) << p.name;
-        for_each_box_element(p, [&](int64_t local, int64_t global) {
+        test::for_each_box_element(p, [&](int64_t local, int64_t global) {
           // the TP = 1 local tensor is the whole global tensor (its padded rows come after)
           const size_t at = size_t(f->offset + global);
           const float x = v[size_t(p.offset + local)];

@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
+#include "tests/common/box_elements.h"
 
 namespace tpt {
 namespace {
@@ -149,20 +150,9 @@ TEST(OptimizerNorm, ShardSumsAddUpToTheFullModel) {
       for (const ParamInfo& p : l.params) {
         const ParamInfo* f = full.find(p.name);
         ASSERT_NE(f, nullptr);
-        int64_t n = 1;
-        for (int64_t x : p.box_size) n *= x;
-        for (int64_t e = 0; e < n; ++e) {  // row-major walk over the box
-          int64_t rem = e, local = 0, global = 0, ls = 1, gs = 1;
-          for (size_t k = p.box_size.size(); k-- > 0;) {
-            const int64_t i = rem % p.box_size[k];
-            rem /= p.box_size[k];
-            local += i * ls;
-            global += (p.box_offset[k] + i) * gs;
-            ls *= p.local_shape[k];
-            gs *= p.global_shape[k];
-          }
+        test::for_each_box_element(p, [&](int64_t local, int64_t global) {
           g[size_t(p.offset + local)] = gfull[size_t(f->offset + global)];
-        }
+        });
       }
       total += local_grad_sum_squares(l, *ops, g.data(), r);
     }

@@ -137,6 +137,26 @@ TEST_P(ThreadRanksTrainer, TP2xPP2xDP2OnThreadsMatchesOneRank) {
   EXPECT_LT(ref.loss.back(), ref.loss.front()) << "it learns";
 }
 
+// The distributed optimizer (deferred reduce-scatters and parameter all-gathers on the thread
+// groups, overlapped) and sequence parallelism on threads: the one-rank run's losses within 1e-5.
+TEST(ThreadRanks, DistributedOptimizerAndSequenceParallelMatchOneRank) {
+  const std::string dir = ::testing::TempDir() + "/thread_ranks_distopt_sp";
+  const std::string data = test::write_random_dataset(dir, 101);
+  Config one_cfg = test::thread_test_config(dir, data, "fp32", 1, 1, 1, "cpu");
+  Config cfg = test::thread_test_config(dir, data, "fp32", 2, 2, 2, "cpu");
+  one_cfg.training.global_batch_size = cfg.training.global_batch_size;
+  cfg.parallel.distributed_optimizer = cfg.parallel.sequence_parallel = true;
+  cfg.parallel.overlap_grad_reduce = cfg.parallel.overlap_param_gather = true;
+  cfg.parallel.ddp_bucket_size = 1;
+  const test::StepLog ref = test::train_one_rank(one_cfg);
+  const std::vector<test::StepLog> logs = test::train_thread_ranks(cfg);
+  for (size_t r = 0; r < logs.size(); ++r)
+    for (size_t k = 0; k < ref.loss.size(); ++k) {
+      EXPECT_NEAR(logs[r].loss[k], ref.loss[k], 1e-5 * std::abs(ref.loss[k])) << "rank " << r << " iteration " << k + 1;
+      EXPECT_NEAR(logs[r].grad_norm[k], ref.grad_norm[k], 1e-4 * ref.grad_norm[k]) << "rank " << r << " iteration " << k + 1;
+    }
+}
+
 // The DP buckets, started from the backward hooks while backward goes on, are never written inside
 // their reduction window (the thread groups read a bucket at finish, as late as an asynchronous sum
 // may): each bucket's sum equals the sum of its snapshots at start.
@@ -148,6 +168,12 @@ TEST(ThreadRanks, DpBucketsAreNotWrittenWhileTheirSumRuns) {
   test::train_thread_ranks(cfg, -1, race);
   EXPECT_GE(race[0], 2 * 4 * 2) << "buckets checked (2 ranks x 4 iterations x >= 2 buckets)";
   EXPECT_EQ(race[1], 0) << "buckets written during their sum";
+  // the same with the distributed optimizer: the buckets are reduce-scattered
+  cfg.parallel.distributed_optimizer = true;
+  int race_do[2] = {0, 0};
+  test::train_thread_ranks(cfg, -1, race_do);
+  EXPECT_GE(race_do[0], 2 * 4 * 2) << "reduce-scattered buckets checked";
+  EXPECT_EQ(race_do[1], 0) << "buckets written during their reduce-scatter";
 }
 
 // The checker itself: a bucket written between start and finish is caught.
@@ -160,7 +186,7 @@ TEST(ThreadRanks, TheRaceCheckerCatchesAWriteInsideTheWindow) {
     c.start_all_reduce(a.data(), 10);
     c.start_all_reduce(b.data(), 10);
     if (g.dp_rank == 1) b[3] = 5.0f;  // inside b's window
-    c.finish_all_reduces();
+    c.wait_all();
     EXPECT_EQ(a[0], 2.0f);
     EXPECT_EQ(c.buckets, 2);
     std::lock_guard<std::mutex> lock(m);
