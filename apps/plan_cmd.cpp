@@ -121,6 +121,10 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
                         {"selective", m.total_bytes() - m.activation_bytes - m.workspace_bytes + m.activation_and_workspace_by_mode[1]},
                         {"full", m.total_bytes() - m.activation_bytes - m.workspace_bytes + m.activation_and_workspace_by_mode[2]}}}});
   }
+  json schedule_bubbles = json::array();
+  for (const ScheduleBubble& b : p.schedule_bubbles)
+    schedule_bubbles.push_back({{"schedule", b.name}, {"applies", b.why_not.empty()}, {"why_not", b.why_not},
+                                {"bubble_over_ideal", b.bubble_over_ideal}, {"max_in_flight", b.max_in_flight}});
   json sugg = json::array();
   for (const PlanSuggestion& s : p.suggestions)
     sugg.push_back({{"change", s.change}, {"note", s.note}, {"peak_bytes", s.peak_bytes}, {"fits", s.fits}});
@@ -142,6 +146,7 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"hardware_flops_per_iteration", p.hardware_flops_per_iteration},
           {"bubble_fraction", p.bubble_fraction},
           {"bubble_fraction_analytic", p.bubble_fraction_analytic},
+          {"schedule_bubbles", schedule_bubbles},
           {"tp_comm_bytes", p.tp_comm_bytes},
           {"pp_comm_bytes", p.pp_comm_bytes},
           {"dp_comm_bytes", p.dp_comm_bytes},
@@ -218,6 +223,16 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("pipeline bubble: %.2f%% (schedule simulated with forward 1, backward 2, free communication; "
               "1F1B's analytic (PP-1)/(M+PP-1) = %.2f%%)\n",
               100 * p.bubble_fraction, 100 * p.bubble_fraction_analytic);
+  if (!p.schedule_bubbles.empty()) {
+    std::printf("schedules compared (simulated, forward = input gradient = weight gradient = 1 unit; bubble / ideal "
+                "time, activation slots on the busiest stage, an interleaved slot holding one chunk of 1/v of the "
+                "stage's layers; tptrain trains 1f1b and gpipe, the others are schedules as data so far):");
+    for (const ScheduleBubble& b : p.schedule_bubbles) {
+      if (b.why_not.empty()) std::printf(" %s %.1f%% (%d slots);", b.name.c_str(), 100 * b.bubble_over_ideal, b.max_in_flight);
+      else std::printf(" %s n/a (%s);", b.name.c_str(), b.why_not.c_str());
+    }
+    std::printf("\n");
+  }
   std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP %s %s (payloads)\n",
               bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(), dp_sync,
               bytes(double(p.dp_comm_bytes)).c_str());

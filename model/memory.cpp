@@ -343,6 +343,30 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   plan.bubble_fraction =
       time_schedule(lists, std::vector<double>(size_t(P), 1.0), std::vector<double>(size_t(P), 2.0)).bubble_fraction();
   plan.bubble_fraction_analytic = double(P - 1) / double(M + P - 1);
+  // 1F1B, interleaved (v = 2) and ZB-H1 side by side on this grid (parallel/schedule.h), with unit
+  // costs F = B = W = 1 for a stage's share of the layers
+  if (P > 1) {
+    struct Kind {
+      const char* name;
+      ScheduleKind kind;
+      int v;
+    };
+    for (const Kind& k : {Kind{"1f1b", ScheduleKind::OneFOneB, 1}, Kind{"interleaved v=2", ScheduleKind::Interleaved1F1B, 2},
+                          Kind{"zb-h1", ScheduleKind::ZeroBubbleH1, 1}}) {
+      ScheduleBubble b{k.name, check_schedule(k.kind, P, M, k.v)};
+      if (b.why_not.empty() && cfg.model.num_layers % (P * k.v) != 0)
+        b.why_not = "model.num_layers is not divisible by pipeline_model_parallel_size x " + std::to_string(k.v);
+      if (b.why_not.empty()) {
+        std::vector<std::vector<Action>> l;
+        for (int s = 0; s < P; ++s) l.push_back(make_schedule(k.kind, P, s, M, k.v));
+        const std::string bad = simulate(l);
+        if (!bad.empty()) internal_error(std::string("plan: the ") + k.name + " schedule does not simulate: " + bad);
+        b.bubble_over_ideal = time_pipeline(l, 1.0, 1.0, 1.0).bubble_over_ideal();
+        for (const auto& stage : l) b.max_in_flight = std::max(b.max_in_flight, max_in_flight(stage));
+      }
+      plan.schedule_bubbles.push_back(b);
+    }
+  }
 
   // Bandwidths: TP peers are adjacent ranks, DP peers TP apart, PP neighbours TP * DP apart.
   // A group of consecutive ranks stays inside a node when it tiles the node's GPUs.

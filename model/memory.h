@@ -96,6 +96,14 @@ struct PlanSuggestion {
   bool fits = false;
 };
 
+// One pipeline schedule's bubble on the plan's grid, simulated with F = B = W = 1 (parallel/schedule.h).
+struct ScheduleBubble {
+  std::string name;            // "1f1b", "interleaved v=2", "zb-h1"
+  std::string why_not;         // non-empty: the schedule does not apply to this grid (and why)
+  double bubble_over_ideal = 0;  // (makespan - ideal) / ideal
+  int max_in_flight = 0;       // activation slots (micro-batches in flight) on the busiest stage
+};
+
 struct Plan {
   int world_size = 1, tp = 1, pp = 1, dp = 1;
   int num_microbatches = 1;
@@ -105,6 +113,7 @@ struct Plan {
   double hardware_flops_per_iteration = 0;  // with recompute, from the per-layer counts
   double bubble_fraction = 0;          // simulated: unit forward, 2 units backward, free communication
   double bubble_fraction_analytic = 0; // (PP - 1) / (M + PP - 1)
+  std::vector<ScheduleBubble> schedule_bubbles;  // PP > 1: 1F1B, interleaved, ZB-H1 compared
   // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
   int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
   double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;

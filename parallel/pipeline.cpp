@@ -16,9 +16,14 @@ void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t n, c
   const int stage = pp.rank();
   for (const Action& a : actions) {
     double t0 = schedule_clock_us();
+    // one model chunk per rank (interleaved schedules are data only so far: parallel/schedule.h)
+    TPT_CHECK(a.chunk == 0 && a.send_fwd_chunk == 0 && a.recv_fwd_chunk == 0 && a.send_bwd_chunk == 0 &&
+              a.recv_bwd_chunk == 0);
     switch (a.kind) {
       case Action::Kind::Forward: hooks.forward(a.mb); break;
       case Action::Kind::Backward: hooks.backward(a.mb); break;
+      case Action::Kind::BackwardWeight:  // ZB-H1's deferred weight gradients: not in the executor yet
+        internal_error("execute_schedule: a split backward (zb-h1) is not executable in this version");
       case Action::Kind::Comm: {
         // Each comm action talks to one neighbour per direction: next (send_fwd / recv_bwd) or
         // previous (recv_fwd / send_bwd). The builder never mixes a send to one with a receive from

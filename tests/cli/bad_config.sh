@@ -109,6 +109,8 @@ check set_bad_yaml "data.split|YAML syntax error" -- --config "$BASE" --set "dat
 check set_constraint "parallel.tensor_model_parallel_size|must be >= 1" -- --config "$BASE" --set parallel.tensor_model_parallel_size=0
 check sequence_parallel_tp1 "parallel.sequence_parallel|parallel.tensor_model_parallel_size > 1" -- --config "$BASE" \
   --set parallel.sequence_parallel=true
+check overlap_param_gather_without_distopt "parallel.overlap_param_gather|parallel.distributed_optimizer" -- \
+  --config "$BASE" --set parallel.overlap_param_gather=true
 check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
 check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
 check no_config "--config" --

@@ -65,6 +65,10 @@ run tp2_pp2_dp2_sp 8 2 2 2 1f1b "parallel.sequence_parallel=true parallel.overla
 # the distributed optimizer: gradients reduce-scattered over DP, each DP rank steps its blocks,
 # parameters all-gathered (with overlap: a bucket per layer, gathers waited for per bucket)
 run dp4_distopt 4 1 1 4 1f1b parallel.distributed_optimizer=true
+run single_distopt 1 1 1 8 1f1b parallel.distributed_optimizer=true  # DP 1: nothing to shard, a warning
+if grep -q "WARNING: parallel.distributed_optimizer with data-parallel size 1" "$W/single_distopt.log"; then
+  echo "ok   single_distopt warns that DP 1 has nothing to shard"; pass=$((pass+1))
+else echo "FAIL single_distopt: no warning about DP 1"; fail=$((fail+1)); fi
 run dp4_distopt_overlap 4 1 1 4 1f1b "parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 parallel.overlap_param_gather=true"
 run pp2_dp2_distopt 4 1 2 2 1f1b parallel.distributed_optimizer=true  # the tied embedding summed before the reduce-scatter
 run tp2_pp2_dp2_distopt_sp 8 2 2 2 1f1b "parallel.distributed_optimizer=true parallel.sequence_parallel=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 parallel.overlap_param_gather=true"

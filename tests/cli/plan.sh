@@ -54,6 +54,11 @@ check(any(x["change"] == "parallel.distributed_optimizer=true" and x["note"] == 
       "suggests the distributed optimizer")
 check(any(x["change"] == "parallel.distributed_optimizer=true parallel.sequence_parallel=true" for x in fit),
       "suggests the distributed optimizer with sequence parallelism")
+bub = {b["schedule"]: b for b in p80["schedule_bubbles"]}
+check(all(bub[k]["applies"] for k in ["1f1b", "interleaved v=2", "zb-h1"]), "three schedules compared")
+check(bub["interleaved v=2"]["bubble_over_ideal"] < bub["1f1b"]["bubble_over_ideal"]
+      and bub["zb-h1"]["bubble_over_ideal"] < bub["1f1b"]["bubble_over_ideal"]
+      and bub["zb-h1"]["max_in_flight"] == bub["1f1b"]["max_in_flight"], "interleaved and zb-h1 bubbles below 1f1b's")
 check(p141["fits"] is True and all(st["fits"] for st in p141["stages"]), "fits on 141 GiB with full recompute")
 check(p141["stages"][0]["total_bytes_by_recompute"]["selective"] > 141 * 2**30, "selective would not fit 141 GiB")
 check(0 < p80["step_time_s"] < 1000 and 0 < p80["mfu"] < 0.6, "step time and MFU sane")
