@@ -124,7 +124,7 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   std::vector<float> host(size_t(layout_.total), 0.0f);
   if (!cfg.model.init_from.empty()) load_hf_gpt2(cfg.model.init_from, dims_, layout_, host.data());
   else init_params_host(layout_, cfg.training.seed, host.data());
-  dtype_ = cfg.training.precision == "bf16" ? DType::BF16 : cfg.training.precision == "fp16" ? DType::F16 : DType::F32;
+  dtype_ = compute_dtype(cfg);
   // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)
   const bool distributed_optimizer = cfg.parallel.distributed_optimizer && grid.dp > 1;
   buffer_total_ = GradSync::buffer_size(layout_.total, grid.dp, distributed_optimizer);

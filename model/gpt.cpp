@@ -421,9 +421,9 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   float* sum_exp = xent_ + 2 * N;  // adjacent to target_logit: one all-reduce for both
   float* losses = xent_ + 3 * N;
   ops_.xent_local_max(row_max, target_logit, logits_, a.targets, N, d.Vl, d.v0, d.V);
-  if (tp_.size() > 1) tp_.all_reduce(row_max, N, ReduceOp::Max);
+  vocab_parallel_max(tp_, row_max, N);
   ops_.xent_local_sumexp(sum_exp, logits_, row_max, N, d.Vl, d.v0, d.V);
-  if (tp_.size() > 1) tp_.all_reduce(target_logit, 2 * N, ReduceOp::Sum);
+  vocab_parallel_sum(tp_, target_logit, 2 * N);
   ops_.xent_loss_grad(logits_, losses, row_max, sum_exp, target_logit, a.targets, N, d.Vl, d.v0, d.V, dloss_scale,
                       want_grad, a.loss_weights);
   logits_slot_ = want_grad ? slot : -1;

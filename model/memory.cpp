@@ -13,12 +13,12 @@
 
 namespace tpt {
 
-namespace {
-
 DType compute_dtype(const Config& c) {
   const std::string& p = c.training.precision;
   return p == "bf16" ? DType::BF16 : p == "fp16" ? DType::F16 : DType::F32;
 }
+
+namespace {
 
 int num_microbatches(const Config& c) {
   const int64_t per_step = int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size;

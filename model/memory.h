@@ -54,6 +54,9 @@ struct StageMemory {
 // first, so that such a config is an error in milliseconds instead of an overflow or bad_alloc.
 void check_plannable(const Config& cfg);
 
+// The compute dtype of training.precision (fp32 | bf16 | fp16): the one place the name maps to a type.
+DType compute_dtype(const Config& cfg);
+
 // Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done).
 StageMemory stage_memory(const Config& cfg, int pp_rank);
 // One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,

@@ -74,6 +74,16 @@ inline void reduce_scatter_to_sequence_parallel_region_backward(Comm& tp, Buf df
   sp_all_gather(tp, dfull, dshard, n, wire);
 }
 
+// Vocab-parallel cross-entropy (Megatron's _VocabParallelCrossEntropy), fp32 row statistics of the
+// logits of this rank's vocabulary rows: the maxima over the whole vocabulary (MAX over TP), then
+// the target logits and sums of exponentials (SUM over TP).
+inline void vocab_parallel_max(Comm& tp, float* row_max, int64_t n) {
+  if (tp.size() > 1) tp.all_reduce(row_max, n, ReduceOp::Max);
+}
+inline void vocab_parallel_sum(Comm& tp, float* x, int64_t n) {
+  if (tp.size() > 1) tp.all_reduce(x, n, ReduceOp::Sum);
+}
+
 // Column-parallel gather_output: local (N, Ol) on each rank -> full (N, Ol * tp), columns in rank
 // order. scratch holds tp * N * Ol floats. Buffers of `ops` (host or device: rows move by Ops::copy).
 void gather_from_tp_region_forward(Ops& ops, Comm& tp, float* full, const float* local, float* scratch,

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 ITERS=${1:-3}
 W=${W:-$(mktemp -d)}
+mkdir -p "$W"
 /usr/bin/python3 tests/reference/make_tokens.py --vocab 257 --tokens 100000 --docs 40 --megatron "$W/data" >/dev/null 2>&1
 cat > "$W/grid192.yaml" <<YAML
 model: {num_layers: 12, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 257,
