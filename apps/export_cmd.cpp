@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "model/checkpoint_model.h"
+#include "model/hf_gpt2.h"
 #include "parallel/checkpoint.h"
 
 namespace tpt {
@@ -88,26 +89,28 @@ int export_main(int argc, char** argv) {
     names.emplace_back(hf, std::move(shape));
     data.push_back(std::move(v));
   };
-  put("wte.weight", {s.V, C}, full("wte.weight", {s.V, C}));
-  put("wpe.weight", {s.P, C}, full("wpe.weight", {s.P, C}));
+  // each of our tensors under its HF name (model/hf_gpt2.h); Conv1D weights as [in, out]: our 2-D
+  // view (rows, cols) transposed (qkv (3, C, C) is the (3C, C) matrix: c_attn's columns q, k, v);
+  // biases 1-D
+  auto put_ours = [&](const std::string& ours, const std::vector<int64_t>& shape) {
+    const HFTensor hf = hf_gpt2_name(ours);
+    std::vector<float> v = full(ours, shape);
+    const int64_t n = int64_t(v.size()), cols = shape.back(), rows = n / cols;
+    if (hf.conv1d) put(hf.name, {cols, rows}, transpose(v, rows, cols));
+    else put(hf.name, ours.ends_with(".bias") ? std::vector<int64_t>{n} : shape, std::move(v));
+  };
+  put_ours("wte.weight", {s.V, C});
+  put_ours("wpe.weight", {s.P, C});
   for (int64_t l = 0; l < s.L; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    put(h + "ln_1.weight", {C}, full(h + "ln_1.weight", {C}));
-    put(h + "ln_1.bias", {C}, full(h + "ln_1.bias", {C}));
-    // ours (3, C_out, C_in) = a (3C, C) matrix; HF c_attn [C_in, 3C] (columns q, k, v of all heads)
-    put(h + "attn.c_attn.weight", {C, 3 * C}, transpose(full(h + "attn.qkv.weight", {3, C, C}), 3 * C, C));
-    put(h + "attn.c_attn.bias", {3 * C}, full(h + "attn.qkv.bias", {3, C}));
-    put(h + "attn.c_proj.weight", {C, C}, transpose(full(h + "attn.proj.weight", {C, C}), C, C));
-    put(h + "attn.c_proj.bias", {C}, full(h + "attn.proj.bias", {C}));
-    put(h + "ln_2.weight", {C}, full(h + "ln_2.weight", {C}));
-    put(h + "ln_2.bias", {C}, full(h + "ln_2.bias", {C}));
-    put(h + "mlp.c_fc.weight", {C, F}, transpose(full(h + "mlp.fc1.weight", {F, C}), F, C));
-    put(h + "mlp.c_fc.bias", {F}, full(h + "mlp.fc1.bias", {F}));
-    put(h + "mlp.c_proj.weight", {F, C}, transpose(full(h + "mlp.fc2.weight", {C, F}), C, F));
-    put(h + "mlp.c_proj.bias", {C}, full(h + "mlp.fc2.bias", {C}));
+    const std::pair<const char*, std::vector<int64_t>> tensors[] = {
+        {"ln_1.weight", {C}},       {"ln_1.bias", {C}},        {"attn.qkv.weight", {3, C, C}}, {"attn.qkv.bias", {3, C}},
+        {"attn.proj.weight", {C, C}}, {"attn.proj.bias", {C}}, {"ln_2.weight", {C}},          {"ln_2.bias", {C}},
+        {"mlp.fc1.weight", {F, C}}, {"mlp.fc1.bias", {F}},     {"mlp.fc2.weight", {C, F}},    {"mlp.fc2.bias", {C}}};
+    for (const auto& [name, shape] : tensors) put_ours(h + name, shape);
   }
-  put("ln_f.weight", {C}, full("ln_f.weight", {C}));
-  put("ln_f.bias", {C}, full("ln_f.bias", {C}));
+  put_ours("ln_f.weight", {C});
+  put_ours("ln_f.bias", {C});
 
   std::error_code ec;
   std::filesystem::create_directories(out, ec);

@@ -59,6 +59,21 @@ class HFReader {
 
 }  // namespace
 
+HFTensor hf_gpt2_name(const std::string& ours) {
+  static const std::pair<const char*, HFTensor> renamed[] = {
+      {"attn.qkv.weight", {"attn.c_attn.weight", true}}, {"attn.qkv.bias", {"attn.c_attn.bias", false}},
+      {"attn.proj.weight", {"attn.c_proj.weight", true}}, {"attn.proj.bias", {"attn.c_proj.bias", false}},
+      {"mlp.fc1.weight", {"mlp.c_fc.weight", true}},      {"mlp.fc1.bias", {"mlp.c_fc.bias", false}},
+      {"mlp.fc2.weight", {"mlp.c_proj.weight", true}},    {"mlp.fc2.bias", {"mlp.c_proj.bias", false}}};
+  if (ours.rfind("h.", 0) == 0) {  // h.<i>.<rest>
+    const size_t dot = ours.find('.', 2);
+    const std::string pre = ours.substr(0, dot + 1), rest = ours.substr(dot + 1);
+    for (const auto& [name, hf] : renamed)
+      if (rest == name) return {pre + hf.name, hf.conv1d};
+  }
+  return {ours, false};  // wte, wpe, ln_f, ln_1, ln_2: the same names
+}
+
 void load_hf_gpt2(const std::string& path, const GPTDims& d, const ParamLayout& layout, float* params) {
   HFReader hf(path);
   const int64_t C = d.C, F = d.F;
@@ -81,30 +96,27 @@ void load_hf_gpt2(const std::string& path, const GPTDims& d, const ParamLayout& 
       continue;
     }
     // h.<i>.<rest>
-    size_t dot = n.find('.', 2);
-    std::string pre = n.substr(0, dot + 1), rest = n.substr(dot + 1);
+    const std::string rest = n.substr(n.find('.', 2) + 1), hf_name = hf_gpt2_name(n).name;
     if (rest == "ln_1.weight" || rest == "ln_1.bias" || rest == "ln_2.weight" || rest == "ln_2.bias" ||
         rest == "attn.proj.bias" || rest == "mlp.fc2.bias") {
-      std::string hf_rest = rest == "attn.proj.bias" ? "attn.c_proj.bias"
-                            : rest == "mlp.fc2.bias" ? "mlp.c_proj.bias" : rest;
-      hf.box(hf.check(pre + hf_rest, {C}), {0}, {C}, out);
+      hf.box(hf.check(hf_name, {C}), {0}, {C}, out);
     } else if (rest == "attn.qkv.weight") {  // ours (3, Cl, C) <- c_attn [C, 3C] columns w*C + o
-      std::string t = hf.check(pre + "attn.c_attn.weight", {C, 3 * C});
+      std::string t = hf.check(hf_name, {C, 3 * C});
       for (int64_t w = 0; w < 3; ++w)
         hf.box_transposed(t, 0, C, w * C + p.box_offset[1], d.Cl, out + w * d.Cl * C);
     } else if (rest == "attn.qkv.bias") {
-      std::string t = hf.check(pre + "attn.c_attn.bias", {3 * C});
+      std::string t = hf.check(hf_name, {3 * C});
       for (int64_t w = 0; w < 3; ++w) hf.box(t, {w * C + p.box_offset[1]}, {d.Cl}, out + w * d.Cl);
     } else if (rest == "attn.proj.weight") {  // ours (C, Cl) <- c_proj [C_in, C_out] rows of our inputs
-      std::string t = hf.check(pre + "attn.c_proj.weight", {C, C});
+      std::string t = hf.check(hf_name, {C, C});
       hf.box_transposed(t, p.box_offset[1], d.Cl, 0, C, out);
     } else if (rest == "mlp.fc1.weight") {  // ours (Fl, C) <- c_fc [C, F]
-      std::string t = hf.check(pre + "mlp.c_fc.weight", {C, F});
+      std::string t = hf.check(hf_name, {C, F});
       hf.box_transposed(t, 0, C, p.box_offset[0], d.Fl, out);
     } else if (rest == "mlp.fc1.bias") {
-      hf.box(hf.check(pre + "mlp.c_fc.bias", {F}), {p.box_offset[0]}, {d.Fl}, out);
+      hf.box(hf.check(hf_name, {F}), {p.box_offset[0]}, {d.Fl}, out);
     } else if (rest == "mlp.fc2.weight") {  // ours (C, Fl) <- c_proj [F, C]
-      std::string t = hf.check(pre + "mlp.c_proj.weight", {F, C});
+      std::string t = hf.check(hf_name, {F, C});
       hf.box_transposed(t, p.box_offset[1], d.Fl, 0, C, out);
     } else {
       internal_error("load_hf_gpt2: no mapping for parameter " + n);
