@@ -62,87 +62,108 @@ void Trainer::check_memory(const Config& cfg, const Grid& grid) const {
 }
 
 Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
-  const bool rank0 = grid.world_rank == 0;
+  setup_backend();
+  check_memory(cfg, grid);  // the plan against what this rank has, before any allocation
+  setup_data();
+  setup_model();
+  setup_pipeline();
+  trace_ = std::make_unique<TraceRecorder>(cfg.logging.trace_file, grid.world_rank, grid.tp_rank, grid.pp_rank,
+                                           grid.dp_rank);
+  if (grid.world_rank == 0) {
+    log_setup();
+    if (!cfg.logging.metrics_file.empty()) {
+      metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
+      if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
+    }
+  }
+  setup_checkpointing();  // checkpoint: resume from checkpoint.load (the optimizer exists now)
+}
+
+// The backend (GPU or CPU ranks, with the op profiler around it when logging.profile_ops).
+void Trainer::setup_backend() {
   // threads: cores on this host shared among its ranks, unless cpu_threads says otherwise
-  int threads = cfg.training.cpu_threads;
+  int threads = cfg_.training.cpu_threads;
   if (threads <= 0) {
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    threads = std::max(1, int(hw) / std::max(1, grid.local_size));
+    threads = std::max(1, int(hw) / std::max(1, grid_.local_size));
   }
   // cuda: GPUs for training.device cuda, or auto when every rank has one; else the CPU backend. A
   // grid whose GPU is chosen already (threads as ranks on one GPU, parallel/thread_comm.h) comes
   // with its device groups.
-  if (grid.cuda_device >= 0 || use_cuda_devices(cfg.training.device, grid)) {
-    if (grid.cuda_device < 0) setup_cuda_devices(grid);
+  if (grid_.cuda_device >= 0 || use_cuda_devices(cfg_.training.device, grid_)) {
+    if (grid_.cuda_device < 0) setup_cuda_devices(grid_);
 #ifdef TPTRAIN_HAVE_CUDA
     CudaOptions cuda_options;
     const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
     cuda_options.tf32 = tf32 && std::string(tf32) == "1";
-    ops_ = make_cuda_ops(grid.cuda_device, cuda_options);
+    ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
 #else
-    internal_error("a GPU grid, but this tptrain was built without CUDA");
+    internal_error("a GPU grid_, but this tptrain was built without CUDA");
 #endif
   } else {
     ops_ = make_cpu_ops(threads);
   }
-  if (cfg.logging.profile_ops) {  // every op and collective timed on the backend's clock
+  if (cfg_.logging.profile_ops) {  // every op and collective timed on the backend's clock
     backend_ = std::move(ops_);
     profile_ = std::make_unique<OpProfile>(*backend_, schedule_clock_us);
     ops_ = make_profiled_ops(*backend_, *profile_, [this](int64_t in, int64_t out) { return linear_name(dims_, in, out); });
-    profiled_tp_ = make_profiled_comm(grid.device_tp(), *profile_, "tp");
-    profiled_pp_ = make_profiled_comm(grid.device_pp(), *profile_, "pp");
-    profiled_dp_ = make_profiled_comm(grid.device_dp(), *profile_, "dp");
-    if (grid.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid.device_embedding(), *profile_, "embedding");
+    profiled_tp_ = make_profiled_comm(grid_.device_tp(), *profile_, "tp");
+    profiled_pp_ = make_profiled_comm(grid_.device_pp(), *profile_, "pp");
+    profiled_dp_ = make_profiled_comm(grid_.device_dp(), *profile_, "dp");
+    if (grid_.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid_.device_embedding(), *profile_, "embedding");
   }
+}
 
-  check_memory(cfg, grid);  // the plan against what this rank has, before any allocation
-
-  // data: one path or a blend (data/run_data.h), the same code tptrain data and tptrain plan use
-  data_ = open_run_data(cfg);
+// The training and validation data: one path or a blend (data/run_data.h).
+void Trainer::setup_data() {
+  // the same code tptrain data and tptrain plan use
+  data_ = open_run_data(cfg_);
   train_data_ = data_.train.get();
   valid_data_ = data_.valid.get();
-  if (rank0) {
-    for (const std::string& line : describe_run_data(data_, cfg)) spdlog::info("data: {}", line);
+  if (grid_.world_rank == 0) {
+    for (const std::string& line : describe_run_data(data_, cfg_)) spdlog::info("data: {}", line);
     if (valid_data_) {
       int64_t tokens = 0, samples = 0;
       for (int i = 0; i < valid_data_->num_components(); ++i)
         tokens += valid_data_->component(i).num_tokens(), samples += valid_data_->component(i).num_samples();
       spdlog::info("data: validation {} tokens, {} samples{}", tokens, samples,
                    valid_data_->num_components() > 1 ? " (blended as the train split)" : "");
-    } else if (cfg.data.eval_iters > 0) {
+    } else if (cfg_.data.eval_iters > 0) {
       spdlog::warn("WARNING: no validation data ({}): evaluation is skipped", data_.valid_missing);
     }
-    if (cfg.data.eod_mask_loss || cfg.data.reset_position_ids)
-      spdlog::info("data: end of document = token {}{}{}", cfg.data.eod_token_id,
-                   cfg.data.eod_mask_loss ? "; eod_mask_loss: positions whose input is it do not count in the loss" : "",
-                   cfg.data.reset_position_ids ? "; reset_position_ids: positions restart after it" : "");
+    if (cfg_.data.eod_mask_loss || cfg_.data.reset_position_ids)
+      spdlog::info("data: end of document = token {}{}{}", cfg_.data.eod_token_id,
+                   cfg_.data.eod_mask_loss ? "; eod_mask_loss: positions whose input is it do not count in the loss" : "",
+                   cfg_.data.reset_position_ids ? "; reset_position_ids: positions restart after it" : "");
   }
+}
 
-  // model
-  dims_ = make_dims(cfg, grid.tp, grid.tp_rank, grid.pp, grid.pp_rank);
+// This stage's parameters (initialised or from init_from), gradients, DP sync and optimizer.
+void Trainer::setup_model() {
+  dims_ = make_dims(cfg_, grid_.tp, grid_.tp_rank, grid_.pp, grid_.pp_rank);
   layout_ = make_param_layout(dims_);
   std::vector<float> host(size_t(layout_.total), 0.0f);
-  if (!cfg.model.init_from.empty()) load_hf_gpt2(cfg.model.init_from, dims_, layout_, host.data());
-  else init_params_host(layout_, cfg.training.seed, host.data());
-  dtype_ = compute_dtype(cfg);
+  if (!cfg_.model.init_from.empty()) load_hf_gpt2(cfg_.model.init_from, dims_, layout_, host.data());
+  else init_params_host(layout_, cfg_.training.seed, host.data());
+  dtype_ = compute_dtype(cfg_);
   // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)
-  const bool distributed_optimizer = cfg.parallel.distributed_optimizer && grid.dp > 1;
-  buffer_total_ = GradSync::buffer_size(layout_.total, grid.dp, distributed_optimizer);
+  const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && grid_.dp > 1;
+  buffer_total_ = GradSync::buffer_size(layout_.total, grid_.dp, distributed_optimizer);
   grads_ = ops_->alloc(size_t(buffer_total_));
   GradSyncOptions sync;
-  sync.overlap = cfg.parallel.overlap_grad_reduce;
-  sync.bucket_size = cfg.parallel.ddp_bucket_size;
+  sync.overlap = cfg_.parallel.overlap_grad_reduce;
+  sync.bucket_size = cfg_.parallel.ddp_bucket_size;
   sync.distributed_optimizer = distributed_optimizer;
-  sync.overlap_param_gather = cfg.parallel.overlap_param_gather;
+  sync.overlap_param_gather = cfg_.parallel.overlap_param_gather;
   if (dims_.sequence_parallel) {  // TP-replicated tensors' gradients: partial sums over this rank's tokens
-    sync.tp = &comm(grid.device_tp(), profiled_tp_);
+    sync.tp = &comm(grid_.device_tp(), profiled_tp_);
     for (const ParamInfo& p : layout_.params)
       if (p.tp_replicated) sync.tp_sum.push_back({p.offset, p.numel});
   }
   const ParamInfo* wte = layout_.find("wte.weight");
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, layer_ranges(layout_, dims_),
-                                          grid.dp > 1 ? &comm(grid.device_dp(), profiled_dp_) : nullptr,
-                                          grid.device_embedding() ? &comm(*grid.device_embedding(), profiled_embedding_)
+                                          grid_.dp > 1 ? &comm(grid_.device_dp(), profiled_dp_) : nullptr,
+                                          grid_.device_embedding() ? &comm(*grid_.device_embedding(), profiled_embedding_)
                                                                   : nullptr,
                                           wte ? GradRange{wte->offset, wte->numel} : GradRange{}, sync);
   // fp32 master weights: the whole buffer (fp32 runs: the weights compute uses; without the
@@ -152,89 +173,90 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   params_compute_ = dtype_ == DType::F32 ? Buf(master_) : ops_->alloc(buffer_total_, dtype_);
   owned_from_host(master_, host.data(), master_sharded_);
   refresh_compute_params();
-  scaler_.scale = dtype_ == DType::F16 ? cfg.optimizer.initial_loss_scale : 1.0;
-  const int dp = grid.dp;
-  num_micro_ = int(cfg.training.global_batch_size / (cfg.training.micro_batch_size * dp));
-  train_schedule_ = make_schedule(parse_schedule(cfg.parallel.pipeline_schedule), grid.pp, grid.pp_rank, num_micro_);
-  eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid.pp, grid.pp_rank, num_micro_);
+  scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
+  adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
+                                   master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
+}
+
+// The pipeline: schedules, the model stage with its activation slots, the received-message buffers
+// and the micro-batch's token buffers.
+void Trainer::setup_pipeline() {
+  const int dp = grid_.dp;
+  num_micro_ = int(cfg_.training.global_batch_size / (cfg_.training.micro_batch_size * dp));
+  train_schedule_ = make_schedule(parse_schedule(cfg_.parallel.pipeline_schedule), grid_.pp, grid_.pp_rank, num_micro_);
+  eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid_.pp, grid_.pp_rank, num_micro_);
   const int slots = max_in_flight(train_schedule_);
-  StageOptions stage_options{dtype_, parse_recompute(cfg.training.recompute)};
-  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, comm(grid.device_tp(), profiled_tp_), params_compute_, grads_,
-                                      cfg.training.micro_batch_size, slots, stage_options);
+  StageOptions stage_options{dtype_, parse_recompute(cfg_.training.recompute)};
+  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, comm(grid_.device_tp(), profiled_tp_), params_compute_, grads_,
+                                      cfg_.training.micro_batch_size, slots, stage_options);
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
   // TP rank's (B*S/tp, C)
-  const int64_t message = stage_message_elements(dims_, cfg.training.micro_batch_size);
-  for (int i = 0; i < slots && grid.pp > 1; ++i) {
+  const int64_t message = stage_message_elements(dims_, cfg_.training.micro_batch_size);
+  for (int i = 0; i < slots && grid_.pp > 1; ++i) {
     act_in_.push_back(ops_->alloc(message, dtype_));
     grad_in_.push_back(ops_->alloc(message, dtype_));
   }
   if (act_in_.empty()) act_in_.push_back(Buf{}), grad_in_.push_back(Buf{});
-  adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
-                                   master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
-  const size_t n = size_t(cfg.training.micro_batch_size) * size_t(cfg.model.seq_length);
+  const size_t n = size_t(cfg_.training.micro_batch_size) * size_t(cfg_.model.seq_length);
   tokens_.resize(n);
   targets_.resize(n);
   dev_tokens_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
   dev_targets_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
-  if (cfg.data.reset_position_ids) {
+  if (cfg_.data.reset_position_ids) {
     positions_.resize(n);
     dev_positions_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
   }
-  if (cfg.data.eod_mask_loss) {
+  if (cfg_.data.eod_mask_loss) {
     loss_weights_.resize(n);
     dev_loss_weights_ = ops_->alloc(n);
   }
+}
 
-  trace_ = std::make_unique<TraceRecorder>(cfg.logging.trace_file, grid.world_rank, grid.tp_rank, grid.pp_rank,
-                                           grid.dp_rank);
-  if (rank0) {
-    int64_t local = 0;
-    for (const ParamInfo& p : layout_.params) local += p.numel;
-    spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters, "
-                 "{:.2f}M on rank 0",
-                 cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
-                 cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.vocab_size, dims_.Vp,
-                 total_parameters(cfg) / 1e6, local / 1e6);
-    if (cfg.parallel.distributed_optimizer && grid.dp == 1)
-      spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
-                   "optimizer runs as without it");
-    if (grad_sync_->distributed())
-      spdlog::info("distributed optimizer: fp32 master weights{} and Adam moments of {} of the {} elements of "
-                   "rank 0's buffer ({} buckets; parameter all-gather {})",
-                   master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
-                   buffer_total_, grad_sync_->num_buckets(),
-                   cfg.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
-    spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
-                 "({} activation slots on stage 0)",
-                 ops_->name(), num_micro_, cfg.training.micro_batch_size, cfg.parallel.pipeline_schedule, slots);
-    if (dims_.sequence_parallel) {
-      const int64_t N = int64_t(cfg.training.micro_batch_size) * cfg.model.seq_length;
-      spdlog::info("sequence parallel: each of the {} TP ranks holds {} of a micro-batch's {} tokens in the "
-                   "LayerNorm / residual regions (all-gather before, reduce-scatter after the TP-sharded GEMMs)",
-                   grid.tp, dims_.local_tokens(N), N);
-    }
-    if (grid.dp > 1)
-      spdlog::info("DP gradient sync: {}", grad_sync_->overlapping()
-                                              ? fmt::format("{} bucket(s) of >= {} elements, each started as soon "
-                                                            "as the last micro-batch's backward has finished it",
-                                                            grad_sync_->num_buckets(), cfg.parallel.ddp_bucket_size)
-                                              : std::string("one all-reduce after the pipeline"));
-    const double act = double(activation_bytes_per_microbatch(dims_, cfg.training.micro_batch_size,
-                                                              stage_options.recompute, dtype_)) * slots;
-    const double scratch =
-        double(scratch_bytes(dims_, cfg.training.micro_batch_size, stage_options.recompute, dtype_));
-    spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
-                 "({} storage, recompute {})",
-                 act / 1048576.0, slots, scratch / 1048576.0, cfg.training.precision, cfg.training.recompute);
-    if (!cfg.logging.metrics_file.empty()) {
-      metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
-      if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
-    }
-    // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
-    spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
-                 ops_->allocated_bytes(), describe_memory(stage_memory(cfg, grid.pp_rank)));
+// Rank 0's start-up report: model, optimizer, backend, schedule, memory against the plan.
+void Trainer::log_setup() {
+  int64_t local = 0;
+  for (const ParamInfo& p : layout_.params) local += p.numel;
+  spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters, "
+               "{:.2f}M on rank 0",
+               cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
+               cfg_.model.ffn_hidden_size, cfg_.model.seq_length, cfg_.model.vocab_size, dims_.Vp,
+               total_parameters(cfg_) / 1e6, local / 1e6);
+  if (cfg_.parallel.distributed_optimizer && grid_.dp == 1)
+    spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
+                 "optimizer runs as without it");
+  if (grad_sync_->distributed())
+    spdlog::info("distributed optimizer: fp32 master weights{} and Adam moments of {} of the {} elements of "
+                 "rank 0's buffer ({} buckets; parameter all-gather {})",
+                 master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
+                 buffer_total_, grad_sync_->num_buckets(),
+                 cfg_.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
+  const int slots = max_in_flight(train_schedule_);
+  const StageOptions stage_options{dtype_, parse_recompute(cfg_.training.recompute)};
+  spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
+               "({} activation slots on stage 0)",
+               ops_->name(), num_micro_, cfg_.training.micro_batch_size, cfg_.parallel.pipeline_schedule, slots);
+  if (dims_.sequence_parallel) {
+    const int64_t N = int64_t(cfg_.training.micro_batch_size) * cfg_.model.seq_length;
+    spdlog::info("sequence parallel: each of the {} TP ranks holds {} of a micro-batch's {} tokens in the "
+                 "LayerNorm / residual regions (all-gather before, reduce-scatter after the TP-sharded GEMMs)",
+                 grid_.tp, dims_.local_tokens(N), N);
   }
-  setup_checkpointing();  // checkpoint: resume from checkpoint.load (the optimizer exists now)
+  if (grid_.dp > 1)
+    spdlog::info("DP gradient sync: {}", grad_sync_->overlapping()
+                                            ? fmt::format("{} bucket(s) of >= {} elements, each started as soon "
+                                                          "as the last micro-batch's backward has finished it",
+                                                          grad_sync_->num_buckets(), cfg_.parallel.ddp_bucket_size)
+                                            : std::string("one all-reduce after the pipeline"));
+  const double act = double(activation_bytes_per_microbatch(dims_, cfg_.training.micro_batch_size,
+                                                            stage_options.recompute, dtype_)) * slots;
+  const double scratch =
+      double(scratch_bytes(dims_, cfg_.training.micro_batch_size, stage_options.recompute, dtype_));
+  spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
+               "({} storage, recompute {})",
+               act / 1048576.0, slots, scratch / 1048576.0, cfg_.training.precision, cfg_.training.recompute);
+  // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
+  spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
+               ops_->allocated_bytes(), describe_memory(stage_memory(cfg_, grid_.pp_rank)));
 }
 
 Trainer::~Trainer() {

@@ -77,6 +77,12 @@ class Trainer {
   void profile_iteration(int64_t k, bool counted, double wall_ms);
   void report_profile() const;
   void check_memory(const Config& cfg, const Grid& grid) const;
+  // The constructor's parts, in order (apps/trainer.cpp).
+  void setup_backend();
+  void setup_data();
+  void setup_model();
+  void setup_pipeline();
+  void log_setup();
   GPTDims dims_;
   ParamLayout layout_;
   int64_t buffer_total_ = 0;  // elements of the parameter / gradient buffers (GradSync::buffer_size)
