@@ -8,8 +8,8 @@
 // order, so every member gets the same bits), waits again, then writes its own result. Send/recv
 // is buffered per (sender, receiver) pair, first in first out. Device groups (device_groups =
 // true, CUDA builds) move their members' device buffers through host copies on the calling
-// thread's compute stream, then run the host group's collective. start_all_reduce defers the sum to
-// finish_all_reduces (the latest moment an asynchronous sum may read the bucket). If any rank's body throws, every
+// thread's compute stream, then run the host group's collective. The start_* collectives run at
+// their wait (the latest moment an asynchronous one may read its buffer). If any rank's body throws, every
 // other rank's current or next wait throws too, so a failure never hangs the others.
 #pragma once
 #include <functional>
