@@ -47,7 +47,7 @@ Exit status: 0 done, 2 bad input (config, data, checkpoint, arguments), 1 intern
 
 std::string version_text() {
   std::string s = "tptrain " TPTRAIN_VERSION "\nbackends: cpu (OpenBLAS)";
-#ifdef TPTRAIN_HAVE_CUDA  // cuda: the CUDA backend and, with it, NCCL
+#ifdef TPTRAIN_HAVE_CUDA  // the CUDA backend and, with it, NCCL
   s += ", cuda (cuBLASLt)";
   const std::string cudnn = cuda::cudnn_attention_version();  // empty: built without cuDNN (TPTRAIN_CUDNN)
   s += "\nattention on GPUs: " +

@@ -50,7 +50,7 @@ void reject_unimplemented(const Config& c) {
   auto no = [](const std::string& key, const std::string& what) {
     input_error(key + ": " + what + " is not implemented in this version of tptrain");
   };
-#ifndef TPTRAIN_HAVE_CUDA  // cuda: built with the CUDA toolkit, device: cuda is checked against the GPUs later
+#ifndef TPTRAIN_HAVE_CUDA  // built with the CUDA toolkit, device: cuda is checked against the GPUs later
   if (c.training.device == "cuda")
     input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit at "
                 "build time; see README \"GPU\")");

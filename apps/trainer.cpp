@@ -19,7 +19,7 @@
 #ifdef TPTRAIN_HAVE_CUDA
 #include <cstdlib>
 
-#include "core/cuda/cuda_ops.h"  // cuda: the GPU backend
+#include "core/cuda/cuda_ops.h"  // the GPU backend
 #endif
 
 namespace tpt {
@@ -87,7 +87,7 @@ void Trainer::setup_backend() {
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     threads = std::max(1, int(hw) / std::max(1, grid_.local_size));
   }
-  // cuda: GPUs for training.device cuda, or auto when every rank has one; else the CPU backend. A
+  // GPUs for training.device cuda, or auto when every rank has one; else the CPU backend. A
   // grid whose GPU is chosen already (threads as ranks on one GPU, parallel/thread_comm.h) comes
   // with its device groups.
   if (grid_.cuda_device >= 0 || use_cuda_devices(cfg_.training.device, grid_)) {

@@ -1,9 +1,9 @@
 #include <unistd.h>
 
-#include <algorithm>  // cuda: std::min
+#include <algorithm>  // std::min
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>  // cuda: std::memcpy of GPU UUIDs
+#include <cstring>  // std::memcpy of GPU UUIDs
 #include <sstream>
 #include <vector>
 
@@ -12,7 +12,7 @@
 #ifdef TPTRAIN_HAVE_MPI
 #include "parallel/mpi_comm.h"
 #endif
-#ifdef TPTRAIN_HAVE_CUDA  // cuda: device selection, device-side communicators
+#ifdef TPTRAIN_HAVE_CUDA  // device selection, device-side communicators
 #include "core/cuda/cuda_ops.h"
 #include "parallel/nccl_comm.h"
 #endif
@@ -20,7 +20,7 @@
 namespace tpt {
 
 namespace {
-[[maybe_unused]] bool g_mpi_started = false;  // cuda: unused without MPI (gpu_check.sh --prepare)
+[[maybe_unused]] bool g_mpi_started = false;  // unused without MPI (gpu_check.sh --prepare)
 std::vector<std::string> g_hosts;  // host of every world rank (for the table)
 
 std::string this_host() {

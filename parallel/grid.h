@@ -25,7 +25,7 @@ struct Grid {
   std::unique_ptr<Comm> mp_group;   // same dp: the whole model (TP x PP), for norms and losses
   std::unique_ptr<Comm> embedding_group;  // {first, last stage} of each (tp, dp); null if PP = 1
 
-  // cuda: on GPU runs, this rank's GPU and the device-side communicators of the groups whose
+  // on GPU runs, this rank's GPU and the device-side communicators of the groups whose
   // collectives carry device buffers (NCCL over two or more ranks, a device copy for one); made by
   // setup_cuda_devices. On CPU runs device_*() are the host groups above.
   int cuda_device = -1;
@@ -44,12 +44,12 @@ struct Grid {
   std::string table() const;
 };
 
-// cuda: whether this job trains on GPUs, for training.device = cpu | cuda | auto. A rank uses GPU
+// whether this job trains on GPUs, for training.device = cpu | cuda | auto. A rank uses GPU
 // (local rank mod the GPUs it sees). cuda: an error naming the host when this build has no CUDA
 // backend, no GPU is visible, or two ranks would share a GPU. auto: CUDA when every rank of the job
 // has a GPU of its own, else CPU. Collective over the world.
 bool use_cuda_devices(const std::string& device, Grid& g);
-// cuda: makes that GPU this rank's device (local rank from MPI_Comm_split_type SHARED) and creates
+// makes that GPU this rank's device (local rank from MPI_Comm_split_type SHARED) and creates
 // the device-side communicators (collective over the world, every rank in the same order).
 void setup_cuda_devices(Grid& g);
 

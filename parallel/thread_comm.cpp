@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
-#ifdef TPTRAIN_HAVE_CUDA  // cuda: device groups copy through the host on the thread's compute stream
+#ifdef TPTRAIN_HAVE_CUDA  // device groups copy through the host on the thread's compute stream
 #include "core/cuda/cuda_util.h"
 #endif
 
