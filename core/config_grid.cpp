@@ -1,0 +1,61 @@
+// The config checks that need the world size (docs/ARCHITECTURE.md "Config"): the grid divides
+// the world and the model, the parallel features' combinations, the batch sizes; fills
+// data_parallel_size and global_batch_size.
+#include <limits>
+#include <string>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace tpt {
+
+void resolve_parallel(Config& cfg, int world_size) {
+  TPT_CHECK(world_size >= 1);
+  const std::string ws = std::to_string(world_size);
+  ParallelConfig& p = cfg.parallel;
+  const int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
+  TPT_CHECK(tp >= 1 && pp >= 1);
+  auto s = [](int64_t x) { return std::to_string(x); };
+  if (world_size % (tp * pp) != 0)
+    input_error("parallel.tensor_model_parallel_size (" + s(tp) + ") * parallel.pipeline_model_parallel_size (" +
+                s(pp) + ") = " + s(tp * pp) + " does not divide the world size " + ws);
+  const int64_t dp = world_size / (tp * pp);
+  if (p.data_parallel_size != 0 && p.data_parallel_size != dp)
+    input_error("parallel.data_parallel_size: " + s(p.data_parallel_size) + " does not match world size " + ws +
+                " / (tensor_model_parallel_size " + s(tp) + " * pipeline_model_parallel_size " + s(pp) +
+                ") = " + s(dp) + " (leave it null to derive it)");
+  const ModelConfig& m = cfg.model;
+  if (m.num_attention_heads % tp != 0)
+    input_error("model.num_attention_heads (" + s(m.num_attention_heads) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
+  if (m.ffn_hidden_size % tp != 0)
+    input_error("model.ffn_hidden_size (" + s(m.ffn_hidden_size) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
+  if (m.num_layers % pp != 0)
+    input_error("model.num_layers (" + s(m.num_layers) +
+                ") is not divisible by parallel.pipeline_model_parallel_size (" + s(pp) + ")");
+  if (p.overlap_param_gather && !p.distributed_optimizer)
+    input_error("parallel.overlap_param_gather: needs parallel.distributed_optimizer: true (the parameters are "
+                "all-gathered only with the distributed optimizer)");
+  if (p.sequence_parallel && tp == 1)
+    input_error("parallel.sequence_parallel: needs parallel.tensor_model_parallel_size > 1 (it splits the tokens of "
+                "the LayerNorm and residual regions over the tensor-parallel ranks; with "
+                "tensor_model_parallel_size 1 there is nothing to split): set parallel.sequence_parallel: false or "
+                "parallel.tensor_model_parallel_size >= 2");
+  if (p.sequence_parallel && m.seq_length % tp != 0)
+    input_error("parallel.sequence_parallel: model.seq_length (" + s(m.seq_length) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
+  TrainingConfig& t = cfg.training;
+  const int64_t per_step = int64_t{t.micro_batch_size} * dp;
+  if (t.global_batch_size == 0) {
+    TPT_CHECK(per_step <= std::numeric_limits<int>::max());
+    t.global_batch_size = static_cast<int>(per_step);
+  } else if (t.global_batch_size % per_step != 0) {
+    input_error("training.global_batch_size (" + s(t.global_batch_size) +
+                ") is not a multiple of training.micro_batch_size (" + s(t.micro_batch_size) +
+                ") * data-parallel size (" + s(dp) + ") = " + s(per_step));
+  }
+  p.data_parallel_size = static_cast<int>(dp);
+}
+
+}  // namespace tpt
