@@ -157,8 +157,12 @@ void Trainer::setup_model() {
   sync.overlap_param_gather = cfg_.parallel.overlap_param_gather;
   if (dims_.sequence_parallel) {  // TP-replicated tensors' gradients: partial sums over this rank's tokens
     sync.tp = &comm(grid_.device_tp(), profiled_tp_);
-    for (const ParamInfo& p : layout_.params)
-      if (p.tp_replicated) sync.tp_sum.push_back({p.offset, p.numel});
+    bool extend = false;  // consecutive replicated tensors go in one sum (the padding between them is zero)
+    for (const ParamInfo& p : layout_.params) {
+      if (p.tp_replicated && extend) sync.tp_sum.back().n = p.offset + p.numel - sync.tp_sum.back().offset;
+      else if (p.tp_replicated) sync.tp_sum.push_back({p.offset, p.numel});
+      extend = p.tp_replicated;
+    }
   }
   const ParamInfo* wte = layout_.find("wte.weight");
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, layer_ranges(layout_, dims_),
