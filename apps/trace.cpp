@@ -36,6 +36,7 @@ void TraceRecorder::write_part() const {
     std::string cat = !e.cat.empty()                               ? e.cat
                       : e.action.kind == Action::Kind::Forward    ? "forward"
                       : e.action.kind == Action::Kind::Backward ? "backward"
+                      : e.action.kind == Action::Kind::BackwardWeight ? "weight"  // zb-h1's W
                                                                 : "comm";
     ev.push_back({{"name", e.cat.empty() ? e.action.str() : e.name},
                   {"cat", cat},

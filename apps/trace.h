@@ -1,5 +1,7 @@
 // logging.trace_file: a Chrome / Perfetto trace (JSON "traceEvents") of every rank's pipeline
-// schedule -- one row per rank, one box per forward, backward and communication action. Each
+// schedule -- one row per rank, one box per forward, backward (zb-h1: B), weight-gradient (zb-h1's
+// W, category "weight") and communication action, named by Action::str ("F3", "B3c1": micro-batch 3
+// of model chunk 1). Each
 // rank writes its own events to <trace_file>.rank<R>; rank 0 merges them into <trace_file> at the
 // end (ranks share the file system, as for checkpoints).
 #pragma once

@@ -140,8 +140,10 @@ void Trainer::setup_data() {
 
 // This stage's parameters (initialised or from init_from), gradients, DP sync and optimizer.
 void Trainer::setup_model() {
-  dims_ = make_dims(cfg_, grid_.tp, grid_.tp_rank, grid_.pp, grid_.pp_rank);
-  layout_ = make_param_layout(dims_);
+  chunk_dims_ = make_chunk_dims(cfg_, grid_.tp, grid_.tp_rank, grid_.pp, grid_.pp_rank);
+  dims_ = chunk_dims_.front();
+  layers_ = rank_layers(chunk_dims_);
+  layout_ = make_rank_layout(chunk_dims_);
   std::vector<float> host(size_t(layout_.total), 0.0f);
   if (!cfg_.model.init_from.empty()) load_hf_gpt2(cfg_.model.init_from, dims_, layout_, host.data());
   else init_params_host(layout_, cfg_.training.seed, host.data());
@@ -165,7 +167,7 @@ void Trainer::setup_model() {
     }
   }
   const ParamInfo* wte = layout_.find("wte.weight");
-  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, layer_ranges(layout_, dims_),
+  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, rank_layer_ranges(layout_, chunk_dims_),
                                           grid_.dp > 1 ? &comm(grid_.device_dp(), profiled_dp_) : nullptr,
                                           grid_.device_embedding() ? &comm(*grid_.device_embedding(), profiled_embedding_)
                                                                   : nullptr,
@@ -187,20 +189,30 @@ void Trainer::setup_model() {
 void Trainer::setup_pipeline() {
   const int dp = grid_.dp;
   num_micro_ = int(cfg_.training.global_batch_size / (cfg_.training.micro_batch_size * dp));
-  train_schedule_ = make_schedule(parse_schedule(cfg_.parallel.pipeline_schedule), grid_.pp, grid_.pp_rank, num_micro_);
-  eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid_.pp, grid_.pp_rank, num_micro_);
-  const int slots = max_in_flight(train_schedule_);
+  const int v = int(chunk_dims_.size());
+  ScheduleKind kind = parse_schedule(cfg_.parallel.pipeline_schedule);
+  if (v > 1) kind = ScheduleKind::Interleaved1F1B;  // 1f1b with model chunks (checked at config load)
+  train_schedule_ = make_schedule(kind, grid_.pp, grid_.pp_rank, num_micro_, v);
+  eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid_.pp, grid_.pp_rank, num_micro_, v);
+  slots_ = max_in_flight_per_chunk(train_schedule_);
+  slots_.resize(size_t(v), 0);
   StageOptions stage_options{dtype_, parse_recompute(cfg_.training.recompute)};
-  stage_ = std::make_unique<GPTStage>(dims_, layout_, *ops_, comm(grid_.device_tp(), profiled_tp_), params_compute_, grads_,
-                                      cfg_.training.micro_batch_size, slots, stage_options);
+  stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
   // TP rank's (B*S/tp, C)
   const int64_t message = stage_message_elements(dims_, cfg_.training.micro_batch_size);
-  for (int i = 0; i < slots && grid_.pp > 1; ++i) {
-    act_in_.push_back(ops_->alloc(message, dtype_));
-    grad_in_.push_back(ops_->alloc(message, dtype_));
+  act_in_.resize(size_t(v));
+  grad_in_.resize(size_t(v));
+  for (int c = 0; c < v; ++c) {
+    slots_[size_t(c)] = std::max(1, slots_[size_t(c)]);  // evaluation runs forwards only
+    stages_.push_back(std::make_unique<GPTStage>(chunk_dims_[size_t(c)], layout_, *ops_, comm(grid_.device_tp(), profiled_tp_),
+                                                 params_compute_, grads_, cfg_.training.micro_batch_size,
+                                                 slots_[size_t(c)], stage_options));
+    for (int i = 0; i < slots_[size_t(c)] && grid_.pp > 1; ++i) {
+      act_in_[size_t(c)].push_back(ops_->alloc(message, dtype_));
+      grad_in_[size_t(c)].push_back(ops_->alloc(message, dtype_));
+    }
   }
-  if (act_in_.empty()) act_in_.push_back(Buf{}), grad_in_.push_back(Buf{});
   const size_t n = size_t(cfg_.training.micro_batch_size) * size_t(cfg_.model.seq_length);
   tokens_.resize(n);
   targets_.resize(n);
@@ -234,11 +246,14 @@ void Trainer::log_setup() {
                  master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
                  buffer_total_, grad_sync_->num_buckets(),
                  cfg_.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
-  const int slots = max_in_flight(train_schedule_);
-  const StageOptions stage_options{dtype_, parse_recompute(cfg_.training.recompute)};
-  spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {} "
+  const StageMemory plan = stage_memory(cfg_, grid_.pp_rank);
+  const std::string chunks = stages_.size() > 1 ? fmt::format(" (interleaved: {} model chunks per rank, {} layers each)",
+                                                              stages_.size(), dims_.layer_end - dims_.layer_begin)
+                                                : std::string();
+  spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {}{} "
                "({} activation slots on stage 0)",
-               ops_->name(), num_micro_, cfg_.training.micro_batch_size, cfg_.parallel.pipeline_schedule, slots);
+               ops_->name(), num_micro_, cfg_.training.micro_batch_size, cfg_.parallel.pipeline_schedule, chunks,
+               plan.in_flight);
   if (dims_.sequence_parallel) {
     const int64_t N = int64_t(cfg_.training.micro_batch_size) * cfg_.model.seq_length;
     spdlog::info("sequence parallel: each of the {} TP ranks holds {} of a micro-batch's {} tokens in the "
@@ -251,21 +266,18 @@ void Trainer::log_setup() {
                                                           "as the last micro-batch's backward has finished it",
                                                           grad_sync_->num_buckets(), cfg_.parallel.ddp_bucket_size)
                                             : std::string("one all-reduce after the pipeline"));
-  const double act = double(activation_bytes_per_microbatch(dims_, cfg_.training.micro_batch_size,
-                                                            stage_options.recompute, dtype_)) * slots;
-  const double scratch =
-      double(scratch_bytes(dims_, cfg_.training.micro_batch_size, stage_options.recompute, dtype_));
   spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
                "({} storage, recompute {})",
-               act / 1048576.0, slots, scratch / 1048576.0, cfg_.training.precision, cfg_.training.recompute);
+               double(plan.activation_bytes) / 1048576.0, plan.in_flight, double(plan.workspace_bytes) / 1048576.0,
+               cfg_.training.precision, cfg_.training.recompute);
   // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
   spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
-               ops_->allocated_bytes(), describe_memory(stage_memory(cfg_, grid_.pp_rank)));
+               ops_->allocated_bytes(), describe_memory(plan));
 }
 
 Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
-  stage_.reset();
+  stages_.clear();
   adamw_.reset();
   if (ops_) {
     ops_->free(master_);
@@ -274,8 +286,10 @@ Trainer::~Trainer() {
     ops_->free(reinterpret_cast<float*>(dev_targets_));
     if (dev_positions_) ops_->free(reinterpret_cast<float*>(dev_positions_));
     if (dev_loss_weights_) ops_->free(dev_loss_weights_);
-    for (Buf b : act_in_) ops_->free(b.p);
-    for (Buf b : grad_in_) ops_->free(b.p);
+    for (const auto& chunk : act_in_)
+      for (Buf b : chunk) ops_->free(b.p);
+    for (const auto& chunk : grad_in_)
+      for (Buf b : chunk) ops_->free(b.p);
     if (params_compute_.p != master_) ops_->free(params_compute_.p);
   }
 }
@@ -326,41 +340,51 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
                           ? float(scaler_.scale * double(grid_.dp) / double(std::max<int64_t>(batch_counted_, 1)))
                           : float(scaler_.scale / double(B * S * num_micro_));
   const auto& actions = want_grad ? train_schedule_ : eval_schedule_;
-  const int slots = int(act_in_.size());
   // the distributed optimizer's parameter all-gathers (parallel.overlap_param_gather): training's
-  // first forward waits for each bucket just before its layers; evaluation for all of them first
+  // first forward of each chunk waits for each bucket just before its layers; evaluation for all first
   if (!want_grad) grad_sync_->wait_params(INT_MAX);
-  const std::function<void(int64_t)> wait_params = [&](int64_t layer) {
-    grad_sync_->wait_params(int(layer - dims_.layer_begin));
-  };
+  const std::function<void(int64_t)> wait_params = [&](int64_t layer) { grad_sync_->wait_params(local_layer(layer)); };
+  // the last micro-batch's backward (or with zb-h1 its W) finishes each layer's gradients: the DP sums may start
+  const std::function<void(int64_t)> layer_done = [&](int64_t layer) { grad_sync_->layer_done(local_layer(layer)); };
+  const bool split = std::any_of(actions.begin(), actions.end(),
+                                 [](const Action& a) { return a.kind == Action::Kind::BackwardWeight; });
+  const bool first_input = grid_.first_stage(), last_output = grid_.last_stage();  // chunks 0 / v - 1 only
+  const int last_chunk = int(stages_.size()) - 1;
   double loss_sum = 0;
   StageHooks h;
   const int64_t n = stage_message_elements(dims_, B);  // elements of one message, in the compute dtype
-  h.forward = [&](int mb) {
-    const int slot = mb % slots;
-    if (grid_.first_stage() || grid_.last_stage()) load_microbatch(ds, base, mb);
-    stage_->forward(slot, dev_tokens_, grid_.first_stage() ? CBuf{} : CBuf(act_in_[size_t(slot)]), dev_positions_,
-                    mb == 0 && want_grad && grad_sync_->overlapping_param_gather() ? wait_params
-                                                                                  : std::function<void(int64_t)>{});
-    if (grid_.last_stage()) loss_sum += stage_->loss(slot, dev_targets_, dloss, want_grad, dev_loss_weights_);
-  };
-  h.backward = [&](int mb) {
+  auto slot = [&](int mb, int chunk) { return mb % slots_[size_t(chunk)]; };
+  auto fault = [&](int mb) {
     if (fault_in_step_ && mb == num_micro_ - 1)
       internal_error("injected fault (TPTRAIN_FAULT) in the backward of micro-batch " + std::to_string(mb) +
                      " of iteration " + std::to_string(iteration_ + 1));
-    const int slot = mb % slots;
-    // the last micro-batch's backward finishes each layer's gradients: the DP sums may start
-    std::function<void(int64_t)> layer_done;
-    if (mb == num_micro_ - 1 && grad_sync_->overlapping())
-      layer_done = [&](int64_t layer) { grad_sync_->layer_done(int(layer - dims_.layer_begin)); };
-    stage_->backward(slot, grid_.last_stage() ? CBuf{} : CBuf(grad_in_[size_t(slot)]), layer_done);
+  };
+  h.forward = [&](int mb, int chunk) {
+    const bool embed = first_input && chunk == 0, head = last_output && chunk == last_chunk;
+    if (embed || head) load_microbatch(ds, base, mb);
+    stages_[size_t(chunk)]->forward(slot(mb, chunk), dev_tokens_, embed ? CBuf{} : CBuf(act_in_[size_t(chunk)][size_t(slot(mb, chunk))]),
+                                    dev_positions_,
+                                    mb == 0 && want_grad && grad_sync_->overlapping_param_gather() ? wait_params
+                                                                                                  : std::function<void(int64_t)>{});
+    if (head) loss_sum += stages_[size_t(chunk)]->loss(slot(mb, chunk), dev_targets_, dloss, want_grad, dev_loss_weights_);
+  };
+  h.backward = [&](int mb, int chunk) {
+    if (chunk == 0) fault(mb);
+    const bool head = last_output && chunk == last_chunk, last = mb == num_micro_ - 1 && grad_sync_->overlapping();
+    stages_[size_t(chunk)]->backward(slot(mb, chunk), head ? CBuf{} : CBuf(grad_in_[size_t(chunk)][size_t(slot(mb, chunk))]),
+                                     last && !split ? layer_done : std::function<void(int64_t)>{},
+                                     split ? GPTStage::BackwardPart::Input : GPTStage::BackwardPart::Full);
+  };
+  h.backward_weight = [&](int mb, int chunk) {
+    const bool last = mb == num_micro_ - 1 && grad_sync_->overlapping();
+    stages_[size_t(chunk)]->backward_weight(slot(mb, chunk), last ? layer_done : std::function<void(int64_t)>{});
   };
   // messages are the stored tensors themselves, counted in 4-byte words
   auto words = [](CBuf b) { return static_cast<const float*>(b.p); };
-  h.activation_out = [&](int mb) { return words(stage_->output(mb % slots)); };
-  h.activation_in = [&](int mb) { return static_cast<float*>(act_in_[size_t(mb % slots)].p); };
-  h.grad_out = [&](int) { return words(stage_->input_grad()); };
-  h.grad_in = [&](int mb) { return static_cast<float*>(grad_in_[size_t(mb % slots)].p); };
+  h.activation_out = [&](int mb, int chunk) { return words(stages_[size_t(chunk)]->output(slot(mb, chunk))); };
+  h.activation_in = [&](int mb, int chunk) { return static_cast<float*>(act_in_[size_t(chunk)][size_t(slot(mb, chunk))].p); };
+  h.grad_out = [&](int, int chunk) { return words(stages_[size_t(chunk)]->input_grad()); };
+  h.grad_in = [&](int mb, int chunk) { return static_cast<float*>(grad_in_[size_t(chunk)][size_t(slot(mb, chunk))].p); };
   if (trace_->enabled() && want_grad)
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
   execute_schedule(actions, comm(grid_.device_pp(), profiled_pp_), words_of(n, dtype_), h);

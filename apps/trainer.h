@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "data/dataset.h"
 #include "data/run_data.h"
+#include "model/chunks.h"
 #include "model/gpt.h"
 #include "apps/trace.h"
 #include "model/optimizer.h"
@@ -83,7 +84,12 @@ class Trainer {
   void setup_model();
   void setup_pipeline();
   void log_setup();
+  // The rank's model chunks (model/chunks.h: one, or v with the interleaved schedule): their dims,
+  // dims_ = chunk 0's (the sizes all chunks share), the rank's layers (global indices, ascending)
+  // and the layout of all chunks' parameters.
+  std::vector<GPTDims> chunk_dims_;
   GPTDims dims_;
+  std::vector<int64_t> layers_;
   ParamLayout layout_;
   int64_t buffer_total_ = 0;  // elements of the parameter / gradient buffers (GradSync::buffer_size)
   float* master_ = nullptr;   // fp32 master weights: the buffer, or (master_sharded_) the owned blocks
@@ -93,7 +99,7 @@ class Trainer {
   Buf params_compute_;  // the weights compute uses: master_ in fp32, else their bf16/fp16 copy
   LossScaler scaler_;
   int consecutive_nan_ = 0;
-  std::unique_ptr<GPTStage> stage_;
+  std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums
   RunData data_;  // data.path (one path or a blend), data.valid_path
@@ -109,9 +115,12 @@ class Trainer {
   int64_t batch_counted_ = 0;  // counted_tokens() of the last forward_backward's global batch
   int num_micro_ = 1;
   std::vector<Action> train_schedule_, eval_schedule_;
-  // per activation slot: received activations / gradients, in the compute dtype (the pipeline's
-  // messages travel as they are stored: 16-bit values in bf16/fp16 runs)
-  std::vector<Buf> act_in_, grad_in_;
+  // per chunk, per activation slot: received activations / gradients, in the compute dtype (the
+  // pipeline's messages travel as they are stored: 16-bit values in bf16/fp16 runs)
+  std::vector<std::vector<Buf>> act_in_, grad_in_;
+  std::vector<int> slots_;  // activation slots per chunk (max_in_flight_per_chunk of the schedule)
+  // the local chunk's layer hooks' argument for the DP sync (model/chunks.h local_layer_index)
+  int local_layer(int64_t layer) const { return local_layer_index(layers_, layer, dims_.L); }
   FILE* metrics_ = nullptr;
   std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;

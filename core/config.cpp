@@ -72,7 +72,8 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, tensor_model_parallel_size),
       TPT_FIELD(parallel, pipeline_model_parallel_size),
       TPT_FIELD(parallel, data_parallel_size, kNull),
-      TPT_FIELD(parallel, pipeline_schedule, kDef, {"1f1b", "gpipe"}),
+      TPT_FIELD(parallel, pipeline_schedule, kDef, {"1f1b", "gpipe", "zb-h1"}),
+      TPT_FIELD(parallel, virtual_pipeline_model_parallel_size, kNull),
       TPT_FIELD(parallel, sequence_parallel),
       TPT_FIELD(parallel, distributed_optimizer),
       TPT_FIELD(parallel, overlap_param_gather),
@@ -460,6 +461,7 @@ void validate(Config& c, const Ctx& ctx) {
         {"model.vocab_size", 1 << 24},          {"training.micro_batch_size", 1 << 24},
         {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096},
         {"parallel.tensor_model_parallel_size", 1024}, {"parallel.pipeline_model_parallel_size", 1024},
+        {"parallel.virtual_pipeline_model_parallel_size", 1024},
         {"parallel.data_parallel_size", 1 << 20}};
     auto bound = kMax.find(name);
     if (bound != kMax.end() && x > bound->second)

@@ -32,7 +32,9 @@ struct ParallelConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
   int data_parallel_size = 0;           // 0 = null: derived as world / (TP * PP)
-  std::string pipeline_schedule = "1f1b";   // 1f1b | gpipe
+  std::string pipeline_schedule = "1f1b";   // 1f1b | gpipe | zb-h1 (parallel/schedule.h)
+  // Interleaved 1F1B: model chunks per pipeline rank (Megatron's name; 0 = null: one chunk).
+  int virtual_pipeline_model_parallel_size = 0;
   bool sequence_parallel = false;
   // Megatron's distributed optimizer (ZeRO-1): gradients reduce-scattered over DP, fp32 master
   // weights and Adam moments sharded over DP, parameters all-gathered after the step

@@ -1,6 +1,7 @@
 // The config checks that need the world size (docs/ARCHITECTURE.md "Config"): the grid divides
 // the world and the model, the parallel features' combinations, the batch sizes; fills
 // data_parallel_size and global_batch_size.
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -34,6 +35,21 @@ void resolve_parallel(Config& cfg, int world_size) {
   if (m.num_layers % pp != 0)
     input_error("model.num_layers (" + s(m.num_layers) +
                 ") is not divisible by parallel.pipeline_model_parallel_size (" + s(pp) + ")");
+  // interleaved 1F1B: v model chunks per rank, num_layers / (pp * v) layers each
+  const int64_t v = std::max(1, p.virtual_pipeline_model_parallel_size);
+  const std::string vkey = "parallel.virtual_pipeline_model_parallel_size (" + s(v) + ")";
+  if (v > 1 && pp == 1)
+    input_error(vkey + " needs parallel.pipeline_model_parallel_size > 1 (model chunks are spread over pipeline "
+                "ranks): set it to null or raise pipeline_model_parallel_size");
+  if (v > 1 && p.pipeline_schedule != "1f1b")
+    input_error(vkey + " needs parallel.pipeline_schedule: 1f1b (the interleaved 1F1B schedule), not " +
+                p.pipeline_schedule);
+  if (v > 1 && m.num_layers % (pp * v) != 0)
+    input_error("model.num_layers (" + s(m.num_layers) + ") is not divisible by parallel.pipeline_model_parallel_size (" +
+                s(pp) + ") * " + vkey + " = " + s(pp * v) + " (each model chunk holds the same number of layers)");
+  if (p.pipeline_schedule == "zb-h1" && cfg.training.recompute == "full")
+    input_error("parallel.pipeline_schedule: zb-h1 cannot run with training.recompute: full (its deferred weight "
+                "gradients read the layers' kept activations, which full recompute drops): use none or selective");
   if (p.overlap_param_gather && !p.distributed_optimizer)
     input_error("parallel.overlap_param_gather: needs parallel.distributed_optimizer: true (the parameters are "
                 "all-gathered only with the distributed optimizer)");
@@ -55,6 +71,12 @@ void resolve_parallel(Config& cfg, int world_size) {
                 ") is not a multiple of training.micro_batch_size (" + s(t.micro_batch_size) +
                 ") * data-parallel size (" + s(dp) + ") = " + s(per_step));
   }
+  const int64_t micro = t.global_batch_size / per_step;
+  if (v > 1 && micro % pp != 0)
+    input_error("the interleaved schedule (" + vkey + ") needs the micro-batches per DP rank (training.global_batch_size " +
+                s(t.global_batch_size) + " / (training.micro_batch_size " + s(t.micro_batch_size) +
+                " x data-parallel size " + s(dp) + ") = " + s(micro) +
+                ") to be a multiple of parallel.pipeline_model_parallel_size (" + s(pp) + "), as in Megatron");
   p.data_parallel_size = static_cast<int>(dp);
 }
 

@@ -130,8 +130,10 @@ class ProfiledOps final : public Ops {
   }
   void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
                        bool accumulate_dinp, CBuf gelu_pre) override {
-    const std::string name = "linear bwd " + linear_name_(I, O) + (gelu_pre ? " +dGELU" : "");
-    timed(name, (dinp ? 4.0 : 2.0) * N * I * O, 0,
+    // the split backward's halves (ZB-H1: B without dw, W without dinp) are named apart
+    const std::string name = "linear bwd " + linear_name_(I, O) + (gelu_pre && dinp ? " +dGELU" : "") +
+                             (!dw ? " dX" : !dinp ? " dW" : "");
+    timed(name, ((dinp ? 2.0 : 0.0) + (dw ? 2.0 : 0.0)) * N * I * O, 0,
           [&] { in_.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre); });
   }
 

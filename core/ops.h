@@ -84,8 +84,12 @@ class Ops {
   virtual void linear_forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O,
                               Buf gelu_pre = {}) = 0;
   // dinp (N, I) = / += dout (N, O) @ w (O, I)  (accumulate_dinp chooses; dinp may be null);
-  // dw (O, I) += dout^T @ inp, straight into the fp32 gradient (gradient-accumulation fusion);
+  // dw (O, I) += dout^T @ inp, straight into the fp32 gradient (gradient-accumulation fusion) [dw
+  // may be null: no weight GEMM, and inp is not read];
   // dbias (O) += column sums of dout [dbias may be null].
+  // Each part is the same whatever else the call computes, so one call with dinp only and a later
+  // one with dw (and dbias) only add exactly what one call with all of them adds: ZB-H1's split
+  // backward (GPTStage::BackwardPart).
   // With gelu_pre (N, I), the pre-activation whose GELU was `inp` of the layer that produced
   // dout's input: dinp = (dout @ w) * gelu'(gelu_pre), the fp32 product rounded once (cuBLASLt's
   // DGELU epilogue); accumulate_dinp must then be false.

@@ -33,6 +33,16 @@ struct GPTStage::LayerActs {
   Buf x_out;                          // (Nt, C) block output
 };
 
+// What a split backward's B (BackwardPart::Input) leaves for its W (backward_weight), per layer: the
+// output gradient dY of each of the layer's four GEMMs on all N tokens, in the compute dtype. W's
+// other operand, the GEMM's input X, stays in the slot's activations (LayerActs).
+struct GPTStage::LayerStash {
+  Buf dqkv;   // (N, 3 Cl) d QKV: the attention backward writes it here
+  Buf dproj;  // (N, C)    d attention projection output (with sequence parallelism all-gathered)
+  Buf dfc1;   // (N, Fl)   d fc1 pre-activation: fc2's input gradient through GELU's derivative
+  Buf dfc2;   // (N, C)    d fc2 output (with sequence parallelism all-gathered)
+};
+
 struct GPTStage::SlotActs {
   int32_t* tokens = nullptr;   // (B, S) first stage
   int32_t* targets = nullptr;  // (B, S) last stage
@@ -43,6 +53,8 @@ struct GPTStage::SlotActs {
   Buf lnf;                                         // last stage (Nt, C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // last stage (Nt)
   float dloss_scale = 0.0f;
+  std::vector<LayerStash> stash;  // per layer, with StageOptions::split_backward
+  bool weight_pending = false;    // B ran (BackwardPart::Input), W (backward_weight) not yet
 };
 
 Recompute parse_recompute(const std::string& name) {
@@ -87,6 +99,11 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
   return n + tp_gather_bytes(N * d.C, t, d.tp);
+}
+
+int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
+  const int64_t N = B * d.S, layers = d.layer_end - d.layer_begin;
+  return layers * tb(N * 3 * d.Cl + N * d.C + N * d.Fl + N * d.C, t);  // LayerStash: dqkv, dproj, dfc1, dfc2
 }
 
 std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
@@ -150,6 +167,12 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   TPT_CHECK(params.t == opt_.dtype);
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   TPT_CHECK(Nt * d.tp == N || !d.sequence_parallel);
+  // A split backward's W needs every layer's GEMM inputs after B; full recompute keeps only each
+  // layer's input, so W would have to rerun the layer's forward a second time.
+  if (opt_.split_backward && opt_.recompute == Recompute::Full)
+    input_error("training.recompute: full cannot be used with parallel.pipeline_schedule: zb-h1 (its split "
+                "backward computes the weight gradients after the input gradients, from activations that full "
+                "recompute does not keep); use none or selective");
   // Allocation order and sizes are what activation_bytes_per_microbatch / scratch_bytes count.
   auto attention_core = [&](LayerActs& la) {
     la.atty = alloc(N * d.Cl);
@@ -197,6 +220,9 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       a->lnf_mean = alloc_f32(Nt);
       a->lnf_rstd = alloc_f32(Nt);
     }
+    if (opt_.split_backward)  // weight_grad_stash_bytes
+      for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
+        a->stash.push_back({alloc(3 * N * d.Cl), alloc(N * d.C), alloc(N * d.Fl), alloc(N * d.C)});
   }
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) {
     wire_ = TPWire{&ops_, Buf(ops_.alloc_bytes(size_t(bytes)), opt_.dtype)};
@@ -334,27 +360,73 @@ void GPTStage::attention_core_forward(LayerActs& a) {
 }
 
 // dres: d block output on entry, d block input on exit (Nt, C).
-void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres) {
+// With a stash (B of a split backward) each GEMM's backward computes only its input gradient
+// (Ops::linear_backward with no dw, dbias) and leaves its output gradient in the stash for
+// block_backward_weight, which makes the rest of the same call; the GEMMs' inputs are not read (with
+// sequence parallelism the LayerNorm outputs are not gathered) until then.
+void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, const LayerStash* stash) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockParams<CBuf> w = block_params(layout_, params_, layer);
   const BlockParams<float*> gw = block_params(layout_, grads_, layer);
+  const bool split = stash != nullptr;
+  // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
+  // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
+  // changes below)
+  auto row_grad = [&](float* dbias, Buf stashed) {
+    if (!split) return row_parallel_output_grad(dres, tmp_, dbias);
+    const RowGrad dy = row_parallel_output_grad(dres, stashed, dbias);
+    if (!d.sequence_parallel) ops_.copy(stashed, dy.dout, N * d.C);
+    return RowGrad{stashed, dy.dbias};
+  };
+  // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called)
+  auto gemm_backward = [&](Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I, int64_t O,
+                           CBuf gelu_pre) {
+    if (split) ops_.linear_backward(dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false, gelu_pre);
+    else ops_.linear_backward(dinp, dw, dbias, dout, inp(), wt, N, I, O, false, gelu_pre);
+  };
   // MLP: fc2's input gradient goes through GELU's derivative in the same GEMM
-  RowGrad dy = row_parallel_output_grad(dres, tmp_, gw.fc2_b);  // (N, C)
-  ops_.linear_backward(dfc_, gw.fc2_w, dy.dbias, dy.dout, a.gelu, w.fc2_w, N, d.Fl, d.C, false, /*gelu_pre=*/a.fc1);
-  CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again
-  ops_.linear_backward(dln_, gw.fc1_w, gw.fc1_b, dfc_, ln2, w.fc1_w, N, d.C, d.Fl, false);
+  const Buf dfc = split ? stash->dfc1 : dfc_;
+  RowGrad dy = row_grad(gw.fc2_b, split ? stash->dfc2 : Buf{});  // (N, C)
+  gemm_backward(dfc, gw.fc2_w, dy.dbias, dy.dout, [&] { return CBuf(a.gelu); }, w.fc2_w, d.Fl, d.C,
+                /*gelu_pre=*/a.fc1);
+  gemm_backward(dln_, gw.fc1_w, gw.fc1_b, dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
+                w.fc1_w, d.C, d.Fl, CBuf{});
   CBuf dln2 = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
   ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln2, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, Nt, d.C);
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  dy = row_parallel_output_grad(dres, tmp_, gw.proj_b);
-  ops_.linear_backward(datt_, gw.proj_w, dy.dbias, dy.dout, a.atty, w.proj_w, N, d.Cl, d.C, false);
-  ops_.attention_backward(dqkv_, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.D);
-  CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  ops_.linear_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv_, ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
+  dy = row_grad(gw.proj_b, split ? stash->dproj : Buf{});
+  gemm_backward(datt_, gw.proj_w, dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.proj_w, d.Cl, d.C, CBuf{});
+  const Buf dqkv = split ? stash->dqkv : dqkv_;
+  ops_.attention_backward(dqkv, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.D);
+  gemm_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.qkv_w, d.C,
+                3 * d.Cl, CBuf{});
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
   ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln1, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, Nt, d.C);
+}
+
+// W of a layer: the weight part of block_backward's four GEMM calls (the same dw, dbias, dout, inp;
+// no dinp), in the same order, so B then W adds what the full backward adds. The row-parallel biases'
+// gradients are in the GEMMs without sequence parallelism; with it B added them (row_parallel_output_grad).
+// Writes only grads and scratch (tmp_ and the TP wire for the gathers, selective recompute's shared
+// attention output).
+void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& st) {
+  const GPTDims& d = d_;
+  const int64_t N = B_ * d.S;
+  const BlockParams<CBuf> w = block_params(layout_, params_, layer);
+  const BlockParams<float*> gw = block_params(layout_, grads_, layer);
+  const bool sp = d.sequence_parallel;
+  // MLP
+  ops_.linear_backward(Buf{}, gw.fc2_w, sp ? nullptr : gw.fc2_b, st.dfc2, a.gelu, w.fc2_w, N, d.Fl, d.C, false);
+  CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
+  ops_.linear_backward(Buf{}, gw.fc1_w, gw.fc1_b, st.dfc1, ln2, w.fc1_w, N, d.C, d.Fl, false);
+  // attention: selective recompute dropped the attention output (its scratch copy is another
+  // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
+  if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
+  ops_.linear_backward(Buf{}, gw.proj_w, sp ? nullptr : gw.proj_b, st.dproj, a.atty, w.proj_w, N, d.Cl, d.C, false);
+  CBuf ln1 = gather_tokens(a.ln1, tmp_);
+  ops_.linear_backward(Buf{}, gw.qkv_w, gw.qkv_b, st.dqkv, ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,
@@ -362,6 +434,7 @@ void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const in
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   SlotActs& a = *slots_.at(size_t(slot));
+  TPT_CHECK(!a.weight_pending);  // the slot's activations are W's inputs until backward_weight
   if (layer_start) layer_start(d.layer_begin - 1);
   if (d.first_stage()) {
     ops_.copy(reinterpret_cast<float*>(a.tokens), reinterpret_cast<const float*>(tokens), N);
@@ -434,14 +507,23 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   return sum;
 }
 
-void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t layer)>& layer_done) {
+void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t layer)>& layer_done,
+                        BackwardPart part) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   SlotActs& a = *slots_.at(size_t(slot));
+  bool split = false;
+  switch (part) {
+    case BackwardPart::Full: break;
+    case BackwardPart::Input: split = true; break;
+  }
+  TPT_CHECK(!a.weight_pending);
+  TPT_CHECK(!split || opt_.split_backward);  // Input stashes into the slot's LayerStash
   if (d.last_stage()) {
     if (logits_slot_ != slot) loss(slot, a.targets, a.dloss_scale, true, a.loss_weights);  // recompute (e.g. GPipe)
     // LM head backward: d lnf = dlogits @ wte_local, summed over TP (f; with sequence parallelism
-    // reduce-scattered to this rank's tokens); d wte += dlogits^T lnf (lnf gathered again)
+    // reduce-scattered to this rank's tokens); d wte += dlogits^T lnf (lnf gathered again). Also in
+    // a split backward's B: the logits gradient is never stashed.
     CBuf lnf = gather_tokens(a.lnf, tmp_);
     ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, lnf, p("wte.weight"), N, d.C, d.Vl, false);
     logits_slot_ = -1;
@@ -458,11 +540,11 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
     const int64_t layer = d.layer_begin + int64_t(i);
     if (opt_.recompute == Recompute::Full) {  // rebuild the layer's activations from its input
       block_forward(layer, *recompute_acts_, x_in, recompute_acts_->x_out);
-      block_backward(layer, *recompute_acts_, x_in, dres_);
+      block_backward(layer, *recompute_acts_, x_in, dres_, nullptr);  // never split (constructor)
     } else {
-      block_backward(layer, a.layers[i], x_in, dres_);
+      block_backward(layer, a.layers[i], x_in, dres_, split ? &a.stash[i] : nullptr);
     }
-    if (layer_done) layer_done(layer);
+    if (layer_done && !split) layer_done(layer);
   }
   if (d.first_stage()) {
     // the vocab-parallel embedding's gradient from all N tokens (sequence parallel: all-gathered)
@@ -471,6 +553,18 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
     if (d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, Nt, d.C, 0, d.P);
     else positions_backward(dres_);
   }
+  a.weight_pending = split;
+}
+
+void GPTStage::backward_weight(int slot, const std::function<void(int64_t layer)>& layer_done) {
+  SlotActs& a = *slots_.at(size_t(slot));
+  TPT_CHECK(a.weight_pending);  // after the slot's backward with BackwardPart::Input
+  for (size_t i = a.layers.size(); i-- > 0;) {
+    const int64_t layer = d_.layer_begin + int64_t(i);
+    block_backward_weight(layer, a.layers[i], a.stash[i]);
+    if (layer_done) layer_done(layer);
+  }
+  a.weight_pending = false;
 }
 
 CBuf GPTStage::input_grad() const { return dres_; }

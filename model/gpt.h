@@ -81,6 +81,10 @@ Recompute parse_recompute(const std::string& name);
 struct StageOptions {
   DType dtype = DType::F32;
   Recompute recompute = Recompute::None;
+  // The stage runs split backwards (GPTStage::BackwardPart::Input, then backward_weight: the ZB-H1
+  // schedule): each slot gets the weight-gradient stash (weight_grad_stash_bytes). Not with full
+  // recompute (the constructor throws InputError).
+  bool split_backward = false;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
@@ -91,6 +95,12 @@ struct StageOptions {
 // input and the final LayerNorm are counted on this rank's local_tokens(B*S) tokens.
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
+// Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
+// whatever the recompute mode): the output gradients dY of each transformer layer's four GEMMs, which
+// a split backward's B stashes for its W, in the compute dtype t on all N = B*S tokens --
+// layers * (N*3*Cl (qkv) + N*C (attn.proj) + N*Fl (mlp.fc1) + N*C (mlp.fc2)) elements. The
+// constructor allocates exactly that per slot (up to the allocator's alignment, as above).
+int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t);
 // Elements of one pipeline message (a stage's output or its input gradient) for micro-batches of B:
 // B*S*C, or B*S*C/tp with sequence parallelism.
 inline int64_t stage_message_elements(const GPTDims& d, int64_t B) { return d.local_tokens(B * d.S) * d.C; }
@@ -131,16 +141,40 @@ class GPTStage {
   // into grads. Non-first stages: input_grad() then holds d hidden_in. layer_done(l), if given, is
   // called as soon as transformer layer l (global index) has added its gradients (last layer first):
   // what the DP gradient sync overlaps with the rest of backward.
-  void backward(int slot, CBuf doutput, const std::function<void(int64_t layer)>& layer_done = {});
+  //
+  // Which part of the backward a call runs: Full (everything), or ZB-H1's split: Input (B: the
+  // input gradient, which input_grad() then holds, and the cheap gradients -- LayerNorms, the
+  // embeddings, the LM head's tied word embedding, the row-parallel biases with sequence parallelism)
+  // then, later, Weight (W: the weight GEMMs' gradients of the same slot, backward_weight).
+  // Input needs StageOptions::split_backward; it stashes the four GEMMs' output gradients of every
+  // layer in the slot and calls no layer_done (the layers' gradients are incomplete). The slot's
+  // activations stay in use until its backward_weight: no forward of the slot before it.
+  // B then W adds the same gradients as Full, op for op (bit for bit on the CPU backend).
+  enum class BackwardPart { Full, Input };
+  void backward(int slot, CBuf doutput, const std::function<void(int64_t layer)>& layer_done = {},
+                BackwardPart part = BackwardPart::Full);
+  // W of a slot whose backward ran with BackwardPart::Input: adds the deferred weight gradients into
+  // grads; layer_done(l) as in backward, called when layer l's gradients are complete (last layer first).
+  // Per layer the weight GEMMs of attn.qkv, attn.proj, mlp.fc1 and mlp.fc2, dW += dY^T X, with the
+  // bias gradients those GEMMs' full-backward calls sum (qkv, fc1; proj and fc2 without sequence
+  // parallelism): the full backward's calls less the input gradient. X comes from the slot's kept
+  // activations: with sequence parallelism the LayerNorm outputs are all-gathered over TP again (a TP
+  // collective: every TP rank runs the same schedule); with selective recompute the attention core
+  // is rerun from the kept QKV. Writes neither input_grad() nor any other slot's state.
+  void backward_weight(int slot, const std::function<void(int64_t layer)>& layer_done = {});
   CBuf input_grad() const;
 
   int64_t micro_batch() const { return B_; }
 
  private:
   struct LayerActs;
+  struct LayerStash;
   struct SlotActs;
   void block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out);
-  void block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres);
+  // stash null: the layer's whole backward; else B only, the GEMMs' output gradients left in stash
+  void block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, const LayerStash* stash);
+  // W of one layer from its stash (backward_weight)
+  void block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& stash);
   void attention_core_forward(LayerActs& a);
   // The TP mappings around the GEMMs, written once for both layouts of the LayerNorm / residual
   // regions (all N tokens, or with sequence parallelism this rank's Nt):

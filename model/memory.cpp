@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "model/chunks.h"
 #include "parallel/grad_sync.h"
 
 namespace tpt {
@@ -25,9 +26,11 @@ int num_microbatches(const Config& c) {
   return int(c.training.global_batch_size / per_step);
 }
 
+// The trainer's schedule of stage pp_rank: the configured one, interleaved with model chunks.
 std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
-  return make_schedule(parse_schedule(c.parallel.pipeline_schedule), c.parallel.pipeline_model_parallel_size,
-                       pp_rank, num_microbatches(c));
+  const int v = model_chunks(c);
+  const ScheduleKind kind = v > 1 ? ScheduleKind::Interleaved1F1B : parse_schedule(c.parallel.pipeline_schedule);
+  return make_schedule(kind, c.parallel.pipeline_model_parallel_size, pp_rank, num_microbatches(c), v);
 }
 
 double mib(int64_t bytes) { return double(bytes) / 1048576.0; }
@@ -59,15 +62,21 @@ void check_plannable(const Config& c) {
 StageMemory stage_memory(const Config& cfg, int pp_rank) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
-  const GPTDims d = make_dims(cfg, tp, 0, pp, pp_rank);  // every TP rank of a stage holds the same sizes
-  const ParamLayout layout = make_param_layout(d);
+  // every TP rank of a stage holds the same sizes
+  const std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
+  const ParamLayout layout = make_rank_layout(chunks);
   const DType dtype = compute_dtype(cfg);
   const int64_t B = cfg.training.micro_batch_size;
+  const std::vector<Action> schedule = stage_schedule(cfg, pp_rank);
+  std::vector<int> slots = max_in_flight_per_chunk(schedule);  // the trainer's: at least 1 per chunk
+  slots.resize(chunks.size(), 0);
+  for (int& s : slots) s = std::max(1, s);
+  const bool split = cfg.parallel.pipeline_schedule == "zb-h1";
 
   StageMemory m;
   m.stage = pp_rank;
-  m.layers = d.layer_end - d.layer_begin;
-  m.in_flight = max_in_flight(stage_schedule(cfg, pp_rank));
+  m.layers = int64_t(rank_layers(chunks).size());
+  m.in_flight = max_in_flight(schedule);
   for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
   // The distributed optimizer (parallel/grad_sync.h): the buffers padded to its blocks; fp32 master
   // weights (bf16 / fp16 runs) and Adam moments only for this DP rank's 1/DP of them
@@ -79,16 +88,22 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   m.weight_bytes = dtype == DType::F32 ? buffer * 4 : dtype_size(buffer, dtype) + owned * 4;
   m.gradient_bytes = buffer * 4;
   m.optimizer_bytes = owned * 8;
-  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
-    m.activation_and_workspace_by_mode[int(r)] =
-        activation_bytes_per_microbatch(d, B, r, dtype) * m.in_flight + scratch_bytes(d, B, r, dtype);
+  // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
+  // gradients the deferred weight gradients read) and its own scratch.
   const Recompute mode = parse_recompute(cfg.training.recompute);
-  m.activation_bytes = activation_bytes_per_microbatch(d, B, mode, dtype) * m.in_flight;
-  m.workspace_bytes = scratch_bytes(d, B, mode, dtype);
-  // The trainer's buffers: per in-flight slot a received activation and a received gradient
-  // (B*S*C, or this TP rank's B*S*C/tp with sequence parallelism).
-  if (pp > 1) m.buffer_bytes += 2 * m.in_flight * dtype_size(stage_message_elements(d, B), dtype);
-  m.buffer_bytes += 2 * B * d.S * 4;  // tokens, targets (int32)
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const GPTDims& d = chunks[c];
+    const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+      m.activation_and_workspace_by_mode[int(r)] +=
+          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, r, dtype);
+    m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * slots[c];
+    m.workspace_bytes += scratch_bytes(d, B, mode, dtype);
+    // The trainer's buffers: per slot a received activation and a received gradient (B*S*C, or this
+    // TP rank's B*S*C/tp with sequence parallelism).
+    if (pp > 1) m.buffer_bytes += 2 * slots[c] * dtype_size(stage_message_elements(d, B), dtype);
+  }
+  m.buffer_bytes += 2 * B * chunks.front().S * 4;  // tokens, targets (int32)
   return m;
 }
 
@@ -119,70 +134,6 @@ double iteration_model_flops(const Config& c, int64_t padded_vocab) {
   double B = c.training.global_batch_size, s = c.model.seq_length, l = c.model.num_layers,
          h = c.model.hidden_size, V = double(padded_vocab);
   return 72.0 * B * s * l * h * h * (1.0 + s / (12.0 * h) + V / (12.0 * l * h));
-}
-
-double ScheduleTiming::bubble_fraction() const {
-  double worst = 0;
-  for (double b : busy) worst = std::max(worst, makespan > 0 ? 1.0 - b / makespan : 0.0);
-  return worst;
-}
-
-ScheduleTiming time_schedule(const std::vector<std::vector<Action>>& lists, const std::vector<double>& fwd,
-                             const std::vector<double>& bwd, double p2p_time) {
-  const int P = int(lists.size());
-  TPT_CHECK(int(fwd.size()) == P && int(bwd.size()) == P);
-  ScheduleTiming t;
-  t.busy.assign(size_t(P), 0.0);
-  std::vector<double> now(size_t(P), 0.0);
-  std::vector<size_t> pc(size_t(P), 0);
-  std::vector<bool> posted(size_t(P), false);
-  // Post times of each side of each message: (activation?, receiving stage, micro-batch) -> time.
-  using Key = std::tuple<bool, int, int>;
-  std::map<Key, double> send_post, recv_post;
-  for (;;) {
-    bool progress = false, done = true;
-    for (int s = 0; s < P; ++s) {
-      const auto& L = lists[size_t(s)];
-      while (pc[size_t(s)] < L.size()) {
-        const Action& a = L[pc[size_t(s)]];
-        if (a.kind != Action::Kind::Comm) {
-          const double c = a.kind == Action::Kind::Forward ? fwd[size_t(s)] : bwd[size_t(s)];
-          now[size_t(s)] += c;
-          t.busy[size_t(s)] += c;
-        } else {
-          // (my side's map, key) of every message in the action
-          std::vector<std::pair<bool, Key>> msgs;  // first: I am the sender
-          if (a.send_fwd >= 0) msgs.push_back({true, Key{true, s + 1, a.send_fwd}});
-          if (a.recv_fwd >= 0) msgs.push_back({false, Key{true, s, a.recv_fwd}});
-          if (a.send_bwd >= 0) msgs.push_back({true, Key{false, s - 1, a.send_bwd}});
-          if (a.recv_bwd >= 0) msgs.push_back({false, Key{false, s, a.recv_bwd}});
-          if (!posted[size_t(s)]) {
-            for (const auto& [sender, k] : msgs) (sender ? send_post : recv_post)[k] = now[size_t(s)];
-            posted[size_t(s)] = true;
-            progress = true;
-          }
-          double end = now[size_t(s)];
-          bool ready = true;
-          for (const auto& [sender, k] : msgs) {
-            const auto& other = sender ? recv_post : send_post;
-            auto it = other.find(k);
-            if (it == other.end()) ready = false;
-            else end = std::max(end, it->second);
-          }
-          if (!ready) break;
-          now[size_t(s)] = end + (msgs.empty() ? 0.0 : p2p_time);
-          posted[size_t(s)] = false;
-        }
-        ++pc[size_t(s)];
-        progress = true;
-      }
-      if (pc[size_t(s)] < L.size()) done = false;
-    }
-    if (done) break;
-    if (!progress) internal_error("time_schedule: the schedule deadlocks (simulate() should have caught it)");
-  }
-  for (double x : now) t.makespan = std::max(t.makespan, x);
-  return t;
 }
 
 namespace {
@@ -340,8 +291,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   for (int s = 0; s < P; ++s) lists.push_back(stage_schedule(cfg, s));
   const std::string err = simulate(lists);
   if (!err.empty()) internal_error("plan: the pipeline schedule does not simulate: " + err);
-  plan.bubble_fraction =
-      time_schedule(lists, std::vector<double>(size_t(P), 1.0), std::vector<double>(size_t(P), 2.0)).bubble_fraction();
+  plan.bubble_fraction = time_pipeline(lists, 1.0, 1.0, 1.0).bubble_fraction();  // backward = B + W = 2
   plan.bubble_fraction_analytic = double(P - 1) / double(M + P - 1);
   // 1F1B, interleaved (v = 2) and ZB-H1 side by side on this grid (parallel/schedule.h), with unit
   // costs F = B = W = 1 for a stage's share of the layers
@@ -412,7 +362,10 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     // check of the gradients (~16 B); the compute copy's refresh (6 B): ~50 B per element.
     plan.optimizer_time_s = std::max(plan.optimizer_time_s, double(owned) * 50.0 / (o.hbm_gbps * 1e9));
   }
-  plan.pipeline_time_s = time_schedule(lists, fwd, bwd, P > 1 ? double(message) / pp_bw : 0.0).makespan;
+  // a backward's time as B + W, half each (W: the weight GEMMs, half of the backward's FLOPs)
+  std::vector<double> half(bwd);
+  for (double& x : half) x /= 2;
+  plan.pipeline_time_s = time_pipeline(lists, fwd, half, half, P > 1 ? double(message) / pp_bw : 0.0).makespan;
   plan.dp_time_s = dp_time;
   plan.step_time_s = plan.pipeline_time_s + plan.dp_time_s + plan.optimizer_time_s;
   plan.tokens_per_s = double(cfg.training.global_batch_size) * cfg.model.seq_length / plan.step_time_s;

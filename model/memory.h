@@ -70,17 +70,6 @@ int64_t total_parameters(const Config& cfg);
 // 72 B s l h^2 (1 + s/(12h) + V/(12 l h)), B = global batch, V = padded vocabulary.
 double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
 
-// Timed run of every stage's action list (rendezvous semantics as in simulate()): a compute action
-// takes its stage's forward / backward cost, a Comm action completes when every message in it has
-// its counterpart posted, plus `p2p_time` if it carries data.
-struct ScheduleTiming {
-  double makespan = 0;
-  std::vector<double> busy;            // compute time per stage
-  double bubble_fraction() const;      // max over stages of 1 - busy / makespan
-};
-ScheduleTiming time_schedule(const std::vector<std::vector<Action>>& stages, const std::vector<double>& forward_cost,
-                             const std::vector<double>& backward_cost, double p2p_time = 0.0);
-
 struct PlanOptions {
   int world_size = 0;                  // 0: TP * PP * (data_parallel_size or 1)
   double device_memory_gib = 80;

@@ -23,10 +23,27 @@ class Comm {
   // in (size * n) summed over ranks; this rank keeps block `rank` in out (n). out may be in + rank * n.
   virtual void reduce_scatter(float* out, const float* in, int64_t n) = 0;
   virtual void broadcast(float* buf, int64_t n, int root) = 0;
-  // A matched pair: send to `peer`, receive from `peer`; either may be empty (n = 0).
-  // Non-blocking underneath; returns when both have completed.
-  virtual void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf,
-                         int64_t recv_n, int recv_peer) = 0;
+  // One point-to-point message of an exchange: `n` floats sent from / received into `buf`, to / from
+  // `peer`; tag: which stream it belongs to (the pipeline's activations 0, gradients 1).
+  struct Message {
+    bool send = false;
+    float* buf = nullptr;
+    int64_t n = 0;
+    int peer = -1;
+    int tag = 0;
+  };
+  // Posts every message at once (non-blocking underneath) and returns when all have completed.
+  // Messages between two ranks pair up in posting order per tag (NCCL has no tags: there per peer,
+  // which the pipeline's schedules respect -- parallel/schedule.h simulate checks it).
+  virtual void exchange(const std::vector<Message>& messages) = 0;
+  // A matched pair: send to `send_peer`, receive from `recv_peer`; either may be empty (n = 0).
+  void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
+                 int recv_peer) {
+    std::vector<Message> m;
+    if (send_n > 0) m.push_back({true, const_cast<float*>(send_buf), send_n, send_peer, 0});
+    if (recv_n > 0) m.push_back({false, recv_buf, recv_n, recv_peer, 0});
+    exchange(m);
+  }
   virtual void barrier() = 0;
 
   // Non-blocking collectives (the DP gradient buckets; the distributed optimizer's parameter

@@ -61,16 +61,19 @@ class MpiComm final : public Comm {
     for (int64_t off = 0; off < n; off += kChunk)
       check(MPI_Bcast(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, root, comm_), "Bcast");
   }
-  void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
-                 int recv_peer) override {
-    TPT_CHECK(send_n <= INT_MAX && recv_n <= INT_MAX);
-    MPI_Request req[2];
-    int k = 0;
-    if (recv_n > 0) check(MPI_Irecv(recv_buf, int(recv_n), MPI_FLOAT, recv_peer, 0, comm_, &req[k++]), "Irecv");
-    if (send_n > 0)
-      check(MPI_Isend(send_buf, int(send_n), MPI_FLOAT, send_peer, 0, comm_, &req[k++]), "Isend");
-    CommWait w("a pipeline send/receive", "world ranks " + peer_list(send_n > 0 ? send_peer : -1, recv_n > 0 ? recv_peer : -1));
-    if (k) check(MPI_Waitall(k, req, MPI_STATUSES_IGNORE), "Waitall");
+  void exchange(const std::vector<Message>& messages) override {
+    std::vector<MPI_Request> req;
+    int send_peer = -1, recv_peer = -1;
+    for (int pass = 0; pass < 2; ++pass)  // receives posted first
+      for (const Message& m : messages) {
+        if (m.n <= 0 || m.send != (pass == 1)) continue;
+        TPT_CHECK(m.n <= INT_MAX);
+        req.emplace_back();
+        if (m.send) check(MPI_Isend(m.buf, int(m.n), MPI_FLOAT, m.peer, m.tag, comm_, &req.back()), "Isend"), send_peer = m.peer;
+        else check(MPI_Irecv(m.buf, int(m.n), MPI_FLOAT, m.peer, m.tag, comm_, &req.back()), "Irecv"), recv_peer = m.peer;
+      }
+    CommWait w("a pipeline send/receive", "world ranks " + peer_list(send_peer, recv_peer));
+    if (!req.empty()) check(MPI_Waitall(int(req.size()), req.data(), MPI_STATUSES_IGNORE), "Waitall");
   }
   void barrier() override {
     CommWait w("barrier", peers_);

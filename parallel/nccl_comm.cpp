@@ -33,8 +33,8 @@ class DeviceSelfComm final : public Comm {
   void all_gather(float* out, const float* in, int64_t n) override { copy(out, in, n); }
   void reduce_scatter(float* out, const float* in, int64_t n) override { copy(out, in, n); }
   void broadcast(float*, int64_t, int) override {}
-  void send_recv(const float*, int64_t send_n, int, float*, int64_t recv_n, int) override {
-    if (send_n || recv_n) internal_error("send/recv within a group of one rank");
+  void exchange(const std::vector<Message>& m) override {
+    if (!m.empty()) internal_error("send/recv within a group of one rank");
   }
   void barrier() override { cuda::stream_wait(cuda::compute_stream()); }
 
@@ -113,17 +113,22 @@ class NcclComm final : public Comm {
   void broadcast(float* buf, int64_t n, int root) override {
     if (n > 0) check(ncclBroadcast(buf, buf, size_t(n), ncclFloat, root, comm(), stream_), "ncclBroadcast");
   }
-  // One group: the group is closed whatever fails inside it, and only then is a failure reported.
-  void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
-                 int recv_peer) override {
-    if (send_n <= 0 && recv_n <= 0) return;
+  // One group, messages in the given order (NCCL pairs a peer's sends and receives in order; it has
+  // no tags). The group is closed whatever fails inside it, and only then is a failure reported.
+  void exchange(const std::vector<Message>& messages) override {
+    if (messages.empty()) return;
     check(ncclGroupStart(), "ncclGroupStart");
-    ncclResult_t send = ncclSuccess, recv = ncclSuccess;
-    if (send_n > 0) send = ncclSend(send_buf, size_t(send_n), ncclFloat, send_peer, comm(), stream_);
-    if (recv_n > 0 && !failed(send)) recv = ncclRecv(recv_buf, size_t(recv_n), ncclFloat, recv_peer, comm(), stream_);
+    ncclResult_t r = ncclSuccess;
+    const char* what = "";
+    for (const Message& m : messages) {
+      if (m.n <= 0) continue;
+      r = m.send ? ncclSend(m.buf, size_t(m.n), ncclFloat, m.peer, comm(), stream_)
+                 : ncclRecv(m.buf, size_t(m.n), ncclFloat, m.peer, comm(), stream_);
+      what = m.send ? "ncclSend" : "ncclRecv";
+      if (failed(r)) break;
+    }
     const ncclResult_t end = ncclGroupEnd();
-    if (failed(send)) check(send, "ncclSend");
-    if (failed(recv)) check(recv, "ncclRecv");
+    if (failed(r)) check(r, what);
     check(end, "ncclGroupEnd");
   }
   void barrier() override {

@@ -11,13 +11,16 @@
 
 namespace tpt {
 
+// What the executor calls: compute on micro-batch mb of the rank's model chunk (0 with one chunk per
+// rank), and the message buffers, as 4-byte words.
 struct StageHooks {
-  std::function<void(int mb)> forward;
-  std::function<void(int mb)> backward;
-  std::function<const float*(int mb)> activation_out;  // valid after forward(mb)
-  std::function<float*(int mb)> activation_in;         // where to receive mb's input activation
-  std::function<const float*(int mb)> grad_out;        // valid right after backward(mb)
-  std::function<float*(int mb)> grad_in;               // where to receive mb's output gradient
+  std::function<void(int mb, int chunk)> forward;
+  std::function<void(int mb, int chunk)> backward;         // full backward, or ZB-H1's B
+  std::function<void(int mb, int chunk)> backward_weight;  // ZB-H1's W (lists with BackwardWeight)
+  std::function<const float*(int mb, int chunk)> activation_out;  // valid after forward(mb, chunk)
+  std::function<float*(int mb, int chunk)> activation_in;         // where to receive the chunk's input activation
+  std::function<const float*(int mb, int chunk)> grad_out;        // valid after backward(mb, chunk) until the next backward of the chunk
+  std::function<float*(int mb, int chunk)> grad_in;               // where to receive the chunk's output gradient
   std::function<void(const Action&, double t0_us, double t1_us)> on_action;  // optional: tracing
 };
 
@@ -26,6 +29,9 @@ double schedule_clock_us();
 
 // message_floats: 4-byte words of one activation (= one gradient) message: B * S * C values of the
 // compute dtype (words_of in core/ops.h; the hooks return the stored tensors as float pointers).
+// A Comm action's messages go out as one exchange: activations with tag 0, gradients with tag 1, in
+// the order send_fwd, send_bwd, recv_fwd, recv_bwd (with 2 stages both streams join the same two
+// ranks; NCCL pairs them by that order).
 void execute_schedule(const std::vector<Action>& actions, Comm& pp, int64_t message_floats,
                       const StageHooks& hooks);
 

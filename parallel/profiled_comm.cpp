@@ -24,10 +24,10 @@ class ProfiledComm final : public Comm {
   void broadcast(float* buf, int64_t n, int root) override {
     timed("broadcast", 4.0 * double(n), [&] { in_.broadcast(buf, n, root); });
   }
-  void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
-                 int recv_peer) override {
-    timed("send/recv (with waiting)", 4.0 * double(send_n + recv_n),
-          [&] { in_.send_recv(send_buf, send_n, send_peer, recv_buf, recv_n, recv_peer); });
+  void exchange(const std::vector<Message>& m) override {
+    double words = 0;
+    for (const Message& x : m) words += double(x.n);
+    timed("send/recv (with waiting)", 4.0 * words, [&] { in_.exchange(m); });
   }
   void barrier() override {
     timed("barrier", 0, [&] { in_.barrier(); });

@@ -19,8 +19,8 @@ class SelfComm final : public Comm {
     if (out != in) std::copy(in, in + n, out);
   }
   void broadcast(float*, int64_t, int) override {}
-  void send_recv(const float*, int64_t send_n, int, float*, int64_t recv_n, int) override {
-    if (send_n || recv_n) internal_error("send/recv within a group of one rank");
+  void exchange(const std::vector<Message>& m) override {
+    if (!m.empty()) internal_error("send/recv within a group of one rank");
   }
   void barrier() override {}
 };

@@ -33,7 +33,7 @@ struct Abort {
 class Group {
  public:
   Group(int size, const Abort& abort)
-      : size_(size), abort_(abort), published_(size_t(size)), mail_(size_t(size) * size_t(size)) {}
+      : size_(size), abort_(abort), published_(size_t(size)), mail_(size_t(size) * size_t(size) * kTags) {}
   int size() const { return size_; }
 
   // Returns when every member has arrived (a generation barrier); throws if a rank failed.
@@ -54,21 +54,27 @@ class Group {
     return static_cast<const T*>(published_[size_t(rank)]);
   }
 
-  void post(int from, int to, std::vector<char> message) {
+  // One mailbox per (sender, receiver, tag): messages of a tag arrive in posting order.
+  static constexpr int kTags = 2;
+  void post(int from, int to, int tag, std::vector<char> message) {
     std::lock_guard<std::mutex> lock(mutex_);
-    mail_[size_t(from * size_ + to)].push_back(std::move(message));
+    mail_[box(from, to, tag)].push_back(std::move(message));
     cv_.notify_all();
   }
-  std::vector<char> take(int from, int to) {
+  std::vector<char> take(int from, int to, int tag) {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto& box = mail_[size_t(from * size_ + to)];
-    while (box.empty()) wait(lock);
-    std::vector<char> m = std::move(box.front());
-    box.pop_front();
+    auto& mail = mail_[box(from, to, tag)];
+    while (mail.empty()) wait(lock);
+    std::vector<char> m = std::move(mail.front());
+    mail.pop_front();
     return m;
   }
 
  private:
+  size_t box(int from, int to, int tag) const {
+    TPT_CHECK(tag >= 0 && tag < kTags);
+    return size_t((from * size_ + to) * kTags + tag);
+  }
   void wait(std::unique_lock<std::mutex>& lock) {
     cv_.wait_for(lock, std::chrono::milliseconds(20));
     if (abort_.set.load()) internal_error("another rank of this threads-as-ranks run failed");
@@ -140,21 +146,23 @@ class ThreadComm final : public Comm {
   void broadcast(float* buf, int64_t n, int root) override {
     collective(buf, buf, n, [&](float* result) { std::copy_n(g_->published<float>(root), n, result); });
   }
-  void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
-                 int recv_peer) override {
-    if (send_n > 0) {
-      std::vector<char> m(size_t(send_n) * sizeof(float));
-      std::memcpy(m.data(), send_buf, m.size());
-      g_->post(rank_, send_peer, std::move(m));
-    }
-    if (recv_n > 0) {
-      const std::vector<char> m = g_->take(recv_peer, rank_);
-      if (m.size() != size_t(recv_n) * sizeof(float))
-        internal_error("send/recv: rank " + std::to_string(rank_) + " expected " + std::to_string(recv_n) +
-                       " words from rank " + std::to_string(recv_peer) + ", which sent " +
-                       std::to_string(m.size() / sizeof(float)));
-      std::memcpy(recv_buf, m.data(), m.size());
-    }
+  // Sends first (posting never blocks), then each receive in turn.
+  void exchange(const std::vector<Message>& messages) override {
+    for (const Message& m : messages)
+      if (m.send && m.n > 0) {
+        std::vector<char> bytes(size_t(m.n) * sizeof(float));
+        std::memcpy(bytes.data(), m.buf, bytes.size());
+        g_->post(rank_, m.peer, m.tag, std::move(bytes));
+      }
+    for (const Message& m : messages)
+      if (!m.send && m.n > 0) {
+        const std::vector<char> bytes = g_->take(m.peer, rank_, m.tag);
+        if (bytes.size() != size_t(m.n) * sizeof(float))
+          internal_error("send/recv: rank " + std::to_string(rank_) + " expected " + std::to_string(m.n) +
+                         " words from rank " + std::to_string(m.peer) + ", which sent " +
+                         std::to_string(bytes.size() / sizeof(float)));
+        std::memcpy(m.buf, bytes.data(), bytes.size());
+      }
   }
   void barrier() override { g_->arrive(); }
   // Deferred to the wait: the collective reads its buffer as late as an asynchronous one may, so a
@@ -217,11 +225,17 @@ class StagedDeviceComm final : public Comm {
     host_->broadcast(h.data(), n, root);
     to_device(buf, h);
   }
-  void send_recv(const float* send_buf, int64_t send_n, int send_peer, float* recv_buf, int64_t recv_n,
-                 int recv_peer) override {
-    std::vector<float> s = to_host(send_buf, send_n), r(size_t(std::max<int64_t>(recv_n, 0)));
-    host_->send_recv(s.data(), send_n, send_peer, r.data(), recv_n, recv_peer);
-    to_device(recv_buf, r);
+  void exchange(const std::vector<Message>& messages) override {
+    std::vector<std::vector<float>> host(messages.size());
+    std::vector<Message> staged = messages;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      host[i] = messages[i].send ? to_host(messages[i].buf, messages[i].n)
+                                 : std::vector<float>(size_t(std::max<int64_t>(messages[i].n, 0)));
+      staged[i].buf = host[i].data();
+    }
+    host_->exchange(staged);
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (!messages[i].send) to_device(messages[i].buf, host[i]);
   }
   void barrier() override {
     cuda::stream_wait(cuda::compute_stream());

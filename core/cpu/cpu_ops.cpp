@@ -161,7 +161,6 @@ class CpuOps final : public Ops {
                        int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     const float* dy = in(dout, N * O, 0);
-    const float* x = in(inp, N * I, 1);
     if (dinp) {
       const float* wf = in(w, O * I, 2);
       float* dx = accumulate_dinp ? load(dinp, N * I, 3) : out_f32(dinp, N * I, 3);
@@ -174,7 +173,8 @@ class CpuOps final : public Ops {
       }
       store(dinp, dx, N * I);
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
+    if (dw)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, in(inp, N * I, 1), I, 1.0f, dw, I);
     if (dbias) add_column_sums(dbias, dy, N, O);
   }
 

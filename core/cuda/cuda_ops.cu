@@ -277,7 +277,7 @@ class CudaOps final : public Ops {
                        int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     if (N <= 0) return;
     const DType t = dout.t;
-    TPT_CHECK(inp.t == t && (!dinp || (dinp.t == t && w.t == t)) && (!gelu_pre || gelu_pre.t == t));
+    TPT_CHECK((!dw || inp.t == t) && (!dinp || (dinp.t == t && w.t == t)) && (!gelu_pre || gelu_pre.t == t));
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     if (dinp && I > 0) {  // dinp (N, I) = / += dout (N, O) @ w (O, I)
       const Operand A{dout.p, O}, B{w.p, I};
@@ -293,6 +293,10 @@ class CudaOps final : public Ops {
       }
     }
     if (O <= 0) return;
+    if (!dw) {  // no weight gradient (ZB-H1's B): only the bias's, as the fallback below computes it
+      if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
+      return;
+    }
     // dw (O, I) += dout^T (O, N) @ inp (N, I), into the fp32 gradient; dbias (O) += row sums of dout^T
     const Operand A{dout.p, O, true}, B{inp.p, I};
     if (dbias && opt_.gemm_epilogues && I > 0) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Inconsistent grids fail fast on every rank with exit 2 and the reason, before any collective.
+# Inconsistent grids (and pipeline chunkings) fail fast on every rank with exit 2 and the reason, before any collective.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -27,5 +27,16 @@ check layers_not_divisible 3 "num_layers" --set parallel.pipeline_model_parallel
 check dp_inconsistent 4 "data_parallel_size" --set parallel.tensor_model_parallel_size=2 --set parallel.data_parallel_size=3
 check batch_not_divisible 4 "global_batch_size" --set training.global_batch_size=6
 check ffn_not_divisible 2 "ffn_hidden_size" --set parallel.tensor_model_parallel_size=2 --set model.ffn_hidden_size=99
+# the interleaved schedule's model chunks (parallel.virtual_pipeline_model_parallel_size)
+V=parallel.virtual_pipeline_model_parallel_size
+check chunks_layers_not_divisible 2 "num_layers.*$V" --set parallel.pipeline_model_parallel_size=2 --set $V=3
+check chunks_without_pp 1 "$V.*pipeline_model_parallel_size > 1" --set $V=2
+check chunks_with_zb 2 "$V.*pipeline_schedule: 1f1b" --set parallel.pipeline_model_parallel_size=2 --set $V=2 \
+  --set parallel.pipeline_schedule=zb-h1
+check chunks_microbatches 2 "multiple of parallel.pipeline_model_parallel_size" --set parallel.pipeline_model_parallel_size=2 \
+  --set $V=2 --set training.global_batch_size=6
+check zb_full_recompute 2 "zb-h1.*training.recompute: full" --set parallel.pipeline_model_parallel_size=2 \
+  --set parallel.pipeline_schedule=zb-h1 --set training.recompute=full
+check chunks_zero 2 "$V: must be >= 1" --set parallel.pipeline_model_parallel_size=2 --set $V=0
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

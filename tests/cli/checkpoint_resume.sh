@@ -5,7 +5,8 @@
 # the uninterrupted run; fp16 resumes exactly too (loss scaler), and bf16 at TP2 x PP2 x DP2; bf16 and
 # fp32 checkpoints resume in the other precision within 5e-3; with the distributed optimizer (every
 # DP rank saves its blocks) resume is bitwise and its checkpoints load without it and vice versa;
-# keep_last keeps the newest checkpoints.
+# checkpoints load across schedules and model chunkings (interleaved, zb-h1, 1F1B); keep_last
+# keeps the newest checkpoints.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
@@ -86,6 +87,20 @@ run 4 1 4 cross_pp4 --set checkpoint.load="$W/ck8" &&
   compare "$W/straight8.jsonl" "$W/cross_pp4.jsonl" 1e-5 "saved TP2xPP2xDP2, resumed at TP1xPP4xDP1 (1e-5)"
 # and against the one-rank straight run too (layouts agree to 1e-5 among themselves)
 compare "$W/straight1.jsonl" "$W/cross_tp4_dp2.jsonl" 1e-5 "TP4xPP1xDP2 resume vs the 1-rank straight run (1e-5)"
+
+# --- schedules and model chunks: layers keep their global index, so a checkpoint saved with the
+# interleaved schedule (PP2, 2 chunks per rank: layers {0, 2} and {1, 3}) resumes on 1 rank and
+# with zb-h1, and one saved with 1F1B resumes interleaved
+IL=(--set parallel.virtual_pipeline_model_parallel_size=2)
+run 2 1 2 first_il "${IL[@]}" --set training.train_iters=8 --set training.micro_batch_size=8 --set checkpoint.save="$W/ckil" &&
+  run 2 1 2 resume_il "${IL[@]}" --set training.micro_batch_size=8 --set checkpoint.load="$W/ckil" &&
+  compare "$W/straight1.jsonl" "$W/resume_il.jsonl" 1e-5 "interleaved PP2 x 2 chunks: 8 + resume 8 vs the 1-rank straight run (1e-5)"
+run 1 1 1 cross_il_to_1 --set checkpoint.load="$W/ckil" --set training.micro_batch_size=16 &&
+  compare "$W/straight1.jsonl" "$W/cross_il_to_1.jsonl" 1e-5 "saved interleaved PP2 x 2 chunks, resumed at 1 rank (1e-5)"
+run 2 1 2 cross_il_to_zb --set checkpoint.load="$W/ckil" --set training.micro_batch_size=8 --set parallel.pipeline_schedule=zb-h1 &&
+  compare "$W/straight1.jsonl" "$W/cross_il_to_zb.jsonl" 1e-5 "saved interleaved PP2 x 2 chunks, resumed with zb-h1 at PP2 (1e-5)"
+run 4 1 2 cross_1f1b_to_il --set checkpoint.load="$W/ck8" "${IL[@]}" --set training.micro_batch_size=4 &&
+  compare "$W/straight8.jsonl" "$W/cross_1f1b_to_il.jsonl" 1e-5 "saved TP2xPP2xDP2 (1F1B), resumed interleaved at PP2 x 2 chunks x DP2 (1e-5)"
 
 # --- bf16 (16-bit compute copy; the checkpoint holds the fp32 master weights): bitwise resume at
 # TP2xPP2xDP2, and checkpoints load across precisions (fp32 <-> bf16) within bf16's tolerance

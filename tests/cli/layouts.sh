@@ -4,7 +4,7 @@
 # the final parameters (saved, then exported to one full HF file) within 1e-5 of the one-rank run's.
 # DP runs sum their gradients in buckets overlapped with backward (one per layer in some runs), or
 # in one all-reduce after the pipeline; with the distributed optimizer they reduce-scatter them and
-# all-gather the parameters.
+# all-gather the parameters. The interleaved and zb-h1 schedules train identically too.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -30,9 +30,10 @@ run() {  # name np tp pp mbs [schedule ["section.key=value ..."]]
       || ! "$TPTRAIN" export --checkpoint "$W/ckpt_$name" --output "$W/hf_$name" >> "$W/$name.log" 2>&1; then
     echo "FAIL $name: tptrain exited non-zero"; tail -20 "$W/$name.log"; fail=$((fail+1)); return
   fi
-  if [ "$name" = single ]; then pass=$((pass+1)); echo "ok   single (reference run)"; return; fi
-  if out=$($PYTHON "$TPTRAIN_SRC/tests/tools/compare_runs.py" "$W/single.jsonl" "$W/$name.jsonl" --rel 1e-5 &&
-           $PYTHON "$TPTRAIN_SRC/tests/tools/compare_params.py" "$W/hf_single/model.safetensors" \
+  if [ "$name" = "${REF:-single}" ]; then pass=$((pass+1)); echo "ok   $name (reference run)"; return; fi
+  local ref=${REF:-single}
+  if out=$($PYTHON "$TPTRAIN_SRC/tests/tools/compare_runs.py" "$W/$ref.jsonl" "$W/$name.jsonl" --rel 1e-5 &&
+           $PYTHON "$TPTRAIN_SRC/tests/tools/compare_params.py" "$W/hf_$ref/model.safetensors" \
              "$W/hf_$name/model.safetensors" --rel 1e-5); then
     echo "ok   $name (np $np: TP $tp x PP $pp, micro-batch $mbs, $sched ${7:-})"; pass=$((pass+1))
   else
@@ -72,5 +73,15 @@ else echo "FAIL single_distopt: no warning about DP 1"; fail=$((fail+1)); fi
 run dp4_distopt_overlap 4 1 1 4 1f1b "parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 parallel.overlap_param_gather=true"
 run pp2_dp2_distopt 4 1 2 2 1f1b parallel.distributed_optimizer=true  # the tied embedding summed before the reduce-scatter
 run tp2_pp2_dp2_distopt_sp 8 2 2 2 1f1b "parallel.distributed_optimizer=true parallel.sequence_parallel=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1 parallel.overlap_param_gather=true"
+# pipeline schedules beyond 1F1B (parallel/schedule.h): interleaved 1F1B (model chunks per rank:
+# PP 2 x 2 chunks of 1 layer; PP 4 x 2 chunks on 8 layers) and zb-h1 (B and W apart), also with
+# TP 2 x DP 2 and per-layer DP buckets (started by the last micro-batch's W with zb-h1)
+run pp2_v2 2 1 2 2 1f1b parallel.virtual_pipeline_model_parallel_size=2
+run tp2_pp2_dp2_v2 8 2 2 2 1f1b "parallel.virtual_pipeline_model_parallel_size=2 parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"
+run pp2_zb 2 1 2 2 zb-h1
+run pp4_zb 4 1 4 2 zb-h1
+run tp2_pp2_dp2_zb 8 2 2 2 zb-h1 "parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"
+REF=single8 run single8 1 1 1 8 1f1b model.num_layers=8
+REF=single8 run pp4_v2_8layers 4 1 4 2 1f1b "model.num_layers=8 parallel.virtual_pipeline_model_parallel_size=2"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mixed precision and activation recompute (issue 5):
 #  - bf16 / fp16 at 1 rank and TP2 x PP2 x DP2 (bf16 also with sequence parallelism) stay within 2e-2
-#    of the fp32 loss at every step (24 steps);
+#    of the fp32 loss at every step (24 steps); the interleaved and zb-h1 schedules give 1F1B's bf16 losses;
 #  - fp16 driven into overflow: exactly the overflowing steps are skipped, the scale halves after the
 #    hysteresis, parameters do not change on a skipped step, training recovers;
 #  - recompute none / selective / full give bitwise-identical fp32 losses (1 rank and 3D, also with
@@ -68,6 +68,15 @@ sys.exit(0 if d <= 2e-3 else 1)
 PYEOF
 then ok "bf16 with sequence parallelism within 2e-3 of bf16 without it (8 ranks)"
 else bad "bf16 with / without sequence parallelism"; fi
+# pipeline schedules in bf16: with the same TP x DP the roundings are 1F1B's, so the interleaved
+# schedule (2 chunks per rank) and zb-h1 (B and W apart) give the 3D bf16 run's losses to 1e-5
+for s in il zb; do
+  if [ $s = il ]; then run bf16_8_$s 8 --set training.precision=bf16 "${D3[@]}" --set parallel.virtual_pipeline_model_parallel_size=2
+  else run bf16_8_$s 8 --set training.precision=bf16 "${D3[@]}" --set parallel.pipeline_schedule=zb-h1; fi
+  if $PY "$TPTRAIN_SRC/tests/tools/compare_runs.py" "$W/bf16_8.jsonl" "$W/bf16_8_$s.jsonl" --rel 1e-5 --min-iters 20; then
+    ok "bf16 on 8 ranks, schedule $s: the 1F1B run's losses (1e-5)"
+  else bad "bf16 on 8 ranks, schedule $s"; fi
+done
 
 # fp16 overflow: every iteration sees the same 16 samples (train data of exactly one global batch,
 # no shuffle), so a skipped step must repeat the previous loss exactly.

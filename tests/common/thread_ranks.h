@@ -92,9 +92,7 @@ class BucketRaceChecker final : public Comm {
   void all_gather(float* o, const float* i, int64_t n) override { in_.all_gather(o, i, n); }
   void reduce_scatter(float* o, const float* i, int64_t n) override { in_.reduce_scatter(o, i, n); }
   void broadcast(float* b, int64_t n, int root) override { in_.broadcast(b, n, root); }
-  void send_recv(const float* s, int64_t sn, int sp, float* r, int64_t rn, int rp) override {
-    in_.send_recv(s, sn, sp, r, rn, rp);
-  }
+  void exchange(const std::vector<Message>& m) override { in_.exchange(m); }
   void barrier() override { in_.barrier(); }
   int64_t start_all_reduce(float* buf, int64_t n) override {
     snapshot(buf, buf, n, -1);

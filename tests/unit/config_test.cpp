@@ -225,7 +225,7 @@ TEST(ConfigErrors, EnumValues) {
     const char* set;
     const char* allowed;
   } cases[] = {
-      {"parallel.pipeline_schedule=interleaved", "1f1b | gpipe"},
+      {"parallel.pipeline_schedule=interleaved", "1f1b | gpipe | zb-h1"},
       {"training.precision=fp8", "fp32 | bf16 | fp16"},
       {"training.recompute=partial", "none | selective | full"},
       {"training.device=tpu", "auto | cpu | cuda"},

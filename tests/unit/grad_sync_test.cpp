@@ -24,7 +24,7 @@ class RecordingComm final : public Comm {
   void all_gather(float*, const float*, int64_t) override {}
   void reduce_scatter(float*, const float*, int64_t) override {}
   void broadcast(float*, int64_t, int) override {}
-  void send_recv(const float*, int64_t, int, float*, int64_t, int) override {}
+  void exchange(const std::vector<Message>&) override {}
   void barrier() override {}
   int64_t start_all_reduce(float* buf, int64_t n) override {
     log.push_back("start " + range(buf, n));
@@ -130,7 +130,7 @@ class LoggingComm final : public Comm {
   void all_gather(float*, const float*, int64_t) override {}
   void reduce_scatter(float*, const float*, int64_t) override {}
   void broadcast(float*, int64_t, int) override {}
-  void send_recv(const float*, int64_t, int, float*, int64_t, int) override {}
+  void exchange(const std::vector<Message>&) override {}
   void barrier() override {}
   int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
     log_.push_back(name_ + " reduce_scatter " + range(out, n) + " of " + range(in, n * size_));

@@ -108,14 +108,12 @@ TEST(Memory, SimulatedBubbleMatchesAnalytic) {
   for (ScheduleKind k : {ScheduleKind::OneFOneB, ScheduleKind::GPipe})
     for (int P = 1; P <= 8; ++P)
       for (int M = 1; M <= 24; M += 3) {
-        const ScheduleTiming t = time_schedule(lists(k, P, M), std::vector<double>(size_t(P), 1.0),
-                                               std::vector<double>(size_t(P), 2.0));
+        const PipelineTiming t = time_pipeline(lists(k, P, M), 1.0, 1.0, 1.0);  // backward = B + W = 2
         EXPECT_DOUBLE_EQ(t.makespan, 3.0 * (M + P - 1)) << "P=" << P << " M=" << M;
         EXPECT_NEAR(t.bubble_fraction(), double(P - 1) / (M + P - 1), 1e-12) << "P=" << P << " M=" << M;
       }
   // a p2p cost of c per message adds 2 (P - 1) c at least (one trip down and back)
-  const ScheduleTiming t = time_schedule(lists(ScheduleKind::OneFOneB, 4, 8), std::vector<double>(4, 1.0),
-                                         std::vector<double>(4, 2.0), 0.25);
+  const PipelineTiming t = time_pipeline(lists(ScheduleKind::OneFOneB, 4, 8), 1.0, 1.0, 1.0, 0.25);
   EXPECT_GE(t.makespan, 3.0 * 11 + 2 * 3 * 0.25);
 }
 

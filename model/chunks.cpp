@@ -1,0 +1,50 @@
+#include "model/chunks.h"
+
+#include <algorithm>
+
+#include "core/config.h"
+
+namespace tpt {
+
+int model_chunks(const Config& cfg) { return std::max(1, cfg.parallel.virtual_pipeline_model_parallel_size); }
+
+std::vector<GPTDims> make_chunk_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
+  const int v = model_chunks(cfg);
+  std::vector<GPTDims> chunks;
+  for (int c = 0; c < v; ++c) chunks.push_back(make_dims(cfg, tp, tp_rank, pp * v, c * pp + pp_rank));
+  return chunks;
+}
+
+ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks) {
+  ParamLayout rank;
+  for (const GPTDims& d : chunks) {
+    ParamLayout chunk = make_param_layout(d);
+    for (ParamInfo& p : chunk.params) {
+      p.offset += rank.total;  // chunk layouts are multiples of the 64-byte tensor alignment
+      rank.params.push_back(std::move(p));
+    }
+    rank.total += chunk.total;
+  }
+  return rank;
+}
+
+std::vector<int64_t> rank_layers(const std::vector<GPTDims>& chunks) {
+  std::vector<int64_t> layers;
+  for (const GPTDims& d : chunks)
+    for (int64_t l = d.layer_begin; l < d.layer_end; ++l) layers.push_back(l);
+  return layers;
+}
+
+std::vector<GradRange> rank_layer_ranges(const ParamLayout& layout, const std::vector<GPTDims>& chunks) {
+  std::vector<GradRange> ranges;
+  for (const GPTDims& d : chunks)
+    for (const GradRange& r : layer_ranges(layout, d)) ranges.push_back(r);
+  return ranges;
+}
+
+int local_layer_index(const std::vector<int64_t>& layers, int64_t l, int64_t num_layers) {
+  if (l >= num_layers) return int(layers.size());
+  return int(std::upper_bound(layers.begin(), layers.end(), l) - layers.begin()) - 1;
+}
+
+}  // namespace tpt
