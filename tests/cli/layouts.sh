@@ -81,7 +81,9 @@ run tp2_pp2_dp2_v2 8 2 2 2 1f1b "parallel.virtual_pipeline_model_parallel_size=2
 run pp2_zb 2 1 2 2 zb-h1
 run pp4_zb 4 1 4 2 zb-h1
 run tp2_pp2_dp2_zb 8 2 2 2 zb-h1 "parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1"
-REF=single8 run single8 1 1 1 8 1f1b model.num_layers=8
+# (the 8-layer reference accumulates the same 8 micro-batches of 2: with micro-batch 8 the fp32
+# parameter drift of the deeper model alone is 1.2e-5 after 10 steps, for 1F1B as for interleaved)
+REF=single8 run single8 1 1 1 2 1f1b model.num_layers=8
 REF=single8 run pp4_v2_8layers 4 1 4 2 1f1b "model.num_layers=8 parallel.virtual_pipeline_model_parallel_size=2"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
