@@ -226,7 +226,8 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   if (!p.schedule_bubbles.empty()) {
     std::printf("schedules compared (simulated, forward = input gradient = weight gradient = 1 unit; bubble / ideal "
                 "time, activation slots on the busiest stage, an interleaved slot holding one chunk of 1/v of the "
-                "stage's layers; tptrain trains 1f1b and gpipe, the others are schedules as data so far):");
+                "stage's layers, a zb-h1 slot also its GEMMs' output gradients until W; set with "
+                "parallel.virtual_pipeline_model_parallel_size / pipeline_schedule: zb-h1):");
     for (const ScheduleBubble& b : p.schedule_bubbles) {
       if (b.why_not.empty()) std::printf(" %s %.1f%% (%d slots);", b.name.c_str(), 100 * b.bubble_over_ideal, b.max_in_flight);
       else std::printf(" %s n/a (%s);", b.name.c_str(), b.why_not.c_str());

@@ -8,11 +8,12 @@
 //               its blocks and a bf16/fp16 run keeps fp32 master weights for 1/DP of it only
 //   gradients   fp32, the parameter buffer's elements
 //   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element; of 1/DP with the distributed optimizer)
-//   activations activation_bytes_per_microbatch(...) x the schedule's in-flight micro-batches on
-//               the stage (max_in_flight of its 1F1B / GPipe list)
-//   workspace   scratch_bytes(...) (shared by all micro-batches)
-//   buffers     pipeline receive buffers (activation + gradient per in-flight slot when PP > 1, in
-//               the compute dtype) and the micro-batch's tokens and targets (int32)
+//   activations per model chunk (model/chunks.h; one without interleaving):
+//               activation_bytes_per_microbatch(...) (+ weight_grad_stash_bytes with zb-h1) x the
+//               chunk's in-flight micro-batches (max_in_flight_per_chunk of the stage's list)
+//   workspace   scratch_bytes(...) per chunk (shared by its micro-batches)
+//   buffers     pipeline receive buffers (activation + gradient per slot of each chunk when PP > 1,
+//               in the compute dtype) and the micro-batch's tokens and targets (int32)
 // Every tensor is stored in its own dtype (core/ops.h): both backends allocate exactly this.
 // With bf16, weights + gradients + optimizer = 2 + 4 + 4 + 4 + 4 = 18 B per element of the rank's
 // parameter buffer: Megatron's documented 18 B/parameter; with the distributed optimizer
@@ -33,7 +34,7 @@ struct Config;
 struct StageMemory {
   int stage = 0;
   int64_t layers = 0;
-  int in_flight = 1;                   // micro-batches whose activations the stage holds at most
+  int in_flight = 1;                   // micro-batches whose activations the stage holds at most (all chunks)
   int64_t parameters_per_rank = 0;     // elements of this rank's tensors (padded vocabulary rows included)
   int64_t parameter_buffer = 0;        // ParamLayout::total: the same plus 64-byte alignment per tensor
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;

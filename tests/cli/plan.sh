@@ -2,7 +2,7 @@
 # tptrain plan (README "Plan"): the JSON report of configs/gpt96.yaml has its keys and sane, hand-checked
 # values (no MPI launch); on CPU configs the plan's bytes for rank 0's stage equal what the trainer
 # allocated on rank 0 (its "memory: allocated ... (plan: ...)" start-up line), on 1 rank and on
-# TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes).
+# TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes), interleaved and zb-h1.
 set -uo pipefail
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
@@ -147,5 +147,9 @@ compare pp2_gpipe_bf16_full 2 1 2 training.precision=bf16 training.recompute=ful
 compare tp2_dp2_fp16 4 2 1 training.precision=fp16
 compare dp4_distopt_bf16 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true
 compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
+# the schedules beyond 1F1B: 2 model chunks per rank (each its slots, scratch and receive
+# buffers), and zb-h1's stash of the GEMMs' output gradients per slot
+compare pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
+compare tp2_pp2_zb_bf16_selective 4 2 2 training.precision=bf16 training.recompute=selective parallel.pipeline_schedule=zb-h1
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
