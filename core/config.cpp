@@ -524,14 +524,8 @@ void validate(Config& c, const Ctx& ctx) {
     check("checkpoint.exit_duration_mins", ck.exit_duration_mins, ck.exit_duration_mins > 0,
           "> 0 (use null to disable)");
 
-  const std::vector<double>& sp = c.data.split;
-  double sum = 0;
-  for (double x : sp) {
-    if (x < 0) ctx.fail("data.split", "weights must be non-negative, got " + str(x));
-    sum += x;
-  }
-  if (sp.size() != 3 || !(sum > 0))
-    ctx.fail("data.split", "expected 3 non-negative weights (train, valid, test) with a positive sum");
+  const std::string split = split_weights_error(c.data.split);
+  if (!split.empty()) ctx.fail("data.split", split);
 
   const TrainingConfig& t = c.training;
   if (t.global_batch_size != 0 && t.global_batch_size % t.micro_batch_size != 0)
@@ -723,6 +717,21 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   text << in.rdbuf();
   if (in.bad()) input_error(path + ": cannot read config file: " + std::strerror(errno));
   return parse_config(text.str(), path, overrides);
+}
+
+std::string split_weights_error(const std::vector<double>& w) {
+  if (w.size() != 3) return "expected 3 weights (train, valid, test), got " + std::to_string(w.size());
+  double sum = 0;
+  for (double x : w) {
+    if (!(x >= 0) || !std::isfinite(x)) {
+      std::ostringstream os;
+      os << x;
+      return "weights must be finite and non-negative, got " + os.str();
+    }
+    sum += x;
+  }
+  if (!(sum > 0)) return "expected 3 non-negative weights (train, valid, test) with a positive sum";
+  return "";
 }
 
 std::string config_to_yaml(const Config& cfg) {

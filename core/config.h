@@ -139,6 +139,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 // divisible) and resolves data_parallel_size and global_batch_size. Throws InputError.
 void resolve_parallel(Config& cfg, int world_size);
 
+// What is wrong with data.split's weights (train, valid, test), or "" when they are 3 finite
+// non-negative numbers with a positive sum: the one rule, for the config and for
+// split_documents (data/dataset.h).
+std::string split_weights_error(const std::vector<double>& weights);
+
 // The resolved config as YAML (for the log) and as JSON (for checkpoints/metrics).
 std::string config_to_yaml(const Config& cfg);
 nlohmann::json config_to_json(const Config& cfg);

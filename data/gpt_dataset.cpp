@@ -4,6 +4,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "data/dataset.h"
 
@@ -41,16 +42,10 @@ struct SplitMix64 {
 }  // namespace
 
 std::vector<DocRange> split_documents(int64_t num_documents, const std::vector<double>& weights) {
-  if (weights.empty() || weights.size() > 3)
-    input_error("data.split: expected 1 to 3 weights (train, valid, test), got " + std::to_string(weights.size()));
-  std::vector<double> w(weights);
-  w.resize(3, 0.0);
-  double sum = 0;
-  for (double x : w) {
-    if (!(x >= 0) || !std::isfinite(x)) input_error("data.split: weights must be finite and non-negative");
-    sum += x;
-  }
-  if (!(sum > 0)) input_error("data.split: the weights sum to zero");
+  const std::string error = split_weights_error(weights);
+  if (!error.empty()) input_error("data.split: " + error);
+  const std::vector<double>& w = weights;
+  const double sum = w[0] + w[1] + w[2];
   // Megatron's get_train_valid_test_split_: cumulative rounded boundaries, then shift all of them
   // so that the last one is num_documents.
   int64_t index[4] = {0, 0, 0, 0};

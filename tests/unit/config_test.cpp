@@ -284,7 +284,7 @@ TEST(ConfigErrors, Constraints) {
       {{"optimizer.weight_decay=-0.1"}, "optimizer.weight_decay: must be >= 0"},
       {{"optimizer.clip_grad=-1"}, "optimizer.clip_grad: must be >= 0"},
       {{"optimizer.initial_loss_scale=0"}, "optimizer.initial_loss_scale: must be > 0"},
-      {{"data.split=[1, -1, 1]"}, "data.split: weights must be non-negative"},
+      {{"data.split=[1, -1, 1]"}, "data.split: weights must be finite and non-negative"},
       {{"data.split=[0, 0, 0]"}, "data.split: expected 3 non-negative weights"},
       {{"training.micro_batch_size=4", "training.global_batch_size=10"},
        "training.global_batch_size: 10 is not a multiple of training.micro_batch_size (4)"},

@@ -318,14 +318,14 @@ void expect_split(int64_t n, const std::vector<double>& w, const std::vector<int
 
 TEST(DataSplit, MatchesMegatronByHand) {
   expect_split(1000, {949, 50, 1}, {0, 949, 999, 1000});
-  expect_split(10, {1}, {0, 10, 10, 10});
-  expect_split(10, {1, 1}, {0, 5, 10, 10});
+  expect_split(10, {1, 0, 0}, {0, 10, 10, 10});
+  expect_split(10, {1, 1, 0}, {0, 5, 10, 10});
   // 7 docs, 80/10/10: round(5.6)=6, +round(0.7)=7, +round(0.7)=8; diff 1 -> [0, 5, 6, 7].
   expect_split(7, {80, 10, 10}, {0, 5, 6, 7});
   // Python rounds half to even: 5 docs, 1:1 -> round(2.5)=2 twice -> [0,2,4,4], diff -1 -> [0,3,5,5].
-  expect_split(5, {1, 1}, {0, 3, 5, 5});
+  expect_split(5, {1, 1, 0}, {0, 3, 5, 5});
   // 3 docs, 1:1 -> round(1.5)=2 twice -> [0,2,4,4], diff 1 -> [0,1,3,3].
-  expect_split(3, {1, 1}, {0, 1, 3, 3});
+  expect_split(3, {1, 1, 0}, {0, 1, 3, 3});
   // {0,1,1} over 3: Megatron gives [0,-1,1,3]; clamped to valid ranges.
   expect_split(3, {0, 1, 1}, {0, 0, 1, 3});
   expect_split(0, {949, 50, 1}, {0, 0, 0, 0});
@@ -334,7 +334,8 @@ TEST(DataSplit, MatchesMegatronByHand) {
 TEST(DataSplit, BadWeightsAreInputErrors) {
   expect_input_error([] { split_documents(10, {}); }, {"data.split"});
   expect_input_error([] { split_documents(10, {1, 1, 1, 1}); }, {"data.split"});
-  expect_input_error([] { split_documents(10, {1, -1}); }, {"data.split"});
+  expect_input_error([] { split_documents(10, {1, -1, 0}); }, {"data.split"});
+  expect_input_error([] { split_documents(10, {1, 1}); }, {"data.split"});
   expect_input_error([] { split_documents(10, {0, 0, 0}); }, {"data.split"});
 }
 
