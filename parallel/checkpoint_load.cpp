@@ -161,10 +161,35 @@ std::string reason_text(int reason) {
   return "unknown problem";
 }
 
-// The agreed verdict of one candidate: max over ranks of -(slot * 8 + reason), slot 0 = meta.json,
-// slot i + 1 = file i; kOk when every rank is content.
-constexpr double kOk = -1e15;
-double verdict(size_t slot, int reason) { return -double(slot * 8 + size_t(reason)); }
+// The two agreements of CheckpointReader::open, each one collective over the world (a MAX
+// all-reduce of doubles; the encoding stays in these functions).
+// Which checkpoint to try: rank 0 proposes, every rank learns its proposal.
+struct Proposal {
+  enum class Status { Load, NoneUsable, NoCheckpoint };
+  Status status = Status::NoCheckpoint;
+  int64_t iteration = -1;  // Load: the iteration (-1: a single checkpoint directory)
+  bool single = false;     // checkpoint.load names one checkpoint, not a save directory
+};
+Proposal share_proposal(Comm& world, const Proposal& rank0s) {
+  constexpr double kNone = -1e300;  // loses every MAX
+  double v[3] = {kNone, kNone, kNone};
+  if (world.rank() == 0) v[0] = double(int(rank0s.status)), v[1] = double(rank0s.iteration), v[2] = rank0s.single;
+  world.all_reduce(v, 3, ReduceOp::Max);
+  return {Proposal::Status(int(v[0])), int64_t(v[1]), v[2] != 0};
+}
+// What is wrong with the proposed checkpoint on any rank: the problem in the lowest slot (0 =
+// meta.json, i + 1 = file i), with the lowest reason there; none when every rank is content.
+struct Problem {
+  size_t slot = 0;
+  int reason = 0;  // 0: none
+};
+Problem worst_problem(Comm& world, const Problem& mine) {
+  double v = mine.reason ? -double(mine.slot * 8 + size_t(mine.reason)) : -1e15;
+  world.all_reduce(&v, 1, ReduceOp::Max);
+  if (v == -1e15) return {};
+  const auto code = size_t(-v);
+  return {code / 8, int(code % 8)};
+}
 
 bool boxes_intersect(const CkptTensor& t, const CheckpointReader::SavedBox& b) {
   for (size_t d = 0; d < b.size.size(); ++d)
@@ -309,14 +334,14 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
   if (rank0) cand = find_candidates(req.dir);
   size_t next = 0;
   for (;;) {
-    // Rank 0 proposes: >= 0 an iteration, -1 none left, -2 no checkpoint at all; [1]: single mode.
-    double proposal[2] = {-3, 0};
+    // Rank 0 proposes the newest candidate whose meta.json it can read and whose files exist
+    Proposal mine;
     std::unique_ptr<ParsedMeta> parsed;
     if (rank0) {
-      proposal[1] = cand.single ? 1 : 0;
-      if (!cand.any) proposal[0] = -2;
-      else proposal[0] = -1;
-      while (proposal[0] == -1 && (cand.single ? next < 1 : next < cand.iterations.size())) {
+      mine.single = cand.single;
+      mine.status = cand.any ? Proposal::Status::NoneUsable : Proposal::Status::NoCheckpoint;
+      while (mine.status == Proposal::Status::NoneUsable &&
+             (cand.single ? next < 1 : next < cand.iterations.size())) {
         const int64_t it = cand.single ? -1 : cand.iterations[next];
         const std::string path = cand.single ? req.dir : req.dir + "/" + checkpoint_dir_name(it);
         const std::string label = cand.single ? path : checkpoint_dir_name(it);
@@ -339,28 +364,29 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
           continue;
         }
         check_model(path, *parsed, req.model);  // a mismatch is an error, not a reason to fall back
-        proposal[0] = double(parsed->iteration);
+        mine.status = Proposal::Status::Load;
+        mine.iteration = parsed->iteration;
       }
     }
-    world.all_reduce(proposal, 2, ReduceOp::Max);
-    if (proposal[0] == -2) return nullptr;
-    if (proposal[0] == -1) {
+    const Proposal proposal = share_proposal(world, mine);
+    if (proposal.status == Proposal::Status::NoCheckpoint) return nullptr;
+    if (proposal.status == Proposal::Status::NoneUsable) {
       if (!rank0) wait_for_abort(world);
       std::string msg = "checkpoint.load: no usable checkpoint in " + req.dir;
       for (const std::string& p : cand.problems) msg += "; " + p;
       input_error(msg);
     }
-    const bool single = proposal[1] != 0;
-    const std::string path = single ? req.dir : req.dir + "/" + checkpoint_dir_name(int64_t(proposal[0]));
+    const bool single = proposal.single;
+    const std::string path = single ? req.dir : req.dir + "/" + checkpoint_dir_name(proposal.iteration);
 
     // Every rank: its own view of meta.json, then the files its boxes need.
     std::unique_ptr<CheckpointReader> r(new CheckpointReader());
     r->path_ = path;
-    double result = kOk;
+    Problem problem;
     try {
-      if (!parsed) parsed = std::make_unique<ParsedMeta>(parse_meta(path, single ? -1 : int64_t(proposal[0])));
+      if (!parsed) parsed = std::make_unique<ParsedMeta>(parse_meta(path, single ? -1 : proposal.iteration));
     } catch (const InputError&) {
-      result = verdict(0, kMetaUnreadable);
+      problem = {0, kMetaUnreadable};
     }
     if (parsed) {
       r->meta_ = parsed->meta;
@@ -380,25 +406,23 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
         for (const SavedBox& b : it->second)
           if (boxes_intersect(t, b)) touched[b.file].insert(b.key);
       }
-      for (size_t i = 0; i < parsed->files.size() && result == kOk; ++i) {
+      for (size_t i = 0; i < parsed->files.size() && !problem.reason; ++i) {
         const IndexedFile& f = parsed->files[i];
         auto tf = touched.find(f.name);
         if (!req.verify_all_files && tf == touched.end()) continue;
         int reason = verify_file(path, f, req.verify_all_files ? nullptr : &tf->second, r->files_[f.name],
                                  r->bytes_verified_);
-        if (reason) result = verdict(i + 1, reason);
+        if (reason) problem = {i + 1, reason};
       }
     }
-    world.all_reduce(&result, 1, ReduceOp::Max);
-    if (result == kOk) return r;
+    const Problem worst = worst_problem(world, problem);
+    if (!worst.reason) return r;
     if (rank0) {
-      const auto code = size_t(-result);
-      const size_t slot = code / 8;
-      const std::string what = slot == 0 ? std::string("meta.json") : parsed->files[slot - 1].name;
-      const std::string problem = what + ": " + reason_text(int(code % 8));
-      spdlog::warn("WARNING: checkpoint {}: {}; {}", path, problem,
+      const std::string what = worst.slot == 0 ? std::string("meta.json") : parsed->files[worst.slot - 1].name;
+      const std::string text = what + ": " + reason_text(worst.reason);
+      spdlog::warn("WARNING: checkpoint {}: {}; {}", path, text,
                    single ? "it cannot be loaded" : "falling back to an older checkpoint");
-      cand.problems.push_back((single ? path : checkpoint_dir_name(int64_t(proposal[0]))) + ": " + problem);
+      cand.problems.push_back((single ? path : checkpoint_dir_name(proposal.iteration)) + ": " + text);
     }
   }
 }
