@@ -84,6 +84,115 @@ INSTANTIATE_TEST_SUITE_P(
                       LinearCase{64, 96, 128, true, false, DType::F16}),
     linear_name);
 
+// ZB-H1's split backward (GPTStage::BackwardPart) on the op: linear_backward with no dw (B: dinp,
+// and the bias gradient when it goes with B), then with no dinp (W: dw, and the bias gradient when
+// it goes with W), against one call with everything on the same backend, and against the CPU's one
+// call. On the same backend:
+//  - dinp is bitwise: B runs the full call's dinp GEMM (epilogue and GELU fallback included) unchanged;
+//  - dw and dbias are bitwise whenever W makes the full call's cuBLASLt calls: no bias, the bias
+//    with W, or the full call's bias gradient not fused (epilogues off, or cuBLASLt has no BGRADB
+//    algorithm: epilogue_stats tells). With the bias in B and BGRADB fused in the full call, the
+//    calls differ -- the full call's dw GEMM carries the BGRADB epilogue (its own algorithm), W's is
+//    a plain GEMM, and B sums dbias with the column-sum kernel -- so dw and dbias are the same fp32
+//    sums of N products / rows in another order: within gemm_atol(N), the tolerance this file allows
+//    any reordered sum of N terms (a third of what the CPU comparison below allows);
+// against the CPU: the tolerances of GpuLinear (and GpuLinearGelu for the GELU derivative).
+// fp32 and bf16 storage; dinp assigned, accumulated, and with the GELU derivative (gelu_pre).
+struct SplitCase {
+  int64_t N, I, O;
+  bool epilogues;
+  DType t;
+};
+
+std::string split_name(const ::testing::TestParamInfo<SplitCase>& info) {
+  const SplitCase& c = info.param;
+  return std::to_string(c.N) + "x" + std::to_string(c.I) + "x" + std::to_string(c.O) +
+         (c.epilogues ? "_epilogues" : "_kernels") + "_" + dtype_name(c.t);
+}
+
+class GpuLinearSplit : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(GpuLinearSplit, InputThenWeightEqualsOneCall) {
+  const SplitCase c = GetParam();
+  const DType t = c.t;
+  auto cpu = cpu_ops();
+  CudaOptions opt;
+  opt.gemm_epilogues = c.epilogues;
+  auto gpu = gpu_ops(opt);
+  // against the CPU, as GpuLinear and GpuLinearGelu
+  const double r = 1e-5 + 2 * ulp(t), r_gelu = t == DType::F32 ? 1e-5 : r + 1e-3;
+  const double a_gelu = t == DType::F32 ? 1e-5 : 1e-3;
+  Pair dout(*cpu, *gpu, randn(size_t(c.N * c.O), 301), t), inp(*cpu, *gpu, randn(size_t(c.N * c.I), 302), t),
+      w(*cpu, *gpu, randn(size_t(c.O * c.I), 303, 0.3f), t), pre(*cpu, *gpu, randn(size_t(c.N * c.I), 304), t);
+  const VecF dinp0 = randn(size_t(c.N * c.I), 305), dw0 = randn(size_t(c.O * c.I), 306), db0 = randn(size_t(c.O), 307);
+  enum class Dinp { Assign, Accumulate, Gelu };
+  enum class Bias { None, WithInput, WithWeight };
+  for (Dinp mode : {Dinp::Assign, Dinp::Accumulate, Dinp::Gelu})
+    for (Bias bias : {Bias::None, Bias::WithInput, Bias::WithWeight}) {
+      SCOPED_TRACE(std::string(mode == Dinp::Assign ? "assign dinp" : mode == Dinp::Accumulate ? "accumulate dinp"
+                                                                                              : "dinp with dGELU") +
+                   (bias == Bias::None ? ", no dbias" : bias == Bias::WithInput ? ", dbias with dX" : ", dbias with dW"));
+      const bool acc = mode == Dinp::Accumulate, with_bias = bias != Bias::None;
+      const CBuf pre_gpu = mode == Dinp::Gelu ? CBuf(pre.gpu.buf()) : CBuf{};
+      const CBuf pre_cpu = mode == Dinp::Gelu ? CBuf(pre.cpu.buf()) : CBuf{};
+      // "+=" outputs start from the same contents everywhere
+      Pair dx_one(*cpu, *gpu, dinp0, t), dw_one(*cpu, *gpu, dw0), db_one(*cpu, *gpu, db0);
+      Dev dx_split(*gpu, dinp0, t), dw_split(*gpu, dw0), db_split(*gpu, db0);
+
+      // one call (GPU and CPU)
+      const cuda::EpilogueStats s0 = cuda::epilogue_stats();
+      gpu->linear_backward(dx_one.gpu, dw_one.gpu, with_bias ? db_one.gpu.f32() : nullptr, dout.gpu, inp.gpu, w.gpu,
+                           c.N, c.I, c.O, acc, pre_gpu);
+      const cuda::EpilogueStats s1 = cuda::epilogue_stats();
+      const int bgrad = int(cuda::Epilogue::BiasGrad);
+      const bool bgrad_fused = s1.fused[bgrad] > s0.fused[bgrad];
+      cpu->linear_backward(dx_one.cpu, dw_one.cpu, with_bias ? db_one.cpu.f32() : nullptr, dout.cpu, inp.cpu, w.cpu,
+                           c.N, c.I, c.O, acc, pre_cpu);
+      // B: no dw (inp not read), then W: no dinp (w and gelu_pre not read)
+      gpu->linear_backward(dx_split, nullptr, bias == Bias::WithInput ? db_split.f32() : nullptr, dout.gpu, CBuf{},
+                           w.gpu, c.N, c.I, c.O, acc, pre_gpu);
+      gpu->linear_backward(Buf{}, dw_split, bias == Bias::WithWeight ? db_split.f32() : nullptr, dout.gpu, inp.gpu,
+                           CBuf{}, c.N, c.I, c.O, false);
+
+      const VecF dx = dx_split.host(), dw = dw_split.host(), db = db_split.host();
+      EXPECT_TRUE(bitwise(dx, dx_one.gpu.host())) << "dinp: B makes the one call's dinp GEMM";
+      const bool same_calls = !(bias == Bias::WithInput && bgrad_fused);
+      if (same_calls) {
+        EXPECT_TRUE(bitwise(dw, dw_one.gpu.host())) << "dw: W makes the one call's weight GEMM";
+        EXPECT_TRUE(bitwise(db, db_one.gpu.host())) << "dbias: the one call's bias-gradient path";
+      } else {
+        EXPECT_TRUE(close(dw, dw_one.gpu.host(), 1e-6, gemm_atol(c.N))) << "dw: plain GEMM vs the BGRADB GEMM";
+        EXPECT_TRUE(close(db, db_one.gpu.host(), 1e-6, gemm_atol(c.N))) << "dbias: column sums vs BGRADB";
+      }
+      EXPECT_FALSE(bitwise(dw, dw0)) << "the weight gradient was added";
+      if (with_bias) {
+        EXPECT_FALSE(bitwise(db, db0)) << "the bias gradient was added";
+      } else {
+        EXPECT_TRUE(bitwise(db, db0)) << "no bias gradient asked for";
+      }
+
+      // against the CPU's one call
+      if (mode == Dinp::Gelu)
+        EXPECT_TRUE(close(dx, dx_one.cpu.host(), r_gelu, gemm_atol(c.O) + a_gelu)) << "dinp vs CPU";
+      else
+        EXPECT_TRUE(close(dx, dx_one.cpu.host(), r, gemm_atol(c.O))) << "dinp vs CPU";
+      EXPECT_TRUE(close(dw, dw_one.cpu.host(), 1e-5, 3 * gemm_atol(c.N))) << "dw vs CPU";
+      EXPECT_TRUE(close(db, db_one.cpu.host(), 1e-5, 3 * gemm_atol(c.N))) << "dbias vs CPU";
+    }
+}
+
+// Awkward sizes (no epilogue fuses where widths are not multiples of 8) and aligned ones (BGRADB and,
+// in bf16, DGELU fuse), with cuBLASLt's epilogues and with the separate kernels.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuLinearSplit,
+    ::testing::Values(SplitCase{37, 45, 67, true, DType::F32}, SplitCase{37, 45, 67, false, DType::F32},
+                      SplitCase{64, 96, 128, true, DType::F32}, SplitCase{64, 96, 128, false, DType::F32},
+                      SplitCase{257, 130, 771, true, DType::F32}, SplitCase{1, 3, 5, true, DType::F32},
+                      SplitCase{53, 99, 131, true, DType::BF16}, SplitCase{53, 99, 131, false, DType::BF16},
+                      SplitCase{64, 96, 128, true, DType::BF16}, SplitCase{64, 96, 128, false, DType::BF16},
+                      SplitCase{300, 768, 2304, true, DType::BF16}, SplitCase{1, 8, 16, true, DType::BF16}),
+    split_name);
+
 // fc1 with its GELU fused (linear_forward with gelu_pre) and fc2's backward through it
 // (linear_backward with gelu_pre): fc1 (N, I) -> (N, F), fc2 (N, F) -> (N, I). F % 8 == 0 lets
 // cuBLASLt's GELU_AUX(_BIAS) / DGELU epilogues run (bf16 / fp16), else and in fp32 the kernels do.

@@ -2,11 +2,14 @@
 // tokens (one stage, TP = PP = 1, two micro-batches per step, AdamW): fp32 losses within 1e-4
 // (TF32 off), gradients and final weights close; bf16 (activations, logits and the compute copy of
 // the weights stored as bf16 on both backends) within 2e-2 of the CPU's bf16 and fp32 losses (the
-// precision test's tolerance), with cuBLASLt's epilogues and with the separate kernels.
+// precision test's tolerance), with cuBLASLt's epilogues and with the separate kernels. ZB-H1's
+// split backward (B then W over three micro-batches) against the full backward on the GPU and the CPU.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "core/cuda/cudnn_attention.h"
 #include "core/cuda/kernels.h"
@@ -129,6 +132,123 @@ TEST(GpuModel, GemmEpiloguesChangeOnlyRounding) {
   for (float v : b.first_grads) gmax = std::max(gmax, double(std::fabs(v)));
   EXPECT_TRUE(close(a.first_grads, b.first_grads, 1e-4, 1e-5 * gmax));
 }
+
+// ZB-H1's split backward (StageOptions::split_backward: GPTStage::backward with BackwardPart::Input,
+// B, then backward_weight, W) on the GPU. One stage of the tiny model (all layers, embeddings and
+// head), three micro-batches in three slots: forward and loss of each, then the full backward of
+// each in order, or B and W in the given order; the fp32 gradients after all three.
+enum class SplitOrder { Full, AllBThenAllW, ZbH1 };
+
+const char* split_order_name(SplitOrder o) {
+  return o == SplitOrder::Full ? "full backward" : o == SplitOrder::ZbH1 ? "B0 B1 W0 B2 W1 W2" : "B0 B1 B2 W0 W1 W2";
+}
+
+struct ThreeMicroBatches {
+  std::vector<double> losses;  // mean loss of each micro-batch
+  VecF grads;
+};
+
+ThreeMicroBatches three_micro_batches(Ops& ops, Comm& tp, DType dtype, SplitOrder order) {
+  constexpr int kMicro = 3;
+  const Config cfg = tiny_config();
+  const GPTDims d = make_dims(cfg, 1, 0, 1, 0);
+  const ParamLayout layout = make_param_layout(d);
+  VecF host_params(size_t(layout.total));
+  init_params_host(layout, cfg.training.seed, host_params.data());
+  Dev params(ops, host_params), grads(ops, size_t(layout.total));  // grads start at zero
+  const bool copy = dtype != DType::F32;  // bf16: the compute copy of the weights, as the trainer's
+  Dev compute(ops, copy ? size_t(layout.total) : 0, dtype);
+  if (copy) ops.convert(compute, params.buf(), layout.total);
+  const int64_t B = cfg.training.micro_batch_size, N = B * d.S;
+  GPTStage stage(d, layout, ops, tp, copy ? CBuf(compute.buf()) : CBuf(params.buf()), grads, B, kMicro,
+                 StageOptions{dtype, Recompute::None, order != SplitOrder::Full});
+  // the stage reads a slot's tokens and targets again in its backward: they live until the end
+  std::vector<std::unique_ptr<Dev>> tokens, targets;
+  std::mt19937 gen(29);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(d.V) - 1);
+  ThreeMicroBatches r;
+  for (int m = 0; m < kMicro; ++m) {
+    std::vector<int32_t> t(static_cast<size_t>(N)), g(static_cast<size_t>(N));
+    for (auto& x : t) x = tok(gen);
+    for (auto& x : g) x = tok(gen);
+    g[0] = int32_t(d.V - 1);
+    tokens.push_back(std::make_unique<Dev>(ops, t));
+    targets.push_back(std::make_unique<Dev>(ops, g));
+    stage.forward(m, tokens.back()->ints(), CBuf{});
+    r.losses.push_back(stage.loss(m, targets.back()->ints(), 1.0f / float(N * kMicro), true) / double(N));
+  }
+  using Part = GPTStage::BackwardPart;
+  switch (order) {
+    case SplitOrder::Full:
+      for (int m = 0; m < kMicro; ++m) stage.backward(m, CBuf{});
+      break;
+    case SplitOrder::AllBThenAllW:
+      for (int m = 0; m < kMicro; ++m) stage.backward(m, CBuf{}, {}, Part::Input);
+      for (int m = 0; m < kMicro; ++m) stage.backward_weight(m);
+      break;
+    case SplitOrder::ZbH1:
+      stage.backward(0, CBuf{}, {}, Part::Input);
+      stage.backward(1, CBuf{}, {}, Part::Input);
+      stage.backward_weight(0);
+      stage.backward(2, CBuf{}, {}, Part::Input);
+      stage.backward_weight(1);
+      stage.backward_weight(2);
+      break;
+  }
+  r.grads = grads.host();
+  return r;
+}
+
+// B then W against the GPU's full backward and the CPU's full backward, in fp32 and bf16 storage:
+//  - the losses bitwise (the same forward on the same backend);
+//  - against the GPU's full backward, tight: B and W make the full backward's op calls (the weight
+//    GEMMs with the same bias-gradient epilogues), so the gradients should agree bit for bit; the
+//    tolerance (rtol 1e-5, atol 1e-5 of the largest gradient: a tenth of the CPU comparison's atol,
+//    a hundredth of its rtol) only leaves room for a weight GEMM summed in another order -- a
+//    missing, doubled or misplaced part is far larger. Whether they agree bit for bit is printed;
+//  - against the CPU's full backward, the tolerances the tests above use between the backends: fp32
+//    losses within 1e-4 relative and gradients close(1e-3, 1e-4 of the largest) as
+//    Fp32TrainingMatchesCpu; bf16 losses within 2e-2 as the mixed-precision tests, and the gradients
+//    as a whole within 5e-2 (L2 relative, as the cuDNN test's bf16 gradients): with activations
+//    stored in bf16 a rounding step apart, element-wise bounds do not hold.
+void check_split_backward(DType t) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  const ThreeMicroBatches c = three_micro_batches(*cpu, *host, t, SplitOrder::Full);
+  const ThreeMicroBatches f = three_micro_batches(*gpu, *dev, t, SplitOrder::Full);
+  double gmax = 0;
+  for (float v : c.grads) gmax = std::max(gmax, double(std::fabs(v)));
+  ASSERT_GT(gmax, 0.0);
+  const VecF zero(c.grads.size(), 0.0f);
+  auto against_cpu = [&](const ThreeMicroBatches& g, const char* what) {
+    for (size_t m = 0; m < c.losses.size(); ++m) {
+      const double tol = t == DType::F32 ? 1e-4 * std::fabs(c.losses[m]) : 2e-2;
+      EXPECT_NEAR(g.losses[m], c.losses[m], tol) << what << ", micro-batch " << m << " loss vs CPU";
+    }
+    if (t == DType::F32) {
+      EXPECT_TRUE(close(g.grads, c.grads, 1e-3, 1e-4 * gmax)) << what << ": gradients vs the CPU's full backward";
+    } else {
+      const double dist = relative_distance(g.grads, c.grads, zero);
+      EXPECT_LT(dist, 5e-2) << what << ": gradients vs the CPU's full backward (L2)";
+      std::printf("%s, %s: gradients vs the CPU's full backward: L2 relative %.3g\n", dtype_name(t), what, dist);
+    }
+  };
+  against_cpu(f, "GPU full backward");
+  for (SplitOrder o : {SplitOrder::AllBThenAllW, SplitOrder::ZbH1}) {
+    SCOPED_TRACE(split_order_name(o));
+    const ThreeMicroBatches s = three_micro_batches(*gpu, *dev, t, o);
+    EXPECT_EQ(s.losses, f.losses) << "the same forward";
+    EXPECT_TRUE(close(s.grads, f.grads, 1e-5, 1e-5 * gmax)) << "gradients vs the GPU's full backward";
+    size_t differ = 0;
+    for (size_t i = 0; i < s.grads.size(); ++i) differ += std::memcmp(&s.grads[i], &f.grads[i], sizeof(float)) != 0;
+    std::printf("%s, %s: %zu of %zu gradients differ bitwise from the GPU's full backward\n", dtype_name(t),
+                split_order_name(o), differ, s.grads.size());
+    against_cpu(s, split_order_name(o));
+  }
+}
+
+TEST(GpuModel, Fp32SplitBackwardMatchesFullBackward) { check_split_backward(DType::F32); }
+TEST(GpuModel, Bf16SplitBackwardMatchesFullBackward) { check_split_backward(DType::BF16); }
 
 }  // namespace
 }  // namespace tpt::gpu_test
