@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/block.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
@@ -19,17 +20,7 @@ namespace tpt {
 // The LayerNorm outputs are kept as this rank's tokens (Nt, C); with sequence parallelism the GEMMs'
 // gathered (N, C) copy lives in scratch and is gathered again in backward (as Megatron does), which
 // keeps 2 (N - Nt) C fewer values per layer than keeping it.
-struct GPTStage::LayerActs {
-  Buf ln1;                            // (Nt, C)
-  float *ln1_mean, *ln1_rstd;         // (Nt), (Nt)
-  Buf qkv;                            // (B, S, 3, Hl, D)
-  Buf atty;                           // (N, Cl) attention output (before the projection)
-  float* lse;                         // (B, Hl, S) log-sum-exp of each query's scores
-  Buf x_mid;                          // (Nt, C) residual after attention
-  Buf ln2;                            // (Nt, C)
-  float *ln2_mean, *ln2_rstd;         // (Nt), (Nt)
-  Buf fc1;                            // (N, Fl) before GELU
-  Buf gelu;                           // (N, Fl)
+struct GPTStage::LayerActs : BlockActs {  // model/block.h
   Buf x_out;                          // (Nt, C) block output
 };
 
@@ -116,26 +107,6 @@ std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
   return name.empty() ? std::to_string(in) + "->" + std::to_string(out) : name;
 }
 
-namespace {
-// Parameter (or gradient) pointers of one transformer block.
-template <class P>
-struct BlockParams {
-  P ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-};
-
-template <class P>
-BlockParams<P> block_params(const ParamLayout& layout, P base, int64_t layer) {
-  std::string pre = "h." + std::to_string(layer) + ".";
-  auto at = [&](const char* n) {
-    const ParamInfo* p = layout.find(pre + n);
-    TPT_CHECK(p != nullptr);
-    return base + p->offset;
-  };
-  return {at("ln_1.weight"), at("ln_1.bias"),   at("attn.qkv.weight"), at("attn.qkv.bias"),
-          at("attn.proj.weight"), at("attn.proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
-          at("mlp.fc1.weight"), at("mlp.fc1.bias"), at("mlp.fc2.weight"), at("mlp.fc2.bias")};
-}
-}  // namespace
 
 Buf GPTStage::alloc(int64_t n) {
   Buf b = ops_.alloc(n, opt_.dtype);
@@ -330,27 +301,37 @@ void GPTStage::positions_backward(CBuf dout) {
 // Every tensor is stored in the compute dtype by the op that writes it (rounded once).
 void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out) {
   const GPTDims& d = d_;
-  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
-  const BlockParams<CBuf> w = block_params(layout_, params_, layer);
-  // row-parallel biases: added once (tp_rank 0) before the all-reduce, or with sequence parallelism
-  // on every rank after the reduce-scatter (row_parallel_output)
-  const bool bias_in_gemm = row_bias_in_gemm();
+  const int64_t N = B_ * d.S;
+  // the TP mappings; row-parallel biases: added once (tp_rank 0) before the all-reduce, or with
+  // sequence parallelism on every rank after the reduce-scatter (row_parallel_output)
+  BlockMappings tp;
+  tp.gather_tokens = [&](CBuf ln) { return gather_tokens(ln, tmp_); };
+  tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
+  tp.bias_in_gemm = row_bias_in_gemm();
+  ::tpt::block_forward(ops_, block_params(layout_, params_, layer), a, x_in, x_out, tmp_,
+                       {N, d.local_tokens(N), d.C, d.Cl, d.Fl, d.eps},
+                       [&](BlockActs&) { attention_core_forward(a); }, &tp);
+}
+
+void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp,
+                   const BlockShape& s, const std::function<void(BlockActs&)>& attention_core,
+                   const BlockMappings* tp) {
+  auto gather = [&](CBuf ln) { return tp ? tp->gather_tokens(ln) : ln; };
+  auto row_output = [&](Buf partial, CBuf bias) { return tp ? tp->row_parallel_output(partial, bias) : CBuf(partial); };
+  const bool bias_in_gemm = !tp || tp->bias_in_gemm;
   // attention
-  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, Nt, d.C, d.eps);
-  CBuf ln1 = gather_tokens(a.ln1, tmp_);                                   // (N, C)
-  ops_.linear_forward(a.qkv, ln1, w.qkv_w, w.qkv_b, N, d.C, 3 * d.Cl);  // column-parallel (by heads)
-  attention_core_forward(a);
-  ops_.linear_forward(tmp_, a.atty, w.proj_w, bias_in_gemm ? w.proj_b : nullptr, N, d.Cl, d.C);  // row-parallel
-  CBuf y = row_parallel_output(tmp_, dln_, w.proj_b);  // (Nt, C)
+  ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, s.Nt, s.C, s.eps);
+  ops.linear_forward(a.qkv, gather(a.ln1), w.qkv_w, w.qkv_b, s.N, s.C, 3 * s.Cl);  // column-parallel (by heads)
+  attention_core(a);
+  ops.linear_forward(tmp, a.atty, w.proj_w, bias_in_gemm ? w.proj_b : nullptr, s.N, s.Cl, s.C);  // row-parallel
+  CBuf y = row_output(tmp, w.proj_b);  // (Nt, C)
   // residual, then the MLP's LayerNorm in the same pass
-  ops_.residual_layernorm_forward(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, y, w.ln2_w, w.ln2_b, Nt, d.C,
-                                  d.eps);
+  ops.residual_layernorm_forward(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, y, w.ln2_w, w.ln2_b, s.Nt, s.C, s.eps);
   // MLP: fc1 with its GELU fused (column-parallel), fc2 (row-parallel)
-  CBuf ln2 = gather_tokens(a.ln2, tmp_);  // (N, C)
-  ops_.linear_forward(a.gelu, ln2, w.fc1_w, w.fc1_b, N, d.C, d.Fl, /*gelu_pre=*/a.fc1);
-  ops_.linear_forward(tmp_, a.gelu, w.fc2_w, bias_in_gemm ? w.fc2_b : nullptr, N, d.Fl, d.C);
-  y = row_parallel_output(tmp_, dln_, w.fc2_b);
-  ops_.add(x_out, a.x_mid, y, Nt * d.C);
+  ops.linear_forward(a.gelu, gather(a.ln2), w.fc1_w, w.fc1_b, s.N, s.C, s.Fl, /*gelu_pre=*/a.fc1);
+  ops.linear_forward(tmp, a.gelu, w.fc2_w, bias_in_gemm ? w.fc2_b : nullptr, s.N, s.Fl, s.C);
+  y = row_output(tmp, w.fc2_b);
+  ops.add(x_out, a.x_mid, y, s.Nt * s.C);
 }
 
 // Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.

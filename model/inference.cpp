@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/math.h"
 #include "core/rng.h"
+#include "model/block.h"
 #include "model/checkpoint_model.h"
 #include "parallel/checkpoint.h"
 #include "parallel/comm.h"
@@ -76,8 +77,13 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
       input_error("token " + std::to_string(t) + " is outside the model's vocabulary [0, " + std::to_string(d.V) + ")");
   const int64_t p0 = len_;
   auto buffer = [](int64_t floats) { return std::vector<float>(static_cast<size_t>(floats)); };
-  std::vector<float> x = buffer(n * C), ln = buffer(n * C), mean = buffer(n), rstd = buffer(n), qkv = buffer(n * 3 * C),
-                     att = buffer(n * C), tmp = buffer(n * C), fc = buffer(n * F), act = buffer(n * F);
+  std::vector<float> x = buffer(n * C), x_next = buffer(n * C), x_mid = buffer(n * C), ln1 = buffer(n * C),
+                     ln2 = buffer(n * C), stats = buffer(4 * n), qkv = buffer(n * 3 * C), att = buffer(n * C),
+                     tmp = buffer(n * C), fc = buffer(n * F), act = buffer(n * F);
+  BlockActs a;
+  a.ln1 = ln1.data(), a.ln2 = ln2.data(), a.x_mid = x_mid.data(), a.qkv = qkv.data(), a.atty = att.data();
+  a.fc1 = fc.data(), a.gelu = act.data();
+  a.ln1_mean = stats.data(), a.ln1_rstd = stats.data() + n, a.ln2_mean = stats.data() + 2 * n, a.ln2_rstd = stats.data() + 3 * n;
 
   // embeddings: x (n, C) = wte[token] + wpe[position]
   ops_.embedding_forward(x.data(), tokens.data(), p("wte.weight"), n, C, 0, d.Vl);
@@ -85,67 +91,60 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
 
   const float scale = 1.0f / std::sqrt(float(D));
   for (int64_t l = 0; l < d.L; ++l) {
-    const std::string pre = "h." + std::to_string(l) + ".";
     float* kc = k_cache_.data() + l * P * C;  // (P, C)
     float* vc = v_cache_.data() + l * P * C;
-    ops_.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), p(pre + "ln_1.weight"), p(pre + "ln_1.bias"),
-                           n, C, d.eps);
-    // qkv (n, 3C): q, k, v of all heads, as the training forward's (B, T, 3, H, D)
-    ops_.linear_forward(qkv.data(), ln.data(), p(pre + "attn.qkv.weight"), p(pre + "attn.qkv.bias"), n, C, 3 * C);
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(qkv.data() + i * 3 * C + C, C, kc + (p0 + i) * C);
-      std::copy_n(qkv.data() + i * 3 * C + 2 * C, C, vc + (p0 + i) * C);
-    }
     // causal attention of the new positions over every cached one (the loop order of the CPU
-    // backend's attention_forward, so that the cached and the full forward agree)
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t t = p0 + i;
-        const float* q = qkv.data() + i * 3 * C + h * D;
-        std::vector<float> pr(size_t(t + 1));
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t s = 0; s <= t; ++s) {
-          const float* k = kc + s * C + h * D;
-          float dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
-          pr[size_t(s)] = dot * scale;
-          mx = std::max(mx, pr[size_t(s)]);
-        }
-        float sum = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          pr[size_t(s)] = fast_exp(pr[size_t(s)] - mx);
-          sum += pr[size_t(s)];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t s = 0; s <= t; ++s) pr[size_t(s)] *= inv;
-        float* o = att.data() + i * C + h * D;
-        for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
-        for (int64_t s = 0; s <= t; ++s) {
-          const float* v = vc + s * C + h * D;
-          const float ps = pr[size_t(s)];
-          for (int64_t e = 0; e < D; ++e) o[e] += ps * v[e];
-        }
+    // backend's attention_forward, so that the cached and the full forward agree); qkv (n, 3C): q, k,
+    // v of all heads, as the training forward's (B, T, 3, H, D)
+    auto cached_attention = [&](BlockActs&) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(qkv.data() + i * 3 * C + C, C, kc + (p0 + i) * C);
+        std::copy_n(qkv.data() + i * 3 * C + 2 * C, C, vc + (p0 + i) * C);
       }
-    ops_.linear_forward(tmp.data(), att.data(), p(pre + "attn.proj.weight"), p(pre + "attn.proj.bias"), n, C, C);
-    ops_.accumulate(x.data(), tmp.data(), n * C);  // residual
-    // MLP
-    ops_.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), p(pre + "ln_2.weight"), p(pre + "ln_2.bias"),
-                           n, C, d.eps);
-    ops_.linear_forward(fc.data(), ln.data(), p(pre + "mlp.fc1.weight"), p(pre + "mlp.fc1.bias"), n, C, F);
-    ops_.gelu_forward(act.data(), fc.data(), n * F);
-    ops_.linear_forward(tmp.data(), act.data(), p(pre + "mlp.fc2.weight"), p(pre + "mlp.fc2.bias"), n, F, C);
-    ops_.accumulate(x.data(), tmp.data(), n * C);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t t = p0 + i;
+          const float* q = qkv.data() + i * 3 * C + h * D;
+          std::vector<float> pr(size_t(t + 1));
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* k = kc + s * C + h * D;
+            float dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
+            pr[size_t(s)] = dot * scale;
+            mx = std::max(mx, pr[size_t(s)]);
+          }
+          float sum = 0;
+          for (int64_t s = 0; s <= t; ++s) {
+            pr[size_t(s)] = fast_exp(pr[size_t(s)] - mx);
+            sum += pr[size_t(s)];
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t s = 0; s <= t; ++s) pr[size_t(s)] *= inv;
+          float* o = att.data() + i * C + h * D;
+          for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* v = vc + s * C + h * D;
+            const float ps = pr[size_t(s)];
+            for (int64_t e = 0; e < D; ++e) o[e] += ps * v[e];
+          }
+        }
+    };
+    block_forward(ops_, block_params(layout_, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
+                  {n, n, C, C, F, d.eps}, cached_attention);
+    std::swap(x, x_next);
   }
   len_ += n;
 
   // final LayerNorm and the tied LM head over the unpadded vocabulary: logits (rows, V)
   const int64_t rows = all_positions ? n : 1;
   const float* last = x.data() + (n - rows) * C;
-  ops_.layernorm_forward(ln.data(), mean.data(), rstd.data(), last, p("ln_f.weight"), p("ln_f.bias"), rows, C, d.eps);
+  ops_.layernorm_forward(ln1.data(), stats.data(), stats.data() + n, last, p("ln_f.weight"), p("ln_f.bias"), rows, C,
+                         d.eps);
   logits.resize(size_t(rows * d.V));
-  ops_.linear_forward(logits.data(), ln.data(), p("wte.weight"), nullptr, rows, C, d.V);
+  ops_.linear_forward(logits.data(), ln1.data(), p("wte.weight"), nullptr, rows, C, d.V);
 }
 
 int32_t greedy_token(std::span<const float> logits) {
