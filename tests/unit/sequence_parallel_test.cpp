@@ -23,6 +23,7 @@
 #include "model/gpt.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/thread_comm.h"
+#include "tests/common/failures.h"
 #include "tests/common/tiny_config.h"
 #include "tests/common/box_elements.h"
 
@@ -31,16 +32,6 @@ namespace {
 
 using VecF = std::vector<float>;
 
-// Collects failures from the rank threads (gtest assertions are thread-safe, but keep the output
-// readable: at most a few per run).
-struct Failures {
-  std::mutex m;
-  int count = 0;
-  void add(const std::string& what) {
-    std::lock_guard<std::mutex> lock(m);
-    if (++count <= 8) ADD_FAILURE() << what;
-  }
-};
 
 const char* dtype_name(DType t) { return t == DType::F32 ? "fp32" : t == DType::BF16 ? "bf16" : "fp16"; }
 

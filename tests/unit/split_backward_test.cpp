@@ -33,6 +33,7 @@
 #include "parallel/comm.h"
 #include "parallel/thread_comm.h"
 #include "tests/common/box_elements.h"
+#include "tests/common/failures.h"
 #include "tests/common/tiny_config.h"
 
 namespace tpt {
@@ -42,15 +43,6 @@ using VecF = std::vector<float>;
 using Bytes = std::vector<unsigned char>;
 using Part = GPTStage::BackwardPart;
 
-// Collects failures from the rank threads (at most a few printed per run).
-struct Failures {
-  std::mutex m;
-  int count = 0;
-  void add(const std::string& what) {
-    std::lock_guard<std::mutex> lock(m);
-    if (++count <= 8) ADD_FAILURE() << what;
-  }
-};
 
 struct Case {
   std::string name;
