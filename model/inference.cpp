@@ -65,9 +65,52 @@ const float* GPTInference::p(const std::string& name) const {
   return params_ + info->offset;
 }
 
+// The loop order of the CPU backend's attention_forward, so that the cached and the full forward
+// agree; qkv holds q, k, v of all heads, as the training forward's (B, T, 3, H, D).
+void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int64_t n) {
+  const int64_t C = d_.C, H = d_.H, D = d_.D, P = d_.P, p0 = len_;
+  float* kc = k_cache_.data() + l * P * C;  // (P, C)
+  float* vc = v_cache_.data() + l * P * C;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(qkv + i * 3 * C + C, C, kc + (p0 + i) * C);
+    std::copy_n(qkv + i * 3 * C + 2 * C, C, vc + (p0 + i) * C);
+  }
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t t = p0 + i;
+      const float* q = qkv + i * 3 * C + h * D;
+      std::vector<float> pr(size_t(t + 1));
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s <= t; ++s) {
+        const float* k = kc + s * C + h * D;
+        float dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
+        pr[size_t(s)] = dot * scale;
+        mx = std::max(mx, pr[size_t(s)]);
+      }
+      float sum = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        pr[size_t(s)] = fast_exp(pr[size_t(s)] - mx);
+        sum += pr[size_t(s)];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t s = 0; s <= t; ++s) pr[size_t(s)] *= inv;
+      float* o = att + i * C + h * D;
+      for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
+      for (int64_t s = 0; s <= t; ++s) {
+        const float* v = vc + s * C + h * D;
+        const float ps = pr[size_t(s)];
+        for (int64_t e = 0; e < D; ++e) o[e] += ps * v[e];
+      }
+    }
+}
+
 void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {
   const GPTDims& d = d_;
-  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, H = d.H, D = d.D, P = d.P;
+  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P;
   if (n == 0) internal_error("GPTInference::forward: no tokens");
   if (len_ + n > P)
     input_error("positions " + std::to_string(len_) + ".." + std::to_string(len_ + n - 1) +
@@ -89,51 +132,9 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
   ops_.embedding_forward(x.data(), tokens.data(), p("wte.weight"), n, C, 0, d.Vl);
   ops_.add_position_embedding(x.data(), p("wpe.weight") + p0 * C, 1, n, C);
 
-  const float scale = 1.0f / std::sqrt(float(D));
   for (int64_t l = 0; l < d.L; ++l) {
-    float* kc = k_cache_.data() + l * P * C;  // (P, C)
-    float* vc = v_cache_.data() + l * P * C;
-    // causal attention of the new positions over every cached one (the loop order of the CPU
-    // backend's attention_forward, so that the cached and the full forward agree); qkv (n, 3C): q, k,
-    // v of all heads, as the training forward's (B, T, 3, H, D)
-    auto cached_attention = [&](BlockActs&) {
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(qkv.data() + i * 3 * C + C, C, kc + (p0 + i) * C);
-        std::copy_n(qkv.data() + i * 3 * C + 2 * C, C, vc + (p0 + i) * C);
-      }
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t t = p0 + i;
-          const float* q = qkv.data() + i * 3 * C + h * D;
-          std::vector<float> pr(size_t(t + 1));
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t s = 0; s <= t; ++s) {
-            const float* k = kc + s * C + h * D;
-            float dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
-            pr[size_t(s)] = dot * scale;
-            mx = std::max(mx, pr[size_t(s)]);
-          }
-          float sum = 0;
-          for (int64_t s = 0; s <= t; ++s) {
-            pr[size_t(s)] = fast_exp(pr[size_t(s)] - mx);
-            sum += pr[size_t(s)];
-          }
-          const float inv = 1.0f / sum;
-          for (int64_t s = 0; s <= t; ++s) pr[size_t(s)] *= inv;
-          float* o = att.data() + i * C + h * D;
-          for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
-          for (int64_t s = 0; s <= t; ++s) {
-            const float* v = vc + s * C + h * D;
-            const float ps = pr[size_t(s)];
-            for (int64_t e = 0; e < D; ++e) o[e] += ps * v[e];
-          }
-        }
-    };
     block_forward(ops_, block_params(layout_, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
-                  {n, n, C, C, F, d.eps}, cached_attention);
+                  {n, n, C, C, F, d.eps}, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); });
     std::swap(x, x_next);
   }
   len_ += n;

@@ -54,6 +54,9 @@ class GPTInference {
 
  private:
   const float* p(const std::string& name) const;
+  // Layer l's attention of n new positions (from length()) over every cached one: appends their
+  // keys and values from qkv (n, 3C) to the cache, writes att (n, C).
+  void cached_attention(int64_t l, const float* qkv, float* att, int64_t n);
 
   GPTDims d_;
   const ParamLayout& layout_;

@@ -382,7 +382,59 @@ struct Engine {
         return "deadlock:" + where;
       }
     }
-    return finish();
+    if (std::string why = finish(); !why.empty()) return why;
+    return pair_order();
+  }
+
+  // NCCL has no tags: it pairs rank a's sends to rank b with b's receives from a in posting order
+  // (execute_schedule posts an action's send_fwd, send_bwd, recv_fwd, recv_bwd in that order). The
+  // per-stream FIFOs above do not see an order between the two streams, which share a directed rank
+  // pair when P <= 2; this compares, per directed pair, the whole sequence sent with the one received.
+  // Run last: a difference it reports is one that every other check let through.
+  std::string pair_order() const {
+    struct Posted {
+      bool act;
+      int mb, chunk;  // chunk on the receiver
+      int stage;      // the stage that posted it, and where in its list
+      size_t at;
+      bool operator==(const Posted& o) const { return act == o.act && mb == o.mb && chunk == o.chunk; }
+    };
+    std::map<std::pair<int, int>, std::vector<Posted>> sent, received;  // (from, to) -> messages
+    for (int s = 0; s < P; ++s) {
+      const auto& L = lists[size_t(s)];
+      const int next = (s + 1) % P, prev = (s + P - 1) % P;
+      for (size_t i = 0; i < L.size(); ++i) {
+        const Action& a = L[i];
+        if (a.kind != K::Comm) continue;
+        if (a.send_fwd >= 0) sent[{s, next}].push_back({true, a.send_fwd, act_to(s, a.send_fwd_chunk).second, s, i});
+        if (a.send_bwd >= 0) sent[{s, prev}].push_back({false, a.send_bwd, grad_to(s, a.send_bwd_chunk).second, s, i});
+        if (a.recv_fwd >= 0) received[{prev, s}].push_back({true, a.recv_fwd, a.recv_fwd_chunk, s, i});
+        if (a.recv_bwd >= 0) received[{next, s}].push_back({false, a.recv_bwd, a.recv_bwd_chunk, s, i});
+      }
+    }
+    auto say = [&](const std::vector<Posted>& q, size_t k, const std::string& verb) {
+      if (k >= q.size()) return "nothing (" + std::to_string(q.size()) + " messages " + verb + " in all)";
+      const Posted& m = q[k];
+      return (m.act ? "the activation" : "the gradient") + std::string(" of micro-batch ") + std::to_string(m.mb) +
+             " for chunk " + std::to_string(m.chunk) + " (its action " + std::to_string(m.at) + ", " +
+             lists[size_t(m.stage)][m.at].str() + ")";
+    };
+    for (int from = 0; from < P; ++from)
+      for (int to = 0; to < P; ++to) {
+        static const std::vector<Posted> none;
+        const auto si = sent.find({from, to}), ri = received.find({from, to});
+        const auto& out = si == sent.end() ? none : si->second;
+        const auto& in = ri == received.end() ? none : ri->second;
+        for (size_t k = 0; k < std::max(out.size(), in.size()); ++k) {
+          if (k < out.size() && k < in.size() && out[k] == in[k]) continue;
+          const std::string f = std::to_string(from), t = std::to_string(to);
+          return "stage " + f + " -> stage " + t + ": message " + std::to_string(k) +
+                 " in posting order differs: stage " + f + " sends " + say(out, k, "sent") + ", stage " + t +
+                 " receives " + say(in, k, "received") +
+                 " (NCCL has no tags and pairs the messages of a rank pair in posting order)";
+        }
+      }
+    return "";
   }
 
   std::string compute(int s, const Action& a) {

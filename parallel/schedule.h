@@ -95,9 +95,13 @@ int max_awaiting_backward(const std::vector<Action>& actions);
 // backward, then weight backward, each exactly once, on every stage and chunk the same micro-batches;
 // a stage whose list has a BackwardWeight runs one for each backward; a virtual stage but the first
 // receives an activation before its forward and one but the last a gradient before its backward;
-// data is sent only after it was computed and only to a virtual stage that exists. The number of
-// chunks is 1 + the largest chunk in any list. Returns an empty string if all holds, else what went
-// wrong.
+// data is sent only after it was computed and only to a virtual stage that exists; and, per directed
+// rank pair, messages are received in the order they are sent across both streams, as NCCL, which has
+// no tags, pairs them (posting order: the actions in order, within one send_fwd, send_bwd, recv_fwd,
+// recv_bwd). That matters for P <= 2, where both streams join the same ranks; the checks above do not
+// imply it (one rank posting both in one exchange, the peer receiving the gradient first in an earlier
+// one, does not deadlock). The number of chunks is 1 + the largest chunk in any list. Returns an empty
+// string if all holds, else what went wrong.
 std::string simulate(const std::vector<std::vector<Action>>& stages, bool with_backward = true);
 
 // Timed run of all stages' lists (the semantics of simulate, which must pass): a compute action takes

@@ -342,6 +342,113 @@ TEST(ScheduleProof, SimulatorCatchesBrokenRing) {
   EXPECT_NE(simulate(lists), "");
 }
 
+// NCCL pairs a rank's sends to a peer with the peer's receives from it in posting order, whatever the
+// stream (parallel/comm.h). With P = 2 activations and gradients share each directed rank pair (the
+// interleaved schedule sends both ways across the ring's seam), so simulate's per-pair order check is
+// what makes these lists NCCL-safe; it runs inside simulate, so EveryScheduleSimulates covers every
+// kind over its grid. Here explicitly: P = 2 interleaved with v = 2..4, M = 2..8, whose lists do post
+// an activation and a gradient to the same peer in one exchange.
+TEST(ScheduleProof, TwoStagesKeepPerPairOrder) {
+  for (int v = 2; v <= 4; ++v)
+    for (int M = 2; M <= 8; M += 2) {
+      const Lists lists = all_stages(ScheduleKind::Interleaved1F1B, 2, M, v);
+      EXPECT_EQ(simulate(lists), "") << where(2, M, v);
+      EXPECT_EQ(simulate(all_stages(ScheduleKind::ForwardOnly, 2, M, v), false), "") << where(2, M, v);
+      int shared = 0;
+      for (const auto& L : lists)
+        for (const Action& a : L) shared += (a.send_fwd >= 0 && a.send_bwd >= 0) || (a.recv_fwd >= 0 && a.recv_bwd >= 0);
+      if (M >= 4) {  // M = 2: no steady state
+        EXPECT_GT(shared, 0) << where(2, M, v);
+      }
+    }
+  for (ScheduleKind k : {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1, ScheduleKind::ForwardOnly})
+    for (int M = 1; M <= 8; ++M) EXPECT_EQ(simulate(all_stages(k, 2, M), k != ScheduleKind::ForwardOnly), "");
+}
+
+// Is the per-pair order implied by the other checks? Only for P >= 3, where a directed pair carries
+// one stream. For P <= 2, take an activation x and a gradient y on the pair a -> b whose per-stream
+// orders agree but whose merged orders differ. Within one action both sides post the activation
+// first, so either (1) a posts x before y (same action i or i < j) and b receives y in an action k
+// strictly before x's action l, or (2) a posts y in an action j strictly before x's action i and b
+// receives x no later than y (l <= k). If both sides use two actions (i < j and k < l, or j < i and
+// l < k) there is a cycle: a's earlier action waits under rendezvous for b to post the receive of its
+// message, which comes after b's earlier action, which waits for a to post the other send, which comes
+// after a's earlier action: a deadlock, caught before. What remains is (1) with x and y in one action
+// on a and two actions on b, gradient first, and (2) with y before x in two actions on a and both in
+// one action on b: no cycle, every old check passes, and NCCL would pair x's send with y's receive.
+// Both are built below (P = 2, v = 2, M = 2), with the lists that are right and the deadlocking one.
+TEST(ScheduleProof, SimulatorCatchesPerPairOrderThatOnlyNcclSees) {
+  auto F = [](int mb, int c) {
+    Action a;
+    a.kind = K::Forward, a.mb = mb, a.chunk = c;
+    return a;
+  };
+  auto B = [&](int mb, int c) {
+    Action a = F(mb, c);
+    a.kind = K::Backward;
+    return a;
+  };
+  // comm: micro-batch and chunk of send_fwd, recv_fwd, send_bwd, recv_bwd (mb -1: none)
+  auto C = [](int sf, int sfc, int rf, int rfc, int sb, int sbc, int rb, int rbc) {
+    Action a;
+    a.send_fwd = sf, a.send_fwd_chunk = sf >= 0 ? sfc : 0;
+    a.recv_fwd = rf, a.recv_fwd_chunk = rf >= 0 ? rfc : 0;
+    a.send_bwd = sb, a.send_bwd_chunk = sb >= 0 ? sbc : 0;
+    a.recv_bwd = rb, a.recv_bwd_chunk = rb >= 0 ? rbc : 0;
+    return a;
+  };
+  auto sf = [&](int mb, int c) { return C(mb, c, -1, 0, -1, 0, -1, 0); };
+  auto rf = [&](int mb, int c) { return C(-1, 0, mb, c, -1, 0, -1, 0); };
+  auto sb = [&](int mb, int c) { return C(-1, 0, -1, 0, mb, c, -1, 0); };
+  auto rb = [&](int mb, int c) { return C(-1, 0, -1, 0, -1, 0, mb, c); };
+  // Virtual stages: rank 0 chunk 0, rank 1 chunk 0, rank 0 chunk 1, rank 1 chunk 1. Rank 0 sends the
+  // activation of micro-batch 1 (chunk 0 -> rank 1 chunk 0) and the gradient of micro-batch 0 (chunk 1
+  // -> rank 1 chunk 0) in one exchange (index 8), rank 1 receives them in two (indices 7, 8).
+  const std::vector<Action> rank0 = {
+      F(0, 0), sf(0, 0), rf(0, 1), F(0, 1), sf(0, 1), rb(0, 1), B(0, 1), F(1, 0),
+      C(1, 0, -1, 0, 0, 1, -1, 0),  // comm{ send_fwd 1 send_bwd 0c1 }: activation, then gradient
+      rb(0, 0), B(0, 0), rf(1, 1), F(1, 1), sf(1, 1), rb(1, 1), B(1, 1), sb(1, 1), rb(1, 0), B(1, 0)};
+  const std::vector<Action> rank1 = {
+      rf(0, 0), F(0, 0), sf(0, 0), rf(0, 1), F(0, 1), B(0, 1), sb(0, 1),
+      rb(0, 0), rf(1, 0),  // the gradient first: case (1)
+      F(1, 0), B(0, 0), sb(0, 0), sf(1, 0), rf(1, 1), F(1, 1), B(1, 1), sb(1, 1), rb(1, 0), B(1, 0), sb(1, 0)};
+  const std::string why = simulate({rank0, rank1});
+  EXPECT_EQ(why,
+            "stage 0 -> stage 1: message 2 in posting order differs: stage 0 sends the activation of micro-batch 1 "
+            "for chunk 0 (its action 8, comm{ send_fwd 1 send_bwd 0c1 }), stage 1 receives the gradient of "
+            "micro-batch 0 for chunk 0 (its action 7, comm{ recv_bwd 0 }) (NCCL has no tags and pairs the "
+            "messages of a rank pair in posting order)");
+
+  // The same with rank 1 receiving the activation first, or both in one exchange: right.
+  std::vector<Action> right = rank1;
+  std::swap(right[7], right[8]);
+  EXPECT_EQ(simulate({rank0, right}), "");
+  std::vector<Action> both = rank1;
+  both[7] = C(-1, 0, 1, 0, -1, 0, 0, 0);  // comm{ recv_fwd 1 recv_bwd 0 }
+  both.erase(both.begin() + 8);
+  EXPECT_EQ(simulate({rank0, both}), "");
+
+  // Case (2): rank 0 sends the gradient, then the activation in two exchanges; rank 1 receives both in
+  // one, where the activation's receive is posted first.
+  std::vector<Action> grad_first = rank0;
+  grad_first[8] = sb(0, 1);
+  grad_first.insert(grad_first.begin() + 9, sf(1, 0));
+  const std::string why2 = simulate({grad_first, both});
+  EXPECT_NE(why2.find("stage 0 -> stage 1: message 2 in posting order differs: stage 0 sends the gradient of "
+                      "micro-batch 0 for chunk 0"),
+            std::string::npos)
+      << why2;
+  EXPECT_NE(why2.find("stage 1 receives the activation of micro-batch 1 for chunk 0"), std::string::npos) << why2;
+  EXPECT_EQ(simulate({grad_first, rank1}), "");  // received in two exchanges, gradient first: right
+
+  // Two exchanges on both sides in opposite orders deadlock: the old checks already catch that.
+  std::vector<Action> act_first = rank0;
+  act_first[8] = sf(1, 0);
+  act_first.insert(act_first.begin() + 9, sb(0, 1));
+  EXPECT_EQ(simulate({act_first, right}), "");
+  EXPECT_NE(simulate({act_first, rank1}).find("deadlock"), std::string::npos) << simulate({act_first, rank1});
+}
+
 TEST(ScheduleProof, ActionStrings) {
   Action f;
   f.kind = K::Forward, f.mb = 3;
