@@ -264,6 +264,33 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   return out;
 }
 
+// 1F1B, interleaved (v = 2) and ZB-H1 side by side on this grid (parallel/schedule.h), with unit
+// costs F = B = W = 1 for a stage's share of the layers.
+std::vector<ScheduleBubble> compare_schedules(const Config& cfg, int P, int M) {
+  struct Kind {
+    const char* name;
+    ScheduleKind kind;
+    int v;
+  };
+  std::vector<ScheduleBubble> out;
+  for (const Kind& k : {Kind{"1f1b", ScheduleKind::OneFOneB, 1}, Kind{"interleaved v=2", ScheduleKind::Interleaved1F1B, 2},
+                        Kind{"zb-h1", ScheduleKind::ZeroBubbleH1, 1}}) {
+    ScheduleBubble b{k.name, check_schedule(k.kind, P, M, k.v)};
+    if (b.why_not.empty() && cfg.model.num_layers % (P * k.v) != 0)
+      b.why_not = "model.num_layers is not divisible by pipeline_model_parallel_size x " + std::to_string(k.v);
+    if (b.why_not.empty()) {
+      std::vector<std::vector<Action>> l;
+      for (int s = 0; s < P; ++s) l.push_back(make_schedule(k.kind, P, s, M, k.v));
+      const std::string bad = simulate(l);
+      if (!bad.empty()) internal_error(std::string("plan: the ") + k.name + " schedule does not simulate: " + bad);
+      b.bubble_over_ideal = time_pipeline(l, 1.0, 1.0, 1.0).bubble_over_ideal();
+      for (const auto& stage : l) b.max_in_flight = std::max(b.max_in_flight, max_in_flight(stage));
+    }
+    out.push_back(b);
+  }
+  return out;
+}
+
 }  // namespace
 
 Plan make_plan(Config cfg, const PlanOptions& o) {
@@ -293,30 +320,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   if (!err.empty()) internal_error("plan: the pipeline schedule does not simulate: " + err);
   plan.bubble_fraction = time_pipeline(lists, 1.0, 1.0, 1.0).bubble_fraction();  // backward = B + W = 2
   plan.bubble_fraction_analytic = double(P - 1) / double(M + P - 1);
-  // 1F1B, interleaved (v = 2) and ZB-H1 side by side on this grid (parallel/schedule.h), with unit
-  // costs F = B = W = 1 for a stage's share of the layers
-  if (P > 1) {
-    struct Kind {
-      const char* name;
-      ScheduleKind kind;
-      int v;
-    };
-    for (const Kind& k : {Kind{"1f1b", ScheduleKind::OneFOneB, 1}, Kind{"interleaved v=2", ScheduleKind::Interleaved1F1B, 2},
-                          Kind{"zb-h1", ScheduleKind::ZeroBubbleH1, 1}}) {
-      ScheduleBubble b{k.name, check_schedule(k.kind, P, M, k.v)};
-      if (b.why_not.empty() && cfg.model.num_layers % (P * k.v) != 0)
-        b.why_not = "model.num_layers is not divisible by pipeline_model_parallel_size x " + std::to_string(k.v);
-      if (b.why_not.empty()) {
-        std::vector<std::vector<Action>> l;
-        for (int s = 0; s < P; ++s) l.push_back(make_schedule(k.kind, P, s, M, k.v));
-        const std::string bad = simulate(l);
-        if (!bad.empty()) internal_error(std::string("plan: the ") + k.name + " schedule does not simulate: " + bad);
-        b.bubble_over_ideal = time_pipeline(l, 1.0, 1.0, 1.0).bubble_over_ideal();
-        for (const auto& stage : l) b.max_in_flight = std::max(b.max_in_flight, max_in_flight(stage));
-      }
-      plan.schedule_bubbles.push_back(b);
-    }
-  }
+  if (P > 1) plan.schedule_bubbles = compare_schedules(cfg, P, M);
 
   // Bandwidths: TP peers are adjacent ranks, DP peers TP apart, PP neighbours TP * DP apart.
   // A group of consecutive ranks stays inside a node when it tiles the node's GPUs.

@@ -324,6 +324,40 @@ void check_model(const std::string& path, const ParsedMeta& p, const std::vector
   internal_error("checkpoint: another rank failed but the job was not aborted");
 }
 
+// Rank 0: the newest candidate from `next` on whose meta.json it can read and whose files exist
+// (parsed: its meta); the ones passed over go into cand.problems.
+Proposal propose(Candidates& cand, size_t& next, const LoadRequest& req, std::unique_ptr<ParsedMeta>& parsed) {
+  Proposal mine;
+  mine.single = cand.single;
+  mine.status = cand.any ? Proposal::Status::NoneUsable : Proposal::Status::NoCheckpoint;
+  while (mine.status == Proposal::Status::NoneUsable && (cand.single ? next < 1 : next < cand.iterations.size())) {
+    const int64_t it = cand.single ? -1 : cand.iterations[next];
+    const std::string path = cand.single ? req.dir : req.dir + "/" + checkpoint_dir_name(it);
+    const std::string label = cand.single ? path : checkpoint_dir_name(it);
+    ++next;
+    try {
+      auto p = std::make_unique<ParsedMeta>(parse_meta(path, it));
+      for (const IndexedFile& f : p->files) {
+        struct stat st {};
+        if (::stat((path + "/" + f.name).c_str(), &st) != 0) throw InputError(f.name + " is missing");
+        if (uint64_t(st.st_size) != f.bytes)
+          throw InputError(f.name + " has " + std::to_string(st.st_size) + " bytes, meta.json records " +
+                           std::to_string(f.bytes) + " (truncated?)");
+      }
+      parsed = std::move(p);
+    } catch (const InputError& e) {
+      spdlog::warn("WARNING: checkpoint {}: {}; {}", path, e.what(),
+                   cand.single ? "it cannot be loaded" : "falling back to an older checkpoint");
+      cand.problems.push_back(label + ": " + e.what());
+      continue;
+    }
+    check_model(path, *parsed, req.model);  // a mismatch is an error, not a reason to fall back
+    mine.status = Proposal::Status::Load;
+    mine.iteration = parsed->iteration;
+  }
+  return mine;
+}
+
 }  // namespace
 
 CheckpointReader::~CheckpointReader() = default;
@@ -334,40 +368,8 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
   if (rank0) cand = find_candidates(req.dir);
   size_t next = 0;
   for (;;) {
-    // Rank 0 proposes the newest candidate whose meta.json it can read and whose files exist
-    Proposal mine;
     std::unique_ptr<ParsedMeta> parsed;
-    if (rank0) {
-      mine.single = cand.single;
-      mine.status = cand.any ? Proposal::Status::NoneUsable : Proposal::Status::NoCheckpoint;
-      while (mine.status == Proposal::Status::NoneUsable &&
-             (cand.single ? next < 1 : next < cand.iterations.size())) {
-        const int64_t it = cand.single ? -1 : cand.iterations[next];
-        const std::string path = cand.single ? req.dir : req.dir + "/" + checkpoint_dir_name(it);
-        const std::string label = cand.single ? path : checkpoint_dir_name(it);
-        ++next;
-        try {
-          auto p = std::make_unique<ParsedMeta>(parse_meta(path, it));
-          for (const IndexedFile& f : p->files) {
-            struct stat st {};
-            if (::stat((path + "/" + f.name).c_str(), &st) != 0)
-              throw InputError(f.name + " is missing");
-            if (uint64_t(st.st_size) != f.bytes)
-              throw InputError(f.name + " has " + std::to_string(st.st_size) + " bytes, meta.json records " +
-                               std::to_string(f.bytes) + " (truncated?)");
-          }
-          parsed = std::move(p);
-        } catch (const InputError& e) {
-          spdlog::warn("WARNING: checkpoint {}: {}; {}", path, e.what(),
-                       cand.single ? "it cannot be loaded" : "falling back to an older checkpoint");
-          cand.problems.push_back(label + ": " + e.what());
-          continue;
-        }
-        check_model(path, *parsed, req.model);  // a mismatch is an error, not a reason to fall back
-        mine.status = Proposal::Status::Load;
-        mine.iteration = parsed->iteration;
-      }
-    }
+    const Proposal mine = rank0 ? propose(cand, next, req, parsed) : Proposal{};
     const Proposal proposal = share_proposal(world, mine);
     if (proposal.status == Proposal::Status::NoCheckpoint) return nullptr;
     if (proposal.status == Proposal::Status::NoneUsable) {
