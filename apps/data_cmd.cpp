@@ -1,15 +1,16 @@
-// tptrain data --config FILE --samples A:B [--json] [--split train|valid|test]: the global samples a
-// run reads, where each comes from (blend component, its sample, the documents it spans) and the
-// start of its text. One process; the datasets are opened by data/run_data.h exactly as the trainer
-// opens them, so what this prints is what training sees.
+// tptrain data (options: add_data_command below): the global samples a run reads, where each comes
+// from (blend component, its sample, the documents it spans) and the start of its text. One process;
+// the datasets are opened by data/run_data.h exactly as the trainer opens them, so what this prints
+// is what training sees.
 #include <cstdio>
-#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -20,19 +21,10 @@
 namespace tpt {
 namespace {
 
-constexpr const char* kUsage =
-    "usage: tptrain data --config FILE [--set section.key=value]... --samples A:B [--json]\n"
-    "                    [--split train|valid|test] [--vocab-file vocab.json --merge-file merges.txt]\n"
-    "  Prints global samples A <= i < B of the split (default train) as training reads them: the blend\n"
-    "  component (0-based place in data.path), the sample's place within the component (and the\n"
-    "  component's sample and epoch it visits), the documents it spans and the start of its text\n"
-    "  (byte-level when model.vocab_size is 257; GPT-2 BPE with --vocab-file / --merge-file).\n"
-    "  --json  one object per line: sample, dataset, dataset_sample, component_sample, epoch,\n"
-    "          documents (ids in the component's corpus), tokens (the first 16 ids), text\n";
-
 struct Args {
   std::string config_path;
   std::vector<std::string> overrides;
+  std::string samples;
   int64_t begin = -1, end = -1;
   bool json = false;
   std::string split = "train";
@@ -45,43 +37,14 @@ int64_t parse_count(const std::string& s, const std::string& what) {
   return std::stoll(s);
 }
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i], v;
-    const size_t eq = s.find('=');
-    const bool inline_value = s.rfind("--", 0) == 0 && eq != std::string::npos;
-    if (inline_value) v = s.substr(eq + 1), s = s.substr(0, eq);
-    auto value = [&]() -> std::string {
-      if (inline_value) return v;
-      if (i + 1 >= argc) input_error("data: " + s + " needs a value\n" + kUsage);
-      return argv[++i];
-    };
-    if (s == "--config") a.config_path = value();
-    else if (s == "--set") a.overrides.push_back(value());
-    else if (s == "--samples") {
-      const std::string r = value();
-      const size_t colon = r.find(':');
-      if (colon == std::string::npos) input_error("data: --samples expects A:B (e.g. 0:8), got '" + r + "'");
-      a.begin = parse_count(r.substr(0, colon), "A");
-      a.end = parse_count(r.substr(colon + 1), "B");
-      if (a.end < a.begin) input_error("data: --samples " + r + ": B is smaller than A");
-    } else if (s == "--json" && !inline_value) a.json = true;
-    else if (s == "--split") a.split = value();
-    else if (s == "--vocab-file") a.vocab_file = value();
-    else if (s == "--merge-file") a.merge_file = value();
-    else if (s == "--help" || s == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else input_error("data: unknown argument '" + std::string(argv[i]) + "'\n" + kUsage);
-  }
-  if (a.config_path.empty()) input_error(std::string("data: --config FILE is required\n") + kUsage);
-  if (a.begin < 0) input_error(std::string("data: --samples A:B is required\n") + kUsage);
-  if (a.split != "train" && a.split != "valid" && a.split != "test")
-    input_error("data: --split must be train, valid or test, got '" + a.split + "'");
-  if (a.vocab_file.empty() != a.merge_file.empty())
-    input_error("data: --vocab-file and --merge-file go together (GPT-2 BPE needs both)");
-  return a;
+// --samples A:B -> [A, B)
+void parse_samples(Args& a) {
+  const std::string& r = a.samples;
+  const size_t colon = r.find(':');
+  if (colon == std::string::npos) input_error("data: --samples expects A:B (e.g. 0:8), got '" + r + "'");
+  a.begin = parse_count(r.substr(0, colon), "A");
+  a.end = parse_count(r.substr(colon + 1), "B");
+  if (a.end < a.begin) input_error("data: --samples " + r + ": B is smaller than A");
 }
 
 // Printable one-line text: control characters escaped.
@@ -99,10 +62,8 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-int data_main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+int show_samples(Args& args) {
+  parse_samples(args);
   Config cfg = load_config(args.config_path, args.overrides);
   const RunData data = open_run_data(cfg);
   const BlendedDataset* ds = args.split == "train" ? data.train.get()
@@ -160,6 +121,26 @@ int data_main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+Command add_data_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("data", "the samples training reads: blend component, documents spanned, "
+                                             "start of the text (no MPI)");
+  cmd->footer("Prints global samples A <= i < B of the split as training reads them: the blend component (0-based "
+              "place in data.path), the sample's place within the component (and the component's sample and epoch it "
+              "visits), the documents it spans and the start of its text (byte-level when model.vocab_size is 257; "
+              "GPT-2 BPE with --vocab-file / --merge-file).");
+  auto a = std::make_shared<Args>();
+  add_config_options(*cmd, a->config_path, a->overrides);
+  cmd->add_option("--samples", a->samples, "global samples A <= i < B of the split")->required()->type_name("A:B");
+  cmd->add_flag("--json", a->json, "one object per line: sample, dataset, dataset_sample, component_sample, epoch, "
+                                   "documents (ids in the component's corpus), tokens (the first 16 ids), text");
+  cmd->add_option("--split", a->split, "the split read")
+      ->check(CLI::IsMember({"train", "valid", "test"}))->capture_default_str();
+  add_bpe_options(*cmd, a->vocab_file, a->merge_file);
+  return [a] { return show_samples(*a); };
 }
 
 }  // namespace tpt

@@ -7,11 +7,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -22,11 +24,6 @@
 namespace tpt {
 
 namespace {
-
-const char* kUsage =
-    "usage: tptrain export --checkpoint DIR --output DIR\n"
-    "  --checkpoint DIR  a checkpoint.save directory (its latest complete checkpoint) or one iter_N directory\n"
-    "  --output DIR      receives model.safetensors and config.json (Hugging Face GPT-2, fp32)\n";
 
 // The model sizes of the checkpoint's resolved config.
 struct Shape {
@@ -48,25 +45,41 @@ std::vector<float> transpose(const std::vector<float>& in, int64_t rows, int64_t
   return out;
 }
 
-}  // namespace
+// config.json for transformers.GPT2LMHeadModel.
+nlohmann::json hf_config(const Shape& s, const CheckpointReader& reader) {
+  return {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", s.V},
+      {"n_positions", s.P},
+      {"n_ctx", s.P},
+      {"n_embd", s.C},
+      {"n_layer", s.L},
+      {"n_head", s.H},
+      {"n_inner", s.F},
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", s.eps},
+      {"initializer_range", s.init_std},
+      {"resid_pdrop", s.hidden_dropout},
+      {"embd_pdrop", s.hidden_dropout},
+      {"attn_pdrop", s.attention_dropout},
+      {"scale_attn_weights", true},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"summary_type", "cls_index"},
+      {"summary_use_proj", true},
+      {"summary_activation", nullptr},
+      {"summary_proj_to_labels", true},
+      {"summary_first_dropout", 0.1},
+      {"use_cache", true},
+      {"bos_token_id", s.V - 1},
+      {"eos_token_id", s.V - 1},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+      {"tptrain_checkpoint", {{"path", reader.path()}, {"iteration", reader.iteration()}}}};
+}
 
-int export_main(int argc, char** argv) {
-  std::string ckpt, out;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) input_error(a + " needs a value\n" + kUsage);
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (a == "--checkpoint") ckpt = value();
-    else if (a == "--output") out = value();
-    else input_error("export: unknown argument '" + a + "'\n" + kUsage);
-  }
-  if (ckpt.empty() || out.empty()) input_error(std::string("export: --checkpoint and --output are required\n") + kUsage);
+int export_hf(const std::string& ckpt, const std::string& out) {
   spdlog::set_pattern("%v");
 
   auto self = make_self_comm();
@@ -125,36 +138,7 @@ int export_main(int argc, char** argv) {
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   w.write(out + "/model.safetensors");
 
-  nlohmann::json config = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", s.V},
-      {"n_positions", s.P},
-      {"n_ctx", s.P},
-      {"n_embd", C},
-      {"n_layer", s.L},
-      {"n_head", s.H},
-      {"n_inner", F},
-      {"activation_function", "gelu_new"},
-      {"layer_norm_epsilon", s.eps},
-      {"initializer_range", s.init_std},
-      {"resid_pdrop", s.hidden_dropout},
-      {"embd_pdrop", s.hidden_dropout},
-      {"attn_pdrop", s.attention_dropout},
-      {"scale_attn_weights", true},
-      {"scale_attn_by_inverse_layer_idx", false},
-      {"reorder_and_upcast_attn", false},
-      {"summary_type", "cls_index"},
-      {"summary_use_proj", true},
-      {"summary_activation", nullptr},
-      {"summary_proj_to_labels", true},
-      {"summary_first_dropout", 0.1},
-      {"use_cache", true},
-      {"bos_token_id", s.V - 1},
-      {"eos_token_id", s.V - 1},
-      {"tie_word_embeddings", true},
-      {"torch_dtype", "float32"},
-      {"tptrain_checkpoint", {{"path", reader->path()}, {"iteration", reader->iteration()}}}};
+  const nlohmann::json config = hf_config(s, *reader);
   const std::string cfg_path = out + "/config.json";
   std::ofstream f(cfg_path);
   f << config.dump(2) << "\n";
@@ -164,6 +148,20 @@ int export_main(int argc, char** argv) {
                "and {}",
                reader->path(), reader->iteration(), s.L, C, s.H, s.V, double(params) / 1e6, out, cfg_path);
   return 0;
+}
+
+}  // namespace
+
+Command add_export_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2 (model.safetensors "
+                                               "+ config.json)");
+  auto dirs = std::make_shared<std::pair<std::string, std::string>>();
+  cmd->add_option("--checkpoint", dirs->first, "a checkpoint.save directory (its latest complete checkpoint) or one "
+                                               "iter_N directory")
+      ->required()->type_name("DIR");
+  cmd->add_option("--output", dirs->second, "receives model.safetensors and config.json (Hugging Face GPT-2, fp32)")
+      ->required()->type_name("DIR");
+  return [dirs] { return export_hf(dirs->first, dirs->second); };
 }
 
 }  // namespace tpt

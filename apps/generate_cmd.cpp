@@ -1,5 +1,4 @@
-// tptrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-//                  [--seed S] [--vocab-file vocab.json --merge-file merges.txt]
+// tptrain generate (options: add_generate_command below, tptrain generate --help).
 // Text from a checkpoint of any layout, in one process (no MPI launch): the model is read into the
 // TP = 1, PP = 1 layout (model/inference.h), the prompt runs in one forward pass, then each new
 // token runs alone against the KV cache. stdout gets exactly the prompt and the continuation;
@@ -15,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -26,92 +26,14 @@ namespace tpt {
 
 namespace {
 
-const char* kUsage =
-    "usage: tptrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]\n"
-    "                        [--seed S] [--vocab-file vocab.json --merge-file merges.txt]\n"
-    "  --checkpoint DIR    a checkpoint.save directory (its latest complete checkpoint) or one iter_N directory,\n"
-    "                      saved on any TP x PP x DP layout\n"
-    "  --prompt TEXT       the text to continue (empty: start from the end-of-document token)\n"
-    "  --max-new-tokens N  tokens to generate at most (default 128); generation also stops at the end-of-document\n"
-    "                      token and when the text fills the model's max_position_embeddings\n"
-    "  --temperature T     0: greedy (the most likely token; ties to the lowest id); > 0: sample from\n"
-    "                      softmax(logits / T) (default 1.0)\n"
-    "  --top-k K           sample among the K most likely tokens only (default 0: all)\n"
-    "  --seed S            seed of the sampling (default 1234): the same seed and prompt give the same text\n"
-    "  --vocab-file F --merge-file F\n"
-    "                      GPT-2 BPE (Hugging Face's vocab.json and merges.txt) instead of the byte-level\n"
-    "                      tokenizer (bytes 0..255, end of document 256: vocab_size 257)\n"
-    "  --threads N         CPU threads (default: all cores)\n"
-    "Prints the prompt and its continuation to stdout; the checkpoint, token counts and speed to stderr.\n";
-
 struct Options {
   std::string checkpoint, prompt, vocab_file, merge_file;
-  bool has_prompt = false;
   int64_t max_new_tokens = 128;
   double temperature = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 1234;
   int threads = 0;
 };
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  size_t used = 0;
-  int64_t x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || x < min)
-    input_error("generate: " + flag + " needs an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  return x;
-}
-
-double parse_double(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !(x >= 0) || x > 1e6)
-    input_error("generate: " + flag + " needs a number >= 0, got '" + v + "'");
-  return x;
-}
-
-Options parse(int argc, char** argv, bool& help) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], inline_value;
-    const bool has_inline = a.rfind("--", 0) == 0 && a.find('=') != std::string::npos;
-    if (has_inline) inline_value = a.substr(a.find('=') + 1), a = a.substr(0, a.find('='));
-    auto value = [&]() -> std::string {
-      if (has_inline) return inline_value;
-      if (i + 1 >= argc) input_error("generate: " + a + " needs a value\n" + kUsage);
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      help = true;
-      return o;
-    }
-    if (a == "--checkpoint") o.checkpoint = value();
-    else if (a == "--prompt") o.prompt = value(), o.has_prompt = true;
-    else if (a == "--max-new-tokens") o.max_new_tokens = parse_int(a, value(), 0);
-    else if (a == "--temperature") o.temperature = parse_double(a, value());
-    else if (a == "--top-k") o.top_k = parse_int(a, value(), 0);
-    else if (a == "--seed") o.seed = uint64_t(parse_int(a, value(), 0));
-    else if (a == "--vocab-file") o.vocab_file = value();
-    else if (a == "--merge-file") o.merge_file = value();
-    else if (a == "--threads") o.threads = int(parse_int(a, value(), 1));
-    else input_error("generate: unknown argument '" + std::string(argv[i]) + "'\n" + kUsage);
-  }
-  if (o.checkpoint.empty() || !o.has_prompt)
-    input_error(std::string("generate: --checkpoint and --prompt are required\n") + kUsage);
-  if (o.vocab_file.empty() != o.merge_file.empty())
-    input_error("generate: --vocab-file and --merge-file go together (GPT-2 BPE needs both)");
-  return o;
-}
 
 // The byte-level tokenizer or GPT-2 BPE behind one face.
 struct TextCodec {
@@ -123,15 +45,7 @@ struct TextCodec {
   std::string name() const { return bpe ? "GPT-2 BPE" : "byte-level"; }
 };
 
-}  // namespace
-
-int generate_main(int argc, char** argv) {
-  bool help = false;
-  const Options opt = parse(argc, argv, help);
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+int generate(const Options& opt) {
   // stdout carries only the text: log lines (and the checkpoint reader's warnings) go to stderr
   spdlog::set_default_logger(spdlog::stderr_logger_mt("generate"));
   spdlog::set_pattern("%v");
@@ -203,6 +117,34 @@ int generate_main(int argc, char** argv) {
   spdlog::info("generate: prompt {} tokens, {} new tokens in {:.2f} s ({:.1f} tokens/s); stopped: {}", context.size(),
                produced, s, double(produced) / std::max(s, 1e-9), stop);
   return 0;
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("generate", "text from a checkpoint of any layout (one process, KV cache; "
+                                                 "temperature 0 = greedy)");
+  cmd->footer("Prints the prompt and its continuation to stdout; the checkpoint, token counts and speed to stderr.");
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--checkpoint", o->checkpoint, "a checkpoint.save directory (its latest complete checkpoint) or "
+                                                 "one iter_N directory, saved on any TP x PP x DP layout")
+      ->required()->type_name("DIR");
+  cmd->add_option("--prompt", o->prompt, "the text to continue (empty: start from the end-of-document token)")
+      ->required()->type_name("TEXT");
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most (>= 0); generation also stops at the "
+                                                         "end-of-document token and when the text fills the "
+                                                         "model's max_position_embeddings")
+      ->check(integer_at_least(0))->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "0: greedy (the most likely token; ties to the lowest id); "
+                                                   "> 0 (up to 1e6): sample from softmax(logits / T)")
+      ->check(number_in(0, 1e6, false))->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "sample among the K most likely tokens only (0: all; >= 0)")
+      ->check(integer_at_least(0))->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of the sampling (>= 0): the same seed and prompt give the same text")
+      ->check(integer_at_least(0))->capture_default_str();
+  add_bpe_options(*cmd, o->vocab_file, o->merge_file);
+  cmd->add_option("--threads", o->threads, "CPU threads (>= 1; default: all cores)")->check(integer_at_least(1));
+  return [o] { return generate(*o); };
 }
 
 }  // namespace tpt

@@ -1,14 +1,14 @@
-// tptrain plan --config FILE [--set k=v]... [--world-size N] [--device-memory-gib G] [--peak-tflops X]
-//              [--intra-node-gbps B] [--inter-node-gbps B] [--compute-efficiency F] [--hbm-gbps B]
-//              [--json]
+// tptrain plan (options: add_plan_command below, tptrain plan --help).
 // Memory, FLOPs and time of a config on its grid (model/memory.h), without MPI or a GPU: a plain
 // process that never calls runtime_init.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -25,56 +25,6 @@ struct PlanArgs {
   PlanOptions options;
   bool json = false;
 };
-
-double positive_number(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || !(v > 0)) input_error(flag + ": expected a positive number, got '" + text + "'");
-  return v;
-}
-
-PlanArgs parse_args(int argc, char** argv) {
-  PlanArgs a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i], inline_value;
-    bool has_inline = false;
-    if (s.rfind("--", 0) == 0 && s.find('=') != std::string::npos) {
-      inline_value = s.substr(s.find('=') + 1);
-      s = s.substr(0, s.find('='));
-      has_inline = true;
-    }
-    auto value = [&]() -> std::string {
-      if (has_inline) return inline_value;
-      if (i + 1 >= argc) input_error(s + " needs a value (try: tptrain --help)");
-      return argv[++i];
-    };
-    PlanOptions& o = a.options;
-    if (s == "--config") a.config_path = value();
-    else if (s == "--set") a.overrides.push_back(value());
-    else if (s == "--json" && !has_inline) a.json = true;
-    else if (s == "--world-size") {
-      const std::string v = value();
-      const double n = positive_number(s, v);
-      if (n != double(int(n))) input_error("--world-size: expected a positive integer, got '" + v + "'");
-      o.world_size = int(n);
-    } else if (s == "--device-memory-gib") o.device_memory_gib = positive_number(s, value());
-    else if (s == "--peak-tflops") o.peak_tflops = positive_number(s, value());
-    else if (s == "--intra-node-gbps") o.intra_node_gbps = positive_number(s, value());
-    else if (s == "--inter-node-gbps") o.inter_node_gbps = positive_number(s, value());
-    else if (s == "--hbm-gbps") o.hbm_gbps = positive_number(s, value());
-    else if (s == "--compute-efficiency") {
-      o.compute_efficiency = positive_number(s, value());
-      if (o.compute_efficiency > 1) input_error("--compute-efficiency: expected a fraction in (0, 1]");
-    } else input_error(std::string("plan: unknown argument '") + argv[i] + "' (try: tptrain --help)");
-  }
-  if (a.config_path.empty()) input_error("plan: missing --config FILE (try: tptrain --help)");
-  return a;
-}
 
 constexpr double kGiB = 1073741824.0;
 double gib(double bytes) { return bytes / kGiB; }
@@ -266,10 +216,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                 s.fits ? "fits" : "does not fit", s.note.empty() ? "" : "  -- ", s.note.c_str());
 }
 
-}  // namespace
-
-int plan_main(int argc, char** argv) {
-  PlanArgs args = parse_args(argc, argv);
+int plan_config(const PlanArgs& args) {
   Config cfg = load_config(args.config_path, args.overrides);
   Plan plan = make_plan(cfg, args.options);
   resolve_parallel(cfg, plan.world_size);  // for the batch sizes the report prints
@@ -295,6 +242,32 @@ int plan_main(int argc, char** argv) {
     for (const std::string& line : data_lines) std::printf("data: %s\n", line.c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("plan", "memory per rank, FLOPs, bubble and step time of a config (no MPI, no GPU)");
+  cmd->footer("A plain process (no MPI launch, no GPU needed); bandwidths in GB/s (bytes). See README \"Plan\".");
+  auto args = std::make_shared<PlanArgs>();
+  PlanOptions& o = args->options;
+  add_config_options(*cmd, args->config_path, args->overrides);
+  cmd->add_option("--world-size", o.world_size, "ranks to plan for (>= 1; default: TP x PP x data_parallel_size, or TP x PP when that is null)")
+      ->check(integer_at_least(1));
+  const CLI::Validator positive = number_in(0, INFINITY, true);
+  cmd->add_option("--device-memory-gib", o.device_memory_gib, "memory per GPU, GiB (> 0)")->check(positive)->capture_default_str();
+  cmd->add_option("--peak-tflops", o.peak_tflops, "peak dense TFLOP/s per GPU in the compute dtype (> 0; default: bf16 of an H100 / H200 SXM)")
+      ->check(positive)->capture_default_str();
+  cmd->add_option("--intra-node-gbps", o.intra_node_gbps, "achievable NVLink all-reduce bus bandwidth within a node, GB/s (> 0)")
+      ->check(positive)->capture_default_str();
+  cmd->add_option("--inter-node-gbps", o.inter_node_gbps, "bandwidth across nodes, GB/s (> 0; default: one 400 Gbit/s NIC per GPU at 80 %)")
+      ->check(positive)->capture_default_str();
+  cmd->add_option("--compute-efficiency", o.compute_efficiency, "fraction of the peak the GEMMs reach, in (0, 1]")
+      ->check(number_in(0, 1, true))->capture_default_str();
+  cmd->add_option("--hbm-gbps", o.hbm_gbps, "memory bandwidth of a GPU (the memory-bound optimizer step), GB/s (> 0)")
+      ->check(positive)->capture_default_str();
+  cmd->add_flag("--json", args->json, "the report as JSON");
+  return [args] { return plan_config(*args); };
 }
 
 }  // namespace tpt

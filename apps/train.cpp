@@ -1,4 +1,4 @@
-// tptrain [train] --config FILE [--set section.key=value]...
+// tptrain [train] --config FILE [--set section.key=value]...: training on the MPI ranks.
 // Start-up order matters for "no hang on bad input": every rank loads and validates the config
 // and the grid identically before any collective, so a bad input fails the same way everywhere
 // (rank 0 reports it). After that, a failure on one rank aborts the whole job.
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "apps/commands.h"
 #include "apps/trainer.h"
 #include "core/config.h"
@@ -26,24 +27,6 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
 };
-
-TrainArgs parse_args(int argc, char** argv) {
-  TrainArgs a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= argc) input_error(std::string(flag) + " needs a value (try: tptrain --help)");
-      return argv[++i];
-    };
-    if (s == "--config") a.config_path = value("--config");
-    else if (s.rfind("--config=", 0) == 0) a.config_path = s.substr(9);
-    else if (s == "--set") a.overrides.push_back(value("--set"));
-    else if (s.rfind("--set=", 0) == 0) a.overrides.push_back(s.substr(6));
-    else input_error("unknown argument '" + s + "' (try: tptrain --help)");
-  }
-  if (a.config_path.empty()) input_error("missing --config FILE (try: tptrain --help)");
-  return a;
-}
 
 // Features whose keys exist in the contract but whose implementation lands in a later issue.
 void reject_unimplemented(const Config& c) {
@@ -71,11 +54,8 @@ void report_peak_memory(Grid& grid) {
     spdlog::info("peak memory (RSS): max {:.1f} MiB per rank, {:.1f} MiB over {} ranks", max, mib[1], grid.world_size);
 }
 
-}  // namespace
-
-int train_main(int argc, char** argv) {
-  TrainArgs args = parse_args(argc, argv);
-  runtime_init(&argc, &argv);
+int train(const TrainArgs& args, int* argc, char*** argv) {
+  runtime_init(argc, argv);
   const int world = runtime_world_size(), rank = runtime_world_rank();
   spdlog::set_pattern("%v");
   if (rank != 0) spdlog::set_level(spdlog::level::warn);
@@ -130,6 +110,15 @@ int train_main(int argc, char** argv) {
   grid.reset();
   runtime_finalize();
   return status;
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app, int* argc, char*** argv) {
+  CLI::App* cmd = app.add_subcommand("train", "train a GPT (the default command: tptrain --config FILE ...)");
+  auto args = std::make_shared<TrainArgs>();
+  add_config_options(*cmd, args->config_path, args->overrides);
+  return [args, argc, argv] { return train(*args, argc, argv); };
 }
 
 }  // namespace tpt

@@ -134,7 +134,7 @@ timeout 60 "$TPTRAIN" export --checkpoint "$W/nothing" --output "$W/x" > "$W/bad
 [ $? -eq 2 ] && grep -q "no checkpoint in $W/nothing" "$W/bad.log" && ok "export of a directory without checkpoint: exit 2" ||
   { bad "export without checkpoint"; cat "$W/bad.log"; }
 timeout 60 "$TPTRAIN" export --checkpoint "$W/ck" > "$W/bad2.log" 2>&1
-[ $? -eq 2 ] && grep -q "output are required" "$W/bad2.log" && ok "export without --output: exit 2" || { bad "export args"; cat "$W/bad2.log"; }
+[ $? -eq 2 ] && grep -q -- "--output is required" "$W/bad2.log" && ok "export without --output: exit 2" || { bad "export args"; cat "$W/bad2.log"; }
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

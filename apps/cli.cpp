@@ -1,0 +1,107 @@
+#include "apps/cli.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tpt {
+
+namespace {
+
+constexpr size_t kHelpWidth = 110;
+
+// text with each line longer than width broken at spaces
+std::string wrap(const std::string& text, size_t width) {
+  std::string out;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    size_t col = 0;
+    for (size_t pos = begin; pos < end;) {
+      const size_t word = std::min(text.find_first_not_of(' ', pos), end);
+      const size_t next = std::min(text.find(' ', word), end);
+      if (word == end) break;  // trailing spaces
+      if (col > 0 && col + next - pos > width) out += '\n', col = 0, pos = word;
+      out.append(text, pos, next - pos);
+      col += next - pos;
+      pos = next;
+    }
+    if (end < text.size()) out += '\n';
+    begin = end + 1;
+  }
+  return out;
+}
+
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    return wrap(opt->get_description(), kHelpWidth - column_width_);
+  }
+  std::string make_description(const CLI::App* app) const override {
+    return wrap(CLI::Formatter::make_description(app), kHelpWidth);
+  }
+  std::string make_footer(const CLI::App* app) const override { return wrap(CLI::Formatter::make_footer(app), kHelpWidth); }
+};
+
+}  // namespace
+
+std::shared_ptr<CLI::Formatter> help_formatter() { return std::make_shared<HelpFormatter>(); }
+
+CLI::Validator integer_at_least(int64_t min) {
+  const std::string want = "an integer >= " + std::to_string(min);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        size_t used = 0;
+        int64_t x = 0;
+        try {
+          x = std::stoll(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size() || x < min) return "expected " + want + ", got '" + s + "'";
+        s = std::to_string(x);
+        return "";
+      },
+      "");
+}
+
+CLI::Validator number_in(double lo, double hi, bool open_lo) {
+  std::string want = "a number " + std::string(open_lo ? "> " : ">= ") + CLI::detail::to_string(lo);
+  if (hi < std::numeric_limits<double>::infinity()) want += " and <= " + CLI::detail::to_string(hi);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        size_t used = 0;
+        double x = NAN;
+        try {
+          x = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        const bool above = open_lo ? x > lo : x >= lo;  // false for NaN
+        if (used == 0 || used != s.size() || !above || !(x <= hi)) return "expected " + want + ", got '" + s + "'";
+        return "";
+      },
+      "");
+}
+
+void add_config_options(CLI::App& cmd, std::string& config, std::vector<std::string>& overrides) {
+  cmd.add_option("--config", config, "the YAML config (sections model, parallel, training, optimizer, data, "
+                                     "checkpoint, logging; see README.md and configs/)")
+      ->required()
+      ->type_name("FILE");
+  cmd.add_option("--set", overrides, "override one key of the config (repeatable; the value is YAML)")
+      ->allow_extra_args(false)
+      ->type_name("SECTION.KEY=VALUE");
+}
+
+void add_bpe_options(CLI::App& cmd, std::string& vocab_file, std::string& merge_file) {
+  CLI::Option* vocab = cmd.add_option("--vocab-file", vocab_file,
+                                      "GPT-2 byte-level BPE (Hugging Face's vocab.json, with --merge-file) instead of "
+                                      "the byte-level tokenizer (bytes 0..255, end of document 256: vocab_size 257)");
+  CLI::Option* merges = cmd.add_option("--merge-file", merge_file, "GPT-2 BPE merges (Hugging Face's merges.txt)");
+  vocab->type_name("vocab.json")->needs(merges);
+  merges->type_name("merges.txt")->needs(vocab);
+}
+
+}  // namespace tpt

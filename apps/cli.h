@@ -1,0 +1,25 @@
+// Pieces of tptrain's command line (CLI11) that several subcommands share.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tpt {
+
+// CLI11's help with the descriptions and footers wrapped to fit 110 columns.
+std::shared_ptr<CLI::Formatter> help_formatter();
+
+// Validators: a base-10 integer >= min (written back in plain decimal: CLI11 alone would read 010 as
+// octal) ...
+CLI::Validator integer_at_least(int64_t min);
+// ... and a number in [lo, hi], or (lo, hi] when open_lo, never NaN. The help states the range.
+CLI::Validator number_in(double lo, double hi, bool open_lo);
+
+// --config FILE (required) and --set section.key=value (repeatable): train, plan, data.
+void add_config_options(CLI::App& cmd, std::string& config, std::vector<std::string>& overrides);
+// --vocab-file F --merge-file F: GPT-2 BPE instead of the byte-level tokenizer, the two together.
+void add_bpe_options(CLI::App& cmd, std::string& vocab_file, std::string& merge_file);
+
+}  // namespace tpt
