@@ -57,6 +57,9 @@ def main():
         print(f"  stage {s}: idle / total = {sum(v) / len(v):.3f}")
     allv = [x for s in stages for x in bubble[s]]
     print(f"  mean over stages: {sum(allv) / len(allv):.3f}")
+    per_iter = sorted(sum(bubble[s][i] for s in stages) / P for i in range(len(iters)))
+    print(f"  median over iterations of the stages' mean: {per_iter[len(per_iter) // 2]:.3f} "
+          f"(range {per_iter[0]:.3f} .. {per_iter[-1]:.3f})")
     print(f"  1F1B formula (PP-1)/(M+PP-1) = {(P - 1) / (M + P - 1):.3f}")
     if chunks > 1:
         print(f"  interleaved formula (PP-1)/(v*M+PP-1) = {(P - 1) / (chunks * M + P - 1):.3f}")
