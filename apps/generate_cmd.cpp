@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,7 +17,6 @@
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/ops.h"
-#include "data/bpe_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/inference.h"
 
@@ -35,32 +33,21 @@ struct Options {
   int threads = 0;
 };
 
-// The byte-level tokenizer or GPT-2 BPE behind one face.
-struct TextCodec {
-  std::optional<BpeTokenizer> bpe;
-  std::vector<int32_t> encode(const std::string& s) const { return bpe ? bpe->encode(s) : ByteTokenizer::encode(s); }
-  std::string decode(std::span<const int32_t> t) const { return bpe ? bpe->decode(t) : ByteTokenizer::decode(t); }
-  int32_t vocab_size() const { return bpe ? bpe->vocab_size() : ByteTokenizer::kVocabSize; }
-  int32_t eod() const { return bpe ? bpe->eod() : ByteTokenizer::kEod; }
-  std::string name() const { return bpe ? "GPT-2 BPE" : "byte-level"; }
-};
-
 int generate(const Options& opt) {
   // stdout carries only the text: log lines (and the checkpoint reader's warnings) go to stderr
   spdlog::set_default_logger(spdlog::stderr_logger_mt("generate"));
   spdlog::set_pattern("%v");
 
-  TextCodec codec;
-  if (!opt.vocab_file.empty()) codec.bpe.emplace(opt.vocab_file, opt.merge_file);
+  const Tokenizer codec(opt.vocab_file, opt.merge_file);  // byte-level, or GPT-2 BPE with --vocab-file
 
   const auto t_load = std::chrono::steady_clock::now();
   InferenceWeights w = load_inference_weights(opt.checkpoint);
   const int64_t V = w.model.vocab_size, P = w.model.max_position_embeddings;
-  if (!codec.bpe && V != ByteTokenizer::kVocabSize)
+  if (!codec.is_bpe() && V != ByteTokenizer::kVocabSize)
     input_error("generate: " + w.path + " has vocab_size " + std::to_string(V) +
                 "; the byte-level tokenizer needs 257 (bytes + end of document). For a GPT-2 BPE model pass "
                 "--vocab-file vocab.json --merge-file merges.txt");
-  if (codec.bpe && codec.vocab_size() > V)
+  if (codec.is_bpe() && codec.vocab_size() > V)
     input_error("generate: the tokenizer's vocabulary (" + std::to_string(codec.vocab_size()) +
                 " ids) is larger than the model's vocab_size " + std::to_string(V) + " in " + w.path);
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));

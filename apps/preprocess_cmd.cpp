@@ -3,7 +3,6 @@
 // vocabulary above 65536 ids).
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,7 +10,6 @@
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/mmap_file.h"
-#include "data/bpe_tokenizer.h"
 #include "data/indexed_writer.h"
 #include "data/megatron_format.h"
 #include "data/text_documents.h"
@@ -41,10 +39,8 @@ void check(const Options& o) {
 
 int preprocess(const Options& opt) {
   check(opt);
-  std::optional<BpeTokenizer> bpe;
-  if (!opt.vocab_file.empty()) bpe.emplace(opt.vocab_file, opt.merge_file);
-  const int32_t vocab = bpe ? bpe->vocab_size() : ByteTokenizer::kVocabSize;
-  const int32_t eod = bpe ? bpe->eod() : ByteTokenizer::kEod;
+  const Tokenizer tokenizer(opt.vocab_file, opt.merge_file);
+  const int32_t vocab = tokenizer.vocab_size(), eod = tokenizer.eod();
   if (opt.append_eod && eod < 0)
     input_error("preprocess: --append-eod, but " + opt.vocab_file + " has no <|endoftext|> token");
   const int dtype = vocab <= 65536 ? megatron::kU16 : megatron::kI32;
@@ -54,18 +50,16 @@ int preprocess(const Options& opt) {
   for (const std::string& in : opt.inputs) {
     const int64_t docs = read_documents(in, opt.json_key, [&](std::string_view text) {
       tokens.clear();
-      if (bpe) bpe->encode(text, tokens);
-      else ByteTokenizer::encode(text, tokens);
+      tokenizer.encode(text, tokens);
       if (opt.append_eod) tokens.push_back(eod);
       writer.add_document(tokens);
     });
     std::printf("preprocess: %s: %lld documents\n", in.c_str(), static_cast<long long>(docs));
   }
   writer.finish();
-  const std::string tokenizer = bpe ? "GPT-2 BPE" : "byte-level";
   std::printf("preprocess: wrote %s.bin and %s.idx: %lld documents, %lld tokens (%s, %s, vocab_size %d%s)\n",
               opt.output_prefix.c_str(), opt.output_prefix.c_str(), static_cast<long long>(writer.num_documents()),
-              static_cast<long long>(writer.num_tokens()), megatron::dtype_name(dtype).c_str(), tokenizer.c_str(), vocab,
+              static_cast<long long>(writer.num_tokens()), megatron::dtype_name(dtype).c_str(), tokenizer.name().c_str(), vocab,
               opt.append_eod ? (", EOD " + std::to_string(eod) + " after each document").c_str() : "");
   return 0;
 }
