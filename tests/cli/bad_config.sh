@@ -9,11 +9,8 @@ set -u
 : "${TPTRAIN_WORK:?set TPTRAIN_WORK to a scratch directory}"
 case "$TPTRAIN" in */*) TPTRAIN="$(cd "$(dirname "$TPTRAIN")" && pwd)/$(basename "$TPTRAIN")" ;; esac
 FIX="$(cd "$TPTRAIN_SRC" && pwd)/tests/cli/bad_configs"
-mkdir -p "$TPTRAIN_WORK"
-cd "$TPTRAIN_WORK" || exit 1
-
-passed=0
-failed=0
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
+cd "$W" || exit 1
 
 # check NAME EXPECTED -- ARGS...: runs tptrain ARGS; EXPECTED holds the substrings, separated by
 # '|', that stderr must contain.
@@ -41,11 +38,9 @@ check() {
     done
   fi
   if [ -z "$why" ]; then
-    passed=$((passed + 1))
-    echo "PASS $name: $(head -n 1 "$err" | cut -c1-300)"
+    ok "$name: $(head -n 1 "$err" | cut -c1-300)"
   else
-    failed=$((failed + 1))
-    echo "FAIL $name: $why; stderr:"
+    bad "$name: $why; stderr:"
     sed 's/^/    /' "$err" | head -n 20
   fi
 }
@@ -115,5 +110,4 @@ check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
 check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
 check no_config "--config" --
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -6,12 +6,9 @@ set -u
 : "${TPTRAIN:?}" "${TPTRAIN_SRC:?}" "${TPTRAIN_WORK:?}"
 PYTHON=${PYTHON:-/usr/bin/python3}
 TOOL="$TPTRAIN_SRC/tests/tools/make_data.py"
-rm -rf "$TPTRAIN_WORK" && mkdir -p "$TPTRAIN_WORK/out" && cd "$TPTRAIN_WORK" || exit 1
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
+mkdir -p "$W/out" && cd "$W" || exit 1
 
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 
 # expect_exit2 NAME NEEDLE CMD...: CMD exits with status 2 and its stderr contains NEEDLE.
 expect_exit2() {
@@ -20,9 +17,9 @@ expect_exit2() {
   "$@" >"$name.out" 2>"$name.err"
   local rc=$?
   if [[ $rc == 2 ]] && grep -qF -- "$needle" "$name.err"; then
-    pass "$name"
+    ok "$name"
   else
-    fail "$name: exit $rc (want 2), stderr should name '$needle'"
+    bad "$name: exit $rc (want 2), stderr should name '$needle'"
     sed 's/^/    /' "$name.err"
   fi
 }
@@ -44,7 +41,7 @@ expect_exit2 no_input "--input" "$TPTRAIN" preprocess --output-prefix out/e
 expect_exit2 unknown_argument "--tokenizer-typo" "$TPTRAIN" preprocess --input good.txt --output-prefix out/f --tokenizer-typo x
 # A failed run leaves no outputs and no temporary files.
 left=$(find out -type f | wc -l)
-if [[ "$left" == 0 ]]; then pass "failed runs leave nothing behind"; else fail "left behind: $(find out -type f)"; fi
+if [[ "$left" == 0 ]]; then ok "failed runs leave nothing behind"; else bad "left behind: $(find out -type f)"; fi
 
 # ---------------------------------------------------------------------------------------------
 # 2. Corrupt datasets fed to training.
@@ -53,10 +50,10 @@ if [[ "$left" == 0 ]]; then pass "failed runs leave nothing behind"; else fail "
 #    >>> verified by tests/tools/make_data.py. On by default (the trainer reads data);
 #    >>> TRAINER_READS_DATA=0 skips this section.
 if ! "$PYTHON" "$TOOL" fixtures fixtures >fixtures.log 2>&1; then
-  fail "fixture generation"
+  bad "fixture generation"
   sed 's/^/    /' fixtures.log
 else
-  pass "fixture generation: $(tail -1 fixtures.log)"
+  ok "fixture generation: $(tail -1 fixtures.log)"
 fi
 
 # A tiny CPU config that reads DATA_PATH (vocab 64 > every fixture token; seq_length 8).
@@ -102,8 +99,8 @@ if [[ "${TRAINER_READS_DATA:-1}" == 1 ]]; then
   done
   for ok in megatron_ok llmc_ok.bin; do
     write_config "train_$ok.yaml" "fixtures/$ok"
-    if "$TPTRAIN" --config "train_$ok.yaml" >"train_$ok.log" 2>&1; then pass "train_$ok"; else
-      fail "train_$ok (exit $?)"
+    if "$TPTRAIN" --config "train_$ok.yaml" >"train_$ok.log" 2>&1; then ok "train_$ok"; else
+      bad "train_$ok (exit $?)"
       sed 's/^/    /' "train_$ok.log"
     fi
   done
@@ -111,5 +108,4 @@ else
   echo "SKIP: training on corrupt data (TRAINER_READS_DATA=0)"
 fi
 
-echo "$passed passed, $failed failed"
-[[ "$failed" == 0 ]]
+finish

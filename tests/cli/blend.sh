@@ -9,13 +9,9 @@
 #  3. a blended run's checkpoint resumes bitwise on the same layout (and from the blend state);
 #  4. bad blends exit 2 naming the entry; tptrain plan reports each component's epochs.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 R=$TPTRAIN_SRC/tests/reference
 CMP=$TPTRAIN_SRC/tests/tools/compare_runs.py
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 { $PYTHON "$R/make_tokens.py" --vocab 97 --tokens 20000 --docs 30 --seed 1 --megatron "$W/a" &&
   $PYTHON "$R/make_tokens.py" --vocab 97 --tokens 5000 --docs 11 --seed 2 --megatron "$W/b" &&
   $PYTHON "$R/make_tokens.py" --vocab 97 --tokens 3000 --docs 5 --seed 3 --megatron "$W/c" &&
@@ -109,5 +105,4 @@ assert [x["samples_drawn"] for x in c] == [32, 48, 80], c
 assert all(abs(x["epochs"] - x["samples_drawn"] / x["train_samples"]) < 1e-12 for x in c), c
 assert c[2]["documents"] == 5 and c[2]["train_tokens"] == 3000, c
 PY
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

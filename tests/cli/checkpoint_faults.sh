@@ -5,9 +5,7 @@
 # hang. Every resumed run must continue bitwise exactly like an uninterrupted run.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-PY=${PYTHON:-/usr/bin/python3}
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
 # lr_decay_iters fixed: the schedule (and so every loss) does not depend on train_iters.
@@ -20,9 +18,6 @@ data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
 checkpoint: {save_interval: 4}
 logging: {log_interval: 1}
 YAML
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 LAYOUT8=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
 
 # tpt NP NAME [args]: tptrain on NP ranks (NP=1: no mpirun), log $W/NAME.log; returns the exit status
@@ -234,5 +229,4 @@ else
   bad "space_first: exit status $?"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -9,9 +9,7 @@
 # keeps the newest checkpoints.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-PY=${PYTHON:-/usr/bin/python3}
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 CMP="$TPTRAIN_SRC/tests/tools/compare_runs.py"
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
@@ -24,9 +22,6 @@ optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_iters: 2, lr_decay_iters: 16, 
 data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 
 # tp np name [--set ...]: runs tptrain, metrics in $W/<name>.jsonl, log in $W/<name>.log
 run() {
@@ -149,5 +144,4 @@ got=$(cd "$W/keep" && ls -d iter_* | tr '\n' ' '); latest=$(cat "$W/keep/latest_
 if [ "$got" = "iter_0000008 iter_0000010 " ] && [ "$latest" = 10 ]; then ok "keep_last 2: $got, latest $latest"
 else bad "keep_last 2: got '$got', latest '$latest'"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -7,9 +7,7 @@
 # exported file reproduces exactly the loss of tptrain resumed from the checkpoint on the same batch.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-PY=${PYTHON:-/usr/bin/python3}
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 export PYTHONDONTWRITEBYTECODE=1
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 385 --docs 7 --pattern markov --seed 1 \
   --megatron "$W/tokens" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
@@ -25,9 +23,6 @@ optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_iters: 1, lr_decay_style: cosi
 data: {path: $W/tokens, shuffle: false, split: [1, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 
 # 3 iterations at TP2 x PP2 (x DP1), saved
 if timeout 120 mpirun -np 4 "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.tensor_model_parallel_size=2 \
@@ -136,5 +131,4 @@ timeout 60 "$TPTRAIN" export --checkpoint "$W/nothing" --output "$W/x" > "$W/bad
 timeout 60 "$TPTRAIN" export --checkpoint "$W/ck" > "$W/bad2.log" 2>&1
 [ $? -eq 2 ] && grep -q -- "--output is required" "$W/bad2.log" && ok "export without --output: exit 2" || { bad "export args"; cat "$W/bad2.log"; }
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -7,13 +7,8 @@
 # end to end (preprocess -> train -> generate).
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-PY=${PYTHON:-/usr/bin/python3}
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 export PYTHONDONTWRITEBYTECODE=1
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 
 # A small text: documents separated by blank lines.
 cat > "$W/text.txt" <<'TEXT'
@@ -222,5 +217,4 @@ PY
     ok "a BPE model without --vocab-file: exit 2" || { bad "BPE model without vocab"; cat "$W/bad4.txt"; }
 else bad "writing the BPE vocabulary"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

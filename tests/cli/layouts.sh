@@ -6,8 +6,7 @@
 # in one all-reduce after the pipeline; with the distributed optimizer they reduce-scatter them and
 # all-gather the parameters. The interleaved and zb-h1 schedules train identically too.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 $PYTHON "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null || { echo "FAIL: make_tokens.py"; exit 1; }
 cat > "$W/cfg.yaml" <<YAML
@@ -18,7 +17,6 @@ optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_iters: 2, weight_decay: 0.1, c
 data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
-pass=0; fail=0
 run() {  # name np tp pp mbs [schedule ["section.key=value ..."]]
   local name=$1 np=$2 tp=$3 pp=$4 mbs=$5 sched=${6:-1f1b} extra=() kv
   for kv in ${7:-}; do extra+=(--set "$kv"); done
@@ -85,5 +83,4 @@ run tp2_pp2_dp2_zb 8 2 2 2 zb-h1 "parallel.overlap_grad_reduce=true parallel.ddp
 # parameter drift of the deeper model alone is 1.2e-5 after 10 steps, for 1F1B as for interleaved)
 REF=single8 run single8 1 1 1 2 1f1b model.num_layers=8
 REF=single8 run pp4_v2_8layers 4 1 4 2 1f1b "model.num_layers=8 parallel.virtual_pipeline_model_parallel_size=2"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

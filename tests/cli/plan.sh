@@ -4,11 +4,7 @@
 # allocated on rank 0 (its "memory: allocated ... (plan: ...)" start-up line), on 1 rank and on
 # TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes), interleaved and zb-h1.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 
 # --- gpt96.yaml: keys and values --------------------------------------------------------------
 for gib in 80 141; do
@@ -151,5 +147,4 @@ compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.
 # buffers), and zb-h1's stash of the GEMMs' output gradients per slot
 compare pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
 compare tp2_pp2_zb_bf16_selective 4 2 2 training.precision=bf16 training.recompute=selective parallel.pipeline_schedule=zb-h1
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -6,13 +6,8 @@
 # scripts/plot_schedule and scripts/plot_metrics (with validation loss) write non-empty PNGs.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-PY=${PYTHON:-/usr/bin/python3}
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 export PYTHONDONTWRITEBYTECODE=1
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 20000 --docs 40 --seed 2 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
@@ -124,5 +119,4 @@ $PY "$TPTRAIN_SRC/scripts/plot_schedule" "$W/missing.json" > "$W/bad1.log" 2>&1
 $PY "$TPTRAIN_SRC/scripts/plot_metrics" "$W/cfg.yaml" > "$W/bad2.log" 2>&1
 [ $? -eq 2 ] && grep -q "not a JSON object" "$W/bad2.log" && ok "plot_metrics of a non-JSONL file: exit 2" || { bad "plot_metrics bad"; cat "$W/bad2.log"; }
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

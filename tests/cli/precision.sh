@@ -7,9 +7,7 @@
 #  - recompute none / selective / full give bitwise-identical fp32 losses (1 rank and 3D, also with
 #    sequence parallelism), and the printed activation memory shrinks none > selective > full.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-PY=$PYTHON
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 30000 --docs 20 --seed 5 --megatron "$W/data" >/dev/null 2>&1
 cat > "$W/cfg.yaml" <<YAML
 model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97,
@@ -20,9 +18,6 @@ optimizer: {lr: 2.0e-3, min_lr: 2.0e-4, lr_warmup_iters: 3, weight_decay: 0.1, c
 data: {path: $W/data, shuffle: true, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 run() {  # name np extra-args...
   local name=$1 np=$2; shift 2
   timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" --set logging.metrics_file="$W/$name.jsonl" "$@" \
@@ -145,5 +140,4 @@ for layout in 1 8 8sp; do
     else bad "activation memory with sequence parallelism ($n, without $without)"; fi
   fi
 done
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

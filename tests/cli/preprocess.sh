@@ -7,32 +7,29 @@ set -u
 : "${TPTRAIN:?}" "${TPTRAIN_SRC:?}" "${TPTRAIN_WORK:?}"
 PYTHON=${PYTHON:-/usr/bin/python3}
 TOOL="$TPTRAIN_SRC/tests/tools/make_data.py"
-rm -rf "$TPTRAIN_WORK" && mkdir -p "$TPTRAIN_WORK/out" && cd "$TPTRAIN_WORK" || exit 1
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
+mkdir -p "$W/out" && cd "$W" || exit 1
 
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 
 # run NAME CMD...: expects exit 0; keeps stdout+stderr in NAME.log
 run() {
   local name=$1
   shift
-  if "$@" >"$name.log" 2>&1; then pass "$name"; else fail "$name (exit $?)"; sed 's/^/    /' "$name.log"; fi
+  if "$@" >"$name.log" 2>&1; then ok "$name"; else bad "$name (exit $?)"; sed 's/^/    /' "$name.log"; fi
 }
 # verify NAME PREFIX CHECK-ARGS...: the independent parser agrees with the inputs
 verify() {
   local name=$1
   shift
   if "$PYTHON" "$TOOL" check "$@" >"$name.check.log" 2>&1; then
-    pass "$name: $(tail -1 "$name.check.log")"
+    ok "$name: $(tail -1 "$name.check.log")"
   else
-    fail "$name"
+    bad "$name"
     sed 's/^/    /' "$name.check.log"
   fi
 }
 # contains NAME FILE TEXT
-contains() { if grep -qF -- "$3" "$2"; then pass "$1"; else fail "$1: '$3' not in $2"; sed 's/^/    /' "$2"; fi; }
+contains() { if grep -qF -- "$3" "$2"; then ok "$1"; else bad "$1: '$3' not in $2"; sed 's/^/    /' "$2"; fi; }
 
 # ---- inputs ----
 printf 'The first document,\nover two lines. caf\xc3\xa9 \xe2\x82\xac\n\n\n  \t\nSecond document.\n\nThird\tone\r\nends here\n' >plain.txt
@@ -74,7 +71,7 @@ verify empty_contents out/empty --inputs empty.txt
 run rerun "$TPTRAIN" preprocess --input fortune.txt --output-prefix out/plain
 verify rerun_contents out/plain --inputs fortune.txt
 leftovers=$(find out -name '*.tmp*' | wc -l)
-if [[ "$leftovers" == 0 ]]; then pass "no temporary files"; else fail "temporary files left: $(find out -name '*.tmp*')"; fi
+if [[ "$leftovers" == 0 ]]; then ok "no temporary files"; else bad "temporary files left: $(find out -name '*.tmp*')"; fi
 
 # ---- the summary names both outputs and the token count ----
 contains summary_names_outputs plain_text.log "out/plain.bin"
@@ -85,5 +82,4 @@ contains summary_tokens jsonl.log "$tokens tokens"
 run help "$TPTRAIN" preprocess --help
 contains help_text help.log "--output-prefix"
 
-echo "$passed passed, $failed failed"
-[[ "$failed" == 0 ]]
+finish

@@ -5,11 +5,7 @@
 # the config; the spans go to the trace on a track of their own (the schedule tools still read it);
 # and profiling changes no loss (bitwise equal to the same run without it).
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 $PYTHON "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 30000 --docs 20 --seed 5 --megatron "$W/data" >/dev/null 2>&1
 # 4 layers on 2 stages (2 per stage), 2 micro-batches of 2 per iteration
 cat > "$W/cfg.yaml" <<YAML
@@ -77,5 +73,4 @@ then ok "trace: op spans of every rank on their own track"; else bad "trace op s
 if $PYTHON "$TPTRAIN_SRC/scripts/bubble.py" "$W/trace.json" > "$W/bubble.out" 2>&1; then ok "bubble.py reads a profiled trace"
 else bad "bubble.py on a profiled trace"; cat "$W/bubble.out"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

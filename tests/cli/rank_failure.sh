@@ -5,11 +5,7 @@
 # rank on either stage; and a single process, which must exit 1 without tearing anything down.
 # A stopped (hung) rank ends the job through the watchdog (parallel.distributed_timeout_minutes).
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
-W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 $PYTHON "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 30000 --docs 20 --seed 5 --megatron "$W/data" >/dev/null 2>&1
 cat > "$W/cfg.yaml" <<YAML
 model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97,
@@ -64,5 +60,4 @@ if timeout 120 mpirun -np 4 "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.dis
    grep -q "^iteration *6/" "$W/healthy.log"; then ok "healthy run with a 30 s timeout completes"
 else bad "healthy run with a 30 s timeout"; tail -3 "$W/healthy.log"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

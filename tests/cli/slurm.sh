@@ -8,17 +8,13 @@
 # instead with a faked SLURM environment (SLURM_* variables, a fake scontrol), and it says so.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
-source "$TPTRAIN_SRC/scripts/env.sh"
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
 # 4 ranks on a 2-core machine that SLURM believes has 8 CPUs: Open MPI does not see the
 # oversubscription and busy-polls, 10x slower; yielding ranks keep iterations at ~0.2 s.
 export OMPI_MCA_mpi_yield_when_idle=1
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W/logs"
-PY=${PYTHON:-/usr/bin/python3}
 SB=$TPTRAIN_SRC/scripts/slurm/tptrain.sbatch
 ITERS=40
-pass=0; fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; fail=$((fail+1)); }
 finish() { echo "$pass passed, $fail failed (${SECONDS} s)"; [ "$fail" -eq 0 ]; exit; }
 
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
