@@ -86,9 +86,9 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"num_microbatches", p.num_microbatches},
           {"micro_batch_size", c.training.micro_batch_size},
           {"global_batch_size", c.training.global_batch_size},
-          {"pipeline_schedule", c.parallel.pipeline_schedule},
-          {"precision", c.training.precision},
-          {"recompute", c.training.recompute},
+          {"pipeline_schedule", name_of(c.parallel.pipeline_schedule)},
+          {"precision", name_of(c.training.precision)},
+          {"recompute", name_of(c.training.recompute)},
           {"device_memory_bytes", p.device_memory_bytes},
           {"total_parameters", p.total_parameters},
           {"padded_vocab_size", p.padded_vocab},
@@ -134,7 +134,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("batch: global %d = micro-batch %d x %d micro-batches x DP %d; schedule %s; precision %s; "
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
-              c.parallel.pipeline_schedule.c_str(), c.training.precision.c_str(), c.training.recompute.c_str());
+              name_of(c.parallel.pipeline_schedule).c_str(), name_of(c.training.precision).c_str(), name_of(c.training.recompute).c_str());
   std::printf("storage: every tensor in its own dtype -- activations, workspace, pipeline messages and the "
               "compute copy of the weights in the compute dtype; master weights, gradients and Adam state in "
               "fp32 (what tptrain's backends allocate)\n\n");
@@ -157,7 +157,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                 u(double(s.workspace_bytes)), u(double(s.buffer_bytes)), u(double(s.total_bytes())),
                 verdict(double(s.total_bytes())));
   std::printf("by recompute mode: activations + workspace -> total per rank (%s); configured: %s\n", unit,
-              c.training.recompute.c_str());
+              name_of(c.training.recompute).c_str());
   std::printf("%5s %-32s %-32s %-32s\n", "stage", "  none", "  selective", "  full");
   for (const StageMemory& s : p.stages) {
     const double rest = double(s.total_bytes() - s.activation_bytes - s.workspace_bytes);

@@ -34,7 +34,7 @@ void reject_unimplemented(const Config& c) {
     input_error(key + ": " + what + " is not implemented in this version of tptrain");
   };
 #ifndef TPTRAIN_HAVE_CUDA  // built with the CUDA toolkit, device: cuda is checked against the GPUs later
-  if (c.training.device == "cuda")
+  if (c.training.device == Device::Cuda)
     input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit at "
                 "build time; see README \"GPU\")");
 #endif

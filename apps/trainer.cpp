@@ -190,13 +190,12 @@ void Trainer::setup_pipeline() {
   const int dp = grid_.dp;
   num_micro_ = int(cfg_.training.global_batch_size / (cfg_.training.micro_batch_size * dp));
   const int v = int(chunk_dims_.size());
-  ScheduleKind kind = parse_schedule(cfg_.parallel.pipeline_schedule);
-  if (v > 1) kind = ScheduleKind::Interleaved1F1B;  // 1f1b with model chunks (checked at config load)
+  const ScheduleKind kind = schedule_kind(cfg_.parallel.pipeline_schedule, v);
   train_schedule_ = make_schedule(kind, grid_.pp, grid_.pp_rank, num_micro_, v);
   eval_schedule_ = make_schedule(ScheduleKind::ForwardOnly, grid_.pp, grid_.pp_rank, num_micro_, v);
   slots_ = max_in_flight_per_chunk(train_schedule_);
   slots_.resize(size_t(v), 0);
-  StageOptions stage_options{dtype_, parse_recompute(cfg_.training.recompute)};
+  StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
   // TP rank's (B*S/tp, C)
@@ -252,7 +251,7 @@ void Trainer::log_setup() {
                                                 : std::string();
   spdlog::info("backend: {}; {} micro-batches of {} per DP rank per iteration; pipeline schedule {}{} "
                "({} activation slots on stage 0)",
-               ops_->name(), num_micro_, cfg_.training.micro_batch_size, cfg_.parallel.pipeline_schedule, chunks,
+               ops_->name(), num_micro_, cfg_.training.micro_batch_size, name_of(cfg_.parallel.pipeline_schedule), chunks,
                plan.in_flight);
   if (dims_.sequence_parallel) {
     const int64_t N = int64_t(cfg_.training.micro_batch_size) * cfg_.model.seq_length;
@@ -269,7 +268,7 @@ void Trainer::log_setup() {
   spdlog::info("activation memory on rank 0: {:.2f} MiB kept for {} in-flight micro-batches + {:.2f} MiB scratch "
                "({} storage, recompute {})",
                double(plan.activation_bytes) / 1048576.0, plan.in_flight, double(plan.workspace_bytes) / 1048576.0,
-               cfg_.training.precision, cfg_.training.recompute);
+               name_of(cfg_.training.precision), name_of(cfg_.training.recompute));
   // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
   spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
                ops_->allocated_bytes(), describe_memory(plan));

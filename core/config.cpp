@@ -25,7 +25,7 @@ namespace tpt {
 namespace {
 
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
-                              DataPath*>;
+                              DataPath*, PipelineSchedule*, Precision*, Recompute*, Device*, LrDecayStyle*>;
 
 enum class Presence {
   kDefault,   // has a default value; null is a type error
@@ -38,10 +38,17 @@ struct Field {
   std::string_view key;
   FieldRef (*ref)(Config&);
   Presence presence = Presence::kDefault;
-  std::vector<std::string_view> choices = {};  // non-empty: an enum (string field)
+  // non-empty: the allowed values of a string field, or an enum's names (enum_names)
+  std::vector<std::string_view> choices = {};
 
   std::string name() const { return std::string(section) + "." + std::string(key); }
 };
+
+template <class E>
+std::vector<std::string_view> names() {
+  const std::span<const std::string_view> n = enum_names(E{});
+  return {n.begin(), n.end()};
+}
 
 #define TPT_FIELD(sec, k, ...) \
   Field { #sec, #k, [](Config& c) -> FieldRef { return &c.sec.k; }, __VA_ARGS__ }
@@ -72,7 +79,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, tensor_model_parallel_size),
       TPT_FIELD(parallel, pipeline_model_parallel_size),
       TPT_FIELD(parallel, data_parallel_size, kNull),
-      TPT_FIELD(parallel, pipeline_schedule, kDef, {"1f1b", "gpipe", "zb-h1"}),
+      TPT_FIELD(parallel, pipeline_schedule, kDef, names<PipelineSchedule>()),
       TPT_FIELD(parallel, virtual_pipeline_model_parallel_size, kNull),
       TPT_FIELD(parallel, sequence_parallel),
       TPT_FIELD(parallel, distributed_optimizer),
@@ -83,16 +90,16 @@ const std::vector<Field>& fields() {
       TPT_FIELD(training, micro_batch_size),
       TPT_FIELD(training, global_batch_size, kNull),
       TPT_FIELD(training, train_iters, kReq),
-      TPT_FIELD(training, precision, kDef, {"fp32", "bf16", "fp16"}),
-      TPT_FIELD(training, recompute, kDef, {"none", "selective", "full"}),
+      TPT_FIELD(training, precision, kDef, names<Precision>()),
+      TPT_FIELD(training, recompute, kDef, names<Recompute>()),
       TPT_FIELD(training, seed),
-      TPT_FIELD(training, device, kDef, {"auto", "cpu", "cuda"}),
+      TPT_FIELD(training, device, kDef, names<Device>()),
       TPT_FIELD(training, cpu_threads, kNull),
       TPT_FIELD(training, nan_iteration_limit),
       TPT_FIELD(optimizer, lr),
       TPT_FIELD(optimizer, min_lr),
       TPT_FIELD(optimizer, lr_warmup_iters),
-      TPT_FIELD(optimizer, lr_decay_style, kDef, {"cosine", "linear", "constant"}),
+      TPT_FIELD(optimizer, lr_decay_style, kDef, names<LrDecayStyle>()),
       TPT_FIELD(optimizer, lr_decay_iters, kNull),
       TPT_FIELD(optimizer, weight_decay),
       TPT_FIELD(optimizer, adam_beta1),
@@ -361,6 +368,7 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
         else if constexpr (std::is_same_v<T, std::vector<double>>) bad("a list of 3 numbers");
         else if constexpr (std::is_same_v<T, DataPath>) bad("a path or a blend [weight, path, ...]");
         else if constexpr (std::is_same_v<T, double>) bad("a number");
+        else if constexpr (std::is_enum_v<T>) bad("one of " + join(f.choices, " | "));
         else bad("an integer");
       }, ref);
     }
@@ -394,6 +402,12 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
       *p = v.Scalar();
     } else if constexpr (std::is_same_v<T, DataPath>) {
       *p = parse_data_path(v, where + ": " + name);
+    } else if constexpr (std::is_enum_v<T>) {
+      const auto it = v.IsScalar() ? std::find(f.choices.begin(), f.choices.end(), v.Scalar()) : f.choices.end();
+      if (!v.IsScalar()) bad("one of " + join(f.choices, " | "));
+      if (it == f.choices.end())
+        input_error(where + ": " + name + ": unknown value '" + v.Scalar() + "' (allowed: " + join(f.choices, " | ") + ")");
+      *p = T(it - f.choices.begin());
     } else {
       auto x = parse_split(v);
       if (!x) bad("a list of 3 numbers (train, valid, test)");
@@ -654,6 +668,7 @@ std::string value_yaml(const Field& f, const Config& cfg) {
     if (null_value) return "null";
     if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
     else if constexpr (std::is_same_v<T, std::string>) return yaml_string(*p);
+    else if constexpr (std::is_enum_v<T>) return yaml_string(name_of(*p));
     else if constexpr (std::is_same_v<T, DataPath>) {
       std::string s = "[";
       for (size_t i = 0; i < p->paths.size() && p->is_blend(); ++i)
@@ -678,6 +693,8 @@ nlohmann::json value_json(const Field& f, const Config& cfg) {
       nlohmann::json a = nlohmann::json::array();
       for (size_t i = 0; i < p->paths.size(); ++i) a.push_back(p->weights[i]), a.push_back(p->paths[i]);
       return a;
+    } else if constexpr (std::is_enum_v<T>) {
+      return name_of(*p);
     } else {
       return *p;
     }
@@ -717,6 +734,27 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   text << in.rdbuf();
   if (in.bad()) input_error(path + ": cannot read config file: " + std::strerror(errno));
   return parse_config(text.str(), path, overrides);
+}
+
+std::span<const std::string_view> enum_names(PipelineSchedule) {
+  static constexpr std::string_view n[] = {"1f1b", "gpipe", "zb-h1"};
+  return n;
+}
+std::span<const std::string_view> enum_names(Precision) {
+  static constexpr std::string_view n[] = {"fp32", "bf16", "fp16"};
+  return n;
+}
+std::span<const std::string_view> enum_names(Recompute) {
+  static constexpr std::string_view n[] = {"none", "selective", "full"};
+  return n;
+}
+std::span<const std::string_view> enum_names(Device) {
+  static constexpr std::string_view n[] = {"auto", "cpu", "cuda"};
+  return n;
+}
+std::span<const std::string_view> enum_names(LrDecayStyle) {
+  static constexpr std::string_view n[] = {"cosine", "linear", "constant"};
+  return n;
 }
 
 std::string split_weights_error(const std::vector<double>& w) {

@@ -5,12 +5,37 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace tpt {
+
+// The config's choices, parsed once at load (their names below, in value order).
+enum class PipelineSchedule { OneFOneB, GPipe, ZeroBubbleH1 };  // parallel.pipeline_schedule
+enum class Precision { FP32, BF16, FP16 };                       // training.precision
+// training.recompute (model/gpt.h StageOptions):
+//   none       keep every activation of a layer until its backward;
+//   selective  drop the attention output and its log-sum-exp and rerun the attention core (scores,
+//              softmax, weighted values) in backward (the probabilities are never kept: flash-style);
+//   full       keep only each layer's input and rerun the layer's forward in backward.
+enum class Recompute { None, Selective, Full };
+enum class Device { Auto, Cpu, Cuda };                           // training.device
+enum class LrDecayStyle { Cosine, Linear, Constant };            // optimizer.lr_decay_style
+
+// The names of an enum's values as the config spells them (index = value).
+std::span<const std::string_view> enum_names(PipelineSchedule);
+std::span<const std::string_view> enum_names(Precision);
+std::span<const std::string_view> enum_names(Recompute);
+std::span<const std::string_view> enum_names(Device);
+std::span<const std::string_view> enum_names(LrDecayStyle);
+template <class E>
+std::string name_of(E value) {
+  return std::string(enum_names(E{})[size_t(value)]);
+}
 
 struct ModelConfig {
   int num_layers = 0;                   // required
@@ -32,7 +57,7 @@ struct ParallelConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
   int data_parallel_size = 0;           // 0 = null: derived as world / (TP * PP)
-  std::string pipeline_schedule = "1f1b";   // 1f1b | gpipe | zb-h1 (parallel/schedule.h)
+  PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // 1f1b | gpipe | zb-h1 (parallel/schedule.h)
   // Interleaved 1F1B: model chunks per pipeline rank (Megatron's name; 0 = null: one chunk).
   int virtual_pipeline_model_parallel_size = 0;
   bool sequence_parallel = false;
@@ -53,10 +78,10 @@ struct TrainingConfig {
   int micro_batch_size = 1;
   int global_batch_size = 0;            // 0 = null: micro_batch_size * DP
   int64_t train_iters = 0;              // required
-  std::string precision = "fp32";       // fp32 | bf16 | fp16
-  std::string recompute = "none";       // none | selective | full
+  Precision precision = Precision::FP32;  // fp32 | bf16 | fp16
+  Recompute recompute = Recompute::None;  // none | selective | full
   uint64_t seed = 1234;
-  std::string device = "auto";          // auto | cpu | cuda
+  Device device = Device::Auto;         // auto | cpu | cuda
   int cpu_threads = 0;                  // 0 = null: cores on this host / ranks on this host
   int nan_iteration_limit = 10;         // this many consecutive nan iterations stop the run (exit 1)
 };
@@ -65,7 +90,7 @@ struct OptimizerConfig {
   double lr = 6.0e-4;
   double min_lr = 0.0;
   int64_t lr_warmup_iters = 0;
-  std::string lr_decay_style = "cosine";  // cosine | linear | constant
+  LrDecayStyle lr_decay_style = LrDecayStyle::Cosine;  // cosine | linear | constant
   int64_t lr_decay_iters = 0;           // 0 = null: train_iters (resolved)
   double weight_decay = 0.1;
   double adam_beta1 = 0.9;

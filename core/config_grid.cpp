@@ -41,13 +41,13 @@ void resolve_parallel(Config& cfg, int world_size) {
   if (v > 1 && pp == 1)
     input_error(vkey + " needs parallel.pipeline_model_parallel_size > 1 (model chunks are spread over pipeline "
                 "ranks): set it to null or raise pipeline_model_parallel_size");
-  if (v > 1 && p.pipeline_schedule != "1f1b")
+  if (v > 1 && p.pipeline_schedule != PipelineSchedule::OneFOneB)
     input_error(vkey + " needs parallel.pipeline_schedule: 1f1b (the interleaved 1F1B schedule), not " +
-                p.pipeline_schedule);
+                name_of(p.pipeline_schedule));
   if (v > 1 && m.num_layers % (pp * v) != 0)
     input_error("model.num_layers (" + s(m.num_layers) + ") is not divisible by parallel.pipeline_model_parallel_size (" +
                 s(pp) + ") * " + vkey + " = " + s(pp * v) + " (each model chunk holds the same number of layers)");
-  if (p.pipeline_schedule == "zb-h1" && cfg.training.recompute == "full")
+  if (p.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 && cfg.training.recompute == Recompute::Full)
     input_error("parallel.pipeline_schedule: zb-h1 cannot run with training.recompute: full (its deferred weight "
                 "gradients read the layers' kept activations, which full recompute drops): use none or selective");
   if (p.overlap_param_gather && !p.distributed_optimizer)

@@ -48,13 +48,6 @@ struct GPTStage::SlotActs {
   bool weight_pending = false;    // B ran (BackwardPart::Input), W (backward_weight) not yet
 };
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::None;
-  if (name == "selective") return Recompute::Selective;
-  if (name == "full") return Recompute::Full;
-  internal_error("unknown recompute mode " + name);
-}
-
 namespace {
 // Bytes of n elements of the compute dtype t, and of n fp32 values.
 int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/ops.h"
 #include "core/sharded_tensor.h"
 #include "parallel/grad_sync.h"
@@ -14,7 +15,6 @@
 
 namespace tpt {
 
-struct Config;
 class Comm;
 
 // Sizes of the whole model and of this rank's shard of it.
@@ -71,13 +71,7 @@ void init_params_host(const ParamLayout& layout, uint64_t seed, float* params);
 
 // How a stage stores activations: the compute dtype (activations, their gradients, the logits and
 // the compute copy of the weights are stored in it; LayerNorm statistics, the attention
-// log-sum-exp and the losses in fp32) and activation recompute:
-//   none       keep every activation of a layer until its backward;
-//   selective  drop the attention output and its log-sum-exp and rerun the attention core (scores,
-//              softmax, weighted values) in backward (the probabilities are never kept: flash-style);
-//   full       keep only each layer's input and rerun the layer's forward in backward.
-enum class Recompute { None, Selective, Full };
-Recompute parse_recompute(const std::string& name);
+// log-sum-exp and the losses in fp32) and activation recompute (training.recompute, core/config.h).
 struct StageOptions {
   DType dtype = DType::F32;
   Recompute recompute = Recompute::None;

@@ -15,8 +15,12 @@
 namespace tpt {
 
 DType compute_dtype(const Config& c) {
-  const std::string& p = c.training.precision;
-  return p == "bf16" ? DType::BF16 : p == "fp16" ? DType::F16 : DType::F32;
+  switch (c.training.precision) {
+    case Precision::FP32: return DType::F32;
+    case Precision::BF16: return DType::BF16;
+    case Precision::FP16: return DType::F16;
+  }
+  internal_error("compute_dtype: unknown precision");
 }
 
 namespace {
@@ -29,7 +33,7 @@ int num_microbatches(const Config& c) {
 // The trainer's schedule of stage pp_rank: the configured one, interleaved with model chunks.
 std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
   const int v = model_chunks(c);
-  const ScheduleKind kind = v > 1 ? ScheduleKind::Interleaved1F1B : parse_schedule(c.parallel.pipeline_schedule);
+  const ScheduleKind kind = schedule_kind(c.parallel.pipeline_schedule, v);
   return make_schedule(kind, c.parallel.pipeline_model_parallel_size, pp_rank, num_microbatches(c), v);
 }
 
@@ -71,7 +75,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   std::vector<int> slots = max_in_flight_per_chunk(schedule);  // the trainer's: at least 1 per chunk
   slots.resize(chunks.size(), 0);
   for (int& s : slots) s = std::max(1, s);
-  const bool split = cfg.parallel.pipeline_schedule == "zb-h1";
+  const bool split = cfg.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1;
 
   StageMemory m;
   m.stage = pp_rank;
@@ -90,7 +94,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   m.optimizer_bytes = owned * 8;
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
   // gradients the deferred weight gradients read) and its own scratch.
-  const Recompute mode = parse_recompute(cfg.training.recompute);
+  const Recompute mode = cfg.training.recompute;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const GPTDims& d = chunks[c];
     const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
@@ -149,13 +153,13 @@ StageWork stage_work(const Config& c, int s) {
   const GPTDims d = make_dims(c, tp, 0, pp, s);
   const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), F = double(d.F);
   const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
-  const Recompute r = parse_recompute(c.training.recompute);
+  const Recompute r = c.training.recompute;
   // per layer: QKV 6NC^2, projection 2NC^2, MLP 4NCF; attention scores and weighted sum 4NSC, of
   // which the causal half is computed (2NSC, as the logged formula's s/(12h) term counts them)
   const double attn_core = 2.0 * N * S * C / tp;
   const double layer = (8.0 * N * C * C + 4.0 * N * C * F) / tp + attn_core;
   const double lm_head = 2.0 * N * C * double(d.Vl);
-  const bool gpipe = c.parallel.pipeline_schedule == "gpipe";
+  const bool gpipe = c.parallel.pipeline_schedule == PipelineSchedule::GPipe;
   StageWork w;
   w.fwd_flops = layers * layer + (d.last_stage() ? lm_head : 0.0);
   w.bwd_flops = 2.0 * w.fwd_flops;
@@ -195,25 +199,26 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
     if (peak >= 0) out.push_back({change, note, peak, double(peak) <= limit});
     return peak >= 0 && double(peak) <= limit;
   };
-  const std::string rc = c.training.recompute;
-  auto with_recompute = [&](Config v, const std::string& mode) {
+  const Recompute rc = c.training.recompute;
+  auto with_recompute = [&](Config v, Recompute mode) {
     v.training.recompute = mode;
     return v;
   };
   const std::string already = "already configured";
-  if (rc == "none") add("training.recompute=selective", "", with_recompute(c, "selective"), plan.world_size);
-  add("training.recompute=full", rc == "full" ? already : "", with_recompute(c, "full"), plan.world_size);
+  if (rc == Recompute::None)
+    add("training.recompute=selective", "", with_recompute(c, Recompute::Selective), plan.world_size);
+  add("training.recompute=full", rc == Recompute::Full ? already : "", with_recompute(c, Recompute::Full), plan.world_size);
   Config mb1 = c;
   mb1.training.micro_batch_size = 1;
   add("training.micro_batch_size=1", c.training.micro_batch_size == 1 ? already : "", mb1, plan.world_size);
   // More PP / more TP: the smallest degree that fits (first with the configured recompute, then
   // with full recompute). The world keeps its size where the grid allows, else DP is kept.
   auto grow = [&](bool pipeline) {
-    std::vector<std::string> modes = {rc};
-    if (rc != "full") modes.push_back("full");
+    std::vector<Recompute> modes = {rc};
+    if (rc != Recompute::Full) modes.push_back(Recompute::Full);
     const int cur = pipeline ? plan.pp : plan.tp;
     const int max_degree = pipeline ? c.model.num_layers : c.model.num_attention_heads;
-    for (const std::string& mode : modes)
+    for (Recompute mode : modes)
       for (int n = cur + 1; n <= max_degree; ++n) {
         Config v = with_recompute(c, mode);
         (pipeline ? v.parallel.pipeline_model_parallel_size : v.parallel.tensor_model_parallel_size) = n;
@@ -229,7 +234,7 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
         if (!pipeline && tp > plan.options.gpus_per_node) note += "; TP beyond one node crosses the inter-node network";
         const std::string key =
             pipeline ? "parallel.pipeline_model_parallel_size=" : "parallel.tensor_model_parallel_size=";
-        out.push_back({key + std::to_string(n) + (mode != rc ? " training.recompute=" + mode : ""), note, peak, true});
+        out.push_back({key + std::to_string(n) + (mode != rc ? " training.recompute=" + name_of(mode) : ""), note, peak, true});
         return;
       }
     out.push_back({pipeline ? "more pipeline stages" : "more tensor parallelism",
@@ -259,8 +264,8 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   }
   bool fits = false;
   for (const auto& [what, cfg] : switches) fits = add(what, "", cfg, plan.world_size) || fits;
-  if (!fits && !change.empty() && rc != "full")
-    add(change + " training.recompute=full", "", with_recompute(v, "full"), plan.world_size);
+  if (!fits && !change.empty() && rc != Recompute::Full)
+    add(change + " training.recompute=full", "", with_recompute(v, Recompute::Full), plan.world_size);
   return out;
 }
 
@@ -302,7 +307,6 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
                                            std::max(1, par.data_parallel_size);
   resolve_parallel(cfg, plan.world_size);
   check_plannable(cfg);
-  parse_schedule(par.pipeline_schedule);
   plan.tp = par.tensor_model_parallel_size;
   plan.pp = par.pipeline_model_parallel_size;
   plan.dp = par.data_parallel_size;

@@ -10,11 +10,11 @@ namespace tpt {
 double learning_rate(const OptimizerConfig& o, int64_t k) {
   const int64_t W = o.lr_warmup_iters;
   if (W > 0 && k <= W) return o.lr * double(k) / double(W);
-  if (o.lr_decay_style == "constant") return o.lr;
+  if (o.lr_decay_style == LrDecayStyle::Constant) return o.lr;
   const int64_t decay = o.lr_decay_iters;
   if (k > decay) return o.min_lr;
   double ratio = decay > W ? double(k - W) / double(decay - W) : 1.0;
-  double coeff = o.lr_decay_style == "linear" ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  double coeff = o.lr_decay_style == LrDecayStyle::Linear ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
   return o.min_lr + coeff * (o.lr - o.min_lr);
 }
 

@@ -179,11 +179,11 @@ int rank_sharing_gpu(Grid& g, int device) {
 }  // namespace
 #endif
 
-bool use_cuda_devices(const std::string& device, Grid& g) {
-  if (device == "cpu") return false;
+bool use_cuda_devices(Device device, Grid& g) {
+  if (device == Device::Cpu) return false;
 #ifdef TPTRAIN_HAVE_CUDA
   const int gpus = cuda_device_count();
-  if (device == "cuda") {
+  if (device == Device::Cuda) {
     if (gpus == 0)
       input_error("training.device: cuda, but no GPU is visible on host " + g.host + " (rank " +
                   std::to_string(g.world_rank) + "; check the NVIDIA driver and CUDA_VISIBLE_DEVICES)");
@@ -206,7 +206,7 @@ bool use_cuda_devices(const std::string& device, Grid& g) {
     std::fprintf(stderr, "tptrain: training.device auto: CPU, as the GPUs visible are fewer than the ranks\n");
   return shared == 0.0;
 #else
-  if (device == "cuda")
+  if (device == Device::Cuda)
     input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit "
                 "at build time; see README \"GPU\")");
   return false;

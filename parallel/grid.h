@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "core/config.h"
 #include "parallel/comm.h"
 
 namespace tpt {
@@ -48,7 +49,7 @@ struct Grid {
 // (local rank mod the GPUs it sees). cuda: an error naming the host when this build has no CUDA
 // backend, no GPU is visible, or two ranks would share a GPU. auto: CUDA when every rank of the job
 // has a GPU of its own, else CPU. Collective over the world.
-bool use_cuda_devices(const std::string& device, Grid& g);
+bool use_cuda_devices(Device device, Grid& g);
 // makes that GPU this rank's device (local rank from MPI_Comm_split_type SHARED) and creates
 // the device-side communicators (collective over the world, every rank in the same order).
 void setup_cuda_devices(Grid& g);

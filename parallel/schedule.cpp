@@ -34,11 +34,13 @@ std::string Action::str() const {
   return s + " }";
 }
 
-ScheduleKind parse_schedule(const std::string& name) {
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
-  input_error("parallel.pipeline_schedule: unknown schedule '" + name + "' (allowed: 1f1b, gpipe, zb-h1)");
+ScheduleKind schedule_kind(PipelineSchedule schedule, int chunks) {
+  switch (schedule) {
+    case PipelineSchedule::OneFOneB: return chunks > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+    case PipelineSchedule::GPipe: return ScheduleKind::GPipe;
+    case PipelineSchedule::ZeroBubbleH1: return ScheduleKind::ZeroBubbleH1;
+  }
+  internal_error("schedule_kind: unknown schedule");
 }
 
 std::string check_schedule(ScheduleKind kind, int P, int M, int v) {

@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
+
 namespace tpt {
 
 struct Action {
@@ -64,9 +66,10 @@ struct Action {
 };
 
 enum class ScheduleKind { OneFOneB, GPipe, ForwardOnly, Interleaved1F1B, ZeroBubbleH1 };
-// "1f1b" | "gpipe" | "zb-h1". The interleaved schedule has no name of its own (as in Megatron: 1f1b
-// with virtual_pipeline_model_parallel_size > 1 is the interleaved schedule).
-ScheduleKind parse_schedule(const std::string& name);
+// The training schedule of parallel.pipeline_schedule with `chunks` model chunks per rank. The
+// interleaved schedule has no name of its own (as in Megatron: 1f1b with
+// virtual_pipeline_model_parallel_size > 1 is the interleaved schedule).
+ScheduleKind schedule_kind(PipelineSchedule schedule, int chunks);
 
 // Why (kind, stages, microbatches, chunks) has no schedule, naming the config keys, or "" if it has.
 // chunks (virtual_pipeline_model_parallel_size) > 1 needs the interleaved schedule (or ForwardOnly),

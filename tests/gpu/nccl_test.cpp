@@ -16,7 +16,7 @@ struct World {
   Grid grid;
   Comm* dev = nullptr;
   World() : grid(make_grid(runtime_world_size(), 1, 1)) {
-    if (!use_cuda_devices("cuda", grid)) internal_error("no GPU per rank");
+    if (!use_cuda_devices(Device::Cuda, grid)) internal_error("no GPU per rank");
     setup_cuda_devices(grid);
     dev = grid.tp_device.get();
   }

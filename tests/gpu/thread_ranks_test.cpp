@@ -27,7 +27,7 @@ TEST_P(GpuThreadRanks, TP2xPP2xDP2OnOneGpuMatchesOneRank) {
   Config one = test::thread_test_config(dir, data, precision, 1, 1, 1, "cuda");
   one.training.global_batch_size = 16;  // the 3D run's global batch (8 per DP rank)
   const test::StepLog gpu_one = test::train_one_rank(one);
-  one.training.device = "cpu";
+  one.training.device = Device::Cpu;
   const test::StepLog cpu_one = test::train_one_rank(one);
   Config cfg = test::thread_test_config(dir, data, precision, 2, 2, 2, "cuda");
   if (distopt_sp) {

@@ -70,16 +70,16 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.parallel.tensor_model_parallel_size, 1);
   EXPECT_EQ(c.parallel.pipeline_model_parallel_size, 1);
   EXPECT_EQ(c.parallel.data_parallel_size, 0);
-  EXPECT_EQ(c.parallel.pipeline_schedule, "1f1b");
+  EXPECT_EQ(c.parallel.pipeline_schedule, PipelineSchedule::OneFOneB);
   EXPECT_FALSE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.training.micro_batch_size, 1);
   EXPECT_EQ(c.training.global_batch_size, 0);
-  EXPECT_EQ(c.training.precision, "fp32");
-  EXPECT_EQ(c.training.recompute, "none");
+  EXPECT_EQ(c.training.precision, Precision::FP32);
+  EXPECT_EQ(c.training.recompute, Recompute::None);
   EXPECT_EQ(c.training.seed, 1234u);
-  EXPECT_EQ(c.training.device, "auto");
+  EXPECT_EQ(c.training.device, Device::Auto);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 6.0e-4);
-  EXPECT_EQ(c.optimizer.lr_decay_style, "cosine");
+  EXPECT_EQ(c.optimizer.lr_decay_style, LrDecayStyle::Cosine);
   EXPECT_DOUBLE_EQ(c.optimizer.initial_loss_scale, 4294967296.0);
   EXPECT_TRUE(c.data.shuffle);
   EXPECT_EQ(c.data.split, (std::vector<double>{969, 30, 1}));
@@ -129,7 +129,7 @@ TEST(Config, Overrides) {
                            "parallel.sequence_parallel=true", "checkpoint.save=/tmp/ck",
                            "model.init_from=" + weights, "training.seed=7"});
   EXPECT_EQ(c.data.split, (std::vector<double>{98, 1, 1}));
-  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.precision, Precision::BF16);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_TRUE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.checkpoint.save, "/tmp/ck");

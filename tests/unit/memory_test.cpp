@@ -53,7 +53,7 @@ TEST(Memory, SC21FlopsPerIteration) {
   EXPECT_NEAR(p.hardware_flops_per_iteration / (by_hand + rescore + l * (24 * B * s * h * h + 2 * B * s * s * h)),
               1.0, 1e-12);
   Config none = c;
-  none.training.recompute = "none";
+  none.training.recompute = Recompute::None;
   EXPECT_NEAR(make_plan(none, PlanOptions{}).hardware_flops_per_iteration / (by_hand + rescore), 1.0, 1e-12);
 }
 
@@ -142,7 +142,7 @@ TEST(Memory, CategoriesMatchAllocation) {
                           : std::string(precision) == "fp16" ? DType::F16
                                                              : DType::F32;
           Config c32 = c;
-          c32.training.precision = "fp32";
+          c32.training.precision = Precision::FP32;
           for (int s = 0; s < pp; ++s) {
             const GPTDims d = make_dims(c, tp, 0, pp, s);
             const ParamLayout layout = make_param_layout(d);
@@ -192,7 +192,7 @@ TEST(Memory, CategoriesMatchAllocation) {
             const int64_t before = ops->allocated_bytes();
             {
               GPTStage stage(d, layout, *ops, *comm, CBuf(params.data(), t), grads.data(), 4, m.in_flight,
-                             StageOptions{t, parse_recompute(recompute)});
+                             StageOptions{t, c.training.recompute});
               EXPECT_EQ(ops->allocated_bytes() - before, m.activation_bytes + m.workspace_bytes) << where;
             }
             EXPECT_EQ(ops->allocated_bytes(), before) << where;

@@ -18,7 +18,7 @@
 namespace tpt {
 namespace {
 
-OptimizerConfig schedule(const std::string& style, int64_t warmup, int64_t decay_iters) {
+OptimizerConfig schedule(LrDecayStyle style, int64_t warmup, int64_t decay_iters) {
   OptimizerConfig o;
   o.lr = 1e-3;
   o.min_lr = 1e-4;
@@ -29,7 +29,7 @@ OptimizerConfig schedule(const std::string& style, int64_t warmup, int64_t decay
 }
 
 TEST(OptimizerLR, WarmupThenCosine) {
-  const OptimizerConfig o = schedule("cosine", 10, 110);
+  const OptimizerConfig o = schedule(LrDecayStyle::Cosine, 10, 110);
   EXPECT_DOUBLE_EQ(learning_rate(o, 0), 0.0);
   EXPECT_DOUBLE_EQ(learning_rate(o, 1), 1e-4);
   EXPECT_DOUBLE_EQ(learning_rate(o, 5), 5e-4);
@@ -47,7 +47,7 @@ TEST(OptimizerLR, WarmupThenCosine) {
 }
 
 TEST(OptimizerLR, WarmupThenLinear) {
-  const OptimizerConfig o = schedule("linear", 10, 110);
+  const OptimizerConfig o = schedule(LrDecayStyle::Linear, 10, 110);
   EXPECT_DOUBLE_EQ(learning_rate(o, 3), 3e-4);
   EXPECT_DOUBLE_EQ(learning_rate(o, 10), 1e-3);
   EXPECT_NEAR(learning_rate(o, 35), 1e-4 + 0.75 * 9e-4, 1e-15);
@@ -58,7 +58,7 @@ TEST(OptimizerLR, WarmupThenLinear) {
 }
 
 TEST(OptimizerLR, WarmupThenConstant) {
-  const OptimizerConfig o = schedule("constant", 4, 20);
+  const OptimizerConfig o = schedule(LrDecayStyle::Constant, 4, 20);
   EXPECT_DOUBLE_EQ(learning_rate(o, 1), 2.5e-4);
   EXPECT_DOUBLE_EQ(learning_rate(o, 2), 5e-4);
   EXPECT_DOUBLE_EQ(learning_rate(o, 4), 1e-3);
@@ -68,21 +68,21 @@ TEST(OptimizerLR, WarmupThenConstant) {
 }
 
 TEST(OptimizerLR, NoWarmup) {
-  const OptimizerConfig o = schedule("cosine", 0, 100);
+  const OptimizerConfig o = schedule(LrDecayStyle::Cosine, 0, 100);
   EXPECT_DOUBLE_EQ(learning_rate(o, 0), 1e-3);
   EXPECT_NEAR(learning_rate(o, 1), 1e-4 + 0.5 * (std::cos(M_PI * 0.01) + 1) * 9e-4, 1e-15);
   EXPECT_NEAR(learning_rate(o, 50), 5.5e-4, 1e-15);
   EXPECT_NEAR(learning_rate(o, 100), 1e-4, 1e-15);
-  const OptimizerConfig lin = schedule("linear", 0, 100);
+  const OptimizerConfig lin = schedule(LrDecayStyle::Linear, 0, 100);
   EXPECT_NEAR(learning_rate(lin, 20), 1e-4 + 0.8 * 9e-4, 1e-15);
-  const OptimizerConfig c = schedule("constant", 0, 100);
+  const OptimizerConfig c = schedule(LrDecayStyle::Constant, 0, 100);
   EXPECT_DOUBLE_EQ(learning_rate(c, 1), 1e-3);
   EXPECT_DOUBLE_EQ(learning_rate(c, 77), 1e-3);
 }
 
 // Decay shorter than the warmup: warmup, then min_lr straight away.
 TEST(OptimizerLR, DecayEndsBeforeWarmup) {
-  const OptimizerConfig o = schedule("cosine", 10, 10);
+  const OptimizerConfig o = schedule(LrDecayStyle::Cosine, 10, 10);
   EXPECT_DOUBLE_EQ(learning_rate(o, 10), 1e-3);
   EXPECT_DOUBLE_EQ(learning_rate(o, 11), 1e-4);
 }

@@ -103,9 +103,10 @@ TEST(ScheduleProof, CheckScheduleNamesTheConstraint) {
   EXPECT_EQ(check_schedule(ScheduleKind::ForwardOnly, 4, 8, 2), "");
   EXPECT_NE(check_schedule(ScheduleKind::ForwardOnly, 4, 6, 2), "");
   EXPECT_NE(check_schedule(ScheduleKind::OneFOneB, 4, 0, 1), "");
-  EXPECT_EQ(parse_schedule("zb-h1"), ScheduleKind::ZeroBubbleH1);
-  EXPECT_EQ(parse_schedule("1f1b"), ScheduleKind::OneFOneB);
-  EXPECT_THROW(parse_schedule("zbh1"), InputError);
+  EXPECT_EQ(schedule_kind(PipelineSchedule::ZeroBubbleH1, 1), ScheduleKind::ZeroBubbleH1);
+  EXPECT_EQ(schedule_kind(PipelineSchedule::OneFOneB, 1), ScheduleKind::OneFOneB);
+  EXPECT_EQ(schedule_kind(PipelineSchedule::OneFOneB, 2), ScheduleKind::Interleaved1F1B);
+  EXPECT_EQ(schedule_kind(PipelineSchedule::GPipe, 1), ScheduleKind::GPipe);
 }
 
 TEST(ScheduleProof, InterleavedWithOneChunkIs1F1B) {
