@@ -25,6 +25,8 @@ enum class Precision { FP32, BF16, FP16 };                       // training.pre
 enum class Recompute { None, Selective, Full };
 enum class Device { Auto, Cpu, Cuda };                           // training.device
 enum class LrDecayStyle { Cosine, Linear, Constant };            // optimizer.lr_decay_style
+enum class Normalization { LayerNorm, RMSNorm };                 // model.normalization
+enum class PositionEmbedding { LearnedAbsolute, Rope };          // model.position_embedding_type
 
 // The names of an enum's values as the config spells them (index = value).
 std::span<const std::string_view> enum_names(PipelineSchedule);
@@ -32,10 +34,25 @@ std::span<const std::string_view> enum_names(Precision);
 std::span<const std::string_view> enum_names(Recompute);
 std::span<const std::string_view> enum_names(Device);
 std::span<const std::string_view> enum_names(LrDecayStyle);
+std::span<const std::string_view> enum_names(Normalization);      // LayerNorm, RMSNorm
+std::span<const std::string_view> enum_names(PositionEmbedding);  // learned_absolute, rope
 template <class E>
 std::string name_of(E value) {
   return std::string(enum_names(E{})[size_t(value)]);
 }
+
+// model.rope_scaling: Llama 3.1's frequency scaling (HF's rope_type "llama3"): wavelengths shorter than
+// original_max_position_embeddings / high_freq_factor are kept, those longer than
+// original_max_position_embeddings / low_freq_factor divided by factor, those between interpolated.
+// null (factor 0) = no scaling.
+struct RopeScaling {
+  double factor = 0;
+  double low_freq_factor = 0;
+  double high_freq_factor = 0;
+  int64_t original_max_position_embeddings = 0;
+  bool enabled() const { return factor != 0; }
+  bool operator==(const RopeScaling&) const = default;
+};
 
 struct ModelConfig {
   int num_layers = 0;                   // required
@@ -46,7 +63,21 @@ struct ModelConfig {
   int max_position_embeddings = 0;      // default seq_length (resolved)
   int vocab_size = 0;                   // required
   int make_vocab_size_divisible_by = 128;
-  double layernorm_epsilon = 1e-5;
+  double layernorm_epsilon = 1e-5;      // of LayerNorm or RMSNorm
+  // The LLaMA family (Megatron's names; model/arch.h): each option on its own or together.
+  Normalization normalization = Normalization::LayerNorm;  // LayerNorm | RMSNorm (no bias)
+  bool swiglu = false;                  // MLP fc2(silu(gate) * up), fc1 = [gate; up]; needs ffn_hidden_size
+  PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;  // learned_absolute | rope
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;          // the first rotary_percent of each head's channels are rotated
+  bool rotary_interleaved = false;      // false: rotate-half pairs (j, j + d/2) (HF, Megatron); true: (2j, 2j+1)
+  RopeScaling rope_scaling;             // null, or Llama 3.1's {factor, low_freq_factor, high_freq_factor, ...}
+  bool group_query_attention = false;
+  int num_query_groups = 0;             // G with group_query_attention (required then); else null
+  int kv_channels = 0;                  // head dim; default hidden_size / num_attention_heads (resolved)
+  bool untie_embeddings_and_output_weights = false;  // a separate output layer (lm_head.weight)
+  bool add_bias_linear = true;          // biases on QKV, attention projection, fc1, fc2
+  bool add_qkv_bias = false;            // a QKV bias even without add_bias_linear (Qwen)
   double init_method_std = 0.02;
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;

@@ -28,6 +28,15 @@ std::span<const std::string_view> enum_names(LrDecayStyle) {
   return n;
 }
 
+std::span<const std::string_view> enum_names(Normalization) {
+  static constexpr std::string_view n[] = {"LayerNorm", "RMSNorm"};
+  return n;
+}
+std::span<const std::string_view> enum_names(PositionEmbedding) {
+  static constexpr std::string_view n[] = {"learned_absolute", "rope"};
+  return n;
+}
+
 std::string split_weights_error(const std::vector<double>& w) {
   if (w.size() != 3) return "expected 3 weights (train, valid, test), got " + std::to_string(w.size());
   double sum = 0;

@@ -57,6 +57,23 @@ TPT_HOST_DEVICE inline float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+// SiLU (swish) x * sigmoid(x), and SwiGLU's two partial derivatives: out = silu(g) * u,
+// d/dg = u * silu'(g), d/du = silu(g), silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
+TPT_HOST_DEVICE inline float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+TPT_HOST_DEVICE inline float silu(float x) { return x * sigmoid(x); }
+TPT_HOST_DEVICE inline float silu_grad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// One RoPE pair (x0, x1) rotated by the angle whose cosine and sine are c, s (s negated for the
+// inverse rotation): x0' = x0 c - x1 s, x1' = x1 c + x0 s.
+TPT_HOST_DEVICE inline void rope_rotate(float& x0, float& x1, float c, float s) {
+  const float a = x0 * c - x1 * s, b = x1 * c + x0 * s;
+  x0 = a;
+  x1 = b;
+}
+
 // torch.optim.AdamW for one element. step is 1-based. Decoupled decay: p -= lr*wd*p first.
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;

@@ -107,19 +107,49 @@ class Ops {
   // dinp (N, C) += ; dw, db (C) +=
   virtual void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                                   const float* rstd, int64_t N, int64_t C) = 0;
+  // RMSNorm (model.normalization: RMSNorm): out (N, C) = inp * rstd * w with rstd (N) = 1 / sqrt(mean(inp^2) +
+  // eps), in fp32; no bias. The residual form as residual_layernorm_forward (res may alias a).
+  virtual void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) = 0;
+  virtual void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C,
+                                        float eps) = 0;
+  // dinp (N, C) += ; dw (C) +=
+  virtual void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+                                int64_t C) = 0;
 
-  // Causal attention, flash-style: nothing of size T x T outlives a call. qkv (B, T, 3, H, D) (q, k,
-  // v of H local heads), out (B, T, H*D); lse (B, H, T) the log-sum-exp of each query's scaled
-  // scores over the keys it sees, which is all backward needs to rebuild the probabilities.
-  virtual void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) = 0;
-  // dqkv (B, T, 3, H, D) = ; from the forward's qkv, out and lse; scratch (B, H, T)
+  // Causal attention, flash-style: nothing of size T x T outlives a call. qkv (B, T, (H + 2 KV) D): per
+  // token the H query heads, then the KV key heads, then the KV value heads, D values each (KV = H:
+  // (B, T, 3, H, D), multi-head attention); query head h attends with key/value head h / (H / KV)
+  // (grouped-query attention; H % KV == 0), scaled by 1/sqrt(D). out (B, T, H*D); lse (B, H, T) the
+  // log-sum-exp of each query's scaled scores over the keys it sees, which is all backward needs to
+  // rebuild the probabilities.
+  virtual void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                 int64_t D) = 0;
+  // dqkv (B, T, (H + 2 KV) D) = (a key/value head's gradient sums over its H / KV query heads); from
+  // the forward's qkv, out and lse; scratch (B, H, T)
   virtual void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse,
-                                  int64_t B, int64_t T, int64_t H, int64_t D) = 0;
+                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  // Grouped-query attention's QKV layouts: grouped (N, G, Q + 2, D) -- Megatron's: per group its Q query
+  // heads, then its key, then its value -- and heads (N, (G Q + 2 G) D) -- all query heads, all keys,
+  // all values: what attention_forward reads. to_heads: grouped -> heads, else heads -> grouped.
+  virtual void qkv_regroup(Buf out, CBuf in, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) = 0;
+  // Rotary position embedding (model.position_embedding_type: rope), in place on the query and key heads
+  // of qkv (N, (H + 2 KV) D) (the heads layout above; values untouched): in each head the first `rot`
+  // channels are rotated in pairs, (j, j + rot/2) (rotate-half: HF, Megatron) or (2j, 2j + 1)
+  // (interleaved: Meta, llm.c), pair j by the angle pos * inv_freq[j] (fp32 product; cos and sin in
+  // fp32). inv_freq (rot/2) fp32 on the device; positions (N) on the device, or null: token n of the
+  // flattened (B, S) rows is at position n % S. inverse: rotate by -angle (the backward, on gradients).
+  virtual void rope(Buf qkv, const float* inv_freq, const int32_t* positions, int64_t N, int64_t S, int64_t H,
+                    int64_t KV, int64_t D, int64_t rot, bool interleaved, bool inverse) = 0;
 
   // ---- element-wise
   virtual void gelu_forward(Buf out, CBuf inp, int64_t n) = 0;
   // dinp = dout * gelu'(inp)
   virtual void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) = 0;
+  // SwiGLU (model.swiglu): inp (N, 2F) rows [gate (F) | up (F)] (fc1's output) -> out (N, F) =
+  // silu(gate) * up, computed in fp32, rounded once.
+  virtual void swiglu_forward(Buf out, CBuf inp, int64_t N, int64_t F) = 0;
+  // dinp (N, 2F) = [dout * up * silu'(gate) | dout * silu(gate)]
+  virtual void swiglu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t N, int64_t F) = 0;
   // out = a + b
   virtual void add(Buf out, CBuf a, CBuf b, int64_t n) = 0;
   // y += x
