@@ -1,6 +1,8 @@
 // Config loading (docs/ARCHITECTURE.md "Config"). One table, kFields, lists every section.key with its
 // C++ field, whether it is required or nullable, and its allowed values; parsing, suggestions for
-// misspellings, YAML and JSON output all walk that table, so a new key is added in one place.
+// misspellings, YAML and JSON output all walk that table, so a new key is added in one place. The
+// scalar readers are in core/config_values.cpp, model.rope_scaling and the model keys' rules in
+// core/config_model.cpp (both declared in core/config_detail.h).
 #include "core/config.h"
 
 #include <yaml-cpp/yaml.h>
@@ -19,13 +21,17 @@
 #include <string_view>
 #include <variant>
 
+#include "core/config_detail.h"
 #include "core/error.h"
 
 namespace tpt {
 namespace {
 
+using namespace config_detail;  // the scalar readers and writers, the model keys
+
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
-                              DataPath*, PipelineSchedule*, Precision*, Recompute*, Device*, LrDecayStyle*>;
+                              DataPath*, RopeScaling*, PipelineSchedule*, Precision*, Recompute*, Device*,
+                              LrDecayStyle*, Normalization*, PositionEmbedding*>;
 
 enum class Presence {
   kDefault,   // has a default value; null is a type error
@@ -72,6 +78,19 @@ const std::vector<Field>& fields() {
       TPT_FIELD(model, vocab_size, kReq),
       TPT_FIELD(model, make_vocab_size_divisible_by),
       TPT_FIELD(model, layernorm_epsilon),
+      TPT_FIELD(model, normalization, kDef, names<Normalization>()),
+      TPT_FIELD(model, swiglu),
+      TPT_FIELD(model, position_embedding_type, kDef, names<PositionEmbedding>()),
+      TPT_FIELD(model, rotary_base),
+      TPT_FIELD(model, rotary_percent),
+      TPT_FIELD(model, rotary_interleaved),
+      TPT_FIELD(model, rope_scaling, kNull),
+      TPT_FIELD(model, group_query_attention),
+      TPT_FIELD(model, num_query_groups, kNull),
+      TPT_FIELD(model, kv_channels, kNull),
+      TPT_FIELD(model, untie_embeddings_and_output_weights),
+      TPT_FIELD(model, add_bias_linear),
+      TPT_FIELD(model, add_qkv_bias),
       TPT_FIELD(model, init_method_std),
       TPT_FIELD(model, hidden_dropout),
       TPT_FIELD(model, attention_dropout),
@@ -147,20 +166,6 @@ const Field* find_field(std::string_view section, std::string_view key) {
 
 // ---- Suggestions for misspelt names ----
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // The valid name closest to `word`, or "" when nothing is close. `section` is the section the
 // word was found in, or empty for a top-level name; a key that is valid in another section costs
 // one edit more than in its own (so "training.lr" finds "optimizer.lr"), and a top-level word may
@@ -208,89 +213,6 @@ struct Ctx {
     input_error(w + ": " + key + ": " + reason);
   }
 };
-
-std::string describe(const YAML::Node& v) {
-  if (v.IsNull()) return "null";
-  if (v.IsMap()) return "a map";
-  if (v.IsSequence()) return "a list of " + std::to_string(v.size());
-  return "'" + v.Scalar() + "'";
-}
-
-// A scalar that may be read as a number or bool: plain (not quoted, no !!str tag).
-bool is_plain(const YAML::Node& v) {
-  return v.IsScalar() && v.Tag() != "!" && v.Tag() != "tag:yaml.org,2002:str";
-}
-
-// An integer of type T (int64_t or uint64_t); "out of range" when it is an integer T cannot hold.
-struct IntResult {
-  bool is_int = false;
-  bool in_range = false;
-};
-
-// Hand-written matchers for user strings: std::regex matches recursively and overflows the stack on
-// strings of ~26,000 characters.
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_alpha(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
-
-// [-+]?[0-9]+
-bool is_int_text(std::string_view s) {
-  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
-  return !s.empty() && std::all_of(s.begin(), s.end(), is_digit);
-}
-
-// [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
-bool is_float_text(std::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  auto digits = [&] {
-    const size_t b = i;
-    while (i < n && is_digit(s[i])) ++i;
-    return i - b;
-  };
-  if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
-  size_t mantissa = digits();
-  if (i < n && s[i] == '.') {
-    ++i;
-    mantissa += digits();
-  }
-  if (mantissa == 0) return false;
-  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
-    ++i;
-    if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
-    if (digits() == 0) return false;
-  }
-  return i == n;
-}
-
-template <typename T>
-IntResult parse_int(const YAML::Node& v, T& out) {
-  if (!is_plain(v) || !is_int_text(v.Scalar())) return {};
-  std::string s = v.Scalar();
-  if (s[0] == '+') s.erase(0, 1);
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return {true, ec == std::errc() && end == s.data() + s.size()};
-}
-
-std::optional<double> parse_double(const std::string& s) {
-  if (!is_float_text(s)) return std::nullopt;
-  errno = 0;
-  double x = std::strtod(s.c_str(), nullptr);
-  if (errno == ERANGE && std::isinf(x)) return std::nullopt;
-  return x;
-}
-
-std::optional<double> parse_double(const YAML::Node& v) {
-  if (!is_plain(v)) return std::nullopt;
-  return parse_double(v.Scalar());
-}
-
-std::optional<bool> parse_bool(const YAML::Node& v) {
-  if (!is_plain(v)) return std::nullopt;
-  const std::string& s = v.Scalar();
-  if (s == "true" || s == "True" || s == "TRUE") return true;
-  if (s == "false" || s == "False" || s == "FALSE") return false;
-  return std::nullopt;
-}
 
 std::string join(const std::vector<std::string_view>& xs, std::string_view sep) {
   std::string out;
@@ -402,6 +324,8 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
       *p = v.Scalar();
     } else if constexpr (std::is_same_v<T, DataPath>) {
       *p = parse_data_path(v, where + ": " + name);
+    } else if constexpr (std::is_same_v<T, RopeScaling>) {
+      *p = parse_rope_scaling(v, where + ": " + name);
     } else if constexpr (std::is_enum_v<T>) {
       const auto it = v.IsScalar() ? std::find(f.choices.begin(), f.choices.end(), v.Scalar()) : f.choices.end();
       if (!v.IsScalar()) bad("one of " + join(f.choices, " | "));
@@ -472,7 +396,8 @@ void validate(Config& c, const Ctx& ctx) {
         {"model.num_layers", 100000},           {"model.hidden_size", 1 << 20},
         {"model.num_attention_heads", 1 << 16}, {"model.ffn_hidden_size", 1 << 22},
         {"model.seq_length", 1 << 24},          {"model.max_position_embeddings", 1 << 24},
-        {"model.vocab_size", 1 << 24},          {"training.micro_batch_size", 1 << 24},
+        {"model.vocab_size", 1 << 24},          {"model.kv_channels", 1 << 16},
+        {"model.num_query_groups", 1 << 16},    {"training.micro_batch_size", 1 << 24},
         {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096},
         {"parallel.tensor_model_parallel_size", 1024}, {"parallel.pipeline_model_parallel_size", 1024},
         {"parallel.virtual_pipeline_model_parallel_size", 1024},
@@ -501,10 +426,10 @@ void validate(Config& c, const Ctx& ctx) {
     os << x;
     return os.str();
   };
-  if (m.hidden_size % m.num_attention_heads != 0)
-    ctx.fail("model.hidden_size", "model.num_attention_heads", std::to_string(m.hidden_size) +
-                                      " is not divisible by model.num_attention_heads (" +
-                                      std::to_string(m.num_attention_heads) + ")");
+  resolve_model(m, {[&](const std::string& key) { return ctx.given(key); },
+                    [&](const std::string& key, const std::string& other, const std::string& reason) {
+                      other.empty() ? ctx.fail(key, reason) : ctx.fail(key, other, reason);
+                    }});
   if (m.seq_length > m.max_position_embeddings)
     ctx.fail("model.seq_length", "model.max_position_embeddings", std::to_string(m.seq_length) +
                                      " is longer than model.max_position_embeddings (" +
@@ -628,18 +553,6 @@ void apply_override(Config& cfg, Ctx& ctx, const std::string& ov) {
 
 // ---- Writing ----
 
-// Shortest text that reads back to the same double; "1e-05" is written "1.0e-05" so YAML 1.1
-// readers (PyYAML) also see a float.
-std::string format_double(double x) {
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
-  TPT_CHECK(ec == std::errc());
-  std::string s(buf, end);
-  size_t e = s.find('e');
-  if (e != std::string::npos && s.find('.') == std::string::npos) s.insert(e, ".0");
-  return s;
-}
-
 // A string as a YAML scalar: plain when it cannot be mistaken for anything else, else JSON-quoted
 // (a JSON string is a valid YAML double-quoted scalar).
 std::string yaml_string(const std::string& s) {
@@ -676,6 +589,7 @@ std::string value_yaml(const Field& f, const Config& cfg) {
       return p->is_blend() ? s + "]" : yaml_string(p->paths.at(0));
     }
     else if constexpr (std::is_same_v<T, double>) return format_double(*p);
+    else if constexpr (std::is_same_v<T, RopeScaling>) return rope_scaling_yaml(*p);
     else if constexpr (std::is_same_v<T, std::vector<double>>) {
       std::string s = "[";
       for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + format_double((*p)[i]);
@@ -695,6 +609,8 @@ nlohmann::json value_json(const Field& f, const Config& cfg) {
       return a;
     } else if constexpr (std::is_enum_v<T>) {
       return name_of(*p);
+    } else if constexpr (std::is_same_v<T, RopeScaling>) {
+      return rope_scaling_json(*p);
     } else {
       return *p;
     }

@@ -84,6 +84,12 @@ struct ModelConfig {
   std::string init_from;                // empty = null
 };
 
+// The number of key/value heads: num_query_groups with group_query_attention, else num_attention_heads.
+int query_groups(const ModelConfig& m);
+// The rotated channels of each head: kv_channels * rotary_percent (an even integer, checked at load);
+// 0 without position_embedding_type: rope.
+int rotary_dim(const ModelConfig& m);
+
 struct ParallelConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;

@@ -26,7 +26,11 @@ void resolve_parallel(Config& cfg, int world_size) {
                 " / (tensor_model_parallel_size " + s(tp) + " * pipeline_model_parallel_size " + s(pp) +
                 ") = " + s(dp) + " (leave it null to derive it)");
   const ModelConfig& m = cfg.model;
-  if (m.num_attention_heads % tp != 0)
+  if (m.group_query_attention && m.num_query_groups % tp != 0)  // QKV is column-parallel by key/value groups
+    input_error("model.num_query_groups (" + s(m.num_query_groups) +
+                ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) +
+                ") (with model.group_query_attention the tensor-parallel ranks split the key/value groups)");
+  if (!m.group_query_attention && m.num_attention_heads % tp != 0)
     input_error("model.num_attention_heads (" + s(m.num_attention_heads) +
                 ") is not divisible by parallel.tensor_model_parallel_size (" + s(tp) + ")");
   if (m.ffn_hidden_size % tp != 0)

@@ -1,9 +1,16 @@
 // The config's value tables and rules shared beyond the loader (core/config.h): the names of the
-// enum choices, in value order, and data.split's one rule.
+// enum choices, in value order, and data.split's one rule; the loader's scalar readers and writers
+// (core/config_detail.h).
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "core/config.h"
+#include "core/config_detail.h"
+#include "core/error.h"
 
 namespace tpt {
 
@@ -52,4 +59,99 @@ std::string split_weights_error(const std::vector<double>& w) {
   return "";
 }
 
+namespace config_detail {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string describe(const YAML::Node& v) {
+  if (v.IsNull()) return "null";
+  if (v.IsMap()) return "a map";
+  if (v.IsSequence()) return "a list of " + std::to_string(v.size());
+  return "'" + v.Scalar() + "'";
+}
+
+bool is_plain(const YAML::Node& v) {
+  return v.IsScalar() && v.Tag() != "!" && v.Tag() != "tag:yaml.org,2002:str";
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_alpha(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
+
+// [-+]?[0-9]+
+bool is_int_text(std::string_view s) {
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  return !s.empty() && std::all_of(s.begin(), s.end(), is_digit);
+}
+
+// [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
+bool is_float_text(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  auto digits = [&] {
+    const size_t b = i;
+    while (i < n && is_digit(s[i])) ++i;
+    return i - b;
+  };
+  if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
+  size_t mantissa = digits();
+  if (i < n && s[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == n;
+}
+
+std::optional<double> parse_double(const std::string& s) {
+  if (!is_float_text(s)) return std::nullopt;
+  errno = 0;
+  double x = std::strtod(s.c_str(), nullptr);
+  if (errno == ERANGE && std::isinf(x)) return std::nullopt;
+  return x;
+}
+
+std::optional<double> parse_double(const YAML::Node& v) {
+  if (!is_plain(v)) return std::nullopt;
+  return parse_double(v.Scalar());
+}
+
+std::optional<bool> parse_bool(const YAML::Node& v) {
+  if (!is_plain(v)) return std::nullopt;
+  const std::string& s = v.Scalar();
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+std::string format_double(double x) {
+  char buf[64];
+  // whole numbers as integers (rotary_base 500000, not 5e+05)
+  const bool whole = std::abs(x) < 1e15 && x == std::trunc(x);
+  auto [end, ec] = whole ? std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed)
+                         : std::to_chars(buf, buf + sizeof buf, x);
+  TPT_CHECK(ec == std::errc());
+  std::string s(buf, end);
+  size_t e = s.find('e');
+  if (e != std::string::npos && s.find('.') == std::string::npos) s.insert(e, ".0");
+  return s;
+}
+
+}  // namespace config_detail
 }  // namespace tpt

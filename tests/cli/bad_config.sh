@@ -106,6 +106,28 @@ check sequence_parallel_tp1 "parallel.sequence_parallel|parallel.tensor_model_pa
   --set parallel.sequence_parallel=true
 check overlap_param_gather_without_distopt "parallel.overlap_param_gather|parallel.distributed_optimizer" -- \
   --config "$BASE" --set parallel.overlap_param_gather=true
+# the LLaMA-family model keys (issue 26): each rule names its key(s)
+LLAMA="$(fixture llama_valid)"
+check llama_gqa_without_groups "model.group_query_attention|model.num_query_groups" -- \
+  --config "$(fixture llama_gqa_without_groups)"
+check llama_heads_not_dividing_groups "model.num_attention_heads: 4 is not divisible by model.num_query_groups (3)" -- \
+  --config "$(fixture llama_heads_not_dividing_groups)"
+check llama_swiglu_without_ffn "model.swiglu|give model.ffn_hidden_size explicitly" -- \
+  --config "$(fixture llama_swiglu_without_ffn)"
+check llama_rotary_odd_dim "model.rotary_percent|model.kv_channels (16)|not an even integer" -- \
+  --config "$(fixture llama_rotary_odd_dim)"
+check llama_rotary_without_rope "model.rotary_base|only used with position_embedding_type: rope|model.position_embedding_type" -- \
+  --config "$(fixture llama_rotary_without_rope)"
+check llama_rope_scaling_misspelt "model.rope_scaling.facter: unknown key|did you mean 'model.rope_scaling.factor'" -- \
+  --config "$(fixture llama_rope_scaling_misspelt)"
+check llama_groups_without_gqa "model.num_query_groups|model.group_query_attention: true" -- \
+  --config "$BASE" --set model.num_query_groups=2
+check llama_rope_type "model.rope_scaling.rope_type|only 'llama3'" -- --config "$LLAMA" \
+  --set "model.rope_scaling={factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192, rope_type: linear}"
+check llama_rope_scaling_factors "model.rope_scaling.high_freq_factor|model.rope_scaling.low_freq_factor" -- --config "$LLAMA" \
+  --set "model.rope_scaling={factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 8192}"
+check llama_groups_not_dividing_tp "model.num_query_groups (2)|parallel.tensor_model_parallel_size (4)" -- \
+  plan --config "$LLAMA" --world-size 4 --set parallel.tensor_model_parallel_size=4
 check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
 check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
 check no_config "--config" --
