@@ -153,15 +153,43 @@ class ProfiledOps final : public Ops {
           [&] { in_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
   }
 
-  // causal: half of the 4 B H T^2 D of the two products forward; backward recomputes the scores
-  // and has three more products (2.5 times forward)
-  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
-    timed("attention fwd", 2.0 * B * H * T * T * D, 0, [&] { in_.attention_forward(out, lse, qkv, B, T, H, D); });
+  void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) override {
+    timed("rmsnorm fwd", 0, 2.0 * double(dtype_size(N * C, inp.t)),
+          [&] { in_.rmsnorm_forward(out, rstd, inp, w, N, C, eps); });
+  }
+  void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C,
+                                float eps) override {
+    timed("residual + rmsnorm fwd", 0, 4.0 * double(dtype_size(N * C, a.t)),
+          [&] { in_.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps); });
+  }
+  void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+                        int64_t C) override {
+    // reads dout, inp, dinp; writes dinp
+    timed("rmsnorm bwd", 0, 4.0 * double(dtype_size(N * C, inp.t)),
+          [&] { in_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); });
+  }
+
+  // causal: half of the 4 B H T^2 D of the two products forward (H query heads, whatever KV);
+  // backward recomputes the scores and has three more products (2.5 times forward)
+  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) override {
+    timed("attention fwd", 2.0 * B * H * T * T * D, 0,
+          [&] { in_.attention_forward(out, lse, qkv, B, T, H, KV, D); });
   }
   void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
-                          int64_t T, int64_t H, int64_t D) override {
+                          int64_t T, int64_t H, int64_t KV, int64_t D) override {
     timed("attention bwd", 5.0 * B * H * T * T * D, 0,
-          [&] { in_.attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D); });
+          [&] { in_.attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, D); });
+  }
+  void qkv_regroup(Buf out, CBuf in, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) override {
+    timed("qkv regroup", 0, 2.0 * double(dtype_size(N * G * (Q + 2) * D, in.t)),
+          [&] { in_.qkv_regroup(out, in, N, G, Q, D, to_heads); });
+  }
+  // read and written in place: the rotated channels of the query and key heads
+  void rope(Buf qkv, const float* inv_freq, const int32_t* positions, int64_t N, int64_t S, int64_t H, int64_t KV,
+            int64_t D, int64_t rot, bool interleaved, bool inverse) override {
+    timed(inverse ? "rope bwd" : "rope fwd", 0, 2.0 * double(dtype_size(N * (H + KV) * rot, qkv.t)),
+          [&] { in_.rope(qkv, inv_freq, positions, N, S, H, KV, D, rot, interleaved, inverse); });
   }
 
   void gelu_forward(Buf out, CBuf inp, int64_t n) override {
@@ -169,6 +197,14 @@ class ProfiledOps final : public Ops {
   }
   void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) override {
     timed("gelu bwd", 0, 3.0 * double(dtype_size(n, inp.t)), [&] { in_.gelu_backward(dinp, dout, inp, n); });
+  }
+  // reads (N, 2F), writes (N, F); backward reads dout (N, F) and inp (N, 2F), writes (N, 2F)
+  void swiglu_forward(Buf out, CBuf inp, int64_t N, int64_t F) override {
+    timed("swiglu fwd", 0, 3.0 * double(dtype_size(N * F, inp.t)), [&] { in_.swiglu_forward(out, inp, N, F); });
+  }
+  void swiglu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t N, int64_t F) override {
+    timed("swiglu bwd", 0, 5.0 * double(dtype_size(N * F, inp.t)),
+          [&] { in_.swiglu_backward(dinp, dout, inp, N, F); });
   }
   void add(Buf out, CBuf a, CBuf b, int64_t n) override {
     timed("residual add", 0, 3.0 * double(dtype_size(n, a.t)), [&] { in_.add(out, a, b, n); });

@@ -9,6 +9,9 @@
 //
 // A block owns 64 rows (queries in forward and dQ, keys in dK/dV), 16 per warp; every product is
 // warp-local, so the only block-wide synchronisation is around staging the shared tiles.
+// Grouped-query attention (qkv (B, T, (H + 2 KV) D), query head h on key / value head h / (H / KV)):
+// the heads are strided views of qkv, and a dK/dV block walks the query heads of its key / value
+// head's group one after another, accumulating in the same fragments (a fixed order, no atomics).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -181,7 +184,7 @@ __device__ inline void write_rows(Bits* dst, int64_t stride, int64_t r0, int64_t
 // grid (B * H, ceil(T / kRows)); the longest query rows first
 template <class T, int D>
 __global__ void __launch_bounds__(kBlock) tc_forward_kernel(Bits* out, float* lse, const Bits* qkv, int64_t T_,
-                                                            int64_t H, float scale) {
+                                                            int64_t H, int64_t KV, float scale) {
   using L = Layout<T, D>;
   constexpr int LD = L::LD, LO = L::LO;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -196,17 +199,17 @@ __global__ void __launch_bounds__(kBlock) tc_forward_kernel(Bits* out, float* ls
   float* mw = reinterpret_cast<float*>(smem + at.stats) + warp * 16;  // running max
   float* lw = mw + kRows;                                              // running sum
   float* cw = lw + kRows;                                              // this tile's correction
-  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = 3 * H * D;
+  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = (H + 2 * KV) * D, g = h / (H / KV);
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows, t0 = q0 + warp * 16;
-  const Bits* base = qkv + b * T_ * row + h * D;
-  stage<T, D>(qs, base, row, q0, kRows, T_);
+  const Bits* base = qkv + b * T_ * row;
+  stage<T, D>(qs, base + h * D, row, q0, kRows, T_);
   for (int i = lane; i < 16 * LO; i += 32) ow[i] = 0.0f;
   if (lane < 16) mw[lane] = -INFINITY, lw[lane] = 0.0f;
   const int64_t last = min(T_ - 1, q0 + kRows - 1);
   for (int64_t s0 = 0; s0 <= last; s0 += kTile) {  // s0 <= q0: key s0 is visible to every row
     __syncthreads();
-    stage<T, D>(ks, base + H * D, row, s0, kTile, T_);
-    stage<T, D>(vs, base + 2 * H * D, row, s0, kTile, T_);
+    stage<T, D>(ks, base + (H + g) * D, row, s0, kTile, T_);
+    stage<T, D>(vs, base + (H + KV + g) * D, row, s0, kTile, T_);
     __syncthreads();
     product_abt<T, D>(sw, qs + warp * 16 * LD, ks);
     __syncwarp();
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kBlock) tc_forward_kernel(Bits* out, float* ls
 template <class T, int D>
 __global__ void __launch_bounds__(kBlock) tc_dq_kernel(Bits* dqkv, const Bits* dout, const Bits* qkv,
                                                        const float* lse, const float* delta, int64_t T_, int64_t H,
-                                                       float scale) {
+                                                       int64_t KV, float scale) {
   using L = Layout<T, D>;
   constexpr int LD = L::LD;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -266,18 +269,18 @@ __global__ void __launch_bounds__(kBlock) tc_dq_kernel(Bits* dqkv, const Bits* d
   float* sw = reinterpret_cast<float*>(smem + at.f) + warp * 2 * 16 * LS;  // scores
   float* dpw = sw + 16 * LS;                                                 // dprobs
   T* dsw = reinterpret_cast<T*>(smem + at.h) + warp * 2 * 16 * LP;         // dscores
-  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = 3 * H * D;
+  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = (H + 2 * KV) * D, g = h / (H / KV);
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows, t0 = q0 + warp * 16;
-  const Bits* base = qkv + b * T_ * row + h * D;
-  stage<T, D>(qs, base, row, q0, kRows, T_);
+  const Bits* base = qkv + b * T_ * row;
+  stage<T, D>(qs, base + h * D, row, q0, kRows, T_);
   stage<T, D>(dos, dout + b * T_ * H * D + h * D, H * D, q0, kRows, T_);
   Acc dq[D / 16];
   for (int j = 0; j < D / 16; ++j) wmma::fill_fragment(dq[j], 0.0f);
   const int64_t last = min(T_ - 1, q0 + kRows - 1);
   for (int64_t s0 = 0; s0 <= last; s0 += kTile) {
     __syncthreads();
-    stage<T, D>(ks, base + H * D, row, s0, kTile, T_);
-    stage<T, D>(vs, base + 2 * H * D, row, s0, kTile, T_);
+    stage<T, D>(ks, base + (H + g) * D, row, s0, kTile, T_);
+    stage<T, D>(vs, base + (H + KV + g) * D, row, s0, kTile, T_);
     __syncthreads();
     product_abt<T, D>(sw, qs + warp * 16 * LD, ks);
     product_abt<T, D>(dpw, dos + warp * 16 * LD, vs);
@@ -303,12 +306,13 @@ __global__ void __launch_bounds__(kBlock) tc_dq_kernel(Bits* dqkv, const Bits* d
   write_rows<T, D>(dqkv + b * T_ * row + h * D, row, t0, T_, dq, sw);
 }
 
-// dK, dV: grid (B * H, ceil(T / kRows)); a block owns 64 key rows and walks the query tiles after
-// them. Each warp computes its keys' transposed scores k_w q^T directly, so all is warp-local.
+// dK, dV: grid (B * KV, ceil(T / kRows)); a block owns 64 key rows of key / value head g and walks
+// the query tiles after them, for each query head of g's group in turn. Each warp computes its
+// keys' transposed scores k_w q^T directly, so all is warp-local.
 template <class T, int D>
 __global__ void __launch_bounds__(kBlock) tc_dkv_kernel(Bits* dqkv, const Bits* dout, const Bits* qkv,
                                                         const float* lse, const float* delta, int64_t T_, int64_t H,
-                                                        float scale) {
+                                                        int64_t KV, float scale) {
   using L = Layout<T, D>;
   constexpr int LD = L::LD;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -324,46 +328,49 @@ __global__ void __launch_bounds__(kBlock) tc_dkv_kernel(Bits* dqkv, const Bits* 
   float* dptw = stw + 16 * LS;                                                // dprobs^T
   T* ptw = reinterpret_cast<T*>(smem + at.h) + warp * 2 * 16 * LP;          // probs^T
   T* dstw = ptw + 16 * LP;                                                    // dscores^T
-  const int64_t bh = blockIdx.x, b = bh / H, h = bh % H, row = 3 * H * D;
+  const int64_t bg = blockIdx.x, b = bg / KV, g = bg % KV, group = H / KV, row = (H + 2 * KV) * D;
   const int64_t j0 = int64_t(blockIdx.y) * kRows, k0 = j0 + warp * 16;  // the most queries first
-  const Bits* base = qkv + b * T_ * row + h * D;
-  stage<T, D>(ks, base + H * D, row, j0, kRows, T_);
-  stage<T, D>(vs, base + 2 * H * D, row, j0, kRows, T_);
+  const Bits* base = qkv + b * T_ * row;
+  stage<T, D>(ks, base + (H + g) * D, row, j0, kRows, T_);
+  stage<T, D>(vs, base + (H + KV + g) * D, row, j0, kRows, T_);
   Acc dk[D / 16], dv[D / 16];
   for (int j = 0; j < D / 16; ++j) wmma::fill_fragment(dk[j], 0.0f), wmma::fill_fragment(dv[j], 0.0f);
-  for (int64_t i0 = j0; i0 < T_; i0 += kTile) {  // kTile == kRows: queries from the block's first key on
-    __syncthreads();
-    stage<T, D>(qs, base, row, i0, kTile, T_);
-    stage<T, D>(dos, dout + b * T_ * H * D + h * D, H * D, i0, kTile, T_);
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      lse_s[i] = i0 + i < T_ ? lse[bh * T_ + i0 + i] : 0.0f;
-      delta_s[i] = i0 + i < T_ ? delta[bh * T_ + i0 + i] : 0.0f;
-    }
-    __syncthreads();
-    product_abt<T, D>(stw, ks + warp * 16 * LD, qs);
-    product_abt<T, D>(dptw, vs + warp * 16 * LD, dos);
-    __syncwarp();
-    for (int r = 0; r < 16; ++r) {  // key k0 + r against queries i0 + c
-      const int64_t key = k0 + r;
-      for (int u = 0; u < 2; ++u) {
-        const int c = lane + 32 * u;
-        const int64_t q = i0 + c;
-        float p = 0.0f, ds = 0.0f;
-        if (q >= key && q < T_ && key < T_) {
-          p = fast_exp(stw[r * LS + c] * scale - lse_s[c]);
-          ds = p * (dptw[r * LS + c] - delta_s[c]) * scale;
-        }
-        ptw[r * LP + c] = to_16<T>(p);
-        dstw[r * LP + c] = to_16<T>(ds);
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    const int64_t bh = b * H + h;
+    for (int64_t i0 = j0; i0 < T_; i0 += kTile) {  // kTile == kRows: queries from the block's first key on
+      __syncthreads();
+      stage<T, D>(qs, base + h * D, row, i0, kTile, T_);
+      stage<T, D>(dos, dout + b * T_ * H * D + h * D, H * D, i0, kTile, T_);
+      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+        lse_s[i] = i0 + i < T_ ? lse[bh * T_ + i0 + i] : 0.0f;
+        delta_s[i] = i0 + i < T_ ? delta[bh * T_ + i0 + i] : 0.0f;
       }
+      __syncthreads();
+      product_abt<T, D>(stw, ks + warp * 16 * LD, qs);
+      product_abt<T, D>(dptw, vs + warp * 16 * LD, dos);
+      __syncwarp();
+      for (int r = 0; r < 16; ++r) {  // key k0 + r against queries i0 + c
+        const int64_t key = k0 + r;
+        for (int u = 0; u < 2; ++u) {
+          const int c = lane + 32 * u;
+          const int64_t q = i0 + c;
+          float p = 0.0f, ds = 0.0f;
+          if (q >= key && q < T_ && key < T_) {
+            p = fast_exp(stw[r * LS + c] * scale - lse_s[c]);
+            ds = p * (dptw[r * LS + c] - delta_s[c]) * scale;
+          }
+          ptw[r * LP + c] = to_16<T>(p);
+          dstw[r * LP + c] = to_16<T>(ds);
+        }
+      }
+      __syncwarp();
+      accumulate_pm<T, D>(dv, ptw, dos);  // dv += probs^T (keys, queries) @ dout (queries, D)
+      accumulate_pm<T, D>(dk, dstw, qs);  // dk += dscores^T @ q
+      __syncwarp();
     }
-    __syncwarp();
-    accumulate_pm<T, D>(dv, ptw, dos);  // dv += probs^T (keys, queries) @ dout (queries, D)
-    accumulate_pm<T, D>(dk, dstw, qs);  // dk += dscores^T @ q
-    __syncwarp();
   }
-  write_rows<T, D>(dqkv + b * T_ * row + H * D + h * D, row, k0, T_, dk, stw);
-  write_rows<T, D>(dqkv + b * T_ * row + 2 * H * D + h * D, row, k0, T_, dv, stw);
+  write_rows<T, D>(dqkv + b * T_ * row + (H + g) * D, row, k0, T_, dk, stw);
+  write_rows<T, D>(dqkv + b * T_ * row + (H + KV + g) * D, row, k0, T_, dv, stw);
 }
 
 template <class K>
@@ -372,47 +379,50 @@ void allow_smem(K kernel, size_t bytes) {
 }
 
 template <class T, int D>
-void forward(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, cudaStream_t s) {
+void forward(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, cudaStream_t s) {
   const size_t smem = typename Layout<T, D>::Fwd().total;
   static const bool once = (allow_smem(tc_forward_kernel<T, D>, smem), true);
   (void)once;
   const dim3 grid(unsigned(B * H), unsigned((T_ + kRows - 1) / kRows));
-  tc_forward_kernel<T, D><<<grid, kBlock, smem, s>>>(out, lse, qkv, T_, H, 1.0f / std::sqrt(float(D)));
+  tc_forward_kernel<T, D><<<grid, kBlock, smem, s>>>(out, lse, qkv, T_, H, KV, 1.0f / std::sqrt(float(D)));
   TPT_CUDA_LAUNCHED();
 }
 
 template <class T, int D>
 void backward(Bits* dqkv, const Bits* dout, const Bits* qkv, const float* lse, const float* delta, int64_t B,
-              int64_t T_, int64_t H, cudaStream_t s) {
+              int64_t T_, int64_t H, int64_t KV, cudaStream_t s) {
   const size_t smem = typename Layout<T, D>::Bwd().total;
   static const bool once =
       (allow_smem(tc_dq_kernel<T, D>, smem), allow_smem(tc_dkv_kernel<T, D>, smem), true);
   (void)once;
-  const dim3 grid(unsigned(B * H), unsigned((T_ + kRows - 1) / kRows));
+  const unsigned row_blocks = unsigned((T_ + kRows - 1) / kRows);
   const float scale = 1.0f / std::sqrt(float(D));
-  tc_dq_kernel<T, D><<<grid, kBlock, smem, s>>>(dqkv, dout, qkv, lse, delta, T_, H, scale);
+  tc_dq_kernel<T, D><<<dim3(unsigned(B * H), row_blocks), kBlock, smem, s>>>(dqkv, dout, qkv, lse, delta, T_, H, KV,
+                                                                             scale);
   TPT_CUDA_LAUNCHED();
-  tc_dkv_kernel<T, D><<<grid, kBlock, smem, s>>>(dqkv, dout, qkv, lse, delta, T_, H, scale);
+  tc_dkv_kernel<T, D><<<dim3(unsigned(B * KV), row_blocks), kBlock, smem, s>>>(dqkv, dout, qkv, lse, delta, T_, H,
+                                                                               KV, scale);
   TPT_CUDA_LAUNCHED();
 }
 
 template <class T>
-void forward_t(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, int64_t D, cudaStream_t s) {
+void forward_t(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t D,
+               cudaStream_t s) {
   switch (D) {
-    case 32: return forward<T, 32>(out, lse, qkv, B, T_, H, s);
-    case 64: return forward<T, 64>(out, lse, qkv, B, T_, H, s);
-    case 128: return forward<T, 128>(out, lse, qkv, B, T_, H, s);
+    case 32: return forward<T, 32>(out, lse, qkv, B, T_, H, KV, s);
+    case 64: return forward<T, 64>(out, lse, qkv, B, T_, H, KV, s);
+    case 128: return forward<T, 128>(out, lse, qkv, B, T_, H, KV, s);
   }
   internal_error("tensor-core attention: head dimension " + std::to_string(D) + " not built");
 }
 
 template <class T>
 void backward_t(Bits* dqkv, const Bits* dout, const Bits* qkv, const float* lse, const float* delta, int64_t B,
-                int64_t T_, int64_t H, int64_t D, cudaStream_t s) {
+                int64_t T_, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
   switch (D) {
-    case 32: return backward<T, 32>(dqkv, dout, qkv, lse, delta, B, T_, H, s);
-    case 64: return backward<T, 64>(dqkv, dout, qkv, lse, delta, B, T_, H, s);
-    case 128: return backward<T, 128>(dqkv, dout, qkv, lse, delta, B, T_, H, s);
+    case 32: return backward<T, 32>(dqkv, dout, qkv, lse, delta, B, T_, H, KV, s);
+    case 64: return backward<T, 64>(dqkv, dout, qkv, lse, delta, B, T_, H, KV, s);
+    case 128: return backward<T, 128>(dqkv, dout, qkv, lse, delta, B, T_, H, KV, s);
   }
   internal_error("tensor-core attention: head dimension " + std::to_string(D) + " not built");
 }
@@ -450,27 +460,29 @@ bool tc_attention_aligned(CBuf qkv, CBuf dout) {
   return is_aligned(qkv.p, 16) && (!dout || is_aligned(dout.p, 16));
 }
 
-void tc_flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+void tc_flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                 cudaStream_t s) {
   if (B * T * H <= 0) return;
+  TPT_CHECK(KV >= 1 && H % KV == 0);
   TPT_CHECK(out.t == qkv.t && tc_attention_supported(D, qkv.t) && tc_attention_aligned(qkv, {}) &&
             B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
   auto* o = static_cast<Bits*>(out.p);
   const auto* x = static_cast<const Bits*>(qkv.p);
-  if (qkv.t == DType::BF16) forward_t<__nv_bfloat16>(o, lse, x, B, T, H, D, s);
-  else forward_t<__half>(o, lse, x, B, T, H, D, s);
+  if (qkv.t == DType::BF16) forward_t<__nv_bfloat16>(o, lse, x, B, T, H, KV, D, s);
+  else forward_t<__half>(o, lse, x, B, T, H, KV, D, s);
 }
 
 void tc_flash_attention_backward(Buf dqkv, float* delta, CBuf dout, CBuf qkv, CBuf out, const float* lse,
-                                 int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s) {
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
   if (B * T * H <= 0) return;
+  TPT_CHECK(KV >= 1 && H % KV == 0);
   TPT_CHECK(dqkv.t == qkv.t && dout.t == qkv.t && out.t == qkv.t && tc_attention_supported(D, qkv.t) &&
             tc_attention_aligned(qkv, dout) && B * H <= int64_t(INT32_MAX) && (T + kRows - 1) / kRows <= 65535);
   attention_row_dots(delta, dout, out, B, T, H, D, s);
   auto* dx = static_cast<Bits*>(dqkv.p);
   const auto *dy = static_cast<const Bits*>(dout.p), *x = static_cast<const Bits*>(qkv.p);
-  if (qkv.t == DType::BF16) backward_t<__nv_bfloat16>(dx, dy, x, lse, delta, B, T, H, D, s);
-  else backward_t<__half>(dx, dy, x, lse, delta, B, T, H, D, s);
+  if (qkv.t == DType::BF16) backward_t<__nv_bfloat16>(dx, dy, x, lse, delta, B, T, H, KV, D, s);
+  else backward_t<__half>(dx, dy, x, lse, delta, B, T, H, KV, D, s);
 }
 
 }  // namespace tpt::cuda

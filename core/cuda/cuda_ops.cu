@@ -316,20 +316,38 @@ class CudaOps final : public Ops {
   // (core/cuda/attention_tc.cu), else fp32 math on the CUDA cores (attention.cu). All read and write
   // the compute dtype directly and share the lse convention, so either backward follows either forward.
 
-  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
-    if (cudnn_ && qkv.t != DType::F32 && cudnn_->forward(out, lse, qkv, B, T, H, D)) return;
+  // Grouped-query attention (KV < H key / value heads) everywhere: cuDNN takes the smaller K and V
+  // natively, the own kernels read each query head's key / value head in place.
+
+  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) override {
+    check_kv_heads(H, KV);
+    if (cudnn_ && qkv.t != DType::F32 && cudnn_->forward(out, lse, qkv, B, T, H, KV, D)) return;
     if (cuda::tc_attention_supported(D, qkv.t) && cuda::tc_attention_aligned(qkv, {}))
-      cuda::tc_flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
+      cuda::tc_flash_attention_forward(out, lse, qkv, B, T, H, KV, D, stream_);
     else
-      cuda::flash_attention_forward(out, lse, qkv, B, T, H, D, stream_);
+      cuda::flash_attention_forward(out, lse, qkv, B, T, H, KV, D, stream_);
   }
   void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
-                          int64_t T, int64_t H, int64_t D) override {
-    if (cudnn_ && qkv.t != DType::F32 && cudnn_->backward(dqkv, dout, qkv, out, lse, B, T, H, D)) return;
+                          int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    check_kv_heads(H, KV);
+    if (cudnn_ && qkv.t != DType::F32 && cudnn_->backward(dqkv, dout, qkv, out, lse, B, T, H, KV, D)) return;
     if (cuda::tc_attention_supported(D, qkv.t) && cuda::tc_attention_aligned(qkv, dout))
-      cuda::tc_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
+      cuda::tc_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, D, stream_);
     else
-      cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, stream_);
+      cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, D, stream_);
+  }
+  static void check_kv_heads(int64_t H, int64_t KV) {
+    if (KV < 1 || KV > H || H % KV != 0)
+      internal_error("attention: " + std::to_string(KV) + " key / value heads for " + std::to_string(H) +
+                     " query heads (it must divide them)");
+  }
+  void qkv_regroup(Buf out, CBuf in, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) override {
+    cuda::qkv_regroup(out, in, N, G, Q, D, to_heads, stream_);
+  }
+  void rope(Buf qkv, const float* inv_freq, const int32_t* positions, int64_t N, int64_t S, int64_t H, int64_t KV,
+            int64_t D, int64_t rot, bool interleaved, bool inverse) override {
+    cuda::rope(qkv, inv_freq, positions, N, S, H, KV, D, rot, interleaved, inverse, stream_);
   }
 
   // ---- element-wise and rows
@@ -338,6 +356,12 @@ class CudaOps final : public Ops {
   void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n) override {
     TPT_CHECK(dout.t == dinp.t);
     cuda::gelu_backward(dinp, dout, inp, n, stream_);
+  }
+  void swiglu_forward(Buf out, CBuf inp, int64_t N, int64_t F) override {
+    cuda::swiglu_forward(out, inp, N, F, stream_);
+  }
+  void swiglu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t N, int64_t F) override {
+    cuda::swiglu_backward(dinp, dout, inp, N, F, stream_);
   }
   void add(Buf out, CBuf a, CBuf b, int64_t n) override { cuda::add(out, a, b, n, stream_); }
   void accumulate(Buf y, CBuf x, int64_t n) override { cuda::accumulate(y, x, n, stream_); }
@@ -355,6 +379,17 @@ class CudaOps final : public Ops {
   void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                           const float* rstd, int64_t N, int64_t C) override {
     cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch_, stream_);
+  }
+  void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) override {
+    cuda::rmsnorm_forward(out, rstd, inp, w, N, C, eps, stream_);
+  }
+  void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C,
+                                float eps) override {
+    cuda::residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps, stream_);
+  }
+  void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+                        int64_t C) override {
+    cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, scratch_, stream_);
   }
 
   void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,

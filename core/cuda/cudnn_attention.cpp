@@ -55,9 +55,9 @@ std::string version_text(size_t v) {
 
 std::string dtype_text(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
 
-std::string shape_text(int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
-  return "B " + std::to_string(B) + ", T " + std::to_string(T) + ", H " + std::to_string(H) + ", D " +
-         std::to_string(D) + ", " + dtype_text(t);
+std::string shape_text(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t) {
+  return "B " + std::to_string(B) + ", T " + std::to_string(T) + ", H " + std::to_string(H) +
+         (KV != H ? ", KV " + std::to_string(KV) : std::string()) + ", D " + std::to_string(D) + ", " + dtype_text(t);
 }
 
 // The graphs declare cudnn-frontend's default 16-byte alignment for every tensor (the SDPA engines
@@ -72,7 +72,7 @@ std::string last_cudnn_error() {
 }
 
 enum class Dir : int { Forward = 0, Backward = 1 };
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>;  // B, T, H, D, dtype, direction
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;  // B, T, H, KV, D, dtype, direction
 
 }  // namespace
 
@@ -121,12 +121,12 @@ struct CudnnAttention::Impl {
   fe::graph::Graph* graph(const Key& key) {
     auto it = graphs.find(key);
     if (it != graphs.end()) return it->second.get();
-    const auto [B, T, H, D, dt, dir] = key;
+    const auto [B, T, H, KV, D, dt, dir] = key;
     const DType t = DType(dt);
     std::shared_ptr<fe::graph::Graph> g;
     last_build_error = "unsupported";
     try {
-      g = Dir(dir) == Dir::Forward ? build_forward(B, T, H, D, t) : build_backward(B, T, H, D, t);
+      g = Dir(dir) == Dir::Forward ? build_forward(B, T, H, KV, D, t) : build_backward(B, T, H, KV, D, t);
     } catch (const std::exception& e) {  // the frontend's older parts throw
       g = nullptr;
       last_build_error = e.what();
@@ -134,7 +134,8 @@ struct CudnnAttention::Impl {
     if (!g) {
       (void)cudaGetLastError();  // what a failed build may leave behind is no later kernel's error
       spdlog::warn("WARNING: cuDNN attention {} ({}): no cuDNN graph: {}; the own attention kernels run it",
-                   Dir(dir) == Dir::Forward ? "forward" : "backward", shape_text(B, T, H, D, t), last_build_error);
+                   Dir(dir) == Dir::Forward ? "forward" : "backward", shape_text(B, T, H, KV, D, t),
+                   last_build_error);
     }
     graphs.emplace(key, g);
     return g.get();
@@ -167,16 +168,18 @@ struct CudnnAttention::Impl {
     return g;
   }
 
-  // Every 16-bit operand is a (B, H, T, D) view, element (b, h, t, d) at
-  //   qkv (B, T, 3, H, D), part s:  b*T*3HD + t*3HD + s*HD + h*D + d  -> strides (T*3HD, D, 3HD, 1),
-  //                                 the part offset s*HD going into the pointer (q 0, k HD, v 2HD);
-  //   out / dout (B, T, H*D):       b*T*HD  + t*HD  + h*D + d          -> strides (T*HD, D, HD, 1);
+  // Every 16-bit operand is a (B, heads, T, D) view -- H heads for q, out, dout, KV for k and v --,
+  // element (b, h, t, d) at
+  //   qkv (B, T, (H + 2 KV) D), R = (H + 2 KV) D:  b*T*R + t*R + c + h*D + d  -> strides (T*R, D, R, 1),
+  //       the part's column c going into the pointer (q 0, k H*D, v (H + KV)*D);
+  //   out / dout (B, T, H*D):  b*T*HD + t*HD + h*D + d                        -> strides (T*HD, D, HD, 1);
   // dq, dk, dv are written into dqkv with qkv's strides. stats (B, H, T) fp32 is (B, H, T, 1) packed.
   struct Layout {
-    std::vector<int64_t> dim, qkv_stride, o_stride, stats_dim, stats_stride;
-    Layout(int64_t B, int64_t T, int64_t H, int64_t D)
+    std::vector<int64_t> dim, kv_dim, qkv_stride, o_stride, stats_dim, stats_stride;
+    Layout(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
         : dim{B, H, T, D},
-          qkv_stride{T * 3 * H * D, D, 3 * H * D, 1},
+          kv_dim{B, KV, T, D},
+          qkv_stride{T * (H + 2 * KV) * D, D, (H + 2 * KV) * D, 1},
           o_stride{T * H * D, D, H * D, 1},
           stats_dim{B, H, T, 1},
           stats_stride{H * T, T, 1, 1} {}
@@ -190,12 +193,12 @@ struct CudnnAttention::Impl {
   // the scores' scale, 1 / sqrt(D): a constant of the graph (D is part of its key)
   static float scale_of(int64_t D) { return 1.0f / std::sqrt(float(D)); }
 
-  std::shared_ptr<fe::graph::Graph> build_forward(int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
-    const Layout L(B, T, H, D);
+  std::shared_ptr<fe::graph::Graph> build_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t) {
+    const Layout L(B, T, H, KV, D);
     auto g = new_graph(t);
     auto q = input(*g, "Q", kQ, L.dim, L.qkv_stride);
-    auto k = input(*g, "K", kK, L.dim, L.qkv_stride);
-    auto v = input(*g, "V", kV, L.dim, L.qkv_stride);
+    auto k = input(*g, "K", kK, L.kv_dim, L.qkv_stride);
+    auto v = input(*g, "V", kV, L.kv_dim, L.qkv_stride);
     auto opt = fe::graph::SDPA_attributes()
                    .set_name("attention_forward")
                    .set_generate_stats(true)  // the lse backward needs
@@ -209,12 +212,13 @@ struct CudnnAttention::Impl {
     return finish(std::move(g));
   }
 
-  std::shared_ptr<fe::graph::Graph> build_backward(int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
-    const Layout L(B, T, H, D);
+  std::shared_ptr<fe::graph::Graph> build_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                   DType t) {
+    const Layout L(B, T, H, KV, D);
     auto g = new_graph(t);
     auto q = input(*g, "Q", kQ, L.dim, L.qkv_stride);
-    auto k = input(*g, "K", kK, L.dim, L.qkv_stride);
-    auto v = input(*g, "V", kV, L.dim, L.qkv_stride);
+    auto k = input(*g, "K", kK, L.kv_dim, L.qkv_stride);
+    auto v = input(*g, "V", kV, L.kv_dim, L.qkv_stride);
     auto o = input(*g, "O", kO, L.dim, L.o_stride);
     auto dout = input(*g, "dO", kdO, L.dim, L.o_stride);
     auto stats = input(*g, "Stats", kStats, L.stats_dim, L.stats_stride);
@@ -227,14 +231,15 @@ struct CudnnAttention::Impl {
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opt);
     if (!dq || !dk || !dv) return nullptr;
     dq->set_output(true).set_uid(kdQ).set_dim(L.dim).set_stride(L.qkv_stride);
-    dk->set_output(true).set_uid(kdK).set_dim(L.dim).set_stride(L.qkv_stride);
-    dv->set_output(true).set_uid(kdV).set_dim(L.dim).set_stride(L.qkv_stride);
+    // a key / value head's gradient: cuDNN sums it over the H / KV query heads that share it
+    dk->set_output(true).set_uid(kdK).set_dim(L.kv_dim).set_stride(L.qkv_stride);
+    dv->set_output(true).set_uid(kdV).set_dim(L.kv_dim).set_stride(L.qkv_stride);
     return finish(std::move(g));
   }
 
   // Runs g on the compute stream with the pointers of pack and the workspace it asks for.
   void execute(fe::graph::Graph& g, std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*>& pack,
-               const char* what, int64_t B, int64_t T, int64_t H, int64_t D, DType t) {
+               const char* what, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t) {
     int64_t ws = 0;
     fe::error_t e = g.get_workspace_size(ws);
     void* w = nullptr;
@@ -248,7 +253,7 @@ struct CudnnAttention::Impl {
     }
     if (e.is_bad()) {
       const std::string detail = last_cudnn_error();
-      internal_error(std::string("cuDNN attention ") + what + " (" + shape_text(B, T, H, D, t) +
+      internal_error(std::string("cuDNN attention ") + what + " (" + shape_text(B, T, H, KV, D, t) +
                      ") failed: " + e.err_msg + (detail.empty() ? "" : " (" + detail + ")"));
     }
   }
@@ -258,52 +263,54 @@ CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic)
     : impl_(std::make_unique<Impl>(stream, deterministic)) {}
 CudnnAttention::~CudnnAttention() = default;
 
-bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) {
+bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                             int64_t D) {
   const DType t = qkv.t;
   const bool usable = (t == DType::BF16 || t == DType::F16) && out.t == t && lse && D % 8 == 0 && B > 0 &&
-                      T > 0 && H > 0 && D > 0 && aligned16(qkv.p) && aligned16(out.p) && aligned16(lse) &&
-                      impl_->ready();
-  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, D, int(t), int(Dir::Forward)}) : nullptr;
+                      T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) && aligned16(out.p) &&
+                      aligned16(lse) && impl_->ready();
+  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward)}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
   }
-  // q, k, v: the parts of qkv (B, T, 3, H, D) at element offsets 0, H*D, 2*H*D
-  const int64_t HD = H * D, e = dtype_bytes(t);
+  // q, k, v: the parts of qkv (B, T, (H + 2 KV) D) at element offsets 0, H*D, (H + KV)*D
+  const int64_t HD = H * D, KD = KV * D, e = dtype_bytes(t);
   auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
   std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
-      {kQ, x}, {kK, x + HD * e}, {kV, x + 2 * HD * e}, {kO, out.p}, {kStats, lse}};
-  impl_->execute(*g, pack, "forward", B, T, H, D, t);
+      {kQ, x}, {kK, x + HD * e}, {kV, x + (HD + KD) * e}, {kO, out.p}, {kStats, lse}};
+  impl_->execute(*g, pack, "forward", B, T, H, KV, D, t);
   ++g_forward;
   return true;
 }
 
 bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B, int64_t T,
-                              int64_t H, int64_t D) {
+                              int64_t H, int64_t KV, int64_t D) {
   const DType t = qkv.t;
   const bool usable = (t == DType::BF16 || t == DType::F16) && dqkv.t == t && dout.t == t && out.t == t && lse &&
-                      D % 8 == 0 && B > 0 && T > 0 && H > 0 && D > 0 && aligned16(qkv.p) && aligned16(dqkv.p) &&
-                      aligned16(dout.p) && aligned16(out.p) && aligned16(lse) && impl_->ready();
-  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, D, int(t), int(Dir::Backward)}) : nullptr;
+                      D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) &&
+                      aligned16(dqkv.p) && aligned16(dout.p) && aligned16(out.p) && aligned16(lse) && impl_->ready();
+  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward)}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
   }
-  // q, k, v and dq, dk, dv: the parts of qkv and dqkv (B, T, 3, H, D) at element offsets 0, H*D, 2*H*D
-  const int64_t HD = H * D, e = dtype_bytes(t);
+  // q, k, v and dq, dk, dv: the parts of qkv and dqkv (B, T, (H + 2 KV) D) at element offsets 0, H*D,
+  // (H + KV)*D
+  const int64_t HD = H * D, KD = KV * D, e = dtype_bytes(t);
   auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
   auto* dx = static_cast<char*>(dqkv.p);
   std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
       {kQ, x},
       {kK, x + HD * e},
-      {kV, x + 2 * HD * e},
+      {kV, x + (HD + KD) * e},
       {kO, const_cast<void*>(out.p)},
       {kdO, const_cast<void*>(dout.p)},
       {kStats, const_cast<float*>(lse)},
       {kdQ, dx},
       {kdK, dx + HD * e},
-      {kdV, dx + 2 * HD * e}};
-  impl_->execute(*g, pack, "backward", B, T, H, D, t);
+      {kdV, dx + (HD + KD) * e}};
+  impl_->execute(*g, pack, "backward", B, T, H, KV, D, t);
   ++g_backward;
   return true;
 }
@@ -316,11 +323,11 @@ std::string cudnn_attention_version() { return ""; }
 struct CudnnAttention::Impl {};
 CudnnAttention::CudnnAttention(cudaStream_t, bool) {}
 CudnnAttention::~CudnnAttention() = default;
-bool CudnnAttention::forward(Buf, float*, CBuf, int64_t, int64_t, int64_t, int64_t) {
+bool CudnnAttention::forward(Buf, float*, CBuf, int64_t, int64_t, int64_t, int64_t, int64_t) {
   ++g_fell_back;
   return false;
 }
-bool CudnnAttention::backward(Buf, CBuf, CBuf, CBuf, const float*, int64_t, int64_t, int64_t, int64_t) {
+bool CudnnAttention::backward(Buf, CBuf, CBuf, CBuf, const float*, int64_t, int64_t, int64_t, int64_t, int64_t) {
   ++g_fell_back;
   return false;
 }

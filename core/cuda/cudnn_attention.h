@@ -1,8 +1,9 @@
 // Causal attention through cuDNN's fused scaled-dot-product attention (flash attention), for the
 // CUDA backend's bf16 / fp16 runs: the Ops methods attention_forward / backward (core/ops.h) as
 // cuDNN graphs built with the header-only cudnn-frontend. q, k, v are read in place from qkv
-// (B, T, 3, H, D), out and dout are (B, T, H*D), dq, dk, dv are written in place into dqkv: strided
-// (B, H, T, D) views, no transposes. lse (B, H, T) is cuDNN's softmax "stats": the natural-log
+// (B, T, (H + 2 KV) D) -- H query heads, then KV key heads, then KV value heads; cuDNN takes K and V
+// with fewer heads than Q natively (grouped-query attention) --, out and dout are (B, T, H*D), dq,
+// dk, dv are written in place into dqkv: strided (B, H or KV, T, D) views, no transposes. lse (B, H, T) is cuDNN's softmax "stats": the natural-log
 // log-sum-exp of each query's scaled scores, as the other backends store it, so a forward here and
 // a backward in the own kernels (or the other way round) agree.
 //
@@ -34,7 +35,7 @@ struct CudnnAttentionStats {
 CudnnAttentionStats cudnn_attention_stats();
 
 // One per CudaOps: a cuDNN handle bound to `stream` (created at first use), one built graph per
-// (B, T, H, D, dtype, direction) kept for the object's life, a workspace that grows on demand.
+// (B, T, H, KV, D, dtype, direction) kept for the object's life, a workspace that grows on demand.
 // Calls it hands back: fp32 tensors, head dimensions not a multiple of 8, pointers not 16-byte
 // aligned, and shapes whose graph cuDNN refuses (too large a head dimension, a cuDNN too old for
 // the GPU, ...): such a shape is remembered, with one warning in the log, and refused at once
@@ -52,9 +53,9 @@ class CudnnAttention {
   // nothing, when cuDNN cannot run this call (above): the caller then runs its own kernels.
   // A graph that fails while it executes throws InternalError with cuDNN's message.
   // Backward writes all of dqkv (=) and needs no scratch.
-  bool forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D);
+  bool forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
   bool backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B, int64_t T, int64_t H,
-                int64_t D);
+                int64_t KV, int64_t D);
 
   struct Impl;
 

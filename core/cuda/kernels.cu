@@ -1,6 +1,7 @@
-// The CUDA backend's kernels other than GEMMs, attention and the vocabulary-parallel ones
-// (vocab_kernels.cu): element-wise maps over the shared per-element math (core/math.h,
-// core/dtype.h), LayerNorm (with the fused residual add), the position embedding and the reductions. Every kernel is instantiated for the
+// The CUDA backend's kernels other than GEMMs, attention, the vocabulary-parallel ones
+// (vocab_kernels.cu) and LLaMA's SwiGLU, RoPE and QKV regroup (llama_kernels.cu): element-wise maps
+// over the shared per-element math (core/math.h, core/dtype.h), LayerNorm and RMSNorm (each with the
+// fused residual add), the position embedding and the reductions. Every kernel is instantiated for the
 // storage type of its compute-dtype tensors (device_util.h), converts on load, computes in fp32
 // and rounds once on store; 16-byte vector loads and stores where the pointers and sizes allow.
 // Row reductions accumulate like the CPU backend (double where it uses double); column reductions
@@ -384,6 +385,107 @@ __global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T*
   }
 }
 
+// ---------------------------------------------------------------- RMSNorm (a warp per row, as LayerNorm)
+// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps): the sum of squares in double as LayerNorm's
+// variance, the rest in fp32.
+
+template <class T, int W>
+__device__ inline void rmsnorm_row(T* y, float* rstd, const T* x, const T* w, int64_t n, int64_t C, float eps,
+                                   int lane) {
+  double ss = 0;
+  for (int64_t c = int64_t(lane) * W; c < C; c += 32 * W) {
+    float v[W];
+    load_vec<W>(v, x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) ss += double(v[k]) * v[k];
+  }
+  ss = warp_reduce(ss, SumOp{});
+  const float r = float(1.0 / sqrt(ss / double(C) + double(eps)));
+  for (int64_t c = int64_t(lane) * W; c < C; c += 32 * W) {
+    float v[W], wv[W];
+    load_vec<W>(v, x + c);
+    load_vec<W>(wv, w + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = v[k] * r * wv[k];
+    store_vec<W>(y + c, v);
+  }
+  if (lane == 0) rstd[n] = r;
+}
+
+template <class T, int W>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* w, int64_t N, int64_t C,
+                                       float eps) {
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (n >= N) return;
+  rmsnorm_row<T, W>(out + n * C, rstd, inp + n * C, w, n, C, eps, int(threadIdx.x % 32));
+}
+
+// res = a + b rounded to T (each lane rereads only what it wrote), then the RMSNorm of res as
+// stored. res may alias a.
+template <class T, int W>
+__global__ void residual_rmsnorm_forward_kernel(T* res, T* out, float* rstd, const T* a, const T* b, const T* w,
+                                                int64_t N, int64_t C, float eps) {
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (n >= N) return;
+  T* r = res + n * C;
+  for (int64_t c = int64_t(lane) * W; c < C; c += 32 * W) {
+    float x[W], y[W];
+    load_vec<W>(x, a + n * C + c);
+    load_vec<W>(y, b + n * C + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x[k] = x[k] + y[k];
+    store_vec<W>(r + c, x);
+  }
+  rmsnorm_row<T, W>(out + n * C, rstd, r, w, n, C, eps, lane);
+}
+
+// y = x r w with r = (mean(x^2) + eps)^-1/2: dx = r (w dy) - x r^3 mean(x w dy) (the mean in
+// double, as the CPU backend); dinp +=
+template <class T, int W>
+__global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd,
+                                              int64_t N, int64_t C) {
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const T* x = inp + n * C;
+  const T* dy = dout + n * C;
+  const float r = rstd[n];
+  double dot = 0;
+  for (int64_t c = int64_t(lane) * W; c < C; c += 32 * W) {
+    float xv[W], dyv[W], wv[W];
+    load_vec<W>(xv, x + c);
+    load_vec<W>(dyv, dy + c);
+    load_vec<W>(wv, w + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) dot += double(dyv[k]) * wv[k] * xv[k];
+  }
+  dot = warp_reduce(dot, SumOp{});
+  const float kr = float(dot / double(C)) * r * r * r;
+  T* dx = dinp + n * C;
+  for (int64_t c = int64_t(lane) * W; c < C; c += 32 * W) {
+    float xv[W], dyv[W], wv[W], dxv[W];
+    load_vec<W>(xv, x + c);
+    load_vec<W>(dyv, dy + c);
+    load_vec<W>(wv, w + c);
+    load_vec<W>(dxv, dx + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) dxv[k] += dyv[k] * wv[k] * r - xv[k] * kr;
+    store_vec<W>(dx + c, dxv);
+  }
+}
+
+// dy * normalized of element (n, c): RMSNorm's weight gradient
+template <class T>
+struct RmsNormParamGrad {
+  const T *dout, *inp;
+  const float* rstd;
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float* v) const {
+    v[0] = ld(dout, n * C + c) * ld(inp, n * C + c) * rstd[n];
+  }
+};
+
 // ---------------------------------------------------------------- position embedding (the token embedding: vocab_kernels.cu)
 
 template <class T>
@@ -602,6 +704,58 @@ void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBu
       layernorm_backward_input_kernel<T, 1><<<row_blocks(N), kThreads, 0, s>>>(dx, dy, x, wp, mean, rstd, N, C);
     TPT_CUDA_LAUNCHED();
     column_sums<2>(dw, db, N, C, LayerNormParamGrads<T>{dy, x, mean, rstd, C}, scratch, s);
+  });
+}
+
+void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps, cudaStream_t s) {
+  check_same(out.t, inp.t, "rmsnorm_forward");
+  check_same(out.t, w.t, "rmsnorm_forward");
+  if (N <= 0 || C <= 0) return;
+  dispatch(out.t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = vec_width<T>();
+    T* o = typed<T>(out);
+    const T *x = typed<T>(inp), *wp = typed<T>(w);
+    if (C % W == 0 && all_aligned<W>(o, x, wp))
+      rmsnorm_forward_kernel<T, W><<<row_blocks(N), kThreads, 0, s>>>(o, rstd, x, wp, N, C, eps);
+    else
+      rmsnorm_forward_kernel<T, 1><<<row_blocks(N), kThreads, 0, s>>>(o, rstd, x, wp, N, C, eps);
+    TPT_CUDA_LAUNCHED();
+  });
+}
+
+void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C, float eps,
+                              cudaStream_t s) {
+  for (DType t : {out.t, a.t, b.t, w.t}) check_same(res.t, t, "residual_rmsnorm_forward");
+  if (N <= 0 || C <= 0) return;
+  dispatch(res.t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = vec_width<T>();
+    T *r = typed<T>(res), *o = typed<T>(out);
+    const T *ap = typed<T>(a), *bp = typed<T>(b), *wp = typed<T>(w);
+    if (C % W == 0 && all_aligned<W>(r, o, ap, bp, wp))
+      residual_rmsnorm_forward_kernel<T, W><<<row_blocks(N), kThreads, 0, s>>>(r, o, rstd, ap, bp, wp, N, C, eps);
+    else
+      residual_rmsnorm_forward_kernel<T, 1><<<row_blocks(N), kThreads, 0, s>>>(r, o, rstd, ap, bp, wp, N, C, eps);
+    TPT_CUDA_LAUNCHED();
+  });
+}
+
+void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
+                      DeviceBuffer& scratch, cudaStream_t s) {
+  for (DType t : {dout.t, inp.t, w.t}) check_same(dinp.t, t, "rmsnorm_backward");
+  if (N <= 0 || C <= 0) return;
+  dispatch(dinp.t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = vec_width<T>();
+    T* dx = typed<T>(dinp);
+    const T *dy = typed<T>(dout), *x = typed<T>(inp), *wp = typed<T>(w);
+    if (C % W == 0 && all_aligned<W>(dx, dy, x, wp))
+      rmsnorm_backward_input_kernel<T, W><<<row_blocks(N), kThreads, 0, s>>>(dx, dy, x, wp, rstd, N, C);
+    else
+      rmsnorm_backward_input_kernel<T, 1><<<row_blocks(N), kThreads, 0, s>>>(dx, dy, x, wp, rstd, N, C);
+    TPT_CUDA_LAUNCHED();
+    if (dw) column_sums<1>(dw, nullptr, N, C, RmsNormParamGrad<T>{dy, x, rstd, C}, scratch, s);
   });
 }
 

@@ -1,9 +1,10 @@
-// Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, vocab_kernels.cu, attention.cu, attention_tc.cu):
-// host functions that enqueue work on stream `s`. Arguments, shapes and "=" / "+=" semantics are
-// those of the Ops methods of the same name (core/ops.h); the per-element math is core/math.h and
-// core/dtype.h. Compute-dtype tensors are Buf / CBuf: the kernels are instantiated for their
-// storage type (fp32, bf16 or fp16 bits), compute in fp32 and round once where they store. The
-// compute-dtype arguments of one call have one dtype unless a comment says otherwise.
+// Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, vocab_kernels.cu, llama_kernels.cu,
+// attention.cu, attention_tc.cu): host functions that enqueue work on stream `s`. Arguments, shapes
+// and "=" / "+=" semantics are those of the Ops methods of the same name (core/ops.h); the
+// per-element math is core/math.h and core/dtype.h. Compute-dtype tensors are Buf / CBuf: the
+// kernels are instantiated for their storage type (fp32, bf16 or fp16 bits), compute in fp32 and
+// round once where they store. The compute-dtype arguments of one call have one dtype unless a
+// comment says otherwise.
 #pragma once
 #include <cstdint>
 
@@ -44,6 +45,25 @@ void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf
                                 int64_t N, int64_t C, float eps, cudaStream_t s);
 void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                         const float* rstd, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s);
+// RMSNorm: out = inp * rstd * w (rstd (N) fp32); the residual form as residual_layernorm_forward;
+// backward: dinp +=, dw += (fixed-order column partial sums, as layernorm_backward; dw may be null).
+void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps, cudaStream_t s);
+void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C, float eps,
+                              cudaStream_t s);
+void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
+                      DeviceBuffer& scratch, cudaStream_t s);
+
+// ---- LLaMA's element-wise maps (llama_kernels.cu) ----
+// SwiGLU: inp (N, 2F) rows [gate | up] -> out (N, F) = silu(gate) * up; backward dinp (N, 2F) =
+// [dout * up * silu'(gate) | dout * silu(gate)] (=).
+void swiglu_forward(Buf out, CBuf inp, int64_t N, int64_t F, cudaStream_t s);
+void swiglu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t N, int64_t F, cudaStream_t s);
+// The grouped (N, G, Q + 2, D) <-> heads (N, (G Q + 2 G) D) permutation of the QKV activations (raw
+// element copies; out must not overlap in).
+void qkv_regroup(Buf out, CBuf in, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads, cudaStream_t s);
+// RoPE in place on the query and key heads of qkv (N, (H + 2 KV) D): a thread per rotated pair.
+void rope(Buf qkv, const float* inv_freq, const int32_t* positions, int64_t N, int64_t S, int64_t H, int64_t KV,
+          int64_t D, int64_t rot, bool interleaved, bool inverse, cudaStream_t s);
 
 // ---- embeddings ----
 // Copies rows as stored (out.t == wte.t).
@@ -73,13 +93,16 @@ bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned
 // ---- attention (attention.cu) ----
 // Flash-style causal attention (D <= 128) on the CUDA cores, in fp32 arithmetic on any storage
 // dtype: the Ops methods attention_forward / backward. Never materialises a T x T matrix.
+// qkv (B, T, (H + 2 KV) D): H query heads, then KV key heads, then KV value heads (query head h
+// uses key / value head h / (H / KV); KV = H is (B, T, 3, H, D)).
 // Forward: out (B, T, H*D), lse (B, H, T) the log-sum-exp of each query's scaled scores.
-// Backward: dqkv (B, T, 3, H, D) = , from out and lse; delta (B, H, T) fp32 scratch.
+// Backward: dqkv (B, T, (H + 2 KV) D) = , from out and lse; delta (B, H, T) fp32 scratch. The
+// block that owns a key / value head's rows walks the H / KV query heads of its group in order.
 // Deterministic (no atomics).
-void flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+void flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                              cudaStream_t s);
 void flash_attention_backward(Buf dqkv, float* delta, CBuf dout, CBuf qkv, CBuf out, const float* lse, int64_t B,
-                              int64_t T, int64_t H, int64_t D, cudaStream_t s);
+                              int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
 // delta (B, H, T) = per head and position, dout . out (the softmax backward's row term), in fp32.
 void attention_row_dots(float* delta, CBuf dout, CBuf out, int64_t B, int64_t T, int64_t H, int64_t D,
                         cudaStream_t s);
@@ -89,16 +112,17 @@ void attention_row_dots(float* delta, CBuf dout, CBuf out, int64_t B, int64_t T,
 // 128} and the device grants the shared memory) and tc_attention_aligned(qkv, dout).
 bool tc_attention_supported(int64_t D, DType t);
 bool tc_attention_aligned(CBuf qkv, CBuf dout);
-void tc_flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+void tc_flash_attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                 cudaStream_t s);
 void tc_flash_attention_backward(Buf dqkv, float* delta, CBuf dout, CBuf qkv, CBuf out, const float* lse,
-                                 int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s);
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
 // The naive reference the tests hold the flash kernels to (fp32 tensors): the same outputs through
 // a (B, H, T, T) probability buffer `probs` (forward fills it; backward reads it and overwrites
 // `dscores`, same size).
 void reference_attention_forward(float* out, float* lse, float* probs, const float* qkv, int64_t B, int64_t T,
-                                 int64_t H, int64_t D, cudaStream_t s);
+                                 int64_t H, int64_t KV, int64_t D, cudaStream_t s);
 void reference_attention_backward(float* dqkv, float* dscores, const float* dout, const float* qkv,
-                                  const float* probs, int64_t B, int64_t T, int64_t H, int64_t D, cudaStream_t s);
+                                  const float* probs, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                  cudaStream_t s);
 
 }  // namespace tpt::cuda
