@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for tptrain (docs/ARCHITECTURE.md "Model", "Numerics", "Config", "Data formats").
 
-A deliberately plain GPT-2 (torch.nn, fp32 on CPU, optional float64) trained exactly the way
-tptrain must train it, so that tptrain's metrics can be compared step by step:
+A deliberately plain GPT-2 (torch.nn, fp32 on CPU, optional float64) with the LLaMA family's
+options (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied output layer, no linear biases),
+trained exactly the way tptrain must train it, from HF GPT-2 weights or from tptrain's own
+counter-based init (init_ref.py), so that tptrain's metrics can be compared step by step:
 
-  gpt_ref.py --config CFG.yaml --init HF.safetensors --steps N --out metrics.jsonl [--set sec.key=v ...]
+  gpt_ref.py --config CFG.yaml [--init HF.safetensors] --steps N --out metrics.jsonl [--set sec.key=v ...]
   gpt_ref.py --bench --layers 12 --hidden 768 --heads 12 --vocab 50257 --seq 64 --micro-batch 4 \
              --threads 2 --iters 5
 
@@ -23,9 +25,10 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 import yaml
+
+# The model (model_ref.py, next to this file); gpt_ref.build_model stays the name other scripts use.
+from model_ref import GPT, build_model, is_decayed, is_gpt2, tptrain_init_state
 
 
 class RefError(Exception):
@@ -53,7 +56,21 @@ SCHEMA = {
         "vocab_size": ("int", REQUIRED, None, False),
         "make_vocab_size_divisible_by": ("int", 128, None, False),  # padding never changes the math
         "layernorm_epsilon": ("float", 1.0e-5, None, False),     # DESIGN Model: default 1e-5
-        "init_method_std": ("float", 0.02, None, False),         # unused: the reference needs init_from
+        # the LLaMA family (DESIGN "Model"; Megatron's names; the defaults are GPT-2)
+        "normalization": ("str", "LayerNorm", None, False),      # LayerNorm | RMSNorm
+        "swiglu": ("bool", False, None, False),
+        "position_embedding_type": ("str", "learned_absolute", None, False),  # | rope
+        "rotary_base": ("float", 10000.0, None, False),
+        "rotary_percent": ("float", 1.0, None, False),
+        "rotary_interleaved": ("bool", False, None, False),
+        "rope_scaling": ("rope_scaling", None, None, True),
+        "group_query_attention": ("bool", False, None, False),
+        "num_query_groups": ("int", None, None, True),
+        "kv_channels": ("int", None, None, True),                # default hidden_size / heads
+        "untie_embeddings_and_output_weights": ("bool", False, None, False),
+        "add_bias_linear": ("bool", True, None, False),
+        "add_qkv_bias": ("bool", False, None, False),
+        "init_method_std": ("float", 0.02, None, False),         # tptrain's Philox init (init_ref.py)
         "hidden_dropout": ("float", 0.0, None, False),
         "attention_dropout": ("float", 0.0, None, False),
         "init_from": ("str", None, None, True),
@@ -152,6 +169,18 @@ def _convert(where, kind, nullable, value):
         if not isinstance(value, str):
             raise RefError(f"config key {where}: expected a string, got {value!r}")
         return value
+    if kind == "rope_scaling":  # Llama 3.1's {factor, low_freq_factor, high_freq_factor, original_max_...}
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        if not isinstance(value, dict) or set(value) - {"rope_type"} != set(keys) or \
+                value.get("rope_type", "llama3") != "llama3":
+            raise RefError(f"config key {where}: expected null or a mapping with exactly the keys "
+                           f"{', '.join(keys)} (and optionally rope_type: llama3), got {value!r}")
+        out = {k: _convert(f"{where}.{k}", "float", False, value[k]) for k in keys[:3]}
+        out[keys[3]] = _convert(f"{where}.{keys[3]}", "int", False, value[keys[3]])
+        if not (out["factor"] > 0 and out[keys[3]] > 0 and 0 < out["low_freq_factor"] < out["high_freq_factor"]):
+            raise RefError(f"config key {where}: needs factor > 0, original_max_position_embeddings > 0 "
+                           f"and 0 < low_freq_factor < high_freq_factor, got {value!r}")
+        return out
     if kind == "split":
         if isinstance(value, str):  # Megatron's spelling "949,50,1"
             value = [v.strip() for v in value.split(",")]
@@ -221,8 +250,7 @@ def _check_and_resolve(cfg):
                    ("training", "train_iters"), ("logging", "log_interval")]:
         if cfg[sec][k] <= 0:
             raise RefError(f"config key {sec}.{k} must be > 0, got {cfg[sec][k]}")
-    if m["hidden_size"] % m["num_attention_heads"]:
-        raise RefError("model.hidden_size must be divisible by model.num_attention_heads")
+    _check_arch(m)
     if m["ffn_hidden_size"] is None:
         m["ffn_hidden_size"] = 4 * m["hidden_size"]
     if m["max_position_embeddings"] is None:
@@ -256,6 +284,44 @@ def _check_and_resolve(cfg):
     if cfg["logging"]["log_interval"] != 1:
         raise RefError("the reference logs every iteration: logging.log_interval must be 1")
     return cfg
+
+
+def _check_arch(m):
+    """The LLaMA-family keys: what the reference can compute, or a RefError naming the key."""
+    H = m["num_attention_heads"]
+    if m["kv_channels"] is None and m["hidden_size"] % H:
+        raise RefError("model.hidden_size must be divisible by model.num_attention_heads "
+                       "(or give model.kv_channels)")
+    if m["kv_channels"] is not None and m["kv_channels"] <= 0:
+        raise RefError(f"model.kv_channels must be > 0, got {m['kv_channels']}")
+    if m["normalization"] not in ("LayerNorm", "RMSNorm"):
+        raise RefError(f"model.normalization must be LayerNorm|RMSNorm, got {m['normalization']!r}")
+    if m["position_embedding_type"] not in ("learned_absolute", "rope"):
+        raise RefError(f"model.position_embedding_type must be learned_absolute|rope, "
+                       f"got {m['position_embedding_type']!r}")
+    if m["group_query_attention"]:
+        G = m["num_query_groups"]
+        if G is None or G <= 0 or H % G:
+            raise RefError(f"model.num_query_groups must divide model.num_attention_heads ({H}) "
+                           f"with group_query_attention, got {G}")
+    elif m["num_query_groups"] is not None:
+        raise RefError("model.num_query_groups needs model.group_query_attention: true")
+    if m["swiglu"] and m["ffn_hidden_size"] is None:
+        raise RefError("model.ffn_hidden_size must be given with model.swiglu")
+    if m["position_embedding_type"] == "rope":
+        D = m["kv_channels"] or m["hidden_size"] // H
+        rot = int(D * m["rotary_percent"])
+        if not 0 < m["rotary_percent"] <= 1 or rot < 2 or rot % 2:
+            raise RefError(f"model.rotary_percent {m['rotary_percent']} of kv_channels {D} gives {rot} "
+                           f"rotated channels: must be even and > 0")
+        if m["rotary_base"] <= 0:
+            raise RefError("model.rotary_base must be > 0")
+
+
+def check_hf_gpt2_init(m, path):
+    if not is_gpt2(m):
+        raise RefError(f"{path}: the reference imports HF GPT-2 weights only; for the LLaMA-family options "
+                       f"set model.init_from: null (tptrain's own init)")
 
 
 def padded_vocab(vocab, divisible_by, tp=1):
@@ -333,8 +399,9 @@ def read_safetensors(path):
 
 
 def hf_to_state(tensors, cfg_model, path="weights"):
-    """Maps HF GPT-2 names (Conv1D layout [in, out]) to this file's GPT parameters (nn.Linear
-    layout [out, in]). Returns {param name: float64 array}."""
+    """Maps HF GPT-2 names (Conv1D layout [in, out]) to this file's GPT parameters (tptrain's names,
+    nn.Linear layout [out, in]). Returns {param name: float64 array}."""
+    check_hf_gpt2_init(cfg_model, path)
     L = cfg_model["num_layers"]
     C = cfg_model["hidden_size"]
     Fh = cfg_model["ffn_hidden_size"]
@@ -367,22 +434,21 @@ def hf_to_state(tensors, cfg_model, path="weights"):
     state["wpe.weight"] = take("wpe.weight", [P, C], rows_at_least=P)
     for i in range(L):
         h = f"h.{i}."
-        b = f"blocks.{i}."
-        state[b + "ln_1_weight"] = take(h + "ln_1.weight", [C])
-        state[b + "ln_1_bias"] = take(h + "ln_1.bias", [C])
-        state[b + "qkv.weight"] = take(h + "attn.c_attn.weight", [C, 3 * C]).T
-        state[b + "qkv.bias"] = take(h + "attn.c_attn.bias", [3 * C])
-        state[b + "attn_proj.weight"] = take(h + "attn.c_proj.weight", [C, C]).T
-        state[b + "attn_proj.bias"] = take(h + "attn.c_proj.bias", [C])
-        state[b + "ln_2_weight"] = take(h + "ln_2.weight", [C])
-        state[b + "ln_2_bias"] = take(h + "ln_2.bias", [C])
-        state[b + "fc1.weight"] = take(h + "mlp.c_fc.weight", [C, Fh]).T
-        state[b + "fc1.bias"] = take(h + "mlp.c_fc.bias", [Fh])
-        state[b + "fc2.weight"] = take(h + "mlp.c_proj.weight", [Fh, C]).T
-        state[b + "fc2.bias"] = take(h + "mlp.c_proj.bias", [C])
+        state[h + "ln_1.weight"] = take(h + "ln_1.weight", [C])
+        state[h + "ln_1.bias"] = take(h + "ln_1.bias", [C])
+        state[h + "attn.qkv.weight"] = take(h + "attn.c_attn.weight", [C, 3 * C]).T
+        state[h + "attn.qkv.bias"] = take(h + "attn.c_attn.bias", [3 * C])
+        state[h + "attn.proj.weight"] = take(h + "attn.c_proj.weight", [C, C]).T
+        state[h + "attn.proj.bias"] = take(h + "attn.c_proj.bias", [C])
+        state[h + "ln_2.weight"] = take(h + "ln_2.weight", [C])
+        state[h + "ln_2.bias"] = take(h + "ln_2.bias", [C])
+        state[h + "mlp.fc1.weight"] = take(h + "mlp.c_fc.weight", [C, Fh]).T
+        state[h + "mlp.fc1.bias"] = take(h + "mlp.c_fc.bias", [Fh])
+        state[h + "mlp.fc2.weight"] = take(h + "mlp.c_proj.weight", [Fh, C]).T
+        state[h + "mlp.fc2.bias"] = take(h + "mlp.c_proj.bias", [C])
         used.update({h + "attn.bias", h + "attn.masked_bias"})  # HF causal-mask buffers
-    state["ln_f_weight"] = take("ln_f.weight", [C])
-    state["ln_f_bias"] = take("ln_f.bias", [C])
+    state["ln_f.weight"] = take("ln_f.weight", [C])
+    state["ln_f.bias"] = take("ln_f.bias", [C])
     extra = sorted(n for n in t if n not in used)
     if extra:
         raise RefError(f"{path}: unexpected tensors {extra[:5]} (num_layers={L}?)")
@@ -515,91 +581,9 @@ class SequentialData:
         return torch.from_numpy(np.stack([self.sample(p) for p in positions]))  # (B, S+1)
 
 
-# ----------------------------------------------------------------------------------------------
-# The model: GPT-2, pre-LN, tied LM head, biases everywhere, no dropout.
-
-class Block(nn.Module):
-    def __init__(self, C, H, Fh, eps):
-        super().__init__()
-        self.H, self.eps = H, eps
-        self.ln_1_weight = nn.Parameter(torch.ones(C))
-        self.ln_1_bias = nn.Parameter(torch.zeros(C))
-        self.qkv = nn.Linear(C, 3 * C)        # columns: q (all heads), k, v
-        self.attn_proj = nn.Linear(C, C)
-        self.ln_2_weight = nn.Parameter(torch.ones(C))
-        self.ln_2_bias = nn.Parameter(torch.zeros(C))
-        self.fc1 = nn.Linear(C, Fh)
-        self.fc2 = nn.Linear(Fh, C)
-
-    def attention(self, x, mask):                      # x: (B, T, C)
-        B, T, C = x.shape
-        D = C // self.H
-        q, k, v = self.qkv(x).split(C, dim=2)            # 3 x (B, T, C)
-        q = q.view(B, T, self.H, D).transpose(1, 2)      # (B, H, T, D)
-        k = k.view(B, T, self.H, D).transpose(1, 2)
-        v = v.view(B, T, self.H, D).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))   # (B, H, T, T)
-        scores = scores.masked_fill(~mask[:T, :T], float("-inf"))
-        probs = F.softmax(scores, dim=-1)
-        y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.attn_proj(y)
-
-    def forward(self, x, mask):
-        C = x.shape[-1]
-        x = x + self.attention(F.layer_norm(x, (C,), self.ln_1_weight, self.ln_1_bias, self.eps), mask)
-        h = F.layer_norm(x, (C,), self.ln_2_weight, self.ln_2_bias, self.eps)
-        return x + self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, L, C, H, Fh, V, P, eps):
-        super().__init__()
-        self.eps = eps
-        self.wte = nn.Embedding(V, C)
-        self.wpe = nn.Embedding(P, C)
-        self.blocks = nn.ModuleList([Block(C, H, Fh, eps) for _ in range(L)])
-        self.ln_f_weight = nn.Parameter(torch.ones(C))
-        self.ln_f_bias = nn.Parameter(torch.zeros(C))
-        self.register_buffer("mask", torch.tril(torch.ones(P, P, dtype=torch.bool)), persistent=False)
-
-    def forward(self, idx, pos=None):                     # idx: (B, T) -> logits (B, T, V)
-        B, T = idx.shape
-        C = self.wte.weight.shape[1]
-        if pos is None:
-            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))[None]  # (B, T, C)
-        else:                                             # pos: (B, T) per-token positions
-            x = self.wte(idx) + self.wpe(pos)
-        for blk in self.blocks:
-            x = blk(x, self.mask)
-        x = F.layer_norm(x, (C,), self.ln_f_weight, self.ln_f_bias, self.eps)
-        return F.linear(x, self.wte.weight)               # tied LM head, (B, T, V)
-
-    def loss(self, tokens):                               # tokens: (B, S+1) -> mean CE over B*S
-        logits = self(tokens[:, :-1])
-        V = logits.shape[-1]
-        return F.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1))
-
-    def load_state(self, state):
-        params = dict(self.named_parameters())
-        if set(params) != set(state):
-            raise RefError(f"internal: parameter names differ: {sorted(set(params) ^ set(state))[:5]}")
-        with torch.no_grad():
-            for n, p in params.items():
-                src = torch.from_numpy(np.ascontiguousarray(state[n])).to(p.dtype)
-                if src.shape != p.shape:
-                    raise RefError(f"internal: {n} shape {tuple(src.shape)} vs {tuple(p.shape)}")
-                p.copy_(src)
-
-
-def build_model(cfg_model, dtype=torch.float32):
-    m = cfg_model
-    return GPT(m["num_layers"], m["hidden_size"], m["num_attention_heads"], m["ffn_hidden_size"],
-               m["vocab_size"], m["max_position_embeddings"], m["layernorm_epsilon"]).to(dtype)
-
-
 def make_optimizer(model, o):
-    decay = [p for p in model.parameters() if p.dim() == 2]      # both embeddings, linear weights
-    no_decay = [p for p in model.parameters() if p.dim() != 2]   # biases, LayerNorm
+    decay = [p for n, p in model.named_parameters() if is_decayed(n)]
+    no_decay = [p for n, p in model.named_parameters() if not is_decayed(n)]
     groups = [{"params": decay, "weight_decay": o["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
@@ -642,7 +626,12 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
         print(f"gpt_ref: note: training.precision={t['precision']}; the reference computes in "
               f"{dtype} anyway", file=log)
     model = build_model(m, dtype)
-    model.load_state(hf_to_state(read_safetensors(init_path), m, init_path))
+    if init_path:
+        check_hf_gpt2_init(m, init_path)
+        model.load_state(hf_to_state(read_safetensors(init_path), m, init_path))
+    else:
+        print(f"gpt_ref: tptrain's Philox init, seed {t['seed']}", file=log)
+        model.load_state(tptrain_init_state(model, m, t["seed"]))
     docs = open_corpus(d["path"], m["vocab_size"])
     rng = split_documents(len(docs), d["split"], split_rule)
     data = SequentialData(docs, rng[0], m["seq_length"])
@@ -690,7 +679,8 @@ def bench(a):
     if a.threads:
         torch.set_num_threads(a.threads)
     C, H = a.hidden, a.heads
-    model = GPT(a.layers, C, H, 4 * C, a.vocab, a.seq, 1e-5)
+    model = GPT({"num_layers": a.layers, "hidden_size": C, "num_attention_heads": H, "ffn_hidden_size": 4 * C,
+                 "vocab_size": a.vocab, "max_position_embeddings": a.seq, "layernorm_epsilon": 1e-5})
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.dim() == 2:
@@ -735,7 +725,7 @@ def bench(a):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="tptrain YAML config")
-    p.add_argument("--init", help="HF GPT-2 safetensors file (default: model.init_from)")
+    p.add_argument("--init", help="HF GPT-2 safetensors file (default: model.init_from; null: tptrain's init)")
     p.add_argument("--steps", type=int, help="iterations to run (default: training.train_iters)")
     p.add_argument("--out", help="metrics JSON lines (iteration, consumed_samples, lm_loss, grad_norm, lr)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -763,10 +753,7 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     try:
         cfg = load_config(a.config, a.set, a.allow_defaults)
-        init = a.init or cfg["model"]["init_from"]
-        if not init:
-            raise RefError("the reference cannot reproduce tptrain's Philox init: give --init or "
-                           "model.init_from")
+        init = a.init or cfg["model"]["init_from"]  # None: tptrain's init from training.seed
         steps = a.steps if a.steps is not None else cfg["training"]["train_iters"]
         run_training(cfg, init, steps, a.out, torch.float64 if a.float64 else torch.float32,
                      a.split_rule)
