@@ -11,7 +11,8 @@
 
 namespace tpt {
 
-// Parameter (or gradient) pointers of one transformer block.
+// Parameter (or gradient) pointers of one transformer block; null where the architecture has no such
+// tensor (the norms' biases with RMSNorm, the linear biases without model.add_bias_linear).
 template <class P>
 struct BlockParams {
   P ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
@@ -20,34 +21,42 @@ struct BlockParams {
 template <class P>
 BlockParams<P> block_params(const ParamLayout& layout, P base, int64_t layer) {
   const std::string pre = "h." + std::to_string(layer) + ".";
-  auto at = [&](const char* n) {
+  auto at = [&](const char* n, bool required) {
     const ParamInfo* p = layout.find(pre + n);
-    TPT_CHECK(p != nullptr);
-    return base + p->offset;
+    TPT_CHECK(p != nullptr || !required);
+    return p ? base + p->offset : P{};
   };
-  return {at("ln_1.weight"), at("ln_1.bias"),   at("attn.qkv.weight"), at("attn.qkv.bias"),
-          at("attn.proj.weight"), at("attn.proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
-          at("mlp.fc1.weight"), at("mlp.fc1.bias"), at("mlp.fc2.weight"), at("mlp.fc2.bias")};
+  return {at("ln_1.weight", true),      at("ln_1.bias", false),       at("attn.qkv.weight", true),
+          at("attn.qkv.bias", false),   at("attn.proj.weight", true), at("attn.proj.bias", false),
+          at("ln_2.weight", true),      at("ln_2.bias", false),       at("mlp.fc1.weight", true),
+          at("mlp.fc1.bias", false),    at("mlp.fc2.weight", true),   at("mlp.fc2.bias", false)};
 }
 
 // What a block's forward writes (and its backward reads). Nt: the rank's tokens of the residual
 // stream (all N, or with sequence parallelism its block); N: the tokens of the TP-sharded GEMMs.
 struct BlockActs {
   Buf ln1;                                     // (Nt, C)
-  float *ln1_mean = nullptr, *ln1_rstd = nullptr;  // (Nt), (Nt)
-  Buf qkv;                                     // (N, 3 Cl): (B, S, 3, Hl, D)
+  NormStats ln1_stats;                         // (Nt) each: LayerNorm's mean and rstd, RMSNorm's rstd
+  Buf qkv;                                     // (N, QKVl) in the attention's heads layout (model/layers.h
+                                               // QKVLayout), q and k rotated with RoPE
   Buf atty;                                    // (N, Cl) attention output (before the projection)
   float* lse = nullptr;                        // (B, Hl, S) log-sum-exp of each query's scores (training)
   Buf x_mid;                                   // (Nt, C) residual after attention
   Buf ln2;                                     // (Nt, C)
-  float *ln2_mean = nullptr, *ln2_rstd = nullptr;  // (Nt), (Nt)
-  Buf fc1;                                     // (N, Fl) before GELU
-  Buf gelu;                                    // (N, Fl)
+  NormStats ln2_stats;                         // (Nt)
+  Buf fc1;                                     // (N, Fl1) fc1's output (before GELU / SwiGLU)
+  Buf gelu;                                    // (N, Fl) the activation (fc2's input)
 };
 
+// The block's sizes and parts (model/layers.h). positions: the N tokens' positions on the device for
+// RoPE, or null (n % S).
 struct BlockShape {
-  int64_t N = 0, Nt = 0, C = 0, Cl = 0, Fl = 0;
-  float eps = 1e-5f;
+  int64_t N = 0, Nt = 0, C = 0, Cl = 0, Fl = 0, S = 0;
+  Norm norm;
+  MLPActivation mlp;
+  QKVLayout qkv;
+  Rope rope;
+  const int32_t* positions = nullptr;
 };
 
 // The tensor-parallel mappings around the GEMMs (parallel/tensor_parallel.h through GPTStage); one
@@ -58,9 +67,10 @@ struct BlockMappings {
   bool bias_in_gemm = true;                                       // row-parallel biases added in the GEMM
 };
 
-// x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch. attention_core(a) writes a.atty from
+// x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, QKVl) scratch for the QKV GEMM's
+// grouped output (grouped-query attention only; else unused). attention_core(a) writes a.atty from
 // a.qkv (scores, softmax, weighted values).
-void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp,
+void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp, Buf qkv_tmp,
                    const BlockShape& s, const std::function<void(BlockActs&)>& attention_core,
                    const BlockMappings* tp = nullptr);
 

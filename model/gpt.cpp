@@ -16,7 +16,7 @@
 
 namespace tpt {
 
-// Compute-dtype tensors are Bufs; LayerNorm statistics and the log-sum-exp are fp32.
+// Compute-dtype tensors are Bufs; norm statistics and the log-sum-exp are fp32.
 // The LayerNorm outputs are kept as this rank's tokens (Nt, C); with sequence parallelism the GEMMs'
 // gathered (N, C) copy lives in scratch and is gathered again in backward (as Megatron does), which
 // keeps 2 (N - Nt) C fewer values per layer than keeping it.
@@ -28,21 +28,22 @@ struct GPTStage::LayerActs : BlockActs {  // model/block.h
 // output gradient dY of each of the layer's four GEMMs on all N tokens, in the compute dtype. W's
 // other operand, the GEMM's input X, stays in the slot's activations (LayerActs).
 struct GPTStage::LayerStash {
-  Buf dqkv;   // (N, 3 Cl) d QKV: the attention backward writes it here
+  Buf dqkv;   // (N, QKVl) d QKV GEMM output (from the attention backward, through RoPE and the regroup)
   Buf dproj;  // (N, C)    d attention projection output (with sequence parallelism all-gathered)
-  Buf dfc1;   // (N, Fl)   d fc1 pre-activation: fc2's input gradient through GELU's derivative
+  Buf dfc1;   // (N, Fl1)  d fc1 output: fc2's input gradient through the activation's derivative
   Buf dfc2;   // (N, C)    d fc2 output (with sequence parallelism all-gathered)
 };
 
 struct GPTStage::SlotActs {
   int32_t* tokens = nullptr;   // (B, S) first stage
   int32_t* targets = nullptr;  // (B, S) last stage
-  int32_t* positions = nullptr;    // (Nt) first stage, d.position_ids: this rank's tokens' positions
+  int32_t* positions = nullptr;    // d.position_ids: the tokens' positions, (Nt) this rank's on the first
+                                   // stage (learned positions), or (N) all on every stage (RoPE)
   float* loss_weights = nullptr;   // (B, S) last stage, d.loss_mask
   Buf x_in;                    // (Nt, C) stage input (embeddings or received hidden)
   std::vector<LayerActs> layers;
-  Buf lnf;                                         // last stage (Nt, C)
-  float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // last stage (Nt)
+  Buf lnf;             // last stage (Nt, C)
+  NormStats lnf_stats;  // last stage (Nt)
   float dloss_scale = 0.0f;
   std::vector<LayerStash> stash;  // per layer, with StageOptions::split_backward
   bool weight_pending = false;    // B ran (BackwardPart::Input), W (backward_weight) not yet
@@ -56,12 +57,22 @@ int64_t fb(int64_t n) { return 4 * n; }
 // the attention output and its log-sum-exp: what selective recompute rebuilds in backward
 int64_t attention_core_bytes(const GPTDims& d, int64_t B, DType t) { return tb(B * d.S * d.Cl, t) + fb(B * d.Hl * d.S); }
 
+// a norm's statistics on this rank's Nt tokens (LayerNorm: mean and rstd; RMSNorm: rstd)
+int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_per_token() * Nt); }
+
 // one layer's activations (LayerActs), with or without the attention core: the residual stream and
-// the LayerNorms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N
+// the norms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N (QKV, fc1 and its activation)
 int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  return tb(4 * Nt * d.C + 3 * N * d.Cl + 2 * N * d.Fl, t) + fb(4 * Nt) +
+  return tb(4 * Nt * d.C + N * d.QKVl + N * d.Fl1 + N * d.Fl, t) + 2 * norm_stats_bytes(d, Nt) +
          (with_core ? attention_core_bytes(d, B, t) : 0);
+}
+
+// the slot's positions (data.reset_position_ids): this rank's Nt tokens' for learned positions on the
+// first stage, all N tokens' for RoPE (after the QKV GEMM every rank sees all tokens)
+int64_t positions_count(const GPTDims& d, int64_t N) {
+  if (!d.position_ids) return 0;
+  return d.learned_positions() ? d.local_tokens(N) : N;
 }
 }  // namespace
 
@@ -70,15 +81,18 @@ int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r
   const int64_t layers = d.layer_end - d.layer_begin;
   const int64_t per_layer = r == Recompute::Full ? tb(Nt * d.C, t) : layer_bytes(d, B, t, r == Recompute::None);
   int64_t n = tb(Nt * d.C, t) + layers * per_layer + fb(2 * N);  // + stage input, tokens, targets
-  n += fb(Nt) * int64_t(d.position_ids) + fb(N) * int64_t(d.loss_mask);  // positions, loss weights
-  if (d.last_stage()) n += tb(Nt * d.C, t) + fb(2 * Nt);         // final LayerNorm
+  n += fb(positions_count(d, N)) + fb(N) * int64_t(d.loss_mask);  // positions, loss weights
+  if (d.last_stage()) n += tb(Nt * d.C, t) + norm_stats_bytes(d, Nt);  // final norm
   return n;
 }
 
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
   // dres (Nt, C); dln, tmp (N, C); dqkv, datt, dfc; the attention backward's row statistics
-  int64_t n = tb(Nt * d.C + 2 * N * d.C + 3 * N * d.Cl + N * d.Cl + N * d.Fl, t) + fb(B * d.Hl * d.S);
+  int64_t n = tb(Nt * d.C + 2 * N * d.C + N * d.QKVl + N * d.Cl + N * d.Fl1, t) + fb(B * d.Hl * d.S);
+  if (d.grouped_qkv) n += tb(N * d.QKVl, t);  // qkv_tmp_: the grouped GEMM output / the heads' gradient
+  if (d.mlp.swiglu) n += tb(N * d.Fl, t);     // dact_: d SwiGLU output
+  if (d.rot) n += fb(d.rot / 2);              // RoPE's inverse frequencies
   if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
@@ -87,12 +101,12 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
 
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
   const int64_t N = B * d.S, layers = d.layer_end - d.layer_begin;
-  return layers * tb(N * 3 * d.Cl + N * d.C + N * d.Fl + N * d.C, t);  // LayerStash: dqkv, dproj, dfc1, dfc2
+  return layers * tb(N * d.QKVl + N * d.C + N * d.Fl1 + N * d.C, t);  // LayerStash: dqkv, dproj, dfc1, dfc2
 }
 
 std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
   const std::pair<std::pair<int64_t, int64_t>, const char*> parts[] = {
-      {{d.C, 3 * d.Cl}, "attn.qkv"}, {{d.Cl, d.C}, "attn.proj"}, {{d.C, d.Fl}, "mlp.fc1"},
+      {{d.C, d.QKVl}, "attn.qkv"}, {{d.Cl, d.C}, "attn.proj"}, {{d.C, d.Fl1}, "mlp.fc1"},
       {{d.Fl, d.C}, "mlp.fc2"},      {{d.C, d.Vl}, "lm_head"}};
   std::string name;
   for (const auto& [shape, part] : parts)
@@ -111,6 +125,16 @@ float* GPTStage::alloc_f32(int64_t n) {
   float* p = ops_.alloc(size_t(n));
   owned_.push_back(p);
   return p;
+}
+
+CBuf GPTStage::p_opt(const std::string& name) const {
+  const ParamInfo* info = layout_.find(name);
+  return info ? params_ + info->offset : CBuf{};
+}
+
+float* GPTStage::g_opt(const std::string& name) const {
+  const ParamInfo* info = layout_.find(name);
+  return info ? grads_ + info->offset : nullptr;
 }
 
 CBuf GPTStage::p(const std::string& name) const {
@@ -138,6 +162,12 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
                 "backward computes the weight gradients after the input gradients, from activations that full "
                 "recompute does not keep); use none or selective");
   // Allocation order and sizes are what activation_bytes_per_microbatch / scratch_bytes count.
+  auto norm_stats = [&](int64_t n) {  // norm_stats_bytes
+    NormStats st;
+    if (!d.norm.rms) st.mean = alloc_f32(n);
+    st.rstd = alloc_f32(n);
+    return st;
+  };
   auto attention_core = [&](LayerActs& la) {
     la.atty = alloc(N * d.Cl);
     la.lse = alloc_f32(B_ * d.Hl * d.S);
@@ -145,16 +175,14 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   auto layer_acts = [&](const LayerActs* shared_core) {
     LayerActs la;
     la.ln1 = alloc(Nt * d.C);
-    la.ln1_mean = alloc_f32(Nt);
-    la.ln1_rstd = alloc_f32(Nt);
-    la.qkv = alloc(3 * N * d.Cl);
+    la.ln1_stats = norm_stats(Nt);
+    la.qkv = alloc(N * d.QKVl);
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la);
     la.x_mid = alloc(Nt * d.C);
     la.ln2 = alloc(Nt * d.C);
-    la.ln2_mean = alloc_f32(Nt);
-    la.ln2_rstd = alloc_f32(Nt);
-    la.fc1 = alloc(N * d.Fl);
+    la.ln2_stats = norm_stats(Nt);
+    la.fc1 = alloc(N * d.Fl1);
     la.gelu = alloc(N * d.Fl);
     la.x_out = alloc(Nt * d.C);
     return la;
@@ -167,7 +195,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     slots_.push_back(a);
     a->tokens = reinterpret_cast<int32_t*>(alloc_f32(N));
     a->targets = reinterpret_cast<int32_t*>(alloc_f32(N));
-    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(alloc_f32(Nt));
+    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(alloc_f32(positions_count(d, N)));
     if (d.loss_mask) a->loss_weights = alloc_f32(N);
     a->x_in = alloc(Nt * d.C);
     for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
@@ -181,12 +209,11 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     }
     if (d.last_stage()) {
       a->lnf = alloc(Nt * d.C);
-      a->lnf_mean = alloc_f32(Nt);
-      a->lnf_rstd = alloc_f32(Nt);
+      a->lnf_stats = norm_stats(Nt);
     }
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
-        a->stash.push_back({alloc(3 * N * d.Cl), alloc(N * d.C), alloc(N * d.Fl), alloc(N * d.C)});
+        a->stash.push_back({alloc(N * d.QKVl), alloc(N * d.C), alloc(N * d.Fl1), alloc(N * d.C)});
   }
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) {
     wire_ = TPWire{&ops_, Buf(ops_.alloc_bytes(size_t(bytes)), opt_.dtype)};
@@ -195,10 +222,17 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   dres_ = alloc(Nt * d.C);
   dln_ = alloc(N * d.C);
   tmp_ = alloc(N * d.C);
-  dqkv_ = alloc(3 * N * d.Cl);
+  dqkv_ = alloc(N * d.QKVl);
   datt_ = alloc(N * d.Cl);
   datt_stats_ = alloc_f32(B_ * d.Hl * d.S);
-  dfc_ = alloc(N * d.Fl);
+  dfc_ = alloc(N * d.Fl1);
+  if (d.grouped_qkv) qkv_tmp_ = alloc(N * d.QKVl);
+  if (d.mlp.swiglu) dact_ = alloc(N * d.Fl);
+  if (d.rot) {
+    TPT_CHECK(int64_t(d.inv_freq.size()) == d.rot / 2);
+    inv_freq_ = alloc_f32(d.rot / 2);
+    ops_.to_device(inv_freq_, d.inv_freq.data(), d.rot / 2);
+  }
   if (d.last_stage()) {
     logits_ = alloc(N * d.Vl);
     xent_ = alloc_f32(4 * N);
@@ -291,37 +325,45 @@ void GPTStage::positions_backward(CBuf dout) {
                         });
 }
 
+const int32_t* GPTStage::rope_positions(const SlotActs& a) const { return d_.rot ? a.positions : nullptr; }
+
+BlockShape GPTStage::block_shape(const int32_t* positions) const {
+  const int64_t N = B_ * d_.S;
+  return {N, d_.local_tokens(N), d_.C, d_.Cl, d_.Fl, d_.S, d_.norm, d_.mlp, d_.qkv_layout(),
+          Rope{d_.rot, d_.rope_interleaved, inv_freq_}, positions};
+}
+
 // Every tensor is stored in the compute dtype by the op that writes it (rounded once).
-void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out) {
-  const GPTDims& d = d_;
-  const int64_t N = B_ * d.S;
+void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, const int32_t* positions) {
   // the TP mappings; row-parallel biases: added once (tp_rank 0) before the all-reduce, or with
   // sequence parallelism on every rank after the reduce-scatter (row_parallel_output)
   BlockMappings tp;
   tp.gather_tokens = [&](CBuf ln) { return gather_tokens(ln, tmp_); };
   tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   tp.bias_in_gemm = row_bias_in_gemm();
-  ::tpt::block_forward(ops_, block_params(layout_, params_, layer), a, x_in, x_out, tmp_,
-                       {N, d.local_tokens(N), d.C, d.Cl, d.Fl, d.eps},
-                       [&](BlockActs&) { attention_core_forward(a); }, &tp);
+  ::tpt::block_forward(ops_, block_params(layout_, params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
+                       block_shape(positions), [&](BlockActs&) { attention_core_forward(a); }, &tp);
 }
 
-void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp,
+void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp, Buf qkv_tmp,
                    const BlockShape& s, const std::function<void(BlockActs&)>& attention_core,
                    const BlockMappings* tp) {
   auto gather = [&](CBuf ln) { return tp ? tp->gather_tokens(ln) : ln; };
   auto row_output = [&](Buf partial, CBuf bias) { return tp ? tp->row_parallel_output(partial, bias) : CBuf(partial); };
   const bool bias_in_gemm = !tp || tp->bias_in_gemm;
-  // attention
-  ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, s.Nt, s.C, s.eps);
-  ops.linear_forward(a.qkv, gather(a.ln1), w.qkv_w, w.qkv_b, s.N, s.C, 3 * s.Cl);  // column-parallel (by heads)
+  // attention: QKV (column-parallel by heads or groups) in the attention's heads layout, q and k rotated
+  s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.ln1_w, w.ln1_b, s.Nt, s.C);
+  const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
+  ops.linear_forward(qkv_out, gather(a.ln1), w.qkv_w, w.qkv_b, s.N, s.C, s.qkv.width());
+  s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
+  s.rope.forward(ops, a.qkv, s.positions, s.N, s.S, s.qkv);
   attention_core(a);
   ops.linear_forward(tmp, a.atty, w.proj_w, bias_in_gemm ? w.proj_b : nullptr, s.N, s.Cl, s.C);  // row-parallel
   CBuf y = row_output(tmp, w.proj_b);  // (Nt, C)
-  // residual, then the MLP's LayerNorm in the same pass
-  ops.residual_layernorm_forward(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, y, w.ln2_w, w.ln2_b, s.Nt, s.C, s.eps);
-  // MLP: fc1 with its GELU fused (column-parallel), fc2 (row-parallel)
-  ops.linear_forward(a.gelu, gather(a.ln2), w.fc1_w, w.fc1_b, s.N, s.C, s.Fl, /*gelu_pre=*/a.fc1);
+  // residual, then the MLP's norm in the same pass
+  s.norm.residual_forward(ops, a.x_mid, a.ln2, a.ln2_stats, x_in, y, w.ln2_w, w.ln2_b, s.Nt, s.C);
+  // MLP: fc1 with its activation (column-parallel), fc2 (row-parallel)
+  s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.fc1_w, w.fc1_b, s.N, s.C, s.Fl);
   ops.linear_forward(tmp, a.gelu, w.fc2_w, bias_in_gemm ? w.fc2_b : nullptr, s.N, s.Fl, s.C);
   y = row_output(tmp, w.fc2_b);
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
@@ -330,17 +372,19 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
 // Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.
 void GPTStage::attention_core_forward(LayerActs& a) {
   const GPTDims& d = d_;
-  ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.D);  // lse stays fp32
+  ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.KVl, d.D);  // lse stays fp32
 }
 
 // dres: d block output on entry, d block input on exit (Nt, C).
 // With a stash (B of a split backward) each GEMM's backward computes only its input gradient
 // (Ops::linear_backward with no dw, dbias) and leaves its output gradient in the stash for
 // block_backward_weight, which makes the rest of the same call; the GEMMs' inputs are not read (with
-// sequence parallelism the LayerNorm outputs are not gathered) until then.
-void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, const LayerStash* stash) {
+// sequence parallelism the norm outputs are not gathered) until then.
+void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, const LayerStash* stash,
+                              const int32_t* positions) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
+  const BlockShape s = block_shape(positions);
   const BlockParams<CBuf> w = block_params(layout_, params_, layer);
   const BlockParams<float*> gw = block_params(layout_, grads_, layer);
   const bool split = stash != nullptr;
@@ -354,30 +398,32 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     return RowGrad{stashed, dy.dbias};
   };
   // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called)
-  auto gemm_backward = [&](Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I, int64_t O,
-                           CBuf gelu_pre) {
-    if (split) ops_.linear_backward(dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false, gelu_pre);
-    else ops_.linear_backward(dinp, dw, dbias, dout, inp(), wt, N, I, O, false, gelu_pre);
+  auto gemm_backward = [&](Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I, int64_t O) {
+    if (split) ops_.linear_backward(dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
+    else ops_.linear_backward(dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
   };
-  // MLP: fc2's input gradient goes through GELU's derivative in the same GEMM
+  // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
   const Buf dfc = split ? stash->dfc1 : dfc_;
   RowGrad dy = row_grad(gw.fc2_b, split ? stash->dfc2 : Buf{});  // (N, C)
-  gemm_backward(dfc, gw.fc2_w, dy.dbias, dy.dout, [&] { return CBuf(a.gelu); }, w.fc2_w, d.Fl, d.C,
-                /*gelu_pre=*/a.fc1);
+  s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.fc2_w, split ? nullptr : dy.dbias, dy.dout, a.gelu, w.fc2_w,
+                 a.fc1, N, d.Fl, d.C);
   gemm_backward(dln_, gw.fc1_w, gw.fc1_b, dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
-                w.fc1_w, d.C, d.Fl, CBuf{});
+                w.fc1_w, d.C, d.Fl1);
   CBuf dln2 = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
-  ops_.layernorm_backward(dres, gw.ln2_w, gw.ln2_b, dln2, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, Nt, d.C);
+  s.norm.backward(ops_, dres, gw.ln2_w, gw.ln2_b, dln2, a.x_mid, w.ln2_w, a.ln2_stats, Nt, d.C);
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   dy = row_grad(gw.proj_b, split ? stash->dproj : Buf{});
-  gemm_backward(datt_, gw.proj_w, dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.proj_w, d.Cl, d.C, CBuf{});
+  gemm_backward(datt_, gw.proj_w, dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.proj_w, d.Cl, d.C);
+  // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
   const Buf dqkv = split ? stash->dqkv : dqkv_;
-  ops_.attention_backward(dqkv, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.D);
-  gemm_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.qkv_w, d.C,
-                3 * d.Cl, CBuf{});
+  const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
+  ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.KVl, d.D);
+  s.rope.backward(ops_, dheads, positions, N, d.S, s.qkv);
+  s.qkv.from_heads(ops_, dqkv, dheads, N);
+  gemm_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.qkv_w, d.C, d.QKVl);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
-  ops_.layernorm_backward(dres, gw.ln1_w, gw.ln1_b, dln1, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, Nt, d.C);
+  s.norm.backward(ops_, dres, gw.ln1_w, gw.ln1_b, dln1, x_in, w.ln1_w, a.ln1_stats, Nt, d.C);
 }
 
 // W of a layer: the weight part of block_backward's four GEMM calls (the same dw, dbias, dout, inp;
@@ -394,13 +440,13 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   // MLP
   ops_.linear_backward(Buf{}, gw.fc2_w, sp ? nullptr : gw.fc2_b, st.dfc2, a.gelu, w.fc2_w, N, d.Fl, d.C, false);
   CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
-  ops_.linear_backward(Buf{}, gw.fc1_w, gw.fc1_b, st.dfc1, ln2, w.fc1_w, N, d.C, d.Fl, false);
+  ops_.linear_backward(Buf{}, gw.fc1_w, gw.fc1_b, st.dfc1, ln2, w.fc1_w, N, d.C, d.Fl1, false);
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   ops_.linear_backward(Buf{}, gw.proj_w, sp ? nullptr : gw.proj_b, st.dproj, a.atty, w.proj_w, N, d.Cl, d.C, false);
   CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  ops_.linear_backward(Buf{}, gw.qkv_w, gw.qkv_b, st.dqkv, ln1, w.qkv_w, N, d.C, 3 * d.Cl, false);
+  ops_.linear_backward(Buf{}, gw.qkv_w, gw.qkv_b, st.dqkv, ln1, w.qkv_w, N, d.C, d.QKVl, false);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,
@@ -417,28 +463,34 @@ void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const in
     const Buf partial = d.sequence_parallel ? tmp_ : a.x_in;  // (N, C)
     ops_.embedding_forward(partial, a.tokens, p("wte.weight"), N, d.C, d.v0, d.Vl);
     row_parallel_output(partial, a.x_in, nullptr);  // (Nt, C)
+  } else {
+    ops_.copy(a.x_in, hidden_in, Nt * d.C);
+  }
+  // the slot's positions (data.reset_position_ids): learned positions need this rank's tokens' on the
+  // first stage, RoPE all tokens' on every stage, until the slot's backward
+  if (d.position_ids && (d.rot || d.first_stage())) {
+    TPT_CHECK(positions != nullptr);
+    const int64_t first = d.learned_positions() ? d.local_token_begin(N) : 0;
+    ops_.copy(reinterpret_cast<float*>(a.positions), reinterpret_cast<const float*>(positions + first),
+              positions_count(d, N));
+  }
+  if (d.first_stage() && d.learned_positions()) {
     if (d.position_ids) {  // wpe rows of the given positions: an embedding lookup, then the add
-      TPT_CHECK(positions != nullptr);
-      ops_.copy(reinterpret_cast<float*>(a.positions), reinterpret_cast<const float*>(positions + d.local_token_begin(N)),
-                Nt);
       ops_.embedding_forward(tmp_, a.positions, p("wpe.weight"), Nt, d.C, 0, d.P);
       ops_.add(a.x_in, a.x_in, tmp_, Nt * d.C);
     } else {
       add_positions(a.x_in);
     }
-  } else {
-    ops_.copy(a.x_in, hidden_in, Nt * d.C);
   }
   CBuf x = a.x_in;
   for (size_t i = 0; i < a.layers.size(); ++i) {
     LayerActs& la = opt_.recompute == Recompute::Full ? *recompute_acts_ : a.layers[i];
     if (layer_start) layer_start(d.layer_begin + int64_t(i));
-    block_forward(d.layer_begin + int64_t(i), la, x, a.layers[i].x_out);
+    block_forward(d.layer_begin + int64_t(i), la, x, a.layers[i].x_out, rope_positions(a));
     x = a.layers[i].x_out;
   }
   if (layer_start) layer_start(d.layer_end);
-  if (d.last_stage())
-    ops_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p("ln_f.weight"), p("ln_f.bias"), Nt, d.C, d.eps);
+  if (d.last_stage()) d.norm.forward(ops_, a.lnf, a.lnf_stats, x, p("ln_f.weight"), p_opt("ln_f.bias"), Nt, d.C);
   if (logits_slot_ == slot) logits_slot_ = -1;
 }
 
@@ -458,11 +510,11 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
     TPT_CHECK(weights != nullptr);
     if (weights != a.loss_weights) ops_.copy(a.loss_weights, weights, N);
   }
-  // LM head tied to the word embedding, vocab-parallel: logits (N, Vl) of this rank's vocabulary
-  // rows, in the compute dtype, from the final LayerNorm of all N tokens (with sequence parallelism
-  // all-gathered); the cross-entropy reads them in three passes (fp32 row statistics).
+  // LM head (the word embedding, or the untied output layer), vocab-parallel: logits (N, Vl) of this
+  // rank's vocabulary rows, in the compute dtype, from the final norm of all N tokens (with sequence
+  // parallelism all-gathered); the cross-entropy reads them in three passes (fp32 row statistics).
   CBuf lnf = gather_tokens(a.lnf, tmp_);  // (N, C)
-  ops_.linear_forward(logits_, lnf, p("wte.weight"), nullptr, N, d.C, d.Vl);
+  ops_.linear_forward(logits_, lnf, p(output_weight()), nullptr, N, d.C, d.Vl);
   float* row_max = xent_;
   float* target_logit = xent_ + N;
   float* sum_exp = xent_ + 2 * N;  // adjacent to target_logit: one all-reduce for both
@@ -495,17 +547,16 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
   TPT_CHECK(!split || opt_.split_backward);  // Input stashes into the slot's LayerStash
   if (d.last_stage()) {
     if (logits_slot_ != slot) loss(slot, a.targets, a.dloss_scale, true, a.loss_weights);  // recompute (e.g. GPipe)
-    // LM head backward: d lnf = dlogits @ wte_local, summed over TP (f; with sequence parallelism
-    // reduce-scattered to this rank's tokens); d wte += dlogits^T lnf (lnf gathered again). Also in
+    // LM head backward: d lnf = dlogits @ W_local, summed over TP (f; with sequence parallelism
+    // reduce-scattered to this rank's tokens); d W += dlogits^T lnf (lnf gathered again). Also in
     // a split backward's B: the logits gradient is never stashed.
     CBuf lnf = gather_tokens(a.lnf, tmp_);
-    ops_.linear_backward(dln_, g("wte.weight"), nullptr, logits_, lnf, p("wte.weight"), N, d.C, d.Vl, false);
+    ops_.linear_backward(dln_, g(output_weight()), nullptr, logits_, lnf, p(output_weight()), N, d.C, d.Vl, false);
     logits_slot_ = -1;
     CBuf dlnf = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
     CBuf x = a.layers.empty() ? a.x_in : a.layers.back().x_out;
     ops_.zero(dres_, Nt * d.C);
-    ops_.layernorm_backward(dres_, g("ln_f.weight"), g("ln_f.bias"), dlnf, x, p("ln_f.weight"), a.lnf_mean,
-                            a.lnf_rstd, Nt, d.C);
+    d.norm.backward(ops_, dres_, g("ln_f.weight"), g_opt("ln_f.bias"), dlnf, x, p("ln_f.weight"), a.lnf_stats, Nt, d.C);
   } else {
     ops_.copy(dres_, doutput, Nt * d.C);
   }
@@ -513,10 +564,10 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
     CBuf x_in = i == 0 ? a.x_in : a.layers[i - 1].x_out;
     const int64_t layer = d.layer_begin + int64_t(i);
     if (opt_.recompute == Recompute::Full) {  // rebuild the layer's activations from its input
-      block_forward(layer, *recompute_acts_, x_in, recompute_acts_->x_out);
-      block_backward(layer, *recompute_acts_, x_in, dres_, nullptr);  // never split (constructor)
+      block_forward(layer, *recompute_acts_, x_in, recompute_acts_->x_out, rope_positions(a));
+      block_backward(layer, *recompute_acts_, x_in, dres_, nullptr, rope_positions(a));  // never split (constructor)
     } else {
-      block_backward(layer, a.layers[i], x_in, dres_, split ? &a.stash[i] : nullptr);
+      block_backward(layer, a.layers[i], x_in, dres_, split ? &a.stash[i] : nullptr, rope_positions(a));
     }
     if (layer_done && !split) layer_done(layer);
   }
@@ -524,8 +575,8 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
     // the vocab-parallel embedding's gradient from all N tokens (sequence parallel: all-gathered)
     const CBuf demb = row_parallel_output_grad(dres_, tmp_, nullptr).dout;  // (N, C)
     ops_.embedding_backward(g("wte.weight"), a.tokens, demb, N, d.C, d.v0, d.Vl);
-    if (d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, Nt, d.C, 0, d.P);
-    else positions_backward(dres_);
+    if (d.learned_positions() && d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, Nt, d.C, 0, d.P);
+    else if (d.learned_positions()) positions_backward(dres_);
   }
   a.weight_pending = split;
 }

@@ -10,12 +10,14 @@
 #include "core/config.h"
 #include "core/ops.h"
 #include "core/sharded_tensor.h"
+#include "model/layers.h"
 #include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
 
 class Comm;
+struct BlockShape;
 
 // Sizes of the whole model and of this rank's shard of it.
 struct GPTDims {
@@ -27,6 +29,21 @@ struct GPTDims {
   int tp = 1, tp_rank = 0, pp = 1, pp_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;     // this stage's layers [begin, end)
   int64_t Hl = 0, Cl = 0, Fl = 0, Vl = 0, v0 = 0;  // local heads, local attention width, local ffn, local vocab rows, first vocab id
+  // The architecture (model/layers.h; GPT-2 by default, the LLaMA family by the model.* options):
+  // G key/value heads (query groups) of the model, KVl of this rank; QKVl = (Hl + 2 KVl) D the width of
+  // the rank's QKV GEMM output; Fl1 fc1's (2 Fl with SwiGLU). D is model.kv_channels (Cl = Hl D).
+  int64_t G = 0, KVl = 0, QKVl = 0, Fl1 = 0;
+  Norm norm;                  // LayerNorm | RMSNorm (eps)
+  MLPActivation mlp;          // GELU | SwiGLU
+  bool grouped_qkv = false;   // grouped-query attention: Megatron's grouped QKV layout
+  int64_t rot = 0;            // RoPE's rotated channels per head (0: learned absolute positions)
+  bool rope_interleaved = false;
+  std::vector<float> inv_freq;  // RoPE's (rot / 2) inverse frequencies (model/layers.h rope_inv_freq)
+  bool untied = false;        // a separate output layer lm_head.weight on the last stage
+  bool bias = true;           // biases of attn.proj, mlp.fc1, mlp.fc2
+  bool qkv_bias = true;       // bias of attn.qkv
+  bool learned_positions() const { return rot == 0; }
+  QKVLayout qkv_layout() const { return {grouped_qkv, Hl, KVl, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
   bool loss_mask = false;     // data.eod_mask_loss: per-token loss weights come with the targets
   // parallel.sequence_parallel with tp > 1: the LayerNorm / residual regions hold only this TP
@@ -164,9 +181,15 @@ class GPTStage {
   struct LayerActs;
   struct LayerStash;
   struct SlotActs;
-  void block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out);
+  // positions: the slot's tokens' positions for RoPE (data.reset_position_ids), or null (n % S)
+  void block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, const int32_t* positions);
   // stash null: the layer's whole backward; else B only, the GEMMs' output gradients left in stash
-  void block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, const LayerStash* stash);
+  void block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, const LayerStash* stash,
+                      const int32_t* positions);
+  BlockShape block_shape(const int32_t* positions) const;
+  const int32_t* rope_positions(const SlotActs& a) const;
+  // the LM head's weight: the word embedding (tied) or the output layer
+  const char* output_weight() const { return d_.untied ? "lm_head.weight" : "wte.weight"; }
   // W of one layer from its stash (backward_weight)
   void block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& stash);
   void attention_core_forward(LayerActs& a);
@@ -200,6 +223,8 @@ class GPTStage {
   const TPWire* wire() const { return wire_.ops ? &wire_ : nullptr; }
   CBuf p(const std::string& name) const;
   float* g(const std::string& name) const;
+  CBuf p_opt(const std::string& name) const;  // null where the architecture has no such tensor
+  float* g_opt(const std::string& name) const;
 
   GPTDims d_;
   const ParamLayout& layout_;
@@ -217,6 +242,10 @@ class GPTStage {
   // forward with sequence parallelism the reduce-scattered row-parallel output (Nt, C)
   Buf dres_, dln_, dqkv_, datt_, dfc_, tmp_, logits_;
   float *datt_stats_ = nullptr, *xent_ = nullptr;
+  // qkv_tmp_ (N, QKVl) grouped-query attention: the QKV GEMM's grouped output in forward, the heads'
+  // gradient in backward; dact_ (N, Fl) SwiGLU: d fc2 input; inv_freq_ (rot / 2) RoPE
+  Buf qkv_tmp_, dact_;
+  float* inv_freq_ = nullptr;
   TPWire wire_{nullptr, Buf{}};  // bf16/fp16 with TP > 1: the backend and the 16-bit sums' gather buffer
   int logits_slot_ = -1;  // which slot's logits gradient is in logits_
   std::vector<void*> owned_;

@@ -55,8 +55,8 @@ InferenceWeights load_inference_weights(const std::string& dir) {
 GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params)
     : d_(d), layout_(layout), ops_(ops), params_(params) {
   TPT_CHECK(d.tp == 1 && d.pp == 1);
-  k_cache_.assign(size_t(d.L * d.P * d.C), 0.0f);
-  v_cache_.assign(size_t(d.L * d.P * d.C), 0.0f);
+  k_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);  // G key/value heads per position
+  v_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);
 }
 
 const float* GPTInference::p(const std::string& name) const {
@@ -66,25 +66,26 @@ const float* GPTInference::p(const std::string& name) const {
 }
 
 // The loop order of the CPU backend's attention_forward, so that the cached and the full forward
-// agree; qkv holds q, k, v of all heads, as the training forward's (B, T, 3, H, D).
+// agree; qkv holds q, k, v of all heads as the training forward's attention reads them (n, (H + 2 G) D):
+// query head h attends with key/value head h / (H / G).
 void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int64_t n) {
-  const int64_t C = d_.C, H = d_.H, D = d_.D, P = d_.P, p0 = len_;
-  float* kc = k_cache_.data() + l * P * C;  // (P, C)
-  float* vc = v_cache_.data() + l * P * C;
+  const int64_t H = d_.H, G = d_.G, D = d_.D, P = d_.P, p0 = len_, KD = G * D, row = (H + 2 * G) * D;
+  float* kc = k_cache_.data() + l * P * KD;  // (P, G D)
+  float* vc = v_cache_.data() + l * P * KD;
   for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(qkv + i * 3 * C + C, C, kc + (p0 + i) * C);
-    std::copy_n(qkv + i * 3 * C + 2 * C, C, vc + (p0 + i) * C);
+    std::copy_n(qkv + i * row + H * D, KD, kc + (p0 + i) * KD);
+    std::copy_n(qkv + i * row + H * D + KD, KD, vc + (p0 + i) * KD);
   }
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t t = p0 + i;
-      const float* q = qkv + i * 3 * C + h * D;
+      const int64_t t = p0 + i, kv = (h / (H / G)) * D;
+      const float* q = qkv + i * row + h * D;
       std::vector<float> pr(size_t(t + 1));
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t s = 0; s <= t; ++s) {
-        const float* k = kc + s * C + h * D;
+        const float* k = kc + s * KD + kv;
         float dot = 0;
 #pragma omp simd reduction(+ : dot)
         for (int64_t e = 0; e < D; ++e) dot += q[e] * k[e];
@@ -98,10 +99,10 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
       }
       const float inv = 1.0f / sum;
       for (int64_t s = 0; s <= t; ++s) pr[size_t(s)] *= inv;
-      float* o = att + i * C + h * D;
+      float* o = att + i * H * D + h * D;
       for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
       for (int64_t s = 0; s <= t; ++s) {
-        const float* v = vc + s * C + h * D;
+        const float* v = vc + s * KD + kv;
         const float ps = pr[size_t(s)];
         for (int64_t e = 0; e < D; ++e) o[e] += ps * v[e];
       }
@@ -110,7 +111,7 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
 
 void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {
   const GPTDims& d = d_;
-  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P;
+  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P, QKV = d.QKVl;
   if (n == 0) internal_error("GPTInference::forward: no tokens");
   if (len_ + n > P)
     input_error("positions " + std::to_string(len_) + ".." + std::to_string(len_ + n - 1) +
@@ -121,31 +122,36 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
   const int64_t p0 = len_;
   auto buffer = [](int64_t floats) { return std::vector<float>(static_cast<size_t>(floats)); };
   std::vector<float> x = buffer(n * C), x_next = buffer(n * C), x_mid = buffer(n * C), ln1 = buffer(n * C),
-                     ln2 = buffer(n * C), stats = buffer(4 * n), qkv = buffer(n * 3 * C), att = buffer(n * C),
-                     tmp = buffer(n * C), fc = buffer(n * F), act = buffer(n * F);
+                     ln2 = buffer(n * C), stats = buffer(4 * n), qkv = buffer(n * QKV), qkv_tmp = buffer(n * QKV),
+                     att = buffer(n * d.Cl), tmp = buffer(n * C), fc = buffer(n * d.Fl1), act = buffer(n * F);
   BlockActs a;
   a.ln1 = ln1.data(), a.ln2 = ln2.data(), a.x_mid = x_mid.data(), a.qkv = qkv.data(), a.atty = att.data();
   a.fc1 = fc.data(), a.gelu = act.data();
-  a.ln1_mean = stats.data(), a.ln1_rstd = stats.data() + n, a.ln2_mean = stats.data() + 2 * n, a.ln2_rstd = stats.data() + 3 * n;
+  a.ln1_stats = {stats.data(), stats.data() + n}, a.ln2_stats = {stats.data() + 2 * n, stats.data() + 3 * n};
+  std::vector<int32_t> positions(static_cast<size_t>(n));  // RoPE: this call's positions
+  std::iota(positions.begin(), positions.end(), int32_t(p0));
 
-  // embeddings: x (n, C) = wte[token] + wpe[position]
+  // embeddings: x (n, C) = wte[token] (+ wpe[position] with learned positions)
   ops_.embedding_forward(x.data(), tokens.data(), p("wte.weight"), n, C, 0, d.Vl);
-  ops_.add_position_embedding(x.data(), p("wpe.weight") + p0 * C, 1, n, C);
+  if (d.learned_positions()) ops_.add_position_embedding(x.data(), p("wpe.weight") + p0 * C, 1, n, C);
 
+  const BlockShape shape{n, n, C, d.Cl, F, n, d.norm, d.mlp, d.qkv_layout(),
+                         Rope{d.rot, d.rope_interleaved, d.inv_freq.data()}, positions.data()};
   for (int64_t l = 0; l < d.L; ++l) {
     block_forward(ops_, block_params(layout_, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
-                  {n, n, C, C, F, d.eps}, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); });
+                  qkv_tmp.data(), shape, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); });
     std::swap(x, x_next);
   }
   len_ += n;
 
-  // final LayerNorm and the tied LM head over the unpadded vocabulary: logits (rows, V)
+  // final norm and the LM head (tied or not) over the unpadded vocabulary: logits (rows, V)
   const int64_t rows = all_positions ? n : 1;
   const float* last = x.data() + (n - rows) * C;
-  ops_.layernorm_forward(ln1.data(), stats.data(), stats.data() + n, last, p("ln_f.weight"), p("ln_f.bias"), rows, C,
-                         d.eps);
+  const ParamInfo* lnf_b = layout_.find("ln_f.bias");
+  d.norm.forward(ops_, ln1.data(), {stats.data(), stats.data() + n}, last, p("ln_f.weight"),
+                 lnf_b ? params_ + lnf_b->offset : nullptr, rows, C);
   logits.resize(size_t(rows * d.V));
-  ops_.linear_forward(logits.data(), ln1.data(), p("wte.weight"), nullptr, rows, C, d.V);
+  ops_.linear_forward(logits.data(), ln1.data(), p(d.untied ? "lm_head.weight" : "wte.weight"), nullptr, rows, C, d.V);
 }
 
 int32_t greedy_token(std::span<const float> logits) {

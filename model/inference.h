@@ -55,7 +55,7 @@ class GPTInference {
  private:
   const float* p(const std::string& name) const;
   // Layer l's attention of n new positions (from length()) over every cached one: appends their
-  // keys and values from qkv (n, 3C) to the cache, writes att (n, C).
+  // keys and values from qkv (n, (H + 2 G) D) to the cache, writes att (n, H D).
   void cached_attention(int64_t l, const float* qkv, float* att, int64_t n);
 
   GPTDims d_;
@@ -63,7 +63,7 @@ class GPTInference {
   Ops& ops_;
   const float* params_;
   int64_t len_ = 0;
-  std::vector<float> k_cache_, v_cache_;  // (L, P, C) each: keys / values of every cached position
+  std::vector<float> k_cache_, v_cache_;  // (L, P, G D) each: keys / values of every cached position
 };
 
 // Next-token choice. Greedy: the id of the largest logit, the lowest id among equal ones.

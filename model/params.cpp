@@ -15,7 +15,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.L = m.num_layers;
   d.C = m.hidden_size;
   d.H = m.num_attention_heads;
-  d.D = d.C / d.H;
+  d.D = m.kv_channels ? m.kv_channels : d.C / d.H;
   d.F = m.ffn_hidden_size;
   d.S = m.seq_length;
   d.P = m.max_position_embeddings;
@@ -27,7 +27,8 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.tp_rank = tp_rank;
   d.pp = pp;
   d.pp_rank = pp_rank;
-  if (d.H % tp || d.F % tp || d.L % pp || d.C % d.H)
+  d.G = m.group_query_attention ? m.num_query_groups : d.H;
+  if (d.H % tp || d.F % tp || d.L % pp || d.G <= 0 || d.H % d.G || d.G % tp)
     internal_error("make_dims: unchecked grid/model mismatch");
   int64_t per_stage = d.L / pp;
   d.layer_begin = per_stage * pp_rank;
@@ -35,6 +36,18 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.Hl = d.H / tp;
   d.Cl = d.Hl * d.D;
   d.Fl = d.F / tp;
+  d.KVl = d.G / tp;
+  d.QKVl = (d.Hl + 2 * d.KVl) * d.D;
+  d.norm = Norm{m.normalization == Normalization::RMSNorm, d.eps};
+  d.mlp = MLPActivation{m.swiglu};
+  d.Fl1 = d.mlp.fc1_width(d.Fl);
+  d.grouped_qkv = m.group_query_attention;
+  d.rot = m.position_embedding_type == PositionEmbedding::Rope ? rotary_dim(m) : 0;
+  d.rope_interleaved = m.rotary_interleaved;
+  if (d.rot) d.inv_freq = rope_inv_freq(m);
+  d.untied = m.untie_embeddings_and_output_weights;
+  d.bias = m.add_bias_linear;
+  d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
   d.Vl = d.Vp / tp;
   d.v0 = d.Vl * tp_rank;
   d.position_ids = cfg.data.reset_position_ids;
@@ -89,9 +102,11 @@ ParamInfo sharded(std::string name, std::vector<int64_t> shape, int dim, int tp,
   return p;
 }
 
-ParamInfo word_embedding(const GPTDims& d, bool tied_copy) {
+// A vocab-parallel (V, C) table: the word embedding, its tied copy on the last stage, or the untied
+// output layer.
+ParamInfo word_embedding(const GPTDims& d, const char* name, bool tied_copy) {
   ParamInfo p;
-  p.name = "wte.weight";
+  p.name = name;
   p.global_shape = {d.V, d.C};
   int64_t rows = std::max<int64_t>(0, std::min(d.V, d.v0 + d.Vl) - d.v0);
   p.box_offset = {std::min(d.v0, d.V), 0};
@@ -111,48 +126,51 @@ ParamLayout make_param_layout(const GPTDims& d) {
   LayoutBuilder b;
   // Megatron's scaled init of the two output projections of each block.
   const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
+  auto weight = [&](ParamInfo p, float std) {  // a weight matrix: N(0, std), decayed
+    p.weight_decay = true;
+    p.init = I::Normal;
+    p.init_std = std;
+    b.add(std::move(p));
+  };
+  auto norm = [&](const std::string& pre) {  // LayerNorm: weight and bias; RMSNorm: weight
+    b.add(replicated(pre + ".weight", {d.C}, I::Ones));
+    if (d.norm.has_bias()) b.add(replicated(pre + ".bias", {d.C}, I::Zeros));
+  };
   if (d.first_stage()) {
-    b.add(word_embedding(d, false));
-    ParamInfo wpe = replicated("wpe.weight", {d.P, d.C}, I::Normal);
-    wpe.weight_decay = true;
-    wpe.init_std = d.init_std;
-    b.add(wpe);
+    b.add(word_embedding(d, "wte.weight", false));
+    if (d.learned_positions()) weight(replicated("wpe.weight", {d.P, d.C}, I::Normal), d.init_std);
   }
+  // QKV, column-parallel by heads: multi-head (3, H D, C) -- q, k, v of all heads, sharded along the
+  // heads --, or grouped-query (G, H/G + 2, D, C) -- per group its query heads, its key, its value
+  // (Megatron's layout) -- sharded along the groups. fc1: (F, C), or with SwiGLU (2, F, C) = [gate; up],
+  // each sharded along F so that a rank holds [gate_r; up_r].
+  const int64_t HD = d.H * d.D, Q = d.H / d.G;
+  const std::vector<int64_t> qkv_w = d.grouped_qkv ? std::vector<int64_t>{d.G, Q + 2, d.D, d.C}
+                                                   : std::vector<int64_t>{3, HD, d.C};
+  const std::vector<int64_t> qkv_b(qkv_w.begin(), qkv_w.end() - 1);
+  const int qkv_dim = d.grouped_qkv ? 0 : 1;
+  const std::vector<int64_t> fc1_w = d.mlp.swiglu ? std::vector<int64_t>{2, d.F, d.C} : std::vector<int64_t>{d.F, d.C};
+  const std::vector<int64_t> fc1_b(fc1_w.begin(), fc1_w.end() - 1);
+  const int fc1_dim = d.mlp.swiglu ? 1 : 0;
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
     std::string pre = "h." + std::to_string(l) + ".";
-    b.add(replicated(pre + "ln_1.weight", {d.C}, I::Ones));
-    b.add(replicated(pre + "ln_1.bias", {d.C}, I::Zeros));
-    ParamInfo qkv = sharded(pre + "attn.qkv.weight", {3, d.C, d.C}, 1, d.tp, d.tp_rank);
-    qkv.weight_decay = true;
-    qkv.init = I::Normal;
-    qkv.init_std = d.init_std;
-    b.add(qkv);
-    b.add(sharded(pre + "attn.qkv.bias", {3, d.C}, 1, d.tp, d.tp_rank));
-    ParamInfo proj = sharded(pre + "attn.proj.weight", {d.C, d.C}, 1, d.tp, d.tp_rank);
-    proj.weight_decay = true;
-    proj.init = I::Normal;
-    proj.init_std = out_std;
-    b.add(proj);
-    b.add(replicated(pre + "attn.proj.bias", {d.C}, I::Zeros));
-    b.add(replicated(pre + "ln_2.weight", {d.C}, I::Ones));
-    b.add(replicated(pre + "ln_2.bias", {d.C}, I::Zeros));
-    ParamInfo fc1 = sharded(pre + "mlp.fc1.weight", {d.F, d.C}, 0, d.tp, d.tp_rank);
-    fc1.weight_decay = true;
-    fc1.init = I::Normal;
-    fc1.init_std = d.init_std;
-    b.add(fc1);
-    b.add(sharded(pre + "mlp.fc1.bias", {d.F}, 0, d.tp, d.tp_rank));
-    ParamInfo fc2 = sharded(pre + "mlp.fc2.weight", {d.C, d.F}, 1, d.tp, d.tp_rank);
-    fc2.weight_decay = true;
-    fc2.init = I::Normal;
-    fc2.init_std = out_std;
-    b.add(fc2);
-    b.add(replicated(pre + "mlp.fc2.bias", {d.C}, I::Zeros));
+    norm(pre + "ln_1");
+    weight(sharded(pre + "attn.qkv.weight", qkv_w, qkv_dim, d.tp, d.tp_rank), d.init_std);
+    if (d.qkv_bias) b.add(sharded(pre + "attn.qkv.bias", qkv_b, qkv_dim, d.tp, d.tp_rank));
+    weight(sharded(pre + "attn.proj.weight", {d.C, HD}, 1, d.tp, d.tp_rank), out_std);
+    if (d.bias) b.add(replicated(pre + "attn.proj.bias", {d.C}, I::Zeros));
+    norm(pre + "ln_2");
+    weight(sharded(pre + "mlp.fc1.weight", fc1_w, fc1_dim, d.tp, d.tp_rank), d.init_std);
+    if (d.bias) b.add(sharded(pre + "mlp.fc1.bias", fc1_b, fc1_dim, d.tp, d.tp_rank));
+    weight(sharded(pre + "mlp.fc2.weight", {d.C, d.F}, 1, d.tp, d.tp_rank), out_std);
+    if (d.bias) b.add(replicated(pre + "mlp.fc2.bias", {d.C}, I::Zeros));
   }
   if (d.last_stage()) {
-    b.add(replicated("ln_f.weight", {d.C}, I::Ones));
-    b.add(replicated("ln_f.bias", {d.C}, I::Zeros));
-    if (!d.first_stage()) b.add(word_embedding(d, true));
+    norm("ln_f");
+    // the output layer: its own vocab-parallel lm_head.weight (initialised like the embedding), or the
+    // tied word embedding (the last stage's copy when the first stage is another)
+    if (d.untied) b.add(word_embedding(d, "lm_head.weight", false));
+    else if (!d.first_stage()) b.add(word_embedding(d, "wte.weight", true));
   }
   return b.layout;
 }
@@ -160,9 +178,10 @@ ParamLayout make_param_layout(const GPTDims& d) {
 std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d) {
   std::vector<GradRange> r;
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+    // a layer's tensors are consecutive: from its first (ln_1.weight) to its last (mlp.fc2.*)
     const std::string pre = "h." + std::to_string(l) + ".";
     const ParamInfo* first = layout.find(pre + "ln_1.weight");
-    const ParamInfo* last = layout.find(pre + "mlp.fc2.bias");
+    const ParamInfo* last = layout.find(pre + (d.bias ? "mlp.fc2.bias" : "mlp.fc2.weight"));
     TPT_CHECK(first && last && last->offset >= first->offset);
     r.push_back({first->offset, last->offset + last->numel - first->offset});
   }

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cpu/llama_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
@@ -202,17 +203,64 @@ class CpuOps final : public Ops {
     store(dinp, dx, N * C);
   }
 
-  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t D) override {
+  void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) override {
+    float* y = out_f32(out, N * C, 0);
+    cpu::rmsnorm_forward(y, rstd, in(inp, N * C, 1), in(w, C, 2), N, C, eps, threads_);
+    store(out, y, N * C);
+  }
+  void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C,
+                                float eps) override {
+    const int64_t n = N * C;
+    float* r = out_f32(res, n, 0);
+    add_f32(r, in(a, n, 1), in(b, n, 2), n);
+    store(res, r, n);
+    const float* stored = in(res, n, 1);  // RMSNorm reads the residual as stored (rounded)
+    float* y = out_f32(out, n, 2);
+    cpu::rmsnorm_forward(y, rstd, stored, in(w, C, 3), N, C, eps, threads_);
+    store(out, y, n);
+  }
+  void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+                        int64_t C) override {
+    float* dx = load(dinp, N * C, 0);
+    cpu::rmsnorm_backward(dx, dw, in(dout, N * C, 1), in(inp, N * C, 2), in(w, C, 3), rstd, N, C, threads_);
+    store(dinp, dx, N * C);
+  }
+
+  void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) override {
     float* y = out_f32(out, B * T * H * D, 0);
-    attention_forward_f32(y, lse, in(qkv, 3 * B * T * H * D, 1), B, T, H, D);
+    attention_forward_f32(y, lse, in(qkv, B * T * (H + 2 * KV) * D, 1), B, T, H, KV, D);
     store(out, y, B * T * H * D);
   }
   void attention_backward(Buf dqkv, float* scratch, CBuf dout, CBuf qkv, CBuf, const float* lse, int64_t B,
-                          int64_t T, int64_t H, int64_t D) override {
-    const int64_t n = 3 * B * T * H * D;
+                          int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    const int64_t n = B * T * (H + 2 * KV) * D;
     float* dx = out_f32(dqkv, n, 0);
-    attention_backward_f32(dx, scratch, in(dout, B * T * H * D, 1), in(qkv, n, 2), nullptr, lse, B, T, H, D);
+    attention_backward_f32(dx, scratch, in(dout, B * T * H * D, 1), in(qkv, n, 2), nullptr, lse, B, T, H, KV, D);
     store(dqkv, dx, n);
+  }
+  void qkv_regroup(Buf out, CBuf inp, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) override {
+    const int64_t n = N * G * (Q + 2) * D;
+    float* y = out_f32(out, n, 0);
+    cpu::qkv_regroup(y, in(inp, n, 1), N, G, Q, D, to_heads);
+    store(out, y, n);
+  }
+  void rope(Buf qkv, const float* inv_freq, const int32_t* positions, int64_t N, int64_t S, int64_t H, int64_t KV,
+            int64_t D, int64_t rot, bool interleaved, bool inverse) override {
+    const int64_t n = N * (H + 2 * KV) * D;
+    float* x = load(qkv, n, 0);
+    cpu::rope(x, inv_freq, positions, N, S, H, KV, D, rot, interleaved, inverse);
+    store(qkv, x, n);
+  }
+  void swiglu_forward(Buf out, CBuf inp, int64_t N, int64_t F) override {
+    float* y = out_f32(out, N * F, 0);
+    cpu::swiglu_forward(y, in(inp, 2 * N * F, 1), N, F);
+    store(out, y, N * F);
+  }
+  void swiglu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t N, int64_t F) override {
+    float* dx = out_f32(dinp, 2 * N * F, 0);
+    cpu::swiglu_backward(dx, in(dout, N * F, 1), in(inp, 2 * N * F, 2), N, F);
+    store(dinp, dx, 2 * N * F);
   }
 
   void gelu_forward(Buf out, CBuf inp, int64_t n) override {
@@ -485,20 +533,23 @@ class CpuOps final : public Ops {
   }
 
   // A query row at a time: its scores live in a row buffer of this thread, never a T x T matrix.
+  // Grouped-query attention reads query head h's key and value in kv head h / (H / KV): offsets
+  // H D + kv D and (H + KV) D + kv D of a token's row.
   void attention_forward_f32(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                         int64_t D) {
+                         int64_t KV, int64_t D) {
     const float scale = 1.0f / std::sqrt(float(D));
-    const int64_t row = 3 * H * D;  // stride between tokens in qkv
+    const int64_t row = (H + 2 * KV) * D;  // stride between tokens in qkv
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
+        const int64_t koff = H * D + (h / (H / KV)) * D, voff = koff + KV * D;
         const float* base = qkv + b * T * row;
         std::vector<float> p(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
           const float* q = base + t * row + h * D;
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s <= t; ++s) {
-            const float* k = base + s * row + H * D + h * D;
+            const float* k = base + s * row + koff;
             float dot = 0;
 #pragma omp simd reduction(+ : dot)
             for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
@@ -515,7 +566,7 @@ class CpuOps final : public Ops {
           float* o = out + (b * T + t) * H * D + h * D;
           for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
           for (int64_t s = 0; s <= t; ++s) {
-            const float* v = base + s * row + 2 * H * D + h * D;
+            const float* v = base + s * row + voff;
             const float ps = p[size_t(s)] * inv;
             for (int64_t d = 0; d < D; ++d) o[d] += ps * v[d];
           }
@@ -525,63 +576,69 @@ class CpuOps final : public Ops {
 
   // Rebuilds each query row's probabilities from its scores and lse (in a row buffer); the softmax
   // backward's sum(p * dp) comes from the rebuilt row, so `out` and the scratch are not needed here.
+  // Parallel over (sequence, kv head): the query heads of a group run in turn, so that their key and
+  // value gradients add into the group's dk, dv without a race (and in a fixed order).
   void attention_backward_f32(float* dqkv, float*, const float* dout, const float* qkv, const float*,
-                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t D) {
+                          const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     const float scale = 1.0f / std::sqrt(float(D));
-    const int64_t row = 3 * H * D;
+    const int64_t row = (H + 2 * KV) * D, Q = H / KV;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t g = 0; g < KV; ++g) {
+        const int64_t koff = H * D + g * D, voff = koff + KV * D;
         const float* base = qkv + b * T * row;
         float* dbase = dqkv + b * T * row;
-        for (int64_t t = 0; t < T; ++t) {  // zero this head's slice of dq, dk, dv
-          for (int64_t w = 0; w < 3; ++w) std::memset(dbase + t * row + w * H * D + h * D, 0, D * sizeof(float));
+        for (int64_t t = 0; t < T; ++t) {  // zero this group's slices of dq, dk, dv
+          std::memset(dbase + t * row + g * Q * D, 0, size_t(Q * D) * sizeof(float));
+          std::memset(dbase + t * row + koff, 0, size_t(D) * sizeof(float));
+          std::memset(dbase + t * row + voff, 0, size_t(D) * sizeof(float));
         }
         std::vector<float> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
-        for (int64_t t = 0; t < T; ++t) {
-          const float* q = base + t * row + h * D;
-          const float* dy = dout + (b * T + t) * H * D + h * D;
-          const float lse_t = lse[(b * H + h) * T + t];
-          // the probabilities, renormalised so that they sum to one as in forward (then the scores'
-          // gradients of a row sum to ~0 and the key bias, whose exact gradient is 0, stays put)
-          float sum = 0;
-          for (int64_t s = 0; s <= t; ++s) {
-            const float* k = base + s * row + H * D + h * D;
-            float dot = 0;
+        for (int64_t h = g * Q; h < (g + 1) * Q; ++h)
+          for (int64_t t = 0; t < T; ++t) {
+            const float* q = base + t * row + h * D;
+            const float* dy = dout + (b * T + t) * H * D + h * D;
+            const float lse_t = lse[(b * H + h) * T + t];
+            // the probabilities, renormalised so that they sum to one as in forward (then the scores'
+            // gradients of a row sum to ~0 and the key bias, whose exact gradient is 0, stays put)
+            float sum = 0;
+            for (int64_t s = 0; s <= t; ++s) {
+              const float* k = base + s * row + koff;
+              float dot = 0;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-            p[size_t(s)] = fast_exp(dot * scale - lse_t);
-            sum += p[size_t(s)];
-          }
-          const float inv = 1.0f / sum;
-          // dprobs and dv
-          float dot_pdp = 0;
-          for (int64_t s = 0; s <= t; ++s) {
-            const float* v = base + s * row + 2 * H * D + h * D;
-            float* dv = dbase + s * row + 2 * H * D + h * D;
-            float d_ps = 0;
-            const float ps = p[size_t(s)] * inv;
+              for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+              p[size_t(s)] = fast_exp(dot * scale - lse_t);
+              sum += p[size_t(s)];
+            }
+            const float inv = 1.0f / sum;
+            // dprobs and dv
+            float dot_pdp = 0;
+            for (int64_t s = 0; s <= t; ++s) {
+              const float* v = base + s * row + voff;
+              float* dv = dbase + s * row + voff;
+              float d_ps = 0;
+              const float ps = p[size_t(s)] * inv;
 #pragma omp simd reduction(+ : d_ps)
-            for (int64_t d = 0; d < D; ++d) {
-              d_ps += dy[d] * v[d];
-              dv[d] += ps * dy[d];
+              for (int64_t d = 0; d < D; ++d) {
+                d_ps += dy[d] * v[d];
+                dv[d] += ps * dy[d];
+              }
+              p[size_t(s)] = ps;
+              dp[size_t(s)] = d_ps;
+              dot_pdp += ps * d_ps;
             }
-            p[size_t(s)] = ps;
-            dp[size_t(s)] = d_ps;
-            dot_pdp += ps * d_ps;
-          }
-          // softmax backward, then the scores' gradient into dq, dk
-          float* dq = dbase + t * row + h * D;
-          for (int64_t s = 0; s <= t; ++s) {
-            const float ds = p[size_t(s)] * (dp[size_t(s)] - dot_pdp) * scale;
-            const float* k = base + s * row + H * D + h * D;
-            float* dk = dbase + s * row + H * D + h * D;
-            for (int64_t d = 0; d < D; ++d) {
-              dq[d] += ds * k[d];
-              dk[d] += ds * q[d];
+            // softmax backward, then the scores' gradient into dq, dk
+            float* dq = dbase + t * row + h * D;
+            for (int64_t s = 0; s <= t; ++s) {
+              const float ds = p[size_t(s)] * (dp[size_t(s)] - dot_pdp) * scale;
+              const float* k = base + s * row + koff;
+              float* dk = dbase + s * row + koff;
+              for (int64_t d = 0; d < D; ++d) {
+                dq[d] += ds * k[d];
+                dk[d] += ds * q[d];
+              }
             }
           }
-        }
       }
   }
 

@@ -311,7 +311,7 @@ TEST(GradCheck, AttentionForwardMatchesDoubleReference) {
   const int64_t B = 2, T = 5, H = 2, D = 3;
   VecF qkv = randn(B * T * 3 * H * D, 51);
   VecF out(B * T * H * D, 9.0f), lse(B * H * T, 9.0f);
-  cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, D);
+  cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, D);
   const AttentionRef ref{B, T, H, D};
   expect_close(out, ref.forward(to_d(qkv)), 1e-5, "attention out", 0.01);
   expect_close(lse, ref.lse(to_d(qkv)), 1e-5, "attention lse", 0.01);
@@ -323,7 +323,7 @@ TEST(GradCheck, AttentionBackwardAgainstFiniteDifferences) {
   VecF qkv = randn(n, 61), R = randn(B * T * H * D, 62);
   VecF out(B * T * H * D), lse(B * H * T);
   auto J = [&] {
-    cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, D);
+    cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, D);
     return dot(out, R);
   };
   const VecD g = fd_float(qkv, 1e-2f, J);
@@ -333,7 +333,7 @@ TEST(GradCheck, AttentionBackwardAgainstFiniteDifferences) {
 
   J();
   VecF dqkv(n, 5.0f), scratch(B * H * T, 3.0f);  // "=": stale contents must not leak in
-  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, H, D);
+  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, H, H, D);
   expect_close(dqkv, g, 1e-2, "attention dqkv vs FD(float)");
   expect_close(dqkv, gd, 1e-4, "attention dqkv vs FD(double)");
 }
@@ -350,13 +350,13 @@ TEST(GradCheck, AttentionFuturePositionsGetZeroGradient) {
         for (int64_t i = 0; i < H * D; ++i) R[size_t((b * T + t) * H * D + i)] = 0.0f;
   VecF out(B * T * H * D), lse(B * H * T);
   auto J = [&] {
-    cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, D);
+    cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, D);
     return dot(out, R);
   };
   const VecD g = fd_float(qkv, 1e-2f, J);
   J();
   VecF dqkv(n, 5.0f), scratch(B * H * T);
-  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, H, D);
+  cpu().attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, H, H, D);
   double past = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)

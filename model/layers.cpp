@@ -1,0 +1,81 @@
+// The interchangeable parts of the model (model/layers.h).
+#include "model/layers.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tpt {
+
+void Norm::forward(Ops& ops, Buf out, NormStats st, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C) const {
+  if (rms) ops.rmsnorm_forward(out, st.rstd, x, w, N, C, eps);
+  else ops.layernorm_forward(out, st.mean, st.rstd, x, w, b, N, C, eps);
+}
+
+void Norm::residual_forward(Ops& ops, Buf res, Buf out, NormStats st, CBuf a, CBuf y, CBuf w, CBuf b, int64_t N,
+                            int64_t C) const {
+  if (rms) ops.residual_rmsnorm_forward(res, out, st.rstd, a, y, w, N, C, eps);
+  else ops.residual_layernorm_forward(res, out, st.mean, st.rstd, a, y, w, b, N, C, eps);
+}
+
+void Norm::backward(Ops& ops, Buf dx, float* dw, float* db, CBuf dout, CBuf x, CBuf w, NormStats st, int64_t N,
+                    int64_t C) const {
+  if (rms) ops.rmsnorm_backward(dx, dw, dout, x, w, st.rstd, N, C);
+  else ops.layernorm_backward(dx, dw, db, dout, x, w, st.mean, st.rstd, N, C);
+}
+
+void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C,
+                            int64_t Fl) const {
+  if (!swiglu) return ops.linear_forward(act, x, w, b, N, C, Fl, /*gelu_pre=*/pre);  // GELU in the GEMM's epilogue
+  ops.linear_forward(pre, x, w, b, N, C, 2 * Fl);
+  ops.swiglu_forward(act, pre, N, Fl);
+}
+
+void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, float* dw2, float* db2, CBuf dout, CBuf act, CBuf w2,
+                             CBuf pre, int64_t N, int64_t Fl, int64_t C) const {
+  if (!swiglu) return ops.linear_backward(dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre);
+  ops.linear_backward(dact, dw2, db2, dout, act, w2, N, Fl, C, false);
+  ops.swiglu_backward(dpre, dact, pre, N, Fl);
+}
+
+void QKVLayout::to_heads(Ops& ops, Buf heads, CBuf gemm_out, int64_t N) const {
+  if (grouped) ops.qkv_regroup(heads, gemm_out, N, KV, H / KV, D, true);
+  else TPT_CHECK(heads.p == gemm_out.p);
+}
+
+void QKVLayout::from_heads(Ops& ops, Buf dgemm_out, CBuf dheads, int64_t N) const {
+  if (grouped) ops.qkv_regroup(dgemm_out, dheads, N, KV, H / KV, D, false);
+  else TPT_CHECK(dgemm_out.p == dheads.p);
+}
+
+void Rope::forward(Ops& ops, Buf qkv, const int32_t* positions, int64_t N, int64_t S, const QKVLayout& l) const {
+  if (rot) ops.rope(qkv, inv_freq, positions, N, S, l.H, l.KV, l.D, rot, interleaved, false);
+}
+
+void Rope::backward(Ops& ops, Buf dqkv, const int32_t* positions, int64_t N, int64_t S, const QKVLayout& l) const {
+  if (rot) ops.rope(dqkv, inv_freq, positions, N, S, l.H, l.KV, l.D, rot, interleaved, true);
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& m) {
+  const int64_t rot = rotary_dim(m);
+  std::vector<float> out(size_t(rot / 2));
+  const RopeScaling& r = m.rope_scaling;
+  for (int64_t j = 0; j < rot / 2; ++j) {
+    double f = std::pow(m.rotary_base, -2.0 * double(j) / double(rot));
+    if (r.enabled()) {  // HF's _compute_llama3_parameters
+      const double old_len = double(r.original_max_position_embeddings);
+      const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f /= r.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        f = (1.0 - smooth) * f / r.factor + smooth * f;
+      }
+    }
+    out[size_t(j)] = float(f);
+  }
+  return out;
+}
+
+}  // namespace tpt
