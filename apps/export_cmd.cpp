@@ -19,6 +19,7 @@
 #include "core/safetensors.h"
 #include "model/checkpoint_model.h"
 #include "model/hf_gpt2.h"
+#include "model/layers.h"
 #include "parallel/checkpoint.h"
 
 namespace tpt {
@@ -33,6 +34,9 @@ struct Shape {
 
 Shape model_shape(const nlohmann::json& meta) {
   const ModelConfig m = checkpoint_model_config(meta);
+  if (!is_gpt2_architecture(m))
+    input_error("export: writes Hugging Face GPT-2 checkpoints; this checkpoint's model is " + describe_architecture(m) +
+                ", which GPT-2 cannot hold (export of the LLaMA family is not supported yet)");
   return {m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.max_position_embeddings,
           m.vocab_size, m.layernorm_epsilon, m.init_method_std, m.hidden_dropout, m.attention_dropout};
 }

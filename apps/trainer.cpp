@@ -145,7 +145,12 @@ void Trainer::setup_model() {
   layers_ = rank_layers(chunk_dims_);
   layout_ = make_rank_layout(chunk_dims_);
   std::vector<float> host(size_t(layout_.total), 0.0f);
-  if (!cfg_.model.init_from.empty()) load_hf_gpt2(cfg_.model.init_from, dims_, layout_, host.data());
+  if (!cfg_.model.init_from.empty()) {
+    if (!is_gpt2_architecture(cfg_.model))
+      input_error("model.init_from: reads Hugging Face GPT-2 weights, which cannot hold this model (" +
+                  describe_architecture(cfg_.model) + "); start the LLaMA family from its own init (init_from: null)");
+    load_hf_gpt2(cfg_.model.init_from, dims_, layout_, host.data());
+  }
   else init_params_host(layout_, cfg_.training.seed, host.data());
   dtype_ = compute_dtype(cfg_);
   // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)
@@ -166,11 +171,15 @@ void Trainer::setup_model() {
       extend = p.tp_replicated;
     }
   }
+  // the tied word embedding's two copies (first and last stage) are summed over the embedding group;
+  // an untied output layer has its own gradient
   const ParamInfo* wte = layout_.find("wte.weight");
+  const bool tied = !cfg_.model.untie_embeddings_and_output_weights;
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, rank_layer_ranges(layout_, chunk_dims_),
                                           grid_.dp > 1 ? &comm(grid_.device_dp(), profiled_dp_) : nullptr,
-                                          grid_.device_embedding() ? &comm(*grid_.device_embedding(), profiled_embedding_)
-                                                                  : nullptr,
+                                          tied && grid_.device_embedding()
+                                              ? &comm(*grid_.device_embedding(), profiled_embedding_)
+                                              : nullptr,
                                           wte ? GradRange{wte->offset, wte->numel} : GradRange{}, sync);
   // fp32 master weights: the whole buffer (fp32 runs: the weights compute uses; without the
   // distributed optimizer), else only the owned blocks next to a full compute copy in bf16 / fp16
@@ -232,10 +241,10 @@ void Trainer::log_setup() {
   int64_t local = 0;
   for (const ParamInfo& p : layout_.params) local += p.numel;
   spdlog::info("model: GPT {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {} (padded {}): {:.2f}M parameters, "
-               "{:.2f}M on rank 0",
+               "{:.2f}M on rank 0; {}",
                cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.ffn_hidden_size, cfg_.model.seq_length, cfg_.model.vocab_size, dims_.Vp,
-               total_parameters(cfg_) / 1e6, local / 1e6);
+               total_parameters(cfg_) / 1e6, local / 1e6, describe_architecture(cfg_.model));
   if (cfg_.parallel.distributed_optimizer && grid_.dp == 1)
     spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
                  "optimizer runs as without it");
@@ -360,7 +369,8 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   };
   h.forward = [&](int mb, int chunk) {
     const bool embed = first_input && chunk == 0, head = last_output && chunk == last_chunk;
-    if (embed || head) load_microbatch(ds, base, mb);
+    // RoPE with data.reset_position_ids: every stage rotates by the micro-batch's positions
+    if (embed || head || (dims_.rot && dev_positions_)) load_microbatch(ds, base, mb);
     stages_[size_t(chunk)]->forward(slot(mb, chunk), dev_tokens_, embed ? CBuf{} : CBuf(act_in_[size_t(chunk)][size_t(slot(mb, chunk))]),
                                     dev_positions_,
                                     mb == 0 && want_grad && grad_sync_->overlapping_param_gather() ? wait_params

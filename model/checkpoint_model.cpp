@@ -1,5 +1,7 @@
 #include "model/checkpoint_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace tpt {
@@ -20,8 +22,40 @@ ModelConfig checkpoint_model_config(const nlohmann::json& meta) {
     c.init_method_std = m.at("init_method_std").get<double>();
     c.hidden_dropout = m.at("hidden_dropout").get<double>();
     c.attention_dropout = m.at("attention_dropout").get<double>();
-    if (c.num_layers < 1 || c.hidden_size < 1 || c.num_attention_heads < 1 || c.hidden_size % c.num_attention_heads ||
-        c.ffn_hidden_size < 1 || c.max_position_embeddings < 1 || c.vocab_size < 1 || c.make_vocab_size_divisible_by < 1)
+    // the LLaMA-family options (absent from checkpoints older than them: GPT-2's defaults)
+    auto choice = [&](const char* key, auto def) {
+      if (!m.contains(key) || m.at(key).is_null()) return def;
+      const std::string v = m.at(key).get<std::string>();
+      const auto names = enum_names(def);
+      for (size_t i = 0; i < names.size(); ++i)
+        if (names[i] == v) return decltype(def)(i);
+      input_error(std::string("meta.json: config.model.") + key + ": unknown value '" + v + "'");
+    };
+    auto number = [&](const char* key, auto def) {
+      return m.contains(key) && !m.at(key).is_null() ? m.at(key).get<decltype(def)>() : def;
+    };
+    c.normalization = choice("normalization", c.normalization);
+    c.swiglu = number("swiglu", c.swiglu);
+    c.position_embedding_type = choice("position_embedding_type", c.position_embedding_type);
+    c.rotary_base = number("rotary_base", c.rotary_base);
+    c.rotary_percent = number("rotary_percent", c.rotary_percent);
+    c.rotary_interleaved = number("rotary_interleaved", c.rotary_interleaved);
+    if (m.contains("rope_scaling") && !m.at("rope_scaling").is_null()) {
+      const nlohmann::json& r = m.at("rope_scaling");
+      c.rope_scaling = {r.at("factor").get<double>(), r.at("low_freq_factor").get<double>(),
+                        r.at("high_freq_factor").get<double>(), r.at("original_max_position_embeddings").get<int64_t>()};
+    }
+    c.group_query_attention = number("group_query_attention", c.group_query_attention);
+    c.num_query_groups = number("num_query_groups", c.num_query_groups);
+    c.kv_channels = number("kv_channels", c.hidden_size / std::max(1, c.num_attention_heads));
+    c.untie_embeddings_and_output_weights = number("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights);
+    c.add_bias_linear = number("add_bias_linear", c.add_bias_linear);
+    c.add_qkv_bias = number("add_qkv_bias", c.add_qkv_bias);
+    const int G = query_groups(c), rot = rotary_dim(c);
+    if (c.num_layers < 1 || c.hidden_size < 1 || c.num_attention_heads < 1 || c.kv_channels < 1 || G < 1 ||
+        c.num_attention_heads % G || c.ffn_hidden_size < 1 || c.max_position_embeddings < 1 || c.vocab_size < 1 ||
+        c.make_vocab_size_divisible_by < 1 || rot % 2 || rot > c.kv_channels ||
+        (c.position_embedding_type == PositionEmbedding::Rope && rot < 2))
       input_error("meta.json: config.model has inconsistent sizes: " + m.dump());
     return c;
   } catch (const nlohmann::json::exception& e) {

@@ -56,6 +56,37 @@ void Rope::backward(Ops& ops, Buf dqkv, const int32_t* positions, int64_t N, int
   if (rot) ops.rope(dqkv, inv_freq, positions, N, S, l.H, l.KV, l.D, rot, interleaved, true);
 }
 
+bool is_gpt2_architecture(const ModelConfig& m) {
+  return m.normalization == Normalization::LayerNorm && !m.swiglu &&
+         m.position_embedding_type == PositionEmbedding::LearnedAbsolute && !m.group_query_attention &&
+         !m.untie_embeddings_and_output_weights && m.add_bias_linear &&
+         (m.kv_channels == 0 || int64_t(m.kv_channels) * m.num_attention_heads == m.hidden_size);
+}
+
+std::string describe_architecture(const ModelConfig& m) {
+  const bool gpt2 = is_gpt2_architecture(m);
+  auto num = [](double x) {
+    std::string t = std::to_string(x);
+    t.erase(t.find_last_not_of('0') + 1);
+    if (!t.empty() && t.back() == '.') t.pop_back();
+    return t;
+  };
+  std::string s = gpt2 ? "GPT-2 (" : "LLaMA-family options (";
+  s += name_of(m.normalization) + ", " + (m.swiglu ? "SwiGLU" : "GELU") + ", ";
+  if (m.position_embedding_type == PositionEmbedding::Rope) {
+    s += "RoPE base " + num(m.rotary_base) + " on " + std::to_string(rotary_dim(m)) + " of " +
+         std::to_string(m.kv_channels) + " channels" + (m.rotary_interleaved ? " interleaved" : "") +
+         (m.rope_scaling.enabled() ? " with llama3 scaling x" + num(m.rope_scaling.factor) : "");
+  } else {
+    s += "learned positions";
+  }
+  s += m.group_query_attention ? ", grouped-query attention (" + std::to_string(m.num_query_groups) + " KV groups)"
+                               : ", multi-head attention";
+  s += m.untie_embeddings_and_output_weights ? ", untied output layer" : ", tied embeddings";
+  s += m.add_bias_linear ? ", biases)" : m.add_qkv_bias ? ", QKV bias only)" : ", no biases)";
+  return s;
+}
+
 std::vector<float> rope_inv_freq(const ModelConfig& m) {
   const int64_t rot = rotary_dim(m);
   std::vector<float> out(size_t(rot / 2));

@@ -9,6 +9,7 @@
 // The block (model/block.h) and GPTStage are written once against these.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/config.h"
@@ -70,6 +71,14 @@ struct Rope {
   void forward(Ops& ops, Buf qkv, const int32_t* positions, int64_t N, int64_t S, const QKVLayout& l) const;
   void backward(Ops& ops, Buf dqkv, const int32_t* positions, int64_t N, int64_t S, const QKVLayout& l) const;
 };
+
+// Whether the options are GPT-2's (LayerNorm, GELU, learned positions, multi-head attention, tied
+// embeddings, biases): what the Hugging Face GPT-2 import (model.init_from) and export read and write.
+bool is_gpt2_architecture(const ModelConfig& m);
+
+// The architecture in words for the start-up log: "GPT-2 (LayerNorm, GELU, learned positions, multi-head
+// attention, tied embeddings, biases)" or its LLaMA-family options.
+std::string describe_architecture(const ModelConfig& m);
 
 // RoPE's inverse frequencies (rotary_dim(m) / 2 of them): rotary_base^(-2j/rot) in double, rescaled
 // by Llama 3.1's rope_scaling rule when given (HF's "llama3" rope type), rounded to fp32.

@@ -134,10 +134,16 @@ int64_t total_parameters(const Config& cfg) {
   return total;
 }
 
+// Megatron's num_floating_point_operations (training.py) with grouped-query attention and SwiGLU:
+// 12 B s l h^2 ((1 + G/H + s/(2h)) r + (F/h) m + V/(2 l h)), r = H D / h the query projection's ratio,
+// m = 3/2 for SwiGLU; the causal half of the attention scores (s/(2h)). GPT-2 (G = H, D = h/H, F =
+// 4h): 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
 double iteration_model_flops(const Config& c, int64_t padded_vocab) {
-  double B = c.training.global_batch_size, s = c.model.seq_length, l = c.model.num_layers,
-         h = c.model.hidden_size, V = double(padded_vocab);
-  return 72.0 * B * s * l * h * h * (1.0 + s / (12.0 * h) + V / (12.0 * l * h));
+  const ModelConfig& m = c.model;
+  const double B = c.training.global_batch_size, s = m.seq_length, l = m.num_layers, h = m.hidden_size,
+               V = double(padded_vocab), H = m.num_attention_heads, G = query_groups(m), F = m.ffn_hidden_size;
+  const double r = H * double(m.kv_channels ? m.kv_channels : h / H) / h, gated = m.swiglu ? 1.5 : 1.0;
+  return 12.0 * B * s * l * h * h * ((1.0 + G / H + s / (2.0 * h)) * r + F / h * gated + V / (2.0 * l * h));
 }
 
 namespace {
@@ -154,10 +160,12 @@ StageWork stage_work(const Config& c, int s) {
   const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), F = double(d.F);
   const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
   const Recompute r = c.training.recompute;
-  // per layer: QKV 6NC^2, projection 2NC^2, MLP 4NCF; attention scores and weighted sum 4NSC, of
-  // which the causal half is computed (2NSC, as the logged formula's s/(12h) term counts them)
-  const double attn_core = 2.0 * N * S * C / tp;
-  const double layer = (8.0 * N * C * C + 4.0 * N * C * F) / tp + attn_core;
+  // per layer and rank: QKV 2 N C QKVl, projection 2 N Cl C, MLP 2 N C Fl1 + 2 N Fl C; attention scores
+  // and weighted sum 4 N S Cl, of which the causal half is computed (2 N S Cl, as the logged formula's
+  // s/(2h) term counts them)
+  const double Cl = double(d.Cl);
+  const double attn_core = 2.0 * N * S * Cl;
+  const double layer = 2.0 * N * C * (double(d.QKVl) + Cl + double(d.Fl1) + double(d.Fl)) + attn_core;
   const double lm_head = 2.0 * N * C * double(d.Vl);
   const bool gpipe = c.parallel.pipeline_schedule == PipelineSchedule::GPipe;
   StageWork w;
