@@ -157,7 +157,7 @@ struct StageWork {
 StageWork stage_work(const Config& c, int s) {
   const int tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
   const GPTDims d = make_dims(c, tp, 0, pp, s);
-  const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), F = double(d.F);
+  const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C);
   const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
   const Recompute r = c.training.recompute;
   // per layer and rank: QKV 2 N C QKVl, projection 2 N Cl C, MLP 2 N C Fl1 + 2 N Fl C; attention scores
