@@ -10,7 +10,10 @@
 #      prints tokens/s, TFLOP/s per GPU (Megatron's model-FLOPs formula) and MFU; after each, the
 #      same shape and micro-batch in PyTorch eager (scripts/bench_torch.py: bf16 autocast, SDPA,
 #      fused AdamW, fp32 master weights) and the ratio of the two; and tptrain's op profile
-#      (logging.profile_ops) of the 124M micro-batch-16 run.
+#      (logging.profile_ops) of the 124M micro-batch-16 run; with --models llama8b (in the default
+#      list) 2 layers of the Llama-3-8B shape (hidden 4096, 32 heads, 8 KV groups, SwiGLU 14336, RoPE
+#      base 500000, untied vocabulary 128256, no biases) at seq 4096, micro-batch 1, next to the same
+#      layers in PyTorch (scripts/bench_torch.py --llama), and its op profile.
 #
 #   bash scripts/gpu_check.sh                         build here (needs the Debian packages of
 #                                                     scripts/setup.sh, CMake and CUDA), then check
@@ -23,7 +26,7 @@
 #                                                     libraries a bare GPU machine lacks (yaml-cpp,
 #                                                     spdlog, fmt, OpenBLAS, libgomp, libgfortran,
 #                                                     libstdc++, cudart)
-# Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m", --iters N
+# Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m llama8b", --iters N
 # (default 8, the first 3 are warm-up), --out DIR (logs; default /tmp/tptrain_gpu_check),
 # --budget SECONDS (default 480), --skip-tests. PYTHON=... names the python3 with PyTorch (default python3).
 #
@@ -37,7 +40,7 @@ cd "$(dirname "$0")/.."
 SRC=$PWD
 
 DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of the script's logic on a machine without a GPU
-BUILD="" LIBS="" PEAK=989 MODELS="124m 350m" ITERS=8 OUT=/tmp/tptrain_gpu_check BUDGET=480 PREPARE="" TESTS=1
+BUILD="" LIBS="" PEAK=989 MODELS="124m 350m llama8b" ITERS=8 OUT=/tmp/tptrain_gpu_check BUDGET=480 PREPARE="" TESTS=1
 while (($#)); do
   case $1 in
     --build-dir) BUILD=$2; shift 2 ;;
@@ -49,7 +52,7 @@ while (($#)); do
     --budget) BUDGET=$2; shift 2 ;;
     --prepare) PREPARE=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -235,7 +238,7 @@ side_by_side() {  # name layers hidden heads mb tptrain_tokens_per_s
   if (($(left) < 60)); then say "$name: PyTorch baseline skipped (time budget)"; return; fi
   local dev=$DEVICE; [ "$dev" = cuda ] || dev=cpu
   timeout "$(($(left) > 150 ? 150 : $(left)))" "$PY" "$SRC/scripts/bench_torch.py" --layers "$L" --hidden "$C" \
-    --heads "$H" --seq 1024 --micro-batch "$mb" --iters "$ITERS" --warmup 3 --device "$dev" \
+    --heads "$H" --seq "$SEQ" --micro-batch "$mb" --iters "$ITERS" --warmup 3 --device "$dev" ${TORCH_EXTRA:-} \
     >"$OUT/$name-mb$mb-torch.json" 2>"$OUT/$name-mb$mb-torch.err"
   local torch_tps
   torch_tps=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$OUT/$name-mb$mb-torch.json" 2>/dev/null)
@@ -256,6 +259,9 @@ profile() {  # name yaml
   sed -n '/op profile of rank 0/,/all ops/p' "$OUT/$name-profile.log"
 }
 
+# bench's shape beyond GPT-2 (the Llama case sets them): sequence, vocabulary, extra model keys (a YAML
+# flow-map fragment), bench_torch.py's extra arguments
+SEQ=1024 VOCAB=50257 MODEL_EXTRA="" TORCH_EXTRA=""
 bench() {  # name layers hidden heads params(M) [micro-batch; default: the largest that fits] [--profile]
   local name=$1 L=$2 C=$3 H=$4 P=$5
   local mb=${6:-}
@@ -265,7 +271,7 @@ bench() {  # name layers hidden heads params(M) [micro-batch; default: the large
     local log="$OUT/$name-mb$mb.log" metrics="$OUT/$name-mb$mb.jsonl"
     say "$name: micro-batch $mb"
     cat >"$OUT/$name-mb$mb.yaml" <<YAML
-model: {num_layers: $L, hidden_size: $C, num_attention_heads: $H, seq_length: 1024, vocab_size: 50257}
+model: {num_layers: $L, hidden_size: $C, num_attention_heads: $H, seq_length: $SEQ, vocab_size: $VOCAB$MODEL_EXTRA}
 training: {micro_batch_size: $mb, global_batch_size: $mb, train_iters: $ITERS, precision: bf16, device: $DEVICE}
 optimizer: {lr: 6.0e-4, min_lr: 6.0e-5, lr_warmup_iters: 2}
 data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
@@ -275,15 +281,15 @@ YAML
     local rc=$?
     if ((rc == 0)); then
       # mean over the iterations after the first 3 (cuBLASLt plans, scratch growth) of the metrics lines
-      awk -v name="$name" -v mb="$mb" -v peak="$PEAK" '
+      awk -v name="$name" -v mb="$mb" -v peak="$PEAK" -v seq="$SEQ" '
         function num(key,   m) { return match($0, "\"" key "\":[-0-9.eE+]+") ? substr($0, RSTART + length(key) + 3, RLENGTH - length(key) - 3) + 0 : 0 }
         { n++; ms[n] = num("elapsed_ms"); tok[n] = num("tokens_per_s"); tf[n] = num("tflops_per_device"); loss = num("lm_loss") }
         END {
           first = n > 4 ? 4 : 2; k = 0; a = b = c = 0
           for (i = first; i <= n; i++) { a += ms[i]; b += tok[i]; c += tf[i]; k++ }
           if (k == 0) { print "RESULT " name ": no timed iterations"; exit 1 }
-          printf "RESULT %s: bf16, seq 1024, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
-                 name, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
+          printf "RESULT %s: bf16, seq %d, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
+                 name, seq, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
         }' "$metrics" | tee "$OUT/$name-mb$mb.result"
       grep -m2 "WARNING: cuDNN attention" "$log"  # shapes cuDNN refused (the own kernels ran them)
       local tps
@@ -306,8 +312,15 @@ for m in $MODELS; do
     124m) bench gpt2-124m 12 768 12 124 16 --profile  # the shape of llm.c's and PyTorch's figures
           bench gpt2-124m 12 768 12 124 ;;
     350m) bench gpt2-350m 24 1024 16 355 ;;
+    llama8b)  # 2 Llama-3-8B layers + its embeddings (1.49B parameters); tokens < 50257 fit its vocabulary
+      SEQ=4096 VOCAB=128256 TORCH_EXTRA="--llama --groups 8 --ffn 14336 --vocab 128256" \
+      MODEL_EXTRA=", ffn_hidden_size: 14336, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, rotary_base: 500000, group_query_attention: true, num_query_groups: 8, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
+        bench llama3-8b-2layers 2 4096 32 1490 1 --profile ;;
     tiny) mem_gib=1 bench tiny 2 128 2 13 "" --profile ;;  # for a dry run of this script
-    *) say "unknown model '$m' (124m | 350m)"; status=1 ;;
+    tinyllama) SEQ=64 TORCH_EXTRA="--llama --groups 2 --ffn 256 --vocab 50304" \
+      MODEL_EXTRA=", ffn_hidden_size: 256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, group_query_attention: true, num_query_groups: 2, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
+        mem_gib=1 bench tinyllama 2 128 4 13 2 --profile ;;  # a dry run of the Llama case
+    *) say "unknown model '$m' (124m | 350m | llama8b)"; status=1 ;;
   esac
 done
 say "done (status $status; logs in $OUT)"
