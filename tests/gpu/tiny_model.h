@@ -23,6 +23,27 @@ inline Config tiny_config() {
   return c;
 }
 
+// The same with the LLaMA family's options: RMSNorm, SwiGLU (ffn 96), RoPE (base 500000), grouped-query
+// attention (4 heads, 2 KV groups) with kv_channels 32 (head dim 32 != 64 / 4: the tensor-core and cuDNN
+// attention's bf16 shape), untied output layer, no biases.
+inline Config tiny_llama_config() {
+  Config c = tiny_config();
+  ModelConfig& m = c.model;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.kv_channels = 32;
+  m.ffn_hidden_size = 96;
+  m.normalization = Normalization::RMSNorm;
+  m.swiglu = true;
+  m.position_embedding_type = PositionEmbedding::Rope;
+  m.rotary_base = 500000;
+  m.group_query_attention = true;
+  m.num_query_groups = 2;
+  m.untie_embeddings_and_output_weights = true;
+  m.add_bias_linear = false;
+  return c;
+}
+
 struct Trained {
   std::vector<double> losses;  // mean loss of each step
   VecF first_grads;            // gradients of step 1
