@@ -2,7 +2,10 @@
 # tptrain plan (README "Plan"): the JSON report of configs/gpt96.yaml has its keys and sane, hand-checked
 # values (no MPI launch); on CPU configs the plan's bytes for rank 0's stage equal what the trainer
 # allocated on rank 0 (its "memory: allocated ... (plan: ...)" start-up line), on 1 rank and on
-# TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes), interleaved and zb-h1.
+# TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes), interleaved and zb-h1, for a
+# GPT-2 and a Llama-shaped model (RMSNorm, SwiGLU, RoPE, GQA, untied, no biases); configs/llama3-8b.yaml
+# and llama3-70b.yaml have Meta's parameter counts, fit 80 GiB, and their FLOPs are Megatron's formula
+# with GQA and SwiGLU counted by hand.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
 
@@ -103,6 +106,58 @@ else bad "bad world size (rc $rc)"; cat "$W/bad.out"; fi
 if [ $rc -eq 2 ] && grep -q "peak-tflops" "$W/bad2.out"; then ok "bad option value: exit 2"
 else bad "bad option value (rc $rc)"; cat "$W/bad2.out"; fi
 
+# --- llama3-8b.yaml, llama3-70b.yaml: parameters, fit, FLOPs -------------------------------------
+# The shapes by hand (Meta's Llama 3 / 3.1): parameters l (2h + h (H + 2G) D + H D h + 3 h F) + 2 V h + h
+# (two RMSNorm weights, QKV, projection, [gate; up] and down per layer; embedding, untied output layer,
+# final norm); iteration FLOPs Megatron's 12 B s l h^2 ((1 + G/H + s/(2h)) (H D / h) + (F/h) 1.5 +
+# Vp/(2 l h)) with Vp the vocabulary padded to make_vocab_size_divisible_by x TP; the computed FLOPs
+# with recompute none that plus the flash backward's rerun of the causal scores (l B s^2 H D).
+for model in 8b 70b; do
+  if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/llama3-$model.yaml" --json > "$W/llama3_$model.json" 2> "$W/llama3_$model.err" &&
+     "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/llama3-$model.yaml" > "$W/llama3_$model.txt" 2>&1; then
+    ok "plan llama3-$model.yaml runs"
+  else bad "plan llama3-$model.yaml"; cat "$W/llama3_$model.err"; continue; fi
+  if out=$($PYTHON - "$W/llama3_$model.json" "$model" <<'PY'
+import json, math, sys
+p, model = json.load(open(sys.argv[1])), sys.argv[2]
+errors = []
+def check(cond, what):
+    if not cond: errors.append(what)
+l, h, H, G, D, F, V, s, target = {
+    "8b": (32, 4096, 32, 8, 128, 14336, 128256, 8192, 8.03e9),
+    "70b": (80, 8192, 64, 8, 128, 28672, 128256, 8192, 70.6e9)}[model]
+n = l * (2 * h + h * (H + 2 * G) * D + H * D * h + 3 * h * F) + 2 * V * h + h
+check(p["total_parameters"] == n, "total parameters %d, by hand %d" % (p["total_parameters"], n))
+check(abs(p["total_parameters"] / target - 1) < 1e-3, "total parameters %d not within 0.1%% of %g" % (p["total_parameters"], target))
+m = 128 * p["tp"]
+Vp = -(-V // m) * m
+check(p["padded_vocab_size"] == Vp, "padded vocabulary %d, by hand %d" % (p["padded_vocab_size"], Vp))
+B = p["global_batch_size"]
+check(1e6 <= B * s <= 4.3e6, "global batch %d x %d tokens: not 1-4M tokens" % (B, s))
+flops = 12 * B * s * l * h * h * ((1 + G / H + s / (2 * h)) * (H * D / h) + (F / h) * 1.5 + Vp / (2 * l * h))
+check(abs(p["flops_per_iteration"] / flops - 1) < 1e-12, "FLOPs per iteration %.6e, by hand %.6e" % (p["flops_per_iteration"], flops))
+check(p["recompute"] == "none", "recompute none expected by the hardware FLOPs check")
+hw = flops + l * B * s * s * H * D
+check(abs(p["hardware_flops_per_iteration"] / hw - 1) < 1e-9, "computed FLOPs %.6e, by hand %.6e" % (p["hardware_flops_per_iteration"], hw))
+mfu = p["flops_per_iteration"] / (p["step_time_s"] * p["world_size"] * 989e12)
+check(abs(p["mfu"] / mfu - 1) < 1e-9 and 0.3 < p["mfu"] < 0.6, "MFU %g, by hand %g" % (p["mfu"], mfu))
+peak = max(st["total_bytes"] for st in p["stages"])
+check(p["fits"] is True and all(st["fits"] for st in p["stages"]) and peak < 80 * 2**30, "does not fit 80 GiB")
+check(p["world_size"] == p["tp"] * p["pp"] * p["dp"] and p["world_size"] >= 8, "grid")
+print("; ".join(errors) if errors else "%.4gB parameters, %d GPUs (TP %d x PP %d x DP %d), peak %.2f GiB, %.2f s/iteration, MFU %.1f%%" % (
+    p["total_parameters"] / 1e9, p["world_size"], p["tp"], p["pp"], p["dp"], peak / 2**30, p["step_time_s"], 100 * p["mfu"]))
+sys.exit(1 if errors else 0)
+PY
+); then ok "llama3-$model.yaml: $out"; else bad "llama3-$model.yaml plan values: $out"; fi
+  if grep -q "^fits: yes" "$W/llama3_$model.txt" && grep -q "^step time estimate" "$W/llama3_$model.txt"; then
+    ok "llama3-$model.yaml text report: fits 80 GiB"
+  else bad "llama3-$model.yaml text report"; cat "$W/llama3_$model.txt"; fi
+done
+if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/llama-tiny.yaml" --world-size 8 --json > "$W/llama_tiny.json" &&
+   $PYTHON -c "import json,sys; p=json.load(open('$W/llama_tiny.json')); sys.exit(not (p['fits'] and (p['tp'], p['pp'], p['dp']) == (2, 2, 2)))"; then
+  ok "llama-tiny.yaml: TP 2 x PP 2 x DP 2 on 8 CPU ranks"
+else bad "llama-tiny.yaml plan"; fi
+
 # --- CPU configs: plan bytes == trainer's allocation on rank 0 ------------------------------------
 $PYTHON "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; exit 1; }
@@ -114,14 +169,15 @@ training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, cpu_threa
 data: {path: $W/data, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
+cfg=$W/cfg.yaml  # the config compare runs
 compare() {  # name np tp pp extra-set...
   local name=$1 np=$2 tp=$3 pp=$4; shift 4
   local sets=(--set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp)
   for s in "$@"; do sets+=(--set "$s"); done
-  if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/cfg.yaml" "${sets[@]}" > "$W/$name.log" 2>&1; then
+  if ! timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$cfg" "${sets[@]}" > "$W/$name.log" 2>&1; then
     bad "$name: training exited non-zero"; tail -20 "$W/$name.log"; return
   fi
-  if ! "$TPTRAIN" plan --config "$W/cfg.yaml" --world-size "$np" "${sets[@]}" --json > "$W/$name.json" 2> "$W/$name.plan.err"; then
+  if ! "$TPTRAIN" plan --config "$cfg" --world-size "$np" "${sets[@]}" --json > "$W/$name.json" 2> "$W/$name.plan.err"; then
     bad "$name: plan exited non-zero"; cat "$W/$name.plan.err"; return
   fi
   local line allocated logged planned
@@ -147,4 +203,35 @@ compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.
 # buffers), and zb-h1's stash of the GEMMs' output gradients per slot
 compare pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
 compare tp2_pp2_zb_bf16_selective 4 2 2 training.precision=bf16 training.recompute=selective parallel.pipeline_schedule=zb-h1
+
+# The Llama shape (RMSNorm, SwiGLU, RoPE, GQA 4 heads / 2 groups, kv_channels 32 != 64 / 4, untied
+# output layer, no biases). Every tensor a multiple of 64 bytes again: B*S = 64 tokens (32 per TP rank
+# with sequence parallelism), per TP rank 1 KV group, ffn 48, 56 vocabulary rows; RoPE's fp32 inverse
+# frequencies rot/2 = 16 (kv_channels 64 with rotary_percent 0.5 in the last case). With TP 1 rank 0
+# holds the untied output layer too. Not covered: data.reset_position_ids and data.eod_mask_loss,
+# where the trainer allocates a host-to-device staging buffer of B*S int32 positions / fp32 loss
+# weights (apps/trainer.cpp dev_positions_, dev_loss_weights_) that stage_memory does not count.
+cat > "$W/llama.yaml" <<YAML
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, group_query_attention: true, num_query_groups: 2,
+        kv_channels: 32, ffn_hidden_size: 96, swiglu: true, normalization: RMSNorm, position_embedding_type: rope,
+        rotary_base: 500000, untie_embeddings_and_output_weights: true, add_bias_linear: false,
+        seq_length: 16, vocab_size: 97, make_vocab_size_divisible_by: 8}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, cpu_threads: 1, seed: 7, device: cpu}
+data: {path: $W/data, split: [100, 0, 0], eval_iters: 0}
+logging: {log_interval: 1}
+YAML
+cfg=$W/llama.yaml
+compare llama_single_fp32 1 1 1
+compare llama_tp2_fp32 2 2 1
+compare llama_tp2_sp_dp2_bf16 4 2 1 training.precision=bf16 parallel.sequence_parallel=true
+compare llama_pp2_zb_bf16 2 1 2 training.precision=bf16 parallel.pipeline_schedule=zb-h1
+compare llama_dp2_distopt_bf16 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true
+compare llama_bf16_selective 1 1 1 training.precision=bf16 training.recompute=selective
+compare llama_bf16_full 1 1 1 training.precision=bf16 training.recompute=full
+compare llama_pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
+compare llama_3d_sp_distopt_bf16_selective 8 2 2 training.precision=bf16 training.recompute=selective \
+  parallel.sequence_parallel=true parallel.distributed_optimizer=true
+compare llama_tp2_fp16_rope_scaled 2 2 1 training.precision=fp16 model.kv_channels=64 model.rotary_percent=0.5 \
+  model.rotary_interleaved=true \
+  "model.rope_scaling={factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8}"
 finish
