@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "data/run_data.h"
+#include "model/layers.h"
 #include "model/memory.h"
 
 namespace tpt {
@@ -125,9 +126,9 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                             ? "reduce-scatter of the fp32 gradients + all-gather of the parameters (distributed optimizer)"
                             : "all-reduce of the fp32 gradients";
   std::printf("tptrain plan | config %s\n", path.c_str());
-  std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters\n",
+  std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters; %s\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
-              (long long)p.padded_vocab, count(double(p.total_parameters)).c_str());
+              (long long)p.padded_vocab, count(double(p.total_parameters)).c_str(), describe_architecture(m).c_str());
   std::printf("grid: TP %d x PP %d x DP %d = %d ranks; rank = tp + TP*(dp + DP*pp): stage s holds ranks "
               "[s*%d, (s+1)*%d), TP groups are %d adjacent ranks\n",
               p.tp, p.pp, p.dp, p.world_size, p.tp * p.dp, p.tp * p.dp, p.tp);

@@ -107,7 +107,10 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
     // TP rank's B*S*C/tp with sequence parallelism).
     if (pp > 1) m.buffer_bytes += 2 * slots[c] * dtype_size(stage_message_elements(d, B), dtype);
   }
-  m.buffer_bytes += 2 * B * chunks.front().S * 4;  // tokens, targets (int32)
+  // the trainer's staging of a micro-batch: tokens, targets (int32), and with data.reset_position_ids /
+  // data.eod_mask_loss its positions (int32) / loss weights (fp32)
+  const int64_t staged = 2 + int64_t(cfg.data.reset_position_ids) + int64_t(cfg.data.eod_mask_loss);
+  m.buffer_bytes += staged * B * chunks.front().S * 4;
   return m;
 }
 

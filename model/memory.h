@@ -68,7 +68,9 @@ std::string describe_memory(const StageMemory& m);
 // TP replicas not repeated), with the unpadded vocabulary, as the trainer's start-up log counts.
 int64_t total_parameters(const Config& cfg);
 // Megatron's model FLOPs of one iteration (no recompute), the formula of the TFLOP/s/device log:
-// 72 B s l h^2 (1 + s/(12h) + V/(12 l h)), B = global batch, V = padded vocabulary.
+// 12 B s l h^2 ((1 + G/H + s/(2h)) H D / h + (F/h) m + V/(2 l h)), B = global batch, G key/value
+// groups, D head dim, m = 3/2 with SwiGLU (else 1), V = padded vocabulary; for GPT-2
+// 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
 double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
 
 struct PlanOptions {

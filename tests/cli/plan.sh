@@ -208,9 +208,8 @@ compare tp2_pp2_zb_bf16_selective 4 2 2 training.precision=bf16 training.recompu
 # output layer, no biases). Every tensor a multiple of 64 bytes again: B*S = 64 tokens (32 per TP rank
 # with sequence parallelism), per TP rank 1 KV group, ffn 48, 56 vocabulary rows; RoPE's fp32 inverse
 # frequencies rot/2 = 16 (kv_channels 64 with rotary_percent 0.5 in the last case). With TP 1 rank 0
-# holds the untied output layer too. Not covered: data.reset_position_ids and data.eod_mask_loss,
-# where the trainer allocates a host-to-device staging buffer of B*S int32 positions / fp32 loss
-# weights (apps/trainer.cpp dev_positions_, dev_loss_weights_) that stage_memory does not count.
+# holds the untied output layer too. With data.reset_position_ids every stage keeps each slot's
+# positions for RoPE, and the trainer stages positions / loss weights (data.eod_mask_loss) per micro-batch.
 cat > "$W/llama.yaml" <<YAML
 model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, group_query_attention: true, num_query_groups: 2,
         kv_channels: 32, ffn_hidden_size: 96, swiglu: true, normalization: RMSNorm, position_embedding_type: rope,
@@ -231,6 +230,7 @@ compare llama_bf16_full 1 1 1 training.precision=bf16 training.recompute=full
 compare llama_pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
 compare llama_3d_sp_distopt_bf16_selective 8 2 2 training.precision=bf16 training.recompute=selective \
   parallel.sequence_parallel=true parallel.distributed_optimizer=true
+compare llama_pp2_tp2_doc_masks_bf16 4 2 2 training.precision=bf16 data.reset_position_ids=true data.eod_mask_loss=true
 compare llama_tp2_fp16_rope_scaled 2 2 1 training.precision=fp16 model.kv_channels=64 model.rotary_percent=0.5 \
   model.rotary_interleaved=true \
   "model.rope_scaling={factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8}"
