@@ -7,7 +7,9 @@ For each tensor: ||a - b|| / ||a|| (Frobenius) must be <= --rel. Prints the wors
 One exception: the key third of each attn.c_attn.bias. Its gradient is exactly zero (adding a
 constant to every score of a softmax row changes nothing), so what it receives is rounding noise,
 which Adam normalises into lr-sized steps that differ between layouts. It is checked to stay noise
-(below 1e-3 of the query/value biases) instead.
+(below 1e-2 of the query/value biases: tests/cli/generate.sh's 40 steps at lr 3e-3 reach 1.02e-3 and
+1.16e-3 on this 2-core machine's OpenBLAS, the code before and after the LLaMA options alike; a key
+bias that received a real gradient would be of the query/value biases' size) instead.
 """
 import argparse
 import json
@@ -52,7 +54,7 @@ def main():
             c = x.shape[0] // 3
             qv = np.abs(np.concatenate([x[:c], x[2 * c:]])).max()
             for k in (x[c:2 * c], y[c:2 * c]):
-                if np.abs(k).max() > 1e-3 * qv:
+                if np.abs(k).max() > 1e-2 * qv:
                     print(f"FAIL: {name}: key bias {np.abs(k).max():.2e} is not noise-sized (q/v {qv:.2e})")
                     noise_ok = False
             x, y = np.concatenate([x[:c], x[2 * c:]]), np.concatenate([y[:c], y[2 * c:]])
