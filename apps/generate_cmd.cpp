@@ -25,7 +25,8 @@ namespace tpt {
 namespace {
 
 struct Options {
-  std::string checkpoint, prompt, vocab_file, merge_file;
+  std::string checkpoint, prompt;
+  TokenizerFiles files;
   int64_t max_new_tokens = 128;
   double temperature = 1.0;
   int64_t top_k = 0;
@@ -38,18 +39,21 @@ int generate(const Options& opt) {
   spdlog::set_default_logger(spdlog::stderr_logger_mt("generate"));
   spdlog::set_pattern("%v");
 
-  const Tokenizer codec(opt.vocab_file, opt.merge_file);  // byte-level, or GPT-2 BPE with --vocab-file
+  const Tokenizer codec(opt.files);  // byte-level, GPT-2 BPE (--vocab-file) or Llama 3 (--tokenizer-model/-file)
 
   const auto t_load = std::chrono::steady_clock::now();
   InferenceWeights w = load_inference_weights(opt.checkpoint);
   const int64_t V = w.model.vocab_size, P = w.model.max_position_embeddings;
-  if (!codec.is_bpe() && V != ByteTokenizer::kVocabSize)
+  if (codec.is_byte_level() && V != ByteTokenizer::kVocabSize)
     input_error("generate: " + w.path + " has vocab_size " + std::to_string(V) +
                 "; the byte-level tokenizer needs 257 (bytes + end of document). For a GPT-2 BPE model pass "
-                "--vocab-file vocab.json --merge-file merges.txt");
-  if (codec.is_bpe() && codec.vocab_size() > V)
-    input_error("generate: the tokenizer's vocabulary (" + std::to_string(codec.vocab_size()) +
-                " ids) is larger than the model's vocab_size " + std::to_string(V) + " in " + w.path);
+                "--vocab-file vocab.json --merge-file merges.txt, for Llama 3 --tokenizer-model tokenizer.model or "
+                "--tokenizer-file tokenizer.json");
+  if (!codec.is_byte_level() && codec.vocab_size() > V)
+    input_error("generate: the " + codec.name() + " tokenizer's vocabulary (" + std::to_string(codec.vocab_size()) +
+                " ids) is larger than the model's vocab_size " + std::to_string(V) + " in " + w.path +
+                ": its token ids up to " + std::to_string(codec.vocab_size() - 1) +
+                " would be >= the model's vocabulary (a tokenizer of another model?)");
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
   GPTInference model(w.dims, w.layout, *ops, w.params.data());
@@ -63,13 +67,19 @@ int generate(const Options& opt) {
                                     : fmt::format("temperature {}, top-k {}, seed {}", opt.temperature, opt.top_k,
                                                   opt.seed));
 
-  // The context: the prompt's tokens, or the end-of-document token alone for an empty prompt
-  // (GPT-2's convention for unconditional text).
-  std::vector<int32_t> context = codec.encode(opt.prompt);
+  // The context: the tokenizer's prefix (Llama 3: <|begin_of_text|>) and the prompt's tokens; for an
+  // empty prompt without a prefix, the end-of-document token alone (GPT-2's convention for
+  // unconditional text).
+  std::vector<int32_t> context = codec.prefix();
+  codec.encode(opt.prompt, context);
   if (context.empty()) {
     if (codec.eod() < 0) input_error("generate: an empty --prompt needs an <|endoftext|> token in the vocabulary");
     context.push_back(codec.eod());
   }
+  for (size_t i = 0; i < context.size(); ++i)
+    if (context[i] < 0 || context[i] >= V)
+      input_error("generate: token " + std::to_string(context[i]) + " (position " + std::to_string(i) +
+                  " of the prompt) is >= the model's vocab_size " + std::to_string(V) + " in " + w.path);
   if (int64_t(context.size()) > P)
     input_error("generate: the prompt has " + std::to_string(context.size()) +
                 " tokens; the model's max_position_embeddings is " + std::to_string(P));
@@ -83,8 +93,8 @@ int generate(const Options& opt) {
   std::string stop = "--max-new-tokens " + std::to_string(opt.max_new_tokens) + " reached";
   while (produced < opt.max_new_tokens) {
     const int32_t next = sample_token(logits, opt.temperature, opt.top_k, opt.seed, uint64_t(produced));
-    if (next == codec.eod()) {
-      stop = "end-of-document token";
+    if (codec.is_stop(next)) {
+      stop = next == codec.eod() ? "end-of-document token" : "stop token " + std::to_string(next);
       break;
     }
     ++produced;
@@ -129,7 +139,16 @@ Command add_generate_command(CLI::App& app) {
       ->check(integer_at_least(0))->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the sampling (>= 0): the same seed and prompt give the same text")
       ->check(integer_at_least(0))->capture_default_str();
-  add_bpe_options(*cmd, o->vocab_file, o->merge_file);
+  add_bpe_options(*cmd, o->files.vocab_file, o->files.merge_file);
+  CLI::Option* model = cmd->add_option("--tokenizer-model", o->files.tokenizer_model,
+                                       "Llama 3's tokenizer: tiktoken's tokenizer.model (the prompt starts with "
+                                       "<|begin_of_text|>)")
+                           ->type_name("tokenizer.model");
+  CLI::Option* file = cmd->add_option("--tokenizer-file", o->files.tokenizer_file,
+                                      "Llama 3's tokenizer (or another byte-level BPE): Hugging Face's tokenizer.json")
+                          ->type_name("tokenizer.json");
+  model->excludes(file)->excludes("--vocab-file");
+  file->excludes("--vocab-file");
   cmd->add_option("--threads", o->threads, "CPU threads (>= 1; default: all cores)")->check(integer_at_least(1));
   return [o] { return generate(*o); };
 }

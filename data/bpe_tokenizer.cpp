@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -121,6 +122,34 @@ const ByteMap& byte_map() {
   return m;
 }
 
+// A symbol string ("Ġthe") as the bytes its characters stand for (" the"); false if one stands for none.
+bool symbols_to_bytes(std::string_view sym, std::string& out) {
+  const ByteMap& m = byte_map();
+  out.clear();
+  for (const CodePoint& c : decode_utf8(sym)) {
+    auto b = m.byte_of.find(c.cp);
+    if (c.cp == 0xFFFFFFFFu || b == m.byte_of.end()) return false;
+    out.push_back(static_cast<char>(b->second));
+  }
+  return true;
+}
+
+// The key of a merge pair: the left part's length (4 bytes), then both parts' bytes.
+void pair_key(std::string& key, std::string_view left, std::string_view right) {
+  const auto n = static_cast<uint32_t>(left.size());
+  key.resize(4);
+  std::memcpy(key.data(), &n, 4);
+  key.append(left);
+  key.append(right);
+}
+
+// The symbols of some bytes (for messages).
+std::string bytes_to_symbols(std::string_view bytes) {
+  std::string s;
+  for (char c : bytes) s += byte_map().symbol[static_cast<uint8_t>(c)];
+  return s;
+}
+
 // A string as a JSON literal (invalid UTF-8 replaced), for error messages.
 std::string json_quoted(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -209,12 +238,15 @@ void BpeTokenizer::load(std::string_view vocab_json, std::string_view merges_txt
     seen[size_t(id)] = true;
     id_to_token_[size_t(id)] = it.key();
     token_to_id_[it.key()] = id;
+    std::string bytes;
+    if (symbols_to_bytes(it.key(), bytes)) bytes_to_id_.emplace(std::move(bytes), id);
   }
   auto eod = token_to_id_.find("<|endoftext|>");
   eod_ = eod == token_to_id_.end() ? -1 : eod->second;
 
   // merges.txt: an optional "#version: ..." line, then "left right" per line, best first.
   size_t line_no = 0, pos = 0;
+  int32_t rank = 0;
   while (pos < merges_txt.size()) {
     size_t nl = merges_txt.find('\n', pos);
     if (nl == std::string_view::npos) nl = merges_txt.size();
@@ -227,51 +259,47 @@ void BpeTokenizer::load(std::string_view vocab_json, std::string_view merges_txt
     if (sp == 0 || sp == std::string_view::npos || sp + 1 == line.size() || line.find(' ', sp + 1) != std::string_view::npos)
       input_error(merges_name + ":" + std::to_string(line_no) + ": expected \"left right\", got \"" + std::string(line) +
                   "\"");
-    merge_rank_.emplace(std::string(line), int32_t(merge_rank_.size()));  // the first of duplicates wins
+    // A pair whose symbols stand for no bytes never occurs in a text: it keeps its line but is not stored.
+    std::string left, right, key;
+    if (symbols_to_bytes(line.substr(0, sp), left) && symbols_to_bytes(line.substr(sp + 1), right)) {
+      pair_key(key, left, right);
+      merge_rank_.emplace(key, rank);  // the first of duplicates wins
+    }
+    ++rank;
   }
 }
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
-  auto cached = cache_.find(std::string(piece));
-  if (cached != cache_.end()) {
-    out.insert(out.end(), cached->second.begin(), cached->second.end());
-    return;
-  }
-  std::vector<std::string> word;
-  for (char ch : piece) word.push_back(byte_symbol(static_cast<uint8_t>(ch)));
-  // Merge the best-ranked adjacent pair (all its occurrences, left to right) until none has a rank.
-  while (word.size() > 1) {
-    int32_t best = std::numeric_limits<int32_t>::max();
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < word.size(); ++i) {
-      auto r = merge_rank_.find(word[i] + " " + word[i + 1]);
-      if (r != merge_rank_.end() && r->second < best) best = r->second, best_at = i;
+  const bool cacheable = piece.size() <= bpe::PieceCache::kMaxPieceBytes;
+  bpe::PieceCache::Map* cache = nullptr;
+  if (cacheable) {
+    cache = &cache_.get();
+    auto hit = cache->find(piece);
+    if (hit != cache->end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
     }
-    if (best == std::numeric_limits<int32_t>::max()) break;
-    const std::string left = word[best_at], right = word[best_at + 1];
-    std::vector<std::string> merged;
-    merged.reserve(word.size());
-    for (size_t i = 0; i < word.size();) {
-      if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
-        merged.push_back(left + right);
-        i += 2;
-      } else {
-        merged.push_back(word[i++]);
-      }
-    }
-    word.swap(merged);
   }
-  std::vector<int32_t> ids;
-  for (const std::string& sym : word) {
-    auto it = token_to_id_.find(sym);
-    if (it == token_to_id_.end())
-      input_error("BPE: the vocabulary has no token " + json_quoted(sym) + " (in the text piece " +
+  thread_local std::vector<uint32_t> starts;
+  thread_local std::string key;
+  bpe::merge_parts(piece, [&](std::string_view l, std::string_view r) {
+    pair_key(key, l, r);
+    auto it = merge_rank_.find(std::string_view(key));
+    return it == merge_rank_.end() ? bpe::kNoRank : it->second;
+  }, starts);
+  const size_t first = out.size();
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const size_t end = i + 1 < starts.size() ? starts[i + 1] : piece.size();
+    const std::string_view part = piece.substr(starts[i], end - starts[i]);
+    auto it = bytes_to_id_.find(part);
+    if (it == bytes_to_id_.end()) {
+      out.resize(first);
+      input_error("BPE: the vocabulary has no token " + json_quoted(bytes_to_symbols(part)) + " (in the text piece " +
                   json_quoted(std::string(piece)) + "); GPT-2's vocab.json has every byte");
-    ids.push_back(it->second);
+    }
+    out.push_back(it->second);
   }
-  if (cache_.size() > (1u << 20)) cache_.clear();
-  out.insert(out.end(), ids.begin(), ids.end());
-  cache_.emplace(std::string(piece), std::move(ids));
+  if (cacheable) cache->emplace(std::string(piece), std::vector<int32_t>(out.begin() + std::ptrdiff_t(first), out.end()));
 }
 
 void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {

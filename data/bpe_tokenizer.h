@@ -6,9 +6,11 @@
 //      implemented by hand over UTF-8 code points (Unicode 14 letters / numbers; bytes that are not
 //      valid UTF-8 count as "other" characters);
 //   2. every byte of a piece becomes one printable character (GPT-2's bytes_to_unicode, e.g. the
-//      space is "Ġ"), and the pair of adjacent symbols with the lowest merge rank is merged,
-//      all its non-overlapping occurrences left to right, until no pair has a rank;
+//      space is "Ġ"), and the pair of adjacent symbols with the lowest merge rank is merged (the
+//      leftmost first), until no pair has a rank (data/bpe_merge.h, the loop the Llama 3 tokenizer
+//      shares);
 //   3. each symbol is looked up in vocab.json.
+// The tokenizer is immutable once loaded and may encode on several threads at once.
 // "<|endoftext|>" (if in the vocabulary) is the end-of-document token; text is never scanned for
 // special tokens (as Megatron's GPT-2 tokenizer: "<|endoftext|>" in text is encoded as text).
 #pragma once
@@ -18,6 +20,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "data/bpe_merge.h"
 
 namespace tpt {
 
@@ -53,9 +57,10 @@ class BpeTokenizer {
 
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (line order)
+  bpe::StringMap<int32_t> bytes_to_id_;  // the bytes a token's symbols stand for -> id
+  bpe::StringMap<int32_t> merge_rank_;   // left bytes' length (4 bytes), left, right -> rank (line order)
   int32_t eod_ = -1;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece -> tokens
+  bpe::PieceCache cache_;  // piece -> tokens, per thread
 };
 
 }  // namespace tpt

@@ -227,11 +227,13 @@ class MegatronCorpus final : public TokenCorpus {
 };
 
 // ---------------------------------------------------------------------------------------------
-// llm.c shards: one document each.
+// llm.c shards: one document each; uint16 tokens (GPT-2's, version 1) or uint32 (Llama 3's, version 7).
 
 bool has_llmc_magic(const std::string& path) {
   MappedFile f(path);
-  return f.size() >= 4 && load<int32_t>(f.data()) == llmc::kMagic;
+  if (f.size() < 4) return false;
+  const int32_t magic = load<int32_t>(f.data());
+  return magic == llmc::kMagic || magic == llmc::kMagicLlama3;
 }
 
 class LlmcCorpus final : public TokenCorpus {
@@ -247,19 +249,28 @@ class LlmcCorpus final : public TokenCorpus {
   }
   void read(int64_t doc, int64_t offset, int64_t n, int32_t* out) const override {
     TPT_CHECK(offset >= 0 && n >= 0 && offset + n <= document_length(doc));
-    decode_tokens<uint16_t>(shards_[doc].file.data() + llmc::kHeaderBytes + 2 * offset, n, out);
+    const Shard& s = shards_[doc];
+    const uint8_t* src = s.file.data() + llmc::kHeaderBytes + s.itemsize * offset;
+    if (s.itemsize == 2) decode_tokens<uint16_t>(src, n, out);
+    else decode_tokens<uint32_t>(src, n, out);  // < vocab_size, checked at open
   }
   std::string description() const override {
     int64_t total = 0;
-    for (const Shard& s : shards_) total += s.num_tokens;
+    bool u16 = false, u32 = false;
+    for (const Shard& s : shards_) {
+      total += s.num_tokens;
+      (s.itemsize == 2 ? u16 : u32) = true;
+    }
     return "llm.c shards " + what_ + " (" + std::to_string(shards_.size()) + " shard" +
-           (shards_.size() == 1 ? "" : "s") + ", " + human_count(total) + " tokens)";
+           (shards_.size() == 1 ? "" : "s") + ", " + human_count(total) + " tokens, " +
+           (u16 && u32 ? "uint16 and uint32" : u32 ? "uint32" : "uint16") + ")";
   }
 
  private:
   struct Shard {
     MappedFile file;
     int64_t num_tokens = 0;
+    int64_t itemsize = 2;  // uint16 (version 1) or uint32 (version 7)
   };
 
   void open_shard(const std::string& path, int vocab_size) {
@@ -270,12 +281,15 @@ class LlmcCorpus final : public TokenCorpus {
       bad("not an llm.c shard: " + std::to_string(f.size()) + " bytes, shorter than the 1024-byte header");
     const int32_t magic = load<int32_t>(f.data()), version = load<int32_t>(f.data() + 4);
     const int32_t count = load<int32_t>(f.data() + 8);
-    if (magic != llmc::kMagic)
-      bad("not an llm.c shard: magic " + std::to_string(magic) + " (expected 20240520)");
-    if (version != llmc::kVersion)
-      bad("unsupported llm.c shard version " + std::to_string(version) + " (expected 1: uint16 tokens)");
+    if (magic != llmc::kMagic && magic != llmc::kMagicLlama3)
+      bad("not an llm.c shard: magic " + std::to_string(magic) + " (expected 20240520, GPT-2, or 20240801, Llama 3)");
+    if (magic == llmc::kMagic && version != llmc::kVersion)
+      bad("unsupported llm.c shard version " + std::to_string(version) + " (expected 1: uint16 tokens, with magic 20240520)");
+    if (magic == llmc::kMagicLlama3 && version != llmc::kVersionLlama3)
+      bad("unsupported llm.c shard version " + std::to_string(version) + " (expected 7: uint32 tokens, with magic 20240801)");
     if (count < 0) bad("negative token count " + std::to_string(count) + " in the header");
-    const uint64_t expected = llmc::kHeaderBytes + 2 * static_cast<uint64_t>(count);
+    shard.itemsize = magic == llmc::kMagic ? 2 : 4;
+    const uint64_t expected = llmc::kHeaderBytes + static_cast<uint64_t>(shard.itemsize) * static_cast<uint64_t>(count);
     if (expected > f.size())
       bad("header declares " + std::to_string(count) + " tokens (" + std::to_string(expected) +
           " bytes) but the file has only " + std::to_string(f.size()) + " bytes; truncated?");
@@ -284,19 +298,24 @@ class LlmcCorpus final : public TokenCorpus {
           " tokens its header declares");
     shard.num_tokens = count;
 
-    // Every token must be < vocab_size (uint16 tokens are never negative).
+    // Every token must be < vocab_size (unsigned tokens are never negative).
     const uint8_t* tokens = f.data() + llmc::kHeaderBytes;
+    const int64_t item = shard.itemsize;
     const int64_t chunk = 1 << 20, nchunks = (shard.num_tokens + chunk - 1) / chunk;
     int64_t hi = -1;
 #pragma omp parallel for schedule(static) reduction(max : hi)
     for (int64_t c = 0; c < nchunks; ++c) {
       int64_t lo_unused = 0;
-      token_range<uint16_t>(tokens + 2 * c * chunk, std::min(chunk, shard.num_tokens - c * chunk), lo_unused, hi);
+      const int64_t n = std::min(chunk, shard.num_tokens - c * chunk);
+      if (item == 2) token_range<uint16_t>(tokens + item * c * chunk, n, lo_unused, hi);
+      else token_range<uint32_t>(tokens + item * c * chunk, n, lo_unused, hi);
     }
     if (hi >= vocab_size) {
-      const int64_t i = first_bad_token<uint16_t>(tokens, shard.num_tokens, vocab_size);
-      bad("token " + std::to_string(load<uint16_t>(tokens + 2 * i)) + " at position " + std::to_string(i) +
-          " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+      const int64_t i = item == 2 ? first_bad_token<uint16_t>(tokens, shard.num_tokens, vocab_size)
+                                  : first_bad_token<uint32_t>(tokens, shard.num_tokens, vocab_size);
+      const int64_t v = item == 2 ? int64_t(load<uint16_t>(tokens + 2 * i)) : int64_t(load<uint32_t>(tokens + 4 * i));
+      bad("token " + std::to_string(v) + " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
+          std::to_string(vocab_size) + ")");
     }
     shards_.push_back(std::move(shard));
   }
@@ -334,8 +353,8 @@ std::unique_ptr<TokenCorpus> open_corpus(const std::string& path, int vocab_size
     // Perhaps the .bin half of a Megatron dataset given with its extension.
     const std::string stem = path.substr(0, path.size() - 4);
     if (file_exists(stem + ".idx")) return std::make_unique<MegatronCorpus>(stem, vocab_size);
-    input_error(path + ": neither an llm.c shard (its first int32 is not 20240520) nor the .bin of a Megatron "
-                "dataset (no " + stem + ".idx)");
+    input_error(path + ": neither an llm.c shard (its first int32 is not 20240520 or 20240801) nor the .bin of a "
+                "Megatron dataset (no " + stem + ".idx)");
   }
   if (ends_with(path, ".idx") && file_exists(path) && !file_exists(path + ".idx"))
     return std::make_unique<MegatronCorpus>(path.substr(0, path.size() - 4), vocab_size);

@@ -48,9 +48,12 @@ inline std::string dtype_name(int code) {
 
 namespace tpt::llmc {
 
-// llm.c token shard: 256 x int32 header ([0] magic, [1] version, [2] token count), then uint16 tokens.
+// llm.c token shard: 256 x int32 header ([0] magic, [1] version, [2] token count), then the tokens:
+// uint16 for GPT-2 (magic 20240520, version 1), uint32 for Llama 3 (magic 20240801, version 7).
 inline constexpr int32_t kMagic = 20240520;
 inline constexpr int32_t kVersion = 1;
+inline constexpr int32_t kMagicLlama3 = 20240801;
+inline constexpr int32_t kVersionLlama3 = 7;
 inline constexpr size_t kHeaderInts = 256;
 inline constexpr size_t kHeaderBytes = kHeaderInts * 4;
 

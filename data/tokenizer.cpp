@@ -1,6 +1,8 @@
 #include "data/tokenizer.h"
 
+#include "core/error.h"
 #include "data/bpe_tokenizer.h"
+#include "data/llama3_tokenizer.h"
 
 namespace tpt {
 
@@ -26,12 +28,26 @@ std::string ByteTokenizer::decode(std::span<const int32_t> tokens) {
   return s;
 }
 
-Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merge_file) {
-  if (!vocab_file.empty()) bpe_ = std::make_shared<const BpeTokenizer>(vocab_file, merge_file);
+Tokenizer::Tokenizer(const TokenizerFiles& f) {
+  const int kinds = !f.vocab_file.empty() + !f.tokenizer_model.empty() + !f.tokenizer_file.empty();
+  if (kinds > 1)
+    input_error("give one tokenizer: --vocab-file/--merge-file (GPT-2 BPE), --tokenizer-model (tiktoken "
+                "tokenizer.model) or --tokenizer-file (Hugging Face tokenizer.json), not several");
+  if (!f.vocab_file.empty()) bpe_ = std::make_shared<const BpeTokenizer>(f.vocab_file, f.merge_file);
+  if (!f.tokenizer_model.empty())
+    llama_ = std::make_shared<const Llama3Tokenizer>(Llama3Tokenizer::from_tiktoken_file(f.tokenizer_model));
+  if (!f.tokenizer_file.empty())
+    llama_ = std::make_shared<const Llama3Tokenizer>(Llama3Tokenizer::from_hf_file(f.tokenizer_file));
 }
 
+Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merge_file)
+    : Tokenizer(TokenizerFiles{vocab_file, merge_file, "", ""}) {}
+
+Tokenizer::~Tokenizer() = default;
+
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
-  if (bpe_) bpe_->encode(text, out);
+  if (llama_) llama_->encode(text, out);
+  else if (bpe_) bpe_->encode(text, out);
   else ByteTokenizer::encode(text, out);
 }
 
@@ -41,11 +57,42 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return out;
 }
 
+void Tokenizer::encode_document(std::string_view text, bool append_eod, std::vector<int32_t>& out) const {
+  const std::vector<int32_t>& pre = prefix();
+  out.insert(out.end(), pre.begin(), pre.end());
+  encode(text, out);
+  if (llama_) out.insert(out.end(), llama_->suffix().begin(), llama_->suffix().end());
+  if (append_eod) out.push_back(eod());
+}
+
 std::string Tokenizer::decode(std::span<const int32_t> tokens) const {
+  if (llama_) return llama_->decode(tokens);
   return bpe_ ? bpe_->decode(tokens) : ByteTokenizer::decode(tokens);
 }
 
-int32_t Tokenizer::vocab_size() const { return bpe_ ? bpe_->vocab_size() : ByteTokenizer::kVocabSize; }
-int32_t Tokenizer::eod() const { return bpe_ ? bpe_->eod() : ByteTokenizer::kEod; }
+int32_t Tokenizer::vocab_size() const {
+  if (llama_) return llama_->vocab_size();
+  return bpe_ ? bpe_->vocab_size() : ByteTokenizer::kVocabSize;
+}
+
+int32_t Tokenizer::eod() const {
+  if (llama_) return llama_->eod();
+  return bpe_ ? bpe_->eod() : ByteTokenizer::kEod;
+}
+
+const std::vector<int32_t>& Tokenizer::prefix() const {
+  static const std::vector<int32_t> none;
+  return llama_ ? llama_->prefix() : none;
+}
+
+bool Tokenizer::is_stop(int32_t id) const {
+  if (llama_) return llama_->is_stop(id);
+  return id == eod() && id >= 0;
+}
+
+std::string Tokenizer::name() const {
+  if (llama_) return llama_->name();
+  return bpe_ ? "GPT-2 BPE" : "byte-level";
+}
 
 }  // namespace tpt

@@ -1,6 +1,7 @@
-// The tokenizers of `tptrain preprocess` and `tptrain generate`: the byte-level one (token = UTF-8
-// byte 0..255, plus an end-of-document token 256; vocabulary size 257), or GPT-2's BPE
-// (data/bpe_tokenizer.h), behind one face (Tokenizer).
+// The tokenizers of `tptrain preprocess` and `tptrain generate` behind one face (Tokenizer): the
+// byte-level one (token = UTF-8 byte 0..255, plus an end-of-document token 256; vocabulary size
+// 257), GPT-2's BPE (data/bpe_tokenizer.h), or Llama 3's (data/llama3_tokenizer.h: tiktoken's
+// tokenizer.model or Hugging Face's tokenizer.json). All of them encode on several threads at once.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,22 +25,42 @@ struct ByteTokenizer {
 };
 
 class BpeTokenizer;
+class Llama3Tokenizer;
 
-// The one choice of tokenizer: GPT-2 BPE from its vocab.json and merges.txt when vocab_file is
-// given, else byte-level.
+// The tokenizer files of the command line; at most one kind may be given (none: byte-level).
+struct TokenizerFiles {
+  std::string vocab_file, merge_file;  // GPT-2 BPE: vocab.json + merges.txt
+  std::string tokenizer_model;         // Llama 3: tiktoken's tokenizer.model
+  std::string tokenizer_file;          // Llama 3 (or another byte-level BPE): Hugging Face's tokenizer.json
+};
+
 class Tokenizer {
  public:
-  Tokenizer(const std::string& vocab_file, const std::string& merge_file);
-  void encode(std::string_view text, std::vector<int32_t>& out) const;  // appended to out
+  // InputError if several kinds are given, or a file is missing or malformed.
+  explicit Tokenizer(const TokenizerFiles& files);
+  Tokenizer(const std::string& vocab_file, const std::string& merge_file);  // GPT-2 BPE or byte-level
+  ~Tokenizer();
+
+  // The tokens of a plain text (special-token strings in it are text), appended to out.
+  void encode(std::string_view text, std::vector<int32_t>& out) const;
   std::vector<int32_t> encode(std::string_view text) const;
+  // A document as `tptrain preprocess` stores it (Megatron's tokenizers): prefix(), the text's
+  // tokens, the template's suffix, and with append_eod the end-of-document token. Appended to out.
+  void encode_document(std::string_view text, bool append_eod, std::vector<int32_t>& out) const;
   std::string decode(std::span<const int32_t> tokens) const;
-  int32_t vocab_size() const;
-  int32_t eod() const;  // -1: a BPE vocabulary without <|endoftext|>
-  bool is_bpe() const { return bpe_ != nullptr; }
-  std::string name() const { return bpe_ ? "GPT-2 BPE" : "byte-level"; }
+
+  int32_t vocab_size() const;  // largest id + 1
+  int32_t eod() const;         // -1: a vocabulary without an end-of-document token
+  // Special tokens every text starts with: Llama 3's <|begin_of_text|>; none for the others.
+  const std::vector<int32_t>& prefix() const;
+  bool is_stop(int32_t id) const;  // ends generation: eod (Llama 3: also <|eot_id|>, <|eom_id|>)
+  bool is_byte_level() const { return !bpe_ && !llama_; }
+  bool is_bpe() const { return bpe_ != nullptr; }  // GPT-2 BPE
+  std::string name() const;
 
  private:
   std::shared_ptr<const BpeTokenizer> bpe_;
+  std::shared_ptr<const Llama3Tokenizer> llama_;
 };
 
 }  // namespace tpt

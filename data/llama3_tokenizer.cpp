@@ -1,0 +1,502 @@
+#include "data/llama3_tokenizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/bpe_merge.h"
+#include "data/bpe_tokenizer.h"
+#include "data/regex_split.h"
+
+namespace tpt {
+
+struct Llama3Tokenizer::Impl {
+  enum class Ranks { OfBytes, OfMerges };  // tiktoken: rank of the merged bytes; tokenizer.json: merge's line
+  std::string source, kind;
+  Ranks ranks = Ranks::OfBytes;
+  bool ignore_merges = true;                  // a piece that is a token is that token
+  std::vector<std::string> token;             // id -> bytes (a special token: its string)
+  std::vector<char> has_token, special;       // id has a token; it is a special token
+  bpe::StringMap<int32_t> base_id;            // bytes -> id of the base (mergeable) tokens
+  bpe::StringMap<int32_t> special_id;         // special token string -> id
+  bpe::StringMap<int32_t> merge_rank;         // pair_key(left, right) -> rank (tokenizer.json)
+  std::unique_ptr<RegexSplitter> splitter;
+  std::vector<int32_t> prefix, suffix, stops;
+  int32_t eod = -1;
+  bpe::PieceCache cache;
+};
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string read_whole_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) input_error(std::string(what) + " " + path + ": cannot be read (not found?)");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string json_literal(std::string_view s) {  // a JSON literal, invalid UTF-8 replaced (for messages)
+  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// The key of a merge pair in Impl::merge_rank: the left part's length (4 bytes), then both parts.
+void pair_key(std::string& key, std::string_view left, std::string_view right) {
+  const auto n = static_cast<uint32_t>(left.size());
+  key.resize(4);
+  std::memcpy(key.data(), &n, 4);
+  key.append(left);
+  key.append(right);
+}
+
+// Strict base64 (standard alphabet, padded to a multiple of 4); false if `in` is not.
+bool base64_decode(std::string_view in, std::string& out) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  out.clear();
+  if (in.empty() || in.size() % 4 != 0) return false;
+  for (size_t i = 0; i < in.size(); i += 4) {
+    const bool last = i + 4 == in.size();
+    const int pad = (in[i + 3] == '=') + (in[i + 2] == '=' && in[i + 3] == '=');
+    if (pad > 0 && !last) return false;
+    int v[4];
+    for (int k = 0; k < 4 - pad; ++k)
+      if ((v[k] = value(in[i + k])) < 0) return false;
+    if (pad == 0 && in[i + 2] == '=') return false;  // "ab=c"
+    const uint32_t bits = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (pad < 2 ? uint32_t(v[2]) << 6 : 0) |
+                          (pad < 1 ? uint32_t(v[3]) : 0);
+    if ((pad == 2 && (bits & 0xFFFF)) || (pad == 1 && (bits & 0xFF))) return false;  // non-zero unused bits
+    out.push_back(char(bits >> 16));
+    if (pad < 2) out.push_back(char((bits >> 8) & 0xFF));
+    if (pad < 1) out.push_back(char(bits & 0xFF));
+  }
+  return true;
+}
+
+// GPT-2's byte symbols (BpeTokenizer::byte_symbol) back to bytes.
+const bpe::StringMap<uint8_t>& symbol_bytes() {
+  static const bpe::StringMap<uint8_t> m = [] {
+    bpe::StringMap<uint8_t> r;
+    for (int b = 0; b < 256; ++b) r.emplace(BpeTokenizer::byte_symbol(uint8_t(b)), uint8_t(b));
+    return r;
+  }();
+  return m;
+}
+
+// A byte-level symbol string ("Ġthe") as bytes (" the"); false if a character stands for no byte.
+bool symbols_to_bytes(std::string_view sym, std::string& out) {
+  out.clear();
+  const auto& m = symbol_bytes();
+  for (size_t i = 0; i < sym.size();) {
+    const unsigned c = static_cast<unsigned char>(sym[i]);
+    const size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    auto it = m.find(sym.substr(i, len));
+    if (it == m.end()) return false;
+    out.push_back(char(it->second));
+    i += len;
+  }
+  return true;
+}
+
+void set_token(Llama3Tokenizer::Impl& t, int32_t id, std::string bytes, bool special) {
+  if (size_t(id) >= t.token.size()) {
+    t.token.resize(size_t(id) + 1);
+    t.has_token.resize(size_t(id) + 1, 0);
+    t.special.resize(size_t(id) + 1, 0);
+  }
+  t.token[size_t(id)] = std::move(bytes);
+  t.has_token[size_t(id)] = 1;
+  t.special[size_t(id)] = special;
+}
+
+// The stop and end-of-document ids, once the special tokens are known.
+void find_stops(Llama3Tokenizer::Impl& t) {
+  auto id = [&](const char* s) {
+    auto it = t.special_id.find(std::string_view(s));
+    return it == t.special_id.end() ? -1 : it->second;
+  };
+  t.eod = id("<|end_of_text|>");
+  if (t.eod < 0) t.eod = id("<|endoftext|>");
+  for (const char* s : {"<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|eot_id|>"})
+    if (id(s) >= 0) t.stops.push_back(id(s));
+}
+
+// Every byte must be a base token: the merge loop starts from single bytes.
+void check_bytes(const Llama3Tokenizer::Impl& t) {
+  for (int b = 0; b < 256; ++b)
+    if (t.base_id.find(std::string_view(std::string(1, char(b)))) == t.base_id.end()) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", b);
+      input_error(t.source + ": no token for the single byte " + hex +
+                  " (a byte-level BPE needs all 256 bytes as tokens)");
+    }
+}
+
+}  // namespace
+
+const std::vector<std::string>& Llama3Tokenizer::llama3_special_tokens() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = {"<|begin_of_text|>",  "<|end_of_text|>",          "<|reserved_special_token_0|>",
+                                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+                                  "<|start_header_id|>", "<|end_header_id|>",         "<|eom_id|>",
+                                  "<|eot_id|>",          "<|python_tag|>",            "<|image|>"};
+    for (int i = 2; v.size() < 256; ++i) v.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
+    return v;
+  }();
+  return names;
+}
+
+Llama3Tokenizer Llama3Tokenizer::from_tiktoken_file(const std::string& path) {
+  return from_tiktoken(read_whole_file(path, "--tokenizer-model"), path);
+}
+
+Llama3Tokenizer Llama3Tokenizer::from_hf_file(const std::string& path) {
+  return from_hf_json(read_whole_file(path, "--tokenizer-file"), path);
+}
+
+Llama3Tokenizer Llama3Tokenizer::from_tiktoken(std::string_view text, const std::string& source) {
+  auto t = std::make_shared<Impl>();
+  t->source = source;
+  t->kind = "Llama 3 tiktoken (tokenizer.model)";
+  t->ranks = Impl::Ranks::OfBytes;
+  t->ignore_merges = true;
+  std::vector<int64_t> line_of_rank;  // rank -> line (1-based), 0: not seen
+  size_t pos = 0, line_no = 0;
+  std::string bytes;
+  auto bad = [&](const std::string& what) {
+    input_error(source + ":" + std::to_string(line_no) + ": " + what + " (a tiktoken tokenizer.model has one " +
+                "\"<base64 bytes> <rank>\" per line)");
+  };
+  constexpr int64_t kMaxRank = std::numeric_limits<int32_t>::max() - 1024;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    // fields separated by white space
+    std::vector<std::string_view> fields;
+    for (size_t i = 0; i < line.size();) {
+      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+      size_t j = i;
+      while (j < line.size() && !std::isspace(static_cast<unsigned char>(line[j]))) ++j;
+      if (j > i) fields.push_back(line.substr(i, j - i));
+      i = j;
+    }
+    if (fields.empty()) continue;  // blank line
+    if (fields.size() != 2) bad("expected 2 fields, got " + std::to_string(fields.size()) + ": " + json_literal(line.substr(0, 80)));
+    if (!base64_decode(fields[0], bytes)) bad("bad base64 " + json_literal(fields[0].substr(0, 80)));
+    const std::string_view r = fields[1];
+    if (r.size() > 10 || r.find_first_not_of("0123456789") != std::string_view::npos)
+      bad("rank " + json_literal(r.substr(0, 20)) + " is not a non-negative integer");
+    const int64_t rank = std::stoll(std::string(r));
+    if (rank > kMaxRank) bad("rank " + std::string(r) + " is too large");
+    if (size_t(rank) >= line_of_rank.size()) line_of_rank.resize(size_t(rank) + 1, 0);
+    if (line_of_rank[size_t(rank)] != 0)
+      bad("duplicate rank " + std::string(r) + " (also on line " + std::to_string(line_of_rank[size_t(rank)]) + ")");
+    line_of_rank[size_t(rank)] = int64_t(line_no);
+    auto [it, fresh] = t->base_id.emplace(bytes, int32_t(rank));
+    if (!fresh)
+      bad("duplicate token " + json_literal(bytes) + " (bytes of rank " + std::to_string(it->second) + " too)");
+    set_token(*t, int32_t(rank), bytes, false);
+  }
+  const int64_t n = int64_t(t->base_id.size());
+  if (n == 0) input_error(source + ": no tokens (not a tiktoken tokenizer.model?)");
+  if (int64_t(line_of_rank.size()) != n) {
+    const auto missing = std::find(line_of_rank.begin(), line_of_rank.end(), 0) - line_of_rank.begin();
+    input_error(source + ": the ranks are not 0.." + std::to_string(n - 1) + " (rank " + std::to_string(missing) +
+                " is missing, the largest is " + std::to_string(line_of_rank.size() - 1) + ")");
+  }
+  check_bytes(*t);
+  const auto& names = llama3_special_tokens();
+  for (size_t i = 0; i < names.size(); ++i) {
+    set_token(*t, int32_t(n + int64_t(i)), names[i], true);
+    t->special_id.emplace(names[i], int32_t(n + int64_t(i)));
+  }
+  t->prefix = {int32_t(n)};  // <|begin_of_text|>
+  find_stops(*t);
+  t->splitter = std::make_unique<RegexSplitter>(kLlama3Pattern, source);
+  return Llama3Tokenizer(std::move(t));
+}
+
+Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::string& source) {
+  auto t = std::make_shared<Impl>();
+  t->source = source;
+  t->kind = "tokenizer.json byte-level BPE";
+  t->ranks = Impl::Ranks::OfMerges;
+  auto bad = [&](const std::string& what) { input_error(source + ": " + what); };
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad("not a Hugging Face tokenizer.json (expected a JSON object)");
+  try {
+    // model: byte-level BPE
+    if (!j.contains("model") || !j["model"].is_object()) bad("no \"model\" object (not a Hugging Face tokenizer.json?)");
+    const json& model = j["model"];
+    if (model.contains("type") && model["type"] != "BPE")
+      bad("model.type " + model["type"].dump() + " is not supported (only BPE)");
+    if (!model.contains("vocab") || !model["vocab"].is_object() || model["vocab"].empty())
+      bad("no model.vocab object {token: id} (not a BPE tokenizer.json?)");
+    if (!model.contains("merges") || !model["merges"].is_array()) bad("no model.merges list (not a BPE tokenizer.json?)");
+    for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty()))
+        bad(std::string("model.") + key + " " + model[key].dump() + " is not supported");
+    if (model.value("byte_fallback", false)) bad("model.byte_fallback true is not supported (byte-level BPE only)");
+    t->ignore_merges = model.value("ignore_merges", false);
+    if (j.contains("normalizer") && !j["normalizer"].is_null())
+      bad("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported (only none)");
+
+    // added tokens: the special tokens (not matched in text: they are plain text there)
+    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+      if (!j["added_tokens"].is_array()) bad("added_tokens is not a list");
+      for (const json& a : j["added_tokens"]) {
+        if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+            !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= (int64_t(1) << 30))
+          bad("added_tokens entry " + a.dump().substr(0, 120) + " needs an integer \"id\" >= 0 and a \"content\" string");
+        const auto id = a["id"].get<int32_t>();
+        const std::string& content = a["content"].get_ref<const std::string&>();
+        if (t->special_id.count(content)) bad("added token " + json_literal(content) + " is listed twice");
+        set_token(*t, id, content, true);
+        t->special_id.emplace(content, id);
+      }
+    }
+    // vocab: byte-level symbols -> ids
+    std::string bytes;
+    for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (int64_t(1) << 30))
+        bad("model.vocab: token " + json_literal(it.key()) + " has id " + it.value().dump() + ", not an integer >= 0");
+      const auto id = it.value().get<int32_t>();
+      if (size_t(id) < t->special.size() && t->special[size_t(id)]) continue;  // also an added token
+      if (!symbols_to_bytes(it.key(), bytes))
+        bad("model.vocab: token " + json_literal(it.key()) + " (id " + std::to_string(id) +
+            ") is not made of byte-level symbols (only byte-level BPE is supported)");
+      if (size_t(id) < t->has_token.size() && t->has_token[size_t(id)])
+        bad("model.vocab: id " + std::to_string(id) + " is given to two tokens (" + json_literal(t->token[size_t(id)]) +
+            " and " + json_literal(bytes) + " as bytes)");
+      if (!t->base_id.emplace(bytes, id).second)
+        bad("model.vocab: token " + json_literal(it.key()) + " is listed twice");
+      set_token(*t, id, bytes, false);
+    }
+    check_bytes(*t);
+    // merges: "a b" or ["a", "b"]; rank = position; the first of duplicates counts
+    std::string left, right, key;
+    int32_t rank = 0;
+    for (const json& m : model["merges"]) {
+      std::string a, b;
+      if (m.is_string()) {
+        const std::string& s = m.get_ref<const std::string&>();
+        const size_t sp = s.find(' ');
+        if (sp == 0 || sp == std::string::npos || sp + 1 == s.size() || s.find(' ', sp + 1) != std::string::npos)
+          bad("model.merges[" + std::to_string(rank) + "]: expected \"left right\", got " + json_literal(s));
+        a = s.substr(0, sp), b = s.substr(sp + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        a = m[0].get<std::string>(), b = m[1].get<std::string>();
+      } else {
+        bad("model.merges[" + std::to_string(rank) + "]: expected \"left right\" or [\"left\", \"right\"], got " +
+            m.dump().substr(0, 80));
+      }
+      if (!symbols_to_bytes(a, left) || !symbols_to_bytes(b, right))
+        bad("model.merges[" + std::to_string(rank) + "]: " + json_literal(a) + " " + json_literal(b) + " is not made of byte-level symbols");
+      if (t->base_id.find(std::string_view(left + right)) == t->base_id.end())
+        bad("model.merges[" + std::to_string(rank) + "]: " + json_literal(a) + " + " + json_literal(b) +
+            " makes a token that is not in model.vocab");
+      pair_key(key, left, right);
+      t->merge_rank.emplace(key, rank);
+      ++rank;
+    }
+
+    // pre-tokenizer: [Split(Regex, Isolated)] + ByteLevel(use_regex false), or ByteLevel(use_regex true)
+    if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+      bad("no pre_tokenizer (a byte-level BPE needs ByteLevel, with a Split before it or its own regex)");
+    std::vector<json> steps;
+    const json& pt = j["pre_tokenizer"];
+    if (pt.value("type", std::string()) == "Sequence") {
+      if (!pt.contains("pretokenizers") || !pt["pretokenizers"].is_array()) bad("pre_tokenizer Sequence without pretokenizers");
+      for (const json& p : pt["pretokenizers"]) steps.push_back(p);
+    } else {
+      steps.push_back(pt);
+    }
+    std::string pattern;
+    bool byte_level = false;
+    for (const json& p : steps) {
+      const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
+      if (type == "Split" && pattern.empty() && !byte_level) {
+        if (!p.contains("pattern") || !p["pattern"].is_object() || !p["pattern"].contains("Regex") ||
+            !p["pattern"]["Regex"].is_string())
+          bad("pre_tokenizer Split: only a {\"Regex\": ...} pattern is supported, got " + p.value("pattern", json()).dump());
+        if (p.value("behavior", std::string()) != "Isolated")
+          bad("pre_tokenizer Split: behavior " + p.value("behavior", json()).dump() + " is not supported (only Isolated)");
+        if (p.value("invert", false)) bad("pre_tokenizer Split: invert true is not supported");
+        pattern = p["pattern"]["Regex"].get<std::string>();
+        if (pattern.empty()) bad("pre_tokenizer Split: empty Regex");
+      } else if (type == "ByteLevel" && !byte_level) {
+        if (p.value("add_prefix_space", true)) bad("pre_tokenizer ByteLevel: add_prefix_space true is not supported");
+        if (p.value("use_regex", true)) {
+          if (!pattern.empty()) bad("pre_tokenizer: a Split and ByteLevel's own regex (use_regex true) together");
+          pattern = kGpt2Pattern;
+        }
+        byte_level = true;
+      } else {
+        bad("unknown pre-tokenizer " + (type.empty() ? p.dump().substr(0, 80) : type) +
+            " (supported: Split with a Regex and Isolated behavior, then ByteLevel; or ByteLevel alone)");
+      }
+    }
+    if (!byte_level) bad("the pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)");
+    if (pattern.empty()) bad("the pre_tokenizer splits nothing (ByteLevel with use_regex false and no Split)");
+    t->splitter = std::make_unique<RegexSplitter>(pattern, source);
+
+    // post-processor: the special tokens around a text
+    if (j.contains("post_processor") && !j["post_processor"].is_null()) {
+      const json& pp = j["post_processor"];
+      std::vector<json> procs;
+      if (pp.value("type", std::string()) == "Sequence" && pp.contains("processors") && pp["processors"].is_array())
+        for (const json& p : pp["processors"]) procs.push_back(p);
+      else procs.push_back(pp);
+      for (const json& p : procs) {
+        const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
+        if (type == "ByteLevel") continue;  // offsets only
+        if (type != "TemplateProcessing")
+          bad("post_processor " + (type.empty() ? p.dump().substr(0, 80) : type) +
+              " is not supported (TemplateProcessing, ByteLevel)");
+        if (!p.contains("single") || !p["single"].is_array()) bad("post_processor TemplateProcessing without \"single\"");
+        bool after = false;
+        for (const json& item : p["single"]) {
+          if (item.contains("Sequence")) {
+            after = true;
+            continue;
+          }
+          if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id"))
+            bad("post_processor TemplateProcessing: item " + item.dump().substr(0, 80) + " is neither Sequence nor SpecialToken");
+          const std::string name = item["SpecialToken"]["id"].get<std::string>();
+          const json* ids = nullptr;
+          if (p.contains("special_tokens") && p["special_tokens"].contains(name) && p["special_tokens"][name].contains("ids"))
+            ids = &p["special_tokens"][name]["ids"];
+          if (ids == nullptr || !ids->is_array())
+            bad("post_processor TemplateProcessing: special token " + json_literal(name) + " has no ids in special_tokens");
+          for (const json& id : *ids) {
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= int64_t(t->token.size()) ||
+                !t->has_token[size_t(id.get<int64_t>())])
+              bad("post_processor TemplateProcessing: special token " + json_literal(name) + " has id " + id.dump() +
+                  ", which is no token");
+            (after ? t->suffix : t->prefix).push_back(id.get<int32_t>());
+          }
+        }
+      }
+    }
+  } catch (const json::exception& e) {
+    bad(std::string("unexpected structure: ") + e.what());
+  }
+  find_stops(*t);
+  return Llama3Tokenizer(std::move(t));
+}
+
+std::vector<std::string_view> Llama3Tokenizer::pretokenize(std::string_view text) const {
+  std::vector<std::string_view> pieces;
+  impl_->splitter->split(text, pieces);
+  return pieces;
+}
+
+void Llama3Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  const Impl& t = *impl_;
+  if (t.ignore_merges) {  // most pieces of a text are tokens
+    auto whole = t.base_id.find(piece);
+    if (whole != t.base_id.end()) {
+      out.push_back(whole->second);
+      return;
+    }
+  }
+  const bool cacheable = piece.size() <= bpe::PieceCache::kMaxPieceBytes;
+  bpe::PieceCache::Map* cache = nullptr;
+  if (cacheable) {
+    cache = &t.cache.get();
+    auto hit = cache->find(piece);
+    if (hit != cache->end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+  }
+  const size_t first = out.size();
+  {
+    thread_local std::vector<uint32_t> starts;
+    thread_local std::string key;
+    if (t.ranks == Impl::Ranks::OfBytes) {
+      // tiktoken: the rank of the merged bytes (left and right are adjacent in the piece)
+      bpe::merge_parts(piece, [&](std::string_view l, std::string_view r) {
+        auto it = t.base_id.find(std::string_view(l.data(), l.size() + r.size()));
+        return it == t.base_id.end() ? bpe::kNoRank : it->second;
+      }, starts);
+    } else {
+      bpe::merge_parts(piece, [&](std::string_view l, std::string_view r) {
+        pair_key(key, l, r);
+        auto it = t.merge_rank.find(std::string_view(key));
+        return it == t.merge_rank.end() ? bpe::kNoRank : it->second;
+      }, starts);
+    }
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const size_t end = i + 1 < starts.size() ? starts[i + 1] : piece.size();
+      auto it = t.base_id.find(piece.substr(starts[i], end - starts[i]));
+      TPT_CHECK(it != t.base_id.end() && "merges only make tokens of the vocabulary; every byte is one");
+      out.push_back(it->second);
+    }
+  }
+  if (cacheable) cache->emplace(std::string(piece), std::vector<int32_t>(out.begin() + std::ptrdiff_t(first), out.end()));
+}
+
+void Llama3Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  thread_local std::vector<std::string_view> pieces;
+  pieces.clear();
+  impl_->splitter->split(text, pieces);
+  for (std::string_view p : pieces) encode_piece(p, out);
+}
+
+std::vector<int32_t> Llama3Tokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  encode(text, out);
+  return out;
+}
+
+std::string Llama3Tokenizer::decode(std::span<const int32_t> tokens) const {
+  const Impl& t = *impl_;
+  std::string out;
+  for (int32_t id : tokens) {
+    if (id >= 0 && size_t(id) < t.token.size() && t.has_token[size_t(id)]) out += t.token[size_t(id)];
+    else out += "\xEF\xBF\xBD";  // U+FFFD
+  }
+  return out;
+}
+
+int32_t Llama3Tokenizer::vocab_size() const { return int32_t(impl_->token.size()); }
+const std::vector<int32_t>& Llama3Tokenizer::prefix() const { return impl_->prefix; }
+const std::vector<int32_t>& Llama3Tokenizer::suffix() const { return impl_->suffix; }
+int32_t Llama3Tokenizer::eod() const { return impl_->eod; }
+bool Llama3Tokenizer::is_stop(int32_t id) const {
+  return std::find(impl_->stops.begin(), impl_->stops.end(), id) != impl_->stops.end();
+}
+int32_t Llama3Tokenizer::id_of(std::string_view s) const {
+  auto sp = impl_->special_id.find(s);
+  if (sp != impl_->special_id.end()) return sp->second;
+  auto b = impl_->base_id.find(s);
+  return b == impl_->base_id.end() ? -1 : b->second;
+}
+const std::string& Llama3Tokenizer::pattern() const { return impl_->splitter->pattern(); }
+std::string Llama3Tokenizer::name() const { return impl_->kind; }
+
+}  // namespace tpt

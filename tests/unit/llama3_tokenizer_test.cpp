@@ -1,0 +1,391 @@
+// Llama 3's tokenizer (data/llama3_tokenizer.h) on a small hand-made vocabulary: Llama 3's
+// pre-tokenization pattern (expected pieces from Python's `regex` module on the same pattern), the
+// rank-based merges worked out by hand, the same vocabulary as a Hugging Face tokenizer.json (built
+// here the way Hugging Face converts tiktoken files) giving the same ids, malformed files, the
+// shared merge loop's two paths, threads. The real Llama 3 files are checked against tiktoken in
+// tests/cli/tokenizer_llama3.sh.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/bpe_merge.h"
+#include "data/bpe_tokenizer.h"
+#include "data/llama3_tokenizer.h"
+#include "data/regex_split.h"
+#include "data/tokenizer.h"
+
+namespace tpt {
+namespace {
+
+using Pieces = std::vector<std::string>;
+using Ids = std::vector<int32_t>;
+
+std::string base64(const std::string& in) {
+  static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    out += {a[v >> 18], a[(v >> 12) & 63], a[(v >> 6) & 63], a[v & 63]};
+  }
+  if (in.size() - i == 1) {
+    const uint32_t v = uint8_t(in[i]) << 16;
+    out += {a[v >> 18], a[(v >> 12) & 63], '=', '='};
+  } else if (in.size() - i == 2) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
+    out += {a[v >> 18], a[(v >> 12) & 63], a[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
+// The hand-made vocabulary: every byte at its own rank, then these merged tokens (ranks 256..269).
+const std::vector<std::string> kMerged = {"he", "ll", "hell", "hello", " w", "or", " wor", "ld", " world",
+                                          "xyz", "12", "123", "\r\n", "  "};
+std::vector<std::string> ranked_tokens() {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  t.insert(t.end(), kMerged.begin(), kMerged.end());
+  return t;
+}
+
+std::string tiktoken_file(const std::vector<std::string>& tokens) {
+  std::string s;
+  for (size_t r = 0; r < tokens.size(); ++r) s += base64(tokens[r]) + " " + std::to_string(r) + "\n";
+  return s;
+}
+
+std::string symbols(const std::string& bytes) {
+  std::string s;
+  for (char c : bytes) s += BpeTokenizer::byte_symbol(uint8_t(c));
+  return s;
+}
+
+// Hugging Face's conversion of a tiktoken vocabulary (transformers' TikTokenConverter): vocab =
+// byte symbols of each rank's bytes; merges = every split of a token into two tokens, by the
+// token's rank, then the left and right ranks; the Llama 3 Split; <|begin_of_text|> first.
+nlohmann::json hf_json(const std::vector<std::string>& tokens, bool ignore_merges = true) {
+  using nlohmann::json;
+  std::map<std::string, int> rank;
+  for (size_t r = 0; r < tokens.size(); ++r) rank[tokens[r]] = int(r);
+  json vocab = json::object(), merges = json::array();
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    vocab[symbols(tokens[r])] = r;
+    std::vector<std::tuple<int, int, std::string, std::string>> local;
+    for (size_t k = 1; k < tokens[r].size(); ++k) {
+      const std::string l = tokens[r].substr(0, k), rr = tokens[r].substr(k);
+      if (rank.count(l) && rank.count(rr)) local.emplace_back(rank[l], rank[rr], l, rr);
+    }
+    std::sort(local.begin(), local.end());
+    for (const auto& [a, b, l, rr] : local) merges.push_back(json::array({symbols(l), symbols(rr)}));
+  }
+  json added = json::array();
+  const auto& names = Llama3Tokenizer::llama3_special_tokens();
+  for (size_t i = 0; i < names.size(); ++i)
+    added.push_back({{"id", tokens.size() + i}, {"content", names[i]}, {"special", true}});
+  json j;
+  j["version"] = "1.0";
+  j["added_tokens"] = added;
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         json::array({{{"type", "Split"},
+                                       {"pattern", {{"Regex", Llama3Tokenizer::kLlama3Pattern}}},
+                                       {"behavior", "Isolated"},
+                                       {"invert", false}},
+                                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                                       {"use_regex", false}}})}};
+  const int bos = int(tokens.size());
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       json::array({{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+                    {{"type", "TemplateProcessing"},
+                     {"single", json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                     {"special_tokens",
+                      {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", json::array({bos})},
+                                              {"tokens", json::array({"<|begin_of_text|>"})}}}}}}})}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  j["model"] = {{"type", "BPE"},          {"dropout", nullptr}, {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},      {"byte_fallback", false}, {"ignore_merges", ignore_merges},
+                {"vocab", vocab},         {"merges", merges}};
+  return j;
+}
+
+Pieces pieces(const Llama3Tokenizer& t, const std::string& s) {
+  Pieces out;
+  for (std::string_view p : t.pretokenize(s)) out.emplace_back(p);
+  return out;
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no InputError (expected one mentioning " << needle << ")";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+// Expected pieces: Python's `regex` module, regex.findall(pattern, text), with Llama 3's pattern.
+TEST(Llama3Tokenizer, PretokenizeLikeTheLlama3Regex) {
+  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+  EXPECT_EQ(pieces(t, "Hello world"), (Pieces{"Hello", " world"}));
+  EXPECT_EQ(pieces(t, "I'M we'LL don't you'Re"), (Pieces{"I", "'M", " we", "'LL", " don", "'t", " you", "'Re"}));
+  EXPECT_EQ(pieces(t, "12345 67"), (Pieces{"123", "45", " ", "67"}));
+  EXPECT_EQ(pieces(t, "a\r\n\r\nb"), (Pieces{"a", "\r\n\r\n", "b"}));
+  EXPECT_EQ(pieces(t, "!!!\n\nx"), (Pieces{"!!!\n\n", "x"}));
+  EXPECT_EQ(pieces(t, "x   y"), (Pieces{"x", "  ", " y"}));
+  EXPECT_EQ(pieces(t, "end   "), (Pieces{"end", "   "}));
+  EXPECT_EQ(pieces(t, "\U0001F642\U0001F642 ok"), (Pieces{"\U0001F642\U0001F642", " ok"}));
+  EXPECT_EQ(pieces(t, "$100"), (Pieces{"$", "100"}));
+  EXPECT_EQ(pieces(t, "caf\u00e9 \u65e5\u672c\u8a9e\u306e"), (Pieces{"caf\u00e9", " \u65e5\u672c\u8a9e\u306e"}));
+  EXPECT_EQ(pieces(t, "(hello)"), (Pieces{"(hello", ")"}));
+  EXPECT_EQ(pieces(t, "  \t\n  x"), (Pieces{"  \t\n", " ", " x"}));
+  EXPECT_EQ(pieces(t, "a\u00a0b\u3000 c"), (Pieces{"a", "\u00a0b", "\u3000", " c"}));
+  EXPECT_EQ(pieces(t, "3.14159"), (Pieces{"3", ".", "141", "59"}));
+  EXPECT_EQ(pieces(t, "x\u180ey"), (Pieces{"x", "\u180ey"}));  // U+180E is no White_Space (PCRE2's \s has it)
+  EXPECT_EQ(pieces(t, "'s's"), (Pieces{"'s", "'s"}));
+  EXPECT_EQ(pieces(t, " 'tis"), (Pieces{" '", "tis"}));
+  EXPECT_EQ(pieces(t, "\u0663\u0664\u0665\u0666"), (Pieces{"\u0663\u0664\u0665", "\u0666"}));
+  EXPECT_EQ(pieces(t, ""), Pieces{});
+  // bytes that are not UTF-8 are pieces of their own between the matches
+  EXPECT_EQ(pieces(t, "ab\xff\xfe" "cd"), (Pieces{"ab", "\xff\xfe", "cd"}));
+}
+
+TEST(Llama3Tokenizer, WhiteSpaceRewrite) {
+  const std::string ws = RegexSplitter::rewrite_white_space("\\s");
+  EXPECT_EQ(ws.front(), '[');
+  EXPECT_NE(ws.find("\\x{3000}"), std::string::npos);
+  EXPECT_EQ(RegexSplitter::rewrite_white_space("[^\\s\\p{L}]"), "[^" + ws.substr(1, ws.size() - 2) + "\\p{L}]");
+  EXPECT_EQ(RegexSplitter::rewrite_white_space("\\S"), "[^" + ws.substr(1));
+  EXPECT_EQ(RegexSplitter::rewrite_white_space("\\\\s"), "\\\\s");       // an escaped backslash, then "s"
+  EXPECT_EQ(RegexSplitter::rewrite_white_space("\\Q\\s\\E"), "\\Q\\s\\E");  // quoted
+  EXPECT_EQ(RegexSplitter::rewrite_white_space("[]\\s]"), "[]" + ws.substr(1));
+  EXPECT_THROW(RegexSplitter("(unclosed", "f.json"), InputError);
+}
+
+// Merges by the ranks of the merged bytes, worked out by hand (pieces as above).
+TEST(Llama3Tokenizer, TiktokenEncodings) {
+  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+  EXPECT_EQ(t.vocab_size(), 270 + 256);
+  EXPECT_EQ(t.prefix(), Ids{270});  // <|begin_of_text|>
+  EXPECT_EQ(t.eod(), 271);          // <|end_of_text|>
+  EXPECT_TRUE(t.is_stop(271) && t.is_stop(279) && t.is_stop(278) && !t.is_stop(270));  // eot_id, eom_id
+  EXPECT_EQ(t.id_of("<|eot_id|>"), 279);
+  EXPECT_EQ(t.id_of("hello"), 259);
+  // whole pieces that are tokens
+  EXPECT_EQ(t.encode("hello world"), (Ids{259, 264}));
+  // "hellohe": h e l l o h e -> he(256) at 0, then he at 5 (256 < ll 257) -> ll -> hell -> hello: hello he
+  // " worlds": " w" or ld -> " wor" -> " world" s
+  EXPECT_EQ(t.encode("hellohe worlds"), (Ids{259, 256, 264, 's'}));
+  // "xyz" is a token reached by no merge: a piece equal to it is it; inside a longer piece it is bytes
+  EXPECT_EQ(t.encode("xyz"), (Ids{265}));
+  EXPECT_EQ(t.encode("axyz"), (Ids{'a', 'x', 'y', 'z'}));
+  // digits in threes: "123" "45"; "451" "2"
+  EXPECT_EQ(t.encode("12345"), (Ids{267, '4', '5'}));
+  EXPECT_EQ(t.encode("4512"), (Ids{'4', '5', '1', '2'}));
+  // "\r\n\r\n" -> \r\n \r\n; "  " one token, " y" bytes
+  EXPECT_EQ(t.encode("a\r\n\r\nb"), (Ids{'a', 268, 268, 'b'}));
+  EXPECT_EQ(t.encode("x   y"), (Ids{'x', 269, ' ', 'y'}));
+  // special-token strings are text
+  const Ids special_text = t.encode("<|begin_of_text|>");
+  EXPECT_TRUE(std::all_of(special_text.begin(), special_text.end(), [](int32_t id) { return id < 270; }));
+  EXPECT_EQ(t.decode(special_text), "<|begin_of_text|>");
+  EXPECT_EQ(t.decode(Ids{270, 259, 264, 271}), "<|begin_of_text|>hello world<|end_of_text|>");
+  EXPECT_EQ(t.decode(Ids{9999, -1}), "\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+TEST(Llama3Tokenizer, TokenizerJsonGivesTheSameIds) {
+  const std::vector<std::string> tokens = ranked_tokens();
+  const Llama3Tokenizer tk = Llama3Tokenizer::from_tiktoken(tiktoken_file(tokens), "model");
+  const Llama3Tokenizer hf = Llama3Tokenizer::from_hf_json(hf_json(tokens).dump(), "tokenizer.json");
+  EXPECT_EQ(hf.vocab_size(), tk.vocab_size());
+  EXPECT_EQ(hf.prefix(), tk.prefix());
+  EXPECT_EQ(hf.eod(), tk.eod());
+  EXPECT_EQ(hf.pattern(), tk.pattern());
+  std::vector<std::string> texts = {"hello world", "hellohe worlds", "xyz axyz", "12345 4512", "a\r\n\r\nb  x   y",
+                                    "<|end_of_text|> it's HELLO'LL", "caf\u00e9 \u65e5\u672c \U0001F642",
+                                    std::string("\x00\xff\xc3(", 4)};
+  std::mt19937 rng(3);
+  const std::string alphabet = "helowrdxyz123 \r\n'!.";
+  for (int n = 0; n < 200; ++n) {
+    std::string s;
+    for (int i = 0, len = int(rng() % 40); i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    texts.push_back(s);
+  }
+  for (const std::string& s : texts) {
+    EXPECT_EQ(hf.encode(s), tk.encode(s)) << s;
+    EXPECT_EQ(tk.decode(tk.encode(s)), s);
+  }
+  // without ignore_merges a piece is always merged from its bytes: "xyz" has no merges
+  const Llama3Tokenizer hf_merge_all = Llama3Tokenizer::from_hf_json(hf_json(tokens, false).dump(), "t.json");
+  EXPECT_EQ(hf_merge_all.encode("xyz hello"), (Ids{'x', 'y', 'z', ' ', 259}));
+
+  // GPT-2's form: ByteLevel with its own regex, "a b" merges, no post-processor
+  nlohmann::json g = hf_json(tokens);
+  g["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  g.erase("post_processor");
+  nlohmann::json merges = nlohmann::json::array();
+  for (const auto& m : g["model"]["merges"]) merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  g["model"]["merges"] = merges;
+  const Llama3Tokenizer gpt2 = Llama3Tokenizer::from_hf_json(g.dump(), "gpt2.json");
+  EXPECT_TRUE(gpt2.prefix().empty());
+  EXPECT_EQ(gpt2.encode("hello 12345"), (Ids{259, ' ', 267, '4', '5'}));  // GPT-2: " ?\p{N}+", so " 12345"
+}
+
+TEST(Llama3Tokenizer, BadTiktokenFiles) {
+  const std::string good = tiktoken_file(ranked_tokens());
+  auto load = [](const std::string& s) { return [s] { Llama3Tokenizer::from_tiktoken(s, "tok.model"); }; };
+  expect_error(load(good + "@@@@ 270\n"), "tok.model:271: bad base64");
+  expect_error(load(good + "aGk 270\n"), "bad base64");     // unpadded
+  expect_error(load(good + "aG=k 270\n"), "bad base64");    // padding inside
+  expect_error(load(good + "aGk= 269\n"), "duplicate rank 269 (also on line 270)");
+  expect_error(load(good + "aGVsbG8= 270\n"), "duplicate token \"hello\"");
+  expect_error(load(good + "aGk= 270 9\n"), "expected 2 fields");
+  expect_error(load(good + "aGk= -1\n"), "is not a non-negative integer");
+  expect_error(load(good + "aGk= 300\n"), "rank 270 is missing");
+  expect_error(load(""), "no tokens");
+  std::vector<std::string> no_a = ranked_tokens();
+  no_a['a'] = "aa";
+  expect_error(load(tiktoken_file(no_a)), "no token for the single byte 0x61");
+  expect_error([] { Llama3Tokenizer::from_tiktoken_file("/nonexistent/tokenizer.model"); }, "cannot be read");
+  // blank lines are skipped, CRLF line ends accepted
+  std::string crlf;
+  for (char c : good) crlf += c == '\n' ? std::string("\r\n\r\n") : std::string(1, c);
+  EXPECT_EQ(Llama3Tokenizer::from_tiktoken(crlf, "crlf").encode("hello"), (Ids{259}));
+}
+
+TEST(Llama3Tokenizer, BadTokenizerJson) {
+  const std::vector<std::string> tokens = ranked_tokens();
+  auto load = [](const nlohmann::json& j) { return [s = j.dump()] { Llama3Tokenizer::from_hf_json(s, "t.json"); }; };
+  nlohmann::json j = hf_json(tokens);
+  expect_error([] { Llama3Tokenizer::from_hf_json("{\"model\": ", "t.json"); }, "t.json: not valid JSON");
+  { auto k = j; k["model"].erase("vocab"); expect_error(load(k), "no model.vocab"); }
+  { auto k = j; k["model"].erase("merges"); expect_error(load(k), "no model.merges"); }
+  { auto k = j; k.erase("model"); expect_error(load(k), "no \"model\""); }
+  { auto k = j; k["model"]["type"] = "WordPiece"; expect_error(load(k), "model.type \"WordPiece\""); }
+  { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["type"] = "Whitespace"; expect_error(load(k), "unknown pre-tokenizer Whitespace"); }
+  { auto k = j; k["pre_tokenizer"] = {{"type", "Metaspace"}}; expect_error(load(k), "unknown pre-tokenizer Metaspace"); }
+  { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; expect_error(load(k), "behavior \"Removed\""); }
+  { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(oops"}}; expect_error(load(k), "does not compile"); }
+  { auto k = j; k["pre_tokenizer"] = nullptr; expect_error(load(k), "no pre_tokenizer"); }
+  { auto k = j; k["normalizer"] = {{"type", "NFC"}}; expect_error(load(k), "normalizer NFC"); }
+  { auto k = j; k["model"]["merges"].push_back({"x", "q"}); expect_error(load(k), "not in model.vocab"); }
+  { auto k = j; k["model"]["merges"].push_back("xq"); expect_error(load(k), "expected \"left right\""); }
+  { auto k = j; k["model"]["vocab"]["\u4e00"] = 999; expect_error(load(k), "not made of byte-level symbols"); }
+  { auto k = j; k["model"]["vocab"]["zz"] = 5; expect_error(load(k), "id 5 is given to two tokens"); }
+  { auto k = j; k["model"]["vocab"].erase("a"); expect_error(load(k), "single byte 0x61"); }
+  { auto k = j; k["post_processor"] = {{"type", "RobertaProcessing"}}; expect_error(load(k), "post_processor RobertaProcessing"); }
+  { auto k = j; k["model"]["byte_fallback"] = true; expect_error(load(k), "byte_fallback"); }
+}
+
+// The merge loop's scan and heap paths agree, with ties between different splits of one token.
+TEST(Llama3Tokenizer, MergePathsAgree) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::map<std::string, int32_t> ranks;  // tiktoken-like: rank of the merged bytes
+    for (int k = 0; k < 60; ++k) {
+      std::string s;
+      for (int i = 0, len = 2 + int(rng() % 4); i < len; ++i) s += char('a' + rng() % 3);
+      ranks.emplace(s, int32_t(rng() % 40));
+    }
+    auto rank = [&](std::string_view l, std::string_view r) {
+      auto it = ranks.find(std::string(l) + std::string(r));
+      return it == ranks.end() ? bpe::kNoRank : it->second;
+    };
+    std::string piece;
+    for (int i = 0, len = 1 + int(rng() % 250); i < len; ++i) piece += char('a' + rng() % 3);  // < kHeapMergeFrom
+    std::vector<uint32_t> scan, heap;
+    bpe::merge_parts(piece, rank, scan);
+    bpe::merge_parts(piece, rank, heap, /*force_heap=*/true);
+    EXPECT_EQ(scan, heap) << piece;
+    ASSERT_FALSE(heap.empty());
+    EXPECT_EQ(heap[0], 0u);
+  }
+  // a long piece (a page of CJK letters) takes the heap path and round-trips
+  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+  std::string cjk;
+  for (int i = 0; i < 20000; ++i) cjk += "\u65e5\u672c";
+  EXPECT_EQ(t.pretokenize(cjk).size(), 1u);
+  EXPECT_EQ(t.decode(t.encode(cjk)), cjk);
+  // long runs of one class
+  for (const std::string& run : {std::string(1 << 21, ' ') + "x", std::string(1 << 20, 'a'), std::string(1 << 20, '\n'),
+                                 std::string(1 << 20, '!') + "\n"}) {
+    const auto p = t.pretokenize(run);
+    size_t total = 0;
+    for (auto v : p) total += v.size();
+    EXPECT_EQ(total, run.size());
+    EXPECT_LE(p.size(), 3u);
+  }
+}
+
+TEST(Llama3Tokenizer, ThreadsGiveTheSameIds) {
+  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+  std::vector<std::string> texts;
+  std::mt19937 rng(5);
+  const std::string alphabet = "helowrdxyz123 \r\n'!.";
+  for (int n = 0; n < 400; ++n) {
+    std::string s;
+    for (int i = 0, len = int(rng() % 200); i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    texts.push_back(s);
+  }
+  std::vector<Ids> one(texts.size()), many(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) one[i] = t.encode(texts[i]);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (size_t i = size_t(k); i < texts.size(); i += 4) many[i] = t.encode(texts[i]);
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(one, many);
+}
+
+TEST(Llama3Tokenizer, TokenizerFace) {
+  const std::string dir = ::testing::TempDir() + "/llama3_tokenizer_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.model") << tiktoken_file(ranked_tokens());
+  std::ofstream(dir + "/tokenizer.json") << hf_json(ranked_tokens()).dump();
+  TokenizerFiles f;
+  f.tokenizer_model = dir + "/tokenizer.model";
+  const Tokenizer tm(f);
+  EXPECT_FALSE(tm.is_byte_level());
+  EXPECT_FALSE(tm.is_bpe());
+  EXPECT_EQ(tm.vocab_size(), 526);
+  EXPECT_EQ(tm.eod(), 271);
+  Ids doc;
+  tm.encode_document("hello world", true, doc);
+  EXPECT_EQ(doc, (Ids{270, 259, 264, 271}));
+  doc.clear();
+  tm.encode_document("hello world", false, doc);
+  EXPECT_EQ(doc, (Ids{270, 259, 264}));
+  TokenizerFiles h;
+  h.tokenizer_file = dir + "/tokenizer.json";
+  const Tokenizer th(h);
+  doc.clear();
+  th.encode_document("hello world", true, doc);
+  EXPECT_EQ(doc, (Ids{270, 259, 264, 271}));
+  EXPECT_NE(th.name(), tm.name());
+  f.tokenizer_file = h.tokenizer_file;
+  expect_error([&] { Tokenizer both(f); }, "give one tokenizer");
+  // the byte-level tokenizer has no prefix
+  const Tokenizer bytes(TokenizerFiles{});
+  doc.clear();
+  bytes.encode_document("hi", true, doc);
+  EXPECT_EQ(doc, (Ids{'h', 'i', 256}));
+}
+
+}  // namespace
+}  // namespace tpt
