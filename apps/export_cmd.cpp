@@ -1,13 +1,21 @@
-// tptrain export --checkpoint DIR --output DIR
-// A checkpoint of any layout -> Hugging Face GPT-2: model.safetensors (HF names without the
-// "transformer." prefix, Conv1D weights [in, out], c_attn's columns q, k, v of all heads, the
-// unpadded vocabulary) and config.json for transformers.GPT2LMHeadModel. The inverse of
-// model/hf_gpt2.cpp (model.init_from). One process, no MPI launch.
+// tptrain export --checkpoint DIR --output DIR [--dtype bf16|fp16|fp32] [--max-shard-size 5GB]
+// A checkpoint of any layout -> Hugging Face, by its model config:
+//  - GPT-2: model.safetensors (HF names without the "transformer." prefix, Conv1D weights [in, out],
+//    c_attn's columns q, k, v of all heads, the unpadded vocabulary) and config.json for
+//    transformers.GPT2LMHeadModel; the inverse of model/hf_gpt2.cpp. fp32 unless --dtype says otherwise.
+//  - the LLaMA family (model/hf_llama.h): config.json for transformers.LlamaForCausalLM and
+//    model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json past
+//    --max-shard-size (HF's rule: a shard takes tensors while they fit; a larger tensor gets its own),
+//    in --dtype (default: the run's training.precision); the inverse of the Llama import.
+// One process, no MPI launch; the Llama export holds one shard's tensors at a time.
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +27,7 @@
 #include "core/safetensors.h"
 #include "model/checkpoint_model.h"
 #include "model/hf_gpt2.h"
+#include "model/hf_llama.h"
 #include "model/layers.h"
 #include "parallel/checkpoint.h"
 
@@ -32,11 +41,7 @@ struct Shape {
   double eps, init_std, hidden_dropout, attention_dropout;
 };
 
-Shape model_shape(const nlohmann::json& meta) {
-  const ModelConfig m = checkpoint_model_config(meta);
-  if (!is_gpt2_architecture(m))
-    input_error("export: writes Hugging Face GPT-2 checkpoints; this checkpoint's model is " + describe_architecture(m) +
-                ", which GPT-2 cannot hold (export of the LLaMA family is not supported yet)");
+Shape model_shape(const ModelConfig& m) {
   return {m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.max_position_embeddings,
           m.vocab_size, m.layernorm_epsilon, m.init_method_std, m.hidden_dropout, m.attention_dropout};
 }
@@ -83,16 +88,37 @@ nlohmann::json hf_config(const Shape& s, const CheckpointReader& reader) {
       {"tptrain_checkpoint", {{"path", reader.path()}, {"iteration", reader.iteration()}}}};
 }
 
-int export_hf(const std::string& ckpt, const std::string& out) {
-  spdlog::set_pattern("%v");
+struct ExportOptions {
+  std::string checkpoint, output, dtype, max_shard_size;
+};
 
-  auto self = make_self_comm();
-  LoadRequest req;
-  req.dir = ckpt;
-  req.verify_all_files = true;
-  std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
-  if (!reader) input_error("export: no checkpoint in " + ckpt);
-  const Shape s = model_shape(reader->meta());
+void make_output_dir(const std::string& out) {
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec || !std::filesystem::is_directory(out))
+    input_error("export: cannot create directory '" + out + "': " + (ec ? ec.message() : "not a directory"));
+}
+
+void write_config(const std::string& path, const nlohmann::json& config) {
+  std::ofstream f(path);
+  f << config.dump(2) << "\n";
+  f.close();
+  if (!f) input_error("export: cannot write " + path);
+}
+
+DType parse_dtype(const std::string& text) {
+  if (text == "fp32") return DType::F32;
+  if (text == "bf16") return DType::BF16;
+  if (text == "fp16") return DType::F16;
+  input_error("export: --dtype must be bf16, fp16 or fp32, got '" + text + "'");
+}
+
+int export_gpt2(const ModelConfig& m, CheckpointReader* reader, const ExportOptions& o) {
+  if (!o.max_shard_size.empty())
+    input_error("export: --max-shard-size is for Llama checkpoints; GPT-2 is written as one model.safetensors");
+  const DType dtype = o.dtype.empty() ? DType::F32 : parse_dtype(o.dtype);
+  const std::string& out = o.output;
+  const Shape s = model_shape(m);
   const int64_t C = s.C, F = s.F;
 
   // A whole global tensor of the checkpoint, checked against the expected shape.
@@ -129,43 +155,163 @@ int export_hf(const std::string& ckpt, const std::string& out) {
   put_ours("ln_f.weight", {C});
   put_ours("ln_f.bias", {C});
 
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
-  if (ec || !std::filesystem::is_directory(out))
-    input_error("export: cannot create directory '" + out + "': " + (ec ? ec.message() : "not a directory"));
+  make_output_dir(out);
   SafetensorsWriter w;
   int64_t params = 0;
   for (size_t i = 0; i < names.size(); ++i) {
-    w.add(names[i].first, names[i].second, data[i].data());
+    w.add(names[i].first, names[i].second, data[i].data(), dtype);
     params += int64_t(data[i].size());
   }
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   w.write(out + "/model.safetensors");
 
-  const nlohmann::json config = hf_config(s, *reader);
+  nlohmann::json config = hf_config(s, *reader);
+  config["torch_dtype"] = dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32";
   const std::string cfg_path = out + "/config.json";
-  std::ofstream f(cfg_path);
-  f << config.dump(2) << "\n";
-  f.close();
-  if (!f) input_error("export: cannot write " + cfg_path);
+  write_config(cfg_path, config);
   spdlog::info("exported {} (iteration {}; {} layers, hidden {}, {} heads, vocab {}: {:.2f}M parameters) to {}/model.safetensors "
                "and {}",
                reader->path(), reader->iteration(), s.L, C, s.H, s.V, double(params) / 1e6, out, cfg_path);
   return 0;
 }
 
+// HF's shard file names: model.safetensors alone, else model-00001-of-00003.safetensors ...
+std::string shard_name(size_t i, size_t n) {
+  if (n == 1) return "model.safetensors";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+bool is_hf_weights_file(const std::string& name) {
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  unsigned a = 0, b = 0;
+  char tail[32] = {0};
+  return name.size() == std::string("model-00001-of-00001.safetensors").size() &&
+         std::sscanf(name.c_str(), "model-%5u-of-%5u.%12s", &a, &b, tail) == 3 && std::string(tail) == "safetensors";
+}
+
+int export_llama(const ModelConfig& m, CheckpointReader* reader, const ExportOptions& o) {
+  const nlohmann::json& rc = reader->meta().at("config");
+  // default dtype: the precision the run trained in (its compute dtype; fp32 runs keep full precision)
+  std::string dtype_text = o.dtype;
+  if (dtype_text.empty()) dtype_text = rc.at("training").value("precision", std::string("fp32"));
+  const DType dtype = parse_dtype(dtype_text);
+  const int64_t limit = parse_byte_size(o.max_shard_size.empty() ? "5GB" : o.max_shard_size);
+  const std::vector<HFLlamaTensor> tensors = hf_llama_tensors(m);
+
+  // shards: each takes tensors while they fit in the limit (a tensor larger than it: a shard alone)
+  std::vector<std::vector<size_t>> shards;
+  int64_t in_shard = 0, total = 0, params = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t bytes = tensors[i].numel() * dtype_bytes(dtype);
+    if (shards.empty() || (in_shard > 0 && in_shard + bytes > limit)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += bytes;
+    total += bytes;
+    params += tensors[i].numel();
+  }
+
+  const std::string& out = o.output;
+  make_output_dir(out);
+  // weights of an earlier export in the same directory would be mixed up with these: removed
+  std::set<std::string> names;
+  for (size_t s = 0; s < shards.size(); ++s) names.insert(shard_name(s, shards.size()));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    if (is_hf_weights_file(n) && !names.count(n) && e.is_regular_file()) std::filesystem::remove(e.path(), ec);
+  }
+
+  // our whole global tensors, the last one kept (q, k, v_proj come from one qkv; gate, up from one fc1)
+  std::string cached_name;
+  std::vector<float> cached;
+  const std::function<const std::vector<float>&(const std::string&)> read = [&](const std::string& ours)
+      -> const std::vector<float>& {
+    if (ours != cached_name) {
+      cached_name.clear();
+      cached = read_whole_tensor(*reader, ours, llama_global_shape(m, ours), "export");
+      cached_name = ours;
+    }
+    return cached;
+  };
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<std::vector<float>> data;
+    data.reserve(shards[s].size());
+    SafetensorsWriter w;
+    for (size_t i : shards[s]) {
+      const HFLlamaTensor& t = tensors[i];
+      data.push_back(t.make(read));
+      TPT_CHECK(int64_t(data.back().size()) == t.numel());
+      w.add(t.name, t.shape, data.back().data(), dtype);
+      weight_map[t.name] = shard_name(s, shards.size());
+    }
+    w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+    w.write(out + "/" + shard_name(s, shards.size()));
+  }
+  if (shards.size() > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_config(out + "/model.safetensors.index.json", index);
+  }
+
+  nlohmann::json config = hf_llama_config(m, dtype);
+  const nlohmann::json eod = rc.contains("data") ? rc["data"].value("eod_token_id", nlohmann::json()) : nlohmann::json();
+  if (eod.is_number_integer()) config["eos_token_id"] = eod;
+  config["tptrain_checkpoint"] = {{"path", reader->path()}, {"iteration", reader->iteration()}};
+  const std::string cfg_path = out + "/config.json";
+  write_config(cfg_path, config);
+  spdlog::info("exported {} (iteration {}; Llama: {} layers, hidden {}, {} heads / {} KV groups, vocab {}: {:.2f}M "
+               "parameters, {}) to {}: {} ({:.1f} MB){} and {}",
+               reader->path(), reader->iteration(), m.num_layers, m.hidden_size, m.num_attention_heads,
+               m.group_query_attention ? m.num_query_groups : m.num_attention_heads, m.vocab_size, double(params) / 1e6,
+               safetensors_dtype_name(dtype), out,
+               shards.size() == 1 ? std::string("model.safetensors") : std::to_string(shards.size()) + " shards",
+               double(total) / 1e6, shards.size() == 1 ? "" : " + model.safetensors.index.json", cfg_path);
+  return 0;
+}
+
+int export_hf(const ExportOptions& o) {
+  spdlog::set_pattern("%v");
+  if (!o.dtype.empty()) parse_dtype(o.dtype);
+  if (!o.max_shard_size.empty()) parse_byte_size(o.max_shard_size);
+  auto self = make_self_comm();
+  LoadRequest req;
+  req.dir = o.checkpoint;
+  req.verify_all_files = true;
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
+  if (!reader) input_error("export: no checkpoint in " + o.checkpoint);
+  const ModelConfig m = checkpoint_model_config(reader->meta());
+  if (is_gpt2_architecture(m)) return export_gpt2(m, reader.get(), o);
+  const std::string why = hf_llama_incompatibility(m);
+  if (!why.empty())
+    input_error("export: this checkpoint's model is " + describe_architecture(m) +
+                ", which neither Hugging Face GPT-2 nor Llama can hold: " + why);
+  return export_llama(m, reader.get(), o);
+}
+
 }  // namespace
 
 Command add_export_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2 (model.safetensors "
-                                               "+ config.json)");
-  auto dirs = std::make_shared<std::pair<std::string, std::string>>();
-  cmd->add_option("--checkpoint", dirs->first, "a checkpoint.save directory (its latest complete checkpoint) or one "
-                                               "iter_N directory")
+  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2 or Llama "
+                                               "(model.safetensors or shards + index, config.json)");
+  auto o = std::make_shared<ExportOptions>();
+  cmd->add_option("--checkpoint", o->checkpoint, "a checkpoint.save directory (its latest complete checkpoint) or one "
+                                                 "iter_N directory")
       ->required()->type_name("DIR");
-  cmd->add_option("--output", dirs->second, "receives model.safetensors and config.json (Hugging Face GPT-2, fp32)")
+  cmd->add_option("--output", o->output, "receives config.json and model.safetensors (or Llama shards and "
+                                         "model.safetensors.index.json)")
       ->required()->type_name("DIR");
-  return [dirs] { return export_hf(dirs->first, dirs->second); };
+  cmd->add_option("--dtype", o->dtype, "stored dtype: bf16, fp16 or fp32 (default: fp32 for GPT-2; for Llama the "
+                                       "run's training.precision)")
+      ->type_name("bf16|fp16|fp32");
+  cmd->add_option("--max-shard-size", o->max_shard_size, "Llama: split model.safetensors into shards of at most this "
+                                                         "size, as Hugging Face (default 5GB; bytes, kB/MB/GB, KiB/MiB/GiB)")
+      ->type_name("SIZE");
+  return [o] { return export_hf(*o); };
 }
 
 }  // namespace tpt

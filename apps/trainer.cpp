@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "data/doc_masks.h"
-#include "model/hf_gpt2.h"
+#include "model/hf_llama.h"
 #include "model/memory.h"  // plan: the memory line below
 #include "parallel/pipeline.h"
 #include "parallel/profiled_comm.h"
@@ -145,12 +145,9 @@ void Trainer::setup_model() {
   layers_ = rank_layers(chunk_dims_);
   layout_ = make_rank_layout(chunk_dims_);
   std::vector<float> host(size_t(layout_.total), 0.0f);
-  if (!cfg_.model.init_from.empty()) {
-    if (!is_gpt2_architecture(cfg_.model))
-      input_error("model.init_from: reads Hugging Face GPT-2 weights, which cannot hold this model (" +
-                  describe_architecture(cfg_.model) + "); start the LLaMA family from its own init (init_from: null)");
-    load_hf_gpt2(cfg_.model.init_from, dims_, layout_, host.data());
-  }
+  // model.init_from: HF Llama (a directory, index, config.json or file with config.json beside it) or
+  // HF GPT-2 (model/hf_llama.h); each rank reads only its boxes
+  if (!cfg_.model.init_from.empty()) load_init_from(cfg_.model, dims_, layout_, host.data());
   else init_params_host(layout_, cfg_.training.seed, host.data());
   dtype_ = compute_dtype(cfg_);
   // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)

@@ -474,8 +474,11 @@ void validate(Config& c, const Ctx& ctx) {
 
   if (!m.init_from.empty()) {
     std::error_code ec;
-    if (!std::filesystem::is_regular_file(m.init_from, ec))
-      ctx.fail("model.init_from", "no such file '" + m.init_from + "'");
+    // a safetensors file (HF GPT-2, or Llama with config.json beside it), or a Hugging Face checkpoint
+    // directory, its model.safetensors.index.json or config.json (model/hf_llama.h)
+    if (!std::filesystem::is_regular_file(m.init_from, ec) && !std::filesystem::is_directory(m.init_from, ec))
+      ctx.fail("model.init_from", "no such file '" + m.init_from +
+                                      "' (a safetensors file or a Hugging Face checkpoint directory)");
   }
 }
 

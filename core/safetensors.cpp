@@ -198,7 +198,11 @@ void SafetensorsReader::read_box(const std::string& name, std::span<const int64_
   });
 }
 
-void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, const float* data) {
+const char* safetensors_dtype_name(DType t) {
+  return t == DType::BF16 ? "BF16" : t == DType::F16 ? "F16" : "F32";
+}
+
+void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, const float* data, DType stored) {
   TPT_CHECK(name != "__metadata__" && !name.empty());
   for (const Entry& e : entries_) TPT_CHECK(e.name != name);
   int64_t numel = 1;
@@ -207,7 +211,13 @@ void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape,
     numel *= d;
   }
   TPT_CHECK(data != nullptr || numel == 0);
-  entries_.push_back({name, std::move(shape), data});
+  entries_.push_back({name, std::move(shape), data, stored, uint64_t(numel) * uint64_t(dtype_bytes(stored))});
+}
+
+uint64_t SafetensorsWriter::data_bytes() const {
+  uint64_t n = 0;
+  for (const Entry& e : entries_) n += e.bytes;
+  return n;
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
@@ -215,13 +225,10 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
 void SafetensorsWriter::write(const std::string& path) const {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
-  std::vector<uint64_t> bytes;
   for (const Entry& e : entries_) {
-    uint64_t n = 4;
-    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
-    header[e.name] = {{"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
-    bytes.push_back(n);
+    header[e.name] = {{"dtype", safetensors_dtype_name(e.stored)}, {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes}}};
+    offset += e.bytes;
   }
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   std::string text = header.dump();
@@ -246,7 +253,24 @@ void SafetensorsWriter::write(const std::string& path) const {
   };
   write_all(&header_len, 8);
   write_all(text.data(), text.size());
-  for (size_t i = 0; i < entries_.size(); ++i) write_all(entries_[i].data, bytes[i]);
+  std::vector<uint16_t> half;  // a 16-bit tensor converted in blocks
+  for (const Entry& e : entries_) {
+    if (e.stored == DType::F32) {
+      write_all(e.data, e.bytes);
+      continue;
+    }
+    const uint64_t n = e.bytes / 2, block = uint64_t{1} << 20;
+    half.resize(size_t(std::min(n, block)));
+    for (uint64_t b = 0; b < n; b += block) {
+      const uint64_t m = std::min(block, n - b);
+      const float* src = e.data + b;
+      if (e.stored == DType::BF16)
+        for (uint64_t i = 0; i < m; ++i) half[i] = fp32_to_bf16(src[i]);
+      else
+        for (uint64_t i = 0; i < m; ++i) half[i] = fp32_to_fp16(src[i]);
+      write_all(half.data(), size_t(m) * 2);  // little-endian hosts only (as the reader)
+    }
+  }
   if (::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/mmap_file.h"
 
 namespace tpt {
@@ -52,12 +53,18 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// "F32", "BF16", "F16": the safetensors dtype name of a DType.
+const char* safetensors_dtype_name(DType t);
+
 // Collects fp32 tensors and string metadata, then writes one safetensors file (header padded with
-// spaces to a multiple of 8 bytes, tensors in the order added, file fsynced). The data pointers
-// passed to add() are not copied: they must stay valid until write() returns.
+// spaces to a multiple of 8 bytes, tensors in the order added, file fsynced). Each tensor is stored
+// as F32, or as BF16 / F16 converted while writing (round to nearest even, core/dtype.h). The data
+// pointers passed to add() are not copied: they must stay valid until write() returns.
 class SafetensorsWriter {
  public:
-  void add(const std::string& name, std::vector<int64_t> shape, const float* data);
+  void add(const std::string& name, std::vector<int64_t> shape, const float* data, DType stored = DType::F32);
+  // Bytes of the data section so far (what the tensors added take as stored).
+  uint64_t data_bytes() const;
   void set_metadata(const std::string& key, const std::string& value);
   // Writes (truncating) `path` and fsyncs it; throws InputError naming the file if it cannot.
   void write(const std::string& path) const;
@@ -67,6 +74,8 @@ class SafetensorsWriter {
     std::string name;
     std::vector<int64_t> shape;
     const float* data;
+    DType stored;
+    uint64_t bytes;
   };
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;

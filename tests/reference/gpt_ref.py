@@ -6,7 +6,7 @@ options (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied output layer, no
 trained exactly the way tptrain must train it, from HF GPT-2 weights or from tptrain's own
 counter-based init (init_ref.py), so that tptrain's metrics can be compared step by step:
 
-  gpt_ref.py --config CFG.yaml [--init HF.safetensors] --steps N --out metrics.jsonl [--set sec.key=v ...]
+  gpt_ref.py --config CFG.yaml [--init HF.safetensors | HF_LLAMA_DIR] --steps N --out metrics.jsonl [--set sec.key=v ...]
   gpt_ref.py --bench --layers 12 --hidden 768 --heads 12 --vocab 50257 --seq 64 --micro-batch 4 \
              --threads 2 --iters 5
 
@@ -28,6 +28,7 @@ import torch
 import yaml
 
 # The model (model_ref.py, next to this file); gpt_ref.build_model stays the name other scripts use.
+import hf_llama_ref  # HF Llama checkpoints (tests/reference/hf_llama_ref.py)
 from model_ref import GPT, build_model, is_decayed, is_gpt2, tptrain_init_state
 
 
@@ -626,7 +627,14 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
         print(f"gpt_ref: note: training.precision={t['precision']}; the reference computes in "
               f"{dtype} anyway", file=log)
     model = build_model(m, dtype)
-    if init_path:
+    if init_path and hf_llama_ref.is_hf_llama(init_path):  # an HF Llama directory / index / file
+        try:
+            hf_cfg, tensors = hf_llama_ref.read_checkpoint(init_path, read_safetensors)
+            model.load_state(hf_llama_ref.to_state(hf_cfg, tensors, m))
+        except hf_llama_ref.HFLlamaError as e:
+            raise RefError(f"{init_path}: {e}")
+        print(f"gpt_ref: Hugging Face Llama weights from {init_path}", file=log)
+    elif init_path:
         check_hf_gpt2_init(m, init_path)
         model.load_state(hf_to_state(read_safetensors(init_path), m, init_path))
     else:
@@ -725,7 +733,8 @@ def bench(a):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="tptrain YAML config")
-    p.add_argument("--init", help="HF GPT-2 safetensors file (default: model.init_from; null: tptrain's init)")
+    p.add_argument("--init", help="HF GPT-2 safetensors file or HF Llama checkpoint (directory, index, file with "
+                                  "config.json beside it) (default: model.init_from; null: tptrain's init)")
     p.add_argument("--steps", type=int, help="iterations to run (default: training.train_iters)")
     p.add_argument("--out", help="metrics JSON lines (iteration, consumed_samples, lm_loss, grad_norm, lr)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

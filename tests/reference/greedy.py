@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Greedy continuation of a prompt by the PyTorch reference model (gpt_ref.py's GPT) from Hugging Face
-GPT-2 weights, e.g. those `tptrain export` writes, with the byte-level tokenizer (bytes 0..255,
-end of document 256): what `tptrain generate --temperature 0` must print.
+GPT-2 or Llama weights (hf_llama_ref.py), e.g. those `tptrain export` writes, with the byte-level
+tokenizer (bytes 0..255, end of document 256): what `tptrain generate --temperature 0` must print.
 
   greedy.py --model DIR --prompt TEXT [--max-new-tokens N] [--float64]
 
-DIR holds model.safetensors and config.json. Decoding follows tptrain generate's rules: the whole
-context runs through the model every step (no cache), the next token is the argmax of the last
-position's logits (ties: the lowest id, as torch.argmax), generation stops at the end-of-document
+DIR holds config.json and model.safetensors (Llama: or shards with model.safetensors.index.json).
+Decoding follows tptrain generate's rules: the whole context runs through the model every step (no
+cache), the next token is the argmax of the last position's logits (ties: the lowest id, as torch.argmax), generation stops at the end-of-document
 token, after N tokens, or once the text holds max_position_embeddings + 1 tokens (the last
 position that can be fed is max_position_embeddings - 1). Prints the prompt and the continuation
 and a newline to stdout; to stderr the smallest gap between the best and the second-best logit
@@ -23,12 +23,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True
 import gpt_ref  # noqa: E402
+import hf_llama_ref  # noqa: E402
 
 EOD = 256
 
 
 def load(model_dir, dtype):
     hf = json.load(open(os.path.join(model_dir, "config.json")))
+    if hf_llama_ref.is_hf_llama(model_dir):  # HF Llama: config.json + model.safetensors or shards
+        m = hf_llama_ref.model_config(hf)
+        cfg, tensors = hf_llama_ref.read_checkpoint(model_dir, gpt_ref.read_safetensors)
+        model = gpt_ref.build_model(m, dtype)
+        model.load_state(hf_llama_ref.to_state(cfg, tensors, m))
+        model.eval()
+        return model, m
     m = {"num_layers": hf["n_layer"], "hidden_size": hf["n_embd"], "num_attention_heads": hf["n_head"],
          "ffn_hidden_size": hf.get("n_inner") or 4 * hf["n_embd"], "vocab_size": hf["vocab_size"],
          "max_position_embeddings": hf["n_positions"], "layernorm_epsilon": hf["layer_norm_epsilon"]}
