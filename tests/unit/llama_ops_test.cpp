@@ -26,100 +26,14 @@
 #include "core/dtype.h"
 #include "core/math.h"
 #include "core/ops.h"
+#include "tests/common/gradcheck.h"
 
 namespace tpt {
 namespace {
 
-using VecF = std::vector<float>;
-using VecD = std::vector<double>;
 using VecH = std::vector<uint16_t>;  // bf16 storage
 
-// Two threads so the per-thread partial sums of the CPU backend are exercised.
-Ops& cpu() {
-  static std::unique_ptr<Ops> ops = make_cpu_ops(2);
-  return *ops;
-}
-
-VecF randn(size_t n, uint32_t seed, float std = 1.0f, float mean = 0.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(mean, std);
-  VecF v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-VecD to_d(const VecF& v) { return VecD(v.begin(), v.end()); }
-
-double dot(const VecF& a, const VecF& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
-}
-double dot(const VecD& a, const VecF& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-double max_abs(const VecD& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-// Central differences of J (evaluated in float by the op's forward) with respect to every element
-// of x; the actual step (after rounding x +- h to float) is the denominator.
-VecD fd_float(VecF& x, float h, const std::function<double()>& J) {
-  VecD g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const float old = x[i];
-    const float xp = old + h, xm = old - h;
-    x[i] = xp;
-    const double jp = J();
-    x[i] = xm;
-    const double jm = J();
-    x[i] = old;
-    g[i] = (jp - jm) / (double(xp) - double(xm));
-  }
-  return g;
-}
-
-// Central differences in double of a double-precision objective.
-VecD fd_double(VecD& x, double h, const std::function<double()>& J) {
-  VecD g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double old = x[i];
-    x[i] = old + h;
-    const double jp = J();
-    x[i] = old - h;
-    const double jm = J();
-    x[i] = old;
-    g[i] = (jp - jm) / (2 * h);
-  }
-  return g;
-}
-
-// |got - want| <= rtol * (|want| + floor * max|want|) elementwise (gradcheck_test.cpp's rule).
-template <class Got>
-void expect_close(const Got& got, const VecD& want, double rtol, const std::string& what, double floor = 0.05) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const double scale = max_abs(want);
-  ASSERT_GT(scale, 0.0) << what << ": reference is all zero, the check would be vacuous";
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double tol = rtol * (std::fabs(want[i]) + floor * scale);
-    if (std::fabs(double(got[i]) - want[i]) > tol && ++bad <= 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (tol " << tol << ")";
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << want.size() << " elements off";
-}
-
-// got - base, elementwise (to read an accumulated "+=" gradient).
-VecD minus(const VecF& got, const VecF& base) {
-  VecD d(got.size());
-  for (size_t i = 0; i < got.size(); ++i) d[i] = double(got[i]) - double(base[i]);
-  return d;
-}
+using namespace test;  // tests/common/gradcheck.h
 
 // Bit-for-bit equality of two float vectors, reporting the first differences.
 void expect_bitwise(const VecF& got, const VecF& want, const std::string& what) {
