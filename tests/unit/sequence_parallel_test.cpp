@@ -173,13 +173,15 @@ TwoStageRun run_two_stages(const Config& cfg, Comm& tp, int tp_rank, const VecF&
   return out;
 }
 
-// max |got - want| <= rtol * (|want| + 1% of the largest |want|)
+// max |got - want| <= rtol * (|want| + 5% of the largest |want|): the floor is rounding noise of the
+// largest values summed in another order (TP 1 vs TP 4 with sequence parallelism); at 1% the clang
+// sanitizer build's stage output had one element of 0.0067 off by 7.2e-7 (scale 5.0, 1.4e-7 of it)
 int count_off(const VecF& got, const VecF& want, double rtol) {
   double scale = 0;
   for (float w : want) scale = std::max(scale, double(std::fabs(w)));
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i)
-    if (std::fabs(double(got[i]) - want[i]) > rtol * (std::fabs(want[i]) + 0.01 * scale) + 1e-30) ++bad;
+    if (std::fabs(double(got[i]) - want[i]) > rtol * (std::fabs(want[i]) + 0.05 * scale) + 1e-30) ++bad;
   return bad;
 }
 
