@@ -1,6 +1,7 @@
 // The GPT model of docs/ARCHITECTURE.md "Model" (GPT-2, or the LLaMA family by its options:
 // model/layers.h) as one pipeline stage's share of one tensor-parallel rank: its parameter layout
-// (global names, global shapes, this rank's box) and its forward and backward over micro-batches. It talks to other TP ranks only through parallel/tensor_parallel.h.
+// (global names, global shapes, this rank's box) and its forward and backward over micro-batches.
+// It talks to other TP ranks only through parallel/tensor_parallel.h.
 #pragma once
 #include <cstdint>
 #include <functional>
