@@ -86,7 +86,7 @@ CLI::Validator number_in(double lo, double hi, bool open_lo) {
 }
 
 void add_config_options(CLI::App& cmd, std::string& config, std::vector<std::string>& overrides) {
-  cmd.add_option("--config", config, "the YAML config (sections model, parallel, training, optimizer, data, "
+  cmd.add_option("--config", config, "the YAML config, - for standard input (sections model, parallel, training, optimizer, data, "
                                      "checkpoint, logging; see README.md and configs/)")
       ->required()
       ->type_name("FILE");

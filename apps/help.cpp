@@ -11,7 +11,8 @@ std::string help_footer() {
 tptrain COMMAND --help lists the options of a command.
 
 Config: YAML with sections model, parallel, training, optimizer, data, checkpoint, logging
-(keys named after Megatron's arguments; see README.md and configs/).
+(keys named after Megatron's arguments; see README.md and configs/); --config - reads it
+from standard input (under mpirun rank 0 reads it and sends it to every rank).
 
 Logged TFLOP/s per device use Megatron's model-FLOPs formula (no recompute):
   72 * B * s * l * h^2 * (1 + s/(12h) + V/(12 l h))  per iteration, B = global batch size.

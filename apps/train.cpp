@@ -63,7 +63,23 @@ int train(const TrainArgs& args, int* argc, char*** argv) {
   // Phase 1: identical on every rank, no communication. Errors: reported by rank 0, exit 2.
   Config cfg;
   try {
-    cfg = load_config(args.config_path, args.overrides);
+    if (args.config_path == "-") {
+      // --config -: mpirun forwards standard input to rank 0 only; rank 0 reads it and every rank
+      // parses the same text (the one collective before phase 2; a read error travels with it)
+      std::string text;
+      if (rank == 0) {
+        try {
+          text = "T" + read_config_stdin();
+        } catch (const InputError& e) {
+          text = std::string("E") + e.what();
+        }
+      }
+      text = runtime_broadcast_string(text);
+      if (text.empty() || text[0] != 'T') input_error(text.empty() ? "-: no config text" : text.substr(1));
+      cfg = parse_config(text.substr(1), "-", args.overrides);
+    } else {
+      cfg = load_config(args.config_path, args.overrides);
+    }
     resolve_parallel(cfg, world);
     reject_unimplemented(cfg);
     check_plannable(cfg);  // before anything is sized in 64 bits or allocated

@@ -76,6 +76,10 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
       if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
     }
   }
+  if (!cfg.logging.tensorboard_dir.empty() && grid.last_stage() && grid.tp_rank == 0 && grid.dp_rank == 0) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(cfg.logging.tensorboard_dir);
+    spdlog::warn("tensorboard: writing {} (tensorboard --logdir {})", tensorboard_->path(), cfg.logging.tensorboard_dir);
+  }
   setup_checkpointing();  // checkpoint: resume from checkpoint.load (the optimizer exists now)
 }
 
@@ -424,13 +428,17 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   StepResult r;
   r.loss_scale = scaler_.scale;
   ops_->zero(grads_, size_t(buffer_total_));
+  const double t_fwd_bwd = schedule_clock_us();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
   // gradients averaged over DP (buckets already started during the last backward finish here;
   // reduce-scattered with the distributed optimizer), the tied word embedding's summed over the
   // embedding group
   const double t_reduce = schedule_clock_us();
   grad_sync_->finish();
-  trace_->record_span(k, "reduce gradients (DP, embedding group)", "allreduce", t_reduce, schedule_clock_us());
+  const double t_reduced = schedule_clock_us();
+  trace_->record_span(k, "reduce gradients (DP, embedding group)", "allreduce", t_reduce, t_reduced);
+  timer_fwd_bwd_s_ += (t_reduce - t_fwd_bwd) * 1e-6;
+  timer_reduce_s_ += (t_reduced - t_reduce) * 1e-6;
   const std::vector<ShardRange>& owned = grad_sync_->owned();  // what this rank updates
   auto scale_owned = [&](double factor) {
     for (const ShardRange& o : owned) ops_->scale(grads_ + o.offset, float(factor), o.n);
@@ -473,7 +481,9 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   const double t_opt = schedule_clock_us();
   adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);  // also refreshes the compute copy
   grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: the updated blocks to every DP rank
-  trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, schedule_clock_us());
+  const double t_opt_end = schedule_clock_us();
+  trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, t_opt_end);
+  timer_optimizer_s_ += (t_opt_end - t_opt) * 1e-6;
   return r;
 }
 
@@ -499,6 +509,30 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
   const double tokens_per_s = double(G * c.model.seq_length) / (per_iter_ms / 1000.0);
   const double tflops = iteration_model_flops(c, dims_.Vp) / (per_iter_ms / 1000.0) / grid_.world_size / 1e12;
   const double eta_s = double(c.training.train_iters - k) * per_iter_ms / 1000.0;
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, float>> v = {{"lm loss", float(r.lm_loss)},
+                                                    {"learning-rate", float(lr)},
+                                                    {"grad-norm", float(r.grad_norm)},
+                                                    {"loss-scale", float(r.loss_scale)},
+                                                    {"iteration-time", float(per_iter_ms / 1000.0)},
+                                                    {"throughput", float(tokens_per_s)},
+                                                    {"mem-allocated-bytes", float(ops_->allocated_bytes())},
+                                                    {"batch-size", float(G)}};
+    if (val_loss) {
+      v.emplace_back("lm loss validation", float(*val_loss));
+      v.emplace_back("lm loss validation ppl", float(std::exp(std::min(*val_loss, 20.0))));
+    }
+    if (c.logging.log_timers_to_tensorboard) {  // this rank's host time per iteration, seconds
+      const double n = double(std::max<int64_t>(1, n_iters));
+      v.emplace_back("forward-backward-time", float(timer_fwd_bwd_s_ / n));
+      v.emplace_back("grads-reduce-time", float(timer_reduce_s_ / n));
+      v.emplace_back("optimizer-time", float(timer_optimizer_s_ / n));
+    }
+    tensorboard_->add_scalars(k, v);
+    tensorboard_->flush();
+  }
+  timer_fwd_bwd_s_ = timer_reduce_s_ = timer_optimizer_s_ = 0;
+  if (grid_.world_rank != 0) return;
   spdlog::info(
       "iteration {:>8}/{:>8} | consumed samples {:>12} | elapsed time per iteration (ms): {:.1f} | "
       "learning rate {:.3E} | global batch size {:>5} | lm loss {:.6E} | loss scale {:.1f} | grad norm {:.3f} | "
@@ -568,6 +602,9 @@ int Trainer::train() {
     const bool log_now = k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now;
     if (log_now) {
       double ms = std::chrono::duration<double, std::milli>(clock::now() - window_start).count();
+      // the slowest rank's time (as Megatron's timers): the same number in the log line, the metrics
+      // and the TensorBoard file, whichever rank writes them (one double, only on logged iterations)
+      if (grid_.world_size > 1) grid_.world->all_reduce(&ms, 1, ReduceOp::Max);
       StepResult avg = r;
       if (window_counted) avg.lm_loss = window_loss / double(window_counted);
       if (eval_now) {
@@ -577,7 +614,7 @@ int Trainer::train() {
           spdlog::info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", k, *val,
                        std::exp(std::min(*val, 20.0)));
       }
-      if (rank0) log_iteration(k, avg, learning_rate(c.optimizer, k), ms, window_iters, window_skipped, window_nan, val);
+      if (rank0 || tensorboard_) log_iteration(k, avg, learning_rate(c.optimizer, k), ms, window_iters, window_skipped, window_nan, val);
       window_start = clock::now();
       window_iters = window_counted = 0;
       window_skipped = window_nan = 0;

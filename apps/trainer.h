@@ -15,6 +15,7 @@
 #include "data/run_data.h"
 #include "model/chunks.h"
 #include "model/gpt.h"
+#include "apps/tensorboard.h"
 #include "apps/trace.h"
 #include "model/optimizer.h"
 #include "parallel/grad_sync.h"
@@ -122,6 +123,10 @@ class Trainer {
   // the local chunk's layer hooks' argument for the DP sync (model/chunks.h local_layer_index)
   int local_layer(int64_t layer) const { return local_layer_index(layers_, layer, dims_.L); }
   FILE* metrics_ = nullptr;
+  // logging.tensorboard_dir: on the last stage's first TP / DP rank (Megatron's writer rank)
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  // logging.log_timers_to_tensorboard: host seconds of each phase summed since the last log line
+  double timer_fwd_bwd_s_ = 0, timer_reduce_s_ = 0, timer_optimizer_s_ = 0;
   std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;
   bool fault_in_step_ = false;  // TPTRAIN_FAULT: fail in this iteration's last backward (tests)

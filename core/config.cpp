@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +147,8 @@ const std::vector<Field>& fields() {
       TPT_FIELD(logging, metrics_file, kNull),
       TPT_FIELD(logging, trace_file, kNull),
       TPT_FIELD(logging, profile_ops),
+      TPT_FIELD(logging, tensorboard_dir, kNull),
+      TPT_FIELD(logging, log_timers_to_tensorboard),
   };
   return kFields;
 }
@@ -638,7 +641,24 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return cfg;
 }
 
+std::string read_config_stdin() {
+  std::string text;
+  char buf[65536];
+  const size_t limit = size_t(16) << 20;
+  for (;;) {
+    const size_t n = std::fread(buf, 1, sizeof(buf), stdin);
+    text.append(buf, n);
+    if (text.size() > limit) input_error("-: cannot read config from standard input: larger than 16 MiB");
+    if (n < sizeof(buf)) {
+      if (std::ferror(stdin)) input_error(std::string("-: cannot read config from standard input: ") + std::strerror(errno));
+      break;
+    }
+  }
+  return text;
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path == "-") return parse_config(read_config_stdin(), "-", overrides);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) input_error(path + ": cannot read config file: is a directory");
   // only regular files of sane size: a FIFO would block, /dev/zero would never end

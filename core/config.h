@@ -176,6 +176,8 @@ struct LoggingConfig {
   std::string metrics_file;             // empty = null
   std::string trace_file;               // empty = null
   bool profile_ops = false;             // per-op time table after the run (core/op_profile.h)
+  std::string tensorboard_dir;          // empty = null: no TensorBoard event file (apps/tensorboard.h)
+  bool log_timers_to_tensorboard = false;  // per-phase times of each logged iteration as scalars too
 };
 
 struct Config {
@@ -191,7 +193,10 @@ struct Config {
 // Reads a YAML file, applies "section.key=value" overrides (values parsed as YAML scalars or flow
 // sequences), checks every key/type/constraint that does not need the world size, and resolves the
 // derived defaults (ffn_hidden_size, max_position_embeddings, lr_decay_iters). Throws InputError.
+// path "-": the YAML text from standard input (read_config_stdin).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Standard input to its end, at most 16 MiB as a config file (InputError past that: /dev/zero).
+std::string read_config_stdin();
 
 // Same, from YAML text (source_name is used in error messages).
 Config parse_config(const std::string& yaml_text, const std::string& source_name,

@@ -73,6 +73,24 @@ int runtime_world_rank() {
 #endif
 }
 
+std::string runtime_broadcast_string(const std::string& s) {
+#ifdef TPTRAIN_HAVE_MPI
+  if (g_mpi_started && runtime_world_size() > 1) {
+    unsigned long long n = s.size();
+    MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+    std::string out = s;
+    out.resize(size_t(n));
+    for (size_t at = 0; at < out.size();) {  // in pieces that fit an int count
+      const int chunk = int(std::min<size_t>(out.size() - at, size_t(1) << 30));
+      MPI_Bcast(out.data() + at, chunk, MPI_CHAR, 0, MPI_COMM_WORLD);
+      at += size_t(chunk);
+    }
+    return out;
+  }
+#endif
+  return s;
+}
+
 void runtime_abort(int code) {
   std::fflush(stdout);
   std::fflush(stderr);

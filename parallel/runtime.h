@@ -1,6 +1,8 @@
 // The process runtime: MPI start-up and shutdown (or a single process when built without MPI),
 // abort on failure, and the process grid built from the world.
 #pragma once
+#include <string>
+
 #include "parallel/grid.h"
 
 namespace tpt {
@@ -12,6 +14,8 @@ int runtime_world_size();
 int runtime_world_rank();
 // Ends every rank of the job with `code` (MPI_Abort), so a failure on one rank never hangs others.
 [[noreturn]] void runtime_abort(int code);
+// Rank 0's `s` on every rank (MPI_Bcast over the world; `s` itself alone or without MPI). Collective.
+std::string runtime_broadcast_string(const std::string& s);
 
 // Builds the TP x PP x DP grid over the world. tp * pp * dp must equal the world size (checked by
 // resolve_parallel beforehand).

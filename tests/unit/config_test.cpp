@@ -400,7 +400,8 @@ Config unusual_config(const std::string& weights) {
                        "data.shuffle=false", "data.split=[0.5, 0.25, 0.125]", "data.valid_path='null'",
                        "checkpoint.save=/tmp/ck pt", "checkpoint.load=\"yes\"", "checkpoint.keep_last=3",
                        "checkpoint.exit_signal=SIGUSR1", "checkpoint.exit_duration_mins=90.5",
-                       "logging.metrics_file=\"123\"", "logging.trace_file='-x\\\"y'"});
+                       "logging.metrics_file=\"123\"", "logging.trace_file='-x\\\"y'",
+                       "logging.tensorboard_dir='/tmp/tb dir: 1'", "logging.log_timers_to_tensorboard=true"});
 }
 
 TEST(ConfigOutput, RoundTrip) {
