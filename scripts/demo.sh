@@ -34,11 +34,12 @@ if [ ! -f data_cache/fortunes_text_document.idx ]; then
 fi
 
 # A fresh run each time: the previous demo's checkpoints would otherwise stay next to the new ones.
-rm -rf "$DEMO_DIR/checkpoints"
+rm -rf "$DEMO_DIR/checkpoints" "$DEMO_DIR/tensorboard"
 t_train=$(date +%s)
 mpirun -np "$NP" "$TPTRAIN" --config configs/demo.yaml \
   --set checkpoint.save="$DEMO_DIR/checkpoints" --set checkpoint.save_interval=100000 \
-  --set logging.metrics_file="$DEMO_DIR/metrics.jsonl" --set logging.trace_file="$DEMO_DIR/trace.json" "$@"
+  --set logging.metrics_file="$DEMO_DIR/metrics.jsonl" --set logging.trace_file="$DEMO_DIR/trace.json" \
+  --set logging.tensorboard_dir="$DEMO_DIR/tensorboard" "$@"
 t_trained=$(date +%s)
 ckpt=$(cat "$DEMO_DIR/checkpoints/latest_checkpointed_iteration.txt")
 grid=$($PY -c 'import json, sys; g = json.load(open(sys.argv[1]))["grid"]
