@@ -13,7 +13,6 @@ Prints one line per check and exits non-zero if any fails.
 """
 import argparse
 import io
-import json
 import math
 import os
 import sys
@@ -31,7 +30,7 @@ import compare_metrics  # noqa: E402
 import gpt_ref  # noqa: E402
 import make_hf_weights  # noqa: E402
 import make_tokens  # noqa: E402
-from selftest_common import CHECKS, LossOf, check, cli, tiny_cfg  # noqa: E402
+from selftest_common import CHECKS, LossOf, check, cli, cli_runs, tiny_cfg  # noqa: E402
 
 def tiny_model(m, seed=3, std=0.3):
     """A float64 GPT whose weights come from make_hf_weights' generator via the HF mapping."""
@@ -307,11 +306,9 @@ def cli_microbatch_and_formats(work):
             "meg8_f64": ["--float64", "--set", "data.path=" + os.path.join(work, "meg")],
             "meg4x2_f64": ["--float64", "--set", "data.path=" + os.path.join(work, "meg"),
                            "--set", "training.micro_batch_size=4"]}
-    for name, extra in runs.items():
-        rc, err = cli(["--config", cfg, "--init", w, "--out", os.path.join(work, name + ".jsonl")] + extra)
-        if rc != 0:
-            return False, f"gpt_ref {name} failed: {err}"
-    recs = {n: [json.loads(l) for l in open(os.path.join(work, n + ".jsonl"))] for n in runs}
+    recs, err = cli_runs(work, ["--config", cfg, "--init", w], runs)
+    if err:
+        return False, err
     same_formats = recs["meg8"] == recs["llmc"]
     out = io.StringIO()
     from contextlib import redirect_stdout

@@ -1,6 +1,8 @@
 """Helpers shared by the reference self-checks (selftest.py, selftest_llama.py): the check registry,
 a tiny config, a loss wrapper for autograd and the reference CLI run in-process."""
 import io
+import json
+import os
 from contextlib import redirect_stderr
 
 import torch
@@ -34,3 +36,13 @@ def cli(args):
     with redirect_stderr(err):
         rc = gpt_ref.main(args)
     return rc, err.getvalue()
+
+
+def cli_runs(work, base, runs):
+    """Runs the reference CLI with base + extra for each name -> extra of runs, metrics to WORK/name.jsonl.
+    Returns ({name: metrics records}, None), or (None, the first failure)."""
+    for name, extra in runs.items():
+        rc, err = cli(base + ["--out", os.path.join(work, name + ".jsonl")] + extra)
+        if rc != 0:
+            return None, f"gpt_ref {name} failed: {err}"
+    return {n: [json.loads(line) for line in open(os.path.join(work, n + ".jsonl"))] for n in runs}, None

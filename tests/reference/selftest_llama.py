@@ -2,7 +2,6 @@
 untied head, no biases, and tptrain's Philox init. Registered into selftest.py's checks on import;
 run them with `selftest.py --only llama,rope,philox,tptrain_init`."""
 import io
-import json
 import math
 import os
 import shutil
@@ -17,7 +16,7 @@ import gpt_ref
 import init_ref
 import make_tokens
 import model_ref
-from selftest_common import LossOf, check, cli, tiny_cfg
+from selftest_common import LossOf, check, cli, cli_runs, tiny_cfg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -424,11 +423,9 @@ def cli_llama_from_tptrain_init(work):
     data = ["--set", "data.path=" + os.path.join(work, "lmeg")]
     runs = {"l8": [], "l4x2": ["--set", "training.micro_batch_size=4"],
             "lreset": ["--set", "data.reset_position_ids=true", "--set", "data.eod_token_id=5"]}
-    for name, extra in runs.items():
-        rc, err = cli(["--config", cfg, "--out", os.path.join(work, name + ".jsonl")] + data + extra)
-        if rc != 0:
-            return False, f"gpt_ref {name} failed: {err}"
-    recs = {n: [json.loads(l) for l in open(os.path.join(work, n + ".jsonl"))] for n in runs}
+    recs, err = cli_runs(work, ["--config", cfg] + data, runs)
+    if err:
+        return False, err
     d = max(abs(a["lm_loss"] - b["lm_loss"]) for a, b in zip(recs["l8"], recs["l4x2"]))
     dr = max(abs(a["lm_loss"] - b["lm_loss"]) for a, b in zip(recs["l8"], recs["lreset"]))
     losses = [r["lm_loss"] for r in recs["l8"]]
