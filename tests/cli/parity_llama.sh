@@ -24,28 +24,8 @@
 # equal to tptrain's fp32 run.
 set -u -o pipefail
 
-SRC=${TPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-PY=${PYTHON:-/usr/bin/python3}
-WORK=${TPTRAIN_WORK:-$(mktemp -d /tmp/parity_llama.XXXXXX)}
-TPTRAIN=${TPTRAIN:-}
-REF=$SRC/tests/reference
-TOL=(--loss-abs "${PARITY_LOSS_ABS:-1e-4}" --gradnorm-rel "${PARITY_GRADNORM_REL:-1e-3}"
-     --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
-TOL_BF16=(--loss-abs "${PARITY_BF16_LOSS_ABS:-2e-2}" --gradnorm-rel "${PARITY_BF16_GRADNORM_REL:-5e-2}"
-          --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
-TIMEOUT=${PARITY_TIMEOUT_S:-300}
-export PYTHONDONTWRITEBYTECODE=1
-
-mkdir -p "$WORK" || { echo "cannot create TPTRAIN_WORK=$WORK"; exit 1; }
-cd "$WORK" || exit 1
-echo "parity_llama: tptrain=${TPTRAIN:-<unset>} src=$SRC work=$WORK python=$PY"
-
-passed=0
-failed=0
-failures=()
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
-show() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1" | sed 's/^/    /'; echo "----"; }
+NAME=parity_llama
+source "$(dirname "${BASH_SOURCE[0]}")/parity_lib.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Inputs: a GPT-2 config the cases change key by key, tokens.
@@ -112,15 +92,7 @@ cat setup.log
 # The reference's own checks of what these cases use (the rest: parity_torch.sh runs them all):
 # numpy forward on the global tensors for every option, gradcheck, RoPE's two forms, the Philox init
 # against core/rng.h compiled here, the init rules, the CLI from tptrain's init.
-if "$PY" "$REF/selftest.py" --work "$WORK/selftest" --only llama,rope,philox,tptrain_init > selftest.log 2>&1; then
-  grep -E '^(PASS|FAIL|selftest:)' selftest.log | sed 's/^/    /'
-  pass "reference_selftest_llama"
-else
-  show selftest.log
-  fail "reference_selftest_llama" "tests/reference/selftest.py --only llama,rope,philox,tptrain_init failed"
-fi
-
-source "$SRC/scripts/env.sh"  # mpirun as root, oversubscribed
+parity_selftest reference_selftest_llama --only llama,rope,philox,tptrain_init
 
 # run_case NAME [extra --set overrides...]; NP=N: N ranks under mpirun; TOLS=bf16: the bf16 bounds
 run_case() {
@@ -129,48 +101,7 @@ run_case() {
   local sets=(--set "data.path=$WORK/tokens")
   local extra
   for extra in "$@"; do sets+=(--set "$extra"); done
-  local mt=$WORK/$name.tptrain.jsonl mr=$WORK/$name.ref.jsonl
-  local tol=("${TOL[@]}")
-  [ "${TOLS:-}" = bf16 ] && tol=("${TOL_BF16[@]}")
-  rm -f "$mt" "$mr"
-  echo
-  echo "== case $name: ${sets[*]}"
-
-  # the reference in fp32 whatever training.precision says (it prints a note)
-  if ! timeout "$TIMEOUT" "$PY" "$REF/gpt_ref.py" --config cfg.yaml "${sets[@]}" \
-      --set "logging.metrics_file=$mt" --out "$mr" > "$name.ref.log" 2>&1; then
-    show "$name.ref.log"
-    fail "$name" "reference gpt_ref.py failed"
-    return
-  fi
-  if [ -z "$TPTRAIN" ] || [ ! -x "$TPTRAIN" ]; then
-    fail "$name" "TPTRAIN='$TPTRAIN' is not an executable file"
-    return
-  fi
-  local rc=0
-  local launch=()
-  [ "${NP:-1}" -gt 1 ] && launch=(mpirun -np "$NP")
-  timeout "$TIMEOUT" "${launch[@]}" "$TPTRAIN" --config cfg.yaml "${sets[@]}" --set "logging.metrics_file=$mt" \
-      > "$name.tptrain.out" 2> "$name.tptrain.err" || rc=$?
-  if [ "$rc" != 0 ]; then
-    show "$name.tptrain.err"
-    tail -n 5 "$name.tptrain.out" | sed 's/^/    stdout: /'
-    fail "$name" "tptrain exited with status $rc$([ "$rc" = 124 ] && echo " (timed out after ${TIMEOUT}s)")"
-    return
-  fi
-  if [ ! -s "$mt" ]; then
-    tail -n 20 "$name.tptrain.out" | sed 's/^/    stdout: /'
-    show "$name.tptrain.err"
-    fail "$name" "tptrain exited 0 but wrote no metrics to logging.metrics_file=$mt"
-    return
-  fi
-  if "$PY" "$REF/compare_metrics.py" "$mt" "$mr" --names tptrain,ref "${tol[@]}" > "$name.compare.log" 2>&1; then
-    sed 's/^/    /' "$name.compare.log"
-    pass "$name"
-  else
-    sed 's/^/    /' "$name.compare.log"
-    fail "$name" "metrics differ (tolerances: ${tol[*]})"
-  fi
+  parity_case "$name" "${sets[@]}"
 }
 
 ROPE=model.position_embedding_type=rope
@@ -227,7 +158,4 @@ PYEOF
   else fail n_llama_bf16_is_not_fp32 "tptrain's bf16 losses are bitwise its fp32 losses: bf16 did not run"; fi
 fi
 
-echo
-[ "$failed" -gt 0 ] && echo "failed: ${failures[*]}"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+parity_finish

@@ -19,26 +19,8 @@
 # wrap around the data.
 set -u -o pipefail
 
-SRC=${TPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-PY=${PYTHON:-/usr/bin/python3}
-WORK=${TPTRAIN_WORK:-$(mktemp -d /tmp/parity_torch.XXXXXX)}
-TPTRAIN=${TPTRAIN:-}
-REF=$SRC/tests/reference
-TOL=(--loss-abs "${PARITY_LOSS_ABS:-1e-4}" --gradnorm-rel "${PARITY_GRADNORM_REL:-1e-3}"
-     --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
-TIMEOUT=${PARITY_TIMEOUT_S:-300}
-export PYTHONDONTWRITEBYTECODE=1
-
-mkdir -p "$WORK" || { echo "cannot create TPTRAIN_WORK=$WORK"; exit 1; }
-cd "$WORK" || exit 1
-echo "parity_torch: tptrain=${TPTRAIN:-<unset>} src=$SRC work=$WORK python=$PY"
-
-passed=0
-failed=0
-failures=()
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
-show() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1" | sed 's/^/    /'; echo "----"; }
+NAME=parity_torch
+source "$(dirname "${BASH_SOURCE[0]}")/parity_lib.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Inputs: config, weights (F32; F16 with prefix and buffers, same values rounded), tokens.
@@ -111,62 +93,16 @@ cat setup.log
 
 # ---------------------------------------------------------------------------------------------
 # The reference checks itself first (gradcheck, numpy forward, AdamW formulas, micro-batching...).
-if "$PY" "$REF/selftest.py" --work "$WORK/selftest" > selftest.log 2>&1; then
-  grep -E '^(PASS|FAIL|selftest:)' selftest.log | sed 's/^/    /'
-  pass "reference_selftest"
-else
-  show selftest.log
-  fail "reference_selftest" "tests/reference/selftest.py failed"
-fi
+parity_selftest reference_selftest
 
-source "$TPTRAIN_SRC/scripts/env.sh"  # mpirun as root, oversubscribed
-
-# run_case NAME WEIGHTS DATA [extra --set overrides...]
+# run_case NAME WEIGHTS DATA [extra --set overrides...]; NP=N: N ranks under mpirun
 run_case() {
   local name=$1 weights=$WORK/$2 data=$WORK/$3
   shift 3
   local sets=(--set "model.init_from=$weights" --set "data.path=$data")
   local extra
   for extra in "$@"; do sets+=(--set "$extra"); done
-  local mt=$WORK/$name.tptrain.jsonl mr=$WORK/$name.ref.jsonl
-  rm -f "$mt" "$mr"
-  echo
-  echo "== case $name: ${sets[*]}"
-
-  if ! timeout "$TIMEOUT" "$PY" "$REF/gpt_ref.py" --config cfg.yaml "${sets[@]}" \
-      --set "logging.metrics_file=$mt" --out "$mr" > "$name.ref.log" 2>&1; then
-    show "$name.ref.log"
-    fail "$name" "reference gpt_ref.py failed"
-    return
-  fi
-  if [ -z "$TPTRAIN" ] || [ ! -x "$TPTRAIN" ]; then
-    fail "$name" "TPTRAIN='$TPTRAIN' is not an executable file"
-    return
-  fi
-  local rc=0
-  local launch=()  # NP=N run_case ...: N ranks under mpirun
-  [ "${NP:-1}" -gt 1 ] && launch=(mpirun -np "$NP")
-  timeout "$TIMEOUT" "${launch[@]}" "$TPTRAIN" --config cfg.yaml "${sets[@]}" --set "logging.metrics_file=$mt" \
-      > "$name.tptrain.out" 2> "$name.tptrain.err" || rc=$?
-  if [ "$rc" != 0 ]; then
-    show "$name.tptrain.err"
-    tail -n 5 "$name.tptrain.out" | sed 's/^/    stdout: /'
-    fail "$name" "tptrain exited with status $rc$([ "$rc" = 124 ] && echo " (timed out after ${TIMEOUT}s)")"
-    return
-  fi
-  if [ ! -s "$mt" ]; then
-    tail -n 20 "$name.tptrain.out" | sed 's/^/    stdout: /'
-    show "$name.tptrain.err"
-    fail "$name" "tptrain exited 0 but wrote no metrics to logging.metrics_file=$mt"
-    return
-  fi
-  if "$PY" "$REF/compare_metrics.py" "$mt" "$mr" --names tptrain,ref "${TOL[@]}" > "$name.compare.log" 2>&1; then
-    sed 's/^/    /' "$name.compare.log"
-    pass "$name"
-  else
-    sed 's/^/    /' "$name.compare.log"
-    fail "$name" "metrics differ (tolerances: ${TOL[*]})"
-  fi
+  parity_case "$name" "${sets[@]}"
 }
 
 run_case a_megatron_micro8    w_f32.safetensors        tokens
@@ -199,7 +135,4 @@ NP=4 run_case g_eod_masks_pp2_dp2 w_f32.safetensors    tokens  data.eod_mask_los
   data.eod_token_id=$EOD parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2
 fi
 
-echo
-[ "$failed" -gt 0 ] && echo "failed: ${failures[*]}"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+parity_finish

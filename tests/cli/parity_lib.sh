@@ -1,0 +1,97 @@
+# Sourced by the parity tests (tests/cli/parity_torch.sh, parity_llama.sh) after they set NAME (the
+# test's name): the environment (TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON, PARITY_* as those files
+# say), the work directory as the current one, the counters pass / fail / show, parity_case (one
+# case: the reference and tptrain on cfg.yaml, metrics compared) and parity_finish (the summary).
+SRC=${TPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+PY=${PYTHON:-/usr/bin/python3}
+WORK=${TPTRAIN_WORK:-$(mktemp -d "/tmp/$NAME.XXXXXX")}
+TPTRAIN=${TPTRAIN:-}
+REF=$SRC/tests/reference
+TOL=(--loss-abs "${PARITY_LOSS_ABS:-1e-4}" --gradnorm-rel "${PARITY_GRADNORM_REL:-1e-3}"
+     --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
+TOL_BF16=(--loss-abs "${PARITY_BF16_LOSS_ABS:-2e-2}" --gradnorm-rel "${PARITY_BF16_GRADNORM_REL:-5e-2}"
+          --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
+TIMEOUT=${PARITY_TIMEOUT_S:-300}
+export PYTHONDONTWRITEBYTECODE=1
+
+mkdir -p "$WORK" || { echo "cannot create TPTRAIN_WORK=$WORK"; exit 1; }
+cd "$WORK" || exit 1
+echo "$NAME: tptrain=${TPTRAIN:-<unset>} src=$SRC work=$WORK python=$PY"
+source "$SRC/scripts/env.sh"  # mpirun as root, oversubscribed
+
+passed=0
+failed=0
+failures=()
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
+show() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1" | sed 's/^/    /'; echo "----"; }
+
+# parity_case CASE ARGS...: gpt_ref.py (fp32 whatever training.precision says) and tptrain (NP=N: N
+# ranks under mpirun) on cfg.yaml with ARGS, then their metrics compared within TOL (TOLS=bf16:
+# within TOL_BF16).
+parity_case() {
+  local name=$1
+  shift
+  local sets=("$@")
+  local mt=$WORK/$name.tptrain.jsonl mr=$WORK/$name.ref.jsonl
+  local tol=("${TOL[@]}")
+  [ "${TOLS:-}" = bf16 ] && tol=("${TOL_BF16[@]}")
+  rm -f "$mt" "$mr"
+  echo
+  echo "== case $name: ${sets[*]}"
+
+  if ! timeout "$TIMEOUT" "$PY" "$REF/gpt_ref.py" --config cfg.yaml "${sets[@]}" \
+      --set "logging.metrics_file=$mt" --out "$mr" > "$name.ref.log" 2>&1; then
+    show "$name.ref.log"
+    fail "$name" "reference gpt_ref.py failed"
+    return
+  fi
+  if [ -z "$TPTRAIN" ] || [ ! -x "$TPTRAIN" ]; then
+    fail "$name" "TPTRAIN='$TPTRAIN' is not an executable file"
+    return
+  fi
+  local rc=0
+  local launch=()
+  [ "${NP:-1}" -gt 1 ] && launch=(mpirun -np "$NP")
+  timeout "$TIMEOUT" "${launch[@]}" "$TPTRAIN" --config cfg.yaml "${sets[@]}" --set "logging.metrics_file=$mt" \
+      > "$name.tptrain.out" 2> "$name.tptrain.err" || rc=$?
+  if [ "$rc" != 0 ]; then
+    show "$name.tptrain.err"
+    tail -n 5 "$name.tptrain.out" | sed 's/^/    stdout: /'
+    fail "$name" "tptrain exited with status $rc$([ "$rc" = 124 ] && echo " (timed out after ${TIMEOUT}s)")"
+    return
+  fi
+  if [ ! -s "$mt" ]; then
+    tail -n 20 "$name.tptrain.out" | sed 's/^/    stdout: /'
+    show "$name.tptrain.err"
+    fail "$name" "tptrain exited 0 but wrote no metrics to logging.metrics_file=$mt"
+    return
+  fi
+  if "$PY" "$REF/compare_metrics.py" "$mt" "$mr" --names tptrain,ref "${tol[@]}" > "$name.compare.log" 2>&1; then
+    sed 's/^/    /' "$name.compare.log"
+    pass "$name"
+  else
+    sed 's/^/    /' "$name.compare.log"
+    fail "$name" "metrics differ (tolerances: ${tol[*]})"
+  fi
+}
+
+# parity_selftest CASE [selftest.py options]: the reference's own checks, one line each
+parity_selftest() {
+  local name=$1
+  shift
+  if "$PY" "$REF/selftest.py" --work "$WORK/selftest" "$@" > selftest.log 2>&1; then
+    grep -E '^(PASS|FAIL|selftest:)' selftest.log | sed 's/^/    /'
+    pass "$name"
+  else
+    show selftest.log
+    fail "$name" "tests/reference/selftest.py $* failed"
+  fi
+}
+
+parity_finish() {
+  echo
+  [ "$failed" -gt 0 ] && echo "failed: ${failures[*]}"
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
