@@ -20,6 +20,7 @@
 #include "model/inference.h"
 #include "model/layers.h"
 #include "parallel/comm.h"
+#include "tests/common/inference_check.h"
 
 namespace tpt {
 namespace {
@@ -92,22 +93,6 @@ struct LlamaModel {
   const float* p(const std::string& name) const { return params + layout.find(name)->offset; }
 };
 
-std::vector<int32_t> tokens_of(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[size_t(i)] = int32_t(philox4x32_10(1, uint64_t(i), seed).v[0] % uint32_t(vocab));
-  return t;
-}
-
-// inference_test.cpp's tolerance: relative 1e-5 (absolute below 1)
-void expect_close(const float* got, const float* want, int64_t n, const std::string& what) {
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double err = std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i])));
-    worst = std::max(worst, err);
-  }
-  EXPECT_LE(worst, 1e-5) << what;
-}
-
 std::string variant_name(const ::testing::TestParamInfo<LlamaVariant>& info) { return info.param.name; }
 
 class InferenceLlama : public ::testing::TestWithParam<LlamaVariant> {};
@@ -166,14 +151,7 @@ TEST_P(InferenceLlama, KvCachedLogitsEqualTheTrainingForward) {
   m.ops->rmsnorm_forward(ln.data(), rstd.data(), stage.output(0), m.p("ln_f.weight"), S, C, d.eps);
   m.ops->linear_forward(full.data(), ln.data(), m.p("lm_head.weight"), nullptr, S, C, V);
   // ... whose cross-entropy is GPTStage's loss: the logits above are the ones the trainer uses
-  double xent = 0;
-  for (int64_t t = 0; t < S; ++t) {
-    const float* row = full.data() + t * V;
-    double mx = row[0], sum = 0;
-    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-    xent += std::log(sum) + mx - row[tokens[size_t(t + 1)]];
-  }
+  const double xent = sequence_xent(full, tokens.data() + 1, S, V);
   const double stage_loss = stage.loss(0, tokens.data() + 1, 1.0f, false);
   EXPECT_NEAR(xent, stage_loss, 1e-5 * std::abs(stage_loss));
   // not vacuous: the tied word embedding as output layer would give other logits
@@ -182,30 +160,10 @@ TEST_P(InferenceLlama, KvCachedLogitsEqualTheTrainingForward) {
   EXPECT_GT(std::abs(tied[0] - full[0]) + std::abs(tied[1] - full[1]), 1e-3);
   m.ops->free(grads);
 
-  // The whole sequence in one pass (what generate does with a prompt)
+  // The whole sequence in one pass, then prompts and one token at a time against the KV cache
   GPTInference inf(d, m.layout, *m.ops, m.params);
+  expect_cached_decoding_equals(inf, tokens, full, S, V);
   std::vector<float> logits;
-  inf.forward(std::span<const int32_t>(tokens.data(), size_t(S)), logits, true);
-  ASSERT_EQ(logits.size(), size_t(S * V));
-  expect_close(logits.data(), full.data(), S * V, "one pass over the sequence");
-  EXPECT_EQ(inf.length(), S);
-
-  // A prompt, then one token at a time against the KV cache
-  for (int64_t prompt : {int64_t(1), int64_t(5)}) {
-    inf.reset();
-    inf.forward(std::span<const int32_t>(tokens.data(), size_t(prompt)), logits, true);
-    expect_close(logits.data(), full.data(), prompt * V, "prompt of " + std::to_string(prompt));
-    std::vector<float> last;
-    inf.reset();
-    inf.forward(std::span<const int32_t>(tokens.data(), size_t(prompt)), last);  // last position only
-    ASSERT_EQ(last.size(), size_t(V));
-    expect_close(last.data(), full.data() + (prompt - 1) * V, V, "last position of the prompt");
-    for (int64_t t = prompt; t < S; ++t) {
-      inf.forward(std::span<const int32_t>(&tokens[size_t(t)], 1), logits);
-      expect_close(logits.data(), full.data() + t * V, V, "cached decoding at position " + std::to_string(t));
-    }
-    EXPECT_EQ(inf.length(), S);
-  }
   // chunks of several tokens after the prompt: positions len..len+n-1 for each chunk
   inf.reset();
   for (int64_t t0 : {int64_t(0), int64_t(3), int64_t(4), int64_t(9)}) {

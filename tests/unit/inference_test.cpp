@@ -13,6 +13,7 @@
 #include "model/gpt.h"
 #include "model/inference.h"
 #include "parallel/comm.h"
+#include "tests/common/inference_check.h"
 
 namespace tpt {
 namespace {
@@ -49,21 +50,6 @@ struct TinyModel {
   const float* p(const std::string& name) const { return params + layout.find(name)->offset; }
 };
 
-std::vector<int32_t> tokens_of(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[size_t(i)] = int32_t(philox4x32_10(1, uint64_t(i), seed).v[0] % uint32_t(vocab));
-  return t;
-}
-
-void expect_close(const float* got, const float* want, int64_t n, const std::string& what) {
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double err = std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i])));
-    worst = std::max(worst, err);
-  }
-  EXPECT_LE(worst, 1e-5) << what;
-}
-
 TEST(Inference, KvCachedLogitsEqualTheTrainingForward) {
   TinyModel m;
   const GPTDims& d = m.d;
@@ -82,42 +68,15 @@ TEST(Inference, KvCachedLogitsEqualTheTrainingForward) {
                            S, C, d.eps);
   m.ops->linear_forward(full.data(), ln.data(), m.p("wte.weight"), nullptr, S, C, V);
   // ... whose cross-entropy is GPTStage's loss: the logits above are the ones the trainer uses
-  double xent = 0;
-  for (int64_t t = 0; t < S; ++t) {
-    const float* row = full.data() + t * V;
-    double mx = row[0], sum = 0;
-    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-    xent += std::log(sum) + mx - row[tokens[size_t(t + 1)]];
-  }
+  const double xent = sequence_xent(full, tokens.data() + 1, S, V);
   const double stage_loss = stage.loss(0, tokens.data() + 1, 1.0f, false);
   EXPECT_NEAR(xent, stage_loss, 1e-5 * std::abs(stage_loss));
   m.ops->free(grads);
 
-  // The whole sequence in one pass (what generate does with a prompt)
+  // The whole sequence in one pass, then prompts and one token at a time against the KV cache
   GPTInference inf(d, m.layout, *m.ops, m.params);
+  expect_cached_decoding_equals(inf, tokens, full, S, V);
   std::vector<float> logits;
-  inf.forward(std::span<const int32_t>(tokens.data(), size_t(S)), logits, true);
-  ASSERT_EQ(logits.size(), size_t(S * V));
-  expect_close(logits.data(), full.data(), S * V, "one pass over the sequence");
-  EXPECT_EQ(inf.length(), S);
-
-  // A prompt of 5 tokens, then one token at a time against the KV cache
-  for (int64_t prompt : {int64_t(1), int64_t(5)}) {
-    inf.reset();
-    inf.forward(std::span<const int32_t>(tokens.data(), size_t(prompt)), logits, true);
-    expect_close(logits.data(), full.data(), prompt * V, "prompt of " + std::to_string(prompt));
-    std::vector<float> last;
-    inf.reset();
-    inf.forward(std::span<const int32_t>(tokens.data(), size_t(prompt)), last);  // last position only
-    ASSERT_EQ(last.size(), size_t(V));
-    expect_close(last.data(), full.data() + (prompt - 1) * V, V, "last position of the prompt");
-    for (int64_t t = prompt; t < S; ++t) {
-      inf.forward(std::span<const int32_t>(&tokens[size_t(t)], 1), logits);
-      expect_close(logits.data(), full.data() + t * V, V, "cached decoding at position " + std::to_string(t));
-    }
-    EXPECT_EQ(inf.length(), S);
-  }
 
   // the cache holds max_position_embeddings positions, no more
   const std::vector<int32_t> more = tokens_of(d.P - S, V, 4);
