@@ -84,6 +84,8 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"tp", p.tp},
           {"pp", p.pp},
           {"dp", p.dp},
+          {"cp", p.cp},
+          {"cp_comm_bytes", p.cp_comm_bytes},
           {"num_microbatches", p.num_microbatches},
           {"micro_batch_size", c.training.micro_batch_size},
           {"global_batch_size", c.training.global_batch_size},
@@ -129,9 +131,16 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters; %s\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
               (long long)p.padded_vocab, count(double(p.total_parameters)).c_str(), describe_architecture(m).c_str());
-  std::printf("grid: TP %d x PP %d x DP %d = %d ranks; rank = tp + TP*(dp + DP*pp): stage s holds ranks "
+  const std::string cp_axis = p.cp > 1 ? " x CP " + std::to_string(p.cp) : std::string();
+  std::printf("grid: TP %d%s x PP %d x DP %d = %d ranks; rank = tp + TP*(dp + DP*pp): stage s holds ranks "
               "[s*%d, (s+1)*%d), TP groups are %d adjacent ranks\n",
-              p.tp, p.pp, p.dp, p.world_size, p.tp * p.dp, p.tp * p.dp, p.tp);
+              p.tp, cp_axis.c_str(), p.pp, p.dp, p.world_size, p.tp * p.cp * p.dp, p.tp * p.cp * p.dp, p.tp);
+  if (p.cp > 1)
+    std::printf("context parallel: CP %d (rank = tp + TP*(cp + CP*(dp + DP*pp))): each CP rank holds %lld of a "
+                "sequence's %d tokens (2 of %d chunks); the attention ring sends %s per rank per iteration; "
+                "gradients reduced over DP x CP = %d\n",
+                p.cp, (long long)(m.seq_length / p.cp), m.seq_length, 2 * p.cp, bytes(double(p.cp_comm_bytes)).c_str(),
+                p.dp * p.cp);
   std::printf("batch: global %d = micro-batch %d x %d micro-batches x DP %d; schedule %s; precision %s; "
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
