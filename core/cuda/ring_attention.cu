@@ -17,16 +17,28 @@ constexpr int kLanes = 32, kPer = int(kRingMaxD / kLanes);
 
 __device__ inline float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
 
+// The (query row t, head h, sequence b) of this warp, the keys it sees in the block and the offsets
+// of its head's query, key and value: what both kernels start from.
+struct RingRow {
+  int64_t t, h, b, n[2], row, krow, koff, voff;
+  float scale;
+  __device__ RingRow(const RingBlock& blk, int64_t H, int64_t KV, int64_t D)
+      : t(blockIdx.x), h(blockIdx.y), b(blockIdx.z), row((H + 2 * KV) * D), krow(2 * KV * D),
+        koff((h / (H / KV)) * D), voff(koff + KV * D), scale(1.0f / sqrtf(float(D))) {
+    blk.visible(t, n);
+  }
+  __device__ bool empty() const { return n[0] + n[1] == 0; }
+};
+
 template <class T>
 __global__ void ring_forward_kernel(float* out, float* lse, const T* qkv, const T* kv, int64_t T_, int64_t H,
                                     int64_t KV, int64_t D, RingBlock blk) {
-  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const RingRow w(blk, H, KV, D);
+  if (w.empty()) return;
+  const int64_t t = w.t, h = w.h, b = w.b, row = w.row, krow = w.krow, koff = w.koff, voff = w.voff;
+  const int64_t* n = w.n;
+  const float scale = w.scale;
   const int lane = threadIdx.x;
-  int64_t n[2];
-  blk.visible(t, n);
-  if (n[0] + n[1] == 0) return;
-  const int64_t row = (H + 2 * KV) * D, krow = 2 * KV * D, koff = (h / (H / KV)) * D, voff = koff + KV * D;
-  const float scale = 1.0f / sqrtf(float(D));
   const T* q = qkv + (b * T_ + t) * row + h * D;
   const T* kb = kv + b * T_ * krow;
   float qv[kPer], acc[kPer];
@@ -80,13 +92,12 @@ template <class T>
 __global__ void ring_backward_kernel(float* dq, float* dkv, const T* dout, const T* out, const float* lse,
                                      const T* qkv, const T* kv, int64_t T_, int64_t H, int64_t KV, int64_t D,
                                      RingBlock blk) {
-  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const RingRow w(blk, H, KV, D);
+  if (w.empty()) return;
+  const int64_t t = w.t, h = w.h, b = w.b, row = w.row, krow = w.krow, koff = w.koff, voff = w.voff;
+  const int64_t* n = w.n;
+  const float scale = w.scale;
   const int lane = threadIdx.x;
-  int64_t n[2];
-  blk.visible(t, n);
-  if (n[0] + n[1] == 0) return;
-  const int64_t row = (H + 2 * KV) * D, krow = 2 * KV * D, koff = (h / (H / KV)) * D, voff = koff + KV * D;
-  const float scale = 1.0f / sqrtf(float(D));
   const T* q = qkv + (b * T_ + t) * row + h * D;
   const T* dy = dout + (b * T_ + t) * H * D + h * D;
   const T* y = out + (b * T_ + t) * H * D + h * D;
