@@ -2,12 +2,14 @@
 // backend (whose ring is checked against a direct attention in tests/unit/ring_attention_test.cpp):
 // every kind of ring block (the diagonal, a lower rank's, a higher rank's) of CP 1..4, forward
 // merged into running outputs and backward into dq / dkv, in fp32 and bf16, with G < H; the strided
-// row copy; and RingAttention itself at CP 1 against the GPU's full causal attention.
+// row copy; RingAttention itself at CP 1 against the GPU's full causal attention, and at CP 2 and 4
+// on CP threads of one GPU (device groups) against the same ring on CPU threads.
 #include <limits>
 
 #include "gpu_test_util.h"
 #include "parallel/context_parallel.h"
 #include "parallel/nccl_comm.h"
+#include "parallel/thread_comm.h"
 
 namespace tpt::gpu_test {
 namespace {
@@ -81,6 +83,45 @@ TEST(GpuRingAttention, RingAtCp1IsCausalAttention) {
   EXPECT_TRUE(close(out.host(), ref_out.host(), 1e-5, 1e-5)) << "out";
   EXPECT_TRUE(close(lse.host(), ref_lse.host(), 1e-5, 1e-5)) << "lse";
   EXPECT_TRUE(close(dqkv.host(), ref_d.host(), 1e-4, 2e-5)) << "dqkv";
+}
+
+// The ring on cp thread ranks, each with its own backend (cuda: CudaOps on GPU 0 with its own
+// stream, the ring over the device group), for its rank's rows of qkv and dout: out, lse, dqkv.
+struct RingResult {
+  VecF out, lse, dqkv;
+};
+std::vector<RingResult> thread_ring(bool cuda, int cp, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                    DType t) {
+  std::vector<RingResult> res(size_t(cp));
+  run_thread_ranks(cp, 1, 1, cuda, [&](Grid& g) {
+    if (cuda) cuda_set_device(0);
+    const int r = g.tp_rank;
+    auto ops = cuda ? gpu_ops() : cpu_ops();
+    Dev qkv(*ops, randn(size_t(B * T * (H + 2 * KV) * D), 100 + r), t), dout(*ops, randn(size_t(B * T * H * D), 200 + r), t);
+    Dev out(*ops, size_t(B * T * H * D), t), lse(*ops, size_t(B * H * T)), dqkv(*ops, size_t(B * T * (H + 2 * KV) * D), t);
+    {
+      RingAttention ring(*ops, cuda ? *g.tp_device : *g.tp_group, B, T, H, KV, D, t);
+      ring.forward(out, lse, qkv);
+      ring.backward(dqkv, dout, qkv, out, lse);
+    }
+    res[size_t(r)] = {out.host(), lse.host(), dqkv.host()};
+  });
+  return res;
+}
+
+TEST(GpuRingAttention, RingOnGpuThreadsMatchesCpuThreads) {
+  for (DType t : {DType::F32, DType::BF16})
+    for (int cp : {2, 4}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " cp " + std::to_string(cp));
+      const int64_t B = 2, T = 16, H = 4, KV = 2, D = 32;
+      const double tol = t == DType::F32 ? 1e-4 : 2e-2;
+      const std::vector<RingResult> g = thread_ring(true, cp, B, T, H, KV, D, t), c = thread_ring(false, cp, B, T, H, KV, D, t);
+      for (int r = 0; r < cp; ++r) {
+        EXPECT_TRUE(close(g[size_t(r)].out, c[size_t(r)].out, tol, tol)) << "out, rank " << r;
+        EXPECT_TRUE(close(g[size_t(r)].lse, c[size_t(r)].lse, tol, tol)) << "lse, rank " << r;
+        EXPECT_TRUE(close(g[size_t(r)].dqkv, c[size_t(r)].dqkv, 10 * tol, 10 * tol)) << "dqkv, rank " << r;
+      }
+    }
 }
 
 }  // namespace
