@@ -5,7 +5,8 @@
 # and TP 2 x CP 2 x PP 2 within 1e-5 of the one-rank run (GPT-2 with biases: grad norm and parameters
 # within 3e-5, see below), for the GPT-2 model and the Llama shape (RoPE, GQA with 2 groups, SwiGLU,
 # RMSNorm) in fp32; in bf16 CP 2 and TP 2 x CP 2 x PP 2 losses within 2e-3 of bf16 on one rank;
-# with document masks (data.reset_position_ids, data.eod_mask_loss: global positions). A checkpoint
+# with sequence parallelism, the interleaved / zb-h1 / gpipe schedules, selective and full recompute,
+# fp16, and document masks (data.reset_position_ids, data.eod_mask_loss: global positions). A checkpoint
 # saved at CP 2 resumes at CP 1 and CP 4. The plan counts CP's memory to the byte (allocation on
 # rank 0 = tptrain plan), and bad combinations exit 2 naming the keys.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
@@ -102,6 +103,9 @@ for m in gpt llama; do
 done
 run gpt gpt_nobias 1 "model.add_bias_linear=false"
 run gpt gpt_nobias_cp4 4 "$CP=4 training.micro_batch_size=8 model.add_bias_linear=false" gpt_nobias
+run gpt gpt_cp2_pp2_v2_full 4 "$CP=2 $PP=2 parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2 training.recompute=full" gpt_single 1e-5 3e-5
+run llama llama_fp16 1 "training.precision=fp16 optimizer.initial_loss_scale=1024"
+PARAMS=no run llama llama_cp2_gpipe_fp16 4 "$CP=2 $PP=2 parallel.pipeline_schedule=gpipe training.micro_batch_size=2 training.precision=fp16 optimizer.initial_loss_scale=1024" llama_fp16 2e-3 5e-2
 run gpt gpt_tp2_cp2_sp_zb 4 "$TP=2 $CP=2 parallel.sequence_parallel=true parallel.pipeline_schedule=zb-h1 training.recompute=selective" gpt_single 1e-5 3e-5
 # document masks: positions restart per document (global positions within the sequence), EOD targets masked
 masks="data.reset_position_ids=true data.eod_mask_loss=true"
