@@ -92,7 +92,7 @@ struct RingResult {
 };
 std::vector<RingResult> thread_ring(bool cuda, int cp, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                     DType t) {
-  std::vector<RingResult> res(size_t(cp));
+  std::vector<RingResult> res(static_cast<size_t>(cp));
   run_thread_ranks(cp, 1, 1, cuda, [&](Grid& g) {
     if (cuda) cuda_set_device(0);
     const int r = g.tp_rank;
