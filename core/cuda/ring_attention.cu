@@ -158,7 +158,7 @@ __global__ void copy_rows_kernel(TD* dst, int64_t ds, const TS* src, int64_t ss,
 }
 
 void check_ring(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) {
-  if (D < 1 || D > kRingMaxD || KV < 1 || H % KV || T != 2 * blk.c || T > 65535 || H > 65535 || B > 65535)
+  if (D < 1 || D > kRingMaxD || KV < 1 || H % KV || T != 2 * blk.c || H > 65535 || B > 65535)
     internal_error("ring attention on the GPU: unsupported shape (head dim " + std::to_string(D) + ", at most " +
                    std::to_string(kRingMaxD) + "; " + std::to_string(T) + " tokens)");
 }
