@@ -132,11 +132,13 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
               (long long)p.padded_vocab, count(double(p.total_parameters)).c_str(), describe_architecture(m).c_str());
   const std::string cp_axis = p.cp > 1 ? " x CP " + std::to_string(p.cp) : std::string();
-  std::printf("grid: TP %d%s x PP %d x DP %d = %d ranks; rank = tp + TP*(dp + DP*pp): stage s holds ranks "
+  const char* rank_formula = p.cp > 1 ? "tp + TP*(cp + CP*(dp + DP*pp))" : "tp + TP*(dp + DP*pp)";
+  std::printf("grid: TP %d%s x PP %d x DP %d = %d ranks; rank = %s: stage s holds ranks "
               "[s*%d, (s+1)*%d), TP groups are %d adjacent ranks\n",
-              p.tp, cp_axis.c_str(), p.pp, p.dp, p.world_size, p.tp * p.cp * p.dp, p.tp * p.cp * p.dp, p.tp);
+              p.tp, cp_axis.c_str(), p.pp, p.dp, p.world_size, rank_formula, p.tp * p.cp * p.dp, p.tp * p.cp * p.dp,
+              p.tp);
   if (p.cp > 1)
-    std::printf("context parallel: CP %d (rank = tp + TP*(cp + CP*(dp + DP*pp))): each CP rank holds %lld of a "
+    std::printf("context parallel: CP %d: each CP rank holds %lld of a "
                 "sequence's %d tokens (2 of %d chunks); the attention ring sends %s per rank per iteration; "
                 "gradients reduced over DP x CP = %d\n",
                 p.cp, (long long)(m.seq_length / p.cp), m.seq_length, 2 * p.cp, bytes(double(p.cp_comm_bytes)).c_str(),
