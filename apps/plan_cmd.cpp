@@ -84,6 +84,8 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"tp", p.tp},
           {"pp", p.pp},
           {"dp", p.dp},
+          {"cp", p.cp},
+          {"cp_comm_bytes", p.cp_comm_bytes},
           {"num_microbatches", p.num_microbatches},
           {"micro_batch_size", c.training.micro_batch_size},
           {"global_batch_size", c.training.global_batch_size},
@@ -129,9 +131,18 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters; %s\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
               (long long)p.padded_vocab, count(double(p.total_parameters)).c_str(), describe_architecture(m).c_str());
-  std::printf("grid: TP %d x PP %d x DP %d = %d ranks; rank = tp + TP*(dp + DP*pp): stage s holds ranks "
+  const std::string cp_axis = p.cp > 1 ? " x CP " + std::to_string(p.cp) : std::string();
+  const char* rank_formula = p.cp > 1 ? "tp + TP*(cp + CP*(dp + DP*pp))" : "tp + TP*(dp + DP*pp)";
+  std::printf("grid: TP %d%s x PP %d x DP %d = %d ranks; rank = %s: stage s holds ranks "
               "[s*%d, (s+1)*%d), TP groups are %d adjacent ranks\n",
-              p.tp, p.pp, p.dp, p.world_size, p.tp * p.dp, p.tp * p.dp, p.tp);
+              p.tp, cp_axis.c_str(), p.pp, p.dp, p.world_size, rank_formula, p.tp * p.cp * p.dp, p.tp * p.cp * p.dp,
+              p.tp);
+  if (p.cp > 1)
+    std::printf("context parallel: CP %d: each CP rank holds %lld of a "
+                "sequence's %d tokens (2 of %d chunks); the attention ring sends %s per rank per iteration; "
+                "gradients reduced over DP x CP = %d\n",
+                p.cp, (long long)(m.seq_length / p.cp), m.seq_length, 2 * p.cp, bytes(double(p.cp_comm_bytes)).c_str(),
+                p.dp * p.cp);
   std::printf("batch: global %d = micro-batch %d x %d micro-batches x DP %d; schedule %s; precision %s; "
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
@@ -253,7 +264,7 @@ Command add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   PlanOptions& o = args->options;
   add_config_options(*cmd, args->config_path, args->overrides);
-  cmd->add_option("--world-size", o.world_size, "ranks to plan for (>= 1; default: TP x PP x data_parallel_size, or TP x PP when that is null)")
+  cmd->add_option("--world-size", o.world_size, "ranks to plan for (>= 1; default: TP x CP x PP x data_parallel_size, or TP x CP x PP when that is null)")
       ->check(integer_at_least(1));
   const CLI::Validator positive = number_in(0, INFINITY, true);
   cmd->add_option("--device-memory-gib", o.device_memory_gib, "memory per GPU, GiB (> 0)")->check(positive)->capture_default_str();

@@ -107,7 +107,8 @@ int train(const TrainArgs& args, int* argc, char*** argv) {
   };
   try {
     grid = std::make_unique<Grid>(make_grid(cfg.parallel.tensor_model_parallel_size,
-                                            cfg.parallel.pipeline_model_parallel_size, cfg.parallel.data_parallel_size));
+                                            cfg.parallel.pipeline_model_parallel_size, cfg.parallel.data_parallel_size,
+                                            cfg.parallel.context_parallel_size));
     if (rank == 0) {
       spdlog::info("tptrain {} | config {}", TPTRAIN_VERSION, args.config_path);
       spdlog::info("resolved config:\n{}", config_to_yaml(cfg));

@@ -14,6 +14,7 @@
 #include "data/doc_masks.h"
 #include "model/hf_llama.h"
 #include "model/memory.h"  // plan: the memory line below
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/profiled_comm.h"
 #ifdef TPTRAIN_HAVE_CUDA
@@ -76,7 +77,8 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
       if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
     }
   }
-  if (!cfg.logging.tensorboard_dir.empty() && grid.last_stage() && grid.tp_rank == 0 && grid.dp_rank == 0) {
+  if (!cfg.logging.tensorboard_dir.empty() && grid.last_stage() && grid.tp_rank == 0 && grid.dp_rank == 0 &&
+      grid.cp_rank == 0) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(cfg.logging.tensorboard_dir);
     spdlog::warn("tensorboard: writing {} (tensorboard --logdir {})", tensorboard_->path(), cfg.logging.tensorboard_dir);
   }
@@ -113,7 +115,7 @@ void Trainer::setup_backend() {
     ops_ = make_profiled_ops(*backend_, *profile_, [this](int64_t in, int64_t out) { return linear_name(dims_, in, out); });
     profiled_tp_ = make_profiled_comm(grid_.device_tp(), *profile_, "tp");
     profiled_pp_ = make_profiled_comm(grid_.device_pp(), *profile_, "pp");
-    profiled_dp_ = make_profiled_comm(grid_.device_dp(), *profile_, "dp");
+    profiled_dp_ = make_profiled_comm(grid_.device_dp_cp(), *profile_, "dp");  // DP x CP with context parallelism
     if (grid_.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid_.device_embedding(), *profile_, "embedding");
   }
 }
@@ -145,6 +147,7 @@ void Trainer::setup_data() {
 // This stage's parameters (initialised or from init_from), gradients, DP sync and optimizer.
 void Trainer::setup_model() {
   chunk_dims_ = make_chunk_dims(cfg_, grid_.tp, grid_.tp_rank, grid_.pp, grid_.pp_rank);
+  for (GPTDims& d : chunk_dims_) apply_context_parallel(d, cfg_, grid_.cp_rank);  // this CP rank's tokens
   dims_ = chunk_dims_.front();
   layers_ = rank_layers(chunk_dims_);
   layout_ = make_rank_layout(chunk_dims_);
@@ -155,8 +158,10 @@ void Trainer::setup_model() {
   else init_params_host(layout_, cfg_.training.seed, host.data());
   dtype_ = compute_dtype(cfg_);
   // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)
-  const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && grid_.dp > 1;
-  buffer_total_ = GradSync::buffer_size(layout_.total, grid_.dp, distributed_optimizer);
+  // the weights' replicas: DP, or DP x CP with context parallelism (its ranks hold the same weights)
+  const int replicas = grid_.dp_cp_size();
+  const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && replicas > 1;
+  buffer_total_ = GradSync::buffer_size(layout_.total, replicas, distributed_optimizer);
   grads_ = ops_->alloc(size_t(buffer_total_));
   GradSyncOptions sync;
   sync.overlap = cfg_.parallel.overlap_grad_reduce;
@@ -177,7 +182,7 @@ void Trainer::setup_model() {
   const ParamInfo* wte = layout_.find("wte.weight");
   const bool tied = !cfg_.model.untie_embeddings_and_output_weights;
   grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, rank_layer_ranges(layout_, chunk_dims_),
-                                          grid_.dp > 1 ? &comm(grid_.device_dp(), profiled_dp_) : nullptr,
+                                          replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr,
                                           tied && grid_.device_embedding()
                                               ? &comm(*grid_.device_embedding(), profiled_embedding_)
                                               : nullptr,
@@ -207,6 +212,7 @@ void Trainer::setup_pipeline() {
   slots_.resize(size_t(v), 0);
   StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
+  if (grid_.cp > 1) stage_options.cp = &grid_.device_cp();
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
   // TP rank's (B*S/tp, C)
   const int64_t message = stage_message_elements(dims_, cfg_.training.micro_batch_size);
@@ -222,18 +228,20 @@ void Trainer::setup_pipeline() {
       grad_in_[size_t(c)].push_back(ops_->alloc(message, dtype_));
     }
   }
+  // the micro-batch's tokens (B, S) on the host; on the device this CP rank's (B, S / CP)
   const size_t n = size_t(cfg_.training.micro_batch_size) * size_t(cfg_.model.seq_length);
   tokens_.resize(n);
   targets_.resize(n);
-  dev_tokens_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
-  dev_targets_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
-  if (cfg_.data.reset_position_ids) {
+  const size_t n_dev = n / size_t(grid_.cp);
+  dev_tokens_ = reinterpret_cast<int32_t*>(ops_->alloc(n_dev));
+  dev_targets_ = reinterpret_cast<int32_t*>(ops_->alloc(n_dev));
+  if (dims_.position_ids) {  // data.reset_position_ids, or context parallelism's global positions
     positions_.resize(n);
-    dev_positions_ = reinterpret_cast<int32_t*>(ops_->alloc(n));
+    dev_positions_ = reinterpret_cast<int32_t*>(ops_->alloc(n_dev));
   }
   if (cfg_.data.eod_mask_loss) {
     loss_weights_.resize(n);
-    dev_loss_weights_ = ops_->alloc(n);
+    dev_loss_weights_ = ops_->alloc(n_dev);
   }
 }
 
@@ -246,7 +254,7 @@ void Trainer::log_setup() {
                cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.ffn_hidden_size, cfg_.model.seq_length, cfg_.model.vocab_size, dims_.Vp,
                total_parameters(cfg_) / 1e6, local / 1e6, describe_architecture(cfg_.model));
-  if (cfg_.parallel.distributed_optimizer && grid_.dp == 1)
+  if (cfg_.parallel.distributed_optimizer && grid_.dp_cp_size() == 1)
     spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
                  "optimizer runs as without it");
   if (grad_sync_->distributed())
@@ -269,7 +277,11 @@ void Trainer::log_setup() {
                  "LayerNorm / residual regions (all-gather before, reduce-scatter after the TP-sharded GEMMs)",
                  grid_.tp, dims_.local_tokens(N), N);
   }
-  if (grid_.dp > 1)
+  if (grid_.cp > 1)
+    spdlog::info("context parallel: each of the {} CP ranks holds {} of a sequence's {} tokens (chunks r and {} - r "
+                 "of {}); attention as a ring over the CP group; gradients summed over DP x CP",
+                 grid_.cp, dims_.S, cfg_.model.seq_length, 2 * grid_.cp - 1, 2 * grid_.cp);
+  if (grid_.dp_cp_size() > 1)
     spdlog::info("DP gradient sync: {}", grad_sync_->overlapping()
                                             ? fmt::format("{} bucket(s) of >= {} elements, each started as soon "
                                                           "as the last micro-batch's backward has finished it",
@@ -313,14 +325,23 @@ void Trainer::load_microbatch(const BlendedDataset& ds, int64_t base, int m) {
     std::copy(sample.begin(), sample.end() - 1, tokens_.begin() + b * S);
     std::copy(sample.begin() + 1, sample.end(), targets_.begin() + b * S);
     const int32_t eod = int32_t(cfg_.data.eod_token_id);
-    if (dev_positions_) document_positions(sample.data(), S, eod, positions_.data() + b * S);
+    if (dev_positions_ && cfg_.data.reset_position_ids) document_positions(sample.data(), S, eod, positions_.data() + b * S);
+    else if (dev_positions_)
+      for (int64_t t = 0; t < S; ++t) positions_[size_t(b * S + t)] = int32_t(t);
     if (dev_loss_weights_) eod_loss_mask(sample.data(), S, eod, loss_weights_.data() + b * S);
   }
-  ops_->to_device(reinterpret_cast<float*>(dev_tokens_), tokens_.data(), int64_t(tokens_.size()));
-  ops_->to_device(reinterpret_cast<float*>(dev_targets_), targets_.data(), int64_t(targets_.size()));
-  if (dev_positions_)
-    ops_->to_device(reinterpret_cast<float*>(dev_positions_), positions_.data(), int64_t(positions_.size()));
-  if (dev_loss_weights_) ops_->to_device(dev_loss_weights_, loss_weights_.data(), int64_t(loss_weights_.size()));
+  // context parallelism: this CP rank's two chunks of each sequence (parallel/context_parallel.h)
+  const int cp = grid_.cp;
+  auto upload = [&](auto& host, float* dev) {
+    auto local = host;
+    if (cp > 1)
+      for (int64_t b = 0; b < B; ++b) cp_select(local.data() + b * (S / cp), host.data() + b * S, S, cp, grid_.cp_rank);
+    ops_->to_device(dev, local.data(), int64_t(host.size()) / cp);
+  };
+  upload(tokens_, reinterpret_cast<float*>(dev_tokens_));
+  upload(targets_, reinterpret_cast<float*>(dev_targets_));
+  if (dev_positions_) upload(positions_, reinterpret_cast<float*>(dev_positions_));
+  if (dev_loss_weights_) upload(loss_weights_, dev_loss_weights_);
 }
 
 int64_t Trainer::counted_tokens(const BlendedDataset& ds, int64_t base) const {
@@ -342,12 +363,14 @@ int64_t Trainer::counted_tokens(const BlendedDataset& ds, int64_t base) const {
 double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool want_grad) {
   // d(mean loss over the global batch's counted tokens) / d(token loss), times DP: DP averaging
   // divides by DP later. Without eod_mask_loss every one of the G * S tokens counts (= 1 / (B*S*M)
-  // per rank). fp16: times the loss scale (gradients are unscaled after the reduction).
-  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  // per rank). fp16: times the loss scale (gradients are unscaled after the reduction). Context
+  // parallelism: each rank has S / CP tokens of a sequence and the averaging is over DP x CP.
+  const int64_t B = cfg_.training.micro_batch_size, S = dims_.S;
   batch_counted_ = counted_tokens(ds, base);
-  const float dloss = cfg_.data.eod_mask_loss
-                          ? float(scaler_.scale * double(grid_.dp) / double(std::max<int64_t>(batch_counted_, 1)))
-                          : float(scaler_.scale / double(B * S * num_micro_));
+  const float dloss =
+      cfg_.data.eod_mask_loss
+          ? float(scaler_.scale * double(grid_.dp_cp_size()) / double(std::max<int64_t>(batch_counted_, 1)))
+          : float(scaler_.scale / double(B * S * num_micro_));
   const auto& actions = want_grad ? train_schedule_ : eval_schedule_;
   // the distributed optimizer's parameter all-gathers (parallel.overlap_param_gather): training's
   // first forward of each chunk waits for each bucket just before its layers; evaluation for all first
@@ -456,7 +479,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   } else {
     grid_.mp_group->all_reduce(stats, 2, ReduceOp::Sum);
     dp_loss = stats[0];
-    grid_.dp_group->all_reduce(&dp_loss, 1, ReduceOp::Sum);
+    grid_.dp_cp().all_reduce(&dp_loss, 1, ReduceOp::Sum);  // every CP rank's tokens too
   }
   double nonfinite = 0.0;
   for (const ShardRange& o : owned) nonfinite = std::max(nonfinite, ops_->has_nonfinite(grads_ + o.offset, o.n) ? 1.0 : 0.0);

@@ -8,7 +8,9 @@
 // owns (parallel/grad_sync.h) of both, model_tpXX_ppYYY_dpZZZ.safetensors and
 // optim_tpXX_ppYYY_dpZZZ.safetensors: a block is a flat range of the layout, saved as boxes of the
 // global tensors it covers (flat_range_parts), so either kind loads on any layout with or without
-// the distributed optimizer. Each global element is saved once: TP-replicated tensors by tp_rank 0
+// the distributed optimizer. With context parallelism the weights' replicas are DP x CP: "DP rank"
+// above is the rank in that group (Grid::dp_cp_rank), so CP leaves the files' layout unchanged.
+// Each global element is saved once: TP-replicated tensors by tp_rank 0
 // only, the word embedding by the first stage only (the last stage's tied copy is identical and is
 // loaded from the same boxes), never the vocabulary padding rows.
 #include <signal.h>
@@ -88,12 +90,13 @@ void Trainer::save_checkpoint() {
   const int64_t n = iteration_, G = cfg_.training.global_batch_size;
   CheckpointWriter writer(*grid_.world, cfg_.checkpoint.save, n);
   const bool distributed = grad_sync_->distributed();  // every DP rank saves the blocks it owns
-  if (distributed || grid_.dp_rank == 0) {
+  const int replica = grid_.dp_cp_rank();  // DP rank, or with context parallelism the DP x CP rank
+  if (distributed || replica == 0) {
     const std::vector<ShardRange>& owned = grad_sync_->owned();
     const size_t total = size_t(layout_.total);
     std::vector<float> a(total, 0.0f), b(total, 0.0f);
     owned_to_host(a.data(), master_, master_sharded_);
-    writer.write_file(distributed ? model_shard_name(grid_.tp_rank, grid_.pp_rank, grid_.dp_rank)
+    writer.write_file(distributed ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
                                   : model_shard_name(grid_.tp_rank, grid_.pp_rank),
                       rank_tensors(layout_, grid_.tp_rank, a.data(), "", true, owned));
     owned_to_host(a.data(), adamw_->exp_avg(), true);
@@ -101,13 +104,14 @@ void Trainer::save_checkpoint() {
     std::vector<CkptTensor> moments = rank_tensors(layout_, grid_.tp_rank, a.data(), kExpAvg, true, owned);
     for (CkptTensor& t : rank_tensors(layout_, grid_.tp_rank, b.data(), kExpAvgSq, true, owned))
       moments.push_back(std::move(t));
-    writer.write_file(optim_shard_name(grid_.tp_rank, grid_.pp_rank, grid_.dp_rank), moments);
+    writer.write_file(optim_shard_name(grid_.tp_rank, grid_.pp_rank, replica), moments);
   }
   nlohmann::json meta = {
       {"consumed_samples", n * G},
       {"config", config_to_json(cfg_)},
       {"grid", {{"tensor_model_parallel_size", grid_.tp}, {"pipeline_model_parallel_size", grid_.pp},
-                {"data_parallel_size", grid_.dp}, {"world_size", grid_.world_size}}},
+                {"data_parallel_size", grid_.dp}, {"context_parallel_size", grid_.cp},
+                {"world_size", grid_.world_size}}},
       {"scheduler", {{"iteration", n}, {"lr", learning_rate(cfg_.optimizer, n)}}},
       {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}},
                      {"distributed", distributed}}},

@@ -99,6 +99,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, tensor_model_parallel_size),
       TPT_FIELD(parallel, pipeline_model_parallel_size),
       TPT_FIELD(parallel, data_parallel_size, kNull),
+      TPT_FIELD(parallel, context_parallel_size),
       TPT_FIELD(parallel, pipeline_schedule, kDef, names<PipelineSchedule>()),
       TPT_FIELD(parallel, virtual_pipeline_model_parallel_size, kNull),
       TPT_FIELD(parallel, sequence_parallel),
@@ -404,7 +405,7 @@ void validate(Config& c, const Ctx& ctx) {
         {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096},
         {"parallel.tensor_model_parallel_size", 1024}, {"parallel.pipeline_model_parallel_size", 1024},
         {"parallel.virtual_pipeline_model_parallel_size", 1024},
-        {"parallel.data_parallel_size", 1 << 20}};
+        {"parallel.data_parallel_size", 1 << 20}, {"parallel.context_parallel_size", 1024}};
     auto bound = kMax.find(name);
     if (bound != kMax.end() && x > bound->second)
       ctx.fail(name, "must be <= " + std::to_string(bound->second) + ", got " + std::to_string(x));

@@ -93,7 +93,10 @@ int rotary_dim(const ModelConfig& m);
 struct ParallelConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
-  int data_parallel_size = 0;           // 0 = null: derived as world / (TP * PP)
+  int data_parallel_size = 0;           // 0 = null: derived as world / (TP * CP * PP)
+  // Context parallelism (Megatron's name): CP ranks split each sequence into 2 CP chunks, rank r
+  // holding chunks r and 2 CP - 1 - r; attention runs as a ring (parallel/context_parallel.h).
+  int context_parallel_size = 1;
   PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // 1f1b | gpipe | zb-h1 (parallel/schedule.h)
   // Interleaved 1F1B: model chunks per pipeline rank (Megatron's name; 0 = null: one chunk).
   int virtual_pipeline_model_parallel_size = 0;

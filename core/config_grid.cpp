@@ -14,17 +14,29 @@ void resolve_parallel(Config& cfg, int world_size) {
   TPT_CHECK(world_size >= 1);
   const std::string ws = std::to_string(world_size);
   ParallelConfig& p = cfg.parallel;
-  const int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
-  TPT_CHECK(tp >= 1 && pp >= 1);
+  const int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size, cp = p.context_parallel_size;
+  TPT_CHECK(tp >= 1 && pp >= 1 && cp >= 1);
   auto s = [](int64_t x) { return std::to_string(x); };
   if (world_size % (tp * pp) != 0)
     input_error("parallel.tensor_model_parallel_size (" + s(tp) + ") * parallel.pipeline_model_parallel_size (" +
                 s(pp) + ") = " + s(tp * pp) + " does not divide the world size " + ws);
-  const int64_t dp = world_size / (tp * pp);
+  if (world_size % (tp * cp * pp) != 0)
+    input_error("parallel.context_parallel_size (" + s(cp) + ") * parallel.tensor_model_parallel_size (" + s(tp) +
+                ") * parallel.pipeline_model_parallel_size (" + s(pp) + ") = " + s(tp * cp * pp) +
+                " does not divide the world size " + ws);
+  const int64_t dp = world_size / (tp * cp * pp);
   if (p.data_parallel_size != 0 && p.data_parallel_size != dp)
     input_error("parallel.data_parallel_size: " + s(p.data_parallel_size) + " does not match world size " + ws +
-                " / (tensor_model_parallel_size " + s(tp) + " * pipeline_model_parallel_size " + s(pp) +
-                ") = " + s(dp) + " (leave it null to derive it)");
+                " / (tensor_model_parallel_size " + s(tp) + " * context_parallel_size " + s(cp) +
+                " * pipeline_model_parallel_size " + s(pp) + ") = " + s(dp) + " (leave it null to derive it)");
+  // context parallelism: 2 CP equal chunks per sequence (and with sequence parallelism each CP rank's
+  // S / CP tokens split again over TP)
+  const int64_t cp_split = 2 * cp * (p.sequence_parallel ? tp : 1);
+  if (cp > 1 && cfg.model.seq_length % cp_split != 0)
+    input_error("model.seq_length (" + s(cfg.model.seq_length) + ") is not divisible by 2 * parallel.context_parallel_size" +
+                (p.sequence_parallel ? " * parallel.tensor_model_parallel_size (with parallel.sequence_parallel)"
+                                     : std::string()) +
+                " = " + s(cp_split) + " (each sequence is cut into 2 * context_parallel_size equal chunks)");
   const ModelConfig& m = cfg.model;
   if (m.group_query_attention && m.num_query_groups % tp != 0)  // QKV is column-parallel by key/value groups
     input_error("model.num_query_groups (" + s(m.num_query_groups) +

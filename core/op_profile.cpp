@@ -180,7 +180,22 @@ class ProfiledOps final : public Ops {
                           int64_t T, int64_t H, int64_t KV, int64_t D) override {
     timed("attention bwd", 5.0 * B * H * T * T * D, 0,
           [&] { in_.attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, D); });
+  }  // a ring block: 2 T T D multiply-adds per head at most (a full block), half on the diagonal
+  void attention_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D, const RingBlock& blk) override {
+    timed("ring attention fwd", 2.0 * B * H * T * T * D, 0,
+          [&] { in_.attention_block_forward(out, lse, qkv, kv, B, T, H, KV, D, blk); });
   }
+  void attention_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv, CBuf kv,
+                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) override {
+    timed("ring attention bwd", 5.0 * B * H * T * T * D, 0,
+          [&] { in_.attention_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, H, KV, D, blk); });
+  }
+  void copy_rows(Buf dst, int64_t dst_stride, CBuf src, int64_t src_stride, int64_t rows, int64_t cols) override {
+    timed("copy rows", 0, double(dtype_size(rows * cols, src.t) + dtype_size(rows * cols, dst.t)),
+          [&] { in_.copy_rows(dst, dst_stride, src, src_stride, rows, cols); });
+  }
+
   void qkv_regroup(Buf out, CBuf in, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) override {
     timed("qkv regroup", 0, 2.0 * double(dtype_size(N * G * (Q + 2) * D, in.t)),
           [&] { in_.qkv_regroup(out, in, N, G, Q, D, to_heads); });

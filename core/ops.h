@@ -58,6 +58,25 @@ struct CBuf {
 inline int64_t dtype_size(int64_t n, DType t) { return n * dtype_bytes(t); }
 inline int64_t words_of(int64_t n, DType t) { return (dtype_size(n, t) + 3) / 4; }
 
+// Context parallelism's token layout (parallel/context_parallel.h): a rank's T = 2c tokens of a
+// sequence are two chunks of c, local token t at global position chunks[t / c] * c + t % c -- the
+// queries' q_chunks, the keys' k_chunks (the ring's current block). CP 1: {0, 1} for both.
+struct RingBlock {
+  int64_t c = 0;
+  int64_t q_chunks[2] = {0, 1};
+  int64_t k_chunks[2] = {0, 1};
+  bool first = false;  // forward: out and lse hold nothing yet (written, not merged); every query sees a key
+  // How many keys of each key chunk query t sees (causal: key position <= query position); they are
+  // the first n[j] tokens of chunk j, local keys [j c, j c + n[j]).
+  TPT_HOST_DEVICE void visible(int64_t t, int64_t n[2]) const {
+    const int64_t qpos = q_chunks[t / c] * c + t % c;
+    for (int j = 0; j < 2; ++j) {
+      const int64_t m = qpos - k_chunks[j] * c + 1;
+      n[j] = m < 0 ? 0 : m > c ? c : m;
+    }
+  }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -140,6 +159,25 @@ class Ops {
   // flattened (B, S) rows is at position n % S. inverse: rotate by -angle (the backward, on gradients).
   virtual void rope(Buf qkv, const float* inv_freq, const int32_t* positions, int64_t N, int64_t S, int64_t H,
                     int64_t KV, int64_t D, int64_t rot, bool interleaved, bool inverse) = 0;
+
+  // ---- context parallelism's ring attention (parallel/context_parallel.h): one block of it -- the
+  // queries of this rank's qkv (B, T, (H + 2 KV) D) against the keys and values kv (B, T, 2 KV D) of
+  // one CP rank (per token its KV key heads, then its KV value heads: the last 2 KV D columns of that
+  // rank's qkv), causal by the tokens' global positions (RingBlock). Forward merges the block into the
+  // running out (B, T, H D) fp32 and lse (B, H, T) (-inf before the first block) by the online
+  // softmax rule; a query that sees no key of the block is left as it is.
+  virtual void attention_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H,
+                                       int64_t KV, int64_t D, const RingBlock& blk) = 0;
+  // Backward of that block from the final out (B, T, H D) (as stored) and lse (B, H, T) of every
+  // block: dq (B, T, H D) += and dkv (B, T, 2 KV D) += the block's part (fp32), dout (B, T, H D).
+  virtual void attention_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv,
+                                        CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                        const RingBlock& blk) = 0;
+  // dst rows (rows, cols) with row stride dst_stride = src rows with stride src_stride, converted to
+  // dst.t: the ring's K/V columns out of qkv and its gradients back in. By default a convert per row.
+  virtual void copy_rows(Buf dst, int64_t dst_stride, CBuf src, int64_t src_stride, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) convert(dst + r * dst_stride, src + r * src_stride, cols);
+  }
 
   // ---- element-wise
   virtual void gelu_forward(Buf out, CBuf inp, int64_t n) = 0;

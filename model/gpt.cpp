@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "model/block.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
@@ -96,6 +97,7 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
+  if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.KVl, d.D, t);  // the CP ring's blocks
   return n + tp_gather_bytes(N * d.C, t, d.tp);
 }
 
@@ -187,6 +189,10 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.x_out = alloc(Nt * d.C);
     return la;
   };
+  if (d.cp > 1) {  // scratch_bytes counts its buffers
+    TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
+    ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.KVl, d.D, opt_.dtype);
+  }
   LayerActs shared_core{};
   if (opt_.recompute == Recompute::Selective) attention_core(shared_core);
   if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr));
@@ -372,7 +378,8 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
 // Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.
 void GPTStage::attention_core_forward(LayerActs& a) {
   const GPTDims& d = d_;
-  ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.KVl, d.D);  // lse stays fp32
+  if (ring_) ring_->forward(a.atty, a.lse, a.qkv);  // context parallelism: over the CP group's whole sequence
+  else ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.KVl, d.D);  // lse stays fp32
 }
 
 // dres: d block output on entry, d block input on exit (Nt, C).
@@ -418,7 +425,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
   const Buf dqkv = split ? stash->dqkv : dqkv_;
   const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
-  ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.KVl, d.D);
+  if (ring_) ring_->backward(dheads, datt_, a.qkv, a.atty, a.lse);
+  else ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.KVl, d.D);
   s.rope.backward(ops_, dheads, positions, N, d.S, s.qkv);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
   gemm_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.qkv_w, d.C, d.QKVl);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,13 @@
 namespace tpt {
 
 class Comm;
+class RingAttention;
 struct BlockShape;
 
 // Sizes of the whole model and of this rank's shard of it.
 struct GPTDims {
   int64_t L = 0, C = 0, H = 0, D = 0, F = 0;  // layers, hidden, heads, head dim, ffn hidden
-  int64_t S = 0, P = 0;                       // sequence length, positions
+  int64_t S = 0, P = 0;                       // sequence length (this CP rank's tokens of one), positions
   int64_t V = 0, Vp = 0;                      // vocabulary, padded vocabulary
   float eps = 1e-5f;
   float init_std = 0.02f;
@@ -57,8 +59,14 @@ struct GPTDims {
   int64_t local_tokens(int64_t N) const { return sequence_parallel ? N / tp : N; }
   int64_t local_token_begin(int64_t N) const { return sequence_parallel ? tp_rank * (N / tp) : 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
+  // Context parallelism (parallel/context_parallel.h): with cp > 1, S is this CP rank's S / cp tokens of
+  // each sequence (two chunks), attention is the CP ring, and positions always come with the tokens
+  // (position_ids: their global positions).
+  int cp = 1, cp_rank = 0;
 };
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
+// d as CP rank cp_rank of parallel.context_parallel_size sees it (unchanged with CP 1).
+void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank);
 
 // One parameter tensor of this rank: its shard of the global tensor (core/sharded_tensor.h; only
 // the word embedding's local shape is larger than its box: padded vocabulary rows, kept at zero)
@@ -97,6 +105,8 @@ struct StageOptions {
   // schedule): each slot gets the weight-gradient stash (weight_grad_stash_bytes). Not with full
   // recompute (the constructor throws InputError).
   bool split_backward = false;
+  // Context parallelism (d.cp > 1): the CP group the ring attention runs over.
+  Comm* cp = nullptr;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
@@ -236,7 +246,8 @@ class GPTStage {
   int64_t B_;
   StageOptions opt_;
   std::vector<SlotActs*> slots_;
-  LayerActs* recompute_acts_ = nullptr;  // full recompute: one layer's activations, rebuilt in backward
+  LayerActs* recompute_acts_ = nullptr;
+  std::unique_ptr<RingAttention> ring_;  // context parallelism: the attention core's ring (d.cp > 1)  // full recompute: one layer's activations, rebuilt in backward
   // shared scratch (compute dtype, except the fp32 attention and cross-entropy row statistics):
   // dres_ (Nt, C) the residual stream's gradient; tmp_ (N, C) row-parallel partial outputs, gathered
   // tokens, all-gathered gradients; dln_ (N, C) a column-parallel GEMM's input gradient, and in

@@ -25,6 +25,13 @@ DType compute_dtype(const Config& c) {
 
 namespace {
 
+// Stage s's dims as CP rank 0 sees them (every CP rank holds the same sizes).
+GPTDims make_chunk_dims_cp(const Config& c, int tp, int pp, int s) {
+  GPTDims d = make_dims(c, tp, 0, pp, s);
+  apply_context_parallel(d, c, 0);
+  return d;
+}
+
 int num_microbatches(const Config& c) {
   const int64_t per_step = int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size;
   return int(c.training.global_batch_size / per_step);
@@ -67,7 +74,8 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
   // every TP rank of a stage holds the same sizes
-  const std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
+  std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
+  for (GPTDims& d : chunks) apply_context_parallel(d, cfg, 0);  // every CP rank holds the same sizes
   const ParamLayout layout = make_rank_layout(chunks);
   const DType dtype = compute_dtype(cfg);
   const int64_t B = cfg.training.micro_batch_size;
@@ -83,8 +91,9 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   m.in_flight = max_in_flight(schedule);
   for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
   // The distributed optimizer (parallel/grad_sync.h): the buffers padded to its blocks; fp32 master
-  // weights (bf16 / fp16 runs) and Adam moments only for this DP rank's 1/DP of them
-  const int dp = std::max(1, cfg.parallel.data_parallel_size);
+  // weights (bf16 / fp16 runs) and Adam moments only for this DP rank's 1/DP of them (DP x CP: the
+  // weights' replicas with context parallelism)
+  const int dp = std::max(1, cfg.parallel.data_parallel_size) * cfg.parallel.context_parallel_size;
   const bool distributed = cfg.parallel.distributed_optimizer && dp > 1;
   const int64_t buffer = GradSync::buffer_size(layout.total, dp, distributed);
   const int64_t owned = distributed ? buffer / dp : buffer;
@@ -108,8 +117,8 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
     if (pp > 1) m.buffer_bytes += 2 * slots[c] * dtype_size(stage_message_elements(d, B), dtype);
   }
   // the trainer's staging of a micro-batch: tokens, targets (int32), and with data.reset_position_ids /
-  // data.eod_mask_loss its positions (int32) / loss weights (fp32)
-  const int64_t staged = 2 + int64_t(cfg.data.reset_position_ids) + int64_t(cfg.data.eod_mask_loss);
+  // data.eod_mask_loss its positions (int32) / loss weights (fp32); positions with context parallelism too
+  const int64_t staged = 2 + int64_t(chunks.front().position_ids) + int64_t(cfg.data.eod_mask_loss);
   m.buffer_bytes += staged * B * chunks.front().S * 4;
   return m;
 }
@@ -155,19 +164,22 @@ namespace {
 struct StageWork {
   double fwd_flops = 0, bwd_flops = 0;
   double fwd_tp_bytes = 0, bwd_tp_bytes = 0;
+  double fwd_cp_bytes = 0, bwd_cp_bytes = 0;  // the CP ring's messages sent (context parallelism)
 };
 
 StageWork stage_work(const Config& c, int s) {
   const int tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
-  const GPTDims d = make_dims(c, tp, 0, pp, s);
-  const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C);
+  GPTDims d = make_dims(c, tp, 0, pp, s);
+  apply_context_parallel(d, c, 0);
+  const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), S_all = double(c.model.seq_length);
   const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
   const Recompute r = c.training.recompute;
   // per layer and rank: QKV 2 N C QKVl, projection 2 N Cl C, MLP 2 N C Fl1 + 2 N Fl C; attention scores
   // and weighted sum 4 N S Cl, of which the causal half is computed (2 N S Cl, as the logged formula's
-  // s/(2h) term counts them)
+  // s/(2h) term counts them); with context parallelism the rank's N = B S / CP queries against the
+  // whole sequence's keys (the load-balanced chunks give every rank the same causal half)
   const double Cl = double(d.Cl);
-  const double attn_core = 2.0 * N * S * Cl;
+  const double attn_core = 2.0 * N * S_all * Cl;
   const double layer = 2.0 * N * C * (double(d.QKVl) + Cl + double(d.Fl1) + double(d.Fl)) + attn_core;
   const double lm_head = 2.0 * N * C * double(d.Vl);
   const bool gpipe = c.parallel.pipeline_schedule == PipelineSchedule::GPipe;
@@ -184,6 +196,11 @@ StageWork stage_work(const Config& c, int s) {
     const double act = N * C * cb;
     w.fwd_tp_bytes = layers * 2 * act + (d.first_stage() ? act : 0) + (d.last_stage() ? 3 * N * 4 : 0);
     w.bwd_tp_bytes = layers * 2 * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * 2 * act : 0);
+  }
+  if (d.cp > 1) {  // per layer: CP - 1 K/V blocks forward; in backward CP - 1 blocks and CP fp32 gradients
+    const double kv = N * 2.0 * double(d.KVl * d.D), reruns = r == Recompute::None ? 0.0 : 1.0;
+    w.fwd_cp_bytes = layers * (d.cp - 1) * kv * dtype_bytes(compute_dtype(c));
+    w.bwd_cp_bytes = reruns * w.fwd_cp_bytes + layers * ((d.cp - 1) * kv * dtype_bytes(compute_dtype(c)) + d.cp * kv * 4);
   }
   return w;
 }
@@ -253,6 +270,34 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   };
   grow(true);
   grow(false);
+  // Context parallelism: the smallest CP (powers of two) that fits on the same world (DP shrinks);
+  // per rank the activations and scratch shrink by CP, which TP, PP and recompute cannot do for the
+  // per-token tensors of a long sequence
+  auto act_gib = [](const Config& v) {
+    return double(stage_memory(v, 0).activation_bytes + stage_memory(v, 0).workspace_bytes) / 1073741824.0;
+  };
+  for (Recompute mode : {rc, Recompute::Full}) {
+    bool found = false;
+    for (int cp = plan.cp * 2; cp <= 64 && !found; cp *= 2) {
+      Config v = with_recompute(c, mode);
+      v.parallel.context_parallel_size = cp;
+      const int64_t peak = peak_bytes(v, plan.world_size);
+      if (peak < 0 || double(peak) > limit) continue;
+      v.parallel.data_parallel_size = 0;  // derived again for the new grid
+      resolve_parallel(v, plan.world_size);
+      char note[320];
+      std::snprintf(note, sizeof(note),
+                    "TP %d x CP %d x PP %d x DP %d = %d ranks; activations + scratch of stage 0: %.1f GiB per rank "
+                    "(%.1f GiB at CP %d: they grow with model.seq_length %d and only CP splits the sequence)",
+                    plan.tp, cp, plan.pp, v.parallel.data_parallel_size, plan.world_size, act_gib(v), act_gib(c),
+                    plan.cp, c.model.seq_length);
+      out.push_back({"parallel.context_parallel_size=" + std::to_string(cp) +
+                         (mode != rc ? " training.recompute=" + name_of(mode) : ""),
+                     note, peak, true});
+      found = true;
+    }
+    if (found || mode == Recompute::Full) break;
+  }
   // Megatron's memory switches: the distributed optimizer (fp32 master weights and Adam moments
   // sharded over DP: 6 + 12/DP bytes per parameter in bf16) and sequence parallelism (the
   // LayerNorm / residual activations split over TP), alone, together, and with full recompute
@@ -315,12 +360,13 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   const ParallelConfig& par = cfg.parallel;
   plan.world_size = o.world_size > 0 ? o.world_size
                                      : par.tensor_model_parallel_size * par.pipeline_model_parallel_size *
-                                           std::max(1, par.data_parallel_size);
+                                           par.context_parallel_size * std::max(1, par.data_parallel_size);
   resolve_parallel(cfg, plan.world_size);
   check_plannable(cfg);
   plan.tp = par.tensor_model_parallel_size;
   plan.pp = par.pipeline_model_parallel_size;
   plan.dp = par.data_parallel_size;
+  plan.cp = par.context_parallel_size;
   plan.num_microbatches = num_microbatches(cfg);
   plan.device_memory_bytes = o.device_memory_gib * 1073741824.0;
   plan.total_parameters = total_parameters(cfg);
@@ -343,12 +389,15 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     return (span <= o.gpus_per_node && o.gpus_per_node % span == 0 ? o.intra_node_gbps : o.inter_node_gbps) * 1e9;
   };
   const double flops_per_s = o.peak_tflops * 1e12 * o.compute_efficiency;
-  const double tp_bw = link(plan.tp), dp_bw = link(plan.tp * plan.dp), pp_bw = link(plan.tp * plan.dp * 2);
+  // With context parallelism CP peers sit between TP and DP, and the gradients' ring spans DP x CP.
+  const int reps = plan.dp * plan.cp;  // the weights' replicas
+  const double tp_bw = link(plan.tp), cp_bw = link(plan.tp * plan.cp), dp_bw = link(plan.tp * reps),
+               pp_bw = link(plan.tp * reps * 2);
   const double ring_tp = plan.tp > 1 ? 2.0 * (plan.tp - 1) / plan.tp : 0.0;
-  const double ring_dp = plan.dp > 1 ? 2.0 * (plan.dp - 1) / plan.dp : 0.0;
+  const double ring_dp = reps > 1 ? 2.0 * (reps - 1) / reps : 0.0;
   // a pipeline message: the stage output (B*S*C; this TP rank's B*S*C/TP with sequence parallelism)
   const int64_t message =
-      dtype_size(stage_message_elements(make_dims(cfg, plan.tp, 0, P, 0), cfg.training.micro_batch_size), dtype);
+      dtype_size(stage_message_elements(make_chunk_dims_cp(cfg, plan.tp, P, 0), cfg.training.micro_batch_size), dtype);
   std::vector<double> fwd(static_cast<size_t>(P), 0.0), bwd(static_cast<size_t>(P), 0.0);
   double dp_time = 0;
   for (int s = 0; s < P; ++s) {
@@ -356,18 +405,20 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     const StageMemory& m = plan.stages.back();
     plan.fits = plan.fits && double(m.total_bytes()) <= plan.device_memory_bytes;
     const StageWork w = stage_work(cfg, s);
-    fwd[size_t(s)] = w.fwd_flops / flops_per_s + w.fwd_tp_bytes * ring_tp / tp_bw;
-    bwd[size_t(s)] = w.bwd_flops / flops_per_s + w.bwd_tp_bytes * ring_tp / tp_bw;
-    plan.hardware_flops_per_iteration += (w.fwd_flops + w.bwd_flops) * M * plan.tp * plan.dp;
+    // the CP ring's blocks are passed between the block computations (not overlapped)
+    fwd[size_t(s)] = w.fwd_flops / flops_per_s + w.fwd_tp_bytes * ring_tp / tp_bw + w.fwd_cp_bytes / cp_bw;
+    bwd[size_t(s)] = w.bwd_flops / flops_per_s + w.bwd_tp_bytes * ring_tp / tp_bw + w.bwd_cp_bytes / cp_bw;
+    plan.hardware_flops_per_iteration += (w.fwd_flops + w.bwd_flops) * M * plan.tp * reps;
+    plan.cp_comm_bytes = std::max(plan.cp_comm_bytes, int64_t((w.fwd_cp_bytes + w.bwd_cp_bytes) * M));
     plan.tp_comm_bytes = std::max(plan.tp_comm_bytes, int64_t((w.fwd_tp_bytes + w.bwd_tp_bytes) * M));
     const int64_t sends = (s > 0 ? M : 0) + (s < P - 1 ? M : 0);  // gradients back, activations forward
     plan.pp_comm_bytes = std::max(plan.pp_comm_bytes, sends * message);
     // DP: the fp32 gradient buffer's all-reduce, or with the distributed optimizer its
     // reduce-scatter and the all-gather of the parameters in the compute dtype (each half a ring
     // all-reduce's traffic); the tied word embedding's gradient over {first, last stage}
-    const bool distributed = cfg.parallel.distributed_optimizer && plan.dp > 1;
-    const int64_t owned = distributed ? m.parameter_buffer / plan.dp : m.parameter_buffer;
-    int64_t dp_bytes = plan.dp > 1 ? m.parameter_buffer * 4 : 0;
+    const bool distributed = cfg.parallel.distributed_optimizer && reps > 1;
+    const int64_t owned = distributed ? m.parameter_buffer / reps : m.parameter_buffer;
+    int64_t dp_bytes = reps > 1 ? m.parameter_buffer * 4 : 0;
     if (distributed) dp_bytes += dtype_size(m.parameter_buffer, compute_dtype(cfg));
     double t = double(dp_bytes) * ring_dp / dp_bw / (distributed ? 2.0 : 1.0);
     if (P > 1 && (s == 0 || s == P - 1)) {

@@ -74,7 +74,7 @@ int64_t total_parameters(const Config& cfg);
 double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
 
 struct PlanOptions {
-  int world_size = 0;                  // 0: TP * PP * (data_parallel_size or 1)
+  int world_size = 0;                  // 0: TP * CP * PP * (data_parallel_size or 1)
   double device_memory_gib = 80;
   double peak_tflops = 989;            // dense bf16 of an H100 / H200 SXM
   double compute_efficiency = 0.6;     // fraction of peak the GEMMs reach
@@ -101,6 +101,7 @@ struct ScheduleBubble {
 
 struct Plan {
   int world_size = 1, tp = 1, pp = 1, dp = 1;
+  int cp = 1;                          // parallel.context_parallel_size
   int num_microbatches = 1;
   double device_memory_bytes = 0;
   int64_t total_parameters = 0, padded_vocab = 0;
@@ -111,6 +112,7 @@ struct Plan {
   std::vector<ScheduleBubble> schedule_bubbles;  // PP > 1: 1F1B, interleaved, ZB-H1 compared
   // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
   int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
+  int64_t cp_comm_bytes = 0;           // context parallelism: the ring's K/V blocks and their gradients sent
   double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
   std::vector<StageMemory> stages;

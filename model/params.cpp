@@ -57,6 +57,17 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   return d;
 }
 
+void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank) {
+  const int cp = cfg.parallel.context_parallel_size;
+  if (cp <= 1) return;
+  if (d.S % (2 * cp) || (d.sequence_parallel && (d.S / cp) % d.tp))
+    internal_error("apply_context_parallel: unchecked seq_length / context_parallel_size mismatch");
+  d.cp = cp;
+  d.cp_rank = cp_rank;
+  d.S /= cp;
+  d.position_ids = true;  // the tokens' global positions (learned or RoPE)
+}
+
 const ParamInfo* ParamLayout::find(const std::string& name) const {
   for (const auto& p : params)
     if (p.name == name) return &p;

@@ -103,17 +103,19 @@ void runtime_abort(int code) {
   std::_Exit(code);
 }
 
-Grid make_grid(int tp, int pp, int dp) {
+Grid make_grid(int tp, int pp, int dp, int cp) {
   Grid g;
   g.world_size = runtime_world_size();
   g.world_rank = runtime_world_rank();
-  TPT_CHECK(tp * pp * dp == g.world_size);
+  TPT_CHECK(tp * cp * pp * dp == g.world_size);
   g.tp = tp;
   g.pp = pp;
   g.dp = dp;
+  g.cp = cp;
   g.tp_rank = g.world_rank % tp;
-  g.dp_rank = (g.world_rank / tp) % dp;
-  g.pp_rank = g.world_rank / (tp * dp);
+  g.cp_rank = (g.world_rank / tp) % cp;
+  g.dp_rank = (g.world_rank / (tp * cp)) % dp;
+  g.pp_rank = g.world_rank / (tp * cp * dp);
   g.host = this_host();
 #ifdef TPTRAIN_HAVE_MPI
   if (g_mpi_started) {
@@ -125,14 +127,20 @@ Grid make_grid(int tp, int pp, int dp) {
       MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
       return make_mpi_comm(c);
     };
-    g.tp_group = split(g.pp_rank * dp + g.dp_rank, g.tp_rank);
-    g.dp_group = split(g.pp_rank * tp + g.tp_rank, g.dp_rank);
-    g.pp_group = split(g.dp_rank * tp + g.tp_rank, g.pp_rank);
-    g.mp_group = split(g.dp_rank, g.pp_rank * tp + g.tp_rank);
+    // colors: the coordinates the group's members share, numbered
+    const int tp_r = g.tp_rank, cp_r = g.cp_rank, dp_r = g.dp_rank, pp_r = g.pp_rank;
+    g.tp_group = split((pp_r * dp + dp_r) * cp + cp_r, tp_r);
+    g.dp_group = split((pp_r * cp + cp_r) * tp + tp_r, dp_r);
+    g.pp_group = split((dp_r * cp + cp_r) * tp + tp_r, pp_r);
+    g.mp_group = split(dp_r * cp + cp_r, pp_r * tp + tp_r);
+    if (cp > 1) {
+      g.cp_group = split((pp_r * dp + dp_r) * tp + tp_r, cp_r);
+      g.dp_cp_group = split(pp_r * tp + tp_r, g.dp_cp_rank());
+    }
     if (pp > 1) {
       bool member = g.first_stage() || g.last_stage();
       MPI_Comm c;
-      MPI_Comm_split(MPI_COMM_WORLD, member ? g.dp_rank * tp + g.tp_rank : MPI_UNDEFINED, g.pp_rank, &c);
+      MPI_Comm_split(MPI_COMM_WORLD, member ? (dp_r * cp + cp_r) * tp + tp_r : MPI_UNDEFINED, g.pp_rank, &c);
       if (member) g.embedding_group = make_mpi_comm(c);
     }
     MPI_Comm local;
@@ -155,19 +163,24 @@ Grid make_grid(int tp, int pp, int dp) {
   g.dp_group = make_self_comm();
   g.pp_group = make_self_comm();
   g.mp_group = make_self_comm();
+  TPT_CHECK(cp == 1);  // one process: no CP ring
   g_hosts = {g.host};
   return g;
 }
 
 std::string Grid::table() const {
   std::ostringstream os;
-  os << "process grid: world " << world_size << " = TP " << tp << " x PP " << pp << " x DP " << dp
-     << "  (rank = tp + TP*(dp + DP*pp))\n";
-  os << "  rank  tp  pp  dp  host\n";
+  os << "process grid: world " << world_size << " = TP " << tp;
+  if (cp > 1) os << " x CP " << cp;
+  os << " x PP " << pp << " x DP " << dp
+     << (cp > 1 ? "  (rank = tp + TP*(cp + CP*(dp + DP*pp)))\n" : "  (rank = tp + TP*(dp + DP*pp))\n");
+  os << (cp > 1 ? "  rank  tp  cp  pp  dp  host\n" : "  rank  tp  pp  dp  host\n");
   for (int r = 0; r < world_size; ++r) {
     char line[160];
-    snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %s\n", r, r % tp, r / (tp * dp), (r / tp) % dp,
-             r < int(g_hosts.size()) ? g_hosts[size_t(r)].c_str() : "?");
+    const char* host = r < int(g_hosts.size()) ? g_hosts[size_t(r)].c_str() : "?";
+    const int t = r % tp, c = (r / tp) % cp, d = (r / (tp * cp)) % dp, p = r / (tp * cp * dp);
+    if (cp > 1) snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %2d  %s\n", r, t, c, p, d, host);
+    else snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %s\n", r, t, p, d, host);
     os << line;
   }
   return os.str();
@@ -244,6 +257,8 @@ void setup_cuda_devices(Grid& g) {
   g.pp_device = device_group(g.pp_group.get());
   g.dp_device = device_group(g.dp_group.get());
   g.embedding_device = device_group(g.embedding_group.get());
+  g.cp_device = device_group(g.cp_group.get());
+  g.dp_cp_device = device_group(g.dp_cp_group.get());
 #else
   (void)g;
   internal_error("setup_cuda_devices: built without CUDA");

@@ -1,5 +1,6 @@
-// The TP x PP x DP process grid (docs/ARCHITECTURE.md "Process grid"):
-// rank = tp + TP * (dp + DP * pp) -- TP fastest so TP peers share a node, PP slowest.
+// The TP x CP x PP x DP process grid (docs/ARCHITECTURE.md "Process grid"):
+// rank = tp + TP * (cp + CP * (dp + DP * pp)) -- TP fastest so TP peers share a node, then CP
+// (context parallelism, parallel/context_parallel.h), then DP, PP slowest (Megatron's order).
 // Every group the trainer talks to is derived here.
 #pragma once
 #include <memory>
@@ -14,8 +15,8 @@ struct Config;
 
 struct Grid {
   int world_size = 1, world_rank = 0;
-  int tp = 1, pp = 1, dp = 1;
-  int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  int tp = 1, pp = 1, dp = 1, cp = 1;
+  int tp_rank = 0, pp_rank = 0, dp_rank = 0, cp_rank = 0;
   int local_rank = 0, local_size = 1;  // ranks on this host
   std::string host;
 
@@ -23,25 +24,37 @@ struct Grid {
   std::unique_ptr<Comm> tp_group;   // same (pp, dp)
   std::unique_ptr<Comm> pp_group;   // same (tp, dp), ordered by stage
   std::unique_ptr<Comm> dp_group;   // same (tp, pp)
-  std::unique_ptr<Comm> mp_group;   // same dp: the whole model (TP x PP), for norms and losses
+  std::unique_ptr<Comm> mp_group;   // same (dp, cp): the whole model (TP x PP), for norms and losses
+  // With context parallelism (cp > 1; else null, and dp_cp() is the DP group): the CP ring (same
+  // tp, dp, pp; ordered by cp rank) and the replicas of the weights, DP x CP (same tp, pp; ordered
+  // by cp + CP * dp): the gradient sums and the distributed optimizer's shards.
+  std::unique_ptr<Comm> cp_group, dp_cp_group;
+  // The weights' replica group and this rank's index in it (dp_rank with cp = 1).
+  Comm& dp_cp() const { return dp_cp_group ? *dp_cp_group : *dp_group; }
+  int dp_cp_rank() const { return cp_rank + cp * dp_rank; }
+  int dp_cp_size() const { return dp * cp; }
   std::unique_ptr<Comm> embedding_group;  // {first, last stage} of each (tp, dp); null if PP = 1
 
   // on GPU runs, this rank's GPU and the device-side communicators of the groups whose
   // collectives carry device buffers (NCCL over two or more ranks, a device copy for one); made by
   // setup_cuda_devices. On CPU runs device_*() are the host groups above.
   int cuda_device = -1;
-  std::unique_ptr<Comm> tp_device, pp_device, dp_device, embedding_device;
+  std::unique_ptr<Comm> tp_device, pp_device, dp_device, embedding_device, cp_device, dp_cp_device;
   Comm& device_tp() const { return tp_device ? *tp_device : *tp_group; }
   Comm& device_pp() const { return pp_device ? *pp_device : *pp_group; }
   Comm& device_dp() const { return dp_device ? *dp_device : *dp_group; }
+  Comm& device_cp() const { return cp_device ? *cp_device : *cp_group; }  // needs cp_group
+  Comm& device_dp_cp() const {
+    return dp_cp_device ? *dp_cp_device : dp_cp_group ? *dp_cp_group : device_dp();
+  }
   Comm* device_embedding() const { return embedding_device ? embedding_device.get() : embedding_group.get(); }
 
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
-  static int rank_of(int tp_rank, int dp_rank, int pp_rank, int tp, int dp) {
-    return tp_rank + tp * (dp_rank + dp * pp_rank);
+  static int rank_of(int tp_rank, int dp_rank, int pp_rank, int tp, int dp, int cp_rank = 0, int cp = 1) {
+    return tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank));
   }
-  // A table of every rank's coordinates (rank -> tp, pp, dp, host), for rank 0 to print.
+  // A table of every rank's coordinates (rank -> tp, cp, pp, dp, host), for rank 0 to print.
   std::string table() const;
 };
 

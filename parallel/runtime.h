@@ -17,8 +17,8 @@ int runtime_world_rank();
 // Rank 0's `s` on every rank (MPI_Bcast over the world; `s` itself alone or without MPI). Collective.
 std::string runtime_broadcast_string(const std::string& s);
 
-// Builds the TP x PP x DP grid over the world. tp * pp * dp must equal the world size (checked by
-// resolve_parallel beforehand).
-Grid make_grid(int tp, int pp, int dp);
+// Builds the TP x CP x PP x DP grid over the world. tp * cp * pp * dp must equal the world size
+// (checked by resolve_parallel beforehand).
+Grid make_grid(int tp, int pp, int dp, int cp = 1);
 
 }  // namespace tpt

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/cpu/llama_kernels.h"
+#include "core/cpu/ring_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
@@ -238,6 +239,17 @@ class CpuOps final : public Ops {
     float* dx = out_f32(dqkv, n, 0);
     attention_backward_f32(dx, scratch, in(dout, B * T * H * D, 1), in(qkv, n, 2), nullptr, lse, B, T, H, KV, D);
     store(dqkv, dx, n);
+  }
+  void attention_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D, const RingBlock& blk) override {
+    cpu::ring_block_forward(out, lse, in(qkv, B * T * (H + 2 * KV) * D, 0), in(kv, B * T * 2 * KV * D, 1), B, T, H,
+                            KV, D, blk);
+  }
+  void attention_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv, CBuf kv,
+                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) override {
+    const int64_t n = B * T * H * D;
+    cpu::ring_block_backward(dq, dkv, in(dout, n, 0), in(out, n, 1), lse, in(qkv, B * T * (H + 2 * KV) * D, 2),
+                             in(kv, B * T * 2 * KV * D, 3), B, T, H, KV, D, blk);
   }
   void qkv_regroup(Buf out, CBuf inp, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) override {
     const int64_t n = N * G * (Q + 2) * D;

@@ -20,6 +20,7 @@
 #include "core/cuda/cudnn_attention.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
+#include "core/cuda/ring_attention.h"
 #include "core/watchdog.h"
 
 namespace tpt {
@@ -341,6 +342,18 @@ class CudaOps final : public Ops {
     if (KV < 1 || KV > H || H % KV != 0)
       internal_error("attention: " + std::to_string(KV) + " key / value heads for " + std::to_string(H) +
                      " query heads (it must divide them)");
+  }
+  // context parallelism's ring blocks (core/cuda/ring_attention.cu)
+  void attention_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D, const RingBlock& blk) override {
+    cuda::ring_block_forward(out, lse, qkv, kv, B, T, H, KV, D, blk, stream_);
+  }
+  void attention_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv, CBuf kv,
+                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) override {
+    cuda::ring_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, H, KV, D, blk, stream_);
+  }
+  void copy_rows(Buf dst, int64_t dst_stride, CBuf src, int64_t src_stride, int64_t rows, int64_t cols) override {
+    cuda::copy_rows(dst, dst_stride, src, src_stride, rows, cols, stream_);
   }
   void qkv_regroup(Buf out, CBuf in, int64_t N, int64_t G, int64_t Q, int64_t D, bool to_heads) override {
     cuda::qkv_regroup(out, in, N, G, Q, D, to_heads, stream_);
