@@ -84,7 +84,7 @@ if [ -n "$PREPARE" ]; then
     while read -r lib; do cp -L "$lib" "$PREPARE/lib/"; done
   "$PREPARE/tptrain" --version | grep -iE "attention|NCCL"
   # one archive of what a run needs: DIR/tptrain, DIR/tests/tptrain_gpu_tests, DIR/lib
-  tar -C "$PREPARE" -cJf "$PREPARE.tar.xz" tptrain tests/tptrain_gpu_tests lib || exit 1
+  XZ_OPT=-T0 tar -C "$PREPARE" -cJf "$PREPARE.tar.xz" tptrain tests/tptrain_gpu_tests lib || exit 1
   du -sh "$PREPARE/lib" "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests"
   folder=$(du -cb "$PREPARE/lib" "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests" | tail -1 | cut -f1)
   packed=$(stat -c %s "$PREPARE.tar.xz")
@@ -121,8 +121,9 @@ LDP="${LIBS:+$LIBS:}${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}${CUDA_LIBS:+$CUDA_LIBS
 export LD_LIBRARY_PATH="${LDP%:}"
 # one line per library a run needs: where the loader finds it, or MISSING (the binary's own needs
 # from ldd where it is built; cuDNN and NVRTC, loaded at run time, and the driver by name)
-lib_dirs() { tr ':' '\n' <<<"$LD_LIBRARY_PATH"; ldconfig -p 2>/dev/null | awk -F'=> ' '/=>/{print $2}' | xargs -r -n1 dirname; }
-find_lib() { local d; for d in $(lib_dirs | awk 'NF && !seen[$0]++'); do [ -e "$d/$1" ] && { echo "$d/$1"; return; }; done; }
+LIB_DIRS=$({ tr ':' '\n' <<<"$LD_LIBRARY_PATH"; ldconfig -p 2>/dev/null | awk -F'=> ' '/=>/{sub("/[^/]*$", "", $2); print $2}'; } |
+           awk 'NF && !seen[$0]++')
+find_lib() { local d; for d in $LIB_DIRS; do [ -e "$d/$1" ] && { echo "$d/$1"; return; }; done; }
 required=(libcuda.so.1 libcublasLt.so.13 libcudnn.so.9 libnvrtc.so.13)
 if [ -n "$BUILD" ] && [ -x "$BUILD/tptrain" ]; then
   required+=($(ldd "$BUILD/tptrain" | awk '$2 == "=>" {print $1}' | grep -vE '^(libc|libm|libdl|libpthread|librt|linux-vdso)\.'))
@@ -162,7 +163,7 @@ if ((TESTS)); then
   say "GPU tests"
   timeout "$(($(left) > 240 ? 240 : $(left)))" "$GTESTS" --gtest_filter=-GpuNccl.* >"$OUT/gpu_tests.log" 2>&1
   rc=$?
-  grep -E "^GPU 0|no GPU visible|step [0-9]+:|^cuBLASLt epilogues|^cuda \(device|WARNING: cuDNN|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
+  grep -E "^GPU 0|no GPU visible|cannot start|step [0-9]+:|^cuBLASLt epilogues|^cuda \(device|WARNING: cuDNN|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
   if ((rc == 77)); then say "GPU tests skipped (no GPU visible to them)"  # tests/gpu/main.cpp's skip status
   elif ((rc != 0)); then status=1; say "GPU tests FAILED (rc $rc; $OUT/gpu_tests.log)"; else say "GPU tests passed"; fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
