@@ -26,8 +26,9 @@ std::string version_text() {
   s += ", cuda (cuBLASLt)";
   const std::string cudnn = cuda::cudnn_attention_version();  // empty: built without cuDNN (TPTRAIN_CUDNN)
   s += "\nattention on GPUs: " +
-       (cudnn.empty() ? std::string("own flash kernels (built without cuDNN)")
-                      : cudnn + " for bf16/fp16, own flash kernels otherwise");
+       (cudnn.empty()                      ? std::string("own flash kernels (built without cuDNN)")
+        : cuda::cudnn_attention_loaded() ? cudnn + " for bf16/fp16, own flash kernels otherwise"
+                                           : "own flash kernels (" + cudnn + ")");
 #ifdef TPTRAIN_HAVE_NCCL
   s += "\ncommunication on GPUs: NCCL";
 #endif

@@ -197,6 +197,7 @@ void Trainer::setup_model() {
   scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
                                    master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
+  norm_segments_ = grad_norm_segments(layout_, grid_.tp_rank, grad_sync_->owned());
 }
 
 // The pipeline: schedules, the model stage with its activation slots, the received-message buffers
@@ -469,9 +470,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   if (scaler_.scale != 1.0) scale_owned(1.0 / scaler_.scale);
   // loss: sum over the whole global batch (all DP ranks), on the last stage; an inf/nan anywhere in
   // the gradients of any rank (MAX over the job) skips the step everywhere. The squared gradient
-  // norm sums over the model-parallel group, and with the distributed optimizer over DP too.
-  double stats[2] = {grid_.last_stage() && grid_.tp_rank == 0 ? loss_sum : 0.0,
-                     local_grad_sum_squares(layout_, *ops_, grads_, grid_.tp_rank, owned)};
+  // norm sums over the model-parallel group, and with the distributed optimizer over DP too. One
+  // multi-tensor reduction gives the norm and the nan/inf check (one read to the host on a GPU).
+  const GradStats grad_stats = ops_->grad_stats(grads_, norm_segments_);
+  double stats[2] = {grid_.last_stage() && grid_.tp_rank == 0 ? loss_sum : 0.0, grad_stats.sum_squares};
   double dp_loss = 0;
   if (grad_sync_->distributed()) {
     grid_.world->all_reduce(stats, 2, ReduceOp::Sum);
@@ -481,8 +483,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
     dp_loss = stats[0];
     grid_.dp_cp().all_reduce(&dp_loss, 1, ReduceOp::Sum);  // every CP rank's tokens too
   }
-  double nonfinite = 0.0;
-  for (const ShardRange& o : owned) nonfinite = std::max(nonfinite, ops_->has_nonfinite(grads_ + o.offset, o.n) ? 1.0 : 0.0);
+  double nonfinite = grad_stats.nonfinite ? 1.0 : 0.0;
   grid_.world->all_reduce(&nonfinite, 1, ReduceOp::Max);
   r.lm_loss = dp_loss / double(std::max<int64_t>(batch_counted_, 1));  // G * S without eod_mask_loss
   r.grad_norm = std::sqrt(stats[1]);
@@ -500,9 +501,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   }
   consecutive_nan_ = 0;
   const double clip = cfg_.optimizer.clip_grad;
-  if (clip > 0 && r.grad_norm > clip) scale_owned(clip / (r.grad_norm + 1e-6));
+  // the clip is folded into the update: AdamW multiplies each gradient by it as it reads it
+  const float clip_scale = clip > 0 && r.grad_norm > clip ? float(clip / (r.grad_norm + 1e-6)) : 1.0f;
   const double t_opt = schedule_clock_us();
-  adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k);  // also refreshes the compute copy
+  adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k, clip_scale);  // also refreshes the compute copy
   grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: the updated blocks to every DP rank
   const double t_opt_end = schedule_clock_us();
   trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, t_opt_end);

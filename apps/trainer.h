@@ -102,6 +102,7 @@ class Trainer {
   int consecutive_nan_ = 0;
   std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
   std::unique_ptr<AdamW> adamw_;
+  std::vector<TensorSegment> norm_segments_;  // the gradient norm's table (grad_norm_segments)
   std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums
   RunData data_;  // data.path (one path or a blend), data.valid_path
   const BlendedDataset* train_data_ = nullptr;

@@ -23,6 +23,22 @@ double Ops::mark_ms(int64_t id) {
 
 void Ops::clear_marks() { wall_marks_.clear(); }
 
+GradStats Ops::grad_stats(const float* grads, const std::vector<TensorSegment>& segments) {
+  GradStats r;
+  for (const TensorSegment& t : segments) {
+    if (t.flag) r.sum_squares += sum_squares(grads + t.offset, t.n);
+    r.nonfinite = r.nonfinite || has_nonfinite(grads + t.offset, t.n);
+  }
+  return r;
+}
+
+void Ops::adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                         float grad_scale) {
+  for (const TensorSegment& t : segments)
+    adamw(b.master + (b.master_sharded ? t.local : t.offset), b.grads + t.offset, b.m + t.local, b.v + t.local, t.n,
+          a, t.flag, b.compute ? b.compute + t.offset : Buf{}, grad_scale);
+}
+
 // ---- OpProfile
 
 OpProfile::OpProfile(Ops& backend, std::function<double()> host_clock_us)
@@ -93,6 +109,12 @@ std::string OpProfile::table() const {
 // ---- ProfiledOps: every call forwarded to the backend inside a span
 
 namespace {
+
+int64_t segments_numel(const std::vector<TensorSegment>& segments) {
+  int64_t n = 0;
+  for (const TensorSegment& t : segments) n += t.n;
+  return n;
+}
 
 class ProfiledOps final : public Ops {
  public:
@@ -253,6 +275,9 @@ class ProfiledOps final : public Ops {
     timed("position embedding bwd", 0, double(dtype_size(B * T * C, dout.t)),
           [&] { in_.position_embedding_backward(dwpe, dout, B, T, C); });
   }
+  void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) override {
+    timed("bias bwd", 0, double(dtype_size(N * C, dout.t)), [&] { in_.bias_backward(dbias, dout, N, C); });
+  }
 
   void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
                       int64_t Vl, int64_t v0, int64_t valid_vocab) override {
@@ -285,10 +310,22 @@ class ProfiledOps final : public Ops {
     return r;
   }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-             Buf compute) override {
+             Buf compute, float grad_scale) override {
     // reads p, g, m, v; writes p, m, v and the compute copy
     const double bytes = 28.0 * double(n) + (compute ? double(dtype_size(n, compute.t)) : 0.0);
-    timed("adamw", 0, bytes, [&] { in_.adamw(p, g, m, v, n, a, decay, compute); });
+    timed("adamw", 0, bytes, [&] { in_.adamw(p, g, m, v, n, a, decay, compute, grad_scale); });
+  }
+  GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments) override {
+    GradStats r;
+    timed("gradient norm", 0, 4.0 * double(segments_numel(segments)),
+          [&] { r = in_.grad_stats(grads, segments); });
+    return r;
+  }
+  void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                      float grad_scale) override {
+    const double n = double(segments_numel(segments));
+    const double bytes = 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0);
+    timed("adamw", 0, bytes, [&] { in_.adamw_segments(b, segments, a, grad_scale); });
   }
 
  private:

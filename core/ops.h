@@ -77,6 +77,31 @@ struct RingBlock {
   }
 };
 
+// One entry of the multi-tensor optimizer calls (Ops::grad_stats, Ops::adamw_segments): n fp32
+// elements at `offset` in the buffers laid out as the parameters (gradients, compute copy, unsharded
+// master weights) and at `local` in the owned arrays (moments, sharded master weights). flag: counted
+// in the norm (grad_stats), weight decay (adamw_segments).
+struct TensorSegment {
+  int64_t offset = 0, local = 0, n = 0;
+  bool flag = false;
+};
+// The gradient-norm reduction's result: the squared sum over the flagged segments (in double) and
+// whether any segment, flagged or not, holds an inf or a nan.
+struct GradStats {
+  double sum_squares = 0;
+  bool nonfinite = false;
+};
+// The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by
+// offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
+// bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype).
+struct AdamWBuffers {
+  float* master = nullptr;
+  bool master_sharded = false;
+  const float* grads = nullptr;
+  float *m = nullptr, *v = nullptr;
+  Buf compute;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -208,6 +233,10 @@ class Ops {
   virtual void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) = 0;
   // dwpe (T, C) += sum over B of dout (B, T, C)
   virtual void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) = 0;
+  // dbias (C) += column sums of dout (N, C): a bias gradient outside a GEMM (the row-parallel
+  // bias under sequence parallelism). CPU: the rows added in order, as position_embedding_backward
+  // with T = 1; GPU: the fixed-order column-sum kernel of the GEMMs' bias gradients.
+  virtual void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) = 0;
 
   // ---- vocab-parallel cross-entropy on a logits shard (N, Vl) whose column j is vocabulary id v0 + j;
   // ids >= valid_vocab are padding and masked out. Three passes over the logits, with the TP
@@ -236,8 +265,17 @@ class Ops {
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // AdamW over a contiguous range; decay applies weight decay to the whole range. compute (n), if
   // given, receives the updated p in its dtype: the compute copy of bf16/fp16 runs, in the same pass.
+  // Each gradient is multiplied by grad_scale (the gradient clip, rounded to fp32) before the update,
+  // exactly as scale() would have left it in the buffer.
   virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-                     Buf compute) = 0;
+                     Buf compute, float grad_scale = 1.0f) = 0;
+  // The optimizer step as multi-tensor work (model/optimizer.h; the GPU runs each as one launch with
+  // the table as its argument, and grad_stats with one read to the host). The defaults go segment by
+  // segment through the calls above: grad_stats adds the flagged segments' sum_squares in table
+  // order, and checks every segment with has_nonfinite; adamw_segments runs adamw on each segment.
+  virtual GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments);
+  virtual void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
+                              const AdamWParams& a, float grad_scale);
 
   // Allocation accounting (tptrain plan's check against model/memory.h): bytes currently held by
   // alloc_bytes() as the allocator rounds them, and the most held at once since the backend was made.

@@ -45,7 +45,8 @@ struct BlockActs {
   Buf ln2;                                     // (Nt, C)
   NormStats ln2_stats;                         // (Nt)
   Buf fc1;                                     // (N, Fl1) fc1's output (before GELU / SwiGLU)
-  Buf gelu;                                    // (N, Fl) the activation (fc2's input)
+  Buf gelu;                                    // (N, Fl) the activation (fc2's input); GELU: the stage's
+                                               // shared buffer, recomputed from fc1 in backward
 };
 
 // The block's sizes and parts (model/layers.h). positions: the N tokens' positions on the device for

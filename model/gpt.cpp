@@ -62,10 +62,11 @@ int64_t attention_core_bytes(const GPTDims& d, int64_t B, DType t) { return tb(B
 int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_per_token() * Nt); }
 
 // one layer's activations (LayerActs), with or without the attention core: the residual stream and
-// the norms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N (QKV, fc1 and its activation)
+// the norms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's
+// activation; GELU's is recomputed from fc1's output in backward, in the shared dact_)
 int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  return tb(4 * Nt * d.C + N * d.QKVl + N * d.Fl1 + N * d.Fl, t) + 2 * norm_stats_bytes(d, Nt) +
+  return tb(4 * Nt * d.C + N * d.QKVl + N * d.Fl1 + (d.mlp.swiglu ? N * d.Fl : 0), t) + 2 * norm_stats_bytes(d, Nt) +
          (with_core ? attention_core_bytes(d, B, t) : 0);
 }
 
@@ -92,7 +93,7 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   // dres (Nt, C); dln, tmp (N, C); dqkv, datt, dfc; the attention backward's row statistics
   int64_t n = tb(Nt * d.C + 2 * N * d.C + N * d.QKVl + N * d.Cl + N * d.Fl1, t) + fb(B * d.Hl * d.S);
   if (d.grouped_qkv) n += tb(N * d.QKVl, t);  // qkv_tmp_: the grouped GEMM output / the heads' gradient
-  if (d.mlp.swiglu) n += tb(N * d.Fl, t);     // dact_: d SwiGLU output
+  n += tb(N * d.Fl, t);  // dact_: d SwiGLU output, or GELU's output (every layer's, one at a time)
   if (d.rot) n += fb(d.rot / 2);              // RoPE's inverse frequencies
   if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
@@ -185,10 +186,11 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.ln2 = alloc(Nt * d.C);
     la.ln2_stats = norm_stats(Nt);
     la.fc1 = alloc(N * d.Fl1);
-    la.gelu = alloc(N * d.Fl);
+    la.gelu = d.mlp.swiglu ? alloc(N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
     la.x_out = alloc(Nt * d.C);
     return la;
   };
+  dact_ = alloc(N * d.Fl);
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
     ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.KVl, d.D, opt_.dtype);
@@ -233,7 +235,6 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   datt_stats_ = alloc_f32(B_ * d.Hl * d.S);
   dfc_ = alloc(N * d.Fl1);
   if (d.grouped_qkv) qkv_tmp_ = alloc(N * d.QKVl);
-  if (d.mlp.swiglu) dact_ = alloc(N * d.Fl);
   if (d.rot) {
     TPT_CHECK(int64_t(d.inv_freq.size()) == d.rot / 2);
     inv_freq_ = alloc_f32(d.rot / 2);
@@ -287,7 +288,7 @@ GPTStage::RowGrad GPTStage::row_parallel_output_grad(CBuf dout, Buf full, float*
   if (!d_.sequence_parallel) return {dout, dbias};
   const int64_t Nt = d_.local_tokens(B_ * d_.S);
   reduce_scatter_to_sequence_parallel_region_backward(tp_, full, dout, Nt * d_.C, wire());
-  if (dbias) ops_.position_embedding_backward(dbias, dout, Nt, 1, d_.C);  // column sums of this rank's rows
+  if (dbias) ops_.bias_backward(dbias, dout, Nt, d_.C);  // column sums of this rank's rows
   return {full, nullptr};
 }
 
@@ -412,6 +413,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
   const Buf dfc = split ? stash->dfc1 : dfc_;
   RowGrad dy = row_grad(gw.fc2_b, split ? stash->dfc2 : Buf{});  // (N, C)
+  if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
   s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.fc2_w, split ? nullptr : dy.dbias, dy.dout, a.gelu, w.fc2_w,
                  a.fc1, N, d.Fl, d.C);
   gemm_backward(dln_, gw.fc1_w, gw.fc1_b, dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
@@ -446,6 +448,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   const BlockParams<float*> gw = block_params(layout_, grads_, layer);
   const bool sp = d.sequence_parallel;
   // MLP
+  d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
   ops_.linear_backward(Buf{}, gw.fc2_w, sp ? nullptr : gw.fc2_b, st.dfc2, a.gelu, w.fc2_w, N, d.Fl, d.C, false);
   CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
   ops_.linear_backward(Buf{}, gw.fc1_w, gw.fc1_b, st.dfc1, ln2, w.fc1_w, N, d.C, d.Fl1, false);

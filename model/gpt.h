@@ -255,7 +255,9 @@ class GPTStage {
   Buf dres_, dln_, dqkv_, datt_, dfc_, tmp_, logits_;
   float *datt_stats_ = nullptr, *xent_ = nullptr;
   // qkv_tmp_ (N, QKVl) grouped-query attention: the QKV GEMM's grouped output in forward, the heads'
-  // gradient in backward; dact_ (N, Fl) SwiGLU: d fc2 input; inv_freq_ (rot / 2) RoPE
+  // gradient in backward; dact_ (N, Fl) SwiGLU: d fc2 input, GELU: the activation (fc2's input) of
+  // the layer at hand (each layer keeps only fc1's output; MLPActivation::recompute_activation);
+  // inv_freq_ (rot / 2) RoPE
   Buf qkv_tmp_, dact_;
   float* inv_freq_ = nullptr;
   TPWire wire_{nullptr, Buf{}};  // bf16/fp16 with TP > 1: the backend and the 16-bit sums' gather buffer

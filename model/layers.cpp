@@ -38,6 +38,10 @@ void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, float* dw2, float* db
   ops.swiglu_backward(dpre, dact, pre, N, Fl);
 }
 
+void MLPActivation::recompute_activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t Fl) const {
+  if (!swiglu) ops.gelu_forward(act, pre, N * Fl);
+}
+
 void QKVLayout::to_heads(Ops& ops, Buf heads, CBuf gemm_out, int64_t N) const {
   if (grouped) ops.qkv_regroup(heads, gemm_out, N, KV, H / KV, D, true);
   else TPT_CHECK(heads.p == gemm_out.p);

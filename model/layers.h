@@ -48,6 +48,10 @@ struct MLPActivation {
   // with dw2 (and db2) also fc2's weight (bias) gradient from act. dact (N, Fl): scratch for SwiGLU.
   void backward(Ops& ops, Buf dpre, Buf dact, float* dw2, float* db2, CBuf dout, CBuf act, CBuf w2, CBuf pre,
                 int64_t N, int64_t Fl, int64_t C) const;
+  // GELU: act = gelu(pre) again from the kept pre-activation (as stored), before fc2's weight gradient
+  // reads it: a layer keeps only pre, and act lives in one buffer the layers share (llm.c's
+  // recompute). SwiGLU keeps its activation: nothing to do.
+  void recompute_activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t Fl) const;
 };
 
 // Local heads of a rank: H query heads, KV key/value heads (KV = H without grouped-query attention), D

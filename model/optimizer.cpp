@@ -18,18 +18,22 @@ double learning_rate(const OptimizerConfig& o, int64_t k) {
   return o.min_lr + coeff * (o.lr - o.min_lr);
 }
 
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
-                              const std::vector<ShardRange>& owned) {
-  double s = 0;
+std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, int tp_rank,
+                                              const std::vector<ShardRange>& owned) {
+  std::vector<TensorSegment> segments;
   for (const ParamInfo& p : layout.params) {
-    if (p.tied_copy) continue;
-    if (p.tp_replicated && tp_rank != 0) continue;
+    const bool counted = !p.tied_copy && (!p.tp_replicated || tp_rank == 0);
     for (const ShardRange& r : owned) {
       const int64_t lo = std::max(p.offset, r.offset), hi = std::min(p.offset + p.numel, r.offset + r.n);
-      if (lo < hi) s += ops.sum_squares(grads + lo, hi - lo);
+      if (lo < hi) segments.push_back({lo, r.local + (lo - r.offset), hi - lo, counted});
     }
   }
-  return s;
+  return segments;
+}
+
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
+                              const std::vector<ShardRange>& owned) {
+  return ops.grad_stats(grads, grad_norm_segments(layout, tp_rank, owned)).sum_squares;
 }
 
 void LossScaler::update(bool found_inf) {
@@ -45,7 +49,7 @@ void LossScaler::update(bool found_inf) {
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
              float* master, bool master_sharded, const float* grads, Buf compute)
-    : ops_(ops), master_(master), master_sharded_(master_sharded), grads_(grads), compute_(compute) {
+    : ops_(ops) {
   struct Span {
     int64_t offset, n;
     bool decay;
@@ -60,18 +64,17 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>&
   for (const ShardRange& r : owned)
     for (const Span& s : spans) {
       const int64_t lo = std::max(s.offset, r.offset), hi = std::min(s.offset + s.n, r.offset + r.n);
-      if (lo < hi) runs_.push_back({lo, hi - lo, r.local + (lo - r.offset), s.decay});
+      if (lo < hi) segments_.push_back({lo, r.local + (lo - r.offset), hi - lo, s.decay});
     }
-  m_ = ops_.alloc(size_t(owned_size));
-  v_ = ops_.alloc(size_t(owned_size));
+  buffers_ = {master, master_sharded, grads, ops_.alloc(size_t(owned_size)), ops_.alloc(size_t(owned_size)), compute};
 }
 
 AdamW::~AdamW() {
-  ops_.free(m_);
-  ops_.free(v_);
+  ops_.free(buffers_.m);
+  ops_.free(buffers_.v);
 }
 
-void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
+void AdamW::step(const OptimizerConfig& o, double lr, int64_t step, float grad_scale) {
   AdamWParams a;
   a.lr = float(lr);
   a.beta1 = float(o.adam_beta1);
@@ -82,9 +85,7 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step) {
   a.weight_decay = float(o.weight_decay);
   a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));
   a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
-  for (const Run& r : runs_)
-    ops_.adamw(master_ + (master_sharded_ ? r.local : r.offset), grads_ + r.offset, m_ + r.local, v_ + r.local, r.n,
-               a, r.decay, compute_ ? compute_ + r.offset : Buf{});
+  ops_.adamw_segments(buffers_, segments_, a, grad_scale);
 }
 
 }  // namespace tpt

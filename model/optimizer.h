@@ -14,9 +14,13 @@ class Comm;
 // lr to min_lr over iterations (W, lr_decay_iters]; min_lr after.
 double learning_rate(const OptimizerConfig& o, int64_t iteration);
 
-// Sum of squares of this rank's gradients, counting each global element once across the model:
-// TP-replicated tensors only on tp_rank 0, the last stage's tied copy of the word embedding never.
-// Only the elements in `owned` (parallel/grad_sync.h) are counted (default: all).
+// The gradient norm's table for Ops::grad_stats: the owned part (parallel/grad_sync.h) of every
+// tensor, tensor by tensor in layout order and within a tensor range by range; flag = counted in the
+// norm, which counts each global element once across the model: TP-replicated tensors only on
+// tp_rank 0, the last stage's tied copy of the word embedding never. The nan/inf check sees them all.
+std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, int tp_rank,
+                                              const std::vector<ShardRange>& owned);
+// Sum of squares of this rank's gradients over grad_norm_segments (default `owned`: all).
 double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
                               const std::vector<ShardRange>& owned = {{0, INT64_MAX / 2, 0}});
 
@@ -51,25 +55,19 @@ class AdamW {
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
-  // One update with bias correction for `step` (1-based) at learning rate lr.
-  void step(const OptimizerConfig& o, double lr, int64_t step);
-  float* exp_avg() { return m_; }
-  float* exp_avg_sq() { return v_; }
+  // One update with bias correction for `step` (1-based) at learning rate lr, of the gradients
+  // multiplied by grad_scale (the clip factor; the gradient buffer itself is left as it is). One
+  // Ops::adamw_segments call: a single launch on the GPU.
+  void step(const OptimizerConfig& o, double lr, int64_t step, float grad_scale = 1.0f);
+  float* exp_avg() { return buffers_.m; }
+  float* exp_avg_sq() { return buffers_.v; }
 
  private:
   Ops& ops_;
-  float* master_;
-  bool master_sharded_;
-  const float* grads_;
-  Buf compute_;
-  float *m_ = nullptr, *v_ = nullptr;
+  AdamWBuffers buffers_;  // m and v allocated here
   // the owned parts of the layout in runs of consecutive tensors with the same weight-decay choice
-  // (one kernel each; the alignment padding between tensors is zero everywhere and stays zero)
-  struct Run {
-    int64_t offset, n, local;
-    bool decay;
-  };
-  std::vector<Run> runs_;
+  // (flag; the alignment padding between tensors is zero everywhere and stays zero)
+  std::vector<TensorSegment> segments_;
 };
 
 }  // namespace tpt

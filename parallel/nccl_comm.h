@@ -2,7 +2,7 @@
 // collectives with NCCL on the compute stream of the CUDA backend, so they are ordered with the
 // kernels around them. A collective returns once it is enqueued: the device sees its result in
 // stream order; the host sees it after the next synchronizing call (Ops::to_host and the like).
-// Built with CUDA; NcclComm itself also needs NCCL and MPI (TPTRAIN_HAVE_NCCL).
+// Built with CUDA; NcclComm itself also needs NCCL (TPTRAIN_HAVE_NCCL; without MPI: one rank).
 #pragma once
 #include <memory>
 

@@ -18,23 +18,28 @@
 #   bash scripts/gpu_check.sh                         build here (needs the Debian packages of
 #                                                     scripts/setup.sh, CMake and CUDA), then check
 #   bash scripts/gpu_check.sh --build-dir DIR [--lib-dir DIR/lib]
-#                                                     use a build made elsewhere (see --prepare)
+#                                                     use a build made elsewhere (see --prepare); DIR
+#                                                     may also be the DIR.tar.xz --prepare packs
+#                                                     (unpacked under --out, its lib/ taken)
 #   bash scripts/gpu_check.sh --prepare DIR           on a build machine (no GPU needed): a portable
-#                                                     single-process CUDA build in DIR (with cuDNN
-#                                                     attention where cuDNN and the cudnn-frontend
+#                                                     single-process CUDA build for sm_90 (+ PTX) with
+#                                                     NCCL (one-rank communicators) in DIR (with cuDNN
+#                                                     attention where the cuDNN and cudnn-frontend
 #                                                     headers are there) and, in DIR/lib, the shared
 #                                                     libraries a bare GPU machine lacks (yaml-cpp,
 #                                                     spdlog, fmt, OpenBLAS, libgomp, libgfortran,
-#                                                     libstdc++, cudart)
+#                                                     libstdc++, cudart); the binaries and lib/ also
+#                                                     packed as DIR.tar.xz (under 60 MiB, or it fails)
 # Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m llama8b", --iters N
 # (default 8, the first 3 are warm-up), --out DIR (logs; default /tmp/tptrain_gpu_check),
 # --budget SECONDS (default 480), --skip-tests. PYTHON=... names the python3 with PyTorch (default python3).
 #
-# The GPU machine needs an NVIDIA driver for CUDA 13 and the CUDA 13 cuBLASLt and NVRTC libraries
-# (the CUDA toolkit, or its runtime libraries): they are too large to carry. A build with cuDNN
-# attention also needs cuDNN 9: the script adds the folder of PyTorch's (python3 -c 'import
-# nvidia.cudnn') to LD_LIBRARY_PATH, and PyTorch's NVRTC folder after the toolkit's. Its glibc must
-# be 2.34 or newer.
+# The GPU machine needs an NVIDIA driver for CUDA 13, the CUDA 13 cuBLASLt library and, for a build
+# with NCCL, NCCL 2 (the CUDA toolkit, or its runtime libraries; PyTorch's nvidia.nccl): they are
+# too large to carry. cuDNN 9 and NVRTC are loaded at run time where present (else the own
+# attention kernels run): the script adds the folders of PyTorch's (python3 -c 'import nvidia.cudnn')
+# to LD_LIBRARY_PATH, and PyTorch's NVRTC folder after the toolkit's. Its glibc must be 2.34 or
+# newer. The first lines of a run say, per library, where it was found or that it is missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -52,7 +57,7 @@ while (($#)); do
     --budget) BUDGET=$2; shift 2 ;;
     --prepare) PREPARE=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -66,21 +71,35 @@ if [ -n "$PREPARE" ]; then
   # no MPI (a bare machine has no mpirun; one process drives one GPU), AVX2 instead of -march=native;
   # cuDNN attention (TPTRAIN_CUDNN=AUTO) with the cudnn-frontend headers scripts/setup.sh fetches
   bash "$SRC/scripts/setup.sh" --cudnn-frontend
+  # sm_90 SASS and its PTX (CMake's "90": real and virtual), the H100 / H200 the check targets
   cmake -S "$SRC" -B "$PREPARE" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_CUDA=ON -DTPTRAIN_MPI=OFF \
-        -DTPTRAIN_MARCH=x86-64-v3 -DTPTRAIN_WERROR=OFF >/dev/null || exit 1
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DTPTRAIN_MARCH=x86-64-v3 -DTPTRAIN_WERROR=OFF >/dev/null || exit 1
   cmake --build "$PREPARE" -j"$(nproc)" --target tptrain tptrain_gpu_tests 2>&1 | grep -E "error|warning" || true
   [ -x "$PREPARE/tptrain" ] && [ -x "$PREPARE/tests/tptrain_gpu_tests" ] || { echo "gpu_check: build failed" >&2; exit 1; }
   mkdir -p "$PREPARE/lib"
-  # everything the binaries load except glibc, the driver, and cuBLASLt, NVRTC and cuDNN (hundreds
-  # of MB: the GPU machine's own, cuDNN from its PyTorch)
+  # everything the binaries load except glibc, the driver, and cuBLASLt, NCCL, NVRTC and cuDNN
+  # (hundreds of MB: the GPU machine's own, NCCL and cuDNN from its PyTorch)
   ldd "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests" | awk '/=> \//{print $3}' | sort -u |
-    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublasLt|libnvrtc[^/]*|libcudnn[^/]*)\.so' |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublasLt|libnccl|libnvrtc[^/]*|libcudnn[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$PREPARE/lib/"; done
-  "$PREPARE/tptrain" --version | grep -i attention
+  "$PREPARE/tptrain" --version | grep -iE "attention|NCCL"
+  # one archive of what a run needs: DIR/tptrain, DIR/tests/tptrain_gpu_tests, DIR/lib
+  XZ_OPT=-T0 tar -C "$PREPARE" -cJf "$PREPARE.tar.xz" tptrain tests/tptrain_gpu_tests lib || exit 1
   du -sh "$PREPARE/lib" "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests"
-  echo "gpu_check: carry $PREPARE/tptrain, $PREPARE/tests/tptrain_gpu_tests and $PREPARE/lib, then run there:"
-  echo "  bash scripts/gpu_check.sh --build-dir $PREPARE --lib-dir $PREPARE/lib"
+  folder=$(du -cb "$PREPARE/lib" "$PREPARE/tptrain" "$PREPARE/tests/tptrain_gpu_tests" | tail -1 | cut -f1)
+  packed=$(stat -c %s "$PREPARE.tar.xz")
+  echo "gpu_check: prepared $((folder >> 20)) MiB ($((folder)) bytes); packed $PREPARE.tar.xz: $((packed >> 20)) MiB ($packed bytes)"
+  ((packed < 60 << 20)) || { echo "gpu_check: $PREPARE.tar.xz is over 60 MiB" >&2; exit 1; }
+  echo "gpu_check: carry $PREPARE.tar.xz (or $PREPARE/tptrain, tests/tptrain_gpu_tests and lib/), then run there:"
+  echo "  bash scripts/gpu_check.sh --build-dir $PREPARE.tar.xz"
   exit 0
+fi
+
+# --build-dir DIR.tar.xz: what --prepare packed, unpacked under --out
+if [[ "$BUILD" == *.tar.xz ]]; then
+  mkdir -p "$OUT/prepared" && tar -C "$OUT/prepared" -xJf "$BUILD" || { say "cannot unpack $BUILD"; exit 1; }
+  BUILD=$OUT/prepared
+  [ -n "$LIBS" ] || LIBS=$BUILD/lib
 fi
 
 mkdir -p "$OUT"
@@ -91,7 +110,7 @@ done
 TORCH_LIBS=$("$PY" -c '
 import importlib, os
 dirs = []
-for name in ("nvidia.cudnn", "nvidia.cu13", "nvidia.cuda_nvrtc"):
+for name in ("nvidia.cudnn", "nvidia.cu13", "nvidia.cuda_nvrtc", "nvidia.nccl"):
     try:
         m = importlib.import_module(name)
     except Exception:
@@ -100,6 +119,20 @@ for name in ("nvidia.cudnn", "nvidia.cu13", "nvidia.cuda_nvrtc"):
 print(":".join(dirs))' 2>/dev/null)
 LDP="${LIBS:+$LIBS:}${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}${CUDA_LIBS:+$CUDA_LIBS:}${TORCH_LIBS:-}"
 export LD_LIBRARY_PATH="${LDP%:}"
+# one line per library a run needs: where the loader finds it, or MISSING (the binary's own needs
+# from ldd where it is built; cuDNN and NVRTC, loaded at run time, and the driver by name)
+LIB_DIRS=$({ tr ':' '\n' <<<"$LD_LIBRARY_PATH"; ldconfig -p 2>/dev/null | awk -F'=> ' '/=>/{sub("/[^/]*$", "", $2); print $2}'; } |
+           awk 'NF && !seen[$0]++')
+find_lib() { local d; for d in $LIB_DIRS; do [ -e "$d/$1" ] && { echo "$d/$1"; return; }; done; }
+required=(libcuda.so.1 libcublasLt.so.13 libcudnn.so.9 libnvrtc.so.13)
+if [ -n "$BUILD" ] && [ -x "$BUILD/tptrain" ]; then
+  required+=($(ldd "$BUILD/tptrain" | awk '$2 == "=>" {print $1}' | grep -vE '^(libc|libm|libdl|libpthread|librt|linux-vdso)\.'))
+fi
+for lib in $(printf '%s\n' "${required[@]}" | awk '!seen[$0]++'); do
+  where=$(find_lib "$lib")
+  case $lib in libcudnn*|libnvrtc*) what=" (optional: cuDNN attention)" ;; *) what="" ;; esac
+  if [ -n "$where" ]; then echo "gpu_check: library $lib: $where"; else echo "gpu_check: library $lib: MISSING$what"; fi
+done
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu_check: GPU /'
 else
@@ -130,7 +163,7 @@ if ((TESTS)); then
   say "GPU tests"
   timeout "$(($(left) > 240 ? 240 : $(left)))" "$GTESTS" --gtest_filter=-GpuNccl.* >"$OUT/gpu_tests.log" 2>&1
   rc=$?
-  grep -E "^GPU 0|no GPU visible|step [0-9]+:|^cuBLASLt epilogues|^cuda \(device|WARNING: cuDNN|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
+  grep -E "^GPU 0|no GPU visible|cannot start|step [0-9]+:|^cuBLASLt epilogues|^cuda \(device|WARNING: cuDNN|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/gpu_tests.log"
   if ((rc == 77)); then say "GPU tests skipped (no GPU visible to them)"  # tests/gpu/main.cpp's skip status
   elif ((rc != 0)); then status=1; say "GPU tests FAILED (rc $rc; $OUT/gpu_tests.log)"; else say "GPU tests passed"; fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)

@@ -332,6 +332,9 @@ class CpuOps final : public Ops {
   void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
     position_embedding_backward_f32(dwpe, in(dout, B * T * C, 0), B, T, C);
   }
+  void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) override {
+    position_embedding_backward(dbias, dout, N, 1, C);
+  }
 
   // ---- cross-entropy: row by row, each row converted into a buffer of its thread
 
@@ -418,13 +421,13 @@ class CpuOps final : public Ops {
     return s;
   }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-             Buf compute) override {
+             Buf compute, float grad_scale) override {
     const DType t = compute.t;
     float* c32 = compute.f32();
     uint16_t* c16 = static_cast<uint16_t*>(compute.p);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      adamw_update(p[i], g[i], m[i], v[i], a, decay);
+      adamw_update(p[i], g[i] * grad_scale, m[i], v[i], a, decay);  // g * 1 is g: no clip, no change
       if (!compute) continue;
       if (t == DType::F32) c32[i] = p[i];
       else c16[i] = t == DType::BF16 ? fp32_to_bf16(p[i]) : fp32_to_fp16(p[i]);

@@ -4,6 +4,7 @@
 // through cuBLASLt (core/cuda/gemm.h), the rest through core/cuda/kernels.h. Tensors are stored in
 // their own dtype (Buf / CBuf): no conversion or packing pass anywhere.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -97,13 +98,25 @@ void* DeviceBuffer::get(size_t bytes) {
 
 }  // namespace cuda
 
+bool cuda_error_means_no_gpu(int error, bool driver_library_found) {
+  // with no libcuda.so.1 at all the runtime answers cudaErrorInsufficientDriver as for a driver
+  // that is too old: only the absence of the library tells the two apart
+  return error == cudaErrorNoDevice || (error == cudaErrorInsufficientDriver && !driver_library_found);
+}
+
 int cuda_device_count() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver / no device: not an error here
-    return 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) return n;
+  (void)cudaGetLastError();
+  bool driver_found = false;
+  if (void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    driver_found = true;
+    dlclose(lib);
   }
-  return n;
+  if (cuda_error_means_no_gpu(int(e), driver_found)) return 0;
+  internal_error(std::string("CUDA cannot count the GPUs: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                 ")" + (driver_found ? "" : "; no NVIDIA driver library libcuda.so.1 found"));
 }
 
 std::string cuda_device_name(int device) {
@@ -419,6 +432,9 @@ class CudaOps final : public Ops {
   void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
     cuda::position_embedding_backward(dwpe, dout, B, T, C, stream_);
   }
+  void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) override {
+    cuda::add_column_sums(dbias, dout, N, C, scratch_, stream_);
+  }
 
   void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
                       int64_t Vl, int64_t v0, int64_t valid_vocab) override {
@@ -444,8 +460,16 @@ class CudaOps final : public Ops {
     return cuda::sum_squares(x, n, scratch_, static_cast<double*>(pinned_), stream_);
   }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
-             Buf compute) override {
-    cuda::adamw(p, g, m, v, n, a, decay, compute, stream_);
+             Buf compute, float grad_scale) override {
+    cuda::adamw(p, g, m, v, n, a, decay, compute, grad_scale, stream_);
+  }
+  GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments) override {
+    return cuda::grad_stats(grads, segments.data(), int(segments.size()), scratch_, static_cast<double*>(pinned_),
+                            stream_);
+  }
+  void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                      float grad_scale) override {
+    cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, stream_);
   }
 
   // ---- op profile: events on the compute stream, from a pool reused after clear_marks()

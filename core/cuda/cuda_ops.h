@@ -29,8 +29,14 @@ struct CudaOptions {
   bool cudnn_deterministic = true;
 };
 
-// Number of CUDA devices visible to this process: 0 when there is no driver or no GPU (never throws).
+// Number of CUDA devices visible to this process: 0 when there is no GPU (cudaErrorNoDevice) or no
+// NVIDIA driver at all (no libcuda.so.1); any other CUDA error -- a driver too old for this CUDA
+// runtime, a device that is busy or unavailable -- throws InternalError with CUDA's error string, so
+// that a broken machine never passes for one without a GPU.
 int cuda_device_count();
+// cuda_device_count's rule: whether cudaGetDeviceCount's error (a cudaError_t) means "no GPU" rather
+// than a failure, given whether the driver library libcuda.so.1 could be loaded.
+bool cuda_error_means_no_gpu(int error, bool driver_library_found);
 // "NVIDIA H200 (sm_90, 139.8 GiB)"; empty if the device does not exist.
 std::string cuda_device_name(int device);
 // Free memory of the current device in bytes (cudaMemGetInfo); -1 if it cannot be read.

@@ -1,6 +1,10 @@
 // Causal attention through cuDNN's fused SDPA (core/cuda/cudnn_attention.h), with the graph API of
 // the header-only cudnn-frontend. This is the only translation unit that includes the frontend
 // (large and slow to compile); without TPTRAIN_HAVE_CUDNN it holds the stubs that say "not built".
+// cuDNN is loaded at run time (the frontend's dynamic-loading mode, NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING:
+// every cuDNN call, ours included, goes through the frontend's shim and the handle opened here; the
+// frontend opens NVRTC itself, only if an engine of its own needs it): tptrain links neither, and
+// without them it warns once and runs its own attention kernels.
 #include "core/cuda/cudnn_attention.h"
 
 #include <atomic>
@@ -14,8 +18,12 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <dlfcn.h>
+
+#include <cstdlib>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -40,10 +48,42 @@ CudnnAttentionStats cudnn_attention_stats() {
 }
 
 #ifdef TPTRAIN_HAVE_CUDNN
+}  // namespace tpt::cuda
+
+// the library handle the frontend's shim resolves every cuDNN symbol in (set by cudnn_library())
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace tpt::cuda {
 
 namespace fe = cudnn_frontend;
 
 namespace {
+
+// libcudnn.so.9 (or the file TPTRAIN_CUDNN_LIBRARY names: a test hides cuDNN with a path that does
+// not exist), opened once per process at first need; error: why it could not be, "" if it was.
+struct CudnnLibrary {
+  bool loaded = false;
+  std::string error;
+};
+const CudnnLibrary& cudnn_library() {
+  static const CudnnLibrary lib = [] {
+    const char* env = std::getenv("TPTRAIN_CUDNN_LIBRARY");
+    const std::string name = env && *env ? env : "libcudnn.so.9";
+    dlerror();
+    void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* e = dlerror();
+      return CudnnLibrary{false, e ? e : "cannot open " + name};
+    }
+    fe::cudnn_dlhandle = h;  // never closed: the plans and handles live until the process ends
+    CudnnLibrary ok;
+    ok.loaded = true;
+    return ok;
+  }();
+  return lib;
+}
 
 // The graphs' tensors, by uid (the keys of the variant packs).
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
@@ -67,7 +107,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // cuDNN's own description of its last error (cuDNN 9: per thread), or "".
 std::string last_cudnn_error() {
   char buf[1024] = {};
-  cudnnGetLastErrorString(buf, sizeof(buf));
+  fe::detail::get_last_error_string(buf, sizeof(buf));
   return buf;
 }
 
@@ -78,10 +118,15 @@ using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;  
 
 bool cudnn_attention_built() { return true; }
 
+bool cudnn_attention_loaded() { return cudnn_library().loaded; }
+
 std::string cudnn_attention_version() {
-  return "cuDNN SDPA (cuDNN " + version_text(cudnnGetVersion()) + " loaded, built with " + version_text(CUDNN_VERSION) +
-         "; cudnn-frontend " + std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
-         std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_PATCH_VERSION) + ")";
+  const std::string built = "built with " + version_text(CUDNN_VERSION) + "; cudnn-frontend " +
+                            std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
+                            std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." +
+                            std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
+  if (!cudnn_library().loaded) return "cuDNN not found (" + cudnn_library().error + "; " + built + ")";
+  return "cuDNN SDPA (cuDNN " + version_text(fe::detail::get_backend_version()) + " loaded, " + built + ")";
 }
 
 struct CudnnAttention::Impl {
@@ -96,22 +141,26 @@ struct CudnnAttention::Impl {
   Impl(cudaStream_t s, bool det) : stream(s), deterministic(det) {}
   ~Impl() {
     graphs.clear();  // the plans before the handle they were built with
-    if (handle) cudnnDestroy(handle);
+    if (handle) fe::detail::destroy_handle(handle);
   }
 
   // The handle, bound to the compute stream; false if cuDNN cannot run here (said once).
   bool ready() {
     if (handle) return true;
     if (unusable) return false;
-    cudnnStatus_t st = cudnnCreate(&handle);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(handle, stream);
+    if (!cudnn_library().loaded) {  // said once per process by the constructor
+      unusable = true;
+      return false;
+    }
+    cudnnStatus_t st = fe::detail::create_handle(&handle);
+    if (st == CUDNN_STATUS_SUCCESS) st = fe::detail::set_stream(handle, stream);
     if (st != CUDNN_STATUS_SUCCESS) {
-      if (handle) cudnnDestroy(handle);
+      if (handle) fe::detail::destroy_handle(handle);
       handle = nullptr;
       unusable = true;
       (void)cudaGetLastError();
       spdlog::warn("WARNING: cuDNN attention unavailable ({}: {}); using the own attention kernels",
-                   cudnnGetErrorString(st), last_cudnn_error());
+                   fe::detail::get_error_string(st), last_cudnn_error());
       return false;
     }
     return true;
@@ -260,7 +309,13 @@ struct CudnnAttention::Impl {
 };
 
 CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic)
-    : impl_(std::make_unique<Impl>(stream, deterministic)) {}
+    : impl_(std::make_unique<Impl>(stream, deterministic)) {
+  static std::once_flag warned;
+  if (!cudnn_library().loaded)
+    std::call_once(warned, [] {
+      spdlog::warn("WARNING: {}: using the own attention kernels", cudnn_attention_version());
+    });
+}
 CudnnAttention::~CudnnAttention() = default;
 
 bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
@@ -318,6 +373,7 @@ bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const flo
 #else  // ---- built without cuDNN: every call falls back
 
 bool cudnn_attention_built() { return false; }
+bool cudnn_attention_loaded() { return false; }
 std::string cudnn_attention_version() { return ""; }
 
 struct CudnnAttention::Impl {};

@@ -7,8 +7,9 @@
 // log-sum-exp of each query's scaled scores, as the other backends store it, so a forward here and
 // a backward in the own kernels (or the other way round) agree.
 //
-// Built only when CMake finds cuDNN 9 and cudnn-frontend (TPTRAIN_CUDNN, TPTRAIN_HAVE_CUDNN); without
-// them forward / backward always return false and the caller runs its own kernels. Plain C++ with
+// Built only when CMake finds the headers of cuDNN 9 and cudnn-frontend (TPTRAIN_CUDNN,
+// TPTRAIN_HAVE_CUDNN); without them, or when libcudnn.so.9 cannot be loaded at run time (one
+// warning), forward / backward always return false and the caller runs its own kernels. Plain C++ with
 // the CUDA runtime API only: the frontend's headers stay inside cudnn_attention.cpp.
 #pragma once
 #include <cstdint>
@@ -23,8 +24,12 @@ namespace tpt::cuda {
 // Whether this build has the cuDNN path.
 bool cudnn_attention_built();
 
+// Whether libcudnn.so.9 (TPTRAIN_CUDNN_LIBRARY, if set) could be loaded: cuDNN is opened at run
+// time, at the first call of this or the next two (false when not built). Needs no GPU.
+bool cudnn_attention_loaded();
 // One line for --version and the start-up log, e.g. "cuDNN SDPA (cuDNN 9.19.0 loaded, built with
-// 9.19.0; cudnn-frontend 1.32.0)"; empty when not built. Needs no GPU.
+// 9.19.0; cudnn-frontend 1.32.0)", or "cuDNN not found (<why>; built with ...)"; empty when not
+// built. Needs no GPU.
 std::string cudnn_attention_version();
 
 // Process-wide counts, never reset: calls run by cuDNN, and calls handed back to the caller (no

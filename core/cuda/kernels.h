@@ -1,5 +1,5 @@
 // Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, vocab_kernels.cu, llama_kernels.cu,
-// attention.cu, attention_tc.cu): host functions that enqueue work on stream `s`. Arguments, shapes
+// optimizer_kernels.cu, attention.cu, attention_tc.cu): host functions that enqueue work on stream `s`. Arguments, shapes
 // and "=" / "+=" semantics are those of the Ops methods of the same name (core/ops.h); the
 // per-element math is core/math.h and core/dtype.h. Compute-dtype tensors are Buf / CBuf: the
 // kernels are instantiated for their storage type (fp32, bf16 or fp16 bits), compute in fp32 and
@@ -26,8 +26,6 @@ void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s);
 void scale(float* x, float a, int64_t n, cudaStream_t s);
 // dst = src converted (any pair of dtypes; equal dtypes are a copy)
 void convert(Buf dst, CBuf src, int64_t n, cudaStream_t s);
-void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay, Buf compute,
-           cudaStream_t s);
 // out (N, C) = row (C) in every row.
 void broadcast_rows(Buf out, CBuf row, int64_t N, int64_t C, cudaStream_t s);
 // The fused fc1 without its GEMM epilogue: pre = acc (N, C, fp32 products) + bias (C, may be null)
@@ -37,7 +35,7 @@ void bias_gelu_forward(Buf out, Buf gelu_pre, const float* acc, CBuf bias, int64
 // out (C) += column sums of x (N, C), in a fixed order (deterministic).
 void add_column_sums(float* out, CBuf x, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s);
 
-// ---- rows ----
+// ---- rows (norm_kernels.cu) ----
 void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C, float eps,
                        cudaStream_t s);
 // res = a + b (rounded), out = LN(res as stored): one pass. res may alias a.
@@ -85,8 +83,16 @@ void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float
                     const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
                     int64_t valid_vocab, float dloss_scale, bool want_grad, const float* row_weight, cudaStream_t s);
 
-// ---- reductions to the host (synchronize the stream) ----
-// `pinned` is page-locked host memory for the result.
+// ---- the optimizer step (optimizer_kernels.cu) ----
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay, Buf compute,
+           float grad_scale, cudaStream_t s);
+// Multi-tensor: one launch per table of up to 512 segments (the table is the kernel's argument).
+void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,
+                    float grad_scale, cudaStream_t s);
+// Reductions to the host (synchronize the stream); `pinned` is page-locked host memory for the
+// result (grad_stats: 2 doubles, read in one copy).
+GradStats grad_stats(const float* x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,
+                     cudaStream_t s);
 double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s);
 bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s);
 

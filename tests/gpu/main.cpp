@@ -1,11 +1,13 @@
-// Entry point of the GPU tests (ctest label `gpu`). With no GPU visible -- CI, a laptop -- it prints
-// one line and exits with kSkipped, which ctest reports as "skipped" (SKIP_RETURN_CODE in
-// tests/CMakeLists.txt). Under mpirun (the GpuNccl tests) every rank needs its own GPU; with fewer
+// Entry point of the GPU tests (ctest label `gpu`). With no GPU visible -- CI, a laptop: no device
+// or no NVIDIA driver at all (cuda_device_count) -- it prints one line and exits with kSkipped,
+// which ctest reports as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt); any other CUDA error
+// fails (exit 1). Under mpirun (the GpuNccl tests) every rank needs its own GPU; with fewer
 // GPUs than ranks on the host every rank skips the same way (mpirun passes the code on).
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "core/cuda/cuda_ops.h"
 #include "parallel/runtime.h"
@@ -33,7 +35,15 @@ class AbortJobOnFailure : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   tpt::runtime_init(&argc, &argv);
   const int rank = tpt::runtime_world_rank(), world = tpt::runtime_world_size();
-  const int gpus = tpt::cuda_device_count();
+  // only "no GPU" skips; any other CUDA error (a driver too old, a device unavailable) fails the run
+  int gpus = 0;
+  try {
+    gpus = tpt::cuda_device_count();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: GPU tests cannot start: %s\n", rank, e.what());
+    tpt::runtime_finalize();
+    return 1;
+  }
   bool list_only = false;  // --gtest_list_tests works without a GPU
   for (int i = 1; i < argc; ++i) list_only |= std::strcmp(argv[i], "--gtest_list_tests") == 0;
   int status = 0;

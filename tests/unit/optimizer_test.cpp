@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -198,6 +200,58 @@ TEST(OptimizerAdamW, StepMatchesPerElementUpdateWithDecayFlags) {
     const float want = info.weight_decay ? 2.0f * (1.0f - 0.1f * 0.3f) : 2.0f;
     EXPECT_FLOAT_EQ(p2[size_t(info.offset)], want) << info.name;
   }
+}
+
+// The clip folded into the update (AdamW::step's grad_scale) moves the weights, moments and compute
+// copy bit for bit as the gradients scaled in their buffer first (Ops::scale) did; the buffer stays.
+TEST(OptimizerAdamW, FoldedClipIsBitwiseTheScaledGradients) {
+  const Config c = tiny_config();
+  auto ops = make_cpu_ops(2);
+  const ParamLayout l = make_param_layout(make_dims(c, 1, 0, 1, 0));
+  std::mt19937 gen(9);
+  std::normal_distribution<float> nd;
+  std::vector<float> p(size_t(l.total)), g(size_t(l.total));
+  for (float& x : p) x = nd(gen);
+  for (float& x : g) x = nd(gen);
+  std::vector<float> p2 = p, g2 = g, copy(p.size()), copy2(p.size());
+  const std::vector<float> g_before = g;
+  OptimizerConfig o;
+  o.weight_decay = 0.1;
+  AdamW folded(l, *ops, p.data(), g.data(), Buf(copy.data(), DType::F32));
+  AdamW scaled(l, *ops, p2.data(), g2.data(), Buf(copy2.data(), DType::F32));
+  const float clip = float(1.0 / (3.7 + 1e-6));
+  for (int64_t step = 1; step <= 2; ++step) {
+    folded.step(o, 1e-3, step, clip);
+    ops->scale(g2.data(), clip, l.total);
+    scaled.step(o, 1e-3, step);
+    g2 = g;
+  }
+  EXPECT_EQ(std::memcmp(p.data(), p2.data(), p.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(copy.data(), copy2.data(), p.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(folded.exp_avg_sq(), scaled.exp_avg_sq(), p.size() * sizeof(float)), 0);
+  EXPECT_EQ(g, g_before);
+}
+
+// One reduction gives the norm and the nan/inf check: a nan in a tensor the norm does not count
+// (TP-replicated on tp_rank 1) is still found, and leaves the norm as it was.
+TEST(OptimizerNorm, GradStatsSeesNanOutsideTheNorm) {
+  const Config c = tiny_config();
+  auto ops = make_cpu_ops(1);
+  const ParamLayout l = make_param_layout(make_dims(c, 2, 1, 1, 0));
+  std::vector<float> g = constant_grads(l);
+  const std::vector<ShardRange> all = {{0, l.total, 0}};
+  const std::vector<TensorSegment> segs = grad_norm_segments(l, 1, all);
+  const GradStats clean = ops->grad_stats(g.data(), segs);
+  EXPECT_FALSE(clean.nonfinite);
+  EXPECT_DOUBLE_EQ(clean.sum_squares, local_grad_sum_squares(l, *ops, g.data(), 1));
+  const ParamInfo* replicated = nullptr;
+  for (const ParamInfo& p : l.params)
+    if (p.tp_replicated) replicated = &p;
+  ASSERT_NE(replicated, nullptr);
+  g[size_t(replicated->offset)] = std::numeric_limits<float>::quiet_NaN();
+  const GradStats bad = ops->grad_stats(g.data(), segs);
+  EXPECT_TRUE(bad.nonfinite);
+  EXPECT_DOUBLE_EQ(bad.sum_squares, clean.sum_squares);
 }
 
 }  // namespace

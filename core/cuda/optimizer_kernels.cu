@@ -1,0 +1,245 @@
+// The optimizer step's kernels: AdamW and the gradient reductions, on one range (adamw,
+// sum_squares, has_nonfinite) and as multi-tensor work over a table of segments (adamw_segments,
+// grad_stats; Ops::adamw_segments / grad_stats in core/ops.h). A multi-tensor launch takes its table
+// as the kernel's argument (up to kTableSegments segments; a longer table takes one launch per
+// kTableSegments): no upload, no per-tensor launch. Its blocks walk the concatenation of the
+// segments in chunks of kChunk elements; each finds the segment of its first element by binary
+// search and steps through the following ones. grad_stats adds the blocks' partial sums in block
+// order (deterministic) and reads the squared norm and the nan/inf flag to the host in one copy.
+#include <algorithm>
+
+#include "core/cuda/device_util.h"
+#include "core/cuda/kernels.h"
+#include "core/cuda/launch_util.h"
+
+namespace tpt::cuda {
+namespace {
+
+// Kernel arguments may take 32 KiB from CUDA 12.1 on (Volta and newer), 4 KiB before.
+#if CUDART_VERSION >= 12010
+constexpr int kTableSegments = 512;
+#else
+constexpr int kTableSegments = 96;
+#endif
+constexpr int64_t kChunk = int64_t(kThreads) * 16;  // elements per block
+constexpr int kReduceBlocks = 1024;
+
+struct SegmentTable {
+  int count = 0;
+  int64_t begin[kTableSegments + 1];  // segment j: elements [begin[j], begin[j + 1]) of the concatenation
+  int64_t offset[kTableSegments];
+  int64_t local[kTableSegments];
+  bool flag[kTableSegments];
+};
+static_assert(sizeof(SegmentTable) < (CUDART_VERSION >= 12010 ? 32000 : 4000), "kernel argument size");
+
+// Calls f(segment, index in the segment) for this thread's elements of block blockIdx.x's chunk.
+template <class F>
+__device__ inline void for_each_chunk_element(const SegmentTable& t, F&& f) {
+  const int64_t total = t.begin[t.count];
+  const int64_t start = int64_t(blockIdx.x) * kChunk, end = min(total, start + kChunk);
+  int lo = 0, hi = t.count - 1;  // the last segment with begin <= start
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.begin[mid] <= start) lo = mid;
+    else hi = mid - 1;
+  }
+  int seg = lo;
+  for (int64_t e = start + threadIdx.x; e < end; e += blockDim.x) {
+    while (e >= t.begin[seg + 1]) ++seg;
+    f(seg, e - t.begin[seg]);
+  }
+}
+
+template <class T>
+struct AdamWArgs {
+  float* master;
+  bool master_sharded;
+  const float* g;
+  float *m, *v;
+  T* compute;  // may be null
+};
+
+template <class T>
+__global__ void adamw_segments_kernel(SegmentTable t, AdamWArgs<T> b, AdamWParams a, float grad_scale) {
+  for_each_chunk_element(t, [&](int seg, int64_t i) {
+    const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i;
+    float* p = b.master + (b.master_sharded ? loc : off);
+    float pv = *p, mv = b.m[loc], vv = b.v[loc];
+    adamw_update(pv, b.g[off] * grad_scale, mv, vv, a, t.flag[seg]);
+    *p = pv;
+    b.m[loc] = mv;
+    b.v[loc] = vv;
+    if (b.compute) st(b.compute, off, pv);
+  });
+}
+
+// partial[2 * block] = the block's squared sum over flagged segments, partial[2 * block + 1] = 1 if
+// it saw an inf or a nan (any segment)
+__global__ void grad_stats_partial_kernel(double* partial, SegmentTable t, const float* x) {
+  double s = 0;
+  int bad = 0;
+  for_each_chunk_element(t, [&](int seg, int64_t i) {
+    const float v = x[t.offset[seg] + i];
+    bad |= !isfinite(v);
+    if (t.flag[seg]) s += double(v) * v;
+  });
+  s = block_reduce(s, SumOp{}, 0.0);
+  bad = block_reduce(bad, SumOp{}, 0);
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = s;
+    partial[2 * blockIdx.x + 1] = bad ? 1.0 : 0.0;
+  }
+}
+
+// out[0] = sum of the blocks' sums (in a fixed order), out[1] = 1 if any block saw an inf or a nan
+__global__ void grad_stats_finish_kernel(double* out, const double* partial, int64_t blocks) {
+  double s = 0, bad = 0;
+  for (int64_t j = threadIdx.x; j < blocks; j += blockDim.x) {
+    s += partial[2 * j];
+    bad = fmax(bad, partial[2 * j + 1]);
+  }
+  s = block_reduce(s, SumOp{}, 0.0);
+  bad = block_reduce(bad, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    out[0] = s;
+    out[1] = bad > 0 ? 1.0 : 0.0;
+  }
+}
+
+// Calls launch(table, blocks, first block) for each run of up to kTableSegments segments (empty
+// ones left out); returns the blocks launched in all.
+template <class F>
+int64_t for_each_table(const TensorSegment* segs, int count, F&& launch) {
+  int64_t blocks_done = 0;
+  SegmentTable t;
+  auto flush = [&] {
+    if (t.count == 0) return;
+    const int64_t blocks = (t.begin[t.count] + kChunk - 1) / kChunk;
+    launch(t, blocks, blocks_done);
+    blocks_done += blocks;
+    t.count = 0;
+  };
+  t.begin[0] = 0;
+  for (int j = 0; j < count; ++j) {
+    if (segs[j].n <= 0) continue;
+    const int k = t.count;
+    t.offset[k] = segs[j].offset;
+    t.local[k] = segs[j].local;
+    t.flag[k] = segs[j].flag;
+    t.begin[k + 1] = t.begin[k] + segs[j].n;
+    if (++t.count == kTableSegments) flush();
+  }
+  flush();
+  return blocks_done;
+}
+
+template <class T>
+struct AdamWF {
+  float *p, *m, *v;
+  const float* g;
+  T* compute;  // may be null
+  AdamWParams a;
+  bool decay;
+  float grad_scale;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float pp[W], gg[W], mm[W], vv[W];
+    load_vec<W>(pp, p + i);
+    load_vec<W>(gg, g + i);
+    load_vec<W>(mm, m + i);
+    load_vec<W>(vv, v + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) adamw_update(pp[k], gg[k] * grad_scale, mm[k], vv[k], a, decay);
+    store_vec<W>(p + i, pp);
+    store_vec<W>(m + i, mm);
+    store_vec<W>(v + i, vv);
+    if (compute) store_vec<W>(compute + i, pp);
+  }
+};
+
+__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+  double s = 0;
+  TPT_GRID_LOOP(i, n) s += double(x[i]) * x[i];
+  s = block_reduce(s, SumOp{}, 0.0);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sum_partials_kernel(double* out, const double* partial, int count) {
+  double s = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  s = block_reduce(s, SumOp{}, 0.0);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void nonfinite_kernel(int* flag, const float* x, int64_t n) {
+  bool bad = false;
+  TPT_GRID_LOOP(i, n) bad |= !isfinite(x[i]);
+  if (bad) *flag = 1;  // every writer stores the same value
+}
+
+}  // namespace
+
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay, Buf compute,
+           float grad_scale, cudaStream_t s) {
+  dispatch(compute.t, [&](auto tag) {
+    using T = decltype(tag);
+    const AdamWF<T> f{p, m, v, g, typed<T>(compute), a, decay, grad_scale};
+    launch_elementwise<4>(n, all_aligned<4>(p, m, v, g, f.compute), f, s);
+  });
+}
+
+void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,
+                    float grad_scale, cudaStream_t s) {
+  dispatch(b.compute.t, [&](auto tag) {
+    using T = decltype(tag);
+    const AdamWArgs<T> args{b.master, b.master_sharded, b.grads, b.m, b.v, typed<T>(b.compute)};
+    for_each_table(segs, count, [&](const SegmentTable& t, int64_t blocks, int64_t) {
+      adamw_segments_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(t, args, a, grad_scale);
+      TPT_CUDA_LAUNCHED();
+    });
+  });
+}
+
+GradStats grad_stats(const float* x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,
+                     cudaStream_t s) {
+  // the blocks of all tables (a dry run of the host-side table building)
+  const int64_t total_blocks = for_each_table(segs, count, [](const SegmentTable&, int64_t, int64_t) {});
+  if (total_blocks == 0) return {};
+  double* partial = scratch.as<double>(size_t(2 * total_blocks + 2));
+  const int64_t blocks = for_each_table(segs, count, [&](const SegmentTable& t, int64_t n, int64_t first) {
+    grad_stats_partial_kernel<<<unsigned(n), kThreads, 0, s>>>(partial + 2 + 2 * first, t, x);
+    TPT_CUDA_LAUNCHED();
+  });
+  grad_stats_finish_kernel<<<1, 1024, 0, s>>>(partial, partial + 2, blocks);
+  TPT_CUDA_LAUNCHED();
+  TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, partial, 2 * sizeof(double), cudaMemcpyDeviceToHost, s));
+  stream_wait(s);
+  return {pinned[0], pinned[1] != 0.0};
+}
+
+double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s) {
+  if (n <= 0) return 0.0;
+  const unsigned blocks = std::min<unsigned>(blocks_for(n), kReduceBlocks);
+  double* partial = scratch.as<double>(blocks + 1);
+  sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(partial + 1, x, n);
+  TPT_CUDA_LAUNCHED();
+  sum_partials_kernel<<<1, 1024, 0, s>>>(partial, partial + 1, int(blocks));
+  TPT_CUDA_LAUNCHED();
+  TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, partial, sizeof(double), cudaMemcpyDeviceToHost, s));
+  stream_wait(s);
+  return *pinned;
+}
+
+bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s) {
+  if (n <= 0) return false;
+  int* flag = scratch.as<int>(1);
+  TPT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
+  nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), 4 * kReduceBlocks), kThreads, 0, s>>>(flag, x, n);
+  TPT_CUDA_LAUNCHED();
+  TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
+  stream_wait(s);
+  return *pinned != 0;
+}
+
+}  // namespace tpt::cuda

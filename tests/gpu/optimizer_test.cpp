@@ -1,0 +1,102 @@
+// The optimizer step as multi-tensor work (Ops::grad_stats, Ops::adamw_segments) on the GPU against
+// the CPU backend, which runs the same table segment by segment through its single-range calls. The
+// tables are longer than one launch takes (kTableSegments = 512), with gaps the step must not touch,
+// segments of every size around the kernels' chunk, mixed flags and a sharded master.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tpt::gpu_test {
+namespace {
+
+// count segments of 1 .. 5000 elements with gaps of 0 .. 3 between them, flags at random; the
+// owned-array offsets (local) run without gaps. Returns the buffer size.
+int64_t make_table(std::vector<TensorSegment>& segs, int count, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> size(1, 5000), gap(0, 3), coin(0, 1);
+  int64_t at = 0, local = 0;
+  for (int j = 0; j < count; ++j) {
+    at += gap(gen);
+    const int64_t n = j % 7 == 0 ? 4096 + j % 3 - 1 : size(gen);  // chunk-sized ones too
+    segs.push_back({at, local, n, coin(gen) == 1});
+    at += n;
+    local += n;
+  }
+  return at + 5;
+}
+
+AdamWParams adamw_params(int step) {
+  AdamWParams a{};
+  a.lr = 3e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f;
+  a.one_minus_beta1 = float(1.0 - 0.9), a.one_minus_beta2 = float(1.0 - 0.95);
+  a.bias_correction1 = float(1.0 - std::pow(0.9, step));
+  a.bias_correction2 = float(1.0 - std::pow(0.95, step));
+  return a;
+}
+
+}  // namespace
+
+TEST(GpuOptimizer, AdamWSegmentsMatchCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  std::vector<TensorSegment> segs;
+  const int64_t total = make_table(segs, 1100, 7);
+  const int64_t owned = segs.back().local + segs.back().n;
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool sharded = variant == 2;
+    const DType t = variant == 0 ? DType::BF16 : DType::F32;
+    SCOPED_TRACE(std::string(dtype_name(t)) + (sharded ? ", sharded master" : ""));
+    const int64_t master_n = sharded ? owned : total;
+    Pair p(*cpu, *gpu, randn(size_t(master_n), 131)), g(*cpu, *gpu, randn(size_t(total), 132)),
+        m(*cpu, *gpu, VecF(size_t(owned))), v(*cpu, *gpu, VecF(size_t(owned))),
+        c(*cpu, *gpu, VecF(size_t(total), 7.0f), t);
+    for (int step = 1; step <= 2; ++step) {
+      const float clip = step == 1 ? 0.37f : 1.0f;
+      const AdamWParams a = adamw_params(step);
+      cpu->adamw_segments({p.cpu.f32(), sharded, g.cpu.f32(), m.cpu.f32(), v.cpu.f32(), c.cpu.buf()}, segs, a, clip);
+      gpu->adamw_segments({p.gpu.f32(), sharded, g.gpu.f32(), m.gpu.f32(), v.gpu.f32(), c.gpu.buf()}, segs, a, clip);
+    }
+    EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), 1e-6, 1e-7));
+    EXPECT_TRUE(close(m.gpu.host(), m.cpu.host(), 1e-6, 1e-7));
+    EXPECT_TRUE(close(v.gpu.host(), v.cpu.host(), 1e-6, 1e-9));
+    const VecF cg = c.gpu.host();
+    EXPECT_TRUE(close(cg, c.cpu.host(), 1e-6 + ulp(t), 1e-7));
+    EXPECT_EQ(cg[size_t(total - 1)], 7.0f) << "the gaps of the table stay as they were";
+    EXPECT_TRUE(bitwise(g.gpu.host(), g.cpu.host())) << "the gradients are read, never written";
+  }
+}
+
+TEST(GpuReductions, GradStatsMatchCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  std::vector<TensorSegment> segs;
+  const int64_t total = make_table(segs, 1300, 9);
+  VecF x = randn(size_t(total), 141);
+  Pair a(*cpu, *gpu, x);
+  const GradStats c = cpu->grad_stats(a.cpu, segs), g = gpu->grad_stats(a.gpu, segs);
+  EXPECT_NEAR(g.sum_squares, c.sum_squares, 1e-12 * c.sum_squares);
+  EXPECT_GT(c.sum_squares, 0.0);
+  EXPECT_FALSE(g.nonfinite);
+  EXPECT_EQ(gpu->grad_stats(a.gpu, {}).sum_squares, 0.0);
+  // an inf in a gap is no one's; a nan in a segment left out of the norm still counts as non-finite
+  const size_t gap = size_t(total - 1);
+  size_t unflagged = 0;
+  for (const TensorSegment& s : segs)
+    if (!s.flag) unflagged = size_t(s.offset + s.n - 1);
+  VecF y = x;
+  y[gap] = std::numeric_limits<float>::infinity();
+  Dev b(*gpu, y);
+  EXPECT_FALSE(gpu->grad_stats(b, segs).nonfinite);
+  y[unflagged] = std::numeric_limits<float>::quiet_NaN();
+  b.upload(y);
+  const GradStats bad = gpu->grad_stats(b, segs);
+  EXPECT_TRUE(bad.nonfinite);
+  EXPECT_NEAR(bad.sum_squares, c.sum_squares, 1e-12 * c.sum_squares) << "the norm skips the unflagged segment";
+}
+
+}  // namespace tpt::gpu_test
