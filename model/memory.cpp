@@ -55,12 +55,14 @@ void check_plannable(const Config& c) {
                 " TiB per rank (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.vocab_size, "
                 "model.seq_length, training.micro_batch_size on TP " + std::to_string(int(tp)) + " x PP " +
                 std::to_string(int(pp)) + "): more than a PiB, beyond any device; nothing was allocated");
-  const double actions = double(num_microbatches(c)) * pp;
-  if (actions > double(1 << 18))  // the schedule simulations take ~30 us per pass
+  // What the plan simulates: every stage's list of forward and backward passes of every model chunk
+  const double v = model_chunks(c), actions = double(num_microbatches(c)) * pp * v;
+  if (actions > double(kMaxScheduledPasses))
     input_error("training.global_batch_size: " + std::to_string(num_microbatches(c)) + " micro-batches per DP rank x " +
-                std::to_string(int(pp)) + " pipeline stages = " + std::to_string(int64_t(actions)) +
-                " scheduled micro-batch passes, more than 262144 (raise training.micro_batch_size or lower "
-                "training.global_batch_size)");
+                std::to_string(int(pp)) + " pipeline stages x " + std::to_string(int(v)) +
+                " model chunks = " + std::to_string(int64_t(actions)) + " scheduled passes, more than " +
+                std::to_string(kMaxScheduledPasses) + " (raise training.micro_batch_size or lower "
+                "training.global_batch_size or parallel.virtual_pipeline_model_parallel_size)");
 }
 
 StageMemory stage_memory(const Config& cfg, int pp_rank) {
