@@ -230,7 +230,8 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
     std::vector<Recompute> modes = {rc};
     if (rc != Recompute::Full) modes.push_back(Recompute::Full);
     const int cur = pipeline ? plan.pp : plan.tp;
-    const int max_degree = pipeline ? c.model.num_layers : c.model.num_attention_heads;
+    // the model's limit, and the keys' own bound (1024): each degree plans that many stages
+    const int max_degree = std::min(1024, pipeline ? c.model.num_layers : c.model.num_attention_heads);
     for (Recompute mode : modes)
       for (int n = cur + 1; n <= max_degree; ++n) {
         Config v = with_recompute(c, mode);
@@ -238,6 +239,7 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
         const int tp = v.parallel.tensor_model_parallel_size, pp = v.parallel.pipeline_model_parallel_size;
         const int g = plan.options.gpus_per_node;  // TP groups that tile nodes: 1, 2, 4, 8, 16, ...
         if (!pipeline && (tp <= g ? g % tp != 0 : tp % g != 0)) continue;
+        if (int64_t(tp) * pp * plan.dp > (1 << 24)) continue;  // beyond plan --world-size's bound
         int world = tp * pp * plan.dp;  // keep DP, unless the same world size works
         if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size) >= 0) world = plan.world_size;
         const int64_t peak = peak_bytes(v, world);
@@ -315,9 +317,13 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   Plan plan;
   plan.options = o;
   const ParallelConfig& par = cfg.parallel;
-  plan.world_size = o.world_size > 0 ? o.world_size
-                                     : par.tensor_model_parallel_size * par.pipeline_model_parallel_size *
-                                           std::max(1, par.data_parallel_size);
+  // TP x PP x DP of the config (each bounded, their product not): no more ranks than --world-size takes
+  const int64_t config_world = int64_t(par.tensor_model_parallel_size) * par.pipeline_model_parallel_size *
+                               std::max(1, par.data_parallel_size);
+  if (o.world_size <= 0 && config_world > (1 << 24))
+    input_error("parallel.data_parallel_size: tensor_model_parallel_size x pipeline_model_parallel_size x "
+                "data_parallel_size = " + std::to_string(config_world) + " ranks, more than 16777216");
+  plan.world_size = o.world_size > 0 ? o.world_size : int(config_world);
   resolve_parallel(cfg, plan.world_size);
   check_plannable(cfg);
   plan.tp = par.tensor_model_parallel_size;
