@@ -48,8 +48,11 @@ class HelpFormatter : public CLI::Formatter {
 
 std::shared_ptr<CLI::Formatter> help_formatter() { return std::make_shared<HelpFormatter>(); }
 
-CLI::Validator integer_at_least(int64_t min) {
-  const std::string want = "an integer >= " + std::to_string(min);
+CLI::Validator integer_at_least(int64_t min) { return integer_in(min, std::numeric_limits<int64_t>::max()); }
+
+CLI::Validator integer_in(int64_t min, int64_t max) {
+  std::string want = "an integer >= " + std::to_string(min);
+  if (max < std::numeric_limits<int64_t>::max()) want += " and <= " + std::to_string(max);
   return CLI::Validator(
       [=](std::string& s) -> std::string {
         size_t used = 0;
@@ -59,7 +62,7 @@ CLI::Validator integer_at_least(int64_t min) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used == 0 || used != s.size() || x < min) return "expected " + want + ", got '" + s + "'";
+        if (used == 0 || used != s.size() || x < min || x > max) return "expected " + want + ", got '" + s + "'";
         s = std::to_string(x);
         return "";
       },

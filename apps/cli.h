@@ -14,6 +14,8 @@ std::shared_ptr<CLI::Formatter> help_formatter();
 // Validators: a base-10 integer >= min (written back in plain decimal: CLI11 alone would read 010 as
 // octal) ...
 CLI::Validator integer_at_least(int64_t min);
+// ... an integer in [min, max] (an option that sizes threads, memory or work has an upper bound) ...
+CLI::Validator integer_in(int64_t min, int64_t max);
 // ... and a number in [lo, hi], or (lo, hi] when open_lo, never NaN. The help states the range.
 CLI::Validator number_in(double lo, double hi, bool open_lo);
 

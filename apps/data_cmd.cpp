@@ -71,6 +71,17 @@ int show_samples(Args& args) {
                                                      : data.test.get();
   if (!ds)
     input_error("data: no " + args.split + " samples: " + (args.split == "valid" ? data.valid_missing : data.test_missing));
+  // bounded work: the lines printed, and the blend's replay of Megatron's greedy from position 0 to A
+  // (it has no closed form; ~1 ns per position and component)
+  constexpr int64_t kMaxSamples = 1 << 20, kMaxReplay = int64_t(1) << 33;
+  if (args.end - args.begin > kMaxSamples)
+    input_error("data: --samples " + args.samples + ": " + std::to_string(args.end - args.begin) +
+                " samples, more than " + std::to_string(kMaxSamples) + " per call");
+  const int64_t reachable = kMaxReplay / ds->num_components();
+  if (ds->replay_distance(args.begin) > reachable)
+    input_error("data: --samples " + args.samples + ": A is beyond the blend positions that tptrain data replays "
+                "Megatron's blending greedy to (below " + std::to_string(reachable) + " for " +
+                std::to_string(ds->num_components()) + " components, about 10 s)");
   const std::vector<DataComponent>& comps =
       args.split == "valid" && !data.valid_components.empty() ? data.valid_components : data.components;
 
@@ -134,7 +145,7 @@ Command add_data_command(CLI::App& app) {
               "GPT-2 BPE with --vocab-file / --merge-file).");
   auto a = std::make_shared<Args>();
   add_config_options(*cmd, a->config_path, a->overrides);
-  cmd->add_option("--samples", a->samples, "global samples A <= i < B of the split")->required()->type_name("A:B");
+  cmd->add_option("--samples", a->samples, "global samples A <= i < B of the split (at most 1048576 at a time)")->required()->type_name("A:B");
   cmd->add_flag("--json", a->json, "one object per line: sample, dataset, dataset_sample, component_sample, epoch, "
                                    "documents (ids in the component's corpus), tokens (the first 16 ids), text");
   cmd->add_option("--split", a->split, "the split read")

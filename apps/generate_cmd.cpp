@@ -149,7 +149,8 @@ Command add_generate_command(CLI::App& app) {
                           ->type_name("tokenizer.json");
   model->excludes(file)->excludes("--vocab-file");
   file->excludes("--vocab-file");
-  cmd->add_option("--threads", o->threads, "CPU threads (>= 1; default: all cores)")->check(integer_at_least(1));
+  cmd->add_option("--threads", o->threads, "CPU threads (1 to 4096, as training.cpu_threads; default: all cores)")
+      ->check(integer_in(1, 4096));
   return [o] { return generate(*o); };
 }
 

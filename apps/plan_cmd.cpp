@@ -264,8 +264,8 @@ Command add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   PlanOptions& o = args->options;
   add_config_options(*cmd, args->config_path, args->overrides);
-  cmd->add_option("--world-size", o.world_size, "ranks to plan for (>= 1; default: TP x CP x PP x data_parallel_size, or TP x CP x PP when that is null)")
-      ->check(integer_at_least(1));
+  cmd->add_option("--world-size", o.world_size, "ranks to plan for (1 to 16777216; default: TP x CP x PP x data_parallel_size, or TP x CP x PP when that is null)")
+      ->check(integer_in(1, 1 << 24));
   const CLI::Validator positive = number_in(0, INFINITY, true);
   cmd->add_option("--device-memory-gib", o.device_memory_gib, "memory per GPU, GiB (> 0)")->check(positive)->capture_default_str();
   cmd->add_option("--peak-tflops", o.peak_tflops, "peak dense TFLOP/s per GPU in the compute dtype (> 0; default: bf16 of an H100 / H200 SXM)")

@@ -167,9 +167,9 @@ Command add_preprocess_command(CLI::App& app) {
                                                          "--tokenizer-model; HuggingFaceTokenizer --tokenizer-file "
                                                          "or --tokenizer-model)")
       ->check(CLI::IsMember({"ByteLevel", "GPT2BPETokenizer", "TikTokenizer", "HuggingFaceTokenizer"}));
-  cmd->add_option("--workers", o->workers, "tokenizer threads (>= 0; 0, the default: one per core); the output is the "
-                                           "same for any number")
-      ->check(integer_at_least(0))->type_name("N");
+  cmd->add_option("--workers", o->workers, "tokenizer threads (0 to 4096; 0, the default: one per core); the output is "
+                                           "the same for any number")
+      ->check(integer_in(0, 4096))->type_name("N");
   return [o] { return preprocess(*o); };
 }
 

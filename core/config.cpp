@@ -258,6 +258,7 @@ DataPath parse_data_path(const YAML::Node& v, const std::string& what) {
   const size_t n = v.size();
   const std::string form = " (a blend is Megatron's list [weight1, prefix1, weight2, prefix2, ...])";
   if (n == 0 || n / 2 > 32767) input_error(what + (n ? ": more than 32767 components" : ": empty blend") + form);
+  double sum = 0;
   if (n % 2 != 0)
     input_error(what + ": the blend has " + std::to_string(n) + " items, an odd number: item " + std::to_string(n) +
                 " (" + describe(v[n - 1]) + ") has no " + (parse_double(v[n - 1]) ? "prefix after it" : "weight") + form);
@@ -272,6 +273,10 @@ DataPath parse_data_path(const YAML::Node& v, const std::string& what) {
       input_error(what + ": blend item " + std::to_string(i + 2) + comp + " must be a path (a prefix), got " +
                   describe(pv) + form);
     out.weights.push_back(*w), out.paths.push_back(pv.Scalar());
+    sum += *w;
+    if (!std::isfinite(sum))  // two weights of 1e308: normalised, every weight would be 0
+      input_error(what + ": " + item + comp + ": the weight " + v[i].Scalar() +
+                  " makes the weights' sum overflow a double: scale the weights down");
   }
   return out;
 }
@@ -405,7 +410,8 @@ void validate(Config& c, const Ctx& ctx) {
         {"training.global_batch_size", 1 << 30}, {"training.cpu_threads", 4096},
         {"parallel.tensor_model_parallel_size", 1024}, {"parallel.pipeline_model_parallel_size", 1024},
         {"parallel.virtual_pipeline_model_parallel_size", 1024},
-        {"parallel.data_parallel_size", 1 << 20}, {"parallel.context_parallel_size", 1024}};
+        {"parallel.data_parallel_size", 1 << 20}, {"parallel.context_parallel_size", 1024},
+        {"model.make_vocab_size_divisible_by", 1 << 24}, {"parallel.ddp_bucket_size", int64_t(1) << 40}};
     auto bound = kMax.find(name);
     if (bound != kMax.end() && x > bound->second)
       ctx.fail(name, "must be <= " + std::to_string(bound->second) + ", got " + std::to_string(x));
@@ -471,6 +477,9 @@ void validate(Config& c, const Ctx& ctx) {
   if (!split.empty()) ctx.fail("data.split", split);
 
   const TrainingConfig& t = c.training;
+  std::string length_key;
+  const std::string length = run_length_error(c, t.global_batch_size ? t.global_batch_size : t.micro_batch_size, length_key);
+  if (!length.empty()) ctx.fail(length_key, length);
   if (t.global_batch_size != 0 && t.global_batch_size % t.micro_batch_size != 0)
     ctx.fail("training.global_batch_size", "training.micro_batch_size",
              std::to_string(t.global_batch_size) + " is not a multiple of training.micro_batch_size (" +

@@ -213,6 +213,12 @@ void resolve_parallel(Config& cfg, int world_size);
 // non-negative numbers with a positive sum: the one rule, for the config and for
 // split_documents (data/dataset.h).
 std::string split_weights_error(const std::vector<double>& weights);
+// The run's sizes that are products of keys: its tokens (training.train_iters x global batch x
+// model.seq_length) and an evaluation's (data.eval_iters x global batch x seq_length) stay below 2^62,
+// so no sample position, token count or offset computed from them overflows an int64. "" or the
+// error, with `key` set to the key it names; `global_batch` is training.global_batch_size, or its
+// lower bound training.micro_batch_size while that is null.
+std::string run_length_error(const Config& c, int64_t global_batch, std::string& key);
 
 // The resolved config as YAML (for the log) and as JSON (for checkpoints/metrics).
 std::string config_to_yaml(const Config& cfg);

@@ -25,6 +25,10 @@ void resolve_parallel(Config& cfg, int world_size) {
                 ") * parallel.pipeline_model_parallel_size (" + s(pp) + ") = " + s(tp * cp * pp) +
                 " does not divide the world size " + ws);
   const int64_t dp = world_size / (tp * cp * pp);
+  if (dp > (1 << 20))  // parallel.data_parallel_size's bound
+    input_error("parallel.data_parallel_size: the world size " + ws + " / (tensor_model_parallel_size " + s(tp) +
+                " * context_parallel_size " + s(cp) + " * pipeline_model_parallel_size " + s(pp) + ") = " + s(dp) +
+                ", more than 1048576");
   if (p.data_parallel_size != 0 && p.data_parallel_size != dp)
     input_error("parallel.data_parallel_size: " + s(p.data_parallel_size) + " does not match world size " + ws +
                 " / (tensor_model_parallel_size " + s(tp) + " * context_parallel_size " + s(cp) +
@@ -80,7 +84,9 @@ void resolve_parallel(Config& cfg, int world_size) {
   TrainingConfig& t = cfg.training;
   const int64_t per_step = int64_t{t.micro_batch_size} * dp;
   if (t.global_batch_size == 0) {
-    TPT_CHECK(per_step <= std::numeric_limits<int>::max());
+    if (per_step > (1 << 30))  // training.global_batch_size's bound
+      input_error("training.global_batch_size: null means training.micro_batch_size (" + s(t.micro_batch_size) +
+                  ") * data-parallel size (" + s(dp) + ") = " + s(per_step) + ", more than 1073741824");
     t.global_batch_size = static_cast<int>(per_step);
   } else if (t.global_batch_size % per_step != 0) {
     input_error("training.global_batch_size (" + s(t.global_batch_size) +
@@ -94,6 +100,9 @@ void resolve_parallel(Config& cfg, int world_size) {
                 " x data-parallel size " + s(dp) + ") = " + s(micro) +
                 ") to be a multiple of parallel.pipeline_model_parallel_size (" + s(pp) + "), as in Megatron");
   p.data_parallel_size = static_cast<int>(dp);
+  std::string key;
+  const std::string length = run_length_error(cfg, t.global_batch_size, key);
+  if (!length.empty()) input_error(key + ": " + length);
 }
 
 }  // namespace tpt

@@ -46,16 +46,37 @@ std::span<const std::string_view> enum_names(PositionEmbedding) {
 
 std::string split_weights_error(const std::vector<double>& w) {
   if (w.size() != 3) return "expected 3 weights (train, valid, test), got " + std::to_string(w.size());
+  static const char* kName[] = {"train", "valid", "test"};
   double sum = 0;
-  for (double x : w) {
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double x = w[i];
     if (!(x >= 0) || !std::isfinite(x)) {
       std::ostringstream os;
       os << x;
-      return "weights must be finite and non-negative, got " + os.str();
+      return "weights must be finite and non-negative, got " + os.str() + " at entry " + std::to_string(i + 1) + " (" +
+             kName[i] + ")";
     }
     sum += x;
+    if (!std::isfinite(sum)) {  // two weights of 1e308: every ratio w / sum would be 0
+      return "the weights' sum overflows a double at entry " + std::to_string(i + 1) + " (" + kName[i] +
+             "): scale them down";
+    }
   }
   if (!(sum > 0)) return "expected 3 non-negative weights (train, valid, test) with a positive sum";
+  return "";
+}
+
+std::string run_length_error(const Config& c, int64_t global_batch, std::string& key) {
+  constexpr int64_t kMaxTokens = int64_t(1) << 62;
+  const int64_t per_iteration = std::max<int64_t>(1, global_batch) * std::max(1, c.model.seq_length);  // < 2^54
+  const int64_t max_iters = kMaxTokens / per_iteration;
+  auto error = [&](const char* name, int64_t x) {
+    key = name;
+    return "must be <= " + std::to_string(max_iters) + " (2^62 tokens / (global batch " + std::to_string(global_batch) +
+           " x model.seq_length " + std::to_string(c.model.seq_length) + ")), got " + std::to_string(x);
+  };
+  if (c.training.train_iters > max_iters) return error("training.train_iters", c.training.train_iters);
+  if (c.data.eval_iters > max_iters) return error("data.eval_iters", c.data.eval_iters);
   return "";
 }
 

@@ -134,6 +134,36 @@ std::vector<int64_t> BlendedDataset::counts_at(int64_t position) const {
   return counts;
 }
 
+int64_t BlendedDataset::replay_distance(int64_t position) const {
+  TPT_CHECK(position >= 0);
+  if (components_.size() == 1) return 0;
+  std::lock_guard<std::mutex> lock(index_->mutex);
+  return position - std::prev(index_->anchors.upper_bound(position))->first;
+}
+
+std::vector<int64_t> BlendedDataset::estimated_counts(int64_t position) const {
+  TPT_CHECK(position >= 0);
+  const size_t k = weights_.size();
+  std::vector<int64_t> counts(k);
+  std::vector<std::pair<double, size_t>> remainder(k);
+  int64_t given = 0;
+  for (size_t d = 0; d < k; ++d) {
+    const double share = weights_[d] * double(position);  // < 2^63: the weights are normalised
+    counts[d] = std::min(position, int64_t(std::floor(share)));
+    given += counts[d];
+    remainder[d] = {share - std::floor(share), d};
+  }
+  // hand out what rounding down left, largest remainders first (the normalised weights sum to 1 only
+  // up to rounding: for a huge position the floors may also overshoot, taken back smallest first)
+  std::stable_sort(remainder.begin(), remainder.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t j = 0; given < position; j = (j + 1) % k) ++counts[remainder[j].second], ++given;
+  for (size_t j = 0; given > position; j = (j + 1) % k) {  // ends: some count is > 0 while given > 0
+    const size_t d = remainder[k - 1 - j].second;
+    if (counts[d] > 0) --counts[d], --given;
+  }
+  return counts;
+}
+
 void BlendedDataset::add_anchor(int64_t position, const std::vector<int64_t>& counts) {
   // every earlier position drew exactly one sample: the counts of a state sum to its position
   int64_t total = 0;

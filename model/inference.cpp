@@ -43,6 +43,7 @@ InferenceWeights load_inference_weights(const std::string& dir) {
     for (const char* prefix : {"", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."})
       req.model.push_back({prefix + p.name, p.global_shape});
   }
+  req.warn_other_files = true;  // the optimizer shards are not read: a damaged one is only a warning
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
   if (!reader) input_error("no checkpoint in " + dir);
   for (const CkptTensor& t : req.wanted) reader->read(t);

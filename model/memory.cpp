@@ -62,12 +62,14 @@ void check_plannable(const Config& c) {
                 " TiB per rank (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.vocab_size, "
                 "model.seq_length, training.micro_batch_size on TP " + std::to_string(int(tp)) + " x PP " +
                 std::to_string(int(pp)) + "): more than a PiB, beyond any device; nothing was allocated");
-  const double actions = double(num_microbatches(c)) * pp;
-  if (actions > double(1 << 18))  // the schedule simulations take ~30 us per pass
+  // What the plan simulates: every stage's list of forward and backward passes of every model chunk
+  const double v = model_chunks(c), actions = double(num_microbatches(c)) * pp * v;
+  if (actions > double(kMaxScheduledPasses))
     input_error("training.global_batch_size: " + std::to_string(num_microbatches(c)) + " micro-batches per DP rank x " +
-                std::to_string(int(pp)) + " pipeline stages = " + std::to_string(int64_t(actions)) +
-                " scheduled micro-batch passes, more than 262144 (raise training.micro_batch_size or lower "
-                "training.global_batch_size)");
+                std::to_string(int(pp)) + " pipeline stages x " + std::to_string(int(v)) +
+                " model chunks = " + std::to_string(int64_t(actions)) + " scheduled passes, more than " +
+                std::to_string(kMaxScheduledPasses) + " (raise training.micro_batch_size or lower "
+                "training.global_batch_size or parallel.virtual_pipeline_model_parallel_size)");
 }
 
 StageMemory stage_memory(const Config& cfg, int pp_rank) {
@@ -245,7 +247,8 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
     std::vector<Recompute> modes = {rc};
     if (rc != Recompute::Full) modes.push_back(Recompute::Full);
     const int cur = pipeline ? plan.pp : plan.tp;
-    const int max_degree = pipeline ? c.model.num_layers : c.model.num_attention_heads;
+    // the model's limit, and the keys' own bound (1024): each degree plans that many stages
+    const int max_degree = std::min(1024, pipeline ? c.model.num_layers : c.model.num_attention_heads);
     for (Recompute mode : modes)
       for (int n = cur + 1; n <= max_degree; ++n) {
         Config v = with_recompute(c, mode);
@@ -253,6 +256,7 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
         const int tp = v.parallel.tensor_model_parallel_size, pp = v.parallel.pipeline_model_parallel_size;
         const int g = plan.options.gpus_per_node;  // TP groups that tile nodes: 1, 2, 4, 8, 16, ...
         if (!pipeline && (tp <= g ? g % tp != 0 : tp % g != 0)) continue;
+        if (int64_t(tp) * pp * plan.dp > (1 << 24)) continue;  // beyond plan --world-size's bound
         int world = tp * pp * plan.dp;  // keep DP, unless the same world size works
         if (plan.world_size % (tp * pp) == 0 && peak_bytes(v, plan.world_size) >= 0) world = plan.world_size;
         const int64_t peak = peak_bytes(v, world);
@@ -358,9 +362,14 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   Plan plan;
   plan.options = o;
   const ParallelConfig& par = cfg.parallel;
-  plan.world_size = o.world_size > 0 ? o.world_size
-                                     : par.tensor_model_parallel_size * par.pipeline_model_parallel_size *
-                                           par.context_parallel_size * std::max(1, par.data_parallel_size);
+  // TP x CP x PP x DP of the config (each bounded, their product not): no more ranks than --world-size takes
+  const int64_t config_world = int64_t(par.tensor_model_parallel_size) * par.pipeline_model_parallel_size *
+                               par.context_parallel_size * std::max(1, par.data_parallel_size);
+  if (o.world_size <= 0 && config_world > (1 << 24))
+    input_error("parallel.data_parallel_size: tensor_model_parallel_size x context_parallel_size x "
+                "pipeline_model_parallel_size x data_parallel_size = " + std::to_string(config_world) +
+                " ranks, more than 16777216");
+  plan.world_size = o.world_size > 0 ? o.world_size : int(config_world);
   resolve_parallel(cfg, plan.world_size);
   check_plannable(cfg);
   plan.tp = par.tensor_model_parallel_size;

@@ -51,8 +51,10 @@ struct StageMemory {
 
 // Throws InputError, naming the keys, when a resolved config is beyond what can be planned or
 // trained at all: about a PiB per rank (counted in double, before any 64-bit size is computed), or
-// more than 2^18 micro-batches x stages in one schedule (whose simulation would take minutes). Both make_plan and the trainer call it
-// first, so that such a config is an error in milliseconds instead of an overflow or bad_alloc.
+// more than kMaxScheduledPasses micro-batches x stages x model chunks in one schedule (the plan
+// simulates them all). Both make_plan and the trainer call it first, so that such a config is an
+// error in milliseconds instead of an overflow or bad_alloc.
+inline constexpr int64_t kMaxScheduledPasses = int64_t(1) << 20;
 void check_plannable(const Config& cfg);
 
 // The compute dtype of training.precision (fp32 | bf16 | fp16): the one place the name maps to a type.

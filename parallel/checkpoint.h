@@ -12,6 +12,7 @@
 // file it reads; the ranks agree on one checkpoint, falling back to older ones past a bad file.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -104,6 +105,12 @@ struct LoadRequest {
   std::vector<CkptTensor> wanted;   // this rank's tensors (their data pointers are not used by open)
   std::vector<GlobalTensor> model;  // every tensor of the whole model; empty: no shape check
   bool verify_all_files = false;    // verify every file, not just those `wanted` intersects
+  // Readers of whole tensors by name (export): also verify and open every file holding a tensor
+  // whose name this accepts (null: none), as if wanted.
+  std::function<bool(const std::string& tensor)> needs_tensor;
+  // Verify the files nothing above needs too (an export's or generate's optimizer shards): a problem
+  // there is a WARNING naming the file, not a reason to fall back to an older checkpoint.
+  bool warn_other_files = false;
 };
 
 // A checkpoint every rank has verified the files it needs of.

@@ -411,7 +411,20 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
       for (size_t i = 0; i < parsed->files.size() && !problem.reason; ++i) {
         const IndexedFile& f = parsed->files[i];
         auto tf = touched.find(f.name);
-        if (!req.verify_all_files && tf == touched.end()) continue;
+        bool needed = req.verify_all_files || tf != touched.end();
+        for (size_t t = 0; t < f.tensors.size() && !needed && req.needs_tensor; ++t)
+          needed = req.needs_tensor(f.tensors[t].name);
+        if (needed && tf == touched.end()) tf = touched.emplace(f.name, std::set<std::string>()).first;
+        if (needed && !req.verify_all_files && tf->second.empty())  // whole tensors by name: the whole file
+          for (const CkptTensor& t : f.tensors) tf->second.insert(t.file_key());
+        if (!needed) {
+          if (!req.warn_other_files) continue;
+          std::unique_ptr<SafetensorsReader> unused;
+          if (int reason = verify_file(path, f, nullptr, unused, r->bytes_verified_))
+            spdlog::warn("WARNING: checkpoint {}: {}: {} (not read here: the model shards are intact and are used)",
+                         path, f.name, reason_text(reason));
+          continue;
+        }
         int reason = verify_file(path, f, req.verify_all_files ? nullptr : &tf->second, r->files_[f.name],
                                  r->bytes_verified_);
         if (reason) problem = {i + 1, reason};

@@ -1,7 +1,9 @@
 #include "parallel/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -308,8 +310,6 @@ struct Engine {
   double p2p = 0;
   static double at(const std::vector<double>& c, int s) { return c.empty() ? 0.0 : c[size_t(s)]; }
 
-  // A message: (activation?, receiving stage, micro-batch, chunk on the receiver).
-  using Key = std::tuple<bool, int, int, int>;
   struct Queued {
     int mb, chunk;
     double posted;
@@ -317,12 +317,30 @@ struct Engine {
   // In-flight messages per directed stream, indexed by the receiving stage: activations from
   // stage s - 1, gradients from s + 1 (mod P).
   std::vector<std::deque<Queued>> act_q, grad_q;
-  std::map<Key, double> recv_posted;  // when the receiver posted its receive
+  // When the receiver posted its receive, by recv_key (NaN: not posted). Flat arrays, not maps: a
+  // PP 64 x v 8 x 1024 micro-batch plan runs a million passes through them several times.
+  std::vector<double> recv_posted;
+  int M = 0;  // micro-batch ids are in [0, M)
+  size_t recv_key(bool act, int s, int mb, int c) const {
+    return ((size_t(act) * size_t(P) + size_t(s)) * size_t(v) + size_t(c)) * size_t(M) + size_t(mb);
+  }
+  // The micro-batches of one (stage, chunk) that did something: a flag per id.
+  struct MbSet {
+    std::vector<char> has;
+    bool count(int mb) const { return mb >= 0 && size_t(mb) < has.size() && has[size_t(mb)]; }
+    bool insert(int mb) {  // false when it was there
+      if (size_t(mb) >= has.size()) has.resize(size_t(mb) + 1, 0);
+      const bool fresh = !has[size_t(mb)];
+      has[size_t(mb)] = 1;
+      return fresh;
+    }
+    bool operator==(const MbSet&) const = default;
+  };
   std::vector<size_t> pc;
   std::vector<bool> posted, split;
   std::vector<double> now, busy;
   // per stage and chunk: (mb) that ran forward / backward / weight, that were received
-  std::vector<std::vector<std::set<int>>> fwd, bwd, wgt, act_have, grad_have;
+  std::vector<std::vector<MbSet>> fwd, bwd, wgt, act_have, grad_have;
 
   explicit Engine(const std::vector<std::vector<Action>>& l) : lists(l), P(int(l.size())) {}
 
@@ -355,7 +373,11 @@ struct Engine {
     split.assign(n, false);
     now.assign(n, 0.0);
     busy.assign(n, 0.0);
-    for (auto* sets : {&fwd, &bwd, &wgt, &act_have, &grad_have}) sets->assign(n, std::vector<std::set<int>>(size_t(v)));
+    for (const auto& L : lists)
+      for (const Action& a : L) M = std::max({M, a.mb + 1, a.send_fwd + 1, a.recv_fwd + 1, a.send_bwd + 1, a.recv_bwd + 1});
+    for (auto* sets : {&fwd, &bwd, &wgt, &act_have, &grad_have})
+      sets->assign(n, std::vector<MbSet>(size_t(v), MbSet{std::vector<char>(size_t(M), 0)}));
+    recv_posted.assign(2 * n * size_t(v) * size_t(M), std::numeric_limits<double>::quiet_NaN());
     for (int s = 0; s < P; ++s) split[size_t(s)] = splits_backward(lists[size_t(s)]);
 
     for (;;) {
@@ -482,11 +504,11 @@ struct Engine {
       }
       if (a.recv_fwd >= 0) {
         if (first(s, a.recv_fwd_chunk)) return err(s, a, "receive from a stage that does not exist");
-        recv_posted[Key{true, s, a.recv_fwd, a.recv_fwd_chunk}] = now[S];
+        recv_posted[recv_key(true, s, a.recv_fwd, a.recv_fwd_chunk)] = now[S];
       }
       if (a.recv_bwd >= 0) {
         if (last(s, a.recv_bwd_chunk)) return err(s, a, "receive from a stage that does not exist");
-        recv_posted[Key{false, s, a.recv_bwd, a.recv_bwd_chunk}] = now[S];
+        recv_posted[recv_key(false, s, a.recv_bwd, a.recv_bwd_chunk)] = now[S];
       }
       posted[S] = true;
       progress = true;
@@ -499,15 +521,15 @@ struct Engine {
     double end = now[S];
     if (a.send_fwd >= 0) {
       const auto [to, tc] = act_to(s, a.send_fwd_chunk);
-      auto it = recv_posted.find(Key{true, to, a.send_fwd, tc});
-      if (it == recv_posted.end()) return "";
-      end = std::max(end, it->second);
+      const double posted_at = recv_posted[recv_key(true, to, a.send_fwd, tc)];
+      if (std::isnan(posted_at)) return "";
+      end = std::max(end, posted_at);
     }
     if (a.send_bwd >= 0) {
       const auto [to, tc] = grad_to(s, a.send_bwd_chunk);
-      auto it = recv_posted.find(Key{false, to, a.send_bwd, tc});
-      if (it == recv_posted.end()) return "";
-      end = std::max(end, it->second);
+      const double posted_at = recv_posted[recv_key(false, to, a.send_bwd, tc)];
+      if (std::isnan(posted_at)) return "";
+      end = std::max(end, posted_at);
     }
     if (a.recv_fwd >= 0) {
       const Queued got = act_q[S].front();
@@ -515,7 +537,7 @@ struct Engine {
       if (got.mb != a.recv_fwd || got.chunk != a.recv_fwd_chunk)
         return err(s, a, "received the activation of micro-batch " + std::to_string(got.mb) + " of chunk " +
                             std::to_string(got.chunk));
-      if (!act_have[S][size_t(got.chunk)].insert(got.mb).second) return err(s, a, "second receive of the activation");
+      if (!act_have[S][size_t(got.chunk)].insert(got.mb)) return err(s, a, "second receive of the activation");
       end = std::max(end, got.posted);
     }
     if (a.recv_bwd >= 0) {
@@ -524,7 +546,7 @@ struct Engine {
       if (got.mb != a.recv_bwd || got.chunk != a.recv_bwd_chunk)
         return err(s, a, "received the gradient of micro-batch " + std::to_string(got.mb) + " of chunk " +
                             std::to_string(got.chunk));
-      if (!grad_have[S][size_t(got.chunk)].insert(got.mb).second) return err(s, a, "second receive of the gradient");
+      if (!grad_have[S][size_t(got.chunk)].insert(got.mb)) return err(s, a, "second receive of the gradient");
       end = std::max(end, got.posted);
     }
     const bool data = a.send_fwd >= 0 || a.send_bwd >= 0 || a.recv_fwd >= 0 || a.recv_bwd >= 0;

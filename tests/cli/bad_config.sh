@@ -88,7 +88,7 @@ check pp_bound "parallel.pipeline_model_parallel_size: must be <= 1024" -- plan 
   --set parallel.pipeline_model_parallel_size=100000 --set model.num_layers=100000
 check plan_beyond_a_pib "TiB per rank|more than a PiB" -- plan --config "$BASE" --set model.num_layers=100000 \
   --set model.hidden_size=65536 --set model.num_attention_heads=64
-check schedule_too_long "training.global_batch_size|scheduled micro-batch passes" -- plan --config "$BASE" \
+check schedule_too_long "training.global_batch_size|scheduled passes, more than 1048576" -- plan --config "$BASE" \
   --set training.global_batch_size=1000000000 --set training.micro_batch_size=4
 # only regular files, one YAML document (issue 17 items 4, 6, 8)
 printf 'model: {num_layers: 2}\n---\nmodel: {num_layers: 3}\n' > "$TPTRAIN_WORK/multi.yaml"

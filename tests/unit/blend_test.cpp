@@ -164,6 +164,33 @@ TEST(Blend, SamplesComeFromTheComponentsOwnSamplersAndWrapTheirEpochs) {
   for (int64_t i = 0; i < 30; ++i) EXPECT_EQ(one->source(i).dataset_sample, i);
 }
 
+TEST(Blend, EstimatedCountsStayWithinAFewSamplesOfTheGreedy) {
+  for (const auto& w : kWeightVectors) {
+    std::vector<int64_t> tokens(w.size(), 1000);
+    auto blend = make_blend(w, tokens, 10, false);
+    for (int64_t p : {int64_t(0), int64_t(1), int64_t(7), int64_t(65536 * 3 + 5), int64_t(1000003)}) {
+      const std::vector<int64_t> est = blend->estimated_counts(p), exact = blend->counts_at(p);
+      EXPECT_EQ(std::accumulate(est.begin(), est.end(), int64_t(0)), p);
+      for (size_t d = 0; d < w.size(); ++d) EXPECT_LE(std::abs(est[d] - exact[d]), 3) << "position " << p << " component " << d;
+    }
+    // a position far beyond any replay: the counts still sum to it, each within one of w * p
+    const int64_t huge = int64_t(1) << 61;
+    const std::vector<int64_t> est = blend->estimated_counts(huge);
+    EXPECT_EQ(std::accumulate(est.begin(), est.end(), int64_t(0)), huge);
+    for (size_t d = 0; d < w.size(); ++d)
+      EXPECT_LE(std::abs(double(est[d]) - blend->weights()[d] * double(huge)), 1024.0) << d;  // 2^61 * 2^-52 rounding
+  }
+}
+
+TEST(Blend, ReplayDistanceCountsFromTheNearestKnownState) {
+  auto blend = make_blend({0.2, 0.3, 0.5}, {1000, 2000, 3000}, 10, false);
+  EXPECT_EQ(blend->replay_distance(200000), 200000);
+  (void)blend->source(200000);  // anchors at 65536, 131072 and 196608 on the way
+  EXPECT_EQ(blend->replay_distance(200000), 200000 - 196608);
+  EXPECT_EQ(blend->replay_distance(int64_t(1) << 50), (int64_t(1) << 50) - 196608);
+  EXPECT_EQ(make_blend({1}, {1000}, 10, false)->replay_distance(int64_t(1) << 50), 0);  // one path: no greedy
+}
+
 TEST(DocMasks, PositionsRestartAfterEodAndTheLossSkipsEodInputs) {
   const int32_t eod = 9;
   const std::vector<int32_t> t = {1, 2, 9, 3, 9, 9, 4, 5};

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/config.h"
+#include "core/error.h"
 #include "model/memory.h"
 #include "parallel/comm.h"
 
@@ -225,6 +226,31 @@ TEST(Memory, PlanSuggestsWhatFits) {
   EXPECT_NEAR(p80.bubble_fraction, 5.0 / (192 + 5), 1e-12);
   EXPECT_GT(p80.mfu, 0.0);
   EXPECT_LT(p80.mfu, o.compute_efficiency);
+}
+
+// The plan's work is bounded by what it simulates: stages x model chunks x micro-batches (issue 29:
+// the bound once ignored the chunks), and the config's TP x PP x DP is checked before it is an int.
+TEST(Memory, PlanBoundsCountModelChunksAndTheWorld) {
+  auto plan_error = [](const std::string& rest, int world) -> std::string {
+    try {
+      Config c = parse_config("model: {num_layers: 512, hidden_size: 32, num_attention_heads: 4, seq_length: 16, "
+                              "vocab_size: 257}\n" + rest + "\ndata: {path: unused}\n", "memory_test");
+      PlanOptions o;
+      o.world_size = world;
+      make_plan(c, o);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string v8 = "parallel: {pipeline_model_parallel_size: 64, virtual_pipeline_model_parallel_size: 8}\n"
+                         "training: {micro_batch_size: 1, train_iters: 1, global_batch_size: ";
+  EXPECT_EQ(plan_error(v8 + "1024}", 64), "");  // 2^19 passes: planned
+  EXPECT_NE(plan_error(v8 + "4096}", 64).find("4096 micro-batches per DP rank x 64 pipeline stages x 8 model chunks = "
+                                              "2097152 scheduled passes, more than 1048576"), std::string::npos);
+  const std::string huge_world = plan_error("parallel: {tensor_model_parallel_size: 1024, pipeline_model_parallel_size: "
+                                            "1024, data_parallel_size: 1048576}\ntraining: {train_iters: 1}", 0);
+  EXPECT_NE(huge_world.find("= 1099511627776 ranks, more than 16777216"), std::string::npos) << huge_world;
 }
 
 }  // namespace
