@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/step_time.h"
 #include "parallel/schedule.h"
 
 namespace tpt {
@@ -76,11 +77,7 @@ double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
 struct PlanOptions {
   int world_size = 0;                  // 0: TP * PP * (data_parallel_size or 1)
   double device_memory_gib = 80;
-  double peak_tflops = 989;            // dense bf16 of an H100 / H200 SXM
-  double compute_efficiency = 0.6;     // fraction of peak the GEMMs reach
-  double intra_node_gbps = 300;        // GB/s (bytes): achievable NVLink all-reduce bus bandwidth
-  double inter_node_gbps = 40;         // GB/s (bytes): one 400 Gbit/s NIC per GPU at 80 %
-  double hbm_gbps = 2500;              // GB/s: memory-bound optimizer step
+  Hardware hw;                         // the step-time model's hardware (model/step_time.h; --gpu, --peak-tflops, ...)
   int gpus_per_node = 8;
 };
 
@@ -111,8 +108,9 @@ struct Plan {
   std::vector<ScheduleBubble> schedule_bubbles;  // PP > 1: 1F1B, interleaved, ZB-H1 compared
   // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
   int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
-  double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;
+  double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;  // dp_time_s: the exposed part
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
+  StepTime time;                       // the step-time model's breakdown (model/step_time.h)
   std::vector<StageMemory> stages;
   bool fits = true;
   std::vector<PlanSuggestion> suggestions;  // only when a stage does not fit
