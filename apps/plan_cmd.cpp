@@ -316,7 +316,7 @@ Command add_plan_command(CLI::App& app) {
       ->check(positive);
   cmd->add_option("--intra-node-latency-us", a.intra_lat, "latency of a ring step within a node, microseconds (> 0; 8)")->check(positive);
   cmd->add_option("--inter-node-latency-us", a.inter_lat, "latency of a ring step across nodes, microseconds (> 0; 20)")->check(positive);
-  cmd->add_option("--compute-efficiency", a.gemm_eff, "fraction of the peak a large GEMM reaches, in (0, 1] (h100/h200 0.8, a100 0.85)")
+  cmd->add_option("--compute-efficiency", a.gemm_eff, "fraction of the peak a large GEMM reaches, in (0, 1] (h100/h200 0.78, a100 0.72)")
       ->check(fraction);
   cmd->add_option("--attention-efficiency", a.attn_eff, "fraction of the peak flash attention reaches, in (0, 1] (0.55)")->check(fraction);
   cmd->add_option("--hbm-efficiency", a.hbm_eff, "fraction of the HBM bandwidth elementwise kernels reach, in (0, 1] (0.8)")->check(fraction);

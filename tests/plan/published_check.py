@@ -48,6 +48,7 @@ for row in rows:
                      "overlap_grad_reduce": overlap and dp > 1, "overlap_param_gather": overlap and dist},
         "training": {"micro_batch_size": lay["micro_batch_size"], "global_batch_size": row["global_batch_size"],
                      "train_iters": 1, "precision": lay["precision"], "recompute": lay["recompute"]},
+        "data": {"path": "none"},  # the plan needs no data
     }
     path = os.path.join(work, name + ".yaml")
     yaml.safe_dump(cfg, open(path, "w"))
@@ -74,7 +75,8 @@ for row in rows:
         continue
     t0 = time.time()
     try:
-        s = run(["plan", "--config", path, "--search", "--gpus", str(gpus), "--gpu", row["gpu"], "--json", "--top", "0"])
+        memory = ["--device-memory-gib", str(row["search_device_memory_gib"])] if "search_device_memory_gib" in row else []
+        s = run(["plan", "--config", path, "--search", "--gpus", str(gpus), "--gpu", row["gpu"], "--json", "--top", "0"] + memory)
     except RuntimeError as e:
         errors.append("%s --search: %s" % (name, e))
         continue
