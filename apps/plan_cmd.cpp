@@ -325,6 +325,9 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_flag("--search", a.search, "the fastest layouts of the config's model and global batch on --gpus GPUs (README \"Plan\")");
   cmd->add_option("--gpus", a.gpus, "--search: GPUs to lay the model out on (>= 1; default: the config's world size)")
       ->check(integer_at_least(1));
+  cmd->add_option("--usable-memory-fraction", o.usable_memory_fraction, "--search: keep layouts whose largest stage needs at "
+                  "most this fraction of --device-memory-gib, in (0, 1] (the rest: CUDA context, NCCL buffers, fragmentation)")
+      ->check(fraction)->capture_default_str();
   cmd->add_option("--top", a.top, "--search: layouts to print (>= 0; 0: all that fit)")->check(integer_at_least(0))->capture_default_str();
   cmd->add_option("--calibrate", a.calibrate, "a run's metrics file (logging.metrics_file, JSON lines): measured vs estimated "
                                               "iteration time and the efficiencies that would make them agree");

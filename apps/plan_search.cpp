@@ -78,7 +78,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
   const ModelConfig& m = cfg.model;
   const int G = cfg.training.global_batch_size;
   if (G <= 0) input_error("tptrain plan --search: training.global_batch_size is null (the search keeps the global batch: give it)");
-  const double limit = options.device_memory_gib * kGiB;
+  const double limit = options.usable_memory_fraction * options.device_memory_gib * kGiB;
   const int gpn = options.gpus_per_node;
   ScheduleCache cache;
   for (int tp : divisors(query_groups(m))) {
@@ -210,6 +210,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
           {"global_batch_size", r.base.training.global_batch_size},
           {"seq_length", r.base.model.seq_length},
           {"device_memory_bytes", r.options.device_memory_gib * kGiB},
+          {"usable_memory_fraction", r.options.usable_memory_fraction},
           {"hardware", hardware_json(r.options.hw, r.options.gpus_per_node)},
           {"layouts_considered", r.considered},
           {"layouts_valid", r.valid},
@@ -219,8 +220,8 @@ nlohmann::json search_json(const SearchResult& r, int top) {
 
 void print_search(const SearchResult& r, int top, const std::string& path) {
   const ModelConfig& m = r.base.model;
-  std::printf("tptrain plan --search | config %s | %d GPUs, %d per node, %.1f GiB each\n", path.c_str(), r.gpus,
-              r.options.gpus_per_node, r.options.device_memory_gib);
+  std::printf("tptrain plan --search | config %s | %d GPUs, %d per node, %.1f GiB each, layouts up to %.0f%% of it\n",
+              path.c_str(), r.gpus, r.options.gpus_per_node, r.options.device_memory_gib, 100 * r.options.usable_memory_fraction);
   std::printf("model: %d layers, hidden %d, %d heads, seq %d; global batch %d sequences (%.3gM tokens); %s\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, r.base.training.global_batch_size,
               double(r.base.training.global_batch_size) * m.seq_length / 1e6, name_of(r.base.training.precision).c_str());

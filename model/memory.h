@@ -79,6 +79,9 @@ struct PlanOptions {
   double device_memory_gib = 80;
   Hardware hw;                         // the step-time model's hardware (model/step_time.h; --gpu, --peak-tflops, ...)
   int gpus_per_node = 8;
+  // --search keeps layouts whose largest stage is at most this fraction of the device memory (the
+  // plan's "tight" line: CUDA context, NCCL buffers and fragmentation are not in the plan)
+  double usable_memory_fraction = 0.95;
 };
 
 struct PlanSuggestion {

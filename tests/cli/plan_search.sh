@@ -35,7 +35,7 @@ if first["stage_bytes"] != [st["total_bytes"] for st in p["stages"]]: errors.app
 if not p["fits"]: errors.append("the plan says it does not fit")
 steps = [x["time"]["step_time_s"] for x in s["layouts"]]
 if steps != sorted(steps): errors.append("not sorted by step time")
-if any(x["peak_bytes"] > s["device_memory_bytes"] for x in s["layouts"]): errors.append("a layout over the device memory")
+if any(x["peak_bytes"] > s["usable_memory_fraction"] * s["device_memory_bytes"] for x in s["layouts"]): errors.append("a layout over the device memory")
 if s["layouts_fit"] != len(s["layouts"]) or not (0 < s["layouts_fit"] <= s["layouts_valid"] <= s["layouts_considered"]): errors.append("counts")
 print("; ".join(errors) if errors else "%s: %.4g s, peak %.2f GiB, %d of %d layouts fit" % (
     first["layout"], p["step_time_s"], first["peak_bytes"] / 2**30, s["layouts_fit"], s["layouts_valid"]))
