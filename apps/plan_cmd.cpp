@@ -10,6 +10,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "apps/plan_search.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "data/run_data.h"
@@ -25,7 +26,36 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   PlanOptions options;
   bool json = false;
+  // the step-time model's hardware: --gpu's preset, then each option given (NaN: not given)
+  std::string gpu = "h100";
+  double device_memory_gib = NAN, peak_tflops = NAN, hbm_gbps = NAN, intra_gbps = NAN, inter_gbps = NAN;
+  double gemm_eff = NAN, attn_eff = NAN, hbm_eff = NAN, intra_lat = NAN, inter_lat = NAN, overhead = NAN;
+  // --search / --calibrate
+  bool search = false;
+  int gpus = 0, top = 10;
+  std::string calibrate;
 };
+
+// The hardware of the options: the preset of --gpu, each given option on top.
+void resolve_hardware(PlanArgs& a) {
+  Hardware& h = a.options.hw;
+  h = hardware_preset(a.gpu);
+  auto set = [](double& field, double given) {
+    if (!std::isnan(given)) field = given;
+  };
+  a.options.device_memory_gib = h.memory_gib;
+  set(a.options.device_memory_gib, a.device_memory_gib);
+  set(h.peak_tflops, a.peak_tflops);
+  set(h.hbm_gbps, a.hbm_gbps);
+  set(h.nvlink_gbps, a.intra_gbps);
+  set(h.network_gbps, a.inter_gbps);
+  set(h.gemm_efficiency, a.gemm_eff);
+  set(h.attention_efficiency, a.attn_eff);
+  set(h.hbm_efficiency, a.hbm_eff);
+  set(h.nvlink_latency_us, a.intra_lat);
+  set(h.network_latency_us, a.inter_lat);
+  set(h.kernel_overhead_us, a.overhead);
+}
 
 constexpr double kGiB = 1073741824.0;
 double gib(double bytes) { return bytes / kGiB; }
@@ -110,13 +140,8 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"tokens_per_s", p.tokens_per_s},
           {"mfu", p.mfu},
           {"fits", p.fits},
-          {"assumptions",
-           {{"peak_tflops", o.peak_tflops},
-            {"compute_efficiency", o.compute_efficiency},
-            {"intra_node_gbps", o.intra_node_gbps},
-            {"inter_node_gbps", o.inter_node_gbps},
-            {"hbm_gbps", o.hbm_gbps},
-            {"gpus_per_node", o.gpus_per_node}}},
+          {"time", step_time_json(p.time)},
+          {"assumptions", hardware_json(o.hw, o.gpus_per_node)},
           {"stages", stages},
           {"suggestions", sugg}};
 }
@@ -199,19 +224,17 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP %s %s (payloads)\n",
               bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(), dp_sync,
               bytes(double(p.dp_comm_bytes)).c_str());
-  std::printf("step time estimate: %.4g s (pipeline %.4g + DP gradient sync %.4g + optimizer %.4g): "
+  const StepTime& t = p.time;
+  std::printf("step time estimate: %.4g s (pipeline %.4g + exposed DP / embedding sync %.4g + optimizer %.4g): "
               "%.0f tokens/s, %.4g TFLOP/s per rank, MFU %.1f%%\n",
               p.step_time_s, p.pipeline_time_s, p.dp_time_s, p.optimizer_time_s, p.tokens_per_s,
-              p.flops_per_iteration / p.step_time_s / p.world_size / 1e12, 100 * p.mfu);
-  auto intra = [&](int span) { return span <= o.gpus_per_node && o.gpus_per_node % span == 0; };
-  std::printf("  assumptions: GEMMs at %.0f%% of %.0f TFLOP/s peak (LayerNorm, GELU, softmax not timed); TP "
-              "all-reduce %s; DP ring %s after the pipeline (no credit for overlap); PP "
-              "messages %.0f GB/s; %d GPUs per node; optimizer step memory-bound at %.0f GB/s; no latency terms\n",
-              100 * o.compute_efficiency, o.peak_tflops,
-              intra(p.tp) ? fmt("over NVLink at %.0f GB/s", o.intra_node_gbps).c_str()
-                          : fmt("across nodes at %.0f GB/s", o.inter_node_gbps).c_str(), dp_sync,
-              intra(2 * p.tp * p.dp) ? o.intra_node_gbps : o.inter_node_gbps, o.gpus_per_node,
-              o.hbm_gbps);
+              t.model_tflops_per_gpu, 100 * p.mfu);
+  std::printf("  busiest stage per iteration: GEMMs %.4g s, attention %.4g, elementwise %.4g, TP communication "
+              "%.4g, recompute %.4g; bubble %.4g s (incl. pipeline messages, %.3g ms each); DP communication %.4g s "
+              "before overlap\n",
+              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.recompute_s, t.bubble_s,
+              1e3 * t.p2p_per_message_s, t.dp_comm_s);
+  std::printf("  model: %s\n", describe_hardware(o.hw, o.gpus_per_node).c_str());
   if (p.fits) {
     std::printf("\nfits: yes, every stage fits in %.1f GiB (not counted: CUDA context, NCCL buffers, allocator "
                 "fragmentation: a few GiB)\n",
@@ -226,6 +249,26 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   for (const PlanSuggestion& s : p.suggestions)
     std::printf("  %-62s %8s  %s%s%s\n", s.change.c_str(), s.peak_bytes < 0 ? "-" : fmt("%.2f", gib(double(s.peak_bytes))).c_str(),
                 s.fits ? "fits" : "does not fit", s.note.empty() ? "" : "  -- ", s.note.c_str());
+}
+
+int plan_search(const PlanArgs& a) {
+  const Config cfg = load_config(a.config_path, a.overrides);
+  const ParallelConfig& par = cfg.parallel;
+  const int gpus = a.gpus > 0 ? a.gpus
+               : a.options.world_size > 0 ? a.options.world_size
+               : par.tensor_model_parallel_size * par.pipeline_model_parallel_size * std::max(1, par.data_parallel_size);
+  const SearchResult r = search_layouts(cfg, a.options, gpus);
+  if (a.json) std::printf("%s\n", search_json(r, a.top).dump(2).c_str());
+  else print_search(r, a.top, a.config_path);
+  return 0;
+}
+
+int plan_calibrate(const PlanArgs& a) {
+  const Config cfg = load_config(a.config_path, a.overrides);
+  const Calibration cal = calibrate(cfg, a.options, read_iteration_times(a.calibrate));
+  if (a.json) std::printf("%s\n", calibration_json(cal).dump(2).c_str());
+  else print_calibration(cal, a.calibrate);
+  return 0;
 }
 
 int plan_config(const PlanArgs& args) {
@@ -266,20 +309,47 @@ Command add_plan_command(CLI::App& app) {
   add_config_options(*cmd, args->config_path, args->overrides);
   cmd->add_option("--world-size", o.world_size, "ranks to plan for (1 to 16777216; default: TP x CP x PP x data_parallel_size, or TP x CP x PP when that is null)")
       ->check(integer_in(1, 1 << 24));
-  const CLI::Validator positive = number_in(0, INFINITY, true);
-  cmd->add_option("--device-memory-gib", o.device_memory_gib, "memory per GPU, GiB (> 0)")->check(positive)->capture_default_str();
-  cmd->add_option("--peak-tflops", o.peak_tflops, "peak dense TFLOP/s per GPU in the compute dtype (> 0; default: bf16 of an H100 / H200 SXM)")
-      ->check(positive)->capture_default_str();
-  cmd->add_option("--intra-node-gbps", o.intra_node_gbps, "achievable NVLink all-reduce bus bandwidth within a node, GB/s (> 0)")
-      ->check(positive)->capture_default_str();
-  cmd->add_option("--inter-node-gbps", o.inter_node_gbps, "bandwidth across nodes, GB/s (> 0; default: one 400 Gbit/s NIC per GPU at 80 %)")
-      ->check(positive)->capture_default_str();
-  cmd->add_option("--compute-efficiency", o.compute_efficiency, "fraction of the peak the GEMMs reach, in (0, 1]")
-      ->check(number_in(0, 1, true))->capture_default_str();
-  cmd->add_option("--hbm-gbps", o.hbm_gbps, "memory bandwidth of a GPU (the memory-bound optimizer step), GB/s (> 0)")
-      ->check(positive)->capture_default_str();
+  const CLI::Validator positive = number_in(0, INFINITY, true), fraction = number_in(0, 1, true);
+  PlanArgs& a = *args;
+  cmd->add_option("--gpu", a.gpu, "the step-time model's hardware preset: h100 | h200 | a100 (default h100; the options "
+                                  "below override its values)")
+      ->check(CLI::IsMember({"h100", "h200", "a100"}));
+  cmd->add_option("--device-memory-gib", a.device_memory_gib, "memory per GPU, GiB (> 0; default: the --gpu's, 80 / 141 / 80)")
+      ->check(positive);
+  cmd->add_option("--gpus-per-node", o.gpus_per_node, "GPUs per node sharing NVLink (1 to 1024)")
+      ->check(integer_in(1, 1024))->capture_default_str();
+  cmd->add_option("--peak-tflops", a.peak_tflops, "peak dense TFLOP/s per GPU in the compute dtype (> 0; h100/h200 989, a100 312)")
+      ->check(positive);
+  cmd->add_option("--hbm-gbps", a.hbm_gbps, "HBM bandwidth per GPU, GB/s (> 0; h100 3350, h200 4800, a100 2039)")->check(positive);
+  cmd->add_option("--intra-node-gbps", a.intra_gbps, "achievable NVLink bus bandwidth of a collective within a node, GB/s (> 0; h100/h200 360, a100 230)")
+      ->check(positive);
+  cmd->add_option("--inter-node-gbps", a.inter_gbps, "achievable bus bandwidth per GPU across nodes, GB/s (> 0; h100/h200 45: one 400 Gbit/s NIC per GPU; a100 22)")
+      ->check(positive);
+  cmd->add_option("--intra-node-latency-us", a.intra_lat, "latency of a ring step within a node, microseconds (> 0; 8)")->check(positive);
+  cmd->add_option("--inter-node-latency-us", a.inter_lat, "latency of a ring step across nodes, microseconds (> 0; 20)")->check(positive);
+  cmd->add_option("--compute-efficiency", a.gemm_eff, "fraction of the peak a large GEMM reaches, in (0, 1] (h100/h200 0.78, a100 0.72)")
+      ->check(fraction);
+  cmd->add_option("--attention-efficiency", a.attn_eff, "fraction of the peak flash attention reaches, in (0, 1] (0.55)")->check(fraction);
+  cmd->add_option("--hbm-efficiency", a.hbm_eff, "fraction of the HBM bandwidth elementwise kernels reach, in (0, 1] (0.8)")->check(fraction);
+  cmd->add_option("--kernel-overhead-us", a.overhead, "time per kernel launch, microseconds (> 0; 4)")->check(positive);
   cmd->add_flag("--json", args->json, "the report as JSON");
-  return [args] { return plan_config(*args); };
+  cmd->add_flag("--search", a.search, "the fastest layouts of the config's model and global batch on --gpus GPUs (README \"Plan\")");
+  cmd->add_option("--gpus", a.gpus, "--search: GPUs to lay the model out on (1 to 16777216; default: the config's world size)")
+      ->check(integer_in(1, 1 << 24));
+  cmd->add_option("--usable-memory-fraction", o.usable_memory_fraction, "--search: keep layouts whose largest stage needs at "
+                  "most this fraction of --device-memory-gib, in (0, 1] (the rest: CUDA context, NCCL buffers, fragmentation)")
+      ->check(fraction)->capture_default_str();
+  cmd->add_option("--top", a.top, "--search: layouts to print (0 to 1048576; 0: all that fit)")->check(integer_in(0, 1 << 20))->capture_default_str();
+  cmd->add_option("--calibrate", a.calibrate, "a run's metrics file (logging.metrics_file, JSON lines): measured vs estimated "
+                                              "iteration time and the efficiencies that would make them agree");
+  return [args] {
+    resolve_hardware(*args);
+    if (args->search && !args->calibrate.empty()) input_error("tptrain plan: --search and --calibrate do not go together");
+    if (args->search) return plan_search(*args);
+    if (!args->calibrate.empty()) return plan_calibrate(*args);
+    if (args->gpus != 0) input_error("tptrain plan: --gpus goes with --search (use --world-size for a plan)");
+    return plan_config(*args);
+  };
 }
 
 }  // namespace tpt

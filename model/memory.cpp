@@ -392,63 +392,42 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   plan.bubble_fraction_analytic = double(P - 1) / double(M + P - 1);
   if (P > 1) plan.schedule_bubbles = compare_schedules(cfg, P, M);
 
-  // Bandwidths: TP peers are adjacent ranks, DP peers TP apart, PP neighbours TP * DP apart.
-  // A group of consecutive ranks stays inside a node when it tiles the node's GPUs.
-  auto link = [&](int span) {
-    return (span <= o.gpus_per_node && o.gpus_per_node % span == 0 ? o.intra_node_gbps : o.inter_node_gbps) * 1e9;
-  };
-  const double flops_per_s = o.peak_tflops * 1e12 * o.compute_efficiency;
-  // With context parallelism CP peers sit between TP and DP, and the gradients' ring spans DP x CP.
-  const int reps = plan.dp * plan.cp;  // the weights' replicas
-  const double tp_bw = link(plan.tp), cp_bw = link(plan.tp * plan.cp), dp_bw = link(plan.tp * reps),
-               pp_bw = link(plan.tp * reps * 2);
-  const double ring_tp = plan.tp > 1 ? 2.0 * (plan.tp - 1) / plan.tp : 0.0;
-  const double ring_dp = reps > 1 ? 2.0 * (reps - 1) / reps : 0.0;
+  // the weights' replicas: DP, or DP x CP with context parallelism (its ranks hold the same weights)
+  const int reps = plan.dp * plan.cp;
   // a pipeline message: the stage output (B*S*C; this TP rank's B*S*C/TP with sequence parallelism)
   const int64_t message =
       dtype_size(stage_message_elements(make_chunk_dims_cp(cfg, plan.tp, P, 0), cfg.training.micro_batch_size), dtype);
-  std::vector<double> fwd(static_cast<size_t>(P), 0.0), bwd(static_cast<size_t>(P), 0.0);
-  double dp_time = 0;
   for (int s = 0; s < P; ++s) {
     plan.stages.push_back(stage_memory(cfg, s));
     const StageMemory& m = plan.stages.back();
     plan.fits = plan.fits && double(m.total_bytes()) <= plan.device_memory_bytes;
     const StageWork w = stage_work(cfg, s);
-    // the CP ring's blocks are passed between the block computations (not overlapped)
-    fwd[size_t(s)] = w.fwd_flops / flops_per_s + w.fwd_tp_bytes * ring_tp / tp_bw + w.fwd_cp_bytes / cp_bw;
-    bwd[size_t(s)] = w.bwd_flops / flops_per_s + w.bwd_tp_bytes * ring_tp / tp_bw + w.bwd_cp_bytes / cp_bw;
     plan.hardware_flops_per_iteration += (w.fwd_flops + w.bwd_flops) * M * plan.tp * reps;
     plan.cp_comm_bytes = std::max(plan.cp_comm_bytes, int64_t((w.fwd_cp_bytes + w.bwd_cp_bytes) * M));
     plan.tp_comm_bytes = std::max(plan.tp_comm_bytes, int64_t((w.fwd_tp_bytes + w.bwd_tp_bytes) * M));
     const int64_t sends = (s > 0 ? M : 0) + (s < P - 1 ? M : 0);  // gradients back, activations forward
     plan.pp_comm_bytes = std::max(plan.pp_comm_bytes, sends * message);
     // DP: the fp32 gradient buffer's all-reduce, or with the distributed optimizer its
-    // reduce-scatter and the all-gather of the parameters in the compute dtype (each half a ring
-    // all-reduce's traffic); the tied word embedding's gradient over {first, last stage}
+    // reduce-scatter and the all-gather of the parameters in the compute dtype; the tied word
+    // embedding's gradient over {first, last stage}
     const bool distributed = cfg.parallel.distributed_optimizer && reps > 1;
-    const int64_t owned = distributed ? m.parameter_buffer / reps : m.parameter_buffer;
     int64_t dp_bytes = reps > 1 ? m.parameter_buffer * 4 : 0;
     if (distributed) dp_bytes += dtype_size(m.parameter_buffer, compute_dtype(cfg));
-    double t = double(dp_bytes) * ring_dp / dp_bw / (distributed ? 2.0 : 1.0);
     if (P > 1 && (s == 0 || s == P - 1)) {
       const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);
-      dp_bytes += d.Vl * d.C * 4;
-      t += double(d.Vl * d.C * 4) / link(plan.world_size);
+      if (!d.untied) dp_bytes += d.Vl * d.C * 4;
     }
     plan.dp_comm_bytes = std::max(plan.dp_comm_bytes, dp_bytes);
-    dp_time = std::max(dp_time, t);
-    // AdamW reads p, g, m, v and writes p, m, v (28 B); zeroing, unscaling / clipping, norm and nan
-    // check of the gradients (~16 B); the compute copy's refresh (6 B): ~50 B per element.
-    plan.optimizer_time_s = std::max(plan.optimizer_time_s, double(owned) * 50.0 / (o.hbm_gbps * 1e9));
   }
-  // a backward's time as B + W, half each (W: the weight GEMMs, half of the backward's FLOPs)
-  std::vector<double> half(bwd);
-  for (double& x : half) x /= 2;
-  plan.pipeline_time_s = time_pipeline(lists, fwd, half, half, P > 1 ? double(message) / pp_bw : 0.0).makespan;
-  plan.dp_time_s = dp_time;
-  plan.step_time_s = plan.pipeline_time_s + plan.dp_time_s + plan.optimizer_time_s;
-  plan.tokens_per_s = double(cfg.training.global_batch_size) * cfg.model.seq_length / plan.step_time_s;
-  plan.mfu = plan.flops_per_iteration / (plan.step_time_s * plan.world_size * o.peak_tflops * 1e12);
+  // the step-time model (model/step_time.h) over the same schedule lists
+  ScheduleCache cache;
+  plan.time = estimate_step_time(cfg, o.hw, o.gpus_per_node, plan.stages, cache);
+  plan.pipeline_time_s = plan.time.pipeline_s;
+  plan.dp_time_s = plan.time.dp_exposed_s;
+  plan.optimizer_time_s = plan.time.optimizer_s;
+  plan.step_time_s = plan.time.step_s;
+  plan.tokens_per_s = plan.time.tokens_per_s;
+  plan.mfu = plan.time.mfu;
   if (!plan.fits) plan.suggestions = suggest(cfg, plan);
   return plan;
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/step_time.h"
 #include "parallel/schedule.h"
 
 namespace tpt {
@@ -78,12 +79,11 @@ double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
 struct PlanOptions {
   int world_size = 0;                  // 0: TP * CP * PP * (data_parallel_size or 1)
   double device_memory_gib = 80;
-  double peak_tflops = 989;            // dense bf16 of an H100 / H200 SXM
-  double compute_efficiency = 0.6;     // fraction of peak the GEMMs reach
-  double intra_node_gbps = 300;        // GB/s (bytes): achievable NVLink all-reduce bus bandwidth
-  double inter_node_gbps = 40;         // GB/s (bytes): one 400 Gbit/s NIC per GPU at 80 %
-  double hbm_gbps = 2500;              // GB/s: memory-bound optimizer step
+  Hardware hw;                         // the step-time model's hardware (model/step_time.h; --gpu, --peak-tflops, ...)
   int gpus_per_node = 8;
+  // --search keeps layouts whose largest stage is at most this fraction of the device memory (the
+  // plan's "tight" line: CUDA context, NCCL buffers and fragmentation are not in the plan)
+  double usable_memory_fraction = 0.95;
 };
 
 struct PlanSuggestion {
@@ -115,8 +115,9 @@ struct Plan {
   // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
   int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
   int64_t cp_comm_bytes = 0;           // context parallelism: the ring's K/V blocks and their gradients sent
-  double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;
+  double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;  // dp_time_s: the exposed part
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
+  StepTime time;                       // the step-time model's breakdown (model/step_time.h)
   std::vector<StageMemory> stages;
   bool fits = true;
   std::vector<PlanSuggestion> suggestions;  // only when a stage does not fit

@@ -10,8 +10,12 @@ set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
 
 # --- gpt96.yaml: keys and values --------------------------------------------------------------
+# as it was before the search chose its layout (no distributed optimizer, no sequence parallelism, full
+# recompute): the 18 B/parameter case that does not fit 80 GiB, and what the plan suggests for it
+OLD96=(--set parallel.distributed_optimizer=false --set parallel.sequence_parallel=false --set parallel.overlap_param_gather=false
+       --set parallel.overlap_grad_reduce=false --set training.recompute=full)
 for gib in 80 141; do
-  if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --device-memory-gib $gib --json \
+  if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" "${OLD96[@]}" --device-memory-gib $gib --json \
       > "$W/gpt96_$gib.json" 2> "$W/gpt96_$gib.err"; then ok "plan --json gpt96.yaml at $gib GiB runs (no mpirun)"
   else bad "plan --json gpt96.yaml at $gib GiB"; cat "$W/gpt96_$gib.err"; fi
 done
@@ -67,6 +71,11 @@ sys.exit(1 if errors else 0)
 PY
 ); then ok "gpt96.yaml plan values ($out)"; else bad "gpt96.yaml plan values: $out"; fi
 
+# gpt96.yaml as shipped fits 80 GiB
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" > "$W/gpt96_shipped.txt" 2>&1
+if grep -q "^fits: yes" "$W/gpt96_shipped.txt"; then ok "gpt96.yaml as shipped fits 80 GiB"
+else bad "gpt96.yaml as shipped does not fit 80 GiB"; grep "^fits" "$W/gpt96_shipped.txt"; fi
+
 # the distributed optimizer and sequence parallelism bring gpt96 under 80 GiB: model state at
 # Megatron's 6 + 12/DP bytes per parameter (bf16: compute copy 2 + fp32 gradients 4 + 12/DP of fp32
 # master weights and moments)
@@ -88,7 +97,7 @@ if [ $rc -eq 2 ] && grep -q "unknown argument '--storage'" "$W/storage.out"; the
 else bad "--storage (rc $rc)"; cat "$W/storage.out"; fi
 
 # text report
-"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" > "$W/gpt96.txt" 2>&1
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" "${OLD96[@]}" > "$W/gpt96.txt" 2>&1
 if grep -q "^fits: NO" "$W/gpt96.txt" && grep -q "distributed_optimizer=true  *[0-9.]*  fits" "$W/gpt96.txt" \
    && grep -q "^grid: TP 4 x PP 6 x DP 8 = 192 ranks" "$W/gpt96.txt" && grep -q "^step time estimate" "$W/gpt96.txt"; then
   ok "text report (grid, fit verdict, suggestions, step time)"

@@ -225,7 +225,7 @@ TEST(Memory, PlanSuggestsWhatFits) {
   EXPECT_TRUE(distopt);
   EXPECT_NEAR(p80.bubble_fraction, 5.0 / (192 + 5), 1e-12);
   EXPECT_GT(p80.mfu, 0.0);
-  EXPECT_LT(p80.mfu, o.compute_efficiency);
+  EXPECT_LT(p80.mfu, o.hw.gemm_efficiency);
 }
 
 // The plan's work is bounded by what it simulates: stages x model chunks x micro-batches (issue 29:

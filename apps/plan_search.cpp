@@ -1,0 +1,255 @@
+// tptrain plan --search (see apps/plan_search.h).
+#include "apps/plan_search.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+#include "model/chunks.h"
+
+namespace tpt {
+
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// The layout of an entry on the base config (what its --set arguments select).
+Config apply(const Config& base, const SearchEntry& e) {
+  Config c = base;
+  ParallelConfig& p = c.parallel;
+  p.tensor_model_parallel_size = e.tp;
+  p.pipeline_model_parallel_size = e.pp;
+  p.data_parallel_size = e.dp;
+  p.virtual_pipeline_model_parallel_size = e.v > 1 ? e.v : 0;
+  p.pipeline_schedule = e.schedule;
+  p.sequence_parallel = e.sequence_parallel;
+  p.distributed_optimizer = e.distributed_optimizer;
+  p.overlap_grad_reduce = e.dp > 1;
+  p.overlap_param_gather = e.distributed_optimizer;
+  c.training.micro_batch_size = e.micro_batch_size;
+  c.training.recompute = e.recompute;
+  return c;
+}
+
+std::vector<std::string> set_arguments(const SearchEntry& e) {
+  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
+  return {"parallel.tensor_model_parallel_size=" + std::to_string(e.tp),
+          "parallel.pipeline_model_parallel_size=" + std::to_string(e.pp),
+          "parallel.data_parallel_size=" + std::to_string(e.dp),
+          "parallel.virtual_pipeline_model_parallel_size=" + (e.v > 1 ? std::to_string(e.v) : std::string("null")),
+          "parallel.pipeline_schedule=" + name_of(e.schedule),
+          "parallel.sequence_parallel=" + b(e.sequence_parallel),
+          "parallel.distributed_optimizer=" + b(e.distributed_optimizer),
+          "parallel.overlap_grad_reduce=" + b(e.dp > 1),
+          "parallel.overlap_param_gather=" + b(e.distributed_optimizer),
+          "training.micro_batch_size=" + std::to_string(e.micro_batch_size),
+          "training.recompute=" + name_of(e.recompute)};
+}
+
+// Sort key: the step time, then the layout's text, so that equal estimates keep one order.
+bool faster(const SearchEntry& a, const SearchEntry& b) {
+  if (a.time.step_s != b.time.step_s) return a.time.step_s < b.time.step_s;
+  return a.layout() < b.layout();
+}
+
+}  // namespace
+
+std::string SearchEntry::layout() const {
+  std::string s = "TP" + std::to_string(tp) + " PP" + std::to_string(pp) + " DP" + std::to_string(dp);
+  if (v > 1) s += " v" + std::to_string(v);
+  s += " mbs" + std::to_string(micro_batch_size) + " " + name_of(schedule) + " " + name_of(recompute);
+  if (sequence_parallel) s += " SP";
+  if (distributed_optimizer) s += " DO";
+  return s;
+}
+
+SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus) {
+  SearchResult r;
+  r.base = cfg;
+  r.options = options;
+  r.gpus = gpus;
+  const ModelConfig& m = cfg.model;
+  const int G = cfg.training.global_batch_size;
+  if (G <= 0) input_error("tptrain plan --search: training.global_batch_size is null (the search keeps the global batch: give it)");
+  const double limit = options.usable_memory_fraction * options.device_memory_gib * kGiB;
+  const int gpn = options.gpus_per_node;
+  ScheduleCache cache;
+  for (int tp : divisors(query_groups(m))) {
+    // TP within a node (a group of consecutive ranks that tiles it), dividing heads, groups and the FFN
+    if (tp > gpn || gpn % tp != 0 || gpus % tp != 0 || m.num_attention_heads % tp != 0 || m.ffn_hidden_size % tp != 0)
+      continue;
+    for (int pp : divisors(m.num_layers)) {
+      if (gpus % (tp * pp) != 0) continue;
+      const int dp = gpus / (tp * pp);
+      if (G % dp != 0) continue;
+      for (int mbs : divisors(G / dp)) {
+        if (mbs > 16) break;
+        const int M = G / dp / mbs;
+        // (schedule, chunks): 1F1B, ZB-H1, interleaved with every chunk count dividing the stage's layers
+        std::vector<std::pair<PipelineSchedule, int>> schedules = {{PipelineSchedule::OneFOneB, 1}};
+        if (pp > 1) {
+          schedules.push_back({PipelineSchedule::ZeroBubbleH1, 1});
+          if (M % pp == 0)
+            for (int v : divisors(m.num_layers / pp))
+              if (v > 1) schedules.push_back({PipelineSchedule::OneFOneB, v});
+        }
+        for (const auto& [schedule, v] : schedules)
+          for (bool sp : {false, true}) {
+            if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
+            for (bool dist : {false, true}) {
+              if (dist && dp == 1) continue;
+              SearchEntry e;
+              e.tp = tp, e.pp = pp, e.dp = dp, e.v = v, e.micro_batch_size = mbs, e.num_microbatches = M;
+              e.schedule = schedule, e.sequence_parallel = sp, e.distributed_optimizer = dist;
+              e.recompute = Recompute::Selective;  // valid with every schedule; the memory holds all three modes
+              Config c = apply(cfg, e);
+              r.considered += schedule == PipelineSchedule::ZeroBubbleH1 ? 2 : 3;
+              try {
+                resolve_parallel(c, gpus);
+                check_plannable(c);
+              } catch (const InputError&) {
+                continue;
+              }
+              std::vector<StageMemory> stages;
+              for (int s = 0; s < pp; ++s) stages.push_back(stage_memory(c, s));
+              for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                if (mode == Recompute::Full && schedule == PipelineSchedule::ZeroBubbleH1) continue;
+                ++r.valid;
+                SearchEntry x = e;
+                x.recompute = mode;
+                for (const StageMemory& st : stages)
+                  x.stage_bytes.push_back(st.total_bytes() - st.activation_bytes - st.workspace_bytes +
+                                          st.activation_and_workspace_by_mode[int(mode)]);
+                x.peak_bytes = *std::max_element(x.stage_bytes.begin(), x.stage_bytes.end());
+                if (double(x.peak_bytes) > limit) continue;
+                c.training.recompute = mode;
+                x.time = estimate_step_time(c, options.hw, gpn, stages, cache);
+                x.sets = set_arguments(x);
+                r.entries.push_back(std::move(x));
+              }
+            }
+          }
+      }
+    }
+  }
+  std::sort(r.entries.begin(), r.entries.end(), faster);
+  return r;
+}
+
+nlohmann::json step_time_json(const StepTime& t) {
+  return {{"step_time_s", t.step_s},         {"pipeline_s", t.pipeline_s},
+          {"ideal_s", t.ideal_s},            {"bubble_s", t.bubble_s},
+          {"gemm_s", t.gemm_s},              {"attention_s", t.attention_s},
+          {"elementwise_s", t.elementwise_s}, {"tp_comm_s", t.tp_comm_s},
+          {"recompute_s", t.recompute_s},    {"p2p_per_message_s", t.p2p_per_message_s},
+          {"dp_comm_s", t.dp_comm_s},        {"dp_exposed_s", t.dp_exposed_s},
+          {"optimizer_s", t.optimizer_s},    {"exposed_comm_s", t.exposed_comm_s},
+          {"tokens_per_s", t.tokens_per_s},  {"mfu", t.mfu},
+          {"model_tflops_per_gpu", t.model_tflops_per_gpu}};
+}
+
+nlohmann::json hardware_json(const Hardware& h, int gpus_per_node) {
+  return {{"gpu", h.name},
+          {"peak_tflops", h.peak_tflops},
+          {"hbm_gbps", h.hbm_gbps},
+          {"sms", h.sms},
+          {"compute_efficiency", h.gemm_efficiency},
+          {"attention_efficiency", h.attention_efficiency},
+          {"hbm_efficiency", h.hbm_efficiency},
+          {"kernel_overhead_us", h.kernel_overhead_us},
+          {"intra_node_gbps", h.nvlink_gbps},
+          {"intra_node_latency_us", h.nvlink_latency_us},
+          {"inter_node_gbps", h.network_gbps},
+          {"inter_node_latency_us", h.network_latency_us},
+          {"gpus_per_node", gpus_per_node}};
+}
+
+std::string describe_hardware(const Hardware& h, int gpus_per_node) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "%s, %.0f TFLOP/s peak: GEMMs up to %.0f%% of it (by shape), flash attention %.0f%%; HBM %.0f GB/s at "
+                "%.0f%%; %.0f us per kernel; %d GPUs per node: NVLink %.0f GB/s + %.0f us per ring step, across "
+                "nodes %.0f GB/s + %.0f us",
+                h.name.c_str(), h.peak_tflops, 100 * h.gemm_efficiency, 100 * h.attention_efficiency, h.hbm_gbps,
+                100 * h.hbm_efficiency, h.kernel_overhead_us, gpus_per_node, h.nvlink_gbps, h.nvlink_latency_us,
+                h.network_gbps, h.network_latency_us);
+  return buf;
+}
+
+nlohmann::json search_json(const SearchResult& r, int top) {
+  nlohmann::json layouts = nlohmann::json::array();
+  const size_t n = top > 0 ? std::min(r.entries.size(), size_t(top)) : r.entries.size();
+  for (size_t i = 0; i < n; ++i) {
+    const SearchEntry& e = r.entries[i];
+    layouts.push_back({{"rank", i + 1},
+                       {"layout", e.layout()},
+                       {"tp", e.tp},
+                       {"pp", e.pp},
+                       {"dp", e.dp},
+                       {"virtual_stages", e.v},
+                       {"micro_batch_size", e.micro_batch_size},
+                       {"num_microbatches", e.num_microbatches},
+                       {"pipeline_schedule", name_of(e.schedule)},
+                       {"recompute", name_of(e.recompute)},
+                       {"sequence_parallel", e.sequence_parallel},
+                       {"distributed_optimizer", e.distributed_optimizer},
+                       {"stage_bytes", e.stage_bytes},
+                       {"peak_bytes", e.peak_bytes},
+                       {"bubble_fraction", e.time.bubble_s / e.time.step_s},
+                       {"time", step_time_json(e.time)},
+                       {"set", e.sets}});
+  }
+  return {{"gpus", r.gpus},
+          {"global_batch_size", r.base.training.global_batch_size},
+          {"seq_length", r.base.model.seq_length},
+          {"device_memory_bytes", r.options.device_memory_gib * kGiB},
+          {"usable_memory_fraction", r.options.usable_memory_fraction},
+          {"hardware", hardware_json(r.options.hw, r.options.gpus_per_node)},
+          {"layouts_considered", r.considered},
+          {"layouts_valid", r.valid},
+          {"layouts_fit", r.entries.size()},
+          {"layouts", layouts}};
+}
+
+void print_search(const SearchResult& r, int top, const std::string& path) {
+  const ModelConfig& m = r.base.model;
+  std::printf("tptrain plan --search | config %s | %d GPUs, %d per node, %.1f GiB each, layouts up to %.0f%% of it\n",
+              path.c_str(), r.gpus, r.options.gpus_per_node, r.options.device_memory_gib, 100 * r.options.usable_memory_fraction);
+  std::printf("model: %d layers, hidden %d, %d heads, seq %d; global batch %d sequences (%.3gM tokens); %s\n",
+              m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, r.base.training.global_batch_size,
+              double(r.base.training.global_batch_size) * m.seq_length / 1e6, name_of(r.base.training.precision).c_str());
+  std::printf("hardware: %s\n", describe_hardware(r.options.hw, r.options.gpus_per_node).c_str());
+  std::printf("layouts: %lld enumerated, %lld valid, %zu fit; fastest first:\n\n", (long long)r.considered,
+              (long long)r.valid, r.entries.size());
+  if (r.entries.empty()) {
+    std::printf("no layout fits: more GPUs, more device memory, or a smaller micro-batch / global batch\n");
+    return;
+  }
+  std::printf("%4s  %-44s %9s %9s %11s %6s %7s %9s\n", "#", "layout", "peak GiB", "step s", "tokens/s", "MFU", "bubble",
+              "exp.comm");
+  const size_t n = top > 0 ? std::min(r.entries.size(), size_t(top)) : r.entries.size();
+  for (size_t i = 0; i < n; ++i) {
+    const SearchEntry& e = r.entries[i];
+    const StepTime& t = e.time;
+    std::printf("%4zu  %-44s %9.2f %9.4g %11.0f %5.1f%% %6.1f%% %9.3g\n", i + 1, e.layout().c_str(), double(e.peak_bytes) / kGiB,
+                t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.step_s, t.exposed_comm_s);
+  }
+  std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
+              "messages in the step; exp.comm: TP communication + DP communication not hidden, seconds per step.\n"
+              "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
+              "overlaps the gradient reduction. Select one with:\n");
+  for (size_t i = 0; i < n; ++i) {
+    std::printf("%4zu ", i + 1);
+    for (const std::string& s : r.entries[i].sets) std::printf(" --set %s", s.c_str());
+    std::printf("\n");
+  }
+}
+
+}  // namespace tpt

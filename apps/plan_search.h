@@ -1,0 +1,66 @@
+// tptrain plan --search and --calibrate (README "Plan"): the layouts of a config's model and global
+// batch on N GPUs, pruned by the memory plan (model/memory.h: what the trainer allocates; at most
+// --usable-memory-fraction of the device) and ranked
+// by the step-time model (model/step_time.h); and a measured run's iteration time against the model.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/memory.h"
+#include "model/step_time.h"
+
+namespace tpt {
+
+// One layout that fits, with its memory and time.
+struct SearchEntry {
+  int tp = 1, pp = 1, dp = 1, v = 1, micro_batch_size = 1, num_microbatches = 1;
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  Recompute recompute = Recompute::None;
+  bool sequence_parallel = false, distributed_optimizer = false;
+  std::vector<int64_t> stage_bytes;  // total per rank of each stage
+  int64_t peak_bytes = 0;
+  StepTime time;
+  std::vector<std::string> sets;     // the --set arguments that select it ("section.key=value")
+  std::string layout() const;        // "TP4 PP6 DP8 v2 mbs1 1f1b selective SP DO"
+};
+
+struct SearchResult {
+  Config base;                       // the loaded config (model, batch, precision)
+  PlanOptions options;
+  int gpus = 0;
+  int64_t considered = 0;            // layouts enumerated
+  int64_t valid = 0;                 // of them a valid grid and schedule
+  std::vector<SearchEntry> entries;  // those that fit, fastest first (ties: by layout())
+};
+
+// Every layout of cfg's model on `gpus` GPUs at its global batch: TP dividing the heads (the key/value
+// groups with GQA) and the FFN within a node, PP dividing the layers, DP the rest, every micro-batch
+// size dividing the batch per DP rank (up to 16), virtual stages (interleaved 1F1B), zb-h1, recompute
+// none / selective / full, sequence parallelism, the distributed optimizer (DP overlaps on). InputError
+// when the config has no global batch or nothing is a valid layout.
+SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus);
+nlohmann::json search_json(const SearchResult& r, int top);  // top 0: all
+void print_search(const SearchResult& r, int top, const std::string& config_path);
+
+nlohmann::json step_time_json(const StepTime& t);
+nlohmann::json hardware_json(const Hardware& h, int gpus_per_node);
+std::string describe_hardware(const Hardware& h, int gpus_per_node);
+
+// --calibrate: the logged iterations' elapsed_ms of a metrics file (InputError naming the file and line).
+std::vector<double> read_iteration_times(const std::string& metrics_path);
+struct Calibration {
+  Plan plan;                         // the estimate for the config as it is
+  int iterations = 0;                // measured iterations used (the first logged one is left out when there are more)
+  double measured_s = 0;             // their median
+  double compute_scale = 1;          // the factor on the GEMM and attention efficiencies that makes them agree
+  bool compute_scale_found = false;  // false: no efficiency in (0, 1] does (the rest of the step alone is off)
+  Hardware calibrated;               // the hardware with that factor
+};
+Calibration calibrate(const Config& cfg, const PlanOptions& options, const std::vector<double>& iteration_ms);
+nlohmann::json calibration_json(const Calibration& c);
+void print_calibration(const Calibration& c, const std::string& metrics_path);
+
+}  // namespace tpt

@@ -1,0 +1,325 @@
+// The step-time model (see model/step_time.h for what it counts and why).
+#include "model/step_time.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "model/chunks.h"
+#include "model/memory.h"
+
+namespace tpt {
+
+Hardware hardware_preset(const std::string& gpu) {
+  Hardware h;  // h100: the defaults
+  if (gpu == "h100") return h;
+  if (gpu == "h200") {  // same compute as an H100 SXM, 141 GB of HBM3e at 4.8 TB/s
+    h.name = "h200";
+    h.memory_gib = 141;
+    h.hbm_gbps = 4800;
+    return h;
+  }
+  if (gpu == "a100") {  // A100 80GB SXM: 312 TFLOP/s bf16, 2.0 TB/s, NVLink 3, one 200 Gbit/s HDR NIC per GPU
+    h.name = "a100";
+    h.peak_tflops = 312;
+    h.hbm_gbps = 2039;
+    h.sms = 108;
+    h.gemm_efficiency = 0.72;  // calibrated on the SC21 rows of tests/plan/published.yaml
+    h.attention_efficiency = 0.55;
+    h.nvlink_gbps = 230;
+    h.network_gbps = 22;
+    return h;
+  }
+  input_error("--gpu: '" + gpu + "' is not one of h100, h200, a100");
+}
+
+CompiledSchedule::CompiledSchedule(const std::vector<std::vector<Action>>& lists) {
+  using K = Action::Kind;
+  const int P = int(lists.size());
+  // ids; which stages split the backward; the chunks
+  std::vector<bool> split(size_t(P), false);
+  for (int s = 0; s < P; ++s) {
+    offset_.push_back(int(ops_.size()));
+    for (const Action& a : lists[size_t(s)]) {
+      if (a.kind == K::BackwardWeight) split[size_t(s)] = true;
+      if (a.kind != K::Comm) chunks_ = std::max(chunks_, a.chunk + 1);
+      ops_.push_back({s, 4});
+    }
+  }
+  offset_.push_back(int(ops_.size()));
+  // Messages by (activation?, receiving stage, micro-batch, chunk on the receiver): the sending and
+  // the receiving exchange. Peers as in the simulator: activations to stage s + 1 (rank P - 1's chunk c
+  // to rank 0's chunk c + 1), gradients to s - 1 (rank 0's chunk c to rank P - 1's chunk c - 1).
+  std::map<std::tuple<bool, int, int, int>, std::pair<int, int>> messages;
+  for (int s = 0; s < P; ++s)
+    for (size_t i = 0; i < lists[size_t(s)].size(); ++i) {
+      const Action& a = lists[size_t(s)][i];
+      const int id = offset_[size_t(s)] + int(i);
+      Op& op = ops_[size_t(id)];
+      if (a.kind != K::Comm) {
+        op.kind = a.kind == K::Forward ? 0 : a.kind == K::BackwardWeight ? 3 : split[size_t(s)] ? 2 : 1;
+        continue;
+      }
+      op.data = a.send_fwd >= 0 || a.send_bwd >= 0 || a.recv_fwd >= 0 || a.recv_bwd >= 0;
+      if (a.send_fwd >= 0)
+        messages[{true, (s + 1) % P, a.send_fwd, s == P - 1 ? a.send_fwd_chunk + 1 : a.send_fwd_chunk}].first = id;
+      if (a.send_bwd >= 0)
+        messages[{false, (s + P - 1) % P, a.send_bwd, s == 0 ? a.send_bwd_chunk - 1 : a.send_bwd_chunk}].first = id;
+      if (a.recv_fwd >= 0) messages[{true, s, a.recv_fwd, a.recv_fwd_chunk}].second = id;
+      if (a.recv_bwd >= 0) messages[{false, s, a.recv_bwd, a.recv_bwd_chunk}].second = id;
+    }
+  std::vector<std::vector<int>> partners(ops_.size());
+  for (const auto& [key, ends] : messages) {
+    partners[size_t(ends.first)].push_back(ends.second);
+    partners[size_t(ends.second)].push_back(ends.first);
+  }
+  for (size_t id = 0; id < ops_.size(); ++id) {
+    ops_[id].first_partner = int(partner_.size());
+    ops_[id].partners = int(partners[id].size());
+    partner_.insert(partner_.end(), partners[id].begin(), partners[id].end());
+  }
+  // The order: stages in turn, each as far as it can go; an exchange waits until its counterparts are
+  // posted (their stages have reached them), as the simulator runs them.
+  std::vector<int> pc(size_t(P), 0);
+  for (size_t done = 0; done < ops_.size();) {
+    const size_t before = done;
+    for (int s = 0; s < P; ++s)
+      for (int& i = pc[size_t(s)]; offset_[size_t(s)] + i < offset_[size_t(s) + 1]; ++i) {
+        const Op& op = ops_[size_t(offset_[size_t(s)] + i)];
+        bool ready = true;
+        for (int k = 0; k < op.partners && ready; ++k) {
+          const int q = partner_[size_t(op.first_partner + k)], qs = ops_[size_t(q)].stage;
+          ready = offset_[size_t(qs)] + pc[size_t(qs)] >= q;
+        }
+        if (!ready) break;
+        order_.push_back(offset_[size_t(s)] + i);
+        ++done;
+      }
+    if (done == before) internal_error("CompiledSchedule: the lists deadlock (simulate() should have said so)");
+  }
+}
+
+PipelineTiming CompiledSchedule::time(const std::vector<double>& f, const std::vector<double>& b,
+                                      const std::vector<double>& w, double p2p) const {
+  const size_t P = offset_.size() - 1;
+  TPT_CHECK(f.size() == P && b.size() == P && w.size() == P);
+  std::vector<double> end(ops_.size(), 0.0);
+  PipelineTiming t;
+  t.busy.assign(P, 0.0);
+  // when an action is posted: the end of the stage's previous action
+  auto posted = [&](int id) { return id == offset_[size_t(ops_[size_t(id)].stage)] ? 0.0 : end[size_t(id) - 1]; };
+  const double v = chunks_;
+  for (int id : order_) {
+    const Op& op = ops_[size_t(id)];
+    const size_t s = size_t(op.stage);
+    double at = posted(id);
+    if (op.kind == 4) {
+      for (int k = 0; k < op.partners; ++k) at = std::max(at, posted(partner_[size_t(op.first_partner + k)]));
+      end[size_t(id)] = at + (op.data ? p2p : 0.0);
+      continue;
+    }
+    const double cost = (op.kind == 0 ? f[s] : op.kind == 1 ? b[s] + w[s] : op.kind == 2 ? b[s] : w[s]) / v;
+    end[size_t(id)] = at + cost;
+    t.busy[s] += cost;
+  }
+  for (size_t s = 0; s < P; ++s)
+    if (offset_[s + 1] > offset_[s]) t.makespan = std::max(t.makespan, end[size_t(offset_[s + 1]) - 1]);
+  return t;
+}
+
+const CompiledSchedule& ScheduleCache::compiled(const Config& c) {
+  const int P = c.parallel.pipeline_model_parallel_size, v = model_chunks(c);
+  const int M = int(c.training.global_batch_size / (int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size));
+  const ScheduleKind kind = schedule_kind(c.parallel.pipeline_schedule, v);
+  const auto key = std::make_tuple(int(kind), P, M, v);
+  auto it = compiled_.find(key);
+  if (it == compiled_.end()) {
+    std::vector<std::vector<Action>> lists;
+    for (int s = 0; s < P; ++s) lists.push_back(make_schedule(kind, P, s, M, v));
+    it = compiled_.emplace(key, CompiledSchedule(lists)).first;
+  }
+  return it->second;
+}
+
+namespace {
+
+// Seconds of one micro-batch on one rank of a stage, by kind of work.
+struct Work {
+  double gemm_f = 0, gemm_b = 0, gemm_w = 0;  // forward, input-gradient, weight-gradient GEMMs
+  double attn_f = 0, attn_b = 0;
+  double elem_f = 0, elem_b = 0;
+  double tp_f = 0, tp_b = 0;
+  double recompute = 0;                       // extra forward work before the backward
+  double forward() const { return gemm_f + attn_f + elem_f + tp_f; }
+  double input_grad() const { return gemm_b + attn_b + elem_b + tp_b + recompute; }
+};
+
+class Model {
+ public:
+  Model(const Config& c, const Hardware& hw, int gpus_per_node)
+      : c_(c), hw_(hw), gpn_(gpus_per_node), cb_(dtype_bytes(compute_dtype(c))) {}
+
+  // A GEMM (m x k) . (k x n): 2 m n k FLOPs at the shape's efficiency, or the operands' HBM time.
+  double gemm(double m, double n, double k) const {
+    const double tiles = std::ceil(m / 128) * std::ceil(n / 128), waves = std::ceil(tiles / hw_.sms);
+    const double shape = m * n / (waves * hw_.sms * 128.0 * 128.0) * k / (k + 256.0);
+    const double compute = 2 * m * n * k / (hw_.peak_tflops * 1e12 * hw_.gemm_efficiency * shape);
+    return std::max(compute, memory_bound((m * k + k * n + m * n) * cb_, 0)) + hw_.kernel_overhead_us * 1e-6;
+  }
+  // Elementwise kernels moving `bytes` in total.
+  double memory_bound(double bytes, int kernels) const {
+    return bytes / (hw_.hbm_gbps * 1e9 * hw_.hbm_efficiency) + kernels * hw_.kernel_overhead_us * 1e-6;
+  }
+  // A collective over the group of g ranks `stride` apart in the rank order; factor: algorithm bytes
+  // per payload byte over (g - 1) / g (2 for an all-reduce, 1 for all-gather / reduce-scatter).
+  double collective(double bytes, int g, int stride, double factor) const {
+    if (g <= 1) return 0;
+    const bool nvlink = intra_node(g * stride);
+    const double bw = (nvlink ? hw_.nvlink_gbps : hw_.network_gbps) * 1e9;
+    const double lat = (nvlink ? hw_.nvlink_latency_us : hw_.network_latency_us) * 1e-6;
+    return factor * (g - 1) * lat + factor * double(g - 1) / g * bytes / bw;
+  }
+  double send(double bytes, int span) const {
+    const bool nvlink = intra_node(span);
+    return (nvlink ? hw_.nvlink_latency_us : hw_.network_latency_us) * 1e-6 +
+           bytes / ((nvlink ? hw_.nvlink_gbps : hw_.network_gbps) * 1e9);
+  }
+  // A group of `span` consecutive ranks stays inside a node when it tiles the node's GPUs.
+  bool intra_node(int span) const { return span <= gpn_ && gpn_ % span == 0; }
+
+  Work stage_work(int stage) const {
+    const int tp = c_.parallel.tensor_model_parallel_size, pp = c_.parallel.pipeline_model_parallel_size;
+    Work w;
+    for (const GPTDims& d : make_chunk_dims(c_, tp, 0, pp, stage)) add_chunk(d, w);
+    return w;
+  }
+
+ private:
+  void add_chunk(const GPTDims& d, Work& w) const {
+    const double B = c_.training.micro_batch_size, S = double(d.S), C = double(d.C), N = B * S;
+    const double Nt = double(d.local_tokens(int64_t(N))), layers = double(d.layer_end - d.layer_begin);
+    const int tp = d.tp;
+    const Recompute rc = c_.training.recompute;
+    // linear layers (in, out) of the rank: QKV, projection, fc1, fc2
+    const double lin[4][2] = {{C, double(d.QKVl)}, {double(d.Cl), C}, {C, double(d.Fl1)}, {double(d.Fl), C}};
+    double gf = 0, gb = 0, gw = 0;
+    for (const auto& l : lin) {
+      gf += gemm(N, l[1], l[0]);
+      gb += gemm(N, l[0], l[1]);
+      gw += gemm(l[0], l[1], N);
+    }
+    const double attn_flops = 2.0 * B * S * S * double(d.Hl) * double(d.D);  // 4 B s^2 h d, causal half
+    const double af = attn_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
+    // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
+    const double act = d.mlp.swiglu ? 3.0 : 2.0;
+    const double rope = d.rot > 0 ? 2.0 * N * double(d.Hl + d.KVl) * double(d.D) : 0.0;
+    const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * double(d.Fl) + rope), 8);
+    const double tpc = collective(N * C * cb_, tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
+    const double layer_f = gf + af + ef + 2 * tpc;
+    w.gemm_f += layers * gf;
+    w.gemm_b += layers * gb;
+    w.gemm_w += layers * gw;
+    w.attn_f += layers * af;
+    w.attn_b += layers * 2.5 * af;
+    w.elem_f += layers * ef;
+    w.elem_b += layers * 2 * ef;
+    w.tp_f += layers * 2 * tpc;
+    w.tp_b += layers * 2 * tpc;
+    if (rc == Recompute::Full) w.recompute += layers * layer_f;
+    if (rc == Recompute::Selective) w.recompute += layers * af;
+    if (d.first_stage()) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
+      w.elem_f += memory_bound(3 * N * C * cb_, 2);
+      w.elem_b += memory_bound(N * C * 4 * 2, 2);
+      w.tp_f += tpc;
+    }
+    if (d.last_stage()) {  // final norm, LM head, vocabulary-parallel cross-entropy
+      const double V = double(d.Vl);
+      w.gemm_f += gemm(N, V, C);
+      w.gemm_b += gemm(N, C, V);
+      w.gemm_w += gemm(C, V, N);
+      w.elem_f += memory_bound(2 * Nt * C * cb_ + N * V * (cb_ + 8), 4);
+      w.elem_b += memory_bound(4 * Nt * C * cb_ + N * V * (4 + cb_), 3);
+      w.tp_f += 3 * collective(N * 4, tp, 1, 2.0);
+      w.tp_b += tpc;
+    }
+  }
+
+  const Config& c_;
+  const Hardware& hw_;
+  int gpn_;
+  double cb_;
+};
+
+}  // namespace
+
+StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_node, const std::vector<StageMemory>& stages,
+                            ScheduleCache& cache) {
+  const Model model(c, hw, gpus_per_node);
+  const int tp = c.parallel.tensor_model_parallel_size, P = c.parallel.pipeline_model_parallel_size;
+  const int dp = c.parallel.data_parallel_size, world = tp * P * dp;
+  const int M = int(c.training.global_batch_size / (int64_t(c.training.micro_batch_size) * dp));
+  TPT_CHECK(int(stages.size()) == P);
+  const double cb = dtype_bytes(compute_dtype(c));
+  std::vector<Work> work;
+  std::vector<double> f, b, w;
+  for (int s = 0; s < P; ++s) {
+    work.push_back(model.stage_work(s));
+    f.push_back(work.back().forward());
+    b.push_back(work.back().input_grad());
+    w.push_back(work.back().gemm_w);
+  }
+  StepTime t;
+  const GPTDims d0 = make_dims(c, tp, 0, P, 0);
+  t.p2p_per_message_s = P > 1 ? model.send(double(stage_message_elements(d0, c.training.micro_batch_size)) * cb, 2 * tp * dp) : 0;
+  const PipelineTiming timing = cache.compiled(c).time(f, b, w, t.p2p_per_message_s);
+  t.pipeline_s = timing.makespan;
+  t.ideal_s = timing.ideal();
+  t.bubble_s = t.pipeline_s - t.ideal_s;
+  size_t busiest = 0;
+  for (size_t s = 0; s < work.size(); ++s)
+    if (f[s] + b[s] + w[s] > f[busiest] + b[busiest] + w[busiest]) busiest = s;
+  const Work& wb = work[busiest];
+  t.gemm_s = M * (wb.gemm_f + wb.gemm_b + wb.gemm_w);
+  t.attention_s = M * (wb.attn_f + wb.attn_b);
+  t.elementwise_s = M * (wb.elem_f + wb.elem_b);
+  t.tp_comm_s = M * (wb.tp_f + wb.tp_b);
+  t.recompute_s = M * wb.recompute;
+
+  // DP: per stage after its last backward; stage s ends about s backwards before stage 0
+  const bool distributed = c.parallel.distributed_optimizer && dp > 1;
+  double tail = 0;
+  for (int s = 0; s < P; ++s) {
+    const double buffer = double(stages[size_t(s)].parameter_buffer);
+    const double buckets = std::max(1.0, std::ceil(buffer / double(std::max<int64_t>(1, c.parallel.ddp_bucket_size))));
+    const double grads = model.collective(buffer * 4, dp, tp, distributed ? 1.0 : 2.0);
+    const double params = distributed ? model.collective(buffer * cb, dp, tp, 1.0) : 0.0;
+    const double backward = b[size_t(s)] + w[size_t(s)], slack = s * backward;
+    double exposed = c.parallel.overlap_grad_reduce ? std::max(grads - backward - slack, grads / buckets)
+                                                    : std::max(0.0, grads - slack);
+    // the parameters' all-gather: before the next forward, or bucket by bucket behind it
+    exposed += c.parallel.overlap_param_gather ? std::max(params - (s + 1) * f[size_t(s)], params / buckets) : params;
+    if (P > 1 && (s == 0 || s == P - 1)) {  // the tied word embedding's gradient over {first, last stage}
+      const GPTDims d = make_dims(c, tp, 0, P, s);
+      if (!d.untied) exposed += model.collective(double(d.Vl * d.C) * 4, 2, tp * dp * P, 2.0);
+    }
+    const double owned = distributed ? buffer / dp : buffer;
+    const double optimizer = model.memory_bound(owned * 50.0, 0);
+    t.dp_comm_s = std::max(t.dp_comm_s, grads + params);
+    t.optimizer_s = std::max(t.optimizer_s, optimizer);
+    if (exposed + optimizer > tail) {
+      tail = exposed + optimizer;
+      t.dp_exposed_s = exposed;
+    }
+  }
+  t.step_s = t.pipeline_s + tail;
+  t.exposed_comm_s = t.tp_comm_s + t.dp_exposed_s;
+  const double flops =
+      iteration_model_flops(c, padded_vocab_size(c.model.vocab_size, c.model.make_vocab_size_divisible_by, tp));
+  t.tokens_per_s = double(c.training.global_batch_size) * c.model.seq_length / t.step_s;
+  t.model_tflops_per_gpu = flops / t.step_s / world / 1e12;
+  t.mfu = t.model_tflops_per_gpu / hw.peak_tflops;
+  return t;
+}
+
+}  // namespace tpt

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The step-time model against published Megatron / NeMo runs (tests/plan/published.yaml): each row's
+# estimate within +-20 % of the published throughput, and --search on the row's model, GPUs and batch
+# lists the published layout and ranks first one at least as fast (tests/plan/published_check.py).
+set -uo pipefail
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
+if $PYTHON "$TPTRAIN_SRC/tests/plan/published_check.py" "$TPTRAIN" "$TPTRAIN_SRC/tests/plan/published.yaml" "$W"; then
+  ok "published runs: every row within 20 %, the search finds each published layout"
+else bad "published runs"; fi
+finish

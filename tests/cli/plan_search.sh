@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# tptrain plan --search and --calibrate (README "Plan"): the search is deterministic; the layout it
+# ranks first, selected with its --set arguments, gets the same step time and peak memory from a plain
+# `tptrain plan`; configs/gpt96.yaml is the fastest TP 4 x PP 6 layout the search finds for 192 GPUs
+# and fits 80 GiB; a 1024-GPU search of GPT-3 175B finishes (its time is printed; the bound is
+# generous); --calibrate finds the efficiencies that make the estimate equal a measured time, and
+# `tptrain plan` with them agrees; bad input exits 2.
+set -uo pipefail
+source "$TPTRAIN_SRC/tests/cli/lib.sh"
+GPT96=$TPTRAIN_SRC/configs/gpt96.yaml
+
+# --- determinism: the same search twice, JSON and text, byte for byte ------------------------------
+for i in 1 2; do
+  "$TPTRAIN" plan --config "$GPT96" --search --gpus 192 --json --top 0 > "$W/s$i.json" 2> "$W/s$i.err" || bad "search $i exit $?"
+  "$TPTRAIN" plan --config "$GPT96" --search --gpus 192 --top 5 > "$W/s$i.txt" 2>&1 || bad "search text $i exit $?"
+done
+if cmp -s "$W/s1.json" "$W/s2.json" && cmp -s "$W/s1.txt" "$W/s2.txt" && [ -s "$W/s1.json" ]; then
+  ok "--search output is deterministic (JSON and text)"
+else bad "--search output differs between two runs"; fi
+if grep -q "^   1  TP" "$W/s1.txt" && grep -q "^   1  --set parallel.tensor_model_parallel_size=" "$W/s1.txt"; then
+  ok "text: a table and the --set arguments of each layout"
+else bad "text report"; cat "$W/s1.txt"; fi
+
+# --- the first layout through plain `tptrain plan`: same time, same peak, fits -----------------------
+sets=$($PYTHON -c "import json; print(' '.join('--set ' + s for s in json.load(open('$W/s1.json'))['layouts'][0]['set']))")
+# shellcheck disable=SC2086
+if "$TPTRAIN" plan --config "$GPT96" --world-size 192 $sets --json > "$W/first.json" 2> "$W/first.err" &&
+   out=$($PYTHON - "$W/s1.json" "$W/first.json" <<'PY'
+import json, sys
+s, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+first = s["layouts"][0]
+errors = []
+if abs(first["time"]["step_time_s"] / p["step_time_s"] - 1) > 1e-12: errors.append("step %r vs plan %r" % (first["time"]["step_time_s"], p["step_time_s"]))
+if first["stage_bytes"] != [st["total_bytes"] for st in p["stages"]]: errors.append("stage bytes differ from the plan's")
+if not p["fits"]: errors.append("the plan says it does not fit")
+steps = [x["time"]["step_time_s"] for x in s["layouts"]]
+if steps != sorted(steps): errors.append("not sorted by step time")
+if any(x["peak_bytes"] > s["usable_memory_fraction"] * s["device_memory_bytes"] for x in s["layouts"]): errors.append("a layout over the device memory")
+if s["layouts_fit"] != len(s["layouts"]) or not (0 < s["layouts_fit"] <= s["layouts_valid"] <= s["layouts_considered"]): errors.append("counts")
+print("; ".join(errors) if errors else "%s: %.4g s, peak %.2f GiB, %d of %d layouts fit" % (
+    first["layout"], p["step_time_s"], first["peak_bytes"] / 2**30, s["layouts_fit"], s["layouts_valid"]))
+sys.exit(1 if errors else 0)
+PY
+); then ok "first layout via --set: plan agrees ($out)"
+else bad "first layout via --set: ${out:-}"; cat "$W/first.err"; fi
+
+# --- configs/gpt96.yaml: the fastest TP 4 x PP 6 layout on 192 GPUs, and it fits 80 GiB ------------------
+"$TPTRAIN" plan --config "$GPT96" --json > "$W/gpt96.json" 2>&1
+if out=$($PYTHON - "$W/s1.json" "$W/gpt96.json" <<'PY'
+import json, sys
+s, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+grid = [x for x in s["layouts"] if (x["tp"], x["pp"]) == (4, 6)][0]
+mine = (p["tp"], p["pp"], p["micro_batch_size"], p["pipeline_schedule"], p["recompute"])
+want = (grid["tp"], grid["pp"], grid["micro_batch_size"], grid["pipeline_schedule"], grid["recompute"])
+ok = p["fits"] and p["device_memory_bytes"] == 80 * 2**30 and mine == want and abs(grid["time"]["step_time_s"] / p["step_time_s"] - 1) < 1e-12
+print("%s: %.4g s, search rank %d" % (grid["layout"], p["step_time_s"], grid["rank"]) if ok else "config %r, search %r, fits %r" % (mine, want, p["fits"]))
+sys.exit(0 if ok else 1)
+PY
+); then ok "gpt96.yaml is the search's best TP 4 x PP 6 layout and fits 80 GiB ($out)"
+else bad "gpt96.yaml vs the search: $out"; fi
+
+# --- a 1024-GPU search (GPT-3 175B); the time is printed, the bound generous ---------------------------
+start=$(date +%s.%N)
+"$TPTRAIN" plan --config "$GPT96" --search --gpus 1024 --top 3 > "$W/s1024.txt" 2>&1; rc=$?
+secs=$(echo "$(date +%s.%N) - $start" | bc)
+layouts=$(sed -nE 's/^layouts: ([0-9]+) enumerated, ([0-9]+) valid, ([0-9]+) fit.*/\2 valid, \3 fit/p' "$W/s1024.txt")
+if [ $rc -eq 0 ] && [ -n "$layouts" ] && [ "$(echo "$secs < 120" | bc)" = 1 ]; then
+  ok "1024-GPU search: $layouts in $secs s"
+else bad "1024-GPU search (rc $rc, $secs s)"; cat "$W/s1024.txt"; fi
+
+# --- --calibrate: a measured time twice the estimate ------------------------------------------------
+cat > "$W/small.yaml" <<YAML
+model: {num_layers: 12, hidden_size: 768, num_attention_heads: 12, seq_length: 1024, vocab_size: 50257}
+parallel: {tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2}
+training: {micro_batch_size: 4, global_batch_size: 64, train_iters: 10, precision: bf16}
+data: {path: none}
+YAML
+"$TPTRAIN" plan --config "$W/small.yaml" --world-size 8 --json > "$W/small.json"
+est=$($PYTHON -c "import json; print(json.load(open('$W/small.json'))['step_time_s'])")
+$PYTHON - "$est" > "$W/metrics.jsonl" <<'PY'
+import json, sys
+est = float(sys.argv[1])
+print(json.dumps({"iteration": 1, "elapsed_ms": 1e3 * est * 50}))  # start-up: left out
+for i in range(2, 7):
+    print(json.dumps({"iteration": i, "elapsed_ms": 1e3 * est * (2 + 0.01 * (i - 4)), "lm_loss": 3.0}))
+PY
+out=""
+if "$TPTRAIN" plan --config "$W/small.yaml" --world-size 8 --calibrate "$W/metrics.jsonl" --json > "$W/cal.json" 2> "$W/cal.err" &&
+   out=$($PYTHON - "$W/cal.json" "$est" 2> "$W/effs" <<'PY'
+import json, sys
+c, est = json.load(open(sys.argv[1])), float(sys.argv[2])
+ok = c["iterations"] == 5 and abs(c["measured_step_time_s"] / (2 * est) - 1) < 1e-9 and c["compute_scale_found"] and 0 < c["compute_scale"] < 1
+print("%.3f x estimate, compute efficiencies x %.4f" % (c["measured_over_estimated"], c["compute_scale"]) if ok else json.dumps(c)[:400])
+print(c["calibrated"]["compute_efficiency"], c["calibrated"]["attention_efficiency"], file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
+);  then ok "--calibrate: median of the iterations after the first ($out)"
+else bad "--calibrate: ${out:-}"; cat "$W/cal.err"; fi
+ge=0.5 ae=0.5; [ -s "$W/effs" ] && read -r ge ae < "$W/effs"
+if "$TPTRAIN" plan --config "$W/small.yaml" --world-size 8 --compute-efficiency "$ge" --attention-efficiency "$ae" --json > "$W/cal_plan.json" &&
+   $PYTHON -c "import json,sys; sys.exit(abs(json.load(open('$W/cal_plan.json'))['step_time_s'] / (2 * $est) - 1) > 1e-6)"; then
+  ok "the calibrated efficiencies make the plan's estimate the measured time"
+else bad "the calibrated efficiencies do not reproduce the measured time"; fi
+"$TPTRAIN" plan --config "$W/small.yaml" --world-size 8 --calibrate "$W/metrics.jsonl" > "$W/cal.txt" 2>&1
+if grep -q "^measured:" "$W/cal.txt" && grep -q "^agreement: --compute-efficiency" "$W/cal.txt"; then ok "--calibrate text report"
+else bad "--calibrate text report"; cat "$W/cal.txt"; fi
+
+# --- bad input: exit 2 with a message ------------------------------------------------------------------
+echo '{"iteration": 1, "lm_loss": 3.0}' > "$W/nometrics.jsonl"
+expect2() {  # name pattern args...
+  local name=$1 pattern=$2; shift 2
+  "$TPTRAIN" plan "$@" > "$W/bad.out" 2>&1; local rc=$?
+  if [ $rc -eq 2 ] && grep -q -- "$pattern" "$W/bad.out"; then ok "$name: exit 2"; else bad "$name (rc $rc)"; cat "$W/bad.out"; fi
+}
+expect2 "--calibrate without iterations" "no iteration with elapsed_ms" --config "$W/small.yaml" --world-size 8 --calibrate "$W/nometrics.jsonl"
+expect2 "--calibrate missing file" "cannot open" --config "$W/small.yaml" --calibrate "$W/none.jsonl"
+expect2 "--gpus without --search" "--gpus goes with --search" --config "$W/small.yaml" --gpus 8
+expect2 "--gpu unknown" "--gpu" --config "$W/small.yaml" --gpu v100
+printf 'model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97}\ntraining: {train_iters: 1}\ndata: {path: none}\n' > "$W/nobatch.yaml"
+expect2 "--search without a global batch" "global_batch_size is null" --config "$W/nobatch.yaml" --search --gpus 8
+finish

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The step-time model against published runs (tests/plan/published.yaml; README "Plan").
+
+For each row not marked skip: `tptrain plan` on the row's model, GPUs, layout and batch must estimate
+the published throughput within +-20 % (the worst row is printed), and `tptrain plan --search` on the
+row's model, GPU count and batch must list the published layout (re-estimated with the search's DP
+overlaps, so no slower) and rank first a layout at least as fast.
+usage: published_check.py TPTRAIN published.yaml WORKDIR [--no-search]"""
+import json, os, subprocess, sys, time
+import yaml
+
+tptrain, table, work = sys.argv[1:4]
+do_search = "--no-search" not in sys.argv
+rows = yaml.safe_load(open(table))["rows"]
+errors, worst, skipped = [], (0.0, ""), []
+
+
+def flops(kind, B, m):
+    s, l, h, V = m["seq_length"], m["num_layers"], m["hidden_size"], m["vocab_size"]
+    if kind == "sc21":
+        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    if kind == "mcore":
+        return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    raise ValueError(kind)
+
+
+def run(args):
+    out = subprocess.run([tptrain] + args, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError("tptrain %s: exit %d: %s" % (" ".join(args), out.returncode, out.stderr.strip()[-400:]))
+    return json.loads(out.stdout)
+
+
+for row in rows:
+    name = row["name"]
+    if row.get("skip"):
+        skipped.append("%s (%s)" % (name, row["skip"]))
+        continue
+    lay, gpus = row["layout"], row["gpus"]
+    dp = gpus // (lay["tp"] * lay["pp"])
+    sp, dist = bool(lay.get("sequence_parallel", False)), bool(lay.get("distributed_optimizer", False))
+    overlap = row["source"].startswith(("mcore", "nemo"))  # Megatron-Core and NeMo overlap the DP communication
+    cfg = {
+        "model": dict(row["model"], make_vocab_size_divisible_by=128),
+        "parallel": {"tensor_model_parallel_size": lay["tp"], "pipeline_model_parallel_size": lay["pp"],
+                     "virtual_pipeline_model_parallel_size": lay["v"] if lay["v"] > 1 else None,
+                     "sequence_parallel": sp, "distributed_optimizer": dist,
+                     "overlap_grad_reduce": overlap and dp > 1, "overlap_param_gather": overlap and dist},
+        "training": {"micro_batch_size": lay["micro_batch_size"], "global_batch_size": row["global_batch_size"],
+                     "train_iters": 1, "precision": lay["precision"], "recompute": lay["recompute"]},
+        "data": {"path": "none"},  # the plan needs no data
+    }
+    path = os.path.join(work, name + ".yaml")
+    yaml.safe_dump(cfg, open(path, "w"))
+    try:
+        p = run(["plan", "--config", path, "--world-size", str(gpus), "--gpu", row["gpu"], "--json"])
+    except RuntimeError as e:
+        errors.append("%s: %s" % (name, e))
+        continue
+    step = p["step_time_s"]
+    if "tflops_per_gpu" in row:
+        est = flops(row["flops"], row["global_batch_size"], row["model"]) / step / gpus / 1e12
+        pub, unit = row["tflops_per_gpu"], "TFLOP/s per GPU"
+    else:
+        est, pub, unit = 1 / step, 1 / row["step_time_s"], "steps/s"
+    err = est / pub - 1
+    fit = "fits" if p["fits"] else "does NOT fit %.0f GiB" % (p["device_memory_bytes"] / 2**30)
+    print("%-18s estimate %8.4g vs published %8.4g %s: %+6.1f%% (step %.4g s, MFU %.1f%%, %s)" % (
+        name, est, pub, unit, 100 * err, step, 100 * p["mfu"], fit))
+    if abs(err) > abs(worst[0]):
+        worst = (err, name)
+    if abs(err) > 0.20:
+        errors.append("%s: estimate %+.1f%% off the published figure (more than 20 %%)" % (name, 100 * err))
+    if not do_search:
+        continue
+    t0 = time.time()
+    try:
+        memory = ["--device-memory-gib", str(row["search_device_memory_gib"])] if "search_device_memory_gib" in row else []
+        s = run(["plan", "--config", path, "--search", "--gpus", str(gpus), "--gpu", row["gpu"], "--json", "--top", "0"] + memory)
+    except RuntimeError as e:
+        errors.append("%s --search: %s" % (name, e))
+        continue
+    seconds = time.time() - t0
+    mine = [x for x in s["layouts"] if (x["tp"], x["pp"], x["virtual_stages"], x["micro_batch_size"], x["recompute"],
+            x["sequence_parallel"], x["distributed_optimizer"], x["pipeline_schedule"]) ==
+            (lay["tp"], lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b")]
+    if not s["layouts"] or len(mine) != 1:
+        errors.append("%s --search: the published layout is not among the %d layouts that fit" % (name, len(s["layouts"])))
+        continue
+    best, pub_in_search = s["layouts"][0], mine[0]
+    if pub_in_search["time"]["step_time_s"] > step * (1 + 1e-9):
+        errors.append("%s --search: the published layout estimated %.6g s in the search, %.6g s by plan (the search "
+                      "turns on DP overlaps: it may only be faster)" % (name, pub_in_search["time"]["step_time_s"], step))
+    if best["time"]["step_time_s"] > pub_in_search["time"]["step_time_s"]:
+        errors.append("%s --search: the first layout is slower than the published one" % name)
+    print("%-18s search: %d of %d layouts fit, published layout #%d; best %s: %.4g s (%.2fx the published layout's "
+          "estimate) in %.1f s" % ("", s["layouts_fit"], s["layouts_valid"], pub_in_search["rank"], best["layout"],
+                                   best["time"]["step_time_s"], pub_in_search["time"]["step_time_s"] / best["time"]["step_time_s"],
+                                   seconds))
+
+for s in skipped:
+    print("skipped: " + s)
+print("worst row: %s %+.1f%%" % (worst[1], 100 * worst[0]))
+print("; ".join(errors) if errors else "all rows within 20 %")
+sys.exit(1 if errors else 0)
