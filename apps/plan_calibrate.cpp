@@ -87,9 +87,9 @@ void print_calibration(const Calibration& c, const std::string& path) {
   std::printf("estimated: %.4g s per iteration on %s; measured / estimated = %.3f\n", t.step_s,
               describe_hardware(c.plan.options.hw, c.plan.options.gpus_per_node).c_str(), c.measured_s / t.step_s);
   std::printf("estimate by component (busiest stage, per iteration; compare with the run's op profile, "
-              "logging.profile_ops): GEMMs %.4g s, attention %.4g, elementwise %.4g, TP communication %.4g, recompute "
+              "logging.profile_ops): GEMMs %.4g s, attention %.4g, elementwise %.4g, TP communication %.4g, CP ring %.4g, recompute "
               "%.4g, bubble %.4g, exposed DP %.4g, optimizer %.4g\n",
-              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.recompute_s, t.bubble_s, t.dp_exposed_s,
+              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.cp_comm_s, t.recompute_s, t.bubble_s, t.dp_exposed_s,
               t.optimizer_s);
   if (c.compute_scale_found)
     std::printf("agreement: --compute-efficiency %.4g --attention-efficiency %.4g (the model's compute efficiencies x "

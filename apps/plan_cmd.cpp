@@ -230,9 +230,9 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               p.step_time_s, p.pipeline_time_s, p.dp_time_s, p.optimizer_time_s, p.tokens_per_s,
               t.model_tflops_per_gpu, 100 * p.mfu);
   std::printf("  busiest stage per iteration: GEMMs %.4g s, attention %.4g, elementwise %.4g, TP communication "
-              "%.4g, recompute %.4g; bubble %.4g s (incl. pipeline messages, %.3g ms each); DP communication %.4g s "
+              "%.4g, CP ring %.4g, recompute %.4g; bubble %.4g s (incl. pipeline messages, %.3g ms each); DP communication %.4g s "
               "before overlap\n",
-              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.recompute_s, t.bubble_s,
+              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.cp_comm_s, t.recompute_s, t.bubble_s,
               1e3 * t.p2p_per_message_s, t.dp_comm_s);
   std::printf("  model: %s\n", describe_hardware(o.hw, o.gpus_per_node).c_str());
   if (p.fits) {

@@ -20,6 +20,14 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
+// Context-parallel sizes worth trying: 1, and the powers of two that leave every CP rank's two chunks
+// at least 1024 tokens each (Megatron's CP is for long sequences: 8192 tokens gives 2 and 4).
+std::vector<int> context_parallel_sizes(int64_t seq_length) {
+  std::vector<int> out = {1};
+  for (int cp = 2; cp <= 64 && seq_length / (2 * cp) >= 1024; cp *= 2) out.push_back(cp);
+  return out;
+}
+
 // The layout of an entry on the base config (what its --set arguments select).
 Config apply(const Config& base, const SearchEntry& e) {
   Config c = base;
@@ -27,11 +35,12 @@ Config apply(const Config& base, const SearchEntry& e) {
   p.tensor_model_parallel_size = e.tp;
   p.pipeline_model_parallel_size = e.pp;
   p.data_parallel_size = e.dp;
+  p.context_parallel_size = e.cp;
   p.virtual_pipeline_model_parallel_size = e.v > 1 ? e.v : 0;
   p.pipeline_schedule = e.schedule;
   p.sequence_parallel = e.sequence_parallel;
   p.distributed_optimizer = e.distributed_optimizer;
-  p.overlap_grad_reduce = e.dp > 1;
+  p.overlap_grad_reduce = e.dp * e.cp > 1;
   p.overlap_param_gather = e.distributed_optimizer;
   c.training.micro_batch_size = e.micro_batch_size;
   c.training.recompute = e.recompute;
@@ -43,11 +52,12 @@ std::vector<std::string> set_arguments(const SearchEntry& e) {
   return {"parallel.tensor_model_parallel_size=" + std::to_string(e.tp),
           "parallel.pipeline_model_parallel_size=" + std::to_string(e.pp),
           "parallel.data_parallel_size=" + std::to_string(e.dp),
+          "parallel.context_parallel_size=" + std::to_string(e.cp),
           "parallel.virtual_pipeline_model_parallel_size=" + (e.v > 1 ? std::to_string(e.v) : std::string("null")),
           "parallel.pipeline_schedule=" + name_of(e.schedule),
           "parallel.sequence_parallel=" + b(e.sequence_parallel),
           "parallel.distributed_optimizer=" + b(e.distributed_optimizer),
-          "parallel.overlap_grad_reduce=" + b(e.dp > 1),
+          "parallel.overlap_grad_reduce=" + b(e.dp * e.cp > 1),
           "parallel.overlap_param_gather=" + b(e.distributed_optimizer),
           "training.micro_batch_size=" + std::to_string(e.micro_batch_size),
           "training.recompute=" + name_of(e.recompute)};
@@ -62,7 +72,8 @@ bool faster(const SearchEntry& a, const SearchEntry& b) {
 }  // namespace
 
 std::string SearchEntry::layout() const {
-  std::string s = "TP" + std::to_string(tp) + " PP" + std::to_string(pp) + " DP" + std::to_string(dp);
+  std::string s = "TP" + std::to_string(tp) + (cp > 1 ? " CP" + std::to_string(cp) : std::string()) + " PP" +
+                  std::to_string(pp) + " DP" + std::to_string(dp);
   if (v > 1) s += " v" + std::to_string(v);
   s += " mbs" + std::to_string(micro_batch_size) + " " + name_of(schedule) + " " + name_of(recompute);
   if (sequence_parallel) s += " SP";
@@ -85,9 +96,10 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
     // TP within a node (a group of consecutive ranks that tiles it), dividing heads, groups and the FFN
     if (tp > gpn || gpn % tp != 0 || gpus % tp != 0 || m.num_attention_heads % tp != 0 || m.ffn_hidden_size % tp != 0)
       continue;
-    for (int pp : divisors(m.num_layers)) {
-      if (gpus % (tp * pp) != 0) continue;
-      const int dp = gpus / (tp * pp);
+    for (int pp : divisors(m.num_layers))
+    for (int cp : context_parallel_sizes(m.seq_length)) {
+      if (gpus % (tp * cp * pp) != 0) continue;
+      const int dp = gpus / (tp * cp * pp);
       if (G % dp != 0) continue;
       for (int mbs : divisors(G / dp)) {
         if (mbs > 16) break;
@@ -103,10 +115,11 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
         for (const auto& [schedule, v] : schedules)
           for (bool sp : {false, true}) {
             if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
+            if (cp > 1 && m.seq_length % (2 * cp * (sp ? tp : 1)) != 0) continue;
             for (bool dist : {false, true}) {
-              if (dist && dp == 1) continue;
+              if (dist && dp * cp == 1) continue;
               SearchEntry e;
-              e.tp = tp, e.pp = pp, e.dp = dp, e.v = v, e.micro_batch_size = mbs, e.num_microbatches = M;
+              e.tp = tp, e.pp = pp, e.dp = dp, e.cp = cp, e.v = v, e.micro_batch_size = mbs, e.num_microbatches = M;
               e.schedule = schedule, e.sequence_parallel = sp, e.distributed_optimizer = dist;
               e.recompute = Recompute::Selective;  // valid with every schedule; the memory holds all three modes
               Config c = apply(cfg, e);
@@ -147,7 +160,7 @@ nlohmann::json step_time_json(const StepTime& t) {
   return {{"step_time_s", t.step_s},         {"pipeline_s", t.pipeline_s},
           {"ideal_s", t.ideal_s},            {"bubble_s", t.bubble_s},
           {"gemm_s", t.gemm_s},              {"attention_s", t.attention_s},
-          {"elementwise_s", t.elementwise_s}, {"tp_comm_s", t.tp_comm_s},
+          {"elementwise_s", t.elementwise_s}, {"tp_comm_s", t.tp_comm_s}, {"cp_comm_s", t.cp_comm_s},
           {"recompute_s", t.recompute_s},    {"p2p_per_message_s", t.p2p_per_message_s},
           {"dp_comm_s", t.dp_comm_s},        {"dp_exposed_s", t.dp_exposed_s},
           {"optimizer_s", t.optimizer_s},    {"exposed_comm_s", t.exposed_comm_s},
@@ -192,7 +205,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"layout", e.layout()},
                        {"tp", e.tp},
                        {"pp", e.pp},
-                       {"dp", e.dp},
+                       {"dp", e.dp}, {"cp", e.cp},
                        {"virtual_stages", e.v},
                        {"micro_batch_size", e.micro_batch_size},
                        {"num_microbatches", e.num_microbatches},
@@ -242,7 +255,7 @@ void print_search(const SearchResult& r, int top, const std::string& path) {
                 t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.step_s, t.exposed_comm_s);
   }
   std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
-              "messages in the step; exp.comm: TP communication + DP communication not hidden, seconds per step.\n"
+              "messages in the step; exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
               "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
               "overlaps the gradient reduction. Select one with:\n");
   for (size_t i = 0; i < n; ++i) {

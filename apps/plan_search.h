@@ -16,7 +16,7 @@ namespace tpt {
 
 // One layout that fits, with its memory and time.
 struct SearchEntry {
-  int tp = 1, pp = 1, dp = 1, v = 1, micro_batch_size = 1, num_microbatches = 1;
+  int tp = 1, pp = 1, dp = 1, cp = 1, v = 1, micro_batch_size = 1, num_microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false, distributed_optimizer = false;

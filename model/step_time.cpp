@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "model/chunks.h"
+#include "model/gpt.h"
 #include "model/memory.h"
 
 namespace tpt {
@@ -150,9 +151,10 @@ struct Work {
   double attn_f = 0, attn_b = 0;
   double elem_f = 0, elem_b = 0;
   double tp_f = 0, tp_b = 0;
+  double cp_f = 0, cp_b = 0;                  // context parallelism's ring messages (not overlapped)
   double recompute = 0;                       // extra forward work before the backward
-  double forward() const { return gemm_f + attn_f + elem_f + tp_f; }
-  double input_grad() const { return gemm_b + attn_b + elem_b + tp_b + recompute; }
+  double forward() const { return gemm_f + attn_f + elem_f + tp_f + cp_f; }
+  double input_grad() const { return gemm_b + attn_b + elem_b + tp_b + cp_b + recompute; }
 };
 
 class Model {
@@ -191,7 +193,10 @@ class Model {
   Work stage_work(int stage) const {
     const int tp = c_.parallel.tensor_model_parallel_size, pp = c_.parallel.pipeline_model_parallel_size;
     Work w;
-    for (const GPTDims& d : make_chunk_dims(c_, tp, 0, pp, stage)) add_chunk(d, w);
+    for (GPTDims d : make_chunk_dims(c_, tp, 0, pp, stage)) {
+      apply_context_parallel(d, c_, 0);  // CP rank 0's tokens (every CP rank holds as many)
+      add_chunk(d, w);
+    }
     return w;
   }
 
@@ -209,14 +214,20 @@ class Model {
       gb += gemm(N, l[0], l[1]);
       gw += gemm(l[0], l[1], N);
     }
-    const double attn_flops = 2.0 * B * S * S * double(d.Hl) * double(d.D);  // 4 B s^2 h d, causal half
+    // 4 B s^2 h d, causal half; with context parallelism the rank's S = s / CP queries against all s keys
+    const double attn_flops = 2.0 * B * S * double(c_.model.seq_length) * double(d.Hl) * double(d.D);
     const double af = attn_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
     const double act = d.mlp.swiglu ? 3.0 : 2.0;
     const double rope = d.rot > 0 ? 2.0 * N * double(d.Hl + d.KVl) * double(d.D) : 0.0;
     const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * double(d.Fl) + rope), 8);
     const double tpc = collective(N * C * cb_, tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
-    const double layer_f = gf + af + ef + 2 * tpc;
+    // the CP ring (CP peers are TP apart): CP - 1 steps passing a K/V block forward; backward CP - 1
+    // K/V blocks and CP fp32 dK/dV blocks
+    const double kv = N * 2.0 * double(d.KVl * d.D);
+    const double cpf = d.cp > 1 ? (d.cp - 1) * send(kv * cb_, tp * d.cp) : 0.0;
+    const double cpb = d.cp > 1 ? cpf + d.cp * send(kv * 4, tp * d.cp) : 0.0;
+    const double layer_f = gf + af + ef + 2 * tpc + cpf;
     w.gemm_f += layers * gf;
     w.gemm_b += layers * gb;
     w.gemm_w += layers * gw;
@@ -226,8 +237,10 @@ class Model {
     w.elem_b += layers * 2 * ef;
     w.tp_f += layers * 2 * tpc;
     w.tp_b += layers * 2 * tpc;
+    w.cp_f += layers * cpf;
+    w.cp_b += layers * cpb;
     if (rc == Recompute::Full) w.recompute += layers * layer_f;
-    if (rc == Recompute::Selective) w.recompute += layers * af;
+    if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
     if (d.first_stage()) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);
@@ -257,7 +270,8 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
                             ScheduleCache& cache) {
   const Model model(c, hw, gpus_per_node);
   const int tp = c.parallel.tensor_model_parallel_size, P = c.parallel.pipeline_model_parallel_size;
-  const int dp = c.parallel.data_parallel_size, world = tp * P * dp;
+  const int dp = c.parallel.data_parallel_size, cp = c.parallel.context_parallel_size, world = tp * cp * P * dp;
+  const int reps = dp * cp;  // the weights' replicas: the gradients' ring spans DP x CP, TP apart
   const int M = int(c.training.global_batch_size / (int64_t(c.training.micro_batch_size) * dp));
   TPT_CHECK(int(stages.size()) == P);
   const double cb = dtype_bytes(compute_dtype(c));
@@ -270,8 +284,9 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     w.push_back(work.back().gemm_w);
   }
   StepTime t;
-  const GPTDims d0 = make_dims(c, tp, 0, P, 0);
-  t.p2p_per_message_s = P > 1 ? model.send(double(stage_message_elements(d0, c.training.micro_batch_size)) * cb, 2 * tp * dp) : 0;
+  GPTDims d0 = make_dims(c, tp, 0, P, 0);
+  apply_context_parallel(d0, c, 0);
+  t.p2p_per_message_s = P > 1 ? model.send(double(stage_message_elements(d0, c.training.micro_batch_size)) * cb, 2 * tp * reps) : 0;
   const PipelineTiming timing = cache.compiled(c).time(f, b, w, t.p2p_per_message_s);
   t.pipeline_s = timing.makespan;
   t.ideal_s = timing.ideal();
@@ -284,16 +299,17 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
   t.attention_s = M * (wb.attn_f + wb.attn_b);
   t.elementwise_s = M * (wb.elem_f + wb.elem_b);
   t.tp_comm_s = M * (wb.tp_f + wb.tp_b);
+  t.cp_comm_s = M * (wb.cp_f + wb.cp_b);
   t.recompute_s = M * wb.recompute;
 
   // DP: per stage after its last backward; stage s ends about s backwards before stage 0
-  const bool distributed = c.parallel.distributed_optimizer && dp > 1;
+  const bool distributed = c.parallel.distributed_optimizer && reps > 1;
   double tail = 0;
   for (int s = 0; s < P; ++s) {
     const double buffer = double(stages[size_t(s)].parameter_buffer);
     const double buckets = std::max(1.0, std::ceil(buffer / double(std::max<int64_t>(1, c.parallel.ddp_bucket_size))));
-    const double grads = model.collective(buffer * 4, dp, tp, distributed ? 1.0 : 2.0);
-    const double params = distributed ? model.collective(buffer * cb, dp, tp, 1.0) : 0.0;
+    const double grads = model.collective(buffer * 4, reps, tp, distributed ? 1.0 : 2.0);
+    const double params = distributed ? model.collective(buffer * cb, reps, tp, 1.0) : 0.0;
     const double backward = b[size_t(s)] + w[size_t(s)], slack = s * backward;
     double exposed = c.parallel.overlap_grad_reduce ? std::max(grads - backward - slack, grads / buckets)
                                                     : std::max(0.0, grads - slack);
@@ -301,9 +317,9 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     exposed += c.parallel.overlap_param_gather ? std::max(params - (s + 1) * f[size_t(s)], params / buckets) : params;
     if (P > 1 && (s == 0 || s == P - 1)) {  // the tied word embedding's gradient over {first, last stage}
       const GPTDims d = make_dims(c, tp, 0, P, s);
-      if (!d.untied) exposed += model.collective(double(d.Vl * d.C) * 4, 2, tp * dp * P, 2.0);
+      if (!d.untied) exposed += model.collective(double(d.Vl * d.C) * 4, 2, tp * reps * P, 2.0);
     }
-    const double owned = distributed ? buffer / dp : buffer;
+    const double owned = distributed ? buffer / reps : buffer;
     const double optimizer = model.memory_bound(owned * 50.0, 0);
     t.dp_comm_s = std::max(t.dp_comm_s, grads + params);
     t.optimizer_s = std::max(t.optimizer_s, optimizer);
@@ -313,7 +329,7 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     }
   }
   t.step_s = t.pipeline_s + tail;
-  t.exposed_comm_s = t.tp_comm_s + t.dp_exposed_s;
+  t.exposed_comm_s = t.tp_comm_s + t.cp_comm_s + t.dp_exposed_s;
   const double flops =
       iteration_model_flops(c, padded_vocab_size(c.model.vocab_size, c.model.make_vocab_size_divisible_by, tp));
   t.tokens_per_s = double(c.training.global_batch_size) * c.model.seq_length / t.step_s;

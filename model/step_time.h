@@ -67,11 +67,12 @@ struct StepTime {
   double bubble_s = 0;               // pipeline_s - ideal_s (idle time and pipeline messages)
   // the busiest stage's work over the iteration's micro-batches
   double gemm_s = 0, attention_s = 0, elementwise_s = 0, tp_comm_s = 0, recompute_s = 0;
+  double cp_comm_s = 0;              // context parallelism's ring (not overlapped)
   double p2p_per_message_s = 0;      // one pipeline message
   double dp_comm_s = 0;              // DP gradient reduction (+ parameter all-gather), before overlap
   double dp_exposed_s = 0;           // the part not hidden by overlap (+ the tied embedding's all-reduce)
   double optimizer_s = 0;
-  double exposed_comm_s = 0;         // tp_comm_s + dp_exposed_s (communication on the critical path)
+  double exposed_comm_s = 0;         // tp_comm_s + cp_comm_s + dp_exposed_s (communication on the critical path)
   double tokens_per_s = 0, mfu = 0;  // MFU: model FLOPs (the log's formula) / (step x ranks x peak)
   double model_tflops_per_gpu = 0;
 };

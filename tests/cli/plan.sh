@@ -13,7 +13,8 @@ source "$TPTRAIN_SRC/tests/cli/lib.sh"
 # as it was before the search chose its layout (no distributed optimizer, no sequence parallelism, full
 # recompute): the 18 B/parameter case that does not fit 80 GiB, and what the plan suggests for it
 OLD96=(--set parallel.distributed_optimizer=false --set parallel.sequence_parallel=false --set parallel.overlap_param_gather=false
-       --set parallel.overlap_grad_reduce=false --set training.recompute=full)
+       --set parallel.overlap_grad_reduce=false --set training.recompute=full
+       --set parallel.virtual_pipeline_model_parallel_size=null)
 for gib in 80 141; do
   if "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" "${OLD96[@]}" --device-memory-gib $gib --json \
       > "$W/gpt96_$gib.json" 2> "$W/gpt96_$gib.err"; then ok "plan --json gpt96.yaml at $gib GiB runs (no mpirun)"

@@ -37,15 +37,17 @@ for row in rows:
         skipped.append("%s (%s)" % (name, row["skip"]))
         continue
     lay, gpus = row["layout"], row["gpus"]
-    dp = gpus // (lay["tp"] * lay["pp"])
+    cp = lay.get("cp", 1)
+    dp = gpus // (lay["tp"] * cp * lay["pp"])
     sp, dist = bool(lay.get("sequence_parallel", False)), bool(lay.get("distributed_optimizer", False))
     overlap = row["source"].startswith(("mcore", "nemo"))  # Megatron-Core and NeMo overlap the DP communication
     cfg = {
         "model": dict(row["model"], make_vocab_size_divisible_by=128),
         "parallel": {"tensor_model_parallel_size": lay["tp"], "pipeline_model_parallel_size": lay["pp"],
+                     "context_parallel_size": cp,
                      "virtual_pipeline_model_parallel_size": lay["v"] if lay["v"] > 1 else None,
                      "sequence_parallel": sp, "distributed_optimizer": dist,
-                     "overlap_grad_reduce": overlap and dp > 1, "overlap_param_gather": overlap and dist},
+                     "overlap_grad_reduce": overlap and dp * cp > 1, "overlap_param_gather": overlap and dist},
         "training": {"micro_batch_size": lay["micro_batch_size"], "global_batch_size": row["global_batch_size"],
                      "train_iters": 1, "precision": lay["precision"], "recompute": lay["recompute"]},
         "data": {"path": "none"},  # the plan needs no data
@@ -81,9 +83,9 @@ for row in rows:
         errors.append("%s --search: %s" % (name, e))
         continue
     seconds = time.time() - t0
-    mine = [x for x in s["layouts"] if (x["tp"], x["pp"], x["virtual_stages"], x["micro_batch_size"], x["recompute"],
+    mine = [x for x in s["layouts"] if (x["tp"], x["cp"], x["pp"], x["virtual_stages"], x["micro_batch_size"], x["recompute"],
             x["sequence_parallel"], x["distributed_optimizer"], x["pipeline_schedule"]) ==
-            (lay["tp"], lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b")]
+            (lay["tp"], cp, lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b")]
     if not s["layouts"] or len(mine) != 1:
         errors.append("%s --search: the published layout is not among the %d layouts that fit" % (name, len(s["layouts"])))
         continue
