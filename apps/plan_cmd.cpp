@@ -303,7 +303,7 @@ int plan_config(const PlanArgs& args) {
 
 Command add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("plan", "memory per rank, FLOPs, bubble and step time of a config (no MPI, no GPU)");
-  cmd->footer("A plain process (no MPI launch, no GPU needed); bandwidths in GB/s (bytes). See README \"Plan\".");
+  cmd->footer("A plain process (no MPI launch, no GPU needed); bandwidths in GB/s (bytes). See docs/PLAN.md.");
   auto args = std::make_shared<PlanArgs>();
   PlanOptions& o = args->options;
   add_config_options(*cmd, args->config_path, args->overrides);
@@ -333,7 +333,7 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--hbm-efficiency", a.hbm_eff, "fraction of the HBM bandwidth elementwise kernels reach, in (0, 1] (0.8)")->check(fraction);
   cmd->add_option("--kernel-overhead-us", a.overhead, "time per kernel launch, microseconds (> 0; 4)")->check(positive);
   cmd->add_flag("--json", args->json, "the report as JSON");
-  cmd->add_flag("--search", a.search, "the fastest layouts of the config's model and global batch on --gpus GPUs (README \"Plan\")");
+  cmd->add_flag("--search", a.search, "the fastest layouts of the config's model and global batch on --gpus GPUs (docs/PLAN.md)");
   cmd->add_option("--gpus", a.gpus, "--search: GPUs to lay the model out on (1 to 16777216; default: the config's world size)")
       ->check(integer_in(1, 1 << 24));
   cmd->add_option("--usable-memory-fraction", o.usable_memory_fraction, "--search: keep layouts whose largest stage needs at "

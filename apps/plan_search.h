@@ -1,4 +1,4 @@
-// tptrain plan --search and --calibrate (README "Plan"): the layouts of a config's model and global
+// tptrain plan --search and --calibrate (docs/PLAN.md): the layouts of a config's model and global
 // batch on N GPUs, pruned by the memory plan (model/memory.h: what the trainer allocates; at most
 // --usable-memory-fraction of the device) and ranked
 // by the step-time model (model/step_time.h); and a measured run's iteration time against the model.

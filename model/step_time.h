@@ -1,4 +1,4 @@
-// The step-time model of `tptrain plan` and `tptrain plan --search` (README "Plan"): the time of one
+// The step-time model of `tptrain plan` and `tptrain plan --search` (docs/PLAN.md): the time of one
 // training iteration of a resolved config on named hardware, from each pipeline stage's work per
 // micro-batch, run through the same schedule lists that drive training (parallel/schedule.h).
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tptrain plan (README "Plan"): the JSON report of configs/gpt96.yaml has its keys and sane, hand-checked
+# tptrain plan (docs/PLAN.md): the JSON report of configs/gpt96.yaml has its keys and sane, hand-checked
 # values (no MPI launch); on CPU configs the plan's bytes for rank 0's stage equal what the trainer
 # allocated on rank 0 (its "memory: allocated ... (plan: ...)" start-up line), on 1 rank and on
 # TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes), interleaved and zb-h1, for a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tptrain plan --search and --calibrate (README "Plan"): the search is deterministic; the layout it
+# tptrain plan --search and --calibrate (docs/PLAN.md): the search is deterministic; the layout it
 # ranks first, selected with its --set arguments, gets the same step time and peak memory from a plain
 # `tptrain plan`; configs/gpt96.yaml is the fastest TP 4 x PP 6 layout the search finds for 192 GPUs
 # and fits 80 GiB; a 1024-GPU search of GPT-3 175B finishes (its time is printed; the bound is

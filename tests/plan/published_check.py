@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The step-time model against published runs (tests/plan/published.yaml; README "Plan").
+"""The step-time model against published runs (tests/plan/published.yaml; docs/PLAN.md).
 
 For each row not marked skip: `tptrain plan` on the row's model, GPUs, layout and batch must estimate
 the published throughput within +-20 % (the worst row is printed), and `tptrain plan --search` on the
