@@ -154,7 +154,8 @@ alloc_vs_plan plan_cp2_dp2_distopt_selective 4 $CP=2 parallel.distributed_optimi
 
 # Llama 3 8B at seq 32768 on 64 GPUs: TP 2 does not fit 80 GB at CP 1 (the activations), the plan
 # suggests a CP that fits and says why; with that CP configured the plan fits and shows the CP axis
-L8=("$TPTRAIN_SRC/configs/llama3-8b.yaml" --world-size 64 --set model.seq_length=32768 --set parallel.data_parallel_size=null)
+L8=("$TPTRAIN_SRC/configs/llama3-8b.yaml" --world-size 64 --set model.seq_length=32768 --set parallel.data_parallel_size=null
+    --set training.micro_batch_size=1)
 if "$TPTRAIN" plan --config "${L8[@]}" --json > "$W/l8.json" 2> "$W/l8.err" &&
    "$TPTRAIN" plan --config "${L8[@]}" > "$W/l8.txt" 2>&1 &&
    $PY - "$W/l8.json" <<'PYEOF'
