@@ -334,9 +334,9 @@ void Trainer::load_microbatch(const BlendedDataset& ds, int64_t base, int m) {
   // context parallelism: this CP rank's two chunks of each sequence (parallel/context_parallel.h)
   const int cp = grid_.cp;
   auto upload = [&](auto& host, float* dev) {
-    auto local = host;
-    if (cp > 1)
-      for (int64_t b = 0; b < B; ++b) cp_select(local.data() + b * (S / cp), host.data() + b * S, S, cp, grid_.cp_rank);
+    if (cp == 1) return ops_->to_device(dev, host.data(), int64_t(host.size()));
+    auto local = host;  // the first host.size() / cp entries receive this rank's chunks
+    for (int64_t b = 0; b < B; ++b) cp_select(local.data() + b * (S / cp), host.data() + b * S, S, cp, grid_.cp_rank);
     ops_->to_device(dev, local.data(), int64_t(host.size()) / cp);
   };
   upload(tokens_, reinterpret_cast<float*>(dev_tokens_));
