@@ -95,6 +95,14 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
                       {"activation_bytes", m.activation_bytes},
                       {"workspace_bytes", m.workspace_bytes},
                       {"buffer_bytes", m.buffer_bytes},
+                      {"tensor_bytes", m.tensor_bytes()},
+                      {"backend_bytes", m.backend.total()},
+                      {"backend", {{"gemm_workspace_bytes", m.backend.gemm},
+                                   {"attention_workspace_bytes", m.backend.attention},
+                                   {"scratch_bytes", m.backend.scratch},
+                                   {"bias_grad_bytes", m.backend.bias_grad},
+                                   {"attention_workspace_bytes_by_deterministic",
+                                    {{"true", m.attention_workspace_by_mode[0]}, {"false", m.attention_workspace_by_mode[1]}}}}},
                       {"total_bytes", m.total_bytes()},
                       {"fits", double(m.total_bytes()) <= limit},
                       {"total_bytes_by_recompute",
@@ -185,14 +193,24 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
     return total > p.device_memory_bytes ? "NO" : total > 0.95 * p.device_memory_bytes ? "yes (tight)" : "yes";
   };
   std::printf("memory per rank (%s) of each pipeline stage; device memory %.1f GiB:\n", unit, gib(p.device_memory_bytes));
-  std::printf("%5s %6s %12s %9s %8s %8s %9s %11s %9s %8s %8s  %s\n", "stage", "layers", "params/rank", "in-flight",
-              "weights", "grads", "optimizer", "activations", "workspace", "buffers", "total", "fits");
+  std::printf("%5s %6s %12s %9s %8s %8s %9s %11s %9s %8s %8s %8s  %s\n", "stage", "layers", "params/rank", "in-flight",
+              "weights", "grads", "optimizer", "activations", "workspace", "buffers", "backend", "total", "fits");
   for (const StageMemory& s : p.stages)
-    std::printf("%5d %6lld %12s %9d %8.2f %8.2f %9.2f %11.2f %9.2f %8.3f %8.2f  %s\n", s.stage, (long long)s.layers,
+    std::printf("%5d %6lld %12s %9d %8.2f %8.2f %9.2f %11.2f %9.2f %8.3f %8.3f %8.2f  %s\n", s.stage, (long long)s.layers,
                 count(double(s.parameters_per_rank)).c_str(), s.in_flight, u(double(s.weight_bytes)),
                 u(double(s.gradient_bytes)), u(double(s.optimizer_bytes)), u(double(s.activation_bytes)),
-                u(double(s.workspace_bytes)), u(double(s.buffer_bytes)), u(double(s.total_bytes())),
-                verdict(double(s.total_bytes())));
+                u(double(s.workspace_bytes)), u(double(s.buffer_bytes)), u(double(s.backend.total())),
+                u(double(s.total_bytes())), verdict(double(s.total_bytes())));
+  if (!p.stages.empty()) {
+    const StageMemory& s0 = p.stages.front();
+    std::printf("backend: the GPU backend's own buffers on stage 0: cuBLASLt workspace %.1f MiB, cuDNN attention "
+                "workspace %.1f MiB (training.deterministic %s; %.1f MiB with %s), reduction scratch %.2f MiB, "
+                "bias-gradient output %.3f MiB\n",
+                s0.backend.gemm / 1048576.0, s0.backend.attention / 1048576.0,
+                c.training.deterministic ? "true" : "false",
+                s0.attention_workspace_by_mode[c.training.deterministic ? 1 : 0] / 1048576.0,
+                c.training.deterministic ? "false" : "true", s0.backend.scratch / 1048576.0, s0.backend.bias_grad / 1048576.0);
+  }
   std::printf("by recompute mode: activations + workspace -> total per rank (%s); configured: %s\n", unit,
               name_of(c.training.recompute).c_str());
   std::printf("%5s %-32s %-32s %-32s\n", "stage", "  none", "  selective", "  full");

@@ -41,11 +41,11 @@ std::string hms(double seconds) {
 // memory, on the CPU the host's physical memory shared by its ranks. Exit 2 with the plan's numbers
 // when it cannot fit (allocation would fail later, or the OOM killer would end the job).
 void Trainer::check_memory(const Config& cfg, const Grid& grid) const {
-  const StageMemory plan = stage_memory(cfg, grid.pp_rank);
+  const StageMemory plan = stage_memory(cfg, grid.pp_rank, on_gpu_);
   int64_t have = -1;
   std::string where;
 #ifdef TPTRAIN_HAVE_CUDA
-  if (ops_->name().rfind("cuda", 0) == 0 || (backend_ && backend_->name().rfind("cuda", 0) == 0)) {
+  if (on_gpu_) {
     have = cuda_free_memory();
     where = "free on GPU " + std::to_string(grid.cuda_device);
   }
@@ -68,6 +68,7 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   setup_data();
   setup_model();
   setup_pipeline();
+  reserve_backend_workspace();  // the GPU backend's own buffers: none allocated inside an iteration
   trace_ = std::make_unique<TraceRecorder>(cfg.logging.trace_file, grid.world_rank, grid.tp_rank, grid.pp_rank,
                                            grid.dp_rank);
   if (grid.world_rank == 0) {
@@ -102,7 +103,9 @@ void Trainer::setup_backend() {
     CudaOptions cuda_options;
     const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
     cuda_options.tf32 = tf32 && std::string(tf32) == "1";
+    cuda_options.cudnn_deterministic = cfg_.training.deterministic;
     ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
+    on_gpu_ = true;
 #else
     internal_error("a GPU grid_, but this tptrain was built without CUDA");
 #endif
@@ -118,6 +121,35 @@ void Trainer::setup_backend() {
     profiled_dp_ = make_profiled_comm(grid_.device_dp_cp(), *profile_, "dp");  // DP x CP with context parallelism
     if (grid_.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid_.device_embedding(), *profile_, "embedding");
   }
+}
+
+// The backend's own buffers as the plan counts them (the GPU's; the CPU backend keeps none), and
+// cuDNN's attention plans for this run's shape built now: iterations then allocate nothing.
+void Trainer::reserve_backend_workspace() {
+  const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);
+  workspace_ = ops_->reserve_workspace(plan.backend, attention_shape(dims_, cfg_.training.micro_batch_size, dtype_));
+  allocator_calls_reserved_ = ops_->allocator_calls();
+  if (on_gpu_ && plan.backend.attention > 0 &&
+      std::max(workspace_.attention_forward_asked, workspace_.attention_backward_asked) > plan.backend.attention)
+    spdlog::warn("WARNING: rank {}: cuDNN's attention plans ask for {:.1f} MiB of workspace (forward {:.1f}, "
+                 "backward {:.1f} MiB), more than the plan's {:.1f} MiB",
+                 grid_.world_rank, double(workspace_.attention) / 1048576.0,
+                 double(workspace_.attention_forward_asked) / 1048576.0,
+                 double(workspace_.attention_backward_asked) / 1048576.0, double(plan.backend.attention) / 1048576.0);
+}
+
+void Trainer::report_allocator_calls(int64_t first_iteration) {
+  double later = double(allocator_calls_later_);
+  if (grid_.world_size > 1) grid_.world->all_reduce(&later, 1, ReduceOp::Max);
+  if (grid_.world_rank != 0 || iteration_ <= first_iteration) return;
+  if (later == 0)
+    spdlog::info("memory: no device allocation or free in iterations {}..{} (after the first); {} allocator "
+                 "calls on rank 0 before them",
+                 first_iteration + 1, iteration_, ops_->allocator_calls());
+  else
+    spdlog::warn("WARNING: memory: iterations after the first called the device allocator ({} times on the "
+                 "busiest rank): a buffer the start-up did not size",
+                 int64_t(later));
 }
 
 // The training and validation data: one path or a blend (data/run_data.h).
@@ -264,7 +296,7 @@ void Trainer::log_setup() {
                  master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
                  buffer_total_, grad_sync_->num_buckets(),
                  cfg_.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
-  const StageMemory plan = stage_memory(cfg_, grid_.pp_rank);
+  const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);
   const std::string chunks = stages_.size() > 1 ? fmt::format(" (interleaved: {} model chunks per rank, {} layers each)",
                                                               stages_.size(), dims_.layer_end - dims_.layer_begin)
                                                 : std::string();
@@ -292,9 +324,21 @@ void Trainer::log_setup() {
                "({} storage, recompute {})",
                double(plan.activation_bytes) / 1048576.0, plan.in_flight, double(plan.workspace_bytes) / 1048576.0,
                name_of(cfg_.training.precision), name_of(cfg_.training.recompute));
-  // plan: this rank's memory as the backend allocated it, next to tptrain plan's count (model/memory.h)
-  spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(ops_->allocated_bytes()) / 1048576.0,
-               ops_->allocated_bytes(), describe_memory(plan));
+  // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
+  // plan's count (model/memory.h)
+  const int64_t allocated = ops_->allocated_bytes() + workspace_.total();
+  spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(allocated) / 1048576.0,
+               allocated, describe_memory(plan));
+  if (on_gpu_) {
+    auto mb = [](int64_t b) { return double(b) / 1048576.0; };
+    spdlog::info("memory: GPU backend's own buffers {:.1f} MiB: cuBLASLt {:.1f}, cuDNN attention {:.1f} (training."
+                 "deterministic {}; its plans asked forward {:.1f}, backward {:.1f}; the plan counted {:.1f}), "
+                 "scratch {:.2f} (plan {:.2f}), bias grad {:.2f}, fp32 fallback {:.2f} MiB",
+                 mb(workspace_.total()), mb(workspace_.gemm), mb(workspace_.attention), cfg_.training.deterministic,
+                 mb(workspace_.attention_forward_asked), mb(workspace_.attention_backward_asked),
+                 mb(plan.backend.attention), mb(workspace_.scratch), mb(plan.backend.scratch), mb(workspace_.bias_grad),
+                 mb(workspace_.fallback));
+  }
 }
 
 Trainer::~Trainer() {
@@ -614,7 +658,9 @@ int Trainer::train() {
   for (int64_t k = iteration_ + 1; k <= c.training.train_iters; ++k) {
     const auto step_start = clock::now();
     if (k == fault_iteration) fault_in_step_ = true;
+    const int64_t calls_before = ops_->allocator_calls();
     StepResult r = train_step(k);
+    if (k > first) allocator_calls_later_ += ops_->allocator_calls() - calls_before;
     iteration_ = k;
     if (profile_)  // the first iteration is warm-up (GEMM algorithm choice, first touches)
       profile_iteration(k, k > first, std::chrono::duration<double, std::milli>(clock::now() - step_start).count());
@@ -648,11 +694,13 @@ int Trainer::train() {
     if (checkpoint_and_check_exit(k)) {  // checkpoint: save_interval / last iteration / exit signal
       grad_sync_->wait_params(INT_MAX);
       report_profile();
+      report_allocator_calls(first);
       return 0;
     }
   }
   grad_sync_->wait_params(INT_MAX);  // no collective left running
   report_profile();
+  report_allocator_calls(first);
   return 0;
 }
 

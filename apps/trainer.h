@@ -45,6 +45,9 @@ class Trainer {
   StepResult train_step(int64_t k);
   // Mean loss over eval_iters global batches of the validation data (no update).
   double evaluate();
+  // The backend's device allocator calls so far (Ops::allocator_calls; the tests' check that
+  // iterations after the first make none).
+  int64_t allocator_calls() const { return ops_->allocator_calls(); }
 
  private:
   // Loads micro-batch m of global positions starting at `base` for this DP rank: tokens (B, S)
@@ -131,6 +134,15 @@ class Trainer {
   std::unique_ptr<TraceRecorder> trace_;
   int64_t iteration_ = 0;
   bool fault_in_step_ = false;  // TPTRAIN_FAULT: fail in this iteration's last backward (tests)
+  // The backend: a GPU's, whose own buffers (core/ops.h BackendWorkspace) the plan counts and the
+  // constructor reserves (workspace_: what it holds after that); the device allocator's calls then,
+  // and its calls inside iterations after the first (there must be none).
+  bool on_gpu_ = false;
+  BackendWorkspace workspace_;
+  int64_t allocator_calls_reserved_ = 0, allocator_calls_later_ = 0;
+  void reserve_backend_workspace();
+  // After training: whether iterations after the first called the device allocator (all ranks).
+  void report_allocator_calls(int64_t first_iteration);
 
   // checkpoint: apps/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
  public:

@@ -117,6 +117,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(training, device, kDef, names<Device>()),
       TPT_FIELD(training, cpu_threads, kNull),
       TPT_FIELD(training, nan_iteration_limit),
+      TPT_FIELD(training, deterministic),
       TPT_FIELD(optimizer, lr),
       TPT_FIELD(optimizer, min_lr),
       TPT_FIELD(optimizer, lr_warmup_iters),

@@ -124,6 +124,9 @@ struct TrainingConfig {
   Device device = Device::Auto;         // auto | cpu | cuda
   int cpu_threads = 0;                  // 0 = null: cores on this host / ranks on this host
   int nan_iteration_limit = 10;         // this many consecutive nan iterations stop the run (exit 1)
+  // cuDNN's attention backward with its deterministic algorithm (bitwise reproducible; a B H T T
+  // 16-bit workspace); false: dQ summed with atomics (an fp32 B H T D workspace, faster)
+  bool deterministic = true;
 };
 
 struct OptimizerConfig {

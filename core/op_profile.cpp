@@ -39,6 +39,8 @@ void Ops::adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>
           a, t.flag, b.compute ? b.compute + t.offset : Buf{}, grad_scale);
 }
 
+BackendWorkspace Ops::reserve_workspace(const BackendWorkspace&, const AttentionShape&) { return {}; }
+
 // ---- OpProfile
 
 OpProfile::OpProfile(Ops& backend, std::function<double()> host_clock_us)
@@ -126,6 +128,10 @@ class ProfiledOps final : public Ops {
   void free(void* p) override { in_.free(p); }
   int64_t allocated_bytes() const override { return in_.allocated_bytes(); }
   int64_t peak_allocated_bytes() const override { return in_.peak_allocated_bytes(); }
+  BackendWorkspace reserve_workspace(const BackendWorkspace& planned, const AttentionShape& attention) override {
+    return in_.reserve_workspace(planned, attention);
+  }
+  int64_t allocator_calls() const override { return in_.allocator_calls(); }
   int64_t mark() override { return in_.mark(); }
   double mark_ms(int64_t id) override { return in_.mark_ms(id); }
   void clear_marks() override { in_.clear_marks(); }

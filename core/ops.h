@@ -94,6 +94,27 @@ struct GradStats {
 // The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by
 // offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
 // bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype).
+// The backend's own device memory besides alloc_bytes (the CUDA backend's; the CPU backend keeps
+// none): sizes in bytes (core/gpu_workspace.h has the functions of the shapes).
+struct BackendWorkspace {
+  int64_t gemm = 0;       // cuBLASLt's workspace
+  int64_t attention = 0;  // cuDNN's fused-attention workspace (forward and backward share it)
+  int64_t scratch = 0;    // reductions: column sums, the gradient norm, the word-embedding gradient's sort
+  int64_t bias_grad = 0;  // the bias-gradient GEMM epilogue's output
+  int64_t fallback = 0;   // fp32 GEMM products where cuBLASLt offers no GELU epilogue (not planned)
+  int64_t total() const { return gemm + attention + scratch + bias_grad + fallback; }
+  // reserve_workspace's report: the workspace the fused attention's plans for the shape asked for,
+  // forward and backward (-1: no plan, the backend's own kernels run it)
+  int64_t attention_forward_asked = -1, attention_backward_asked = -1;
+};
+// A run's attention calls (every layer's the same shape): B sequences of T tokens, H query and KV
+// key / value heads of D channels, in dtype t. B == 0: none through the fused attention (context
+// parallelism's ring computes its own blocks).
+struct AttentionShape {
+  int64_t B = 0, T = 0, H = 0, KV = 0, D = 0;
+  DType t = DType::F32;
+};
+
 struct AdamWBuffers {
   float* master = nullptr;
   bool master_sharded = false;
@@ -281,6 +302,15 @@ class Ops {
   // alloc_bytes() as the allocator rounds them, and the most held at once since the backend was made.
   virtual int64_t allocated_bytes() const = 0;
   virtual int64_t peak_allocated_bytes() const = 0;
+  // Sizes the backend's own device buffers before the first iteration, so that no iteration
+  // allocates or frees device memory (a cudaFree waits for the whole device): at least `planned`
+  // (the plan's count, model/memory.h), and fused attention's workspace as its plans for `attention`
+  // ask (built now, queried). Buffers only grow; returns what the backend holds now (a call with
+  // zeros reads it). The CPU backend holds none.
+  virtual BackendWorkspace reserve_workspace(const BackendWorkspace& planned, const AttentionShape& attention);
+  // Calls of the device allocator so far (alloc_bytes, free, and growth of the backend's own
+  // buffers): the trainer checks that iterations after the first make none.
+  virtual int64_t allocator_calls() const = 0;
 
   // ---- timing for the op profile (core/op_profile.h). mark() records a point in this backend's
   // stream of work and returns its id (0, 1, ... since the last clear_marks()); mark_ms(id) waits

@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/gpu_workspace.h"
 #include "model/chunks.h"
 #include "parallel/grad_sync.h"
 
@@ -72,7 +73,7 @@ void check_plannable(const Config& c) {
                 "training.global_batch_size or parallel.virtual_pipeline_model_parallel_size)");
 }
 
-StageMemory stage_memory(const Config& cfg, int pp_rank) {
+StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
   // every TP rank of a stage holds the same sizes
@@ -122,17 +123,65 @@ StageMemory stage_memory(const Config& cfg, int pp_rank) {
   // data.eod_mask_loss its positions (int32) / loss weights (fp32); positions with context parallelism too
   const int64_t staged = 2 + int64_t(chunks.front().position_ids) + int64_t(cfg.data.eod_mask_loss);
   m.buffer_bytes += staged * B * chunks.front().S * 4;
+  if (gpu_backend) {
+    const int64_t tensors = int64_t(layout.params.size());
+    for (bool det : {true, false})
+      m.attention_workspace_by_mode[det ? 0 : 1] = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, det).attention;
+    m.backend = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, cfg.training.deterministic);
+  }
   return m;
 }
 
+AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtype) {
+  if (d.cp > 1) return {};  // the CP ring: attention_block_* on the backend's own kernels
+  return {micro_batch, d.S, d.Hl, d.KVl, d.D, dtype};
+}
+
+BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64_t micro_batch, DType dtype,
+                                       int64_t parameter_buffer, int64_t parameter_tensors, bool deterministic) {
+  BackendWorkspace w;
+  w.gemm = kGemmWorkspaceBytes;
+  // the gradient norm's reduction over the parameter buffer: its segments are the tensors cut by
+  // the owned ranges (the distributed optimizer's, at most one per tensor more)
+  w.scratch = std::max(grad_stats_scratch_bytes(parameter_buffer, 2 * parameter_tensors), sum_squares_scratch_bytes());
+  for (const GPTDims& d : chunks) {
+    const int64_t N = micro_batch * d.S, Nt = d.local_tokens(N);
+    // cuDNN's attention (bf16 / fp16, head dimension a multiple of 8): one shape for every layer
+    const AttentionShape a = attention_shape(d, micro_batch, dtype);
+    if (a.B > 0 && dtype != DType::F32 && d.D % 8 == 0)
+      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, a.T, a.D, deterministic));
+    // column sums: the norms' weight (and LayerNorm bias) gradients over this rank's rows; bias
+    // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel
+    // bias) over the GEMM's rows
+    w.scratch = std::max(w.scratch, column_sums_scratch_bytes(Nt, d.C, d.norm.rms ? 1 : 2));
+    std::vector<int64_t> biased;  // output widths of the GEMMs with a bias
+    if (d.qkv_bias) biased.push_back(d.QKVl);
+    if (d.bias) biased.insert(biased.end(), {d.C, d.Fl1});
+    for (int64_t O : biased) {
+      w.scratch = std::max(w.scratch, column_sums_scratch_bytes(N, O, 1));
+      w.bias_grad = std::max(w.bias_grad, O * 4);
+    }
+    if (d.first_stage())  // the word embedding's gradient: a radix sort of the token ids
+      w.scratch = std::max(w.scratch, embedding_sort_arrays_bytes(N) + embedding_sort_temp_bound(N));
+  }
+  return w;
+}
+
 std::string describe_memory(const StageMemory& m) {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof(buf),
                 "%.1f MiB (%lld bytes): weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f, "
                 "workspace %.1f, buffers %.1f MiB",
                 mib(m.total_bytes()), (long long)m.total_bytes(), mib(m.weight_bytes), mib(m.gradient_bytes),
                 mib(m.optimizer_bytes), mib(m.activation_bytes), mib(m.workspace_bytes), mib(m.buffer_bytes));
-  return buf;
+  std::string s = buf;
+  if (m.backend.total() > 0) {
+    std::snprintf(buf, sizeof(buf), ", backend %.1f MiB (cuBLASLt %.1f, cuDNN attention %.1f, scratch %.2f, bias grad %.2f)",
+                  mib(m.backend.total()), mib(m.backend.gemm), mib(m.backend.attention), mib(m.backend.scratch),
+                  mib(m.backend.bias_grad));
+    s += buf;
+  }
+  return s;
 }
 
 int64_t total_parameters(const Config& cfg) {

@@ -14,7 +14,11 @@
 //   workspace   scratch_bytes(...) per chunk (shared by its micro-batches)
 //   buffers     pipeline receive buffers (activation + gradient per slot of each chunk when PP > 1,
 //               in the compute dtype) and the micro-batch's tokens and targets (int32)
-// Every tensor is stored in its own dtype (core/ops.h): both backends allocate exactly this.
+//   backend     the GPU backend's own buffers (gpu_backend_workspace): cuBLASLt's workspace, cuDNN's
+//               attention workspace (training.deterministic chooses which), the reductions'
+//               scratch, the bias-gradient epilogue's output. None on CPU ranks.
+// Every tensor is stored in its own dtype (core/ops.h): both backends allocate exactly this, and the
+// GPU backend reserves its buffers at start-up (Ops::reserve_workspace).
 // With bf16, weights + gradients + optimizer = 2 + 4 + 4 + 4 + 4 = 18 B per element of the rank's
 // parameter buffer: Megatron's documented 18 B/parameter; with the distributed optimizer
 // 2 + 4 + 12/DP (Megatron's 6 + 12/DP).
@@ -42,12 +46,15 @@ struct StageMemory {
   int64_t activation_bytes = 0;        // for the configured recompute mode
   int64_t workspace_bytes = 0;
   int64_t buffer_bytes = 0;
+  BackendWorkspace backend;            // the GPU backend's own buffers (zeros on CPU ranks)
+  // cuDNN's attention workspace with training.deterministic true / false (backend.attention is one of them)
+  int64_t attention_workspace_by_mode[2] = {0, 0};
   // activations + workspace for recompute none / selective / full (index = int(Recompute))
   int64_t activation_and_workspace_by_mode[3] = {0, 0, 0};
   int64_t model_state_bytes() const { return weight_bytes + gradient_bytes + optimizer_bytes; }
-  int64_t total_bytes() const {
-    return model_state_bytes() + activation_bytes + workspace_bytes + buffer_bytes;
-  }
+  // what the model allocates through Ops::alloc_bytes (the CPU backend's all)
+  int64_t tensor_bytes() const { return model_state_bytes() + activation_bytes + workspace_bytes + buffer_bytes; }
+  int64_t total_bytes() const { return tensor_bytes() + backend.total(); }
 };
 
 // Throws InputError, naming the keys, when a resolved config is beyond what can be planned or
@@ -61,10 +68,22 @@ void check_plannable(const Config& cfg);
 // The compute dtype of training.precision (fp32 | bf16 | fp16): the one place the name maps to a type.
 DType compute_dtype(const Config& cfg);
 
-// Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done).
-StageMemory stage_memory(const Config& cfg, int pp_rank);
+// Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done), on a GPU
+// (gpu_backend: the backend's own buffers counted) or on CPU ranks.
+StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend = true);
+// The GPU backend's own buffers for a rank holding model chunks `chunks` (core/gpu_workspace.h has
+// the sizes): cuBLASLt's workspace; cuDNN's attention workspace for 16-bit runs without context
+// parallelism (whose ring computes its own blocks), for `deterministic`; the largest scratch of a
+// column-sum pass (the norms' and bias gradients), of the gradient-norm reduction and of the first
+// stage's word-embedding sort; the widest bias-gradient epilogue output.
+BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64_t micro_batch, DType dtype,
+                                       int64_t parameter_buffer, int64_t parameter_tensors, bool deterministic);
+// The attention calls of a rank holding those chunks, for Ops::reserve_workspace (B 0 with context
+// parallelism: the ring's own block kernels).
+AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtype);
 // One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,
-// workspace .., buffers .. MiB" (the trainer's start-up log uses it).
+// workspace .., buffers .., backend .. MiB" (the trainer's start-up log uses it; no backend part on
+// CPU ranks).
 std::string describe_memory(const StageMemory& m);
 
 // Parameters of the whole model, each counted once (the last stage's tied word-embedding copy and

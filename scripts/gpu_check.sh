@@ -248,19 +248,26 @@ elif ((TESTS)); then
 fi
 
 # total GPU memory in GiB (nvidia-smi), 80 if unknown
-mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%d", $1/1024}')
+mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%.2f", $1/1024}')
 mem_gib=${mem_gib:-80}
 
-# Largest micro-batch estimate: bf16 activation storage of tptrain (~16*S*C values per layer and
-# sample), fp32 LayerNorm statistics and a log-sum-exp per head and position, bf16 logits and scratch;
-# 18 bytes/parameter of state (fp32 master, gradient, Adam moments; bf16 compute copy) and 1 GiB.
-estimate_mb() {  # L C H params
-  awk -v L="$1" -v C="$2" -v H="$3" -v P="$4" -v G="$mem_gib" 'BEGIN {
-    S = 1024; V = 50304
-    per = 2 * (L * S * 16 * C + S * 11 * C + 1.5 * S * V) + 4 * L * (4 * S + H * S)
-    fixed = 18 * P + 2^30
-    mb = int((0.85 * G * 2^30 - fixed) / per)
-    print (mb < 1 ? 1 : mb) }'
+# Largest micro-batch by tptrain's own plan (model/memory.h: every tensor tptrain allocates and the
+# GPU backend's own buffers -- cuBLASLt's and cuDNN's attention workspaces, the reductions' scratch
+# -- which the start-up "memory: allocated ... (plan: ...)" line checks), in 92% of the device: the
+# rest for the CUDA context, NCCL and the allocator. Doubling, then bisection; 1 if nothing fits.
+largest_mb() {  # yaml
+  local yaml=$1 lo=0 hi=1 mid usable
+  usable=$(awk -v g="$mem_gib" 'BEGIN { printf "%.2f", 0.92 * g }')
+  fits() {
+    "$TPTRAIN" plan --config "$yaml" --set training.micro_batch_size="$1" --set training.global_batch_size="$1" \
+      --device-memory-gib "$usable" 2>/dev/null | grep -q '^fits: yes'
+  }
+  while ((hi <= 4096)) && fits "$hi"; do lo=$hi; hi=$((hi * 2)); done
+  while ((hi - lo > 1)); do
+    mid=$(((lo + hi) / 2))
+    if fits "$mid"; then lo=$mid; else hi=$mid; fi
+  done
+  echo $((lo < 1 ? 1 : lo))
 }
 
 # PyTorch eager on the same shape and micro-batch (scripts/bench_torch.py), then tptrain's
@@ -295,24 +302,34 @@ profile() {  # name yaml
 # bench's shape beyond GPT-2 (the Llama case sets them): sequence, vocabulary, extra model keys (a YAML
 # flow-map fragment), bench_torch.py's extra arguments
 SEQ=1024 VOCAB=50257 MODEL_EXTRA="" TORCH_EXTRA=""
-bench() {  # name layers hidden heads params(M) [micro-batch; default: the largest that fits] [--profile]
-  local name=$1 L=$2 C=$3 H=$4 P=$5
-  local mb=${6:-}
-  [ -n "$mb" ] || mb=$(estimate_mb "$L" "$C" "$H" "$((P * 1000000))")
+write_yaml() {  # name micro-batch layers hidden heads -> $OUT/<name>-mb<micro-batch>.yaml
+  cat >"$OUT/$1-mb$2.yaml" <<YAML
+model: {num_layers: $3, hidden_size: $4, num_attention_heads: $5, seq_length: $SEQ, vocab_size: $VOCAB$MODEL_EXTRA}
+training: {micro_batch_size: $2, global_batch_size: $2, train_iters: $ITERS, precision: bf16, device: $DEVICE}
+optimizer: {lr: 6.0e-4, min_lr: 6.0e-5, lr_warmup_iters: 2}
+data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
+logging: {log_interval: 1, metrics_file: $OUT/$1-mb$2.jsonl}
+YAML
+}
+bench() {  # name layers hidden heads params(M) [micro-batch; default: the largest the plan fits] [--profile]
+  local name=$1 L=$2 C=$3 H=$4  # $5: parameters (millions), for the reader
+  local mb=${6:-} searched=""
+  if [ -z "$mb" ]; then
+    write_yaml "$name" 1 "$L" "$C" "$H"
+    mb=$(largest_mb "$OUT/$name-mb1.yaml") searched=" (the plan's largest in $mem_gib GiB)"
+  fi
   while ((mb >= 1)); do
     if (($(left) < 60)); then say "$name: skipped (time budget)"; return; fi
     local log="$OUT/$name-mb$mb.log" metrics="$OUT/$name-mb$mb.jsonl"
-    say "$name: micro-batch $mb"
-    cat >"$OUT/$name-mb$mb.yaml" <<YAML
-model: {num_layers: $L, hidden_size: $C, num_attention_heads: $H, seq_length: $SEQ, vocab_size: $VOCAB$MODEL_EXTRA}
-training: {micro_batch_size: $mb, global_batch_size: $mb, train_iters: $ITERS, precision: bf16, device: $DEVICE}
-optimizer: {lr: 6.0e-4, min_lr: 6.0e-5, lr_warmup_iters: 2}
-data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
-logging: {log_interval: 1, metrics_file: $metrics}
-YAML
+    say "$name: micro-batch $mb$searched"
+    write_yaml "$name" "$mb" "$L" "$C" "$H"
     timeout "$(($(left) > 180 ? 180 : $(left)))" "$TPTRAIN" --config "$OUT/$name-mb$mb.yaml" >"$log" 2>&1
     local rc=$?
     if ((rc == 0)); then
+      # the plan against the allocation, and no device allocation inside iterations after the first
+      grep -E "^memory: " "$log"
+      grep -q "^memory: no device allocation or free in iterations" "$log" ||
+        { status=1; say "$name: the device allocator was called after iteration 1 ($log)"; }
       # mean over the iterations after the first 3 (cuBLASLt plans, scratch growth) of the metrics lines
       awk -v name="$name" -v mb="$mb" -v peak="$PEAK" -v seq="$SEQ" '
         function num(key,   m) { return match($0, "\"" key "\":[-0-9.eE+]+") ? substr($0, RSTART + length(key) + 3, RLENGTH - length(key) - 3) + 0 : 0 }
@@ -324,7 +341,7 @@ YAML
           printf "RESULT %s: bf16, seq %d, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
                  name, seq, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
         }' "$metrics" | tee "$OUT/$name-mb$mb.result"
-      grep -m2 "WARNING: cuDNN attention" "$log"  # shapes cuDNN refused (the own kernels ran them)
+      grep -m2 -E "WARNING: cuDNN attention|WARNING: rank [0-9]+: cuDNN" "$log"  # shapes cuDNN refused, workspaces beyond the plan
       local tps
       tps=$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' "$OUT/$name-mb$mb.result")
       [ -n "$tps" ] && side_by_side "$name" "$L" "$C" "$H" "$mb" "$tps"
@@ -332,7 +349,8 @@ YAML
       return
     fi
     if grep -qiE "out of (GPU )?memory" "$log"; then
-      mb=$((mb * 3 / 4)); continue
+      [ -n "$searched" ] && say "$name: the plan's micro-batch $mb did not fit: $(grep -m1 -iE 'out of (GPU )?memory' "$log")"
+      status=1; mb=$((mb * 3 / 4)); searched=""; continue
     fi
     status=1
     say "$name: tptrain failed (rc $rc), last lines of $log:"; tail -5 "$log"; return

@@ -97,6 +97,7 @@ class CpuOps final : public Ops {
     {
       std::lock_guard<std::mutex> lock(alloc_mutex_);
       alloc_sizes_[p] = bytes;
+      ++allocator_calls_;
       allocated_ += int64_t(bytes);
       peak_ = std::max(peak_, allocated_);
     }
@@ -106,6 +107,7 @@ class CpuOps final : public Ops {
     if (!p) return;
     {
       std::lock_guard<std::mutex> lock(alloc_mutex_);
+      ++allocator_calls_;
       auto it = alloc_sizes_.find(p);
       if (it != alloc_sizes_.end()) {
         allocated_ -= int64_t(it->second);
@@ -121,6 +123,10 @@ class CpuOps final : public Ops {
   int64_t peak_allocated_bytes() const override {
     std::lock_guard<std::mutex> lock(alloc_mutex_);
     return peak_;
+  }
+  int64_t allocator_calls() const override {
+    std::lock_guard<std::mutex> lock(alloc_mutex_);
+    return allocator_calls_;
   }
   void zero(Buf p, int64_t n) override { std::memset(p.p, 0, size_t(dtype_size(n, p.t))); }
   void copy(Buf dst, CBuf src, int64_t n) override {
@@ -730,7 +736,7 @@ class CpuOps final : public Ops {
   // allocation accounting: bytes of each live allocation (as rounded by alloc)
   mutable std::mutex alloc_mutex_;
   std::unordered_map<const void*, size_t> alloc_sizes_;
-  int64_t allocated_ = 0, peak_ = 0;
+  int64_t allocated_ = 0, peak_ = 0, allocator_calls_ = 0;
 };
 
 }  // namespace

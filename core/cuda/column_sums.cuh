@@ -6,6 +6,7 @@
 
 #include "core/cuda/cuda_util.h"
 #include "core/cuda/device_util.h"
+#include "core/gpu_workspace.h"
 
 namespace tpt::cuda {
 
@@ -57,12 +58,10 @@ __global__ void column_finish_kernel(float* out0, float* out1, const float* part
 template <int K, class F>
 void column_sums(float* out0, float* out1, int64_t N, int64_t C, F f, DeviceBuffer& scratch, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
-  // enough chunks to fill the GPU with blocks, few enough that the finishing pass stays short
-  const int64_t col_blocks = (C + 31) / 32;
-  int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((N + 63) / 64, std::max<int64_t>(1, 2048 / col_blocks)));
+  // the chunking (and so the scratch) the plan counts: core/gpu_workspace.h
+  const int64_t col_blocks = (C + 31) / 32, chunks = column_sum_chunks(N, C);
   const int64_t rows_per_chunk = (N + chunks - 1) / chunks;
-  chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
-  float* partial = scratch.as<float>(size_t(chunks * K * C));
+  float* partial = scratch.as<float>(size_t(column_sums_scratch_bytes(N, C, K) / 4));
   column_partials_kernel<K><<<dim3(unsigned(col_blocks), unsigned(chunks)), dim3(32, kColRows), 0, s>>>(
       partial, N, C, rows_per_chunk, f);
   TPT_CUDA_LAUNCHED();

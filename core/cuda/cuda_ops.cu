@@ -22,6 +22,7 @@
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/ring_attention.h"
+#include "core/gpu_workspace.h"
 #include "core/watchdog.h"
 
 namespace tpt {
@@ -77,15 +78,17 @@ DeviceBuffer::~DeviceBuffer() {
   if (p_) cudaFree(p_);
 }
 
-void* DeviceBuffer::get(size_t bytes) {
-  if (p_ && bytes <= capacity_) return p_;
+void DeviceBuffer::resize(size_t need, size_t want) {
+  if (p_ && need <= capacity_) return;
   if (p_) {
     stream_wait(compute_stream());  // pending work may still use it (bounded, unlike cudaFree's own wait)
     TPT_CUDA_CHECK(cudaFree(p_));
+    if (calls_) ++*calls_;
   }
   p_ = nullptr;
   capacity_ = 0;
-  const size_t want = std::max(bytes + bytes / 4, size_t(1) << 20);
+  want = std::max(want, size_t(1) << 20);
+  if (calls_) ++*calls_;
   if (cudaMalloc(&p_, want) != cudaSuccess) {
     (void)cudaGetLastError();
     p_ = nullptr;
@@ -93,7 +96,6 @@ void* DeviceBuffer::get(size_t bytes) {
                    " MiB of scratch (lower training.micro_batch_size or set training.recompute)");
   }
   capacity_ = want;
-  return p_;
 }
 
 }  // namespace cuda
@@ -169,13 +171,11 @@ class CudaOps final : public Ops {
     stream_ = cuda::compute_stream();
     gemm_ = std::make_unique<cuda::LtGemm>(options.tf32, stream_);
     TPT_CUDA_CHECK(cudaMallocHost(&pinned_, 64));
-    // cuDNN attention: TPTRAIN_CUDNN_ATTENTION=0 forces the own kernels; =nondeterministic lets
-    // cuDNN's backward sum dQ with atomics
+    // cuDNN attention: TPTRAIN_CUDNN_ATTENTION=0 forces the own kernels
     const char* env = std::getenv("TPTRAIN_CUDNN_ATTENTION");
     if (env && std::strcmp(env, "0") == 0) opt_.cudnn_attention = false;
-    if (env && std::strcmp(env, "nondeterministic") == 0) opt_.cudnn_deterministic = false;
     if (opt_.cudnn_attention && cuda::cudnn_attention_built())
-      cudnn_ = std::make_unique<cuda::CudnnAttention>(stream_, opt_.cudnn_deterministic);
+      cudnn_ = std::make_unique<cuda::CudnnAttention>(stream_, opt_.cudnn_deterministic, &allocator_calls_);
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
@@ -219,6 +219,7 @@ class CudaOps final : public Ops {
       internal_error(msg);
     }
     TPT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    ++allocator_calls_;
     alloc_sizes_[p] = bytes;
     allocated_ += int64_t(bytes);
     peak_ = std::max(peak_, allocated_);
@@ -232,10 +233,30 @@ class CudaOps final : public Ops {
       alloc_sizes_.erase(it);
     }
     TPT_CUDA_CHECK(cudaFree(p));
+    ++allocator_calls_;
   }
-  // alloc_bytes()'s device memory only (the backend's own scratch and cuBLASLt's workspace are not counted)
+  // alloc_bytes()'s device memory only (the backend's own buffers: reserve_workspace)
   int64_t allocated_bytes() const override { return allocated_; }
   int64_t peak_allocated_bytes() const override { return peak_; }
+  int64_t allocator_calls() const override { return allocator_calls_; }
+  BackendWorkspace reserve_workspace(const BackendWorkspace& planned, const AttentionShape& a) override {
+    scratch_.reserve(size_t(planned.scratch));
+    bias_grad_.reserve(size_t(planned.bias_grad));
+    BackendWorkspace held;
+    held.gemm = kGemmWorkspaceBytes;  // cuBLASLt's, allocated with the backend
+    held.scratch = int64_t(scratch_.capacity());
+    held.bias_grad = int64_t(bias_grad_.capacity());
+    held.fallback = int64_t(gemm_f32_.capacity());
+    if (cudnn_) {
+      // cuDNN's graphs for the shape built now; the workspace as they ask (the plan's count is the
+      // fit check's; the trainer reports both)
+      const auto p = cudnn_->prepare(a.B, a.T, a.H, a.KV, a.D, a.t, 0);
+      held.attention = p.held;
+      held.attention_forward_asked = p.forward;
+      held.attention_backward_asked = p.backward;
+    }
+    return held;
+  }
   void zero(Buf p, int64_t n) override {
     if (n > 0) TPT_CUDA_CHECK(cudaMemsetAsync(p.p, 0, size_t(dtype_size(n, p.t)), stream_));
   }
@@ -500,9 +521,12 @@ class CudaOps final : public Ops {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own attention kernels only
-  DeviceBuffer scratch_;    // partial sums, sort buffers, reduction results
-  DeviceBuffer gemm_f32_;   // fp32 GEMM products where an epilogue falls back to separate kernels (16-bit runs)
-  DeviceBuffer bias_grad_;  // the bias-gradient epilogue's output before it is accumulated
+  int64_t allocator_calls_ = 0;  // cudaMalloc / cudaFree of alloc_bytes, free and the buffers below
+  DeviceBuffer scratch_{&allocator_calls_};    // partial sums, sort buffers, reduction results
+  // fp32 GEMM products where an epilogue falls back to separate kernels (16-bit runs; not reserved:
+  // only where cuBLASLt offers no GELU epilogue for a shape)
+  DeviceBuffer gemm_f32_{&allocator_calls_};
+  DeviceBuffer bias_grad_{&allocator_calls_};  // the bias-gradient epilogue's output before it is accumulated
   void* pinned_ = nullptr;  // page-locked host memory for reduction results
   std::unordered_map<void*, size_t> alloc_sizes_;  // allocation accounting (single-threaded use)
   int64_t allocated_ = 0, peak_ = 0;

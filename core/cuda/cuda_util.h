@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -33,24 +34,34 @@ void event_wait(cudaEvent_t event);
 // The function stream_wait calls while it waits (one per process, nullptr for none).
 void set_wait_poll(void (*poll)());
 
-// Device memory that grows on demand and is reused across calls (all on the compute stream, so a
-// later kernel never races an earlier one on it). Growing frees the old block: cudaFree waits for
-// the device, so pending work on it completes first.
+// Device memory that is reused across calls (all on the compute stream, so a later kernel never
+// races an earlier one on it): reserve() sizes it at start-up (exactly), get() returns it, growing
+// it when a call needs more than it holds. Growing frees the old block after waiting for the
+// stream. Each cudaMalloc / cudaFree adds one to *calls (the backend's allocator count), if given.
 class DeviceBuffer {
  public:
-  DeviceBuffer() = default;
+  explicit DeviceBuffer(int64_t* calls = nullptr) : calls_(calls) {}
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get(size_t bytes);
+  void reserve(size_t bytes) {
+    if (bytes > 0) resize(bytes, bytes);
+  }
+  void* get(size_t bytes) {
+    if (!p_ || bytes > capacity_) resize(bytes, bytes + bytes / 4);
+    return p_;
+  }
   template <class T>
   T* as(size_t count) {
     return static_cast<T*>(get(count * sizeof(T)));
   }
+  size_t capacity() const { return capacity_; }
 
  private:
+  void resize(size_t need, size_t want);  // to `want` bytes (at least 1 MiB) unless it holds `need` already
   void* p_ = nullptr;
   size_t capacity_ = 0;
+  int64_t* calls_ = nullptr;
 };
 
 }  // namespace tpt::cuda

@@ -7,6 +7,7 @@
 // without them it warns once and runs its own attention kernels.
 #include "core/cuda/cudnn_attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -138,7 +139,7 @@ struct CudnnAttention::Impl {
   std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
   DeviceBuffer workspace;
 
-  Impl(cudaStream_t s, bool det) : stream(s), deterministic(det) {}
+  Impl(cudaStream_t s, bool det, int64_t* calls) : stream(s), deterministic(det), workspace(calls) {}
   ~Impl() {
     graphs.clear();  // the plans before the handle they were built with
     if (handle) fe::detail::destroy_handle(handle);
@@ -308,8 +309,8 @@ struct CudnnAttention::Impl {
   }
 };
 
-CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic)
-    : impl_(std::make_unique<Impl>(stream, deterministic)) {
+CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic, int64_t* allocator_calls)
+    : impl_(std::make_unique<Impl>(stream, deterministic, allocator_calls)) {
   static std::once_flag warned;
   if (!cudnn_library().loaded)
     std::call_once(warned, [] {
@@ -317,6 +318,21 @@ CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic)
     });
 }
 CudnnAttention::~CudnnAttention() = default;
+
+CudnnAttention::Prepared CudnnAttention::prepare(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t,
+                                                 int64_t at_least) {
+  Prepared r;
+  const bool usable = (t == DType::BF16 || t == DType::F16) && D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 &&
+                      H % KV == 0 && impl_->ready();
+  for (Dir dir : {Dir::Forward, Dir::Backward}) {
+    fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir)}) : nullptr;
+    int64_t ws = 0;
+    if (g && g->get_workspace_size(ws).is_good()) (dir == Dir::Forward ? r.forward : r.backward) = ws;
+  }
+  if (usable) impl_->workspace.reserve(size_t(std::max({at_least, r.forward, r.backward, int64_t(0)})));
+  r.held = int64_t(impl_->workspace.capacity());
+  return r;
+}
 
 bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t D) {
@@ -377,7 +393,10 @@ bool cudnn_attention_loaded() { return false; }
 std::string cudnn_attention_version() { return ""; }
 
 struct CudnnAttention::Impl {};
-CudnnAttention::CudnnAttention(cudaStream_t, bool) {}
+CudnnAttention::CudnnAttention(cudaStream_t, bool, int64_t*) {}
+CudnnAttention::Prepared CudnnAttention::prepare(int64_t, int64_t, int64_t, int64_t, int64_t, DType, int64_t) {
+  return {};
+}
 CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::forward(Buf, float*, CBuf, int64_t, int64_t, int64_t, int64_t, int64_t) {
   ++g_fell_back;

@@ -40,7 +40,8 @@ struct CudnnAttentionStats {
 CudnnAttentionStats cudnn_attention_stats();
 
 // One per CudaOps: a cuDNN handle bound to `stream` (created at first use), one built graph per
-// (B, T, H, KV, D, dtype, direction) kept for the object's life, a workspace that grows on demand.
+// (B, T, H, KV, D, dtype, direction) kept for the object's life, one workspace for all of them
+// (sized by prepare() at start-up; a graph that asks for more grows it, counted in *allocator_calls).
 // Calls it hands back: fp32 tensors, head dimensions not a multiple of 8, pointers not 16-byte
 // aligned, and shapes whose graph cuDNN refuses (too large a head dimension, a cuDNN too old for
 // the GPU, ...): such a shape is remembered, with one warning in the log, and refused at once
@@ -49,10 +50,18 @@ class CudnnAttention {
  public:
   // deterministic: the backward's dQ accumulation in a fixed order (cuDNN's deterministic
   // algorithm: bitwise reproducible, more workspace); false lets cuDNN use atomics.
-  CudnnAttention(cudaStream_t stream, bool deterministic);
+  CudnnAttention(cudaStream_t stream, bool deterministic, int64_t* allocator_calls = nullptr);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Builds the forward and backward graphs of a shape now (as forward / backward would at their
+  // first call) and sizes the workspace for both: at least `at_least` bytes. Returns the workspace
+  // each graph asks for (-1: no graph, the own kernels will run it) and what is held now.
+  struct Prepared {
+    int64_t forward = -1, backward = -1, held = 0;
+  };
+  Prepared prepare(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t, int64_t at_least);
 
   // Enqueue the Ops method's work on the stream and return true; or return false, having done
   // nothing, when cuDNN cannot run this call (above): the caller then runs its own kernels.

@@ -13,6 +13,7 @@
 // forward reads a bf16 bias and writes a bf16 pre-activation; the bias gradient is fp32 (C is the
 // fp32 main gradient there).
 #include "core/cuda/gemm.h"
+#include "core/gpu_workspace.h"
 
 #include <atomic>
 #include <string>
@@ -22,7 +23,7 @@ namespace {
 
 std::atomic<int64_t> g_fused[kEpilogueKinds], g_fell_back[kEpilogueKinds];
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
+constexpr size_t kWorkspaceBytes = size_t(kGemmWorkspaceBytes);  // core/gpu_workspace.h (the plan counts it)
 
 void lt_check(cublasStatus_t st, const char* what, const char* file, int line) {
   if (st != CUBLAS_STATUS_SUCCESS)

@@ -11,6 +11,7 @@
 #include "core/cuda/device_util.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/launch_util.h"
+#include "core/gpu_workspace.h"
 
 namespace tpt::cuda {
 namespace {
@@ -21,8 +22,8 @@ constexpr int kTableSegments = 512;
 #else
 constexpr int kTableSegments = 96;
 #endif
-constexpr int64_t kChunk = int64_t(kThreads) * 16;  // elements per block
-constexpr int kReduceBlocks = 1024;
+constexpr int64_t kChunk = kMultiTensorChunk;  // elements per block (core/gpu_workspace.h: the plan counts the scratch)
+static_assert(kChunk == int64_t(kThreads) * 16, "a block's threads take 16 elements each");
 
 struct SegmentTable {
   int count = 0;
@@ -220,7 +221,7 @@ GradStats grad_stats(const float* x, const TensorSegment* segs, int count, Devic
 
 double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s) {
   if (n <= 0) return 0.0;
-  const unsigned blocks = std::min<unsigned>(blocks_for(n), kReduceBlocks);
+  const unsigned blocks = std::min<unsigned>(blocks_for(n), unsigned(kReduceBlocks));
   double* partial = scratch.as<double>(blocks + 1);
   sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(partial + 1, x, n);
   TPT_CUDA_LAUNCHED();
@@ -235,7 +236,7 @@ bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned
   if (n <= 0) return false;
   int* flag = scratch.as<int>(1);
   TPT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
-  nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), 4 * kReduceBlocks), kThreads, 0, s>>>(flag, x, n);
+  nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), unsigned(4 * kReduceBlocks)), kThreads, 0, s>>>(flag, x, n);
   TPT_CUDA_LAUNCHED();
   TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
   stream_wait(s);

@@ -11,6 +11,7 @@
 #include "core/cuda/device_util.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/launch_util.h"
+#include "core/gpu_workspace.h"
 
 namespace tpt::cuda {
 namespace {
@@ -171,7 +172,7 @@ void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N
   TPT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr), static_cast<const uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr), int(N), 0, end_bit, s));
-  const size_t arr = (size_t(N) * sizeof(uint32_t) + 255) / 256 * 256;
+  const size_t arr = size_t(embedding_sort_arrays_bytes(N) / 4);  // the plan counts 4 arrays + a bound of temp_bytes
   char* base = scratch.as<char>(4 * arr + temp_bytes);
   auto* keys_in = reinterpret_cast<uint32_t*>(base);
   auto* keys_out = reinterpret_cast<uint32_t*>(base + arr);

@@ -139,14 +139,17 @@ alloc_vs_plan() {  # name np sets...
   local name=$1 np=$2; shift 2
   local sets=() s
   for s in "$@"; do sets+=(--set "$s"); done
-  timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/gpt.yaml" --set training.train_iters=1 "${sets[@]}" \
+  timeout 300 mpirun -np "$np" "$TPTRAIN" --config "$W/gpt.yaml" --set training.train_iters=2 "${sets[@]}" \
     > "$W/$name.log" 2>&1 || { bad "$name: training exited non-zero"; return; }
   local allocated planned
   allocated=$(sed -nE 's/^memory: allocated [0-9.]+ MiB \(([0-9]+) bytes\).*/\1/p' "$W/$name.log")
+  # CPU ranks: the plan's tensors, without the GPU backend's own buffers
   planned=$("$TPTRAIN" plan --config "$W/gpt.yaml" --world-size "$np" "${sets[@]}" --json |
-            $PY -c "import json, sys; print(json.load(sys.stdin)['stages'][0]['total_bytes'])")
+            $PY -c "import json, sys; print(json.load(sys.stdin)['stages'][0]['tensor_bytes'])")
   if [ -n "$allocated" ] && [ "$allocated" = "$planned" ]; then ok "$name: allocated = plan = $planned bytes (np $np $*)"
   else bad "$name: allocated '$allocated', plan '$planned' (np $np $*)"; fi
+  grep -q "^memory: no device allocation or free in iterations 2..2" "$W/$name.log" ||
+    bad "$name: the allocator was called in iteration 2"
 }
 alloc_vs_plan plan_cp2 2 $CP=2
 alloc_vs_plan plan_tp2_cp2_pp2_bf16 8 $TP=2 $CP=2 $PP=2 training.micro_batch_size=2 training.precision=bf16

@@ -43,8 +43,20 @@ check(abs(p80["bubble_fraction"] - 5 / 197) < 1e-12, "bubble (PP-1)/(M+PP-1) = 5
 check(len(p80["stages"]) == 6, "6 stages")
 for st in p80["stages"]:
     parts = sum(st[k] for k in ["weight_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
-                                "workspace_bytes", "buffer_bytes"])
+                                "workspace_bytes", "buffer_bytes", "backend_bytes"])
     check(parts == st["total_bytes"], "stage %d: total = sum of categories" % st["stage"])
+    # the GPU backend's own buffers: cuBLASLt's 32 MiB; cuDNN's attention workspace for 96 / TP 4 = 24
+    # heads of 128 channels, T 2048, micro-batch 1 as cudnn-frontend sizes it: softmax sums B H T fp32 +
+    # deterministic: dP B H T T in 16 bits (T rounded to 64 / 128) | not: the fp32 dQ accumulator B H T D
+    be = st["backend"]
+    check(be["gemm_workspace_bytes"] == 32 << 20, "stage %d: cuBLASLt workspace" % st["stage"])
+    det = be["attention_workspace_bytes_by_deterministic"]
+    check(det["true"] == 24 * 2048 * 4 + 24 * 2048 * 2048 * 2 == be["attention_workspace_bytes"],
+          "stage %d: deterministic cuDNN workspace %d" % (st["stage"], det["true"]))
+    check(det["false"] == 24 * 2048 * 4 + 24 * 2048 * 128 * 4, "stage %d: cuDNN dQ accumulator %d" % (st["stage"], det["false"]))
+    check(st["backend_bytes"] == sum(be[k] for k in ["gemm_workspace_bytes", "attention_workspace_bytes",
+                                                      "scratch_bytes", "bias_grad_bytes"]), "backend parts")
+    check(be["bias_grad_bytes"] == 12288 * 4, "stage %d: widest bias gradient (fc1: 4h / TP 4 = h)" % st["stage"])
     # bf16 on a GPU: 18 B per element of the parameter buffer (no alignment padding at these sizes)
     check(st["weight_bytes"] + st["gradient_bytes"] + st["optimizer_bytes"] == 18 * st["parameters_per_rank"],
           "stage %d: 18 B/parameter" % st["stage"])
@@ -175,11 +187,13 @@ $PYTHON "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 
 cat > "$W/cfg.yaml" <<YAML
 model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97,
         make_vocab_size_divisible_by: 8}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, cpu_threads: 1, seed: 7, device: cpu}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 3, cpu_threads: 1, seed: 7, device: cpu}
 data: {path: $W/data, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML
 cfg=$W/cfg.yaml  # the config compare runs
+# The plan's tensor bytes (tensor_bytes: the total less the GPU backend's own buffers, which CPU ranks
+# do not have) against the trainer's line, and iterations 2 and 3 without a call of the allocator
 compare() {  # name np tp pp extra-set...
   local name=$1 np=$2 tp=$3 pp=$4; shift 4
   local sets=(--set parallel.tensor_model_parallel_size=$tp --set parallel.pipeline_model_parallel_size=$pp)
@@ -194,13 +208,16 @@ compare() {  # name np tp pp extra-set...
   line=$(grep "^memory: allocated" "$W/$name.log")
   allocated=$(sed -E 's/^memory: allocated [0-9.]+ MiB \(([0-9]+) bytes\).*/\1/' <<< "$line")
   logged=$(sed -E 's/.*\(plan: [0-9.]+ MiB \(([0-9]+) bytes\).*/\1/' <<< "$line")
-  planned=$($PYTHON -c "import json; print(json.load(open('$W/$name.json'))['stages'][0]['total_bytes'])")
+  planned=$($PYTHON -c "import json; print(json.load(open('$W/$name.json'))['stages'][0]['tensor_bytes'])")
   if [ -n "$line" ] && [ "$allocated" = "$planned" ] && [ "$logged" = "$planned" ]; then
     ok "$name (np $np, TP $tp x PP $pp $*): allocated on rank 0 = plan = $planned bytes"
   else
     bad "$name (np $np, TP $tp x PP $pp $*): allocated '$allocated', logged plan '$logged', tptrain plan '$planned'"
     echo "$line"
   fi
+  if grep -q "^memory: no device allocation or free in iterations 2..3 (after the first)" "$W/$name.log"; then
+    ok "$name: no allocation or free in iterations 2 and 3"
+  else bad "$name: the allocator was called after iteration 1: $(grep -m1 'memory: no device\|device allocator' "$W/$name.log")"; fi
 }
 compare single_fp32 1 1 1
 compare tp2_pp2_fp32 4 2 2
@@ -225,7 +242,7 @@ model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, group_query_atte
         kv_channels: 32, ffn_hidden_size: 96, swiglu: true, normalization: RMSNorm, position_embedding_type: rope,
         rotary_base: 500000, untie_embeddings_and_output_weights: true, add_bias_linear: false,
         seq_length: 16, vocab_size: 97, make_vocab_size_divisible_by: 8}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, cpu_threads: 1, seed: 7, device: cpu}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 3, cpu_threads: 1, seed: 7, device: cpu}
 data: {path: $W/data, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1}
 YAML

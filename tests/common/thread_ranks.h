@@ -140,9 +140,11 @@ class BucketRaceChecker final : public Comm {
   std::vector<Started> started_;
 };
 
-// Each iteration's loss and gradient norm as one rank saw them.
+// Each iteration's loss and gradient norm as one rank saw them, and the rank's device allocator
+// calls so far after it (Trainer::allocator_calls).
 struct StepLog {
   std::vector<double> loss, grad_norm;
+  std::vector<int64_t> allocator_calls;
 };
 
 inline StepLog train_steps(Trainer& t, int64_t iters) {
@@ -151,6 +153,7 @@ inline StepLog train_steps(Trainer& t, int64_t iters) {
     const Trainer::StepResult r = t.train_step(k);
     log.loss.push_back(r.lm_loss);
     log.grad_norm.push_back(r.grad_norm);
+    log.allocator_calls.push_back(t.allocator_calls());
   }
   return log;
 }

@@ -327,7 +327,7 @@ TEST(GpuCudnnAttentionDispatch, EnvironmentAndOptionsTurnItOff) {
 }
 
 // The deterministic backward (the default) is bitwise reproducible; the nondeterministic one
-// (TPTRAIN_CUDNN_ATTENTION=nondeterministic) agrees with it up to summation order. Multi-head and
+// (training.deterministic: false) agrees with it up to summation order. Multi-head and
 // grouped-query (cuDNN sums dK / dV over each group's query heads).
 TEST(GpuCudnnAttentionDispatch, DeterministicBackwardIsReproducible) {
   if (!cuda::cudnn_attention_built()) GTEST_SKIP() << "built without cuDNN (TPTRAIN_CUDNN)";

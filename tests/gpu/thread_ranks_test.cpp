@@ -46,6 +46,10 @@ TEST_P(GpuThreadRanks, TP2xPP2xDP2OnOneGpuMatchesOneRank) {
           << "rank " << r << " iteration " << k + 1 << " gradient norm vs one CPU rank";
       EXPECT_EQ(logs[r].loss[k], logs[0].loss[k]) << "every rank reports the same loss";
     }
+  // no device allocation or free in iterations 2.. (every buffer sized at start-up or in iteration 1)
+  for (size_t r = 0; r < logs.size(); ++r)
+    EXPECT_EQ(logs[r].allocator_calls.back(), logs[r].allocator_calls.front()) << "rank " << r;
+  EXPECT_EQ(gpu_one.allocator_calls.back(), gpu_one.allocator_calls.front()) << "one GPU rank";
 }
 
 // The DP buckets on one GPU: started from the backward hooks on the compute stream, never written

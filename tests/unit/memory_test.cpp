@@ -3,8 +3,11 @@
 // backend actually allocates for a stage.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/config.h"
 #include "core/error.h"
+#include "core/gpu_workspace.h"
 #include "model/memory.h"
 #include "parallel/comm.h"
 
@@ -251,6 +254,57 @@ TEST(Memory, PlanBoundsCountModelChunksAndTheWorld) {
   const std::string huge_world = plan_error("parallel: {tensor_model_parallel_size: 1024, pipeline_model_parallel_size: "
                                             "1024, data_parallel_size: 1048576}\ntraining: {train_iters: 1}", 0);
   EXPECT_NE(huge_world.find("= 1099511627776 ranks, more than 16777216"), std::string::npos) << huge_world;
+}
+
+// The GPU backend's own buffers in the plan (core/gpu_workspace.h), by hand for GPT-2 124M in bf16 at
+// llm.c's micro-batch 16, T 1024: cuDNN's backward workspace as cudnn-frontend sizes it -- softmax
+// sums B H T fp32, plus the deterministic algorithm's dP (B H T T 16-bit values: ~384 MiB, the number
+// a first GPU run must not discover mid-iteration) or the non-deterministic dQ accumulator (B H T D
+// fp32) --, cuBLASLt's 32 MiB; none for fp32 (no cuDNN), with context parallelism (the ring's own
+// kernels) or on CPU ranks (tensor bytes only).
+TEST(Memory, GpuBackendWorkspaceCountsCudnnAttentionByMode) {
+  const std::string gpt2 = "num_layers: 12, hidden_size: 768, num_attention_heads: 12, seq_length: 1024, vocab_size: 50257";
+  const std::string train = "training: {micro_batch_size: 16, global_batch_size: 16, train_iters: 1, precision: bf16";
+  const int64_t B = 16, H = 12, T = 1024, D = 64;
+  const StageMemory det = stage_memory(config(gpt2, train + "}", 1), 0);
+  EXPECT_EQ(det.backend.attention, B * H * T * 4 + B * H * T * T * 2);
+  EXPECT_EQ(det.backend.attention, 403439616);
+  EXPECT_EQ(det.attention_workspace_by_mode[0], det.backend.attention);
+  EXPECT_EQ(det.attention_workspace_by_mode[1], B * H * T * 4 + B * H * T * D * 4);
+  const StageMemory nondet = stage_memory(config(gpt2, train + ", deterministic: false}", 1), 0);
+  EXPECT_EQ(nondet.backend.attention, det.attention_workspace_by_mode[1]);
+  EXPECT_EQ(det.total_bytes() - nondet.total_bytes(), det.backend.attention - nondet.backend.attention);
+  EXPECT_EQ(det.backend.gemm, int64_t(32) << 20);
+  // the widest biased GEMM output: fc1's 4h fp32 gradients
+  EXPECT_EQ(det.backend.bias_grad, 4 * 768 * 4);
+  // the scratch: the largest of the passes, at least the word embedding's sort of the B T tokens
+  EXPECT_GE(det.backend.scratch, 4 * B * T * 4);
+  EXPECT_LT(det.backend.scratch, int64_t(8) << 20);
+  EXPECT_EQ(det.total_bytes(), det.tensor_bytes() + det.backend.total());
+  // TP 2: half the heads
+  const StageMemory tp2 = stage_memory(
+      config(gpt2, "parallel: {tensor_model_parallel_size: 2}\n" + train + "}", 2), 0);
+  EXPECT_EQ(tp2.backend.attention, B * (H / 2) * T * 4 + B * (H / 2) * T * T * 2);
+  // none for fp32, context parallelism, CPU ranks
+  EXPECT_EQ(stage_memory(config(gpt2, "training: {micro_batch_size: 16, train_iters: 1}", 1), 0).backend.attention, 0);
+  EXPECT_EQ(stage_memory(config(gpt2, "parallel: {context_parallel_size: 2}\n" + train + "}", 2), 0).backend.attention, 0);
+  const StageMemory cpu = stage_memory(config(gpt2, train + "}", 1), 0, /*gpu_backend=*/false);
+  EXPECT_EQ(cpu.backend.total(), 0);
+  EXPECT_EQ(cpu.total_bytes(), det.tensor_bytes());
+}
+
+// The column-sum pass's chunking (core/gpu_workspace.h, which core/cuda/column_sums.cuh launches):
+// its chunks cover every row, there are at most N / 64 (rounded up) of them, and the scratch never exceeds
+// K fp32 partial sums for max(C, 65536) columns however large N grows.
+TEST(Memory, ColumnSumScratchIsBounded) {
+  for (int64_t N : {1, 63, 64, 65, 1000, 16384, 1 << 20})
+    for (int64_t C : {1, 31, 32, 768, 3072, 12288, 100000}) {
+      const int64_t chunks = column_sum_chunks(N, C), rows = (N + chunks - 1) / chunks;
+      EXPECT_GE(chunks * rows, N) << N << " x " << C;
+      EXPECT_LT((chunks - 1) * rows, N) << N << " x " << C;  // no empty chunk
+      EXPECT_LE(chunks, (N + 63) / 64) << N << " x " << C;
+      EXPECT_LE(column_sums_scratch_bytes(N, C, 2), 2 * 4 * std::max<int64_t>(C, 65536)) << N << " x " << C;
+    }
 }
 
 }  // namespace

@@ -1,0 +1,81 @@
+// The CUDA backend's own device buffers (core/cuda), outside alloc_bytes: cuBLASLt's workspace,
+// cuDNN's attention workspace, the reductions' scratch and the bias-gradient epilogue's output. Their
+// sizes are functions of the run's shapes, in one place: the backend reserves them at start-up
+// (Ops::reserve_workspace) and the plan counts them (model/memory.h gpu_backend_workspace). Pure
+// C++ (no CUDA): the plan runs anywhere.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+namespace tpt {
+
+// cuBLASLt's workspace of the CUDA backend (core/cuda/gemm.cu; NVIDIA's recommendation for Hopper).
+inline constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;
+
+// Column sums of an (N, C) array (core/cuda/column_sums.cuh: the bias gradients and the norms'
+// weight gradients): the row chunks the pass splits N into, and its scratch, K partial sums per
+// chunk and column in fp32.
+inline int64_t column_sum_chunks(int64_t N, int64_t C);
+inline int64_t column_sums_scratch_bytes(int64_t N, int64_t C, int K);
+
+// The multi-tensor optimizer kernels (core/cuda/optimizer_kernels.cu): elements per block, segments
+// per launch's table, and the gradient-norm reduction's scratch (two doubles per block and two for
+// the result) for `elements` elements in `segments` segments: at most one partly filled block per
+// table besides the full ones.
+inline constexpr int64_t kMultiTensorChunk = 256 * 16;
+inline constexpr int64_t kReduceBlocks = 1024;  // blocks of the single-tensor reductions (sum_squares)
+inline int64_t grad_stats_scratch_bytes(int64_t elements, int64_t segments);
+inline int64_t sum_squares_scratch_bytes();
+
+// The word-embedding gradient's radix sort of N token ids (core/cuda/vocab_kernels.cu): four arrays
+// of N uint32 (keys and values, in and out) at 256-byte boundaries, and a bound of CUB's temporary
+// storage (its own copy of keys and values, histograms and look-back state; the backend asks CUB for
+// the exact figure and takes the larger).
+inline int64_t embedding_sort_arrays_bytes(int64_t N);
+inline int64_t embedding_sort_temp_bound(int64_t N);
+
+// cuDNN's fused attention (cudnn-frontend's SDPA graphs, core/cuda/cudnn_attention.cpp) for a
+// causal (B, H, T, D) problem, as cudnn-frontend sizes it (node/scaled_dot_product_flash_attention.h):
+// the backward's softmax sums (B H T fp32), and
+//   deterministic:     the dP workspace of the ordered algorithm, B H T T 16-bit values with T
+//                      rounded up to cuDNN's tiles (64 query rows, 128 key columns);
+//   non-deterministic: the fp32 dQ accumulator (B H T D) its atomics add into.
+// The forward needs no workspace of its own; forward and backward share one buffer. The backend
+// queries the built graphs at start-up and warns if they ask for more than this.
+inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t D, bool deterministic);
+
+// ---- definitions
+
+inline int64_t column_sum_chunks(int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return 0;
+  // enough chunks of >= 64 rows to fill the GPU with blocks of 32 columns, few enough that the
+  // finishing pass (one thread per column adding the chunks) stays short
+  const int64_t col_blocks = (C + 31) / 32;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((N + 63) / 64, std::max<int64_t>(1, 2048 / col_blocks)));
+  const int64_t rows_per_chunk = (N + chunks - 1) / chunks;
+  return (N + rows_per_chunk - 1) / rows_per_chunk;
+}
+
+inline int64_t column_sums_scratch_bytes(int64_t N, int64_t C, int K) { return column_sum_chunks(N, C) * K * C * 4; }
+
+inline int64_t grad_stats_scratch_bytes(int64_t elements, int64_t segments) {
+  if (elements <= 0 || segments <= 0) return 0;
+  const int64_t blocks = (elements + kMultiTensorChunk - 1) / kMultiTensorChunk + segments;
+  return (2 * blocks + 2) * 8;
+}
+
+inline int64_t sum_squares_scratch_bytes() { return (kReduceBlocks + 1) * 8; }
+
+inline int64_t embedding_sort_arrays_bytes(int64_t N) { return 4 * ((N * 4 + 255) / 256 * 256); }
+
+inline int64_t embedding_sort_temp_bound(int64_t N) { return 2 * ((N * 4 + 255) / 256 * 256) + (int64_t(1) << 20); }
+
+inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t D, bool deterministic) {
+  if (B <= 0 || H <= 0 || T <= 0) return 0;
+  const int64_t softmax_sum = B * H * T * 4;
+  if (!deterministic) return softmax_sum + B * H * T * D * 4;
+  const int64_t tq = (T + 63) / 64 * 64, tk = (T + 127) / 128 * 128;
+  return softmax_sum + B * H * tq * tk * 2;
+}
+
+}  // namespace tpt
