@@ -143,9 +143,9 @@ void Trainer::report_allocator_calls(int64_t first_iteration) {
   if (grid_.world_size > 1) grid_.world->all_reduce(&later, 1, ReduceOp::Max);
   if (grid_.world_rank != 0 || iteration_ <= first_iteration) return;
   if (later == 0)
-    spdlog::info("memory: no device allocation or free in iterations {}..{} (after the first); {} allocator "
-                 "calls on rank 0 before them",
-                 first_iteration + 1, iteration_, ops_->allocator_calls());
+    spdlog::info("memory: no device allocation or free in iterations {}..{} (after the first); on rank 0 {} "
+                 "allocator calls at start-up, {} in the first iteration",
+                 first_iteration + 1, iteration_, allocator_calls_reserved_, allocator_calls_first_);
   else
     spdlog::warn("WARNING: memory: iterations after the first called the device allocator ({} times on the "
                  "busiest rank): a buffer the start-up did not size",
@@ -330,14 +330,16 @@ void Trainer::log_setup() {
   spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(allocated) / 1048576.0,
                allocated, describe_memory(plan));
   if (on_gpu_) {
-    auto mb = [](int64_t b) { return double(b) / 1048576.0; };
-    spdlog::info("memory: GPU backend's own buffers {:.1f} MiB: cuBLASLt {:.1f}, cuDNN attention {:.1f} (training."
-                 "deterministic {}; its plans asked forward {:.1f}, backward {:.1f}; the plan counted {:.1f}), "
-                 "scratch {:.2f} (plan {:.2f}), bias grad {:.2f}, fp32 fallback {:.2f} MiB",
-                 mb(workspace_.total()), mb(workspace_.gemm), mb(workspace_.attention), cfg_.training.deterministic,
-                 mb(workspace_.attention_forward_asked), mb(workspace_.attention_backward_asked),
-                 mb(plan.backend.attention), mb(workspace_.scratch), mb(plan.backend.scratch), mb(workspace_.bias_grad),
-                 mb(workspace_.fallback));
+    auto mb = [](int64_t b) { return fmt::format("{:.2f}", double(b) / 1048576.0); };
+    const std::string asked = workspace_.attention_backward_asked < 0
+                                  ? "no cuDNN graph for this run"
+                                  : "its graphs asked forward " + mb(workspace_.attention_forward_asked) +
+                                        ", backward " + mb(workspace_.attention_backward_asked);
+    spdlog::info("memory: the GPU backend's own buffers {} MiB: cuBLASLt {}, cuDNN attention {} ({}; the plan "
+                 "counted {} for training.deterministic {}), scratch {} (plan {}), bias grad {}, fp32 fallback {} MiB",
+                 mb(workspace_.total()), mb(workspace_.gemm), mb(workspace_.attention), asked,
+                 mb(plan.backend.attention), cfg_.training.deterministic, mb(workspace_.scratch),
+                 mb(plan.backend.scratch), mb(workspace_.bias_grad), mb(workspace_.fallback));
   }
 }
 
@@ -660,7 +662,7 @@ int Trainer::train() {
     if (k == fault_iteration) fault_in_step_ = true;
     const int64_t calls_before = ops_->allocator_calls();
     StepResult r = train_step(k);
-    if (k > first) allocator_calls_later_ += ops_->allocator_calls() - calls_before;
+    (k > first ? allocator_calls_later_ : allocator_calls_first_) += ops_->allocator_calls() - calls_before;
     iteration_ = k;
     if (profile_)  // the first iteration is warm-up (GEMM algorithm choice, first touches)
       profile_iteration(k, k > first, std::chrono::duration<double, std::milli>(clock::now() - step_start).count());

@@ -139,7 +139,7 @@ class Trainer {
   // and its calls inside iterations after the first (there must be none).
   bool on_gpu_ = false;
   BackendWorkspace workspace_;
-  int64_t allocator_calls_reserved_ = 0, allocator_calls_later_ = 0;
+  int64_t allocator_calls_reserved_ = 0, allocator_calls_first_ = 0, allocator_calls_later_ = 0;
   void reserve_backend_workspace();
   // After training: whether iterations after the first called the device allocator (all ranks).
   void report_allocator_calls(int64_t first_iteration);

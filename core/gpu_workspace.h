@@ -12,6 +12,11 @@ namespace tpt {
 // cuBLASLt's workspace of the CUDA backend (core/cuda/gemm.cu; NVIDIA's recommendation for Hopper).
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;
 
+// A growable device buffer of the backend (core/cuda/cuda_util.h DeviceBuffer) holds at least 1 MiB
+// once it holds anything: what `bytes` of it take.
+inline constexpr int64_t kMinDeviceBufferBytes = int64_t(1) << 20;
+inline int64_t device_buffer_bytes(int64_t bytes) { return bytes > 0 ? std::max(bytes, kMinDeviceBufferBytes) : 0; }
+
 // Column sums of an (N, C) array (core/cuda/column_sums.cuh: the bias gradients and the norms'
 // weight gradients): the row chunks the pass splits N into, and its scratch, K partial sums per
 // chunk and column in fp32.

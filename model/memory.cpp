@@ -164,6 +164,10 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     if (d.first_stage())  // the word embedding's gradient: a radix sort of the token ids
       w.scratch = std::max(w.scratch, embedding_sort_arrays_bytes(N) + embedding_sort_temp_bound(N));
   }
+  // as the backend's buffers hold them (at least 1 MiB each); cuDNN's workspace is one too
+  w.scratch = device_buffer_bytes(w.scratch);
+  w.bias_grad = device_buffer_bytes(w.bias_grad);
+  w.attention = device_buffer_bytes(w.attention);
   return w;
 }
 

@@ -87,7 +87,7 @@ void DeviceBuffer::resize(size_t need, size_t want) {
   }
   p_ = nullptr;
   capacity_ = 0;
-  want = std::max(want, size_t(1) << 20);
+  want = std::max(want, size_t(kMinDeviceBufferBytes));
   if (calls_) ++*calls_;
   if (cudaMalloc(&p_, want) != cudaSuccess) {
     (void)cudaGetLastError();

@@ -58,7 +58,8 @@ class DeviceBuffer {
   size_t capacity() const { return capacity_; }
 
  private:
-  void resize(size_t need, size_t want);  // to `want` bytes (at least 1 MiB) unless it holds `need` already
+  // to `want` bytes (at least core/gpu_workspace.h's 1 MiB) unless it holds `need` already
+  void resize(size_t need, size_t want);
   void* p_ = nullptr;
   size_t capacity_ = 0;
   int64_t* calls_ = nullptr;

@@ -56,7 +56,8 @@ for st in p80["stages"]:
     check(det["false"] == 24 * 2048 * 4 + 24 * 2048 * 128 * 4, "stage %d: cuDNN dQ accumulator %d" % (st["stage"], det["false"]))
     check(st["backend_bytes"] == sum(be[k] for k in ["gemm_workspace_bytes", "attention_workspace_bytes",
                                                       "scratch_bytes", "bias_grad_bytes"]), "backend parts")
-    check(be["bias_grad_bytes"] == 12288 * 4, "stage %d: widest bias gradient (fc1: 4h / TP 4 = h)" % st["stage"])
+    # the widest bias gradient (fc1's: 4h / TP 4 = h fp32) in a buffer of at least 1 MiB
+    check(be["bias_grad_bytes"] == max(12288 * 4, 1 << 20), "stage %d: bias-gradient buffer" % st["stage"])
     # bf16 on a GPU: 18 B per element of the parameter buffer (no alignment padding at these sizes)
     check(st["weight_bytes"] + st["gradient_bytes"] + st["optimizer_bytes"] == 18 * st["parameters_per_rank"],
           "stage %d: 18 B/parameter" % st["stage"])
