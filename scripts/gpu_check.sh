@@ -6,7 +6,9 @@
 #      one rank), and where mpirun and two GPUs are there the NCCL tests and tptrain itself on 2
 #      GPUs (TP 2, PP 2, DP 2 against CPU ranks; a failing and a killed rank end the job),
 #   3. benchmarks a GPT-2 124M shape at micro-batch 16 (llm.c's and the PyTorch figures' shape) and
-#      at the largest micro-batch that fits, and a 350M shape at the largest (bf16, seq 1024), and
+#      at the largest micro-batch that fits by tptrain's plan (its backend workspaces included), and
+#      a 350M shape at the largest (bf16, seq 1024); each run must make no device allocation after
+#      its first iteration, and its "memory:" lines (allocation vs plan) are printed; it
 #      prints tokens/s, TFLOP/s per GPU (Megatron's model-FLOPs formula) and MFU; after each, the
 #      same shape and micro-batch in PyTorch eager (scripts/bench_torch.py: bf16 autocast, SDPA,
 #      fused AdamW, fp32 master weights) and the ratio of the two; and tptrain's op profile
