@@ -16,10 +16,11 @@
 namespace tpt {
 
 // exp(x) in float that the compiler can vectorize (libm's expf is a scalar call): Cody-Waite
-// reduction by ln 2 and Cephes' degree-6 polynomial, within 2 ulp of expf on [-87.3, 88.7];
-// inputs below are clamped (exp(-87.3) ~ 1e-38 instead of a denormal or 0).
+// reduction by ln 2 and Cephes' degree-6 polynomial, within 2 ulp of expf on [-87.3, 88.37];
+// inputs outside are clamped (exp(-87.3) ~ 1e-38 instead of a denormal or 0; exp(88.37) ~ 2.4e38,
+// finite: the power of two n stays <= 127, never the infinity exponent).
 TPT_HOST_DEVICE inline float fast_exp(float x) {
-  x = fminf(fmaxf(x, -87.33654f), 88.72283f);
+  x = fminf(fmaxf(x, -87.33654f), 88.37626f);
   const float n = floorf(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
@@ -48,12 +49,17 @@ TPT_HOST_DEVICE inline float gelu(float x) {
 }
 
 TPT_HOST_DEVICE inline float gelu_grad(float x) {
+  // Beyond |x| = 10 the derivative is 1 (x > 0: what the formula gives in float from x ~ 6.6 on) or,
+  // below -10, smaller than 1e-35 in size; there exp(2u) and x^2 overflow (inf / inf, 0 * inf: nans).
+  if (x > 10.0f) return 1.0f;
+  x = fmaxf(x, -10.0f);
   float u = kGeluScale * (x + 0.044715f * x * x * x);
   // tanh and sech^2 from one exp: e = exp(2u), tanh = 1 - 2/(e+1), sech^2 = 4e/(e+1)^2 (no
   // cancellation near |tanh| = 1)
   float e = fast_exp(2.0f * u);
   float t = 1.0f - 2.0f / (e + 1.0f);
-  float sech2 = 4.0f * e / ((e + 1.0f) * (e + 1.0f));
+  // for e > ~1.8e19 (x > ~6.6) (e + 1)^2 is inf and sech^2 is 0 (4e, 3.3e38 at x = 10, stays finite)
+  float sech2 = e > 1e20f ? 0.0f : 4.0f * e / ((e + 1.0f) * (e + 1.0f));
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 

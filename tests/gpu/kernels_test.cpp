@@ -5,6 +5,8 @@
 // agree bit for bit (or within one rounding step where fast_exp / FMA contraction may differ), and
 // sums agree up to their order: fp32 GEMMs with TF32 off to summation order, 16-bit outputs to one
 // rounding step more. The embedding gradient, casts and the AdamW update agree bit for bit or nearly.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -361,6 +363,10 @@ TEST_P(GpuElementwise, MatchCpu) {
     cpu->gelu_backward(O(out.cpu), C(b.cpu), C(a.cpu), m);
     gpu->gelu_backward(O(out.gpu), C(b.gpu), C(a.gpu), m);
     EXPECT_TRUE(close(out.gpu.host(), out.cpu.host(), 1e-6 + ulp(t), 1e-7)) << "gelu backward";
+    {  // finite for every input, +-12 and +-100 included (close() would let nan match nan)
+      const VecF g = out.gpu.host();
+      EXPECT_EQ(std::count_if(g.begin(), g.end(), [](float v) { return !std::isfinite(v); }), 0) << "gelu backward";
+    }
     cpu->add(O(out.cpu), C(a.cpu), C(b.cpu), m);
     gpu->add(O(out.gpu), C(a.gpu), C(b.gpu), m);
     EXPECT_TRUE(bitwise(out.gpu.host(), out.cpu.host())) << "add";

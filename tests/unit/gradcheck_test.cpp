@@ -621,7 +621,7 @@ namespace {
 // fast_exp (the CPU cross-entropy's exp) against libm in double, over the whole useful range.
 TEST(GradCheck, FastExpWithin2UlpOfExp) {
   double worst = 0;
-  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+  for (float x = -87.0f; x <= 88.37f; x += 0.0137f) {
     const double want = std::exp(double(x));
     const double got = fast_exp(x);
     const double ulp = std::nextafter(float(want), INFINITY) - float(want);
@@ -631,6 +631,31 @@ TEST(GradCheck, FastExpWithin2UlpOfExp) {
   EXPECT_EQ(fast_exp(0.0f), 1.0f);
   EXPECT_GT(fast_exp(-1000.0f), 0.0f);
   EXPECT_LT(fast_exp(-1000.0f), 1e-37f);
+  // finite above the range: the clamp keeps the power of two below the infinity exponent
+  for (float x : {88.37f, 88.38f, 88.5f, 88.72f, 89.0f, 1000.0f, INFINITY}) {
+    EXPECT_TRUE(std::isfinite(fast_exp(x))) << x;
+    EXPECT_GT(fast_exp(x), 2e38f) << x;
+  }
+}
+
+// GELU's derivative tends to 1 for large x (0 for very negative x) and stays finite for every
+// input: one large fc1 pre-activation must not turn a step's gradients into nans (it did above
+// x ~ 10.1, where exp(2u) overflowed 4 e / (e + 1)^2 into inf / inf).
+TEST(GradCheck, GeluGradFiniteForLargeInputs) {
+  for (float x : {6.0f, 6.7f, 8.0f, 10.0f, 10.3f, 12.0f, 30.0f, 100.0f, 1e6f, 1e30f}) {
+    EXPECT_NEAR(gelu_grad(x), 1.0f, 1e-6f) << x;
+    EXPECT_EQ(gelu(x), x) << x;
+  }
+  for (float x : {-10.0f, -12.0f, -100.0f, -1e6f, -1e30f}) {
+    EXPECT_TRUE(std::isfinite(gelu_grad(x))) << x;
+    EXPECT_NEAR(gelu_grad(x), 0.0f, 1e-6f) << x;
+  }
+  VecF x = {10.3f, 12.0f, 100.0f, -100.0f}, dout = {2.0f, 3.0f, 4.0f, 5.0f}, dx(4, 9.0f);
+  cpu().gelu_backward(dx.data(), dout.data(), x.data(), 4);
+  EXPECT_EQ(dx[0], 2.0f);
+  EXPECT_EQ(dx[1], 3.0f);
+  EXPECT_EQ(dx[2], 4.0f);
+  EXPECT_NEAR(dx[3], 0.0f, 1e-6f);
 }
 }  // namespace
 }  // namespace tpt
