@@ -534,7 +534,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   r.lm_loss = dp_loss / double(std::max<int64_t>(batch_counted_, 1));  // G * S without eod_mask_loss
   r.grad_norm = std::sqrt(stats[1]);
   if (dtype_ == DType::F16) {
-    r.skipped = nonfinite > 0;
+    r.skipped = nonfinite > 0 || !std::isfinite(r.lm_loss);  // an overflowed logit: inf loss, finite gradients
     scaler_.update(r.skipped);
     if (r.skipped) return r;
   } else if (nonfinite > 0 || !std::isfinite(r.lm_loss)) {

@@ -18,9 +18,9 @@ namespace tpt {
 // exp(x) in float that the compiler can vectorize (libm's expf is a scalar call): Cody-Waite
 // reduction by ln 2 and Cephes' degree-6 polynomial, within 2 ulp of expf on [-87.3, 88.37];
 // inputs outside are clamped (exp(-87.3) ~ 1e-38 instead of a denormal or 0; exp(88.37) ~ 2.4e38,
-// finite: the power of two n stays <= 127, never the infinity exponent).
-TPT_HOST_DEVICE inline float fast_exp(float x) {
-  x = fminf(fmaxf(x, -87.33654f), 88.37626f);
+// finite: the power of two n stays <= 127, never the infinity exponent); a nan stays a nan.
+TPT_HOST_DEVICE inline float fast_exp(float in) {
+  const float x = fminf(fmaxf(in, -87.33654f), 88.37626f);  // (fmaxf drops a nan: returned below)
   const float n = floorf(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
@@ -34,7 +34,7 @@ TPT_HOST_DEVICE inline float fast_exp(float x) {
   const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return in == in ? p * scale : in;
 }
 
 // tanh through fast_exp (vectorizable): 1 - 2 / (exp(2u) + 1); absolute error ~1e-7.
@@ -51,7 +51,7 @@ TPT_HOST_DEVICE inline float gelu(float x) {
 TPT_HOST_DEVICE inline float gelu_grad(float x) {
   // Beyond |x| = 10 the derivative is 1 (x > 0: what the formula gives in float from x ~ 6.6 on) or,
   // below -10, smaller than 1e-35 in size; there exp(2u) and x^2 overflow (inf / inf, 0 * inf: nans).
-  if (x > 10.0f) return 1.0f;
+  if (!(x <= 10.0f)) return x > 10.0f ? 1.0f : x;  // a nan stays a nan
   x = fmaxf(x, -10.0f);
   float u = kGeluScale * (x + 0.044715f * x * x * x);
   // tanh and sech^2 from one exp: e = exp(2u), tanh = 1 - 2/(e+1), sech^2 = 4e/(e+1)^2 (no

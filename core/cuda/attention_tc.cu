@@ -381,8 +381,7 @@ void allow_smem(K kernel, size_t bytes) {
 template <class T, int D>
 void forward(Bits* out, float* lse, const Bits* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, cudaStream_t s) {
   const size_t smem = typename Layout<T, D>::Fwd().total;
-  static const bool once = (allow_smem(tc_forward_kernel<T, D>, smem), true);
-  (void)once;
+  allow_smem(tc_forward_kernel<T, D>, smem);  // per device (a process may drive several): set at every launch
   const dim3 grid(unsigned(B * H), unsigned((T_ + kRows - 1) / kRows));
   tc_forward_kernel<T, D><<<grid, kBlock, smem, s>>>(out, lse, qkv, T_, H, KV, 1.0f / std::sqrt(float(D)));
   TPT_CUDA_LAUNCHED();
@@ -392,9 +391,8 @@ template <class T, int D>
 void backward(Bits* dqkv, const Bits* dout, const Bits* qkv, const float* lse, const float* delta, int64_t B,
               int64_t T_, int64_t H, int64_t KV, cudaStream_t s) {
   const size_t smem = typename Layout<T, D>::Bwd().total;
-  static const bool once =
-      (allow_smem(tc_dq_kernel<T, D>, smem), allow_smem(tc_dkv_kernel<T, D>, smem), true);
-  (void)once;
+  allow_smem(tc_dq_kernel<T, D>, smem);  // per device: at every launch, as the forward
+  allow_smem(tc_dkv_kernel<T, D>, smem);
   const unsigned row_blocks = unsigned((T_ + kRows - 1) / kRows);
   const float scale = 1.0f / std::sqrt(float(D));
   tc_dq_kernel<T, D><<<dim3(unsigned(B * H), row_blocks), kBlock, smem, s>>>(dqkv, dout, qkv, lse, delta, T_, H, KV,

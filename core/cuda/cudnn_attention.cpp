@@ -22,6 +22,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -79,6 +80,12 @@ const CudnnLibrary& cudnn_library() {
       return CudnnLibrary{false, e ? e : "cannot open " + name};
     }
     fe::cudnn_dlhandle = h;  // never closed: the plans and handles live until the process ends
+    // The frontend opens a CUDA runtime of its own for its workspace memsets (libcudart.so.12 first,
+    // then .13): make it the one this process runs on, so that its calls see our streams.
+    Dl_info info{};
+    if (!std::getenv("CUDNN_FRONTEND_CUDART_LIB_NAME") && dladdr(reinterpret_cast<void*>(&cudaGetDeviceCount), &info) &&
+        info.dli_fname && std::strstr(info.dli_fname, "libcudart"))
+      setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", info.dli_fname, 0);
     CudnnLibrary ok;
     ok.loaded = true;
     return ok;

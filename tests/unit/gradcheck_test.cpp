@@ -631,6 +631,8 @@ TEST(GradCheck, FastExpWithin2UlpOfExp) {
   EXPECT_EQ(fast_exp(0.0f), 1.0f);
   EXPECT_GT(fast_exp(-1000.0f), 0.0f);
   EXPECT_LT(fast_exp(-1000.0f), 1e-37f);
+  EXPECT_TRUE(std::isnan(fast_exp(NAN)));  // a nan stays a nan (the clamp's fmaxf would drop it)
+  EXPECT_TRUE(std::isnan(gelu_grad(NAN)));
   // finite above the range: the clamp keeps the power of two below the infinity exponent
   for (float x : {88.37f, 88.38f, 88.5f, 88.72f, 89.0f, 1000.0f, INFINITY}) {
     EXPECT_TRUE(std::isfinite(fast_exp(x))) << x;
