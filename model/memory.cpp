@@ -125,9 +125,11 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
   m.buffer_bytes += staged * B * chunks.front().S * 4;
   if (gpu_backend) {
     const int64_t tensors = int64_t(layout.params.size());
-    for (bool det : {true, false})
-      m.attention_workspace_by_mode[det ? 0 : 1] = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, det).attention;
-    m.backend = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, cfg.training.deterministic);
+    const BackendWorkspace det = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, true),
+                           nondet = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, false);
+    m.attention_workspace_by_mode[0] = det.attention;
+    m.attention_workspace_by_mode[1] = nondet.attention;
+    m.backend = cfg.training.deterministic ? det : nondet;
   }
   return m;
 }

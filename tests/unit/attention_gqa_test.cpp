@@ -27,39 +27,6 @@ using namespace test;  // tests/common/gradcheck.h, storage_checks.h
 // ================================================================================================
 // Attention with KV heads: qkv (B, T, (H + 2 KV) D), query head h with key/value head h / (H / KV)
 
-// Multi-head attention in double on qkv (B, T, 3, H, D) (gradcheck_test.cpp's AttentionRef).
-struct MhaRef {
-  int64_t B, T, H, D;
-  VecD forward(const VecD& qkv, VecD* lse = nullptr) const {
-    const int64_t row = 3 * H * D;
-    const double scale = 1.0 / std::sqrt(double(D));
-    VecD out(size_t(B * T * H * D), 0.0);
-    if (lse) lse->assign(size_t(B * H * T), 0.0);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          const double* q = qkv.data() + b * T * row + t * row + h * D;
-          VecD s(size_t(t + 1));
-          double mx = -1e300;
-          for (int64_t u = 0; u <= t; ++u) {
-            const double* k = qkv.data() + b * T * row + u * row + H * D + h * D;
-            double d = 0;
-            for (int64_t i = 0; i < D; ++i) d += q[i] * k[i];
-            s[size_t(u)] = d * scale;
-            mx = std::max(mx, s[size_t(u)]);
-          }
-          double sum = 0;
-          for (double& e : s) sum += (e = std::exp(e - mx));
-          if (lse) (*lse)[size_t((b * H + h) * T + t)] = mx + std::log(sum);
-          for (int64_t u = 0; u <= t; ++u) {
-            const double* v = qkv.data() + b * T * row + u * row + 2 * H * D + h * D;
-            for (int64_t i = 0; i < D; ++i) out[size_t((b * T + t) * H * D + h * D + i)] += s[size_t(u)] / sum * v[i];
-          }
-        }
-    return out;
-  }
-};
-
 // The grouped tensor (B, T, (H + 2 KV) D) as a multi-head one (B, T, 3, H, D): key and value head
 // h / (H / KV) repeated for each query head h.
 template <class V>
@@ -85,7 +52,7 @@ TEST(LlamaOps, GqaAttentionForwardMatchesRepeatedHeads) {
     cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, D);
     // the double reference: multi-head attention with each group's key and value repeated
     VecD lse_d;
-    const VecD out_d = MhaRef{B, T, H, D}.forward(repeat_kv(to_d(qkv), B * T, H, KV, D), &lse_d);
+    const VecD out_d = AttentionRef{B, T, H, D}.forward(repeat_kv(to_d(qkv), B * T, H, KV, D), &lse_d);
     expect_close(out, out_d, 1e-5, "GQA out vs double reference", 0.01);
     expect_close(lse, lse_d, 1e-5, "GQA lse vs double reference", 0.01);
     // the CPU's multi-head attention on the repeated heads: the same arithmetic, bit for bit
@@ -110,7 +77,7 @@ TEST(LlamaOps, GqaAttentionBackwardAgainstFiniteDifferences) {
     };
     const VecD g = fd_float(qkv, 1e-2f, J);
     // the double objective through the repeated heads: the chain rule sums dK, dV over each group
-    const MhaRef ref{B, T, H, D};
+    const AttentionRef ref{B, T, H, D};
     VecD qd = to_d(qkv);
     const VecD gd = fd_double(qd, 1e-6, [&] { return dot(ref.forward(repeat_kv(qd, B * T, H, KV, D)), R); });
 
@@ -254,7 +221,7 @@ TEST(LlamaOps, AttentionWithKvEqualHeadsIsTheMultiHeadKernelBitwise) {
     legacy_mha_backward(dqkv_l.data(), dy.data(), qkv.data(), lse_l.data(), c.B, c.T, c.H, c.D);
     expect_bitwise(dqkv, dqkv_l, "dqkv (KV = H)");
     // and the double reference, so that the kernel copied above is itself right
-    expect_close(out, MhaRef{c.B, c.T, c.H, c.D}.forward(to_d(qkv)), 1e-5, "out vs double reference", 0.01);
+    expect_close(out, AttentionRef{c.B, c.T, c.H, c.D}.forward(to_d(qkv)), 1e-5, "out vs double reference", 0.01);
   }
 }
 

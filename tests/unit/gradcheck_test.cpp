@@ -180,44 +180,8 @@ TEST(GradCheck, LayerNormBackwardAgainstFiniteDifferences) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// attention: qkv (B, T, 3, H, D) -> out (B, T, H*D), causal, scaled by 1/sqrt(D)
-
-struct AttentionRef {
-  int64_t B, T, H, D;
-  // log-sum-exp (B, H, T) of each query's scaled scores
-  VecD lse(const VecD& qkv) const {
-    VecD l(size_t(B * H * T));
-    forward(qkv, &l);
-    return l;
-  }
-  VecD forward(const VecD& qkv, VecD* lse = nullptr) const {
-    const int64_t row = 3 * H * D;
-    const double scale = 1.0 / std::sqrt(double(D));
-    VecD out(size_t(B * T * H * D), 0.0);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          const double* q = qkv.data() + b * T * row + t * row + h * D;
-          VecD s(static_cast<size_t>(t + 1));
-          double mx = -1e300;
-          for (int64_t u = 0; u <= t; ++u) {
-            const double* k = qkv.data() + b * T * row + u * row + H * D + h * D;
-            double d = 0;
-            for (int64_t i = 0; i < D; ++i) d += q[i] * k[i];
-            s[size_t(u)] = d * scale;
-            mx = std::max(mx, s[size_t(u)]);
-          }
-          double sum = 0;
-          for (double& e : s) sum += (e = std::exp(e - mx));
-          if (lse) (*lse)[size_t((b * H + h) * T + t)] = mx + std::log(sum);
-          for (int64_t u = 0; u <= t; ++u) {
-            const double* v = qkv.data() + b * T * row + u * row + 2 * H * D + h * D;
-            for (int64_t i = 0; i < D; ++i) out[size_t((b * T + t) * H * D + h * D + i)] += s[size_t(u)] / sum * v[i];
-          }
-        }
-    return out;
-  }
-};
+// attention: qkv (B, T, 3, H, D) -> out (B, T, H*D), causal, scaled by 1/sqrt(D) (the double
+// reference: tests/common/gradcheck.h AttentionRef)
 
 TEST(GradCheck, AttentionForwardMatchesDoubleReference) {
   const int64_t B = 2, T = 5, H = 2, D = 3;
