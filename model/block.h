@@ -5,31 +5,36 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/ops.h"
 #include "model/gpt.h"
 
 namespace tpt {
 
-// Parameter (or gradient) pointers of one transformer block; null where the architecture has no such
-// tensor (the norms' biases with RMSNorm, the linear biases without model.add_bias_linear).
+// Parameter (or gradient) pointers of one transformer block, per part of the layer spec
+// (model/layer_spec.h; the dense block's parts are DensePart): weight[part] (a norm's weight, a linear
+// layer's weight) and bias[part], null where the part has none (the norms' biases with RMSNorm, the
+// linear biases without model.add_bias_linear).
 template <class P>
 struct BlockParams {
-  P ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  std::vector<P> weight, bias;
 };
 
 template <class P>
-BlockParams<P> block_params(const ParamLayout& layout, P base, int64_t layer) {
+BlockParams<P> block_params(const ParamLayout& layout, const LayerSpec& spec, P base, int64_t layer) {
   const std::string pre = "h." + std::to_string(layer) + ".";
-  auto at = [&](const char* n, bool required) {
+  auto at = [&](const std::string& n, bool required) {
     const ParamInfo* p = layout.find(pre + n);
     TPT_CHECK(p != nullptr || !required);
     return p ? base + p->offset : P{};
   };
-  return {at("ln_1.weight", true),      at("ln_1.bias", false),       at("attn.qkv.weight", true),
-          at("attn.qkv.bias", false),   at("attn.proj.weight", true), at("attn.proj.bias", false),
-          at("ln_2.weight", true),      at("ln_2.bias", false),       at("mlp.fc1.weight", true),
-          at("mlp.fc1.bias", false),    at("mlp.fc2.weight", true),   at("mlp.fc2.bias", false)};
+  BlockParams<P> r;
+  for (const LayerPart& part : spec.parts) {
+    r.weight.push_back(at(part.name() + ".weight", true));
+    r.bias.push_back(at(part.name() + ".bias", false));
+  }
+  return r;
 }
 
 // What a block's forward writes (and its backward reads). Nt: the rank's tokens of the residual

@@ -26,13 +26,13 @@ struct GPTStage::LayerActs : BlockActs {  // model/block.h
 };
 
 // What a split backward's B (BackwardPart::Input) leaves for its W (backward_weight), per layer: the
-// output gradient dY of each of the layer's four GEMMs on all N tokens, in the compute dtype. W's
-// other operand, the GEMM's input X, stays in the slot's activations (LayerActs).
+// output gradient dY of each of the layer's linear layers on all N tokens (N, out), in the compute
+// dtype, indexed by layer-spec part (null for the norms): attn.qkv's from the attention backward
+// through RoPE and the regroup, attn.proj's and mlp.fc2's the residual gradient (with sequence
+// parallelism all-gathered), mlp.fc1's fc2's input gradient through the activation's derivative.
+// W's other operand, the GEMM's input X, stays in the slot's activations (LayerActs).
 struct GPTStage::LayerStash {
-  Buf dqkv;   // (N, QKVl) d QKV GEMM output (from the attention backward, through RoPE and the regroup)
-  Buf dproj;  // (N, C)    d attention projection output (with sequence parallelism all-gathered)
-  Buf dfc1;   // (N, Fl1)  d fc1 output: fc2's input gradient through the activation's derivative
-  Buf dfc2;   // (N, C)    d fc2 output (with sequence parallelism all-gathered)
+  std::vector<Buf> dy;
 };
 
 struct GPTStage::SlotActs {
@@ -104,16 +104,18 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
 
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
   const int64_t N = B * d.S, layers = d.layer_end - d.layer_begin;
-  return layers * tb(N * d.QKVl + N * d.C + N * d.Fl1 + N * d.C, t);  // LayerStash: dqkv, dproj, dfc1, dfc2
+  int64_t per_layer = 0;  // LayerStash: dY (N, out) of each linear layer
+  for (const LinearSpec* l : d.layer.linears()) per_layer += N * l->out;
+  return layers * tb(per_layer, t);
 }
 
 std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
-  const std::pair<std::pair<int64_t, int64_t>, const char*> parts[] = {
-      {{d.C, d.QKVl}, "attn.qkv"}, {{d.Cl, d.C}, "attn.proj"}, {{d.C, d.Fl1}, "mlp.fc1"},
-      {{d.Fl, d.C}, "mlp.fc2"},      {{d.C, d.Vl}, "lm_head"}};
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> parts;
+  for (const LinearSpec* l : d.layer.linears()) parts.push_back({{l->in, l->out}, l->name});
+  parts.push_back({{d.C, d.Vl}, "lm_head"});
   std::string name;
   for (const auto& [shape, part] : parts)
-    if (shape == std::pair<int64_t, int64_t>{in, out}) name += (name.empty() ? "" : "|") + std::string(part);
+    if (shape == std::pair<int64_t, int64_t>{in, out}) name += (name.empty() ? "" : "|") + part;
   return name.empty() ? std::to_string(in) + "->" + std::to_string(out) : name;
 }
 
@@ -220,8 +222,10 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       a->lnf_stats = norm_stats(Nt);
     }
     if (opt_.split_backward)  // weight_grad_stash_bytes
-      for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
-        a->stash.push_back({alloc(N * d.QKVl), alloc(N * d.C), alloc(N * d.Fl1), alloc(N * d.C)});
+      for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+        LayerStash& st = a->stash.emplace_back();
+        for (const LayerPart& part : d.layer.parts) st.dy.push_back(part.is_linear ? alloc(N * part.linear.out) : Buf{});
+      }
   }
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) {
     wire_ = TPWire{&ops_, Buf(ops_.alloc_bytes(size_t(bytes)), opt_.dtype)};
@@ -348,7 +352,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   tp.gather_tokens = [&](CBuf ln) { return gather_tokens(ln, tmp_); };
   tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   tp.bias_in_gemm = row_bias_in_gemm();
-  ::tpt::block_forward(ops_, block_params(layout_, params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
+  ::tpt::block_forward(ops_, block_params(layout_, d_.layer, params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
                        block_shape(positions), [&](BlockActs&) { attention_core_forward(a); }, &tp);
 }
 
@@ -359,20 +363,20 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   auto row_output = [&](Buf partial, CBuf bias) { return tp ? tp->row_parallel_output(partial, bias) : CBuf(partial); };
   const bool bias_in_gemm = !tp || tp->bias_in_gemm;
   // attention: QKV (column-parallel by heads or groups) in the attention's heads layout, q and k rotated
-  s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.ln1_w, w.ln1_b, s.Nt, s.C);
+  s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], s.Nt, s.C);
   const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
-  ops.linear_forward(qkv_out, gather(a.ln1), w.qkv_w, w.qkv_b, s.N, s.C, s.qkv.width());
+  ops.linear_forward(qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
   s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
   s.rope.forward(ops, a.qkv, s.positions, s.N, s.S, s.qkv);
   attention_core(a);
-  ops.linear_forward(tmp, a.atty, w.proj_w, bias_in_gemm ? w.proj_b : nullptr, s.N, s.Cl, s.C);  // row-parallel
-  CBuf y = row_output(tmp, w.proj_b);  // (Nt, C)
+  ops.linear_forward(tmp, a.atty, w.weight[kProj], bias_in_gemm ? w.bias[kProj] : nullptr, s.N, s.Cl, s.C);  // row-parallel
+  CBuf y = row_output(tmp, w.bias[kProj]);  // (Nt, C)
   // residual, then the MLP's norm in the same pass
-  s.norm.residual_forward(ops, a.x_mid, a.ln2, a.ln2_stats, x_in, y, w.ln2_w, w.ln2_b, s.Nt, s.C);
+  s.norm.residual_forward(ops, a.x_mid, a.ln2, a.ln2_stats, x_in, y, w.weight[kLn2], w.bias[kLn2], s.Nt, s.C);
   // MLP: fc1 with its activation (column-parallel), fc2 (row-parallel)
-  s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.fc1_w, w.fc1_b, s.N, s.C, s.Fl);
-  ops.linear_forward(tmp, a.gelu, w.fc2_w, bias_in_gemm ? w.fc2_b : nullptr, s.N, s.Fl, s.C);
-  y = row_output(tmp, w.fc2_b);
+  s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl);
+  ops.linear_forward(tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
+  y = row_output(tmp, w.bias[kFc2]);
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
 }
 
@@ -393,8 +397,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockShape s = block_shape(positions);
-  const BlockParams<CBuf> w = block_params(layout_, params_, layer);
-  const BlockParams<float*> gw = block_params(layout_, grads_, layer);
+  const BlockParams<CBuf> w = block_params(layout_, d_.layer, params_, layer);
+  const BlockParams<float*> gw = block_params(layout_, d_.layer, grads_, layer);
   const bool split = stash != nullptr;
   // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
   // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
@@ -411,29 +415,29 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     else ops_.linear_backward(dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
   };
   // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
-  const Buf dfc = split ? stash->dfc1 : dfc_;
-  RowGrad dy = row_grad(gw.fc2_b, split ? stash->dfc2 : Buf{});  // (N, C)
+  const Buf dfc = split ? stash->dy[kFc1] : dfc_;
+  RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
   if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
-  s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.fc2_w, split ? nullptr : dy.dbias, dy.dout, a.gelu, w.fc2_w,
+  s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu, w.weight[kFc2],
                  a.fc1, N, d.Fl, d.C);
-  gemm_backward(dln_, gw.fc1_w, gw.fc1_b, dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
-                w.fc1_w, d.C, d.Fl1);
+  gemm_backward(dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
+                w.weight[kFc1], d.C, d.Fl1);
   CBuf dln2 = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
-  s.norm.backward(ops_, dres, gw.ln2_w, gw.ln2_b, dln2, a.x_mid, w.ln2_w, a.ln2_stats, Nt, d.C);
+  s.norm.backward(ops_, dres, gw.weight[kLn2], gw.bias[kLn2], dln2, a.x_mid, w.weight[kLn2], a.ln2_stats, Nt, d.C);
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  dy = row_grad(gw.proj_b, split ? stash->dproj : Buf{});
-  gemm_backward(datt_, gw.proj_w, dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.proj_w, d.Cl, d.C);
+  dy = row_grad(gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
+  gemm_backward(datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C);
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
-  const Buf dqkv = split ? stash->dqkv : dqkv_;
+  const Buf dqkv = split ? stash->dy[kQkv] : dqkv_;
   const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
   if (ring_) ring_->backward(dheads, datt_, a.qkv, a.atty, a.lse);
   else ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.KVl, d.D);
   s.rope.backward(ops_, dheads, positions, N, d.S, s.qkv);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
-  gemm_backward(dln_, gw.qkv_w, gw.qkv_b, dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.qkv_w, d.C, d.QKVl);
+  gemm_backward(dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.QKVl);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
-  s.norm.backward(ops_, dres, gw.ln1_w, gw.ln1_b, dln1, x_in, w.ln1_w, a.ln1_stats, Nt, d.C);
+  s.norm.backward(ops_, dres, gw.weight[kLn1], gw.bias[kLn1], dln1, x_in, w.weight[kLn1], a.ln1_stats, Nt, d.C);
 }
 
 // W of a layer: the weight part of block_backward's four GEMM calls (the same dw, dbias, dout, inp;
@@ -444,20 +448,20 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
 void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& st) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S;
-  const BlockParams<CBuf> w = block_params(layout_, params_, layer);
-  const BlockParams<float*> gw = block_params(layout_, grads_, layer);
+  const BlockParams<CBuf> w = block_params(layout_, d_.layer, params_, layer);
+  const BlockParams<float*> gw = block_params(layout_, d_.layer, grads_, layer);
   const bool sp = d.sequence_parallel;
   // MLP
   d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
-  ops_.linear_backward(Buf{}, gw.fc2_w, sp ? nullptr : gw.fc2_b, st.dfc2, a.gelu, w.fc2_w, N, d.Fl, d.C, false);
+  ops_.linear_backward(Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N, d.Fl, d.C, false);
   CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
-  ops_.linear_backward(Buf{}, gw.fc1_w, gw.fc1_b, st.dfc1, ln2, w.fc1_w, N, d.C, d.Fl1, false);
+  ops_.linear_backward(Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.Fl1, false);
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  ops_.linear_backward(Buf{}, gw.proj_w, sp ? nullptr : gw.proj_b, st.dproj, a.atty, w.proj_w, N, d.Cl, d.C, false);
+  ops_.linear_backward(Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
   CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  ops_.linear_backward(Buf{}, gw.qkv_w, gw.qkv_b, st.dqkv, ln1, w.qkv_w, N, d.C, d.QKVl, false);
+  ops_.linear_backward(Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.QKVl, false);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,

@@ -12,6 +12,7 @@
 #include "core/config.h"
 #include "core/ops.h"
 #include "core/sharded_tensor.h"
+#include "model/layer_spec.h"
 #include "model/layers.h"
 #include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
@@ -63,6 +64,9 @@ struct GPTDims {
   // each sequence (two chunks), attention is the CP ring, and positions always come with the tokens
   // (position_ids: their global positions).
   int cp = 1, cp_rank = 0;
+  // The transformer layer's parts (model/layer_spec.h), from the widths and options above: the
+  // parameters, the stash, the plan's GEMMs and FLOPs are derived from it.
+  LayerSpec layer;
 };
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
 // d as CP rank cp_rank of parallel.context_parallel_size sees it (unchanged with CP 1).
@@ -118,17 +122,19 @@ struct StageOptions {
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
-// whatever the recompute mode): the output gradients dY of each transformer layer's four GEMMs, which
-// a split backward's B stashes for its W, in the compute dtype t on all N = B*S tokens --
-// layers * (N*3*Cl (qkv) + N*C (attn.proj) + N*Fl (mlp.fc1) + N*C (mlp.fc2)) elements. The
-// constructor allocates exactly that per slot (up to the allocator's alignment, as above).
+// whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
+// layers (d.layer's linears: N*out each), which a split backward's B stashes for its W, in the
+// compute dtype t on all N = B*S tokens -- for the dense block layers * N * (QKVl (attn.qkv) + C
+// (attn.proj) + Fl1 (mlp.fc1) + C (mlp.fc2)) elements. The constructor allocates exactly that per
+// slot (up to the allocator's alignment, as above).
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t);
 // Elements of one pipeline message (a stage's output or its input gradient) for micro-batches of B:
 // B*S*C, or B*S*C/tp with sequence parallelism.
 inline int64_t stage_message_elements(const GPTDims& d, int64_t B) { return d.local_tokens(B * d.S) * d.C; }
 
-// The name of the stage's GEMM with input width `in` and output width `out` ("attn.qkv",
-// "attn.proj", "mlp.fc1", "mlp.fc2", "lm_head"; names joined by "|" where the widths coincide).
+// The name of the stage's GEMM with input width `in` and output width `out`: the layer spec's linear
+// layers ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2") and "lm_head"; names joined by "|" where the
+// widths coincide.
 std::string linear_name(const GPTDims& d, int64_t in, int64_t out);
 
 class GPTStage {
@@ -168,7 +174,7 @@ class GPTStage {
   // input gradient, which input_grad() then holds, and the cheap gradients -- LayerNorms, the
   // embeddings, the LM head's tied word embedding, the row-parallel biases with sequence parallelism)
   // then, later, Weight (W: the weight GEMMs' gradients of the same slot, backward_weight).
-  // Input needs StageOptions::split_backward; it stashes the four GEMMs' output gradients of every
+  // Input needs StageOptions::split_backward; it stashes the linear layers' output gradients of every
   // layer in the slot and calls no layer_done (the layers' gradients are incomplete). The slot's
   // activations stay in use until its backward_weight: no forward of the slot before it.
   // B then W adds the same gradients as Full, op for op (bit for bit on the CPU backend).

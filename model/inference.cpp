@@ -139,7 +139,7 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
   const BlockShape shape{n, n, C, d.Cl, F, n, d.norm, d.mlp, d.qkv_layout(),
                          Rope{d.rot, d.rope_interleaved, d.inv_freq.data()}, positions.data()};
   for (int64_t l = 0; l < d.L; ++l) {
-    block_forward(ops_, block_params(layout_, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
+    block_forward(ops_, block_params(layout_, d_.layer, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
                   qkv_tmp.data(), shape, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); });
     std::swap(x, x_next);
   }

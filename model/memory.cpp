@@ -75,10 +75,16 @@ void check_plannable(const Config& c) {
 
 StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
-  TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp);
+  TPT_CHECK(pp_rank >= 0 && pp_rank < pp);
   // every TP rank of a stage holds the same sizes
   std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
   for (GPTDims& d : chunks) apply_context_parallel(d, cfg, 0);  // every CP rank holds the same sizes
+  return stage_memory(cfg, pp_rank, chunks, gpu_backend);
+}
+
+StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend) {
+  const int pp = cfg.parallel.pipeline_model_parallel_size;
+  TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp && !chunks.empty());
   const ParamLayout layout = make_rank_layout(chunks);
   const DType dtype = compute_dtype(cfg);
   const int64_t B = cfg.training.micro_batch_size;
@@ -156,10 +162,9 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel
     // bias) over the GEMM's rows
     w.scratch = std::max(w.scratch, column_sums_scratch_bytes(Nt, d.C, d.norm.rms ? 1 : 2));
-    std::vector<int64_t> biased;  // output widths of the GEMMs with a bias
-    if (d.qkv_bias) biased.push_back(d.QKVl);
-    if (d.bias) biased.insert(biased.end(), {d.C, d.Fl1});
-    for (int64_t O : biased) {
+    for (const LinearSpec* l : d.layer.linears()) {  // the GEMMs with a bias, by their output width
+      if (!l->bias) continue;
+      const int64_t O = l->out;
       w.scratch = std::max(w.scratch, column_sums_scratch_bytes(N, O, 1));
       w.bias_grad = std::max(w.bias_grad, O * 4);
     }
@@ -215,6 +220,12 @@ double iteration_model_flops(const Config& c, int64_t padded_vocab) {
   return 12.0 * B * s * l * h * h * ((1.0 + G / H + s / (2.0 * h)) * r + F / h * gated + V / (2.0 * l * h));
 }
 
+double linear_forward_flops(const GPTDims& d, double tokens) {
+  double in_out = 0;  // exact: integer products well below 2^53
+  for (const LinearSpec* l : d.layer.linears()) in_out += double(l->in) * double(l->out);
+  return 2.0 * tokens * in_out;
+}
+
 namespace {
 
 // Per-rank FLOPs and TP all-reduce payload (bytes) of one micro-batch's forward and backward on a stage.
@@ -231,13 +242,14 @@ StageWork stage_work(const Config& c, int s) {
   const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), S_all = double(c.model.seq_length);
   const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
   const Recompute r = c.training.recompute;
-  // per layer and rank: QKV 2 N C QKVl, projection 2 N Cl C, MLP 2 N C Fl1 + 2 N Fl C; attention scores
+  // per layer and rank: 2 N in out for each linear layer of the layer spec (QKV 2 N C QKVl, projection
+  // 2 N Cl C, MLP 2 N C Fl1 + 2 N Fl C); attention scores
   // and weighted sum 4 N S Cl, of which the causal half is computed (2 N S Cl, as the logged formula's
   // s/(2h) term counts them); with context parallelism the rank's N = B S / CP queries against the
   // whole sequence's keys (the load-balanced chunks give every rank the same causal half)
   const double Cl = double(d.Cl);
   const double attn_core = 2.0 * N * S_all * Cl;
-  const double layer = 2.0 * N * C * (double(d.QKVl) + Cl + double(d.Fl1) + double(d.Fl)) + attn_core;
+  const double layer = linear_forward_flops(d, N) + attn_core;
   const double lm_head = 2.0 * N * C * double(d.Vl);
   const bool gpipe = c.parallel.pipeline_schedule == PipelineSchedule::GPipe;
   StageWork w;
@@ -251,8 +263,16 @@ StageWork stage_work(const Config& c, int s) {
   if (tp > 1) {
     const double cb = dtype_bytes(compute_dtype(c));
     const double act = N * C * cb;
-    w.fwd_tp_bytes = layers * 2 * act + (d.first_stage() ? act : 0) + (d.last_stage() ? 3 * N * 4 : 0);
-    w.bwd_tp_bytes = layers * 2 * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * 2 * act : 0);
+    // per layer: forward one all-reduce after each row-parallel layer, backward one of each
+    // column-parallel layer's input gradient
+    double rows = 0, columns = 0;
+    for (const LinearSpec* l : d.layer.linears()) {
+      rows += l->split == LinearSplit::Row;
+      columns += l->split == LinearSplit::Column;
+    }
+    w.fwd_tp_bytes = layers * rows * act + (d.first_stage() ? act : 0) + (d.last_stage() ? 3 * N * 4 : 0);
+    w.bwd_tp_bytes =
+        layers * columns * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * rows * act : 0);
   }
   if (d.cp > 1) {  // per layer: CP - 1 K/V blocks forward; in backward CP - 1 blocks and CP fp32 gradients
     const double kv = N * 2.0 * double(d.KVl * d.D), reruns = r == Recompute::None ? 0.0 : 1.0;

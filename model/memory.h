@@ -71,6 +71,9 @@ DType compute_dtype(const Config& cfg);
 // Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done), on a GPU
 // (gpu_backend: the backend's own buffers counted) or on CPU ranks.
 StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend = true);
+// The same for the stage's model chunks as given (make_chunk_dims of the stage, CP applied): what the
+// first form computes them as; a test changes their layer spec.
+StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend);
 // The GPU backend's own buffers for a rank holding model chunks `chunks` (core/gpu_workspace.h has
 // the sizes): cuBLASLt's workspace; cuDNN's attention workspace for 16-bit runs without context
 // parallelism (whose ring computes its own blocks), for `deterministic`; the largest scratch of a
@@ -94,6 +97,9 @@ int64_t total_parameters(const Config& cfg);
 // groups, D head dim, m = 3/2 with SwiGLU (else 1), V = padded vocabulary; for GPT-2
 // 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
 double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
+// FLOPs of the forward GEMMs of one transformer layer of d on one rank for `tokens` tokens: 2 tokens
+// in out for each linear layer of its layer spec (model/layer_spec.h). The plan's hardware FLOPs.
+double linear_forward_flops(const GPTDims& d, double tokens);
 
 struct PlanOptions {
   int world_size = 0;                  // 0: TP * CP * PP * (data_parallel_size or 1)

@@ -54,6 +54,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.loss_mask = cfg.data.eod_mask_loss;
   d.sequence_parallel = cfg.parallel.sequence_parallel && tp > 1;  // with TP 1 there is nothing to split
   if (d.sequence_parallel && d.S % tp) internal_error("make_dims: unchecked sequence_parallel / seq_length mismatch");
+  d.layer = make_layer_spec(d);
   return d;
 }
 
@@ -135,8 +136,6 @@ ParamInfo word_embedding(const GPTDims& d, const char* name, bool tied_copy) {
 ParamLayout make_param_layout(const GPTDims& d) {
   using I = ParamInfo::Init;
   LayoutBuilder b;
-  // Megatron's scaled init of the two output projections of each block.
-  const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
   auto weight = [&](ParamInfo p, float std) {  // a weight matrix: N(0, std), decayed
     p.weight_decay = true;
     p.init = I::Normal;
@@ -151,30 +150,31 @@ ParamLayout make_param_layout(const GPTDims& d) {
     b.add(word_embedding(d, "wte.weight", false));
     if (d.learned_positions()) weight(replicated("wpe.weight", {d.P, d.C}, I::Normal), d.init_std);
   }
-  // QKV, column-parallel by heads: multi-head (3, H D, C) -- q, k, v of all heads, sharded along the
-  // heads --, or grouped-query (G, H/G + 2, D, C) -- per group its query heads, its key, its value
-  // (Megatron's layout) -- sharded along the groups. fc1: (F, C), or with SwiGLU (2, F, C) = [gate; up],
-  // each sharded along F so that a rank holds [gate_r; up_r].
-  const int64_t HD = d.H * d.D, Q = d.H / d.G;
-  const std::vector<int64_t> qkv_w = d.grouped_qkv ? std::vector<int64_t>{d.G, Q + 2, d.D, d.C}
-                                                   : std::vector<int64_t>{3, HD, d.C};
-  const std::vector<int64_t> qkv_b(qkv_w.begin(), qkv_w.end() - 1);
-  const int qkv_dim = d.grouped_qkv ? 0 : 1;
-  const std::vector<int64_t> fc1_w = d.mlp.swiglu ? std::vector<int64_t>{2, d.F, d.C} : std::vector<int64_t>{d.F, d.C};
-  const std::vector<int64_t> fc1_b(fc1_w.begin(), fc1_w.end() - 1);
-  const int fc1_dim = d.mlp.swiglu ? 1 : 0;
+  // each transformer layer: its parts as the layer spec lists them (model/layer_spec.h)
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
-    std::string pre = "h." + std::to_string(l) + ".";
-    norm(pre + "ln_1");
-    weight(sharded(pre + "attn.qkv.weight", qkv_w, qkv_dim, d.tp, d.tp_rank), d.init_std);
-    if (d.qkv_bias) b.add(sharded(pre + "attn.qkv.bias", qkv_b, qkv_dim, d.tp, d.tp_rank));
-    weight(sharded(pre + "attn.proj.weight", {d.C, HD}, 1, d.tp, d.tp_rank), out_std);
-    if (d.bias) b.add(replicated(pre + "attn.proj.bias", {d.C}, I::Zeros));
-    norm(pre + "ln_2");
-    weight(sharded(pre + "mlp.fc1.weight", fc1_w, fc1_dim, d.tp, d.tp_rank), d.init_std);
-    if (d.bias) b.add(sharded(pre + "mlp.fc1.bias", fc1_b, fc1_dim, d.tp, d.tp_rank));
-    weight(sharded(pre + "mlp.fc2.weight", {d.C, d.F}, 1, d.tp, d.tp_rank), out_std);
-    if (d.bias) b.add(replicated(pre + "mlp.fc2.bias", {d.C}, I::Zeros));
+    const std::string pre = "h." + std::to_string(l) + ".";
+    for (const LayerPart& part : d.layer.parts) {
+      if (!part.is_linear) {
+        norm(pre + part.norm.name);
+        continue;
+      }
+      const LinearSpec& s = part.linear;
+      const std::string w = pre + s.name + ".weight", bias = pre + s.name + ".bias";
+      switch (s.split) {
+        case LinearSplit::Column:
+          weight(sharded(w, s.weight_shape, s.split_dim, d.tp, d.tp_rank), s.init_std);
+          if (s.bias) b.add(sharded(bias, s.bias_shape(), s.split_dim, d.tp, d.tp_rank));
+          break;
+        case LinearSplit::Row:
+          weight(sharded(w, s.weight_shape, int(s.weight_shape.size()) - 1, d.tp, d.tp_rank), s.init_std);
+          if (s.bias) b.add(replicated(bias, s.bias_shape(), I::Zeros));
+          break;
+        case LinearSplit::Replicated:
+          weight(replicated(w, s.weight_shape, I::Normal), s.init_std);
+          if (s.bias) b.add(replicated(bias, s.bias_shape(), I::Zeros));
+          break;
+      }
+    }
   }
   if (d.last_stage()) {
     norm("ln_f");
@@ -188,11 +188,15 @@ ParamLayout make_param_layout(const GPTDims& d) {
 
 std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d) {
   std::vector<GradRange> r;
+  // a layer's tensors are consecutive: from its first part's first tensor to its last part's last
+  const LayerPart& last_part = d.layer.parts.back();
+  const std::string last_name =
+      last_part.name() + (last_part.is_linear ? (last_part.linear.bias ? ".bias" : ".weight")
+                                              : (d.norm.has_bias() ? ".bias" : ".weight"));
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
-    // a layer's tensors are consecutive: from its first (ln_1.weight) to its last (mlp.fc2.*)
     const std::string pre = "h." + std::to_string(l) + ".";
-    const ParamInfo* first = layout.find(pre + "ln_1.weight");
-    const ParamInfo* last = layout.find(pre + (d.bias ? "mlp.fc2.bias" : "mlp.fc2.weight"));
+    const ParamInfo* first = layout.find(pre + d.layer.parts.front().name() + ".weight");
+    const ParamInfo* last = layout.find(pre + last_name);
     TPT_CHECK(first && last && last->offset >= first->offset);
     r.push_back({first->offset, last->offset + last->numel - first->offset});
   }

@@ -206,13 +206,15 @@ class Model {
     const double Nt = double(d.local_tokens(int64_t(N))), layers = double(d.layer_end - d.layer_begin);
     const int tp = d.tp;
     const Recompute rc = c_.training.recompute;
-    // linear layers (in, out) of the rank: QKV, projection, fc1, fc2
-    const double lin[4][2] = {{C, double(d.QKVl)}, {double(d.Cl), C}, {C, double(d.Fl1)}, {double(d.Fl), C}};
-    double gf = 0, gb = 0, gw = 0;
-    for (const auto& l : lin) {
-      gf += gemm(N, l[1], l[0]);
-      gb += gemm(N, l[0], l[1]);
-      gw += gemm(l[0], l[1], N);
+    // the layer spec's linear layers (in, out) of the rank: QKV, projection, fc1, fc2
+    double gf = 0, gb = 0, gw = 0, row_parallel = 0, column_parallel = 0;
+    for (const LinearSpec* l : d.layer.linears()) {
+      const double in = double(l->in), out = double(l->out);
+      gf += gemm(N, out, in);
+      gb += gemm(N, in, out);
+      gw += gemm(in, out, N);
+      row_parallel += l->split == LinearSplit::Row;
+      column_parallel += l->split == LinearSplit::Column;
     }
     // 4 B s^2 h d, causal half; with context parallelism the rank's S = s / CP queries against all s keys
     const double attn_flops = 2.0 * B * S * double(c_.model.seq_length) * double(d.Hl) * double(d.D);
@@ -227,7 +229,7 @@ class Model {
     const double kv = N * 2.0 * double(d.KVl * d.D);
     const double cpf = d.cp > 1 ? (d.cp - 1) * send(kv * cb_, tp * d.cp) : 0.0;
     const double cpb = d.cp > 1 ? cpf + d.cp * send(kv * 4, tp * d.cp) : 0.0;
-    const double layer_f = gf + af + ef + 2 * tpc + cpf;
+    const double layer_f = gf + af + ef + row_parallel * tpc + cpf;
     w.gemm_f += layers * gf;
     w.gemm_b += layers * gb;
     w.gemm_w += layers * gw;
@@ -235,8 +237,8 @@ class Model {
     w.attn_b += layers * 2.5 * af;
     w.elem_f += layers * ef;
     w.elem_b += layers * 2 * ef;
-    w.tp_f += layers * 2 * tpc;
-    w.tp_b += layers * 2 * tpc;
+    w.tp_f += layers * row_parallel * tpc;  // after each row-parallel layer
+    w.tp_b += layers * column_parallel * tpc;  // each column-parallel layer's input gradient
     w.cp_f += layers * cpf;
     w.cp_b += layers * cpb;
     if (rc == Recompute::Full) w.recompute += layers * layer_f;

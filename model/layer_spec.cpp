@@ -1,0 +1,65 @@
+// The dense block's layer spec (model/layer_spec.h).
+#include "model/layer_spec.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model/gpt.h"
+
+namespace tpt {
+
+std::vector<int64_t> LinearSpec::bias_shape() const {
+  if (split == LinearSplit::Row) return {weight_shape.front()};
+  return {weight_shape.begin(), weight_shape.end() - 1};
+}
+
+int LayerSpec::index(const std::string& name) const {
+  for (size_t i = 0; i < parts.size(); ++i)
+    if (parts[i].name() == name) return int(i);
+  internal_error("layer spec: no part named " + name);
+}
+
+const LinearSpec& LayerSpec::linear(int part) const {
+  TPT_CHECK(part >= 0 && size_t(part) < parts.size() && parts[size_t(part)].is_linear);
+  return parts[size_t(part)].linear;
+}
+
+std::vector<const LinearSpec*> LayerSpec::linears() const {
+  std::vector<const LinearSpec*> r;
+  for (const LayerPart& p : parts)
+    if (p.is_linear) r.push_back(&p.linear);
+  return r;
+}
+
+LayerSpec make_layer_spec(const GPTDims& d) {
+  // Megatron's scaled init of the two output projections of each block
+  const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
+  const int64_t HD = d.H * d.D, Q = d.H / d.G;
+  auto norm = [](const char* name) {
+    LayerPart p;
+    p.norm.name = name;
+    return p;
+  };
+  auto linear = [](const char* name, std::vector<int64_t> shape, int split_dim, LinearSplit split, bool bias,
+                   int64_t in, int64_t out, float std) {
+    LayerPart p;
+    p.is_linear = true;
+    p.linear = {name, std::move(shape), split_dim, split, bias, in, out, std};
+    return p;
+  };
+  using S = LinearSplit;
+  LayerSpec spec;
+  spec.parts = {
+      norm("ln_1"),
+      d.grouped_qkv ? linear("attn.qkv", {d.G, Q + 2, d.D, d.C}, 0, S::Column, d.qkv_bias, d.C, d.QKVl, d.init_std)
+                    : linear("attn.qkv", {3, HD, d.C}, 1, S::Column, d.qkv_bias, d.C, d.QKVl, d.init_std),
+      linear("attn.proj", {d.C, HD}, 1, S::Row, d.bias, d.Cl, d.C, out_std),
+      norm("ln_2"),
+      d.mlp.swiglu ? linear("mlp.fc1", {2, d.F, d.C}, 1, S::Column, d.bias, d.C, d.Fl1, d.init_std)
+                   : linear("mlp.fc1", {d.F, d.C}, 0, S::Column, d.bias, d.C, d.Fl1, d.init_std),
+      linear("mlp.fc2", {d.C, d.F}, 1, S::Row, d.bias, d.Fl, d.C, out_std),
+  };
+  return spec;
+}
+
+}  // namespace tpt

@@ -1,0 +1,82 @@
+// The transformer layer written down once, as data (docs/ARCHITECTURE.md "Model"): the layer spec,
+// in the spirit of megatron-core's ModuleSpec / submodules. A layer is a list of parts in parameter
+// order -- norms and linear layers -- and each linear layer is one record: its name, global weight
+// shape, how that weight is split over the tensor-parallel group, whether it has a bias, the widths
+// of this rank's GEMM and where its input and output live. Everything that depends on the layer's
+// structure is derived from it:
+//   the parameters, their names and checkpoint boxes   make_param_layout (model/params.cpp)
+//   the gradient buckets' layer ranges                 layer_ranges
+//   the ZB-H1 weight-gradient stash                    weight_grad_stash_bytes, GPTStage's LayerStash
+//   the plan's FLOPs and the GPU's bias-gradient sizes model/memory.cpp
+//   the step-time model's GEMM list and TP messages    model/step_time.cpp
+//   the op profile's GEMM names                        linear_name
+// Adding a linear layer is one new record here; the block's forward and backward (model/gpt.cpp,
+// model/block.h) stay explicit code that names the parts it runs (DensePart).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tpt {
+
+struct GPTDims;
+
+// How a linear layer's weight is split over the TP group (Megatron's tensor_parallel layers):
+//   Column  ColumnParallelLinear: the output features are split (weight dimension split_dim); the
+//           input is the norm output of all N tokens (with sequence parallelism all-gathered over TP),
+//           the output this rank's features of all N tokens; its bias is split the same way.
+//   Row     RowParallelLinear: the input features are split (the weight's last dimension); the input
+//           is a column-parallel layer's output on this rank, the output partial sums over the TP
+//           group (all-reduced, or with sequence parallelism reduce-scattered to this rank's tokens);
+//           its bias (C) is replicated over TP and added once.
+//   Replicated  the whole weight on every TP rank (e.g. a router), input and output all N tokens.
+enum class LinearSplit { Column, Row, Replicated };
+
+struct LinearSpec {
+  std::string name;                   // "attn.qkv": the tensors <layer prefix>name.weight / .bias
+  std::vector<int64_t> weight_shape;  // global; the last dimension is the input features
+  int split_dim = 0;                  // Column: the weight dimension split over TP
+  LinearSplit split = LinearSplit::Column;
+  bool bias = false;
+  int64_t in = 0, out = 0;            // this rank's GEMM: (N, in) @ weight^T -> (N, out)
+  float init_std = 0;                 // N(0, init_std), weight-decayed
+  // the bias's global shape: the weight's output dimensions (Column / Replicated), or (C) (Row)
+  std::vector<int64_t> bias_shape() const;
+};
+
+// A norm of the layer: <layer prefix>name.weight (C), and with LayerNorm .bias (C); TP-replicated.
+struct NormSpec {
+  std::string name;  // "ln_1"
+};
+
+struct LayerPart {
+  bool is_linear = false;
+  NormSpec norm;      // !is_linear
+  LinearSpec linear;  // is_linear
+  const std::string& name() const { return is_linear ? linear.name : norm.name; }
+};
+
+struct LayerSpec {
+  std::vector<LayerPart> parts;  // in parameter order: a layer's tensors are consecutive in the buffer
+  // index of the part named `name` (internal_error if there is none)
+  int index(const std::string& name) const;
+  const LinearSpec& linear(int part) const;
+  // the linear layers, in part order
+  std::vector<const LinearSpec*> linears() const;
+};
+
+// The parts of the dense GPT / LLaMA block in the order make_layer_spec lists them: the indices the
+// block's code uses (BlockParams, LayerStash).
+enum DensePart : int { kLn1, kQkv, kProj, kLn2, kFc1, kFc2, kDenseParts };
+
+// The dense block of d (its widths and options set): ln_1, attn.qkv, attn.proj, ln_2, mlp.fc1, mlp.fc2.
+//   attn.qkv   Column, multi-head (3, H D, C) split along the heads (dimension 1), or grouped-query
+//              (G, H/G + 2, D, C) -- per group its query heads, its key, its value (Megatron's layout)
+//              -- split along the groups; GEMM C -> QKVl
+//   attn.proj  Row, (C, H D); Cl -> C; Megatron's scaled init std / sqrt(2 L)
+//   mlp.fc1    Column, (F, C), or with SwiGLU (2, F, C) = [gate; up] split along F so that a rank
+//              holds [gate_r; up_r]; C -> Fl1
+//   mlp.fc2    Row, (C, F); Fl -> C; scaled init
+LayerSpec make_layer_spec(const GPTDims& d);
+
+}  // namespace tpt
