@@ -189,11 +189,20 @@ void Trainer::setup_model() {
   if (!cfg_.model.init_from.empty()) load_init_from(cfg_.model, dims_, layout_, host.data());
   else init_params_host(layout_, cfg_.training.seed, host.data());
   dtype_ = compute_dtype(cfg_);
-  // Parameter and gradient buffers (padded for the distributed optimizer's blocks, parallel/grad_sync.h)
-  // the weights' replicas: DP, or DP x CP with context parallelism (its ranks hold the same weights)
+  // Parameter and gradient buffers: one span per replica group (model/param_group.h), padded for
+  // the distributed optimizer's blocks (parallel/grad_sync.h). The dense group: DP, or DP x CP with
+  // context parallelism (its ranks hold the same weights), averaged.
   const int replicas = grid_.dp_cp_size();
   const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && replicas > 1;
-  buffer_total_ = GradSync::buffer_size(layout_.total, replicas, distributed_optimizer);
+  auto replica_comm = [&](ReplicaGroup g) -> ReplicaComm {
+    switch (g) {
+      case ReplicaGroup::Dense:
+        return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
+    }
+    internal_error("Trainer: no communicator for replica group " + std::to_string(int(g)));
+  };
+  std::vector<GradGroup> groups = make_grad_groups(layout_, layers_, distributed_optimizer, replica_comm);
+  buffer_total_ = grad_buffer_size(layout_, groups);
   grads_ = ops_->alloc(size_t(buffer_total_));
   GradSyncOptions sync;
   sync.overlap = cfg_.parallel.overlap_grad_reduce;
@@ -202,23 +211,15 @@ void Trainer::setup_model() {
   sync.overlap_param_gather = cfg_.parallel.overlap_param_gather;
   if (dims_.sequence_parallel) {  // TP-replicated tensors' gradients: partial sums over this rank's tokens
     sync.tp = &comm(grid_.device_tp(), profiled_tp_);
-    bool extend = false;  // consecutive replicated tensors go in one sum (the padding between them is zero)
-    for (const ParamInfo& p : layout_.params) {
-      if (p.tp_replicated && extend) sync.tp_sum.back().n = p.offset + p.numel - sync.tp_sum.back().offset;
-      else if (p.tp_replicated) sync.tp_sum.push_back({p.offset, p.numel});
-      extend = p.tp_replicated;
-    }
+    sync.tp_sum = tp_replicated_ranges(layout_);
   }
   // the tied word embedding's two copies (first and last stage) are summed over the embedding group;
   // an untied output layer has its own gradient
-  const ParamInfo* wte = layout_.find("wte.weight");
-  const bool tied = !cfg_.model.untie_embeddings_and_output_weights;
-  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, buffer_total_, rank_layer_ranges(layout_, chunk_dims_),
-                                          replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr,
-                                          tied && grid_.device_embedding()
-                                              ? &comm(*grid_.device_embedding(), profiled_embedding_)
-                                              : nullptr,
-                                          wte ? GradRange{wte->offset, wte->numel} : GradRange{}, sync);
+  const GradRange tied = tied_embedding_range(layout_);
+  TPT_CHECK(tied.n == 0 || grid_.device_embedding());
+  grad_sync_ = std::make_unique<GradSync>(*ops_, grads_, std::move(groups),
+                                          tied.n > 0 ? &comm(*grid_.device_embedding(), profiled_embedding_) : nullptr,
+                                          tied, sync);
   // fp32 master weights: the whole buffer (fp32 runs: the weights compute uses; without the
   // distributed optimizer), else only the owned blocks next to a full compute copy in bf16 / fp16
   master_sharded_ = distributed_optimizer && dtype_ != DType::F32;
@@ -229,7 +230,7 @@ void Trainer::setup_model() {
   scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
                                    master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
-  norm_segments_ = grad_norm_segments(layout_, grid_.tp_rank, grad_sync_->owned());
+  norm_segments_ = grad_norm_segments(layout_, grad_sync_->owned(), grad_sync_->unique_ranges());
 }
 
 // The pipeline: schedules, the model stage with its activation slots, the received-message buffers
@@ -516,19 +517,20 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   if (scaler_.scale != 1.0) scale_owned(1.0 / scaler_.scale);
   // loss: sum over the whole global batch (all DP ranks), on the last stage; an inf/nan anywhere in
   // the gradients of any rank (MAX over the job) skips the step everywhere. The squared gradient
-  // norm sums over the model-parallel group, and with the distributed optimizer over DP too. One
-  // multi-tensor reduction gives the norm and the nan/inf check (one read to the host on a GPU).
+  // norm: each rank's sum over what it answers for (norm_segments_: the primary copies in its
+  // unique ranges, so every element once in the world), summed over the world -- at once with the
+  // distributed optimizer, else over the model-parallel group, then over the replicas (DP x CP),
+  // where each replica group's rank 0 alone brings its group's part. One multi-tensor reduction
+  // gives the norm and the nan/inf check (one read to the host on a GPU).
   const GradStats grad_stats = ops_->grad_stats(grads_, norm_segments_);
   double stats[2] = {grid_.last_stage() && grid_.tp_rank == 0 ? loss_sum : 0.0, grad_stats.sum_squares};
-  double dp_loss = 0;
   if (grad_sync_->distributed()) {
     grid_.world->all_reduce(stats, 2, ReduceOp::Sum);
-    dp_loss = stats[0];
   } else {
     grid_.mp_group->all_reduce(stats, 2, ReduceOp::Sum);
-    dp_loss = stats[0];
-    grid_.dp_cp().all_reduce(&dp_loss, 1, ReduceOp::Sum);  // every CP rank's tokens too
+    grid_.dp_cp().all_reduce(stats, 2, ReduceOp::Sum);  // every DP and CP rank's tokens too
   }
+  const double dp_loss = stats[0];
   double nonfinite = grad_stats.nonfinite ? 1.0 : 0.0;
   grid_.world->all_reduce(&nonfinite, 1, ReduceOp::Max);
   r.lm_loss = dp_loss / double(std::max<int64_t>(batch_counted_, 1));  // G * S without eod_mask_loss

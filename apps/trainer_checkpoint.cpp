@@ -2,17 +2,20 @@
 // layout (the fp32 master weights) and AdamW moments to parallel/checkpoint.h's boxes, keeps the
 // fp16 loss scaler's state in meta.json, and handles the exit signal.
 //
-// Who writes what: without the distributed optimizer, dp_rank 0 of each (tp, pp) writes
+// Who writes what (per parameter group, model/param_group.h): each element of a replica group is
+// written by the one replica that answers for it (GradSync::unique_ranges), and only from its
+// primary copy (ParamGroup::primary: TP-replicated tensors from tp_rank 0, the word embedding from
+// the first stage -- the last stage's tied copy is identical and is loaded from the same boxes),
+// never the vocabulary padding rows. Without the distributed optimizer that replica is the group's
+// rank 0: for the dense group DP x CP rank 0 of each (tp, pp), which writes
 // model_tpXX_ppYYY.safetensors (the fp32 parameters) and optim_tpXX_ppYYY_dp000.safetensors
-// (exp_avg, exp_avg_sq: every DP rank holds the same). With it, every DP rank writes the blocks it
+// (exp_avg, exp_avg_sq: every replica holds the same). With it every replica writes the blocks it
 // owns (parallel/grad_sync.h) of both, model_tpXX_ppYYY_dpZZZ.safetensors and
 // optim_tpXX_ppYYY_dpZZZ.safetensors: a block is a flat range of the layout, saved as boxes of the
 // global tensors it covers (flat_range_parts), so either kind loads on any layout with or without
-// the distributed optimizer. With context parallelism the weights' replicas are DP x CP: "DP rank"
-// above is the rank in that group (Grid::dp_cp_rank), so CP leaves the files' layout unchanged.
-// Each global element is saved once: TP-replicated tensors by tp_rank 0
-// only, the word embedding by the first stage only (the last stage's tied copy is identical and is
-// loaded from the same boxes), never the vocabulary padding rows.
+// the distributed optimizer. "dpZZZ" is the rank in DP x CP (Grid::dp_cp_rank), so CP leaves the
+// files' layout unchanged; a rank that answers for a group but is not DP x CP rank 0 names its
+// model file with it too.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -43,21 +46,21 @@ int signal_number(const std::string& name) {
 }
 
 // This rank's tensors in `buffer` (a host copy of a parameter-shaped buffer), named prefix + name.
-// for_save: each global element once (see the file comment), only the parts in `owned`; else
-// every local tensor.
-std::vector<CkptTensor> rank_tensors(const ParamLayout& layout, int tp_rank, float* buffer, const std::string& prefix,
-                                     bool for_save, const std::vector<ShardRange>& owned = {}) {
+// for_save: each global element once (see the file comment): the primary copies' parts in
+// `unique`; else every local tensor.
+std::vector<CkptTensor> rank_tensors(const ParamLayout& layout, float* buffer, const std::string& prefix,
+                                     bool for_save, const std::vector<GradRange>& unique = {}) {
   std::vector<CkptTensor> out;
   for (const ParamInfo& p : layout.params) {
-    if (for_save && (p.tied_copy || (p.tp_replicated && tp_rank != 0))) continue;
+    if (for_save && !p.group.primary) continue;
     CkptTensor t{p, buffer + p.offset};
     t.name = prefix + p.name;
     if (!for_save) {
       out.push_back(std::move(t));
       continue;
     }
-    std::vector<std::pair<int64_t, int64_t>> ranges;  // the owned parts of the local tensor
-    for (const ShardRange& r : owned) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // the unique parts of the local tensor
+    for (const GradRange& r : unique) {
       const int64_t lo = std::max(p.offset, r.offset), hi = std::min(p.offset + p.numel, r.offset + r.n);
       if (lo < hi) ranges.emplace_back(lo - p.offset, hi - p.offset);
     }
@@ -89,21 +92,20 @@ void Trainer::save_checkpoint() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = iteration_, G = cfg_.training.global_batch_size;
   CheckpointWriter writer(*grid_.world, cfg_.checkpoint.save, n);
-  const bool distributed = grad_sync_->distributed();  // every DP rank saves the blocks it owns
+  const bool distributed = grad_sync_->distributed();  // every replica saves the blocks it owns
   const int replica = grid_.dp_cp_rank();  // DP rank, or with context parallelism the DP x CP rank
-  if (distributed || replica == 0) {
-    const std::vector<ShardRange>& owned = grad_sync_->owned();
+  const std::vector<GradRange> unique = grad_sync_->unique_ranges();  // what this rank answers for
+  if (!unique.empty()) {
     const size_t total = size_t(layout_.total);
     std::vector<float> a(total, 0.0f), b(total, 0.0f);
     owned_to_host(a.data(), master_, master_sharded_);
-    writer.write_file(distributed ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
-                                  : model_shard_name(grid_.tp_rank, grid_.pp_rank),
-                      rank_tensors(layout_, grid_.tp_rank, a.data(), "", true, owned));
+    writer.write_file(distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
+                                                  : model_shard_name(grid_.tp_rank, grid_.pp_rank),
+                      rank_tensors(layout_, a.data(), "", true, unique));
     owned_to_host(a.data(), adamw_->exp_avg(), true);
     owned_to_host(b.data(), adamw_->exp_avg_sq(), true);
-    std::vector<CkptTensor> moments = rank_tensors(layout_, grid_.tp_rank, a.data(), kExpAvg, true, owned);
-    for (CkptTensor& t : rank_tensors(layout_, grid_.tp_rank, b.data(), kExpAvgSq, true, owned))
-      moments.push_back(std::move(t));
+    std::vector<CkptTensor> moments = rank_tensors(layout_, a.data(), kExpAvg, true, unique);
+    for (CkptTensor& t : rank_tensors(layout_, b.data(), kExpAvgSq, true, unique)) moments.push_back(std::move(t));
     writer.write_file(optim_shard_name(grid_.tp_rank, grid_.pp_rank, replica), moments);
   }
   nlohmann::json meta = {
@@ -139,9 +141,9 @@ bool Trainer::load_checkpoint() {
   const std::string& dir = cfg_.checkpoint.load;
   const size_t total = size_t(layout_.total);
   std::vector<float> host(total, 0.0f);
-  const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, grid_.tp_rank, host.data(), "", false),
-                                             rank_tensors(layout_, grid_.tp_rank, host.data(), kExpAvg, false),
-                                             rank_tensors(layout_, grid_.tp_rank, host.data(), kExpAvgSq, false)};
+  const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, host.data(), "", false),
+                                             rank_tensors(layout_, host.data(), kExpAvg, false),
+                                             rank_tensors(layout_, host.data(), kExpAvgSq, false)};
   float* const targets[3] = {master_, adamw_->exp_avg(), adamw_->exp_avg_sq()};
   const bool sharded[3] = {master_sharded_, true, true};  // indexed by the owned ranges' local offsets
   LoadRequest req;

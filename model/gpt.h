@@ -14,6 +14,7 @@
 #include "core/sharded_tensor.h"
 #include "model/layer_spec.h"
 #include "model/layers.h"
+#include "model/param_group.h"
 #include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
 
@@ -79,8 +80,10 @@ struct ParamInfo : TensorShard {
   int64_t offset = 0;                  // in floats, into the rank's parameter buffer
   int64_t numel = 0;                   // local elements (product of local_shape)
   bool weight_decay = false;           // 2-D weights (both embeddings included)
-  bool tp_replicated = false;          // identical on every TP rank (count once in norms)
-  bool tied_copy = false;              // the last stage's copy of the word embedding (PP > 1)
+  // which ranks hold copies of it (model/param_group.h): its replica group (the gradient's
+  // average, the distributed optimizer's shards) and its model-parallel copies (TP-replicated, the
+  // tied word embedding) with the one the norm counts and a checkpoint saves
+  ParamGroup group;
   enum class Init { Normal, Ones, Zeros } init = Init::Zeros;
   float init_std = 0.0f;
 };

@@ -200,7 +200,7 @@ int64_t total_parameters(const Config& cfg) {
   int64_t total = 0;
   for (int s = 0; s < pp; ++s)
     for (const ParamInfo& p : make_param_layout(make_dims(cfg, tp, 0, pp, s)).params) {
-      if (p.tied_copy) continue;
+      if (!p.group.primary) continue;  // the last stage's tied word embedding (tp_rank 0: the rest are)
       int64_t e = 1;
       for (int64_t x : p.global_shape) e *= x;
       total += e;

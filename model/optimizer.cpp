@@ -18,22 +18,37 @@ double learning_rate(const OptimizerConfig& o, int64_t k) {
   return o.min_lr + coeff * (o.lr - o.min_lr);
 }
 
-std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, int tp_rank,
-                                              const std::vector<ShardRange>& owned) {
+std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, const std::vector<ShardRange>& owned,
+                                              const std::vector<GradRange>& unique) {
   std::vector<TensorSegment> segments;
-  for (const ParamInfo& p : layout.params) {
-    const bool counted = !p.tied_copy && (!p.tp_replicated || tp_rank == 0);
+  for (const ParamInfo& p : layout.params)
     for (const ShardRange& r : owned) {
       const int64_t lo = std::max(p.offset, r.offset), hi = std::min(p.offset + p.numel, r.offset + r.n);
-      if (lo < hi) segments.push_back({lo, r.local + (lo - r.offset), hi - lo, counted});
+      // [lo, hi) cut where it enters or leaves a unique range (ascending, disjoint)
+      for (int64_t a = lo; a < hi;) {
+        bool in = false;
+        int64_t b = hi;
+        for (const GradRange& u : unique) {
+          if (a >= u.offset && a < u.offset + u.n) {
+            in = true;
+            b = std::min(hi, u.offset + u.n);
+            break;
+          }
+          if (u.offset > a) {
+            b = std::min(hi, u.offset);
+            break;
+          }
+        }
+        segments.push_back({a, r.local + (a - r.offset), b - a, p.group.primary && in});
+        a = b;
+      }
     }
-  }
   return segments;
 }
 
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
-                              const std::vector<ShardRange>& owned) {
-  return ops.grad_stats(grads, grad_norm_segments(layout, tp_rank, owned)).sum_squares;
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads,
+                              const std::vector<ShardRange>& owned, const std::vector<GradRange>& unique) {
+  return ops.grad_stats(grads, grad_norm_segments(layout, owned, unique)).sum_squares;
 }
 
 void LossScaler::update(bool found_inf) {

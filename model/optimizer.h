@@ -16,13 +16,16 @@ double learning_rate(const OptimizerConfig& o, int64_t iteration);
 
 // The gradient norm's table for Ops::grad_stats: the owned part (parallel/grad_sync.h) of every
 // tensor, tensor by tensor in layout order and within a tensor range by range; flag = counted in the
-// norm, which counts each global element once across the model: TP-replicated tensors only on
-// tp_rank 0, the last stage's tied copy of the word embedding never. The nan/inf check sees them all.
-std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, int tp_rank,
-                                              const std::vector<ShardRange>& owned);
-// Sum of squares of this rank's gradients over grad_norm_segments (default `owned`: all).
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads, int tp_rank,
-                              const std::vector<ShardRange>& owned = {{0, INT64_MAX / 2, 0}});
+// norm, which counts each global element once across the model: only in the primary copy of a
+// tensor (ParamGroup::primary: TP-replicated tensors on tp_rank 0, the first stage's word
+// embedding, not the last stage's tied copy) and there only in `unique` (GradSync::unique_ranges:
+// the one replica of its group that answers for it). The nan/inf check sees all owned parts.
+std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, const std::vector<ShardRange>& owned,
+                                              const std::vector<GradRange>& unique);
+// Sum of squares of this rank's gradients over grad_norm_segments (default: all owned, all unique).
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads,
+                              const std::vector<ShardRange>& owned = {{0, INT64_MAX / 2, 0}},
+                              const std::vector<GradRange>& unique = {{0, INT64_MAX / 2}});
 
 // Megatron's DynamicGradScaler (fp16): the loss is multiplied by `scale` before backward. An
 // overflowing step (inf/nan in any gradient) is skipped and counts down the hysteresis; when it

@@ -78,8 +78,10 @@ const ParamInfo* ParamLayout::find(const std::string& name) const {
 namespace {
 
 struct LayoutBuilder {
+  int tp_rank = 0;
   ParamLayout layout;
   void add(ParamInfo p) {
+    if (p.group.copy == ModelCopy::TensorParallel) p.group.primary = tp_rank == 0;  // its copy counts, is saved
     p.numel = 1;
     for (int64_t s : p.local_shape) p.numel *= s;
     p.offset = layout.total;
@@ -88,6 +90,7 @@ struct LayoutBuilder {
   }
 };
 
+// Identical on every TP rank (the builder marks tp_rank 0's copy the primary one).
 ParamInfo replicated(std::string name, std::vector<int64_t> shape, ParamInfo::Init init) {
   ParamInfo p;
   p.name = std::move(name);
@@ -95,7 +98,7 @@ ParamInfo replicated(std::string name, std::vector<int64_t> shape, ParamInfo::In
   p.box_offset.assign(shape.size(), 0);
   p.box_size = shape;
   p.local_shape = shape;
-  p.tp_replicated = true;
+  p.group.copy = ModelCopy::TensorParallel;
   p.init = init;
   return p;
 }
@@ -115,7 +118,8 @@ ParamInfo sharded(std::string name, std::vector<int64_t> shape, int dim, int tp,
 }
 
 // A vocab-parallel (V, C) table: the word embedding, its tied copy on the last stage, or the untied
-// output layer.
+// output layer. The tied word embedding with PP > 1 has a copy on the first and on the last stage;
+// the first stage's is the primary one.
 ParamInfo word_embedding(const GPTDims& d, const char* name, bool tied_copy) {
   ParamInfo p;
   p.name = name;
@@ -125,7 +129,8 @@ ParamInfo word_embedding(const GPTDims& d, const char* name, bool tied_copy) {
   p.box_size = {rows, d.C};
   p.local_shape = {d.Vl, d.C};
   p.weight_decay = true;
-  p.tied_copy = tied_copy;
+  if (!d.untied && d.pp > 1) p.group.copy = ModelCopy::TiedEmbedding;
+  p.group.primary = !tied_copy;
   p.init = ParamInfo::Init::Normal;
   p.init_std = d.init_std;
   return p;
@@ -135,7 +140,7 @@ ParamInfo word_embedding(const GPTDims& d, const char* name, bool tied_copy) {
 
 ParamLayout make_param_layout(const GPTDims& d) {
   using I = ParamInfo::Init;
-  LayoutBuilder b;
+  LayoutBuilder b{d.tp_rank, {}};
   auto weight = [&](ParamInfo p, float std) {  // a weight matrix: N(0, std), decayed
     p.weight_decay = true;
     p.init = I::Normal;

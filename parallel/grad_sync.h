@@ -1,23 +1,27 @@
 // Data-parallel synchronisation of one stage's gradient buffer (docs/ARCHITECTURE.md "One
-// iteration"), Megatron's DDP with its distributed optimizer:
+// iteration", "Parameter groups"), Megatron's DDP with its distributed optimizer, per replica group:
+// the buffer holds one contiguous span per group (GradGroup: the dense weights, averaged over
+// DP x CP; later expert weights, over expert-DP), each with its own communicator, scale, buckets
+// and shards:
 //
-//   without the distributed optimizer: the gradient buffer summed over the DP group (all-reduce)
-//     and divided by DP, then the tied word embedding's gradient summed over the embedding group
-//     (first and last stage);
+//   without the distributed optimizer: each group's span summed over its group (all-reduce) and
+//     multiplied by its scale, then the tied word embedding's gradient summed over the embedding
+//     group (first and last stage);
 //   with it (parallel.distributed_optimizer): the tied word embedding summed first, then every
-//     bucket reduce-scattered over DP: this DP rank keeps the sum of its contiguous 1/DP block of
-//     each bucket (owned()), where the optimizer keeps fp32 master weights and Adam moments and
-//     steps; after the step each bucket's updated parameters are all-gathered (start_param_gather),
-//     per bucket before the forward needs it with parallel.overlap_param_gather.
+//     bucket reduce-scattered over its group: this rank keeps the sum of its contiguous 1/size
+//     block of each bucket (owned()), where the optimizer keeps fp32 master weights and Adam
+//     moments and steps; after the step each bucket's updated parameters are all-gathered
+//     (start_param_gather), per bucket before the forward needs it with
+//     parallel.overlap_param_gather.
 //
-// Buckets: with parallel.overlap_grad_reduce the transformer layers' gradients go in buckets of at
-// least parallel.ddp_bucket_size elements, each started (non-blocking; on GPUs a separate stream)
-// as soon as the last micro-batch's backward has finished its layers, while backward goes on with
-// the earlier layers; what no layer bucket covers (embeddings, final LayerNorm) is reduced at
-// finish(). Without overlap, one bucket: the whole buffer. With the distributed optimizer every
-// bucket boundary is a multiple of kShardAlign * DP elements (rounded towards the layers that
-// finish later, so a started bucket never holds an unfinished gradient) and the buffer is padded
-// to one (buffer_size()).
+// Buckets (per group): with parallel.overlap_grad_reduce the transformer layers' gradients go in
+// buckets of at least parallel.ddp_bucket_size elements, each started (non-blocking; on GPUs a
+// separate stream) as soon as the last micro-batch's backward has finished its layers, while
+// backward goes on with the earlier layers; what no layer bucket covers (embeddings, final
+// LayerNorm) is reduced at finish(). Without overlap, one bucket: the group's span. With the
+// distributed optimizer every bucket boundary is a multiple of kShardAlign * size elements from
+// the span's start (rounded towards the layers that finish later, so a started bucket never holds
+// an unfinished gradient) and the span is padded to one (buffer_size()).
 //
 // With sequence parallelism the gradients of TP-replicated tensors (LayerNorms, row-parallel
 // biases, position embedding) are partial sums over this TP rank's tokens: finish() sums them over
@@ -45,6 +49,18 @@ struct ShardRange {
 // all-gathered as 4-byte words; 64 elements keep every block 128-byte aligned).
 inline constexpr int64_t kShardAlign = 64;
 
+// One replica group's part of the buffer (model/param_group.h make_grad_groups).
+struct GradGroup {
+  Comm* comm = nullptr;  // its replicas (null or one rank: nothing to sum, the rank owns the span)
+  float scale = 1.0f;    // multiplies the sum (the dense group: 1 / (DP x CP))
+  // Its contiguous part of the buffer: offset a multiple of kShardAlign; with the distributed
+  // optimizer n a multiple of kShardAlign * comm->size() (buffer_size). Groups ascending, disjoint.
+  GradRange span;
+  // Its part of each of the stage's transformer layers (first layer first, ascending, disjoint,
+  // inside span; every group lists every layer, n = 0 where the layer has none of its tensors).
+  std::vector<GradRange> layers;
+};
+
 struct GradSyncOptions {
   bool overlap = false;               // parallel.overlap_grad_reduce
   int64_t bucket_size = 40000000;     // parallel.ddp_bucket_size
@@ -56,17 +72,19 @@ struct GradSyncOptions {
 
 class GradSync {
  public:
-  // Elements of the parameter / gradient buffers for a layout of `total` elements: total, padded
-  // to a multiple of kShardAlign * dp with the distributed optimizer.
+  // Elements of the parameter / gradient buffers for a layout of `total` elements (or of one
+  // group's span): total, padded to a multiple of kShardAlign * dp with the distributed optimizer.
   static int64_t buffer_size(int64_t total, int dp, bool distributed_optimizer) {
     const int64_t unit = kShardAlign * dp;
     return distributed_optimizer && dp > 1 ? (total + unit - 1) / unit * unit : total;
   }
 
-  // grads: buffer_size(...) floats. layers: the range of each of this stage's transformer layers
-  // in grads (first layer first, ascending and disjoint). dp: the DP group (null or size 1: no
-  // sum); embedding: the embedding group (null when this stage holds no tied copy) and
-  // word_embedding the tied tensor's range.
+  // grads: the buffer the groups' spans lie in. embedding: the embedding group (null when this
+  // stage holds no tied copy) and word_embedding the tied tensor's range (inside one group's span).
+  GradSync(Ops& ops, float* grads, std::vector<GradGroup> groups, Comm* embedding, GradRange word_embedding,
+           GradSyncOptions options);
+  // One group, the dense one: grads of buffer_size(...) floats, all of it averaged over dp (null or
+  // size 1: no sum); layers: the range of each of this stage's transformer layers in grads.
   GradSync(Ops& ops, float* grads, int64_t total, std::vector<GradRange> layers, Comm* dp, Comm* embedding,
            GradRange word_embedding, GradSyncOptions options);
 
@@ -78,19 +96,27 @@ class GradSync {
   // owned() ranges of grads hold the gradients of the whole batch.
   void finish();
 
-  // What this DP rank's optimizer updates: the whole buffer, or its block of each bucket.
+  // What this rank's optimizer updates: each group's whole span, or (distributed optimizer) its
+  // block of each of the group's buckets; ascending offsets, group by group.
   const std::vector<ShardRange>& owned() const { return owned_; }
   int64_t owned_size() const { return owned_size_; }
+  // The parts of the buffer this rank answers for among its groups' replicas -- the one replica
+  // that counts them in the gradient norm and writes them to a checkpoint: its owned blocks
+  // (distributed optimizer), else the span of each group in which it is rank 0. Each element of a
+  // group is in exactly one replica's unique_ranges. A subset of owned(), ascending.
+  std::vector<GradRange> unique_ranges() const;
 
-  // After the optimizer step (distributed optimizer): every DP rank's owned ranges of `params` (a
-  // buffer of this layout in its own dtype) to all DP ranks, bucket by bucket in forward order.
+  // After the optimizer step (distributed optimizer): every rank's owned ranges of `params` (a
+  // buffer of this layout in its own dtype) to all ranks of its group, group by group, bucket by
+  // bucket in forward order.
   // Blocking unless overlap_param_gather; then wait_params(layer) waits for what a layer needs.
   void start_param_gather(Buf params);
   // Before the forward of layer `i` (index into layers; -1: what comes before the first layer,
-  // layers.size(): everything) on the first micro-batch: the buckets holding its parameters.
+  // layers.size(): everything) on the first micro-batch: the buckets holding its parameters, in
+  // every group.
   void wait_params(int i);
 
-  int num_buckets() const { return int(buckets_.size()); }
+  int num_buckets() const;  // over all groups
   bool overlapping() const { return overlap_; }
   bool distributed() const { return distributed_; }
   bool overlapping_param_gather() const { return overlap_param_gather_; }
@@ -102,21 +128,29 @@ class GradSync {
     bool started = false;
     int64_t param_ticket = -1;  // its parameter all-gather (overlap_param_gather)
   };
-  void start(Bucket& b);
+  struct Group {
+    Comm* comm = nullptr;  // null: nothing to sum (no comm, or one rank)
+    float scale = 1.0f;
+    GradRange span;
+    std::vector<GradRange> layers;
+    bool distributed = false;      // reduce-scattered into owned blocks (the distributed optimizer)
+    std::vector<Bucket> buckets;   // backward order: the last layers' bucket first, then the rest
+    std::vector<ShardRange> owned;  // ascending offsets
+  };
+  void make_buckets(Group& g, bool overlap, int64_t bucket_size);
+  void start(Group& g, Bucket& b);
   void sum_over_tp();
 
   Ops& ops_;
   float* grads_;
-  int64_t total_;
-  std::vector<GradRange> layers_;
-  Comm* dp_;
+  std::vector<Group> groups_;  // ascending spans
+  int num_layers_ = 0;
   Comm* embedding_;
   GradRange word_embedding_;
   bool overlap_, distributed_, overlap_param_gather_;
   Comm* tp_;
   std::vector<GradRange> tp_sum_;
-  std::vector<Bucket> buckets_;  // backward order: the last layers' bucket first, then the rest
-  std::vector<ShardRange> owned_;  // ascending offsets
+  std::vector<ShardRange> owned_;  // every group's, ascending offsets
   int64_t owned_size_ = 0;
   bool params_pending_ = false;
 };

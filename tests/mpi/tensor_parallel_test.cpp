@@ -294,7 +294,7 @@ void check_gpt(int tp, int pp, int dp, bool randomize) {
         for (int64_t c = 0; c < dn.C; ++c)
           ASSERT_EQ(got.grads[size_t(p.offset + row * dn.C + c)], 0.0f) << "padded row " << row;
     }
-    if (p.tp_replicated) {  // identical on every TP rank, bit for bit
+    if (p.group.copy == ModelCopy::TensorParallel) {  // identical on every TP rank, bit for bit
       VecF root(got.grads.begin() + p.offset, got.grads.begin() + p.offset + p.numel);
       g.tp_group->broadcast(root.data(), p.numel, 0);
       EXPECT_EQ(std::memcmp(root.data(), got.grads.data() + p.offset, size_t(p.numel) * sizeof(float)), 0)

@@ -1,5 +1,6 @@
 // GradSync (parallel/grad_sync.h) with a recording DP group: which ranges are summed, when, and the
-// 1/DP scaling, against hand-computed buckets.
+// 1/DP scaling, against hand-computed buckets; a second replica group's buckets and blocks, aligned
+// from its own span's start, on its own communicator.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -230,6 +231,61 @@ TEST(GradSync, OverlappedParameterGatherWaitsPerLayer) {
   sync.wait_params(0);   // nothing left
   const std::vector<std::string> waits = {"dp wait 0", "dp wait 1", "dp wait 2", "dp wait_all"};
   EXPECT_EQ(log, waits);
+}
+
+// Two replica groups (parallel/grad_sync.h GradGroup): the dense one [0, 512) over "dp" (this rank
+// 1 of 2) and a second one [576, 1088) over "ep" (rank 0 of 2), each with its own buckets whose
+// boundaries are multiples of 64 x 2 from its own span's start (576 is not a multiple of 128).
+TEST(GradSync, SecondGroupBucketsFromItsOwnSpanOnItsOwnComm) {
+  std::vector<float> g(1088, 1.0f);
+  std::vector<std::string> log;
+  LoggingComm dp(1, 2, log, g.data(), "dp"), ep(0, 2, log, g.data(), "ep"), emb(0, 2, log, g.data(), "emb");
+  auto ops = make_cpu_ops(1);
+  std::vector<GradGroup> groups = {{&dp, 0.5f, {0, 512}, {{128, 172}, {300, 200}}},
+                                   {&ep, 0.25f, {576, 512}, {{600, 200}, {800, 250}}}};
+  GradSync sync(*ops, g.data(), groups, &emb, GradRange{0, 100},
+                {.overlap = true, .bucket_size = 1, .distributed_optimizer = true});
+  EXPECT_EQ(sync.num_buckets(), 3 + 4);
+  // dense: [128, 384) for layer 0 (layer 1's top [384, 500) is below the aligned end), [0, 128) and
+  // [384, 512) at finish; second group: [832, 960) layer 1, [704, 832) layer 0, [576, 704) and
+  // [960, 1088) at finish. Rank 1 owns the upper half of each dense bucket, rank 0 the lower half
+  // of each of the second group's.
+  const std::vector<std::pair<int64_t, int64_t>> want_owned = {{64, 64},  {256, 128}, {448, 64}, {576, 64},
+                                                               {704, 64}, {832, 64},  {960, 64}};
+  ASSERT_EQ(sync.owned().size(), want_owned.size());
+  for (size_t i = 0; i < want_owned.size(); ++i) {
+    EXPECT_EQ(sync.owned()[i].offset, want_owned[i].first) << i;
+    EXPECT_EQ(sync.owned()[i].n, want_owned[i].second) << i;
+  }
+  EXPECT_EQ(sync.owned_size(), 512);
+  ASSERT_EQ(sync.unique_ranges().size(), want_owned.size());  // every replica answers for its blocks
+  sync.layer_done(1);
+  sync.layer_done(0);
+  sync.finish();
+  const std::vector<std::string> want = {
+      "ep reduce_scatter [832,896) of [832,960)",  // layer 1: only the second group has a bucket for it
+      "dp reduce_scatter [256,384) of [128,384)",  // layer 0, dense
+      "ep reduce_scatter [704,768) of [704,832)",  // layer 0, second group
+      "emb all_reduce [0,100)",                    // the tied embedding before its (dense) bucket
+      "dp reduce_scatter [64,128) of [0,128)",
+      "dp reduce_scatter [448,512) of [384,512)",
+      "ep reduce_scatter [576,640) of [576,704)",
+      "ep reduce_scatter [960,1024) of [960,1088)",
+      "dp wait_all",
+      "ep wait_all"};
+  EXPECT_EQ(log, want);
+  // each group's owned blocks: summed over its 2 ranks, times its scale
+  for (const ShardRange& r : sync.owned())
+    for (int64_t i = r.offset; i < r.offset + r.n; ++i)  // (the embedding [0, 100) also doubled)
+      EXPECT_EQ(g[size_t(i)], i < 100 ? 2.0f : i < 512 ? 1.0f : 0.5f) << i;
+
+  // the parameter all-gather: group by group, each bucket in forward order on its group's comm
+  log.clear();
+  sync.start_param_gather(Buf(g.data()));  // (any buffer of the layout: the log's offsets are g's)
+  ASSERT_EQ(log.size(), 3u + 4u + 2u);
+  EXPECT_EQ(log[3], "ep all_gather words 576+128 ticket 4");  // the second group's first, after dense's three
+  EXPECT_EQ(log[7], "dp wait_all");
+  EXPECT_EQ(log[8], "ep wait_all");
 }
 
 }  // namespace

@@ -104,7 +104,8 @@ TEST(LayerSpec, OneRecordAddsALinearLayerEverywhere) {
         EXPECT_EQ(b->global_shape, std::vector<int64_t>{kExtra});
         EXPECT_EQ(b->box_offset, std::vector<int64_t>{tp_rank * rows});
         EXPECT_TRUE(w->weight_decay);
-        EXPECT_FALSE(w->tp_replicated);
+        EXPECT_EQ(w->group.copy, ModelCopy::None);
+        EXPECT_EQ(w->group.replicas, ReplicaGroup::Dense);
         const GradRange& r = ranges[size_t(l - d.layer_begin)];
         EXPECT_GE(w->offset, r.offset);
         EXPECT_EQ(b->offset + b->numel, r.offset + r.n);  // the layer's last tensor now
@@ -156,7 +157,7 @@ TEST(LayerSpec, CheckpointTensorsFollowTheRecord) {
       std::iota(data[size_t(r)].begin(), data[size_t(r)].end(), float(1000 * r));
       std::vector<CkptTensor> tensors;
       for (const ParamInfo& p : layouts[size_t(r)].params)
-        if (!p.tp_replicated || r == 0) tensors.push_back({p, data[size_t(r)].data() + p.offset});
+        if (p.group.primary) tensors.push_back({p, data[size_t(r)].data() + p.offset});
       w.write_file(model_shard_name(r, 0), tensors);
     }
     w.commit(nlohmann::json::object(), 1);

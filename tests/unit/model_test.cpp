@@ -274,12 +274,13 @@ TEST(ModelGradient, TwoPipelineStagesChainedMatchOneStage) {
   EXPECT_NEAR(loss, want_loss, 1e-6 * want_loss);
   const ParamInfo* wte0 = l[0].find("wte.weight");
   const ParamInfo* wte1 = l[1].find("wte.weight");
-  ASSERT_TRUE(wte0 && wte1 && wte1->tied_copy && !wte0->tied_copy);
+  ASSERT_TRUE(wte0 && wte1 && !wte1->group.primary && wte0->group.primary);
+  EXPECT_TRUE(wte0->group.copy == ModelCopy::TiedEmbedding && wte1->group.copy == ModelCopy::TiedEmbedding);
   for (int64_t i = 0; i < wte0->numel; ++i)  // the embedding-group all-reduce of the trainer
     g[0][size_t(wte0->offset + i)] += g[1][size_t(wte1->offset + i)];
   for (int st = 0; st < 2; ++st)
     for (const ParamInfo& info : l[size_t(st)].params) {
-      if (info.tied_copy) continue;
+      if (!info.group.primary) continue;  // the tied copy
       const ParamInfo* f = m.layout.find(info.name);
       for (int64_t i = 0; i < info.numel; ++i) {
         const float want = m.grads[size_t(f->offset + i)];
@@ -385,7 +386,9 @@ void check_stitching(int tp, int pp) {
         ASSERT_EQ(p.box_offset.size(), p.global_shape.size());
         for (size_t k = 0; k < p.global_shape.size(); ++k)
           ASSERT_LE(p.box_offset[k] + p.box_size[k], p.global_shape[k]) << p.name;
-        EXPECT_EQ(p.tied_copy, p.name == "wte.weight" && s != 0) << p.name;
+        EXPECT_EQ(p.group.copy == ModelCopy::TiedEmbedding, p.name == "wte.weight" && pp > 1) << p.name;
+        EXPECT_EQ(p.group.primary, !(p.name == "wte.weight" && s != 0) && (p.group.copy != ModelCopy::TensorParallel || r == 0))
+            << p.name;
         test::for_each_box_element(p, [&](int64_t local, int64_t global) {
           // the TP = 1 local tensor is the whole global tensor (its padded rows come after)
           const size_t at = size_t(f->offset + global);
@@ -399,7 +402,7 @@ void check_stitching(int tp, int pp) {
     }
   for (const ParamInfo& f : full.params) {
     const int64_t n = numel_of(f.global_shape);
-    const int want_writes = (f.tp_replicated ? tp : 1) * (f.name == "wte.weight" && pp > 1 ? 2 : 1);
+    const int want_writes = (f.group.copy == ModelCopy::TensorParallel ? tp : 1) * (f.name == "wte.weight" && pp > 1 ? 2 : 1);
     for (int64_t i = 0; i < n; ++i) {
       const size_t at = size_t(f.offset + i);
       ASSERT_EQ(writes[at], want_writes) << f.name << " element " << i << " covered " << writes[at] << " times";
@@ -427,7 +430,8 @@ TEST(ModelInit, ShardingFlagsAndShapes) {
     const bool replicated = p.name.find("ln_") != std::string::npos || p.name == "wpe.weight" ||
                             p.name.find("attn.proj.bias") != std::string::npos ||
                             p.name.find("mlp.fc2.bias") != std::string::npos;
-    EXPECT_EQ(p.tp_replicated, replicated);
+    EXPECT_EQ(p.group.copy == ModelCopy::TensorParallel, replicated);
+    EXPECT_EQ(p.group.primary, !replicated);  // tp_rank 1 holds no primary copy of a replicated tensor
     EXPECT_EQ(p.offset % 16, 0);
     EXPECT_EQ(p.numel, numel_of(p.local_shape));
   }

@@ -118,13 +118,15 @@ TEST(OptimizerNorm, LocalSumSquaresCountingRules) {
           int tied = 0;
           for (size_t i = 0; i < l.params.size(); ++i) {
             const ParamInfo& p = l.params[i];
-            tied += p.tied_copy;
-            if (p.tied_copy || (p.tp_replicated && r != 0)) continue;
+            tied += p.group.copy == ModelCopy::TiedEmbedding && s != 0;
+            if ((p.group.copy == ModelCopy::TiedEmbedding && s != 0) ||
+                (p.group.copy == ModelCopy::TensorParallel && r != 0))
+              continue;
             const double v = 0.5 + 0.25 * double(i);
             want += v * v * double(p.numel);
           }
           EXPECT_EQ(tied, pp > 1 && s == pp - 1 ? 1 : 0);
-          EXPECT_DOUBLE_EQ(local_grad_sum_squares(l, *ops, g.data(), r), want);
+          EXPECT_DOUBLE_EQ(local_grad_sum_squares(l, *ops, g.data()), want);
         }
 }
 
@@ -142,7 +144,7 @@ TEST(OptimizerNorm, ShardSumsAddUpToTheFullModel) {
     for (int64_t s : p.box_size) box *= s;
     for (int64_t i = 0; i < box; ++i) gfull[size_t(p.offset + i)] = nd(gen);  // padded rows stay 0
   }
-  const double want = local_grad_sum_squares(full, *ops, gfull.data(), 0);
+  const double want = local_grad_sum_squares(full, *ops, gfull.data());
   const int tp = 2, pp = 2;
   double total = 0;
   for (int s = 0; s < pp; ++s)
@@ -156,7 +158,7 @@ TEST(OptimizerNorm, ShardSumsAddUpToTheFullModel) {
           g[size_t(p.offset + local)] = gfull[size_t(f->offset + global)];
         });
       }
-      total += local_grad_sum_squares(l, *ops, g.data(), r);
+      total += local_grad_sum_squares(l, *ops, g.data());
     }
   EXPECT_NEAR(total, want, 1e-9 * want);
 }
@@ -240,13 +242,13 @@ TEST(OptimizerNorm, GradStatsSeesNanOutsideTheNorm) {
   const ParamLayout l = make_param_layout(make_dims(c, 2, 1, 1, 0));
   std::vector<float> g = constant_grads(l);
   const std::vector<ShardRange> all = {{0, l.total, 0}};
-  const std::vector<TensorSegment> segs = grad_norm_segments(l, 1, all);
+  const std::vector<TensorSegment> segs = grad_norm_segments(l, all, {{0, l.total}});
   const GradStats clean = ops->grad_stats(g.data(), segs);
   EXPECT_FALSE(clean.nonfinite);
-  EXPECT_DOUBLE_EQ(clean.sum_squares, local_grad_sum_squares(l, *ops, g.data(), 1));
+  EXPECT_DOUBLE_EQ(clean.sum_squares, local_grad_sum_squares(l, *ops, g.data()));
   const ParamInfo* replicated = nullptr;
   for (const ParamInfo& p : l.params)
-    if (p.tp_replicated) replicated = &p;
+    if (p.group.copy == ModelCopy::TensorParallel) replicated = &p;
   ASSERT_NE(replicated, nullptr);
   g[size_t(replicated->offset)] = std::numeric_limits<float>::quiet_NaN();
   const GradStats bad = ops->grad_stats(g.data(), segs);

@@ -169,7 +169,7 @@ TwoStageRun run_two_stages(const Config& cfg, Comm& tp, int tp_rank, const VecF&
   if (d[0].sequence_parallel)
     for (int s = 0; s < 2; ++s)
       for (const ParamInfo& p : l[s].params)
-        if (p.tp_replicated) tp.all_reduce(out.grads[s].data() + p.offset, p.numel, ReduceOp::Sum);
+        if (p.group.copy == ModelCopy::TensorParallel) tp.all_reduce(out.grads[s].data() + p.offset, p.numel, ReduceOp::Sum);
   return out;
 }
 
