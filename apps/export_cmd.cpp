@@ -25,9 +25,9 @@
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "interop/hf/gpt2.h"
+#include "interop/hf/llama.h"
 #include "model/checkpoint_model.h"
-#include "model/hf_gpt2.h"
-#include "model/hf_llama.h"
 #include "model/layers.h"
 #include "parallel/checkpoint.h"
 

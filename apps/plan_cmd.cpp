@@ -10,12 +10,12 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "apps/plan_search.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "data/run_data.h"
 #include "model/layers.h"
-#include "model/memory.h"
+#include "plan/memory.h"
+#include "plan/search.h"
 
 namespace tpt {
 

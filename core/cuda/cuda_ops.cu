@@ -17,11 +17,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda/attention/cudnn_attention.h"
+#include "core/cuda/attention/ring_attention.h"
 #include "core/cuda/cuda_ops.h"
-#include "core/cuda/cudnn_attention.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
-#include "core/cuda/ring_attention.h"
 #include "core/gpu_workspace.h"
 #include "core/watchdog.h"
 

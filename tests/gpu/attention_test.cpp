@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "core/cuda/cudnn_attention.h"
+#include "core/cuda/attention/cudnn_attention.h"
 #include "core/cuda/kernels.h"
 #include "gpu_test_util.h"
 

@@ -20,8 +20,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "interop/hf/llama.h"
 #include "model/gpt.h"
-#include "model/hf_llama.h"
 #include "tests/common/tiny_config.h"
 
 namespace tpt {

@@ -8,8 +8,8 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/gpu_workspace.h"
-#include "model/memory.h"
 #include "parallel/comm.h"
+#include "plan/memory.h"
 
 namespace tpt {
 namespace {

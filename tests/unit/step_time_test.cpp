@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "model/step_time.h"
+#include "plan/step_time.h"
 
 namespace tpt {
 namespace {

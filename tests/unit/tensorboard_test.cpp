@@ -11,9 +11,9 @@
 #include <sstream>
 #include <string>
 
-#include "apps/tensorboard.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "train/tensorboard.h"
 
 namespace tpt {
 namespace {

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <string>
 
-#include "core/error.h"
+#include "core/cuda/attention/ring_attention.h"
 #include "core/cuda/device_util.h"
 #include "core/cuda/launch_util.h"
-#include "core/cuda/ring_attention.h"
+#include "core/error.h"
 
 namespace tpt::cuda {
 namespace {

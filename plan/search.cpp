@@ -1,5 +1,5 @@
 // tptrain plan --search (see apps/plan_search.h).
-#include "apps/plan_search.h"
+#include "plan/search.h"
 
 #include <algorithm>
 #include <cstdio>

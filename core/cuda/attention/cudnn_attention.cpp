@@ -5,7 +5,7 @@
 // every cuDNN call, ours included, goes through the frontend's shim and the handle opened here; the
 // frontend opens NVRTC itself, only if an engine of its own needs it): tptrain links neither, and
 // without them it warns once and runs its own attention kernels.
-#include "core/cuda/cudnn_attention.h"
+#include "core/cuda/attention/cudnn_attention.h"
 
 #include <algorithm>
 #include <atomic>

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "model/memory.h"
-#include "model/step_time.h"
+#include "plan/memory.h"
+#include "plan/step_time.h"
 
 namespace tpt {
 

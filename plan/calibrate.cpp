@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "apps/plan_search.h"
 #include "core/error.h"
+#include "plan/search.h"
 
 namespace tpt {
 

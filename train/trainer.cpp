@@ -1,4 +1,4 @@
-#include "apps/trainer.h"
+#include "train/trainer.h"
 
 #include <spdlog/spdlog.h>
 
@@ -12,11 +12,11 @@
 
 #include "core/error.h"
 #include "data/doc_masks.h"
-#include "model/hf_llama.h"
-#include "model/memory.h"  // plan: the memory line below
+#include "interop/hf/llama.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/profiled_comm.h"
+#include "plan/memory.h"  // plan: the memory line below
 #ifdef TPTRAIN_HAVE_CUDA
 #include <cstdlib>
 

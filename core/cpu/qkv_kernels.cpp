@@ -1,5 +1,5 @@
 // fp32 kernels of RMSNorm, SwiGLU, RoPE and the grouped-query QKV regroup (core/cpu/llama_kernels.h).
-#include "core/cpu/llama_kernels.h"
+#include "core/cpu/kernels.h"
 
 #include <omp.h>
 

@@ -15,12 +15,12 @@
 #include "data/run_data.h"
 #include "model/chunks.h"
 #include "model/gpt.h"
-#include "apps/tensorboard.h"
-#include "apps/trace.h"
 #include "model/optimizer.h"
 #include "parallel/grad_sync.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
+#include "train/tensorboard.h"
+#include "train/trace.h"
 
 namespace tpt {
 

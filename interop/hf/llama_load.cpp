@@ -1,4 +1,4 @@
-#include "model/hf_llama.h"
+#include "interop/hf/llama.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "model/hf_gpt2.h"
+#include "interop/hf/gpt2.h"
 #include "model/layers.h"
 
 namespace tpt {
