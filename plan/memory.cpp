@@ -1,4 +1,4 @@
-// Per-rank memory, FLOPs and time of a config (see model/memory.h for what each category holds).
+// Per-rank memory, FLOPs and time of a config (see plan/memory.h for what each category holds).
 #include "plan/memory.h"
 
 #include <algorithm>

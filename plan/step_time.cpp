@@ -1,4 +1,4 @@
-// The step-time model (see model/step_time.h for what it counts and why).
+// The step-time model (see plan/step_time.h for what it counts and why).
 #include "plan/step_time.h"
 
 #include <algorithm>

@@ -82,7 +82,7 @@ class Trainer {
   void profile_iteration(int64_t k, bool counted, double wall_ms);
   void report_profile() const;
   void check_memory(const Config& cfg, const Grid& grid) const;
-  // The constructor's parts, in order (apps/trainer.cpp).
+  // The constructor's parts, in order (train/trainer.cpp).
   void setup_backend();
   void setup_data();
   void setup_model();
@@ -144,7 +144,7 @@ class Trainer {
   // After training: whether iterations after the first called the device allocator (all ranks).
   void report_allocator_calls(int64_t first_iteration);
 
-  // checkpoint: apps/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
+  // checkpoint: train/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
  public:
   // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save.
   void save_checkpoint();

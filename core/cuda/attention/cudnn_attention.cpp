@@ -1,5 +1,5 @@
-// Causal attention through cuDNN's fused SDPA (core/cuda/cudnn_attention.h), with the graph API of
-// the header-only cudnn-frontend. This is the only translation unit that includes the frontend
+// Causal attention through cuDNN's fused SDPA (core/cuda/attention/cudnn_attention.h), with the
+// graph API of the header-only cudnn-frontend. This is the only translation unit that includes the frontend
 // (large and slow to compile); without TPTRAIN_HAVE_CUDNN it holds the stubs that say "not built".
 // cuDNN is loaded at run time (the frontend's dynamic-loading mode, NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING:
 // every cuDNN call, ours included, goes through the frontend's shim and the handle opened here; the
