@@ -1,8 +1,11 @@
 #include "apps/cli.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
+
+#include "core/error.h"
 
 namespace tpt {
 
@@ -105,6 +108,38 @@ void add_bpe_options(CLI::App& cmd, std::string& vocab_file, std::string& merge_
   CLI::Option* merges = cmd.add_option("--merge-file", merge_file, "GPT-2 BPE merges (Hugging Face's merges.txt)");
   vocab->type_name("vocab.json")->needs(merges);
   merges->type_name("merges.txt")->needs(vocab);
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  auto bad = [&]() -> int64_t {
+    input_error("--max-shard-size: '" + text + "' is not a size (bytes, or a number with kB/MB/GB/TB or KiB/MiB/GiB/TiB, "
+                "e.g. 5GB)");
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return bad();
+  double value;
+  try {
+    size_t used = 0;
+    value = std::stod(text.substr(0, i), &used);
+    if (used != i) return bad();
+  } catch (const std::exception&) {
+    return bad();
+  }
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  std::string lower;
+  for (char c : unit) lower += char(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},          {"b", 1},           {"kb", 1e3},        {"mb", 1e6},        {"gb", 1e9},
+      {"tb", 1e12},     {"kib", 1024.0},    {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  for (const auto& [u, mult] : units)
+    if (lower == u) {
+      const double bytes = std::floor(value * mult);
+      if (!(bytes >= 1) || bytes > 9.0e18) return bad();
+      return int64_t(bytes);
+    }
+  return bad();
 }
 
 }  // namespace tpt

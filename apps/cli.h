@@ -24,4 +24,8 @@ void add_config_options(CLI::App& cmd, std::string& config, std::vector<std::str
 // --vocab-file F --merge-file F: GPT-2 BPE instead of the byte-level tokenizer, the two together.
 void add_bpe_options(CLI::App& cmd, std::string& vocab_file, std::string& merge_file);
 
+// "5GB", "500MB", "2GiB", "1000000" (bytes) -> bytes (HF's max_shard_size: kB/MB/GB powers of 1000,
+// KiB/MiB/GiB of 1024): export's --max-shard-size. InputError naming the text.
+int64_t parse_byte_size(const std::string& text);
+
 }  // namespace tpt

@@ -2,8 +2,8 @@
 // A checkpoint of any layout -> Hugging Face, by its model config:
 //  - GPT-2: model.safetensors (HF names without the "transformer." prefix, Conv1D weights [in, out],
 //    c_attn's columns q, k, v of all heads, the unpadded vocabulary) and config.json for
-//    transformers.GPT2LMHeadModel; the inverse of model/hf_gpt2.cpp. fp32 unless --dtype says otherwise.
-//  - the LLaMA family (model/hf_llama.h): config.json for transformers.LlamaForCausalLM and
+//    transformers.GPT2LMHeadModel; the inverse of interop/hf/gpt2.cpp. fp32 unless --dtype says otherwise.
+//  - the LLaMA family (interop/hf/llama.h): config.json for transformers.LlamaForCausalLM and
 //    model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json past
 //    --max-shard-size (HF's rule: a shard takes tensors while they fit; a larger tensor gets its own),
 //    in --dtype (default: the run's training.precision); the inverse of the Llama import.
@@ -25,9 +25,9 @@
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "interop/hf/gpt2.h"
+#include "interop/hf/llama.h"
 #include "model/checkpoint_model.h"
-#include "model/hf_gpt2.h"
-#include "model/hf_llama.h"
 #include "model/layers.h"
 #include "parallel/checkpoint.h"
 
@@ -132,7 +132,7 @@ int export_gpt2(const ModelConfig& m, CheckpointReader* reader, const ExportOpti
     names.emplace_back(hf, std::move(shape));
     data.push_back(std::move(v));
   };
-  // each of our tensors under its HF name (model/hf_gpt2.h); Conv1D weights as [in, out]: our 2-D
+  // each of our tensors under its HF name (interop/hf/gpt2.h); Conv1D weights as [in, out]: our 2-D
   // view (rows, cols) transposed (qkv (3, C, C) is the (3C, C) matrix: c_attn's columns q, k, v);
   // biases 1-D
   auto put_ours = [&](const std::string& ours, const std::vector<int64_t>& shape) {

@@ -1,7 +1,7 @@
 #include "apps/help.h"
 
 #ifdef TPTRAIN_HAVE_CUDA
-#include "core/cuda/cudnn_attention.h"
+#include "core/cuda/attention/cudnn_attention.h"
 #endif
 
 namespace tpt {

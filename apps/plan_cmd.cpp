@@ -1,5 +1,5 @@
 // tptrain plan (options: add_plan_command below, tptrain plan --help).
-// Memory, FLOPs and time of a config on its grid (model/memory.h), without MPI or a GPU: a plain
+// Memory, FLOPs and time of a config on its grid (plan/memory.h), without MPI or a GPU: a plain
 // process that never calls runtime_init.
 #include <algorithm>
 #include <cmath>
@@ -10,12 +10,13 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "apps/plan_search.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "data/run_data.h"
 #include "model/layers.h"
-#include "model/memory.h"
+#include "plan/calibrate.h"
+#include "plan/memory.h"
+#include "plan/search.h"
 
 namespace tpt {
 
@@ -267,6 +268,63 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   for (const PlanSuggestion& s : p.suggestions)
     std::printf("  %-62s %8s  %s%s%s\n", s.change.c_str(), s.peak_bytes < 0 ? "-" : fmt("%.2f", gib(double(s.peak_bytes))).c_str(),
                 s.fits ? "fits" : "does not fit", s.note.empty() ? "" : "  -- ", s.note.c_str());
+}
+
+void print_search(const SearchResult& r, int top, const std::string& path) {
+  const ModelConfig& m = r.base.model;
+  std::printf("tptrain plan --search | config %s | %d GPUs, %d per node, %.1f GiB each, layouts up to %.0f%% of it\n",
+              path.c_str(), r.gpus, r.options.gpus_per_node, r.options.device_memory_gib, 100 * r.options.usable_memory_fraction);
+  std::printf("model: %d layers, hidden %d, %d heads, seq %d; global batch %d sequences (%.3gM tokens); %s\n",
+              m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, r.base.training.global_batch_size,
+              double(r.base.training.global_batch_size) * m.seq_length / 1e6, name_of(r.base.training.precision).c_str());
+  std::printf("hardware: %s\n", describe_hardware(r.options.hw, r.options.gpus_per_node).c_str());
+  std::printf("layouts: %lld enumerated, %lld valid, %zu fit; fastest first:\n\n", (long long)r.considered,
+              (long long)r.valid, r.entries.size());
+  if (r.entries.empty()) {
+    std::printf("no layout fits: more GPUs, more device memory, or a smaller micro-batch / global batch\n");
+    return;
+  }
+  std::printf("%4s  %-44s %9s %9s %11s %6s %7s %9s\n", "#", "layout", "peak GiB", "step s", "tokens/s", "MFU", "bubble",
+              "exp.comm");
+  const size_t n = top > 0 ? std::min(r.entries.size(), size_t(top)) : r.entries.size();
+  for (size_t i = 0; i < n; ++i) {
+    const SearchEntry& e = r.entries[i];
+    const StepTime& t = e.time;
+    std::printf("%4zu  %-44s %9.2f %9.4g %11.0f %5.1f%% %6.1f%% %9.3g\n", i + 1, e.layout().c_str(), double(e.peak_bytes) / kGiB,
+                t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.step_s, t.exposed_comm_s);
+  }
+  std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
+              "messages in the step; exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
+              "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
+              "overlaps the gradient reduction. Select one with:\n");
+  for (size_t i = 0; i < n; ++i) {
+    std::printf("%4zu ", i + 1);
+    for (const std::string& s : r.entries[i].sets) std::printf(" --set %s", s.c_str());
+    std::printf("\n");
+  }
+}
+
+void print_calibration(const Calibration& c, const std::string& path) {
+  const StepTime& t = c.plan.time;
+  std::printf("tptrain plan --calibrate %s | TP %d x PP %d x DP %d = %d ranks\n", path.c_str(), c.plan.tp, c.plan.pp, c.plan.dp,
+              c.plan.world_size);
+  std::printf("measured:  %.4g s per iteration (median of %d logged iterations, the first left out when there are more)\n",
+              c.measured_s, c.iterations);
+  std::printf("estimated: %.4g s per iteration on %s; measured / estimated = %.3f\n", t.step_s,
+              describe_hardware(c.plan.options.hw, c.plan.options.gpus_per_node).c_str(), c.measured_s / t.step_s);
+  std::printf("estimate by component (busiest stage, per iteration; compare with the run's op profile, "
+              "logging.profile_ops): GEMMs %.4g s, attention %.4g, elementwise %.4g, TP communication %.4g, CP ring %.4g, recompute "
+              "%.4g, bubble %.4g, exposed DP %.4g, optimizer %.4g\n",
+              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.cp_comm_s, t.recompute_s, t.bubble_s, t.dp_exposed_s,
+              t.optimizer_s);
+  if (c.compute_scale_found)
+    std::printf("agreement: --compute-efficiency %.4g --attention-efficiency %.4g (the model's compute efficiencies x "
+                "%.4g) make the estimate equal the measurement\n",
+                c.calibrated.gemm_efficiency, c.calibrated.attention_efficiency, c.compute_scale);
+  else
+    std::printf("agreement: no compute efficiency in (0, 1] matches: the measured time is %s the estimate's "
+                "non-compute part alone allows (check the communication and kernel-overhead options)\n",
+                c.measured_s < t.step_s ? "below what" : "beyond what");
 }
 
 int plan_search(const PlanArgs& a) {

@@ -12,12 +12,12 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "apps/trainer.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "model/memory.h"
-#include "parallel/runtime.h"
 #include "core/watchdog.h"
+#include "parallel/runtime.h"
+#include "plan/memory.h"
+#include "train/trainer.h"
 
 namespace tpt {
 

@@ -401,7 +401,7 @@ void validate(Config& c, const Ctx& ctx) {
                          (f.presence == Presence::kNullable ? " (use null for the default)" : ""));
     }
     // Sane upper bounds: far above any real run, low enough that no size computed from them can
-    // overflow before the plan's memory check (model/memory.h check_plannable) sees it.
+    // overflow before the plan's memory check (plan/memory.h check_plannable) sees it.
     static const std::map<std::string, int64_t, std::less<>> kMax = {
         {"model.num_layers", 100000},           {"model.hidden_size", 1 << 20},
         {"model.num_attention_heads", 1 << 16}, {"model.ffn_hidden_size", 1 << 22},
@@ -489,7 +489,7 @@ void validate(Config& c, const Ctx& ctx) {
   if (!m.init_from.empty()) {
     std::error_code ec;
     // a safetensors file (HF GPT-2, or Llama with config.json beside it), or a Hugging Face checkpoint
-    // directory, its model.safetensors.index.json or config.json (model/hf_llama.h)
+    // directory, its model.safetensors.index.json or config.json (interop/hf/llama.h)
     if (!std::filesystem::is_regular_file(m.init_from, ec) && !std::filesystem::is_directory(m.init_from, ec))
       ctx.fail("model.init_from", "no such file '" + m.init_from +
                                       "' (a safetensors file or a Hugging Face checkpoint directory)");

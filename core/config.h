@@ -182,7 +182,7 @@ struct LoggingConfig {
   std::string metrics_file;             // empty = null
   std::string trace_file;               // empty = null
   bool profile_ops = false;             // per-op time table after the run (core/op_profile.h)
-  std::string tensorboard_dir;          // empty = null: no TensorBoard event file (apps/tensorboard.h)
+  std::string tensorboard_dir;          // empty = null: no TensorBoard event file (train/tensorboard.h)
   bool log_timers_to_tensorboard = false;  // per-phase times of each logged iteration as scalars too
 };
 

@@ -1,7 +1,7 @@
 // The CUDA backend's own device buffers (core/cuda), outside alloc_bytes: cuBLASLt's workspace,
 // cuDNN's attention workspace, the reductions' scratch and the bias-gradient epilogue's output. Their
 // sizes are functions of the run's shapes, in one place: the backend reserves them at start-up
-// (Ops::reserve_workspace) and the plan counts them (model/memory.h gpu_backend_workspace). Pure
+// (Ops::reserve_workspace) and the plan counts them (plan/memory.h gpu_backend_workspace). Pure
 // C++ (no CUDA): the plan runs anywhere.
 #pragma once
 #include <algorithm>
@@ -39,7 +39,7 @@ inline int64_t sum_squares_scratch_bytes();
 inline int64_t embedding_sort_arrays_bytes(int64_t N);
 inline int64_t embedding_sort_temp_bound(int64_t N);
 
-// cuDNN's fused attention (cudnn-frontend's SDPA graphs, core/cuda/cudnn_attention.cpp) for a
+// cuDNN's fused attention (cudnn-frontend's SDPA graphs, core/cuda/attention/cudnn_attention.cpp) for a
 // causal (B, H, T, D) problem, as cudnn-frontend sizes it (node/scaled_dot_product_flash_attention.h):
 // the backward's softmax sums (B H T fp32), and
 //   deterministic:     the dP workspace of the ordered algorithm, B H T T 16-bit values with T

@@ -91,9 +91,6 @@ struct GradStats {
   double sum_squares = 0;
   bool nonfinite = false;
 };
-// The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by
-// offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
-// bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype).
 // The backend's own device memory besides alloc_bytes (the CUDA backend's; the CPU backend keeps
 // none): sizes in bytes (core/gpu_workspace.h has the functions of the shapes).
 struct BackendWorkspace {
@@ -115,6 +112,9 @@ struct AttentionShape {
   DType t = DType::F32;
 };
 
+// The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by
+// offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
+// bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype).
 struct AdamWBuffers {
   float* master = nullptr;
   bool master_sharded = false;
@@ -298,13 +298,13 @@ class Ops {
   virtual void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
                               const AdamWParams& a, float grad_scale);
 
-  // Allocation accounting (tptrain plan's check against model/memory.h): bytes currently held by
+  // Allocation accounting (tptrain plan's check against plan/memory.h): bytes currently held by
   // alloc_bytes() as the allocator rounds them, and the most held at once since the backend was made.
   virtual int64_t allocated_bytes() const = 0;
   virtual int64_t peak_allocated_bytes() const = 0;
   // Sizes the backend's own device buffers before the first iteration, so that no iteration
   // allocates or frees device memory (a cudaFree waits for the whole device): at least `planned`
-  // (the plan's count, model/memory.h), and fused attention's workspace as its plans for `attention`
+  // (the plan's count, plan/memory.h), and fused attention's workspace as its plans for `attention`
   // ask (built now, queried). Buffers only grow; returns what the backend holds now (a call with
   // zeros reads it). The CPU backend holds none.
   virtual BackendWorkspace reserve_workspace(const BackendWorkspace& planned, const AttentionShape& attention);

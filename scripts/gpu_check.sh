@@ -253,7 +253,7 @@ fi
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%.2f", $1/1024}')
 mem_gib=${mem_gib:-80}
 
-# Largest micro-batch by tptrain's own plan (model/memory.h: every tensor tptrain allocates and the
+# Largest micro-batch by tptrain's own plan (plan/memory.h: every tensor tptrain allocates and the
 # GPU backend's own buffers -- cuBLASLt's and cuDNN's attention workspaces, the reductions' scratch
 # -- which the start-up "memory: allocated ... (plan: ...)" line checks), in 92% of the device: the
 # rest for the CUDA context, NCCL and the allocator. Doubling, then bisection; 1 if nothing fits.

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# cuda: cuDNN attention (core/cuda/cudnn_attention.cpp) needs the header-only cudnn-frontend: the C++
+# cuda: cuDNN attention (core/cuda/attention/cudnn_attention.cpp) needs the header-only cudnn-frontend: the C++
 # headers of PyPI's nvidia-cudnn-frontend wheel, unpacked once into .deps/cudnn_frontend/include
 # (git-ignored), where CMake looks for them (TPTRAIN_CUDNN). The wheel is fetched for one fixed
 # Python and platform whatever pip runs it (only its headers are used). Without them the build

@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/cpu/llama_kernels.h"
+#include "core/cpu/kernels.h"
 #include "core/cpu/ring_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"

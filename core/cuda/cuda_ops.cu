@@ -17,11 +17,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda/attention/cudnn_attention.h"
+#include "core/cuda/attention/ring_attention.h"
 #include "core/cuda/cuda_ops.h"
-#include "core/cuda/cudnn_attention.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
-#include "core/cuda/ring_attention.h"
 #include "core/gpu_workspace.h"
 #include "core/watchdog.h"
 
@@ -346,9 +346,9 @@ class CudaOps final : public Ops {
   }
 
   // ---- attention: bf16 / fp16 through cuDNN's fused SDPA where this build has it and cuDNN runs
-  // the shape (core/cuda/cudnn_attention.h); else flash-style kernels of our own, on the tensor
+  // the shape (core/cuda/attention/cudnn_attention.h); else flash-style kernels of our own, on the tensor
   // cores for bf16 / fp16 tensors where the head dimension and alignment allow
-  // (core/cuda/attention_tc.cu), else fp32 math on the CUDA cores (attention.cu). All read and write
+  // (core/cuda/attention/attention_tc.cu), else fp32 math on the CUDA cores (attention.cu). All read and write
   // the compute dtype directly and share the lse convention, so either backward follows either forward.
 
   // Grouped-query attention (KV < H key / value heads) everywhere: cuDNN takes the smaller K and V
@@ -377,7 +377,7 @@ class CudaOps final : public Ops {
       internal_error("attention: " + std::to_string(KV) + " key / value heads for " + std::to_string(H) +
                      " query heads (it must divide them)");
   }
-  // context parallelism's ring blocks (core/cuda/ring_attention.cu)
+  // context parallelism's ring blocks (core/cuda/attention/ring_attention.cu)
   void attention_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
                                int64_t D, const RingBlock& blk) override {
     cuda::ring_block_forward(out, lse, qkv, kv, B, T, H, KV, D, blk, stream_);

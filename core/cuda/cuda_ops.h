@@ -19,7 +19,7 @@ struct CudaOptions {
   // Off, or where cuBLASLt offers no algorithm for one: separate kernels (the same math, sums in
   // another order; fp32 runs always take core/math.h's GELU, cuBLASLt's is its own approximation).
   bool gemm_epilogues = true;
-  // bf16 / fp16 attention through cuDNN's fused SDPA (core/cuda/cudnn_attention.h) where this build
+  // bf16 / fp16 attention through cuDNN's fused SDPA (core/cuda/attention/cudnn_attention.h) where this build
   // has it and cuDNN builds a graph for the shape; else, and in fp32 runs, the own flash kernels
   // (tensor cores for head dimension 32 / 64 / 128, else CUDA cores). The environment variable
   // TPTRAIN_CUDNN_ATTENTION=0 turns it off whatever this says.

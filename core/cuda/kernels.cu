@@ -1,6 +1,6 @@
 // The CUDA backend's kernels other than GEMMs, attention, the norms (norm_kernels.cu), the
-// optimizer's (optimizer_kernels.cu), the vocabulary-parallel ones (vocab_kernels.cu) and LLaMA's
-// SwiGLU, RoPE and QKV regroup (llama_kernels.cu): element-wise maps over the shared per-element math
+// optimizer's (optimizer_kernels.cu), the vocabulary-parallel ones (vocab_kernels.cu), SwiGLU
+// (swiglu_kernels.cu) and the QKV regroup and RoPE (qkv_kernels.cu): element-wise maps over the shared per-element math
 // (core/math.h, core/dtype.h), the position embedding and the bias gradients' column sums. Every
 // kernel is instantiated for the storage type of its compute-dtype tensors (device_util.h), converts
 // on load, computes in fp32 and rounds once on store; 16-byte vector loads and stores where the

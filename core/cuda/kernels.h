@@ -1,5 +1,6 @@
-// Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, vocab_kernels.cu, llama_kernels.cu,
-// optimizer_kernels.cu, attention.cu, attention_tc.cu): host functions that enqueue work on stream `s`. Arguments, shapes
+// Launchers of the CUDA backend's kernels (core/cuda/kernels.cu, norm_kernels.cu, vocab_kernels.cu,
+// swiglu_kernels.cu, qkv_kernels.cu, optimizer_kernels.cu, attention/attention.cu,
+// attention/attention_tc.cu): host functions that enqueue work on stream `s`. Arguments, shapes
 // and "=" / "+=" semantics are those of the Ops methods of the same name (core/ops.h); the
 // per-element math is core/math.h and core/dtype.h. Compute-dtype tensors are Buf / CBuf: the
 // kernels are instantiated for their storage type (fp32, bf16 or fp16 bits), compute in fp32 and
@@ -51,7 +52,7 @@ void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBu
 void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
                       DeviceBuffer& scratch, cudaStream_t s);
 
-// ---- LLaMA's element-wise maps (llama_kernels.cu) ----
+// ---- SwiGLU (swiglu_kernels.cu), the QKV regroup and RoPE (qkv_kernels.cu) ----
 // SwiGLU: inp (N, 2F) rows [gate | up] -> out (N, F) = silu(gate) * up; backward dinp (N, 2F) =
 // [dout * up * silu'(gate) | dout * silu(gate)] (=).
 void swiglu_forward(Buf out, CBuf inp, int64_t N, int64_t F, cudaStream_t s);
@@ -96,7 +97,7 @@ GradStats grad_stats(const float* x, const TensorSegment* segs, int count, Devic
 double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s);
 bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s);
 
-// ---- attention (attention.cu) ----
+// ---- attention (attention/attention.cu) ----
 // Flash-style causal attention (D <= 128) on the CUDA cores, in fp32 arithmetic on any storage
 // dtype: the Ops methods attention_forward / backward. Never materialises a T x T matrix.
 // qkv (B, T, (H + 2 KV) D): H query heads, then KV key heads, then KV value heads (query head h
@@ -112,7 +113,7 @@ void flash_attention_backward(Buf dqkv, float* delta, CBuf dout, CBuf qkv, CBuf 
 // delta (B, H, T) = per head and position, dout . out (the softmax backward's row term), in fp32.
 void attention_row_dots(float* delta, CBuf dout, CBuf out, int64_t B, int64_t T, int64_t H, int64_t D,
                         cudaStream_t s);
-// The same on the tensor cores (attention_tc.cu) for bf16 / fp16 tensors: q, k, v and dout are
+// The same on the tensor cores (attention/attention_tc.cu) for bf16 / fp16 tensors: q, k, v and dout are
 // read as stored, the probabilities and their gradient are rounded to the 16-bit type before their
 // products, out and dqkv stored rounded. Only where tc_attention_supported(D, t) (D in {32, 64,
 // 128} and the device grants the shared memory) and tc_attention_aligned(qkv, dout).

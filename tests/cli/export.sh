@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tptrain export (docs/ARCHITECTURE.md "Command line and exit status"): a TP2 x PP2 checkpoint -> Hugging Face GPT-2
 # model.safetensors + config.json. Checks: the file's names, shapes and values against the
-# checkpoint's shards (the inverse of model/hf_gpt2.cpp), config.json's keys, and the loss of one
+# checkpoint's shards (the inverse of interop/hf/gpt2.cpp), config.json's keys, and the loss of one
 # step from the exported weights in the PyTorch reference (tests/reference/gpt_ref.py) and in
 # tptrain (model.init_from) -- equal within 1e-5 relative -- and, as a round trip, tptrain from the
 # exported file reproduces exactly the loss of tptrain resumed from the checkpoint on the same batch.

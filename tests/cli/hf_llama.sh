@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hugging Face Llama checkpoints in and out (model/hf_llama.h; README "Continue pretraining from a
+# Hugging Face Llama checkpoints in and out (interop/hf/llama.h; README "Continue pretraining from a
 # Hugging Face Llama checkpoint"). A random LlamaForCausalLM checkpoint from
 # tests/reference/make_hf_llama.py (bf16, 2 layers, hidden 64, 4 heads / 2 KV heads of head_dim 24,
 # ffn 96, byte-level vocabulary 257, untied, RMSNorm weights 1 + noise, Llama 3.1 rope scaling, 3

@@ -15,11 +15,11 @@
 #include <utility>
 #include <vector>
 
-#include "apps/trainer.h"
 #include "core/config.h"
 #include "data/indexed_writer.h"
 #include "parallel/runtime.h"
 #include "parallel/thread_comm.h"
+#include "train/trainer.h"
 #ifdef TPTRAIN_HAVE_CUDA
 #include "core/cuda/cuda_ops.h"
 #include "core/cuda/cuda_util.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "core/cuda/cudnn_attention.h"
+#include "core/cuda/attention/cudnn_attention.h"
 #include "core/cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -139,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuTcAttention,
                                            TcCase{2, 70, 8, 1, 32, DType::BF16},
                                            TcCase{1, 130, 8, 8, 64, DType::F16}));
 
-// ---- cuDNN's fused attention (core/cuda/cudnn_attention.h): the CudaOps methods on 16-bit tensors
+// ---- cuDNN's fused attention (core/cuda/attention/cudnn_attention.h): the CudaOps methods on 16-bit tensors
 // take it when the build has it. Against the CPU backend (probabilities and their gradient in fp32)
 // and the naive reference on the widened 16-bit inputs, with the tolerances of the tensor-core
 // kernels (cuDNN also rounds P and dS to the 16-bit type for their products), and against those

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/cuda/cudnn_attention.h"
+#include "core/cuda/attention/cudnn_attention.h"
 #include "core/cuda/kernels.h"
 #include "parallel/nccl_comm.h"
 #include "tiny_model.h"

@@ -1,4 +1,4 @@
-// Context parallelism's ring attention on the GPU (core/cuda/ring_attention.cu) against the CPU
+// Context parallelism's ring attention on the GPU (core/cuda/attention/ring_attention.cu) against the CPU
 // backend (whose ring is checked against a direct attention in tests/unit/ring_attention_test.cpp):
 // every kind of ring block (the diagonal, a lower rank's, a higher rank's) of CP 1..4, forward
 // merged into running outputs and backward into dq / dkv, in fp32 and bf16, with G < H; the strided

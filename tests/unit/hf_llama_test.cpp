@@ -1,4 +1,4 @@
-// Hugging Face Llama checkpoints in and out (model/hf_llama.h): the import on every rank of TP x PP
+// Hugging Face Llama checkpoints in and out (interop/hf/llama.h): the import on every rank of TP x PP
 // layouts against the export's inverse (each HF tensor back bit for bit, for grouped and multi-head
 // QKV, interleaved RoPE, biases, tied embeddings), the import's index checks, config.json against the
 // model config (every key named with both values), 16-bit safetensors writing and --max-shard-size.
@@ -17,11 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/cli.h"  // parse_byte_size (export --max-shard-size)
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "interop/hf/llama.h"
 #include "model/gpt.h"
-#include "model/hf_llama.h"
 #include "tests/common/tiny_config.h"
 
 namespace tpt {

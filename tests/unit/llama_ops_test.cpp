@@ -1,5 +1,5 @@
-// The LLaMA family's Ops kernels (core/ops.h; CPU: core/cpu/llama_kernels.cpp, core/cpu/cpu_ops.cpp)
-// in gradcheck_test.cpp's style, on the CPU backend with two threads:
+// The LLaMA family's Ops kernels (core/ops.h; CPU: core/cpu/kernels.h, core/cpu/cpu_ops.cpp) in
+// gradcheck_test.cpp's style, on the CPU backend with two threads:
 //   - every forward against a double-precision reference written here by hand (RoPE against an
 //     independent formulation: complex multiplication of the pairs);
 //   - every backward against central finite differences of the op's own float forward and of the

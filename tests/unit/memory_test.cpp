@@ -1,4 +1,4 @@
-// model/memory.h against hand-computed numbers for published shapes (Megatron's SC21 145.6B, GPT-2
+// plan/memory.h against hand-computed numbers for published shapes (Megatron's SC21 145.6B, GPT-2
 // 124M), the pipeline bubble against (PP-1)/(M+PP-1), and the memory categories against what the CPU
 // backend actually allocates for a stage.
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/gpu_workspace.h"
-#include "model/memory.h"
 #include "parallel/comm.h"
+#include "plan/memory.h"
 
 namespace tpt {
 namespace {

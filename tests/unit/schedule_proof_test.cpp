@@ -7,8 +7,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "model/memory.h"
 #include "parallel/schedule.h"
+#include "plan/memory.h"
 
 namespace tpt {
 namespace {

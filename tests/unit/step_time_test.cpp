@@ -1,4 +1,4 @@
-// The step-time model's compiled schedule timing (model/step_time.h) against the schedule
+// The step-time model's compiled schedule timing (plan/step_time.h) against the schedule
 // simulator's time_pipeline (parallel/schedule.h), the independent reference: the same makespan and
 // busy time per stage for every schedule kind, grid and random per-stage costs; and the model's
 // hardware presets.
@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "model/step_time.h"
+#include "plan/step_time.h"
 
 namespace tpt {
 namespace {

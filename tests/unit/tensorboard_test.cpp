@@ -1,4 +1,4 @@
-// apps/tensorboard.h: CRC-32C against published vectors, and the protobuf / TFRecord bytes of one
+// train/tensorboard.h: CRC-32C against published vectors, and the protobuf / TFRecord bytes of one
 // event derived by hand (wire format: Event{1: wall_time fixed64, 2: step varint, 3: file_version,
 // 5: summary{1: value{1: tag, 2: simple_value fixed32}}}; TFRecord: u64 length, masked crc, data,
 // masked crc; the CRCs from a bitwise, table-free CRC-32C).
@@ -11,9 +11,9 @@
 #include <sstream>
 #include <string>
 
-#include "apps/tensorboard.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "train/tensorboard.h"
 
 namespace tpt {
 namespace {

@@ -1,6 +1,7 @@
-// The CPU backend's fp32 kernels of the LLaMA family's layers (core/ops.h: RMSNorm, SwiGLU, RoPE,
-// the grouped-query QKV regroup), as OpenMP loops; CpuOps (cpu_ops.cpp) stages 16-bit operands
-// around them as it does for every kernel.
+// The CPU backend's fp32 kernels that have files of their own (core/ops.h: RMSNorm in
+// rmsnorm_kernels.cpp, SwiGLU in swiglu_kernels.cpp, the grouped-query QKV regroup and RoPE in
+// qkv_kernels.cpp), as OpenMP loops; CpuOps (cpu_ops.cpp) stages 16-bit operands around them as it
+// does for every kernel. The ring-attention blocks are ring_kernels.h's.
 #pragma once
 #include <cstdint>
 

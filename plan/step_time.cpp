@@ -1,5 +1,5 @@
-// The step-time model (see model/step_time.h for what it counts and why).
-#include "model/step_time.h"
+// The step-time model (see plan/step_time.h for what it counts and why).
+#include "plan/step_time.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "model/chunks.h"
 #include "model/gpt.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 
 namespace tpt {
 

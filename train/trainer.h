@@ -15,12 +15,12 @@
 #include "data/run_data.h"
 #include "model/chunks.h"
 #include "model/gpt.h"
-#include "apps/tensorboard.h"
-#include "apps/trace.h"
 #include "model/optimizer.h"
 #include "parallel/grad_sync.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
+#include "train/tensorboard.h"
+#include "train/trace.h"
 
 namespace tpt {
 
@@ -82,7 +82,7 @@ class Trainer {
   void profile_iteration(int64_t k, bool counted, double wall_ms);
   void report_profile() const;
   void check_memory(const Config& cfg, const Grid& grid) const;
-  // The constructor's parts, in order (apps/trainer.cpp).
+  // The constructor's parts, in order (train/trainer.cpp).
   void setup_backend();
   void setup_data();
   void setup_model();
@@ -144,7 +144,7 @@ class Trainer {
   // After training: whether iterations after the first called the device allocator (all ranks).
   void report_allocator_calls(int64_t first_iteration);
 
-  // checkpoint: apps/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
+  // checkpoint: train/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
  public:
   // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save.
   void save_checkpoint();

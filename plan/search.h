@@ -1,7 +1,7 @@
-// tptrain plan --search and --calibrate (docs/PLAN.md): the layouts of a config's model and global
-// batch on N GPUs, pruned by the memory plan (model/memory.h: what the trainer allocates; at most
-// --usable-memory-fraction of the device) and ranked
-// by the step-time model (model/step_time.h); and a measured run's iteration time against the model.
+// tptrain plan --search (docs/PLAN.md): the layouts of a config's model and global batch on N GPUs,
+// pruned by the memory plan (plan/memory.h: what the trainer allocates; at most
+// --usable-memory-fraction of the device) and ranked by the step-time model (plan/step_time.h); the
+// JSON of a search, a step time and a hardware (apps/plan_cmd.cpp prints them).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "model/memory.h"
-#include "model/step_time.h"
+#include "plan/memory.h"
+#include "plan/step_time.h"
 
 namespace tpt {
 
@@ -43,24 +43,9 @@ struct SearchResult {
 // when the config has no global batch or nothing is a valid layout.
 SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus);
 nlohmann::json search_json(const SearchResult& r, int top);  // top 0: all
-void print_search(const SearchResult& r, int top, const std::string& config_path);
 
 nlohmann::json step_time_json(const StepTime& t);
 nlohmann::json hardware_json(const Hardware& h, int gpus_per_node);
 std::string describe_hardware(const Hardware& h, int gpus_per_node);
-
-// --calibrate: the logged iterations' elapsed_ms of a metrics file (InputError naming the file and line).
-std::vector<double> read_iteration_times(const std::string& metrics_path);
-struct Calibration {
-  Plan plan;                         // the estimate for the config as it is
-  int iterations = 0;                // measured iterations used (the first logged one is left out when there are more)
-  double measured_s = 0;             // their median
-  double compute_scale = 1;          // the factor on the GEMM and attention efficiencies that makes them agree
-  bool compute_scale_found = false;  // false: no efficiency in (0, 1] does (the rest of the step alone is off)
-  Hardware calibrated;               // the hardware with that factor
-};
-Calibration calibrate(const Config& cfg, const PlanOptions& options, const std::vector<double>& iteration_ms);
-nlohmann::json calibration_json(const Calibration& c);
-void print_calibration(const Calibration& c, const std::string& metrics_path);
 
 }  // namespace tpt

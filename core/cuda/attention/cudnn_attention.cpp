@@ -1,11 +1,11 @@
-// Causal attention through cuDNN's fused SDPA (core/cuda/cudnn_attention.h), with the graph API of
-// the header-only cudnn-frontend. This is the only translation unit that includes the frontend
+// Causal attention through cuDNN's fused SDPA (core/cuda/attention/cudnn_attention.h), with the
+// graph API of the header-only cudnn-frontend. This is the only translation unit that includes the frontend
 // (large and slow to compile); without TPTRAIN_HAVE_CUDNN it holds the stubs that say "not built".
 // cuDNN is loaded at run time (the frontend's dynamic-loading mode, NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING:
 // every cuDNN call, ours included, goes through the frontend's shim and the handle opened here; the
 // frontend opens NVRTC itself, only if an engine of its own needs it): tptrain links neither, and
 // without them it warns once and runs its own attention kernels.
-#include "core/cuda/cudnn_attention.h"
+#include "core/cuda/attention/cudnn_attention.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
-// tptrain plan --search (see apps/plan_search.h).
-#include "apps/plan_search.h"
+// tptrain plan --search (see plan/search.h).
+#include "plan/search.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -229,40 +229,6 @@ nlohmann::json search_json(const SearchResult& r, int top) {
           {"layouts_valid", r.valid},
           {"layouts_fit", r.entries.size()},
           {"layouts", layouts}};
-}
-
-void print_search(const SearchResult& r, int top, const std::string& path) {
-  const ModelConfig& m = r.base.model;
-  std::printf("tptrain plan --search | config %s | %d GPUs, %d per node, %.1f GiB each, layouts up to %.0f%% of it\n",
-              path.c_str(), r.gpus, r.options.gpus_per_node, r.options.device_memory_gib, 100 * r.options.usable_memory_fraction);
-  std::printf("model: %d layers, hidden %d, %d heads, seq %d; global batch %d sequences (%.3gM tokens); %s\n",
-              m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, r.base.training.global_batch_size,
-              double(r.base.training.global_batch_size) * m.seq_length / 1e6, name_of(r.base.training.precision).c_str());
-  std::printf("hardware: %s\n", describe_hardware(r.options.hw, r.options.gpus_per_node).c_str());
-  std::printf("layouts: %lld enumerated, %lld valid, %zu fit; fastest first:\n\n", (long long)r.considered,
-              (long long)r.valid, r.entries.size());
-  if (r.entries.empty()) {
-    std::printf("no layout fits: more GPUs, more device memory, or a smaller micro-batch / global batch\n");
-    return;
-  }
-  std::printf("%4s  %-44s %9s %9s %11s %6s %7s %9s\n", "#", "layout", "peak GiB", "step s", "tokens/s", "MFU", "bubble",
-              "exp.comm");
-  const size_t n = top > 0 ? std::min(r.entries.size(), size_t(top)) : r.entries.size();
-  for (size_t i = 0; i < n; ++i) {
-    const SearchEntry& e = r.entries[i];
-    const StepTime& t = e.time;
-    std::printf("%4zu  %-44s %9.2f %9.4g %11.0f %5.1f%% %6.1f%% %9.3g\n", i + 1, e.layout().c_str(), double(e.peak_bytes) / kGiB,
-                t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.step_s, t.exposed_comm_s);
-  }
-  std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
-              "messages in the step; exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
-              "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
-              "overlaps the gradient reduction. Select one with:\n");
-  for (size_t i = 0; i < n; ++i) {
-    std::printf("%4zu ", i + 1);
-    for (const std::string& s : r.entries[i].sets) std::printf(" --set %s", s.c_str());
-    std::printf("\n");
-  }
 }
 
 }  // namespace tpt

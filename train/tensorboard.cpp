@@ -1,4 +1,4 @@
-#include "apps/tensorboard.h"
+#include "train/tensorboard.h"
 
 #include <unistd.h>
 

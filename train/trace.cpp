@@ -1,4 +1,4 @@
-#include "apps/trace.h"
+#include "train/trace.h"
 
 #include <cstdio>
 #include <fstream>

@@ -1,5 +1,5 @@
-// Per-rank memory, FLOPs and time of a config (see model/memory.h for what each category holds).
-#include "model/memory.h"
+// Per-rank memory, FLOPs and time of a config (see plan/memory.h for what each category holds).
+#include "plan/memory.h"
 
 #include <algorithm>
 #include <cmath>

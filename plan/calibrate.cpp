@@ -1,12 +1,12 @@
-// tptrain plan --calibrate (see apps/plan_search.h): a measured run's iteration time against the
+// tptrain plan --calibrate (see plan/calibrate.h): a measured run's iteration time against the
 // step-time model, and the factor on the model's compute efficiencies that makes them agree.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 
-#include "apps/plan_search.h"
 #include "core/error.h"
+#include "plan/calibrate.h"
+#include "plan/search.h"  // step_time_json, hardware_json
 
 namespace tpt {
 
@@ -76,29 +76,6 @@ nlohmann::json calibration_json(const Calibration& c) {
           {"compute_scale_found", c.compute_scale_found},
           {"compute_scale", c.compute_scale},
           {"calibrated", hardware_json(c.calibrated, c.plan.options.gpus_per_node)}};
-}
-
-void print_calibration(const Calibration& c, const std::string& path) {
-  const StepTime& t = c.plan.time;
-  std::printf("tptrain plan --calibrate %s | TP %d x PP %d x DP %d = %d ranks\n", path.c_str(), c.plan.tp, c.plan.pp, c.plan.dp,
-              c.plan.world_size);
-  std::printf("measured:  %.4g s per iteration (median of %d logged iterations, the first left out when there are more)\n",
-              c.measured_s, c.iterations);
-  std::printf("estimated: %.4g s per iteration on %s; measured / estimated = %.3f\n", t.step_s,
-              describe_hardware(c.plan.options.hw, c.plan.options.gpus_per_node).c_str(), c.measured_s / t.step_s);
-  std::printf("estimate by component (busiest stage, per iteration; compare with the run's op profile, "
-              "logging.profile_ops): GEMMs %.4g s, attention %.4g, elementwise %.4g, TP communication %.4g, CP ring %.4g, recompute "
-              "%.4g, bubble %.4g, exposed DP %.4g, optimizer %.4g\n",
-              t.gemm_s, t.attention_s, t.elementwise_s, t.tp_comm_s, t.cp_comm_s, t.recompute_s, t.bubble_s, t.dp_exposed_s,
-              t.optimizer_s);
-  if (c.compute_scale_found)
-    std::printf("agreement: --compute-efficiency %.4g --attention-efficiency %.4g (the model's compute efficiencies x "
-                "%.4g) make the estimate equal the measurement\n",
-                c.calibrated.gemm_efficiency, c.calibrated.attention_efficiency, c.compute_scale);
-  else
-    std::printf("agreement: no compute efficiency in (0, 1] matches: the measured time is %s the estimate's "
-                "non-compute part alone allows (check the communication and kernel-overhead options)\n",
-                c.measured_s < t.step_s ? "below what" : "beyond what");
 }
 
 }  // namespace tpt

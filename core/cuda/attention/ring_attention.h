@@ -1,6 +1,6 @@
 // Launchers of context parallelism's ring attention blocks and the strided row copy on the GPU
-// (core/cuda/ring_attention.cu); arguments and semantics as the Ops methods of the same name
-// (core/ops.h attention_block_forward / attention_block_backward / copy_rows).
+// (core/cuda/attention/ring_attention.cu); arguments and semantics as the Ops methods of the same
+// name (core/ops.h attention_block_forward / attention_block_backward / copy_rows).
 #pragma once
 #include <cstdint>
 

@@ -23,9 +23,9 @@
 #include <filesystem>
 #include <map>
 
-#include "apps/trainer.h"
 #include "core/error.h"
 #include "parallel/checkpoint.h"
+#include "train/trainer.h"
 
 namespace tpt {
 

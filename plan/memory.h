@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "model/gpt.h"
-#include "model/step_time.h"
 #include "parallel/schedule.h"
+#include "plan/step_time.h"
 
 namespace tpt {
 

@@ -1,4 +1,4 @@
-#include "model/hf_gpt2.h"
+#include "interop/hf/gpt2.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,14 +1,17 @@
-// Ring attention blocks on the GPU (core/cuda/ring_attention.h): a warp per (query row, head), the
-// keys the row sees (RingBlock::visible) visited in order with the online softmax in registers, as
-// the CPU backend's row loop (core/cpu/ring_kernels.cpp) does. Simple and exact rather than fast:
-// the ring's test fixture and a fallback; cuDNN / the tiled kernels are the paths for speed.
+// Ring attention blocks on the GPU (core/cuda/attention/ring_attention.h): a warp per (query row,
+// head), the keys the row sees (RingBlock::visible) visited in order with the online softmax in
+// registers, as the CPU backend's row loop (core/cpu/ring_kernels.cpp) does. Simple and exact rather
+// than fast: the ring's test fixture and a fallback; cuDNN / the tiled kernels are the paths for
+// speed. The backward's warps of one block share its keys, so they add their dK/dV into the fp32
+// block gradient with atomicAdd: the backend's one kernel with atomics, not bitwise reproducible
+// (the CPU backend adds in a fixed order).
 #include <cmath>
 #include <string>
 
-#include "core/error.h"
+#include "core/cuda/attention/ring_attention.h"
 #include "core/cuda/device_util.h"
 #include "core/cuda/launch_util.h"
-#include "core/cuda/ring_attention.h"
+#include "core/error.h"
 
 namespace tpt::cuda {
 namespace {

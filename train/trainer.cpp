@@ -1,4 +1,4 @@
-#include "apps/trainer.h"
+#include "train/trainer.h"
 
 #include <spdlog/spdlog.h>
 
@@ -12,11 +12,11 @@
 
 #include "core/error.h"
 #include "data/doc_masks.h"
-#include "model/hf_llama.h"
-#include "model/memory.h"  // plan: the memory line below
+#include "interop/hf/llama.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/profiled_comm.h"
+#include "plan/memory.h"  // plan: the memory line below
 #ifdef TPTRAIN_HAVE_CUDA
 #include <cstdlib>
 
@@ -185,7 +185,7 @@ void Trainer::setup_model() {
   layout_ = make_rank_layout(chunk_dims_);
   std::vector<float> host(size_t(layout_.total), 0.0f);
   // model.init_from: HF Llama (a directory, index, config.json or file with config.json beside it) or
-  // HF GPT-2 (model/hf_llama.h); each rank reads only its boxes
+  // HF GPT-2 (interop/hf/llama.h); each rank reads only its boxes
   if (!cfg_.model.init_from.empty()) load_init_from(cfg_.model, dims_, layout_, host.data());
   else init_params_host(layout_, cfg_.training.seed, host.data());
   dtype_ = compute_dtype(cfg_);
@@ -326,7 +326,7 @@ void Trainer::log_setup() {
                double(plan.activation_bytes) / 1048576.0, plan.in_flight, double(plan.workspace_bytes) / 1048576.0,
                name_of(cfg_.training.precision), name_of(cfg_.training.recompute));
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
-  // plan's count (model/memory.h)
+  // plan's count (plan/memory.h)
   const int64_t allocated = ops_->allocated_bytes() + workspace_.total();
   spdlog::info("memory: allocated {:.1f} MiB ({} bytes) on rank 0 (plan: {})", double(allocated) / 1048576.0,
                allocated, describe_memory(plan));

@@ -1,7 +1,7 @@
 // Hugging Face LlamaForCausalLM checkpoints in and out (docs/ARCHITECTURE.md "Model", README
 // "Continue pretraining from a Hugging Face Llama checkpoint"):
 //  - model.init_from: what the path names (an HF Llama directory, its model.safetensors.index.json,
-//    its config.json, one .safetensors file; or HF GPT-2, model/hf_gpt2.h) and the Llama import:
+//    its config.json, one .safetensors file; or HF GPT-2, interop/hf/gpt2.h) and the Llama import:
 //    config.json checked against the model config, every rank reading only the rows of its boxes from
 //    the memory-mapped shards (q/k/v_proj -> the grouped QKV, gate/up_proj -> [gate; up]);
 //  - tptrain export: config.json of a Llama-family model and the HF tensors of our global tensors.
@@ -65,9 +65,5 @@ struct HFLlamaTensor {
 std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m);
 // The global shape of our tensor `name` (as make_param_layout names it) in a Llama-family model.
 std::vector<int64_t> llama_global_shape(const ModelConfig& m, const std::string& name);
-
-// "5GB", "500MB", "2GiB", "1000000" (bytes) -> bytes (HF's max_shard_size: kB/MB/GB powers of 1000,
-// KiB/MiB/GiB of 1024). InputError naming the text.
-int64_t parse_byte_size(const std::string& text);
 
 }  // namespace tpt

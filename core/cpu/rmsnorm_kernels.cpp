@@ -1,0 +1,54 @@
+// fp32 RMSNorm forward and backward (core/cpu/kernels.h): row sums of squares in double, the
+// weight gradient as per-thread partials summed in thread order (deterministic for a thread count).
+#include "core/cpu/kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace tpt::cpu {
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps,
+                     int) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += double(x[c]) * x[c];
+    const float r = float(1.0 / std::sqrt(ss / double(C) + double(eps)));
+    float* y = out + n * C;
+    for (int64_t c = 0; c < C; ++c) y[c] = x[c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+
+// y = x r w with r = (mean(x^2) + eps)^-1/2: dx = r (w dy) - x r^3 mean(x w dy), dw = sum dy x r.
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int64_t N, int64_t C, int threads) {
+  const int nt = std::max(1, threads);
+  std::vector<float> part(size_t(nt) * size_t(C), 0.0f);
+#pragma omp parallel num_threads(nt)
+  {
+    float* pdw = part.data() + size_t(omp_get_thread_num()) * size_t(C);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + n * C;
+      const float* dy = dout + n * C;
+      const float r = rstd[n];
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += double(dy[c]) * w[c] * x[c];
+      const float k = float(dot / double(C)) * r * r * r;
+      float* dx = dinp + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        dx[c] += dy[c] * w[c] * r - x[c] * k;
+        pdw[c] += dy[c] * x[c] * r;
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t)
+    for (int64_t c = 0; c < C; ++c) dw[c] += part[size_t(t) * size_t(C) + size_t(c)];
+}
+
+}  // namespace tpt::cpu
