@@ -494,7 +494,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     }
     plan.dp_comm_bytes = std::max(plan.dp_comm_bytes, dp_bytes);
   }
-  // the step-time model (model/step_time.h) over the same schedule lists
+  // the step-time model (plan/step_time.h) over the same schedule lists
   ScheduleCache cache;
   plan.time = estimate_step_time(cfg, o.hw, o.gpus_per_node, plan.stages, cache);
   plan.pipeline_time_s = plan.time.pipeline_s;

@@ -104,7 +104,7 @@ double linear_forward_flops(const GPTDims& d, double tokens);
 struct PlanOptions {
   int world_size = 0;                  // 0: TP * CP * PP * (data_parallel_size or 1)
   double device_memory_gib = 80;
-  Hardware hw;                         // the step-time model's hardware (model/step_time.h; --gpu, --peak-tflops, ...)
+  Hardware hw;                         // the step-time model's hardware (plan/step_time.h; --gpu, --peak-tflops, ...)
   int gpus_per_node = 8;
   // --search keeps layouts whose largest stage is at most this fraction of the device memory (the
   // plan's "tight" line: CUDA context, NCCL buffers and fragmentation are not in the plan)
@@ -142,7 +142,7 @@ struct Plan {
   int64_t cp_comm_bytes = 0;           // context parallelism: the ring's K/V blocks and their gradients sent
   double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;  // dp_time_s: the exposed part
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
-  StepTime time;                       // the step-time model's breakdown (model/step_time.h)
+  StepTime time;                       // the step-time model's breakdown (plan/step_time.h)
   std::vector<StageMemory> stages;
   bool fits = true;
   std::vector<PlanSuggestion> suggestions;  // only when a stage does not fit

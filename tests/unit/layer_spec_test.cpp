@@ -13,7 +13,7 @@
 #include "core/config.h"
 #include "model/chunks.h"
 #include "model/gpt.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "parallel/checkpoint.h"
 #include "parallel/comm.h"
 
