@@ -63,7 +63,8 @@ struct HFLlamaTensor {
 // The tensors of the export in HF's order: embed_tokens, per layer input_layernorm, q/k/v/o_proj
 // (+ biases), post_attention_layernorm, gate/up/down_proj (+ biases), model.norm, lm_head (untied).
 std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m);
-// The global shape of our tensor `name` (as make_param_layout names it) in a Llama-family model.
+// The global shape of our tensor `name` (as make_param_layout names it) in a Llama-family model: the
+// layer spec's (model/layer_spec.h) for the layers' tensors.
 std::vector<int64_t> llama_global_shape(const ModelConfig& m, const std::string& name);
 
 }  // namespace tpt

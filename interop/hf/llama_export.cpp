@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "interop/hf/llama.h"
 #include "interop/hf/llama_detail.h"
+#include "model/gpt.h"
 #include "model/layers.h"
 
 namespace tpt {
@@ -18,20 +19,17 @@ int64_t HFLlamaTensor::numel() const {
 }
 
 std::vector<int64_t> llama_global_shape(const ModelConfig& m, const std::string& name) {
-  const LlamaDims d = llama_dims(m);
+  Config c;
+  c.model = m;
+  const GPTDims d = make_dims(c, 1, 0, 1, 0);  // global shapes: the layer spec of one rank holding all
   if (name == "wte.weight" || name == "lm_head.weight") return {d.V, d.C};
   if (name == "ln_f.weight") return {d.C};
-  const std::string rest = name.substr(name.find('.', 2) + 1);
-  if (rest == "ln_1.weight" || rest == "ln_2.weight" || rest == "attn.proj.bias" || rest == "mlp.fc2.bias") return {d.C};
-  if (rest == "attn.qkv.weight")
-    return m.group_query_attention ? std::vector<int64_t>{d.G, d.Q + 2, d.D, d.C}
-                                   : std::vector<int64_t>{3, d.H * d.D, d.C};
-  if (rest == "attn.qkv.bias")
-    return m.group_query_attention ? std::vector<int64_t>{d.G, d.Q + 2, d.D} : std::vector<int64_t>{3, d.H * d.D};
-  if (rest == "attn.proj.weight") return {d.C, d.H * d.D};
-  if (rest == "mlp.fc1.weight") return {2, d.F, d.C};
-  if (rest == "mlp.fc1.bias") return {2, d.F};
-  if (rest == "mlp.fc2.weight") return {d.C, d.F};
+  const std::string rest = name.substr(name.find('.', 2) + 1);  // h.<l>.<part>.<weight | bias>
+  for (const LayerPart& part : d.layer.parts) {
+    if (rest == part.name() + ".weight") return part.is_linear ? part.linear.weight_shape : std::vector<int64_t>{d.C};
+    if (rest == part.name() + ".bias" && (part.is_linear || d.norm.has_bias()))
+      return part.is_linear ? part.linear.bias_shape() : std::vector<int64_t>{d.C};
+  }
   internal_error("llama_global_shape: no tensor " + name);
 }
 
