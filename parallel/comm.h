@@ -133,6 +133,28 @@ std::vector<Comm::Message> all_to_all_messages(const void* send, const std::vect
                                                const std::vector<int64_t>& recv_counts, DType t, int rank,
                                                int64_t max_count, int tag);
 
+// The base of the groups of one rank, on host (make_self_comm) or device buffers
+// (make_device_self_comm): a reduction or broadcast leaves the buffer as it is; a gather, a
+// reduce-scatter and an all-to-all copy their one block with copy(), unless in place.
+class GroupOfOneComm : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void exchange(const std::vector<Message>& messages) override;  // an error unless empty
+
+ protected:
+  virtual void copy(void* out, const void* in, size_t bytes) = 0;
+  void do_all_reduce(void*, int64_t, DType, ReduceOp) override {}
+  void do_all_gather(void* out, const void* in, int64_t n, DType t) override;
+  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override;
+  void do_broadcast(void*, int64_t, DType, int) override {}
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType t) override;
+
+ private:
+  void copy_block(void* out, const void* in, int64_t n, DType t);
+};
+
 // The group of one rank.
 std::unique_ptr<Comm> make_self_comm();
 

@@ -24,31 +24,13 @@
 namespace tpt {
 namespace {
 
-class DeviceSelfComm final : public Comm {
+class DeviceSelfComm final : public GroupOfOneComm {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void exchange(const std::vector<Message>& m) override {
-    if (!m.empty()) internal_error("send/recv within a group of one rank");
-  }
   void barrier() override { cuda::stream_wait(cuda::compute_stream()); }
 
  protected:
-  void do_all_reduce(void*, int64_t, DType, ReduceOp) override {}
-  void do_all_gather(void* out, const void* in, int64_t n, DType t) override { copy(out, in, n, t); }
-  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override { copy(out, in, n, t); }
-  void do_broadcast(void*, int64_t, DType, int) override {}
-  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                       const std::vector<int64_t>& recv_counts, DType t) override {
-    TPT_CHECK(send_counts[0] == recv_counts[0]);
-    copy(recv, send, send_counts[0], t);
-  }
-
- private:
-  static void copy(void* out, const void* in, int64_t n, DType t) {
-    if (out != in && n > 0)
-      TPT_CUDA_CHECK(cudaMemcpyAsync(out, in, size_t(n) * size_t(dtype_bytes(t)), cudaMemcpyDeviceToDevice,
-                                     cuda::compute_stream()));
+  void copy(void* out, const void* in, size_t bytes) override {
+    TPT_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
   }
 };
 

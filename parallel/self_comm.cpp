@@ -1,3 +1,4 @@
+// The groups of one rank (parallel/comm.h GroupOfOneComm) and SelfComm, the host one.
 #include <cstring>
 #include <string>
 
@@ -5,34 +6,35 @@
 #include "parallel/comm.h"
 
 namespace tpt {
+
+void GroupOfOneComm::exchange(const std::vector<Message>& messages) {
+  if (!messages.empty()) internal_error("send/recv within a group of one rank");
+}
+
+void GroupOfOneComm::do_all_gather(void* out, const void* in, int64_t n, DType t) { copy_block(out, in, n, t); }
+
+void GroupOfOneComm::do_reduce_scatter(void* out, const void* in, int64_t n, DType t) { copy_block(out, in, n, t); }
+
+void GroupOfOneComm::do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                     const std::vector<int64_t>& recv_counts, DType t) {
+  if (recv_counts[0] != send_counts[0])
+    internal_error("all_to_all_v in a group of one rank: " + std::to_string(send_counts[0]) + " elements sent, " +
+                   std::to_string(recv_counts[0]) + " expected");
+  copy_block(recv, send, send_counts[0], t);
+}
+
+void GroupOfOneComm::copy_block(void* out, const void* in, int64_t n, DType t) {
+  if (out != in && n > 0) copy(out, in, size_t(n) * size_t(dtype_bytes(t)));
+}
+
 namespace {
 
-class SelfComm final : public Comm {
+class SelfComm final : public GroupOfOneComm {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void exchange(const std::vector<Message>& m) override {
-    if (!m.empty()) internal_error("send/recv within a group of one rank");
-  }
   void barrier() override {}
 
  protected:
-  void do_all_reduce(void*, int64_t, DType, ReduceOp) override {}
-  void do_all_gather(void* out, const void* in, int64_t n, DType t) override { copy(out, in, n, t); }
-  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override { copy(out, in, n, t); }
-  void do_broadcast(void*, int64_t, DType, int) override {}
-  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                       const std::vector<int64_t>& recv_counts, DType t) override {
-    if (recv_counts[0] != send_counts[0])
-      internal_error("all_to_all_v in a group of one rank: " + std::to_string(send_counts[0]) + " elements sent, " +
-                     std::to_string(recv_counts[0]) + " expected");
-    copy(recv, send, send_counts[0], t);
-  }
-
- private:
-  static void copy(void* out, const void* in, int64_t n, DType t) {
-    if (out != in && n > 0) std::memcpy(out, in, size_t(n) * size_t(dtype_bytes(t)));
-  }
+  void copy(void* out, const void* in, size_t bytes) override { std::memcpy(out, in, bytes); }
 };
 
 }  // namespace

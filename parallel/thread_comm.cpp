@@ -90,10 +90,25 @@ class Group {
   std::vector<std::deque<std::vector<char>>> mail_;
 };
 
-// Started collectives of a group member that run at the wait (ThreadComm, StagedDeviceComm), in
-// start order; a ticket's wait runs it and every earlier one.
-class Deferred {
+// The base of a group member whose started collectives run at the wait (ThreadComm,
+// StagedDeviceComm), in start order; a ticket's wait runs it and every earlier one. Deferred to
+// the wait, a collective reads its buffers as late as an asynchronous one may, so a bucket written
+// after its start gives a wrong result (what a race checker looks for).
+class DeferringComm : public Comm {
  public:
+  void wait(int64_t ticket) override { run(ticket); }
+  void wait_all() override { run(INT64_MAX); }
+
+ protected:
+  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override { return add({Kind::AllReduce, buf, buf, n, t}); }
+  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    return add({Kind::ReduceScatter, out, in, n, t});
+  }
+  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    return add({Kind::AllGather, out, in, n, t});
+  }
+
+ private:
   enum class Kind { AllReduce, ReduceScatter, AllGather };  // the all-reduce in place, a sum
   struct Op {
     Kind kind;
@@ -108,17 +123,15 @@ class Deferred {
     ops_.push_back(op);
     return op.ticket;
   }
-  void run(Comm& c, int64_t ticket) {
+  void run(int64_t ticket) {
     while (!ops_.empty() && ops_.front().ticket <= ticket) {
       const Op op = ops_.front();
       ops_.pop_front();
-      if (op.kind == Kind::AllReduce) c.all_reduce(op.out, op.n, op.t, ReduceOp::Sum);
-      else if (op.kind == Kind::ReduceScatter) c.reduce_scatter(op.out, op.in, op.n, op.t);
-      else c.all_gather(op.out, op.in, op.n, op.t);
+      if (op.kind == Kind::AllReduce) all_reduce(op.out, op.n, op.t, ReduceOp::Sum);
+      else if (op.kind == Kind::ReduceScatter) reduce_scatter(op.out, op.in, op.n, op.t);
+      else all_gather(op.out, op.in, op.n, op.t);
     }
   }
-
- private:
   std::deque<Op> ops_;
   int64_t next_ = 0;
 };
@@ -152,7 +165,7 @@ struct Outgoing {
 };
 
 // A member of a group on host buffers.
-class ThreadComm final : public Comm {
+class ThreadComm final : public DeferringComm {
  public:
   ThreadComm(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
   int rank() const override { return rank_; }
@@ -177,8 +190,6 @@ class ThreadComm final : public Comm {
       }
   }
   void barrier() override { g_->arrive(); }
-  void wait(int64_t ticket) override { deferred_.run(*this, ticket); }
-  void wait_all() override { deferred_.run(*this, INT64_MAX); }
 
  protected:
   void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
@@ -194,7 +205,8 @@ class ThreadComm final : public Comm {
                [&](char* result) { reduce_published(result, t, *g_, int64_t(rank_) * n, n, ReduceOp::Sum); });
   }
   void do_broadcast(void* buf, int64_t n, DType t, int root) override {
-    collective(buf, buf, bytes(n, t), [&](char* result) { std::memcpy(result, g_->published<char>(root), bytes(n, t)); });
+    collective(buf, buf, bytes(n, t),
+               [&](char* result) { std::memcpy(result, g_->published<char>(root), bytes(n, t)); });
   }
   // Each member copies its blocks out of the senders' published buffers, checking that each
   // sender's count for it is the one it expects.
@@ -214,17 +226,6 @@ class ThreadComm final : public Comm {
       }
     });
   }
-  // Deferred to the wait: the collective reads its buffer as late as an asynchronous one may, so a
-  // bucket written after its start gives a wrong result (what a race checker looks for).
-  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {
-    return deferred_.add({Deferred::Kind::AllReduce, buf, buf, n, t});
-  }
-  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
-    return deferred_.add({Deferred::Kind::ReduceScatter, out, in, n, t});
-  }
-  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
-    return deferred_.add({Deferred::Kind::AllGather, out, in, n, t});
-  }
 
  private:
   static size_t bytes(int64_t n, DType t) { return size_t(std::max<int64_t>(n, 0)) * size_t(dtype_bytes(t)); }
@@ -242,13 +243,13 @@ class ThreadComm final : public Comm {
 
   std::shared_ptr<Group> g_;
   int rank_;
-  Deferred deferred_;
 };
 
 #ifdef TPTRAIN_HAVE_CUDA
 // A member of a group on device buffers: copies them to the host on the calling thread's compute
 // stream (after its queued kernels), runs the host member's collective, copies the result back.
-class StagedDeviceComm final : public Comm {
+// Its started collectives, deferred as ThreadComm's, read their buffers at the wait, in stream order.
+class StagedDeviceComm final : public DeferringComm {
  public:
   explicit StagedDeviceComm(std::unique_ptr<Comm> host) : host_(std::move(host)) {}
   int rank() const override { return host_->rank(); }
@@ -269,8 +270,6 @@ class StagedDeviceComm final : public Comm {
     cuda::stream_wait(cuda::compute_stream());
     host_->barrier();
   }
-  void wait(int64_t ticket) override { deferred_.run(*this, ticket); }
-  void wait_all() override { deferred_.run(*this, INT64_MAX); }
 
  protected:
   void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
@@ -300,16 +299,6 @@ class StagedDeviceComm final : public Comm {
     host_->all_to_all_v(h_send.data(), send_counts, h_recv.data(), recv_counts, t);
     to_device(recv, h_recv);
   }
-  // Deferred, as ThreadComm's: the buffers are read at the wait, in stream order there.
-  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {
-    return deferred_.add({Deferred::Kind::AllReduce, buf, buf, n, t});
-  }
-  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
-    return deferred_.add({Deferred::Kind::ReduceScatter, out, in, n, t});
-  }
-  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
-    return deferred_.add({Deferred::Kind::AllGather, out, in, n, t});
-  }
 
  private:
   static size_t bytes(int64_t n, DType t) { return size_t(std::max<int64_t>(n, 0)) * size_t(dtype_bytes(t)); }
@@ -329,7 +318,6 @@ class StagedDeviceComm final : public Comm {
   }
 
   std::unique_ptr<Comm> host_;
-  Deferred deferred_;
 };
 #endif
 

@@ -1,6 +1,6 @@
 // The typed collectives and all_to_all_v of parallel/comm.h on thread ranks (parallel/thread_comm.h)
-// and on the group of one rank: every element type moved byte for byte into a layout written out
-// here by hand (uneven and zero counts, a rank that neither sends nor receives), the counts
+// and on the group of one rank: every element type moved byte for byte (tests/common/comm_elements.h)
+// into a layout written out here by hand (uneven and zero counts, a rank that neither sends nor receives), the counts
 // exchange, exact integer and double reductions, the refusal of 16-bit reductions, and the
 // argument checks.
 #include <gtest/gtest.h>
@@ -12,37 +12,14 @@
 
 #include "core/error.h"
 #include "parallel/thread_comm.h"
+#include "tests/common/comm_elements.h"
 
 namespace tpt {
 namespace {
 
-const DType kAllTypes[] = {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64};
-const char* type_name(DType t) {
-  const char* names[] = {"f32", "bf16", "f16", "f64", "i32", "i64"};
-  return names[int(t)];
-}
-
-// An element of type t standing for the number id (0..255): its byte k is id + 37 k, so a
-// misplaced element, a wrong element size or a torn element shows in its bytes.
-std::vector<char> elements(const std::vector<int>& ids, DType t) {
-  const size_t e = size_t(dtype_bytes(t));
-  std::vector<char> out(ids.size() * e);
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (size_t k = 0; k < e; ++k) out[i * e + k] = char(uint8_t(ids[i] + 37 * int(k)));
-  return out;
-}
-// The ids of such elements; -1 for an element whose bytes do not belong to one id.
-std::vector<int> ids_of(const std::vector<char>& bytes, DType t) {
-  const size_t e = size_t(dtype_bytes(t));
-  std::vector<int> ids(bytes.size() / e);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int id = uint8_t(bytes[i * e]);
-    for (size_t k = 0; k < e; ++k)
-      if (uint8_t(bytes[i * e + k]) != uint8_t(id + 37 * int(k))) ids[i] = -1;
-    if (ids[i] != -1) ids[i] = id;
-  }
-  return ids;
-}
+using test::comm_type_name;
+using test::element_ids;
+using test::id_elements;
 
 // Three ranks; rank r sends kCounts[r][p] elements to peer p, the j-th of them standing for
 // 100 r + 10 p + j.
@@ -53,15 +30,15 @@ const std::vector<std::vector<int64_t>> kRecvCounts = {{2, 1, 0}, {0, 1, 4}, {3,
 const std::vector<std::vector<int>> kRecv = {{0, 1, 100}, {110, 210, 211, 212, 213}, {20, 21, 22, 220, 221}};
 
 TEST(AllToAllV, UnevenAndZeroCountsOfEveryTypeLandInRankOrder) {
-  for (const DType t : kAllTypes) {
-    SCOPED_TRACE(type_name(t));
+  for (const DType t : test::kCommTypes) {
+    SCOPED_TRACE(comm_type_name(t));
     run_thread_ranks(3, 1, 1, false, [&](Grid& g) {
       Comm& c = *g.world;
       const size_t r = size_t(c.rank());
-      const std::vector<char> send = elements(kSend[r], t);
+      const std::vector<char> send = id_elements(kSend[r], t);
       std::vector<char> recv(kRecv[r].size() * size_t(dtype_bytes(t)), char(0x7f));
       c.all_to_all_v(send.data(), kCounts[r], recv.data(), kRecvCounts[r], t);
-      EXPECT_EQ(ids_of(recv, t), kRecv[r]) << "rank " << r;
+      EXPECT_EQ(element_ids(recv, t), kRecv[r]) << "rank " << r;
     });
   }
 }
@@ -94,14 +71,14 @@ TEST(AllToAllV, ARankWithNothingToSendOrReceiveAndConcurrentGroups) {
     for (int p = 0; p < n; ++p) {
       sc[size_t(p)] = count(d, p);
       rc[size_t(p)] = count(p, d);
-      for (int j = 0; j < count(d, p); ++j) send_ids.push_back(100 * g.tp_rank + 10 * d + 2 * p + j);
-      for (int j = 0; j < count(p, d); ++j) want.push_back(100 * g.tp_rank + 10 * p + 2 * d + j);
+      for (int j = 0; j < count(d, p); ++j) send_ids.push_back(64 * g.tp_rank + 16 * d + 4 * p + j);
+      for (int j = 0; j < count(p, d); ++j) want.push_back(64 * g.tp_rank + 16 * p + 4 * d + j);
     }
     for (const DType t : {DType::BF16, DType::I64}) {
-      const std::vector<char> send = elements(send_ids, t);
+      const std::vector<char> send = id_elements(send_ids, t);
       std::vector<char> recv(want.size() * size_t(dtype_bytes(t)));
       c.all_to_all_v(send.data(), sc, recv.data(), rc, t);
-      EXPECT_EQ(ids_of(recv, t), want) << type_name(t) << ", dp rank " << d << " tp rank " << g.tp_rank;
+      EXPECT_EQ(element_ids(recv, t), want) << comm_type_name(t) << ", dp rank " << d << " tp rank " << g.tp_rank;
     }
   });
 }
@@ -132,10 +109,10 @@ TEST(AllToAllV, CountsThatDoNotMatchThePeersAreAnError) {
 
 TEST(AllToAllV, TheGroupOfOneRankCopiesItsOwnBlock) {
   auto self = make_self_comm();
-  const std::vector<char> send = elements({7, 8, 9}, DType::F16);
+  const std::vector<char> send = id_elements({7, 8, 9}, DType::F16);
   std::vector<char> recv(send.size());
   self->all_to_all_v(send.data(), {3}, recv.data(), {3}, DType::F16);
-  EXPECT_EQ(ids_of(recv, DType::F16), (std::vector<int>{7, 8, 9}));
+  EXPECT_EQ(element_ids(recv, DType::F16), (std::vector<int>{7, 8, 9}));
   EXPECT_THROW(self->all_to_all_v(send.data(), {3}, recv.data(), {2}, DType::F16), InternalError);
   EXPECT_THROW(self->all_to_all_v(send.data(), {3}, const_cast<char*>(send.data()) + 2, {3}, DType::F16),
                InternalError);  // overlapping buffers
@@ -181,8 +158,7 @@ TEST(TypedCollectives, SixteenBitValuesMoveBitForBit) {
     std::vector<uint16_t> b = mine;
     c.broadcast(b.data(), 3, DType::F16, 1);
     EXPECT_EQ(b, (std::vector<uint16_t>{0x7fc2, 0x8000, 0x0002}));
-    std::vector<Comm::Message> m = {{true, mine.data(), 3, 1 - r, 0, DType::BF16}, {false, b.data(), 3, 1 - r, 0, DType::BF16}};
-    c.exchange(m);
+    c.exchange({{true, mine.data(), 3, 1 - r, 0, DType::BF16}, {false, b.data(), 3, 1 - r, 0, DType::BF16}});
     EXPECT_EQ(b[0], uint16_t(0x7fc1 + (1 - r)));
   });
 }
