@@ -6,8 +6,8 @@
 // Element types: F32, F64, I32 and I64 move and reduce (Sum, Max). BF16 and F16 move (gather,
 // broadcast, all-to-all, messages) but are never reduced: a reduction of them is an internal_error
 // on every backend, as no 16-bit sum would be the same everywhere (MPI has no 16-bit float op;
-// NCCL's accumulates in an order and precision of its own). Reduce them in fp32 (the TP wire
-// formats do, parallel/tensor_parallel.cpp).
+// NCCL's accumulates in an order and precision of its own). Gather them and sum in fp32, as the
+// TP wire formats do (parallel/tensor_parallel.h).
 //
 // The typed collectives check their arguments here, once for every backend, then call the
 // backend's do_* function; the float / double forms are thin wrappers of the typed ones.

@@ -168,8 +168,13 @@ class MpiComm final : public Comm {
         TPT_CHECK(m.n <= INT_MAX);
         req.emplace_back();
         const MPI_Datatype t = mpi_type(m.t);
-        if (m.send) check(MPI_Isend(m.buf, int(m.n), t, m.peer, m.tag, comm_, &req.back()), "Isend"), send_peer = m.peer;
-        else check(MPI_Irecv(m.buf, int(m.n), t, m.peer, m.tag, comm_, &req.back()), "Irecv"), recv_peer = m.peer;
+        if (m.send) {
+          check(MPI_Isend(m.buf, int(m.n), t, m.peer, m.tag, comm_, &req.back()), "Isend");
+          send_peer = m.peer;
+        } else {
+          check(MPI_Irecv(m.buf, int(m.n), t, m.peer, m.tag, comm_, &req.back()), "Irecv");
+          recv_peer = m.peer;
+        }
       }
     CommWait w(what, "world ranks " + peer_list(send_peer, recv_peer));
     if (!req.empty()) check(MPI_Waitall(int(req.size()), req.data(), MPI_STATUSES_IGNORE), "Waitall");

@@ -1,8 +1,8 @@
 // The typed collectives and all_to_all_v of parallel/comm.h on thread ranks (parallel/thread_comm.h)
-// and on the group of one rank: every element type moved byte for byte (tests/common/comm_elements.h)
-// into a layout written out here by hand (uneven and zero counts, a rank that neither sends nor receives), the counts
-// exchange, exact integer and double reductions, the refusal of 16-bit reductions, and the
-// argument checks.
+// and on the group of one rank: every element type moved byte for byte
+// (tests/common/comm_elements.h) into a layout written out here by hand (uneven and zero counts, a
+// rank that neither sends nor receives), the counts exchange, the op profile's wrapper, exact
+// integer and double reductions, the refusal of 16-bit reductions, and the argument checks.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/op_profile.h"
+#include "core/ops.h"
+#include "parallel/profiled_comm.h"
 #include "parallel/thread_comm.h"
 #include "tests/common/comm_elements.h"
 
@@ -41,6 +44,27 @@ TEST(AllToAllV, UnevenAndZeroCountsOfEveryTypeLandInRankOrder) {
       EXPECT_EQ(element_ids(recv, t), kRecv[r]) << "rank " << r;
     });
   }
+}
+
+// The op profile's wrapper (parallel/profiled_comm.h) forwards the typed calls and names their spans.
+TEST(AllToAllV, TheProfiledCommForwardsAndTimesIt) {
+  run_thread_ranks(3, 1, 1, false, [&](Grid& g) {
+    auto ops = make_cpu_ops(1);
+    OpProfile profile(*ops, [] { return 0.0; });
+    auto c = make_profiled_comm(*g.world, profile, "ep");
+    const size_t r = size_t(c->rank());
+    const std::vector<char> send = id_elements(kSend[r], DType::BF16);
+    std::vector<char> recv(kRecv[r].size() * 2);
+    c->all_to_all_v(send.data(), kCounts[r], recv.data(), kRecvCounts[r], DType::BF16);
+    EXPECT_EQ(element_ids(recv, DType::BF16), kRecv[r]);
+    int64_t x = int64_t(r) << 40;
+    c->all_reduce(&x, 1, DType::I64, ReduceOp::Sum);
+    EXPECT_EQ(x, int64_t(3) << 40);
+    const std::vector<OpProfile::Timed> spans = profile.flush(false);
+    ASSERT_EQ(spans.size(), 2u);
+    EXPECT_EQ(spans[0].name, "ep all_to_all_v");
+    EXPECT_EQ(spans[1].name, "ep all_reduce");
+  });
 }
 
 TEST(AllToAllV, TheCountsExchangeGivesEachRankItsColumn) {
