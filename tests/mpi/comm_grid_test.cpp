@@ -1,6 +1,7 @@
 // The process grid and its communicators on 2 or 4 MPI ranks: every TP x PP x DP layout the world
 // allows, coordinates by rank = tp + TP*(dp + DP*pp), each group's size, rank and members, and every
-// collective of every group against results computed here by hand.
+// collective of every group against results computed here by hand; with CP > 1 the CP ring and the
+// DP x CP group of every layout, by rank = tp + TP*(cp + CP*(dp + DP*pp)).
 #include <gtest/gtest.h>
 
 #include <algorithm>
