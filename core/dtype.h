@@ -97,14 +97,27 @@ TPT_HOST_DEVICE inline float fp16_to_fp32(uint16_t h) {
 TPT_HOST_DEVICE inline float round_to_bf16(float f) { return bf16_to_fp32(fp32_to_bf16(f)); }
 TPT_HOST_DEVICE inline float round_to_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
 
-// The compute dtype of a run (training.precision): what parameters used in compute, activations,
-// pipeline messages and activation gradients are stored as. Master weights, weight gradients and
-// optimizer state are always fp32.
-enum class DType { F32, BF16, F16 };
+// The element type of a buffer. A run's compute dtype (training.precision) is F32, BF16 or F16:
+// what parameters used in compute, activations, pipeline messages and activation gradients are
+// stored as (master weights, weight gradients and optimizer state are always fp32). F64, I32 and
+// I64 are the further types the communicators carry (parallel/comm.h: losses and flags in double,
+// token counts in int64).
+enum class DType { F32, BF16, F16, F64, I32, I64 };
 
-inline int dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+inline int dtype_bytes(DType t) {
+  switch (t) {
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F64:
+    case DType::I64: return 8;
+  }
+  return 4;
+}
 
-// Rounds x to the nearest value representable in t (nearest-even; fp16 overflow gives inf).
+// Rounds x to the nearest value representable in the storage type t (nearest-even; fp16 overflow
+// gives inf); F32 (and the non-storage types) leave x as it is.
 TPT_HOST_DEVICE inline float round_to(float x, DType t) {
   return t == DType::BF16 ? round_to_bf16(x) : t == DType::F16 ? round_to_fp16(x) : x;
 }

@@ -103,45 +103,56 @@ void runtime_abort(int code) {
   std::_Exit(code);
 }
 
+// ---- coordinates and groups ------------------------------------------------------------------
+
+GridCoords grid_coords(const GridShape& s, int rank) {
+  TPT_CHECK(rank >= 0 && rank < s.world());
+  return {rank % s.tp, (rank / s.tp) % s.cp, rank / (s.tp * s.cp * s.dp), (rank / (s.tp * s.cp)) % s.dp};
+}
+
+void place_in_grid(Grid& g, const GridShape& s, int rank) {
+  TPT_CHECK(s.tp >= 1 && s.cp >= 1 && s.pp >= 1 && s.dp >= 1);
+  const GridCoords c = grid_coords(s, rank);
+  g.world_size = s.world();
+  g.world_rank = rank;
+  g.tp = s.tp, g.cp = s.cp, g.pp = s.pp, g.dp = s.dp;
+  g.tp_rank = c.tp, g.cp_rank = c.cp, g.pp_rank = c.pp, g.dp_rank = c.dp;
+}
+
+std::vector<GroupSplit> grid_group_splits(const GridShape& s, int rank) {
+  const GridCoords c = grid_coords(s, rank);
+  // colors: the coordinates the group's members share, numbered
+  std::vector<GroupSplit> out = {
+      {&Grid::world, nullptr, 0, rank},
+      {&Grid::tp_group, &Grid::tp_device, (c.pp * s.dp + c.dp) * s.cp + c.cp, c.tp},
+      {&Grid::pp_group, &Grid::pp_device, (c.dp * s.cp + c.cp) * s.tp + c.tp, c.pp},
+      {&Grid::dp_group, &Grid::dp_device, (c.pp * s.cp + c.cp) * s.tp + c.tp, c.dp},
+      {&Grid::mp_group, nullptr, c.dp * s.cp + c.cp, c.pp * s.tp + c.tp},
+  };
+  if (s.pp > 1) {
+    const bool member = c.pp == 0 || c.pp == s.pp - 1;
+    out.push_back({&Grid::embedding_group, &Grid::embedding_device, member ? (c.dp * s.cp + c.cp) * s.tp + c.tp : -1,
+                   c.pp});
+  }
+  if (s.cp > 1) {
+    out.push_back({&Grid::cp_group, &Grid::cp_device, (c.pp * s.dp + c.dp) * s.tp + c.tp, c.cp});
+    out.push_back({&Grid::dp_cp_group, &Grid::dp_cp_device, c.pp * s.tp + c.tp, c.cp + s.cp * c.dp});
+  }
+  return out;
+}
+
 Grid make_grid(int tp, int pp, int dp, int cp) {
   Grid g;
-  g.world_size = runtime_world_size();
-  g.world_rank = runtime_world_rank();
-  TPT_CHECK(tp * cp * pp * dp == g.world_size);
-  g.tp = tp;
-  g.pp = pp;
-  g.dp = dp;
-  g.cp = cp;
-  g.tp_rank = g.world_rank % tp;
-  g.cp_rank = (g.world_rank / tp) % cp;
-  g.dp_rank = (g.world_rank / (tp * cp)) % dp;
-  g.pp_rank = g.world_rank / (tp * cp * dp);
+  const GridShape shape{tp, cp, pp, dp};
+  TPT_CHECK(shape.world() == runtime_world_size());
+  place_in_grid(g, shape, runtime_world_rank());
   g.host = this_host();
 #ifdef TPTRAIN_HAVE_MPI
   if (g_mpi_started) {
-    MPI_Comm world;
-    MPI_Comm_dup(MPI_COMM_WORLD, &world);
-    g.world = make_mpi_comm(world);
-    auto split = [&](int color, int key) {
+    for (const GroupSplit& s : grid_group_splits(shape, g.world_rank)) {
       MPI_Comm c;
-      MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
-      return make_mpi_comm(c);
-    };
-    // colors: the coordinates the group's members share, numbered
-    const int tp_r = g.tp_rank, cp_r = g.cp_rank, dp_r = g.dp_rank, pp_r = g.pp_rank;
-    g.tp_group = split((pp_r * dp + dp_r) * cp + cp_r, tp_r);
-    g.dp_group = split((pp_r * cp + cp_r) * tp + tp_r, dp_r);
-    g.pp_group = split((dp_r * cp + cp_r) * tp + tp_r, pp_r);
-    g.mp_group = split(dp_r * cp + cp_r, pp_r * tp + tp_r);
-    if (cp > 1) {
-      g.cp_group = split((pp_r * dp + dp_r) * tp + tp_r, cp_r);
-      g.dp_cp_group = split(pp_r * tp + tp_r, g.dp_cp_rank());
-    }
-    if (pp > 1) {
-      bool member = g.first_stage() || g.last_stage();
-      MPI_Comm c;
-      MPI_Comm_split(MPI_COMM_WORLD, member ? (dp_r * cp + cp_r) * tp + tp_r : MPI_UNDEFINED, g.pp_rank, &c);
-      if (member) g.embedding_group = make_mpi_comm(c);
+      MPI_Comm_split(MPI_COMM_WORLD, s.color >= 0 ? s.color : MPI_UNDEFINED, s.key, &c);
+      if (s.color >= 0) g.*s.host = make_mpi_comm(c);
     }
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g.world_rank, MPI_INFO_NULL, &local);
@@ -158,12 +169,8 @@ Grid make_grid(int tp, int pp, int dp, int cp) {
     return g;
   }
 #endif
-  g.world = make_self_comm();
-  g.tp_group = make_self_comm();
-  g.dp_group = make_self_comm();
-  g.pp_group = make_self_comm();
-  g.mp_group = make_self_comm();
-  TPT_CHECK(cp == 1);  // one process: no CP ring
+  for (const GroupSplit& s : grid_group_splits(shape, g.world_rank))  // one process: groups of one
+    if (s.color >= 0) g.*s.host = make_self_comm();
   g_hosts = {g.host};
   return g;
 }
@@ -178,9 +185,9 @@ std::string Grid::table() const {
   for (int r = 0; r < world_size; ++r) {
     char line[160];
     const char* host = r < int(g_hosts.size()) ? g_hosts[size_t(r)].c_str() : "?";
-    const int t = r % tp, c = (r / tp) % cp, d = (r / (tp * cp)) % dp, p = r / (tp * cp * dp);
-    if (cp > 1) snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %2d  %s\n", r, t, c, p, d, host);
-    else snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %s\n", r, t, p, d, host);
+    const GridCoords c = grid_coords(shape(), r);
+    if (cp > 1) snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %2d  %s\n", r, c.tp, c.cp, c.pp, c.dp, host);
+    else snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %s\n", r, c.tp, c.pp, c.dp, host);
     os << line;
   }
   return os.str();
@@ -253,12 +260,8 @@ void setup_cuda_devices(Grid& g) {
     if (!host) return nullptr;
     return host->size() > 1 ? make_nccl_comm(*host) : make_device_self_comm();
   };
-  g.tp_device = device_group(g.tp_group.get());
-  g.pp_device = device_group(g.pp_group.get());
-  g.dp_device = device_group(g.dp_group.get());
-  g.embedding_device = device_group(g.embedding_group.get());
-  g.cp_device = device_group(g.cp_group.get());
-  g.dp_cp_device = device_group(g.dp_cp_group.get());
+  for (const GroupSplit& s : grid_group_splits(g.shape(), g.world_rank))
+    if (s.device) g.*s.device = device_group((g.*s.host).get());
 #else
   (void)g;
   internal_error("setup_cuda_devices: built without CUDA");

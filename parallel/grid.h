@@ -1,10 +1,13 @@
 // The TP x CP x PP x DP process grid (docs/ARCHITECTURE.md "Process grid"):
 // rank = tp + TP * (cp + CP * (dp + DP * pp)) -- TP fastest so TP peers share a node, then CP
 // (context parallelism, parallel/context_parallel.h), then DP, PP slowest (Megatron's order).
-// Every group the trainer talks to is derived here.
+// Every group the trainer talks to is derived here, by one function (grid_group_splits) that the
+// MPI path (make_grid), the device twins (setup_cuda_devices) and threads as ranks
+// (parallel/thread_comm.h) all use.
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "parallel/comm.h"
@@ -12,6 +15,18 @@
 namespace tpt {
 
 struct Config;
+
+// The grid's sizes: world = tp * cp * pp * dp.
+struct GridShape {
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+  int world() const { return tp * cp * pp * dp; }
+};
+
+// A rank's place in the grid: rank = tp + TP * (cp + CP * (dp + DP * pp)).
+struct GridCoords {
+  int tp = 0, cp = 0, pp = 0, dp = 0;
+};
+GridCoords grid_coords(const GridShape& s, int rank);
 
 struct Grid {
   int world_size = 1, world_rank = 0;
@@ -49,6 +64,7 @@ struct Grid {
   }
   Comm* device_embedding() const { return embedding_device ? embedding_device.get() : embedding_group.get(); }
 
+  GridShape shape() const { return {tp, cp, pp, dp}; }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
   static int rank_of(int tp_rank, int dp_rank, int pp_rank, int tp, int dp, int cp_rank = 0, int cp = 1) {
@@ -57,6 +73,24 @@ struct Grid {
   // A table of every rank's coordinates (rank -> tp, cp, pp, dp, host), for rank 0 to print.
   std::string table() const;
 };
+
+// Fills g's sizes and world_rank / tp_rank / cp_rank / pp_rank / dp_rank for `rank` of shape s.
+void place_in_grid(Grid& g, const GridShape& s, int rank);
+
+// One of the grid's groups as one rank sees it: MPI_Comm_split's color (the group; -1: the rank is
+// not a member) and key (the rank's place in the group, ascending), and the Grid fields it fills:
+// the host group and its device twin (null: host only, as world and mp).
+struct GroupSplit {
+  std::unique_ptr<Comm> Grid::*host = nullptr;
+  std::unique_ptr<Comm> Grid::*device = nullptr;
+  int color = -1, key = 0;
+};
+// Every group of a grid of shape s for world rank `rank`, the same groups in the same order on
+// every rank (the order they are made in, collectively): world; tp (same cp, dp, pp); pp (same tp,
+// cp, dp; by stage); dp (same tp, cp, pp); mp (same cp, dp; by pp * TP + tp); with PP > 1 the
+// embedding group (first and last stage of each tp, cp, dp); with CP > 1 cp (same tp, dp, pp) and
+// dp_cp (same tp, pp; by cp + CP * dp). Groups absent from the list stay null.
+std::vector<GroupSplit> grid_group_splits(const GridShape& s, int rank);
 
 // whether this job trains on GPUs, for training.device = cpu | cuda | auto. A rank uses GPU
 // (local rank mod the GPUs it sees). cuda: an error naming the host when this build has no CUDA

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <climits>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,26 @@ void check(int rc, const char* what) {
   }
 }
 
-// MPI counts are int: large buffers go in chunks.
-constexpr int64_t kChunk = int64_t(1) << 30;
+// The MPI type of an element type. 16-bit values travel as their bits (they are never reduced).
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::BF16:
+    case DType::F16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+// The tag of all_to_all_v's point-to-point messages (exchange's tags are the pipeline's 0 and 1).
+constexpr int kAllToAllTag = 1000;
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm c) : comm_(c) {
+  MpiComm(MPI_Comm c, int64_t max_count) : comm_(c), max_count_(max_count) {
+    TPT_CHECK(max_count >= 1 && max_count <= INT_MAX);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     // the group's world ranks, for the watchdog's message (core/watchdog.h)
@@ -53,15 +68,98 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce(float* buf, int64_t n, ReduceOp op) override { reduce(buf, n, MPI_FLOAT, op); }
-  void all_reduce(double* buf, int64_t n, ReduceOp op) override { reduce(buf, n, MPI_DOUBLE, op); }
-
-  void broadcast(float* buf, int64_t n, int root) override {
-    CommWait w("broadcast", peers_);
-    for (int64_t off = 0; off < n; off += kChunk)
-      check(MPI_Bcast(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, root, comm_), "Bcast");
+  void exchange(const std::vector<Message>& messages) override { post(messages, "a pipeline send/receive"); }
+  void barrier() override {
+    CommWait w("barrier", peers_);
+    check(MPI_Barrier(comm_), "Barrier");
   }
-  void exchange(const std::vector<Message>& messages) override {
+  void wait(int64_t ticket) override { complete(through(ticket), "the DP buckets' collectives"); }
+  void wait_all() override { complete(pending_.size(), "the DP buckets' collectives"); }
+
+ protected:
+  void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
+    const int64_t e = dtype_bytes(t);
+    auto* p = static_cast<char*>(buf);
+    CommWait w("all_reduce", peers_);
+    for (int64_t off = 0; off < n; off += max_count_)
+      check(MPI_Allreduce(MPI_IN_PLACE, p + off * e, int(std::min(max_count_, n - off)), mpi_type(t),
+                          op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_),
+            "Allreduce");
+  }
+  void do_broadcast(void* buf, int64_t n, DType t, int root) override {
+    const int64_t e = dtype_bytes(t);
+    auto* p = static_cast<char*>(buf);
+    CommWait w("broadcast", peers_);
+    for (int64_t off = 0; off < n; off += max_count_)
+      check(MPI_Bcast(p + off * e, int(std::min(max_count_, n - off)), mpi_type(t), root, comm_), "Bcast");
+  }
+  void do_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    TPT_CHECK(n <= INT_MAX);
+    CommWait w("all_gather", peers_);
+    check(MPI_Allgather(in_place_gather(out, in, n, t), int(n), mpi_type(t), out, int(n), mpi_type(t), comm_),
+          "Allgather");
+  }
+  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    complete(through(do_start_reduce_scatter(out, in, n, t)), "reduce_scatter");
+  }
+  // MPI_Alltoallv where every count and displacement fits max_count (an int); beyond, point-to-point
+  // messages of at most max_count elements (MPI 3 has no 64-bit counts), the own block copied.
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType t) override {
+    const std::vector<int64_t> so = all_to_all_offsets(send_counts), ro = all_to_all_offsets(recv_counts);
+    const MPI_Datatype type = mpi_type(t);
+    if (so.back() <= max_count_ && ro.back() <= max_count_) {
+      CommWait w("all_to_all_v", peers_);
+      std::vector<int> sc(send_counts.begin(), send_counts.end()), rc(recv_counts.begin(), recv_counts.end());
+      std::vector<int> sd(so.begin(), so.end() - 1), rd(ro.begin(), ro.end() - 1);
+      check(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_), "Alltoallv");
+      return;
+    }
+    const size_t me = size_t(rank_), e = size_t(dtype_bytes(t));
+    TPT_CHECK(send_counts[me] == recv_counts[me]);
+    if (send_counts[me] > 0)
+      std::memcpy(static_cast<char*>(recv) + size_t(ro[me]) * e, static_cast<const char*>(send) + size_t(so[me]) * e,
+                  size_t(send_counts[me]) * e);
+    post(all_to_all_messages(send, send_counts, recv, recv_counts, t, rank_, max_count_, kAllToAllTag), "all_to_all_v");
+  }
+
+  // Non-blocking: MPI_Iallreduce per chunk, MPI_Ireduce_scatter_block, MPI_Iallgather. They
+  // progress inside the rank's later MPI calls (the next start, the pipeline's messages).
+  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {
+    const int64_t e = dtype_bytes(t);
+    auto* b = static_cast<char*>(buf);
+    for (int64_t off = 0; off < n; off += max_count_) {
+      Pending& p = add();
+      check(MPI_Iallreduce(MPI_IN_PLACE, b + off * e, int(std::min(max_count_, n - off)), mpi_type(t), MPI_SUM, comm_,
+                           &p.req),
+            "Iallreduce");
+    }
+    return progress();
+  }
+  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    TPT_CHECK(n <= INT_MAX);
+    const size_t bytes = size_t(n) * size_t(dtype_bytes(t));
+    Pending& p = add();
+    // in place: MPI's result goes to a buffer, copied at the wait
+    if (out == static_cast<const char*>(in) + int64_t(rank_) * int64_t(bytes)) {
+      p.tmp.resize(bytes);
+      p.copy_to = out;
+      out = p.tmp.data();
+    }
+    check(MPI_Ireduce_scatter_block(in, out, int(n), mpi_type(t), MPI_SUM, comm_, &p.req), "Ireduce_scatter_block");
+    return progress();
+  }
+  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    TPT_CHECK(n <= INT_MAX);
+    Pending& p = add();
+    check(MPI_Iallgather(in_place_gather(out, in, n, t), int(n), mpi_type(t), out, int(n), mpi_type(t), comm_, &p.req),
+          "Iallgather");
+    return progress();
+  }
+
+ private:
+  // Posts the messages (receives first) and waits for all; `what` names them for the watchdog.
+  void post(const std::vector<Message>& messages, const char* what) {
     std::vector<MPI_Request> req;
     int send_peer = -1, recv_peer = -1;
     for (int pass = 0; pass < 2; ++pass)  // receives posted first
@@ -69,68 +167,21 @@ class MpiComm final : public Comm {
         if (m.n <= 0 || m.send != (pass == 1)) continue;
         TPT_CHECK(m.n <= INT_MAX);
         req.emplace_back();
-        if (m.send) check(MPI_Isend(m.buf, int(m.n), MPI_FLOAT, m.peer, m.tag, comm_, &req.back()), "Isend"), send_peer = m.peer;
-        else check(MPI_Irecv(m.buf, int(m.n), MPI_FLOAT, m.peer, m.tag, comm_, &req.back()), "Irecv"), recv_peer = m.peer;
+        const MPI_Datatype t = mpi_type(m.t);
+        if (m.send) {
+          check(MPI_Isend(m.buf, int(m.n), t, m.peer, m.tag, comm_, &req.back()), "Isend");
+          send_peer = m.peer;
+        } else {
+          check(MPI_Irecv(m.buf, int(m.n), t, m.peer, m.tag, comm_, &req.back()), "Irecv");
+          recv_peer = m.peer;
+        }
       }
-    CommWait w("a pipeline send/receive", "world ranks " + peer_list(send_peer, recv_peer));
+    CommWait w(what, "world ranks " + peer_list(send_peer, recv_peer));
     if (!req.empty()) check(MPI_Waitall(int(req.size()), req.data(), MPI_STATUSES_IGNORE), "Waitall");
   }
-  void barrier() override {
-    CommWait w("barrier", peers_);
-    check(MPI_Barrier(comm_), "Barrier");
-  }
-
-  // Non-blocking: MPI_Iallreduce per chunk, MPI_Ireduce_scatter_block, MPI_Iallgather. They
-  // progress inside the rank's later MPI calls (the next start, the pipeline's messages).
-  int64_t start_all_reduce(float* buf, int64_t n) override {
-    for (int64_t off = 0; off < n; off += kChunk) {
-      Pending& p = add();
-      check(MPI_Iallreduce(MPI_IN_PLACE, buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, MPI_SUM, comm_, &p.req),
-            "Iallreduce");
-    }
-    return progress();
-  }
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
-    TPT_CHECK(n <= INT_MAX);
-    Pending& p = add();
-    if (out == in + int64_t(rank_) * n) {  // in place: MPI's result goes to a buffer, copied at the wait
-      p.tmp.resize(size_t(n));
-      p.copy_to = out;
-      out = p.tmp.data();
-    }
-    check(MPI_Ireduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM, comm_, &p.req), "Ireduce_scatter_block");
-    return progress();
-  }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
-    TPT_CHECK(n <= INT_MAX);
-    Pending& p = add();
-    const void* send = in == out + int64_t(rank_) * n ? MPI_IN_PLACE : static_cast<const void*>(in);
-    check(MPI_Iallgather(send, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_, &p.req), "Iallgather");
-    return progress();
-  }
-  void wait(int64_t ticket) override { complete(through(ticket), "the DP buckets' collectives"); }
-  void wait_all() override { complete(pending_.size(), "the DP buckets' collectives"); }
-
-  void all_gather(float* out, const float* in, int64_t n) override {
-    TPT_CHECK(n <= INT_MAX);
-    CommWait w("all_gather", peers_);
-    const void* send = in == out + int64_t(rank_) * n ? MPI_IN_PLACE : static_cast<const void*>(in);
-    check(MPI_Allgather(send, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_), "Allgather");
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    complete(through(start_reduce_scatter(out, in, n)), "reduce_scatter");
-  }
-
- private:
-  void reduce(void* buf, int64_t n, MPI_Datatype t, ReduceOp op) {
-    int esize = 0;
-    MPI_Type_size(t, &esize);
-    auto* p = static_cast<char*>(buf);
-    CommWait w("all_reduce", peers_);
-    for (int64_t off = 0; off < n; off += kChunk)
-      check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, int(std::min(kChunk, n - off)), t,
-                          op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_),
-            "Allreduce");
+  // MPI_IN_PLACE when this rank's block already lies in place in out, else in.
+  const void* in_place_gather(void* out, const void* in, int64_t n, DType t) const {
+    return in == static_cast<const char*>(out) + int64_t(rank_) * n * dtype_bytes(t) ? MPI_IN_PLACE : in;
   }
   std::string peer_list(int a, int b) const {
     std::string s;
@@ -139,6 +190,7 @@ class MpiComm final : public Comm {
     return s;
   }
   MPI_Comm comm_;
+  int64_t max_count_;  // elements per MPI call of the chunked operations
   int rank_ = 0, size_ = 1;
   std::vector<int> world_ranks_;  // of this group's ranks
   std::string peers_;             // "world ranks 0, 2, ..." (the watchdog's message)
@@ -146,8 +198,8 @@ class MpiComm final : public Comm {
   struct Pending {
     MPI_Request req = MPI_REQUEST_NULL;
     int64_t ticket = 0;
-    std::vector<float> tmp;   // an in-place reduce-scatter's result, copied to copy_to at the wait
-    float* copy_to = nullptr;
+    std::vector<char> tmp;  // an in-place reduce-scatter's result, copied to copy_to at the wait
+    void* copy_to = nullptr;
   };
   std::deque<Pending> pending_;
   int64_t next_ticket_ = 0;
@@ -178,7 +230,7 @@ class MpiComm final : public Comm {
     for (size_t i = 0; i < k; ++i) {
       Pending& p = pending_.front();
       check(MPI_Wait(&p.req, MPI_STATUS_IGNORE), "Wait");
-      if (p.copy_to) std::copy(p.tmp.begin(), p.tmp.end(), p.copy_to);
+      if (p.copy_to) std::memcpy(p.copy_to, p.tmp.data(), p.tmp.size());
       pending_.pop_front();
     }
   }
@@ -186,7 +238,7 @@ class MpiComm final : public Comm {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c) { return std::make_unique<MpiComm>(c); }
+std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, int64_t max_count) { return std::make_unique<MpiComm>(c, max_count); }
 
 }  // namespace tpt
 #endif

@@ -24,25 +24,13 @@
 namespace tpt {
 namespace {
 
-class DeviceSelfComm final : public Comm {
+class DeviceSelfComm final : public GroupOfOneComm {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void all_reduce(float*, int64_t, ReduceOp) override {}
-  void all_reduce(double*, int64_t, ReduceOp) override {}
-  void all_gather(float* out, const float* in, int64_t n) override { copy(out, in, n); }
-  void reduce_scatter(float* out, const float* in, int64_t n) override { copy(out, in, n); }
-  void broadcast(float*, int64_t, int) override {}
-  void exchange(const std::vector<Message>& m) override {
-    if (!m.empty()) internal_error("send/recv within a group of one rank");
-  }
   void barrier() override { cuda::stream_wait(cuda::compute_stream()); }
 
- private:
-  static void copy(float* out, const float* in, int64_t n) {
-    if (out != in && n > 0)
-      TPT_CUDA_CHECK(cudaMemcpyAsync(out, in, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice,
-                                     cuda::compute_stream()));
+ protected:
+  void copy(void* out, const void* in, size_t bytes) override {
+    TPT_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
   }
 };
 
@@ -98,21 +86,6 @@ class NcclComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce(float* buf, int64_t n, ReduceOp op) override {
-    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), ncclFloat, nccl_op(op), comm(), stream_), "ncclAllReduce");
-  }
-  void all_reduce(double* buf, int64_t n, ReduceOp op) override {
-    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), ncclDouble, nccl_op(op), comm(), stream_), "ncclAllReduce");
-  }
-  void all_gather(float* out, const float* in, int64_t n) override {
-    if (n > 0) check(ncclAllGather(in, out, size_t(n), ncclFloat, comm(), stream_), "ncclAllGather");
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    if (n > 0) check(ncclReduceScatter(in, out, size_t(n), ncclFloat, ncclSum, comm(), stream_), "ncclReduceScatter");
-  }
-  void broadcast(float* buf, int64_t n, int root) override {
-    if (n > 0) check(ncclBroadcast(buf, buf, size_t(n), ncclFloat, root, comm(), stream_), "ncclBroadcast");
-  }
   // One group, messages in the given order (NCCL pairs a peer's sends and receives in order; it has
   // no tags). The group is closed whatever fails inside it, and only then is a failure reported.
   void exchange(const std::vector<Message>& messages) override {
@@ -122,8 +95,8 @@ class NcclComm final : public Comm {
     const char* what = "";
     for (const Message& m : messages) {
       if (m.n <= 0) continue;
-      r = m.send ? ncclSend(m.buf, size_t(m.n), ncclFloat, m.peer, comm(), stream_)
-                 : ncclRecv(m.buf, size_t(m.n), ncclFloat, m.peer, comm(), stream_);
+      r = m.send ? ncclSend(m.buf, size_t(m.n), nccl_type(m.t), m.peer, comm(), stream_)
+                 : ncclRecv(m.buf, size_t(m.n), nccl_type(m.t), m.peer, comm(), stream_);
       what = m.send ? "ncclSend" : "ncclRecv";
       if (failed(r)) break;
     }
@@ -137,18 +110,6 @@ class NcclComm final : public Comm {
     host_.barrier();
   }
 
-  // On the communication stream, after what the compute stream has queued so far (an event), so
-  // the compute stream goes on (backward, the next forward) while the collective runs; an event
-  // recorded after it is what wait() orders the compute stream behind.
-  int64_t start_all_reduce(float* buf, int64_t n) override {
-    return start(n, [&] { return ncclAllReduce(buf, buf, size_t(n), ncclFloat, ncclSum, comm(), comm_stream_); });
-  }
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
-    return start(n, [&] { return ncclReduceScatter(in, out, size_t(n), ncclFloat, ncclSum, comm(), comm_stream_); });
-  }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
-    return start(n, [&] { return ncclAllGather(in, out, size_t(n), ncclFloat, comm(), comm_stream_); });
-  }
   void wait(int64_t ticket) override {
     cudaEvent_t last = nullptr;
     while (!started_.empty() && started_.front().first <= ticket) {
@@ -174,8 +135,60 @@ class NcclComm final : public Comm {
       if (c) ncclCommAbort(c);
   }
 
+ protected:
+  void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
+    if (n > 0) check(ncclAllReduce(buf, buf, size_t(n), nccl_type(t), nccl_op(op), comm(), stream_), "ncclAllReduce");
+  }
+  void do_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    if (n > 0) check(ncclAllGather(in, out, size_t(n), nccl_type(t), comm(), stream_), "ncclAllGather");
+  }
+  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    if (n > 0)
+      check(ncclReduceScatter(in, out, size_t(n), nccl_type(t), ncclSum, comm(), stream_), "ncclReduceScatter");
+  }
+  void do_broadcast(void* buf, int64_t n, DType t, int root) override {
+    if (n > 0) check(ncclBroadcast(buf, buf, size_t(n), nccl_type(t), root, comm(), stream_), "ncclBroadcast");
+  }
+  // As Megatron's all-to-all token dispatcher: one NCCL group of a send and a receive per peer
+  // (exchange), on the compute stream; NCCL's counts are size_t, so no chunks. The own block is a
+  // device copy.
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType t) override {
+    const size_t me = size_t(rank_), e = size_t(dtype_bytes(t));
+    TPT_CHECK(send_counts[me] == recv_counts[me]);
+    if (send_counts[me] > 0)
+      TPT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(recv) + size_t(all_to_all_offsets(recv_counts)[me]) * e,
+                                     static_cast<const char*>(send) + size_t(all_to_all_offsets(send_counts)[me]) * e,
+                                     size_t(send_counts[me]) * e, cudaMemcpyDeviceToDevice, stream_));
+    exchange(all_to_all_messages(send, send_counts, recv, recv_counts, t, rank_, INT64_MAX, 0));
+  }
+
+  // On the communication stream, after what the compute stream has queued so far (an event), so
+  // the compute stream goes on (backward, the next forward) while the collective runs; an event
+  // recorded after it is what wait() orders the compute stream behind.
+  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {
+    return start(n, [&] { return ncclAllReduce(buf, buf, size_t(n), nccl_type(t), ncclSum, comm(), comm_stream_); });
+  }
+  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    return start(n, [&] { return ncclReduceScatter(in, out, size_t(n), nccl_type(t), ncclSum, comm(), comm_stream_); });
+  }
+  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    return start(n, [&] { return ncclAllGather(in, out, size_t(n), nccl_type(t), comm(), comm_stream_); });
+  }
+
  private:
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+  static ncclDataType_t nccl_type(DType t) {
+    switch (t) {
+      case DType::F32: return ncclFloat;
+      case DType::F64: return ncclDouble;
+      case DType::I32: return ncclInt32;
+      case DType::I64: return ncclInt64;
+      case DType::BF16: return ncclBfloat16;
+      case DType::F16: return ncclFloat16;
+    }
+    return ncclUint8;
+  }
   static bool failed(ncclResult_t r) { return r != ncclSuccess && r != ncclInProgress; }
   ncclComm_t comm() const {
     if (!comm_) internal_error("NCCL communicator used after the job was aborted");

@@ -9,43 +9,13 @@ class ProfiledComm final : public Comm {
       : in_(inner), prof_(profile), group_(std::move(group)) {}
   int rank() const override { return in_.rank(); }
   int size() const override { return in_.size(); }
-  void all_reduce(float* buf, int64_t n, ReduceOp op) override {
-    timed("all_reduce", 4.0 * double(n), [&] { in_.all_reduce(buf, n, op); });
-  }
-  void all_reduce(double* buf, int64_t n, ReduceOp op) override {
-    timed("all_reduce", 8.0 * double(n), [&] { in_.all_reduce(buf, n, op); });
-  }
-  void all_gather(float* out, const float* in, int64_t n) override {
-    timed("all_gather", 4.0 * double(n) * size(), [&] { in_.all_gather(out, in, n); });
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    timed("reduce_scatter", 4.0 * double(n) * size(), [&] { in_.reduce_scatter(out, in, n); });
-  }
-  void broadcast(float* buf, int64_t n, int root) override {
-    timed("broadcast", 4.0 * double(n), [&] { in_.broadcast(buf, n, root); });
-  }
   void exchange(const std::vector<Message>& m) override {
-    double words = 0;
-    for (const Message& x : m) words += double(x.n);
-    timed("send/recv (with waiting)", 4.0 * words, [&] { in_.exchange(m); });
+    double bytes = 0;
+    for (const Message& x : m) bytes += double(x.n) * dtype_bytes(x.t);
+    timed("send/recv (with waiting)", bytes, [&] { in_.exchange(m); });
   }
   void barrier() override {
     timed("barrier", 0, [&] { in_.barrier(); });
-  }
-  int64_t start_all_reduce(float* buf, int64_t n) override {
-    int64_t t = -1;
-    timed("start all_reduce (bucket)", 4.0 * double(n), [&] { t = in_.start_all_reduce(buf, n); });
-    return t;
-  }
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
-    int64_t t = -1;
-    timed("start reduce_scatter (bucket)", 4.0 * double(n) * size(), [&] { t = in_.start_reduce_scatter(out, in, n); });
-    return t;
-  }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
-    int64_t t = -1;
-    timed("start all_gather (bucket)", 4.0 * double(n) * size(), [&] { t = in_.start_all_gather(out, in, n); });
-    return t;
   }
   void wait(int64_t ticket) override {
     timed("wait (bucket)", 0, [&] { in_.wait(ticket); });
@@ -54,7 +24,44 @@ class ProfiledComm final : public Comm {
     timed("wait (all buckets)", 0, [&] { in_.wait_all(); });
   }
 
+ protected:
+  void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
+    timed("all_reduce", payload(n, t), [&] { in_.all_reduce(buf, n, t, op); });
+  }
+  void do_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    timed("all_gather", payload(n, t) * size(), [&] { in_.all_gather(out, in, n, t); });
+  }
+  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    timed("reduce_scatter", payload(n, t) * size(), [&] { in_.reduce_scatter(out, in, n, t); });
+  }
+  void do_broadcast(void* buf, int64_t n, DType t, int root) override {
+    timed("broadcast", payload(n, t), [&] { in_.broadcast(buf, n, t, root); });
+  }
+  // payload: the bytes this rank sends
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType t) override {
+    timed("all_to_all_v", payload(all_to_all_offsets(send_counts).back(), t),
+          [&] { in_.all_to_all_v(send, send_counts, recv, recv_counts, t); });
+  }
+  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {
+    int64_t ticket = -1;
+    timed("start all_reduce (bucket)", payload(n, t), [&] { ticket = in_.start_all_reduce(buf, n, t); });
+    return ticket;
+  }
+  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    int64_t ticket = -1;
+    timed("start reduce_scatter (bucket)", payload(n, t) * size(),
+          [&] { ticket = in_.start_reduce_scatter(out, in, n, t); });
+    return ticket;
+  }
+  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    int64_t ticket = -1;
+    timed("start all_gather (bucket)", payload(n, t) * size(), [&] { ticket = in_.start_all_gather(out, in, n, t); });
+    return ticket;
+  }
+
  private:
+  static double payload(int64_t n, DType t) { return double(n) * dtype_bytes(t); }
   template <class F>
   void timed(const char* what, double bytes, F&& f) {
     const int64_t m0 = prof_.begin();

@@ -1,28 +1,40 @@
-#include <algorithm>
+// The groups of one rank (parallel/comm.h GroupOfOneComm) and SelfComm, the host one.
+#include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "parallel/comm.h"
 
 namespace tpt {
+
+void GroupOfOneComm::exchange(const std::vector<Message>& messages) {
+  if (!messages.empty()) internal_error("send/recv within a group of one rank");
+}
+
+void GroupOfOneComm::do_all_gather(void* out, const void* in, int64_t n, DType t) { copy_block(out, in, n, t); }
+
+void GroupOfOneComm::do_reduce_scatter(void* out, const void* in, int64_t n, DType t) { copy_block(out, in, n, t); }
+
+void GroupOfOneComm::do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                     const std::vector<int64_t>& recv_counts, DType t) {
+  if (recv_counts[0] != send_counts[0])
+    internal_error("all_to_all_v in a group of one rank: " + std::to_string(send_counts[0]) + " elements sent, " +
+                   std::to_string(recv_counts[0]) + " expected");
+  copy_block(recv, send, send_counts[0], t);
+}
+
+void GroupOfOneComm::copy_block(void* out, const void* in, int64_t n, DType t) {
+  if (out != in && n > 0) copy(out, in, size_t(n) * size_t(dtype_bytes(t)));
+}
+
 namespace {
 
-class SelfComm final : public Comm {
+class SelfComm final : public GroupOfOneComm {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void all_reduce(float*, int64_t, ReduceOp) override {}
-  void all_reduce(double*, int64_t, ReduceOp) override {}
-  void all_gather(float* out, const float* in, int64_t n) override {
-    if (out != in) std::copy(in, in + n, out);
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    if (out != in) std::copy(in, in + n, out);
-  }
-  void broadcast(float*, int64_t, int) override {}
-  void exchange(const std::vector<Message>& m) override {
-    if (!m.empty()) internal_error("send/recv within a group of one rank");
-  }
   void barrier() override {}
+
+ protected:
+  void copy(void* out, const void* in, size_t bytes) override { std::memcpy(out, in, bytes); }
 };
 
 }  // namespace

@@ -90,15 +90,32 @@ class Group {
   std::vector<std::deque<std::vector<char>>> mail_;
 };
 
-// Started collectives of a group member that run at the wait (ThreadComm, StagedDeviceComm), in
-// start order; a ticket's wait runs it and every earlier one.
-class Deferred {
+// The base of a group member whose started collectives run at the wait (ThreadComm,
+// StagedDeviceComm), in start order; a ticket's wait runs it and every earlier one. Deferred to
+// the wait, a collective reads its buffers as late as an asynchronous one may, so a bucket written
+// after its start gives a wrong result (what a race checker looks for).
+class DeferringComm : public Comm {
  public:
+  void wait(int64_t ticket) override { run(ticket); }
+  void wait_all() override { run(INT64_MAX); }
+
+ protected:
+  int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override { return add({Kind::AllReduce, buf, buf, n, t}); }
+  int64_t do_start_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    return add({Kind::ReduceScatter, out, in, n, t});
+  }
+  int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    return add({Kind::AllGather, out, in, n, t});
+  }
+
+ private:
+  enum class Kind { AllReduce, ReduceScatter, AllGather };  // the all-reduce in place, a sum
   struct Op {
-    float* out;
-    const float* in;
+    Kind kind;
+    void* out;
+    const void* in;
     int64_t n;
-    int kind;  // 0 all_reduce (in place), 1 reduce_scatter, 2 all_gather
+    DType t;
     int64_t ticket = 0;
   };
   int64_t add(Op op) {
@@ -106,131 +123,143 @@ class Deferred {
     ops_.push_back(op);
     return op.ticket;
   }
-  void run(Comm& c, int64_t ticket) {
+  void run(int64_t ticket) {
     while (!ops_.empty() && ops_.front().ticket <= ticket) {
       const Op op = ops_.front();
       ops_.pop_front();
-      if (op.kind == 0) c.all_reduce(op.out, op.n, ReduceOp::Sum);
-      else if (op.kind == 1) c.reduce_scatter(op.out, op.in, op.n);
-      else c.all_gather(op.out, op.in, op.n);
+      if (op.kind == Kind::AllReduce) all_reduce(op.out, op.n, op.t, ReduceOp::Sum);
+      else if (op.kind == Kind::ReduceScatter) reduce_scatter(op.out, op.in, op.n, op.t);
+      else all_gather(op.out, op.in, op.n, op.t);
     }
   }
-
- private:
   std::deque<Op> ops_;
   int64_t next_ = 0;
 };
 
+// result[i] = x_0[i] (+ or max) x_1[i] ... over the members' published buffers from element
+// `offset` on, in rank order (every member gets the same bits), for the reducible types.
+template <class T>
+void reduce_published(T* result, const Group& g, int64_t offset, int64_t n, ReduceOp op) {
+  std::copy_n(g.published<T>(0) + offset, n, result);
+  for (int r = 1; r < g.size(); ++r) {
+    const T* x = g.published<T>(r) + offset;
+    for (int64_t i = 0; i < n; ++i) result[i] = op == ReduceOp::Sum ? result[i] + x[i] : std::max(result[i], x[i]);
+  }
+}
+void reduce_published(void* result, DType t, const Group& g, int64_t offset, int64_t n, ReduceOp op) {
+  switch (t) {
+    case DType::F32: return reduce_published(static_cast<float*>(result), g, offset, n, op);
+    case DType::F64: return reduce_published(static_cast<double*>(result), g, offset, n, op);
+    case DType::I32: return reduce_published(static_cast<int32_t*>(result), g, offset, n, op);
+    case DType::I64: return reduce_published(static_cast<int64_t*>(result), g, offset, n, op);
+    case DType::BF16:
+    case DType::F16: break;  // never reduced (parallel/comm.h); Comm refuses them before
+  }
+  internal_error("threads as ranks: a reduction of 16-bit elements");
+}
+
+// What a member publishes for an all_to_all_v: its send buffer and counts.
+struct Outgoing {
+  const char* send;
+  const int64_t* counts;
+};
+
 // A member of a group on host buffers.
-class ThreadComm final : public Comm {
+class ThreadComm final : public DeferringComm {
  public:
   ThreadComm(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return g_->size(); }
-  void all_reduce(float* buf, int64_t n, ReduceOp op) override { reduce(buf, n, op); }
-  void all_reduce(double* buf, int64_t n, ReduceOp op) override { reduce(buf, n, op); }
-  void all_gather(float* out, const float* in, int64_t n) override {
-    collective(in, out, size() * n, [&](float* result) {
-      for (int r = 0; r < size(); ++r) std::copy_n(g_->published<float>(r), n, result + int64_t(r) * n);
-    });
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    collective(in, out, n, [&](float* result) {
-      std::copy_n(g_->published<float>(0) + int64_t(rank_) * n, n, result);
-      for (int r = 1; r < size(); ++r) {
-        const float* x = g_->published<float>(r) + int64_t(rank_) * n;
-        for (int64_t i = 0; i < n; ++i) result[i] += x[i];
-      }
-    });
-  }
-  void broadcast(float* buf, int64_t n, int root) override {
-    collective(buf, buf, n, [&](float* result) { std::copy_n(g_->published<float>(root), n, result); });
-  }
   // Sends first (posting never blocks), then each receive in turn.
   void exchange(const std::vector<Message>& messages) override {
     for (const Message& m : messages)
       if (m.send && m.n > 0) {
-        std::vector<char> bytes(size_t(m.n) * sizeof(float));
+        std::vector<char> bytes(size_t(m.n) * size_t(dtype_bytes(m.t)));
         std::memcpy(bytes.data(), m.buf, bytes.size());
         g_->post(rank_, m.peer, m.tag, std::move(bytes));
       }
     for (const Message& m : messages)
       if (!m.send && m.n > 0) {
         const std::vector<char> bytes = g_->take(m.peer, rank_, m.tag);
-        if (bytes.size() != size_t(m.n) * sizeof(float))
+        const size_t e = size_t(dtype_bytes(m.t));
+        if (bytes.size() != size_t(m.n) * e)
           internal_error("send/recv: rank " + std::to_string(rank_) + " expected " + std::to_string(m.n) +
-                         " words from rank " + std::to_string(m.peer) + ", which sent " +
-                         std::to_string(bytes.size() / sizeof(float)));
+                         " elements from rank " + std::to_string(m.peer) + ", which sent " +
+                         std::to_string(bytes.size() / e));
         std::memcpy(m.buf, bytes.data(), bytes.size());
       }
   }
   void barrier() override { g_->arrive(); }
-  // Deferred to the wait: the collective reads its buffer as late as an asynchronous one may, so a
-  // bucket written after its start gives a wrong result (what a race checker looks for).
-  int64_t start_all_reduce(float* buf, int64_t n) override { return deferred_.add({buf, buf, n, 0}); }
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 1}); }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 2}); }
-  void wait(int64_t ticket) override { deferred_.run(*this, ticket); }
-  void wait_all() override { deferred_.run(*this, INT64_MAX); }
 
- private:
-  template <class T>
-  void reduce(T* buf, int64_t n, ReduceOp op) {
-    collective(buf, buf, n, [&](T* result) {
-      std::copy_n(g_->published<T>(0), n, result);
-      for (int r = 1; r < size(); ++r) {
-        const T* x = g_->published<T>(r);
-        for (int64_t i = 0; i < n; ++i) result[i] = op == ReduceOp::Sum ? result[i] + x[i] : std::max(result[i], x[i]);
+ protected:
+  void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
+    collective(buf, buf, bytes(n, t), [&](char* result) { reduce_published(result, t, *g_, 0, n, op); });
+  }
+  void do_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    collective(in, out, bytes(size() * n, t), [&](char* result) {
+      for (int r = 0; r < size(); ++r) std::memcpy(result + bytes(r * n, t), g_->published<char>(r), bytes(n, t));
+    });
+  }
+  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    collective(in, out, bytes(n, t),
+               [&](char* result) { reduce_published(result, t, *g_, int64_t(rank_) * n, n, ReduceOp::Sum); });
+  }
+  void do_broadcast(void* buf, int64_t n, DType t, int root) override {
+    collective(buf, buf, bytes(n, t),
+               [&](char* result) { std::memcpy(result, g_->published<char>(root), bytes(n, t)); });
+  }
+  // Each member copies its blocks out of the senders' published buffers, checking that each
+  // sender's count for it is the one it expects.
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType t) override {
+    const Outgoing mine{static_cast<const char*>(send), send_counts.data()};
+    const std::vector<int64_t> ro = all_to_all_offsets(recv_counts);
+    collective(&mine, recv, bytes(ro.back(), t), [&](char* result) {
+      for (int p = 0; p < size(); ++p) {
+        const Outgoing& peer = *g_->published<Outgoing>(p);
+        const int64_t offset = std::accumulate(peer.counts, peer.counts + rank_, int64_t(0));
+        if (peer.counts[rank_] != recv_counts[size_t(p)])
+          internal_error("all_to_all_v: rank " + std::to_string(rank_) + " expected " +
+                         std::to_string(recv_counts[size_t(p)]) + " elements from rank " + std::to_string(p) +
+                         ", which sends " + std::to_string(peer.counts[rank_]));
+        std::memcpy(result + bytes(ro[size_t(p)], t), peer.send + bytes(offset, t), bytes(recv_counts[size_t(p)], t));
       }
     });
   }
-  // publish `in`, compute this member's result from everyone's, wait until all have read, write it
-  template <class T, class F>
-  void collective(const T* in, T* out, int64_t out_n, F compute) {
+
+ private:
+  static size_t bytes(int64_t n, DType t) { return size_t(std::max<int64_t>(n, 0)) * size_t(dtype_bytes(t)); }
+  // publish `in`, compute this member's result (out_bytes) from everyone's, wait until all have
+  // read, write it
+  template <class F>
+  void collective(const void* in, void* out, size_t out_bytes, F compute) {
     g_->publish(rank_, in);
     g_->arrive();
-    std::vector<T> result(size_t(std::max<int64_t>(out_n, 0)));
+    std::vector<char> result(out_bytes);
     compute(result.data());
     g_->arrive();
-    std::copy(result.begin(), result.end(), out);
+    if (out_bytes > 0) std::memcpy(out, result.data(), out_bytes);
   }
 
   std::shared_ptr<Group> g_;
   int rank_;
-  Deferred deferred_;
 };
 
 #ifdef TPTRAIN_HAVE_CUDA
 // A member of a group on device buffers: copies them to the host on the calling thread's compute
 // stream (after its queued kernels), runs the host member's collective, copies the result back.
-class StagedDeviceComm final : public Comm {
+// Its started collectives, deferred as ThreadComm's, read their buffers at the wait, in stream order.
+class StagedDeviceComm final : public DeferringComm {
  public:
   explicit StagedDeviceComm(std::unique_ptr<Comm> host) : host_(std::move(host)) {}
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
-  void all_reduce(float* buf, int64_t n, ReduceOp op) override { reduce(buf, n, op); }
-  void all_reduce(double* buf, int64_t n, ReduceOp op) override { reduce(buf, n, op); }
-  void all_gather(float* out, const float* in, int64_t n) override {
-    std::vector<float> h_in = to_host(in, n), h_out(size_t(size()) * size_t(n));
-    host_->all_gather(h_out.data(), h_in.data(), n);
-    to_device(out, h_out);
-  }
-  void reduce_scatter(float* out, const float* in, int64_t n) override {
-    std::vector<float> h_in = to_host(in, size() * n), h_out(static_cast<size_t>(n));
-    host_->reduce_scatter(h_out.data(), h_in.data(), n);
-    to_device(out, h_out);
-  }
-  void broadcast(float* buf, int64_t n, int root) override {
-    std::vector<float> h = to_host(buf, n);
-    host_->broadcast(h.data(), n, root);
-    to_device(buf, h);
-  }
   void exchange(const std::vector<Message>& messages) override {
-    std::vector<std::vector<float>> host(messages.size());
+    std::vector<std::vector<char>> host(messages.size());
     std::vector<Message> staged = messages;
     for (size_t i = 0; i < messages.size(); ++i) {
-      host[i] = messages[i].send ? to_host(messages[i].buf, messages[i].n)
-                                 : std::vector<float>(size_t(std::max<int64_t>(messages[i].n, 0)));
+      const size_t n = bytes(messages[i].n, messages[i].t);
+      host[i] = messages[i].send ? to_host(messages[i].buf, n) : std::vector<char>(n);
       staged[i].buf = host[i].data();
     }
     host_->exchange(staged);
@@ -241,119 +270,104 @@ class StagedDeviceComm final : public Comm {
     cuda::stream_wait(cuda::compute_stream());
     host_->barrier();
   }
-  // Deferred, as ThreadComm's: the buffers are read at the wait, in stream order there.
-  int64_t start_all_reduce(float* buf, int64_t n) override { return deferred_.add({buf, buf, n, 0}); }
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 1}); }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override { return deferred_.add({out, in, n, 2}); }
-  void wait(int64_t ticket) override { deferred_.run(*this, ticket); }
-  void wait_all() override { deferred_.run(*this, INT64_MAX); }
 
- private:
-  template <class T>
-  void reduce(T* buf, int64_t n, ReduceOp op) {
-    std::vector<T> h = to_host(buf, n);
-    host_->all_reduce(h.data(), n, op);
+ protected:
+  void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
+    std::vector<char> h = to_host(buf, bytes(n, t));
+    host_->all_reduce(h.data(), n, t, op);
     to_device(buf, h);
   }
-  template <class T>
-  static std::vector<T> to_host(const T* dev, int64_t n) {
-    std::vector<T> h(size_t(std::max<int64_t>(n, 0)));
-    if (n <= 0) return h;
+  void do_all_gather(void* out, const void* in, int64_t n, DType t) override {
+    std::vector<char> h_in = to_host(in, bytes(n, t)), h_out(bytes(size() * n, t));
+    host_->all_gather(h_out.data(), h_in.data(), n, t);
+    to_device(out, h_out);
+  }
+  void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
+    std::vector<char> h_in = to_host(in, bytes(size() * n, t)), h_out(bytes(n, t));
+    host_->reduce_scatter(h_out.data(), h_in.data(), n, t);
+    to_device(out, h_out);
+  }
+  void do_broadcast(void* buf, int64_t n, DType t, int root) override {
+    std::vector<char> h = to_host(buf, bytes(n, t));
+    host_->broadcast(h.data(), n, t, root);
+    to_device(buf, h);
+  }
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType t) override {
+    std::vector<char> h_send = to_host(send, bytes(all_to_all_offsets(send_counts).back(), t));
+    std::vector<char> h_recv(bytes(all_to_all_offsets(recv_counts).back(), t));
+    host_->all_to_all_v(h_send.data(), send_counts, h_recv.data(), recv_counts, t);
+    to_device(recv, h_recv);
+  }
+
+ private:
+  static size_t bytes(int64_t n, DType t) { return size_t(std::max<int64_t>(n, 0)) * size_t(dtype_bytes(t)); }
+  static std::vector<char> to_host(const void* dev, size_t n_bytes) {
+    std::vector<char> h(n_bytes);
+    if (n_bytes == 0) return h;
     const cudaStream_t s = cuda::compute_stream();
-    TPT_CUDA_CHECK(cudaMemcpyAsync(h.data(), dev, h.size() * sizeof(T), cudaMemcpyDefault, s));
+    TPT_CUDA_CHECK(cudaMemcpyAsync(h.data(), dev, n_bytes, cudaMemcpyDefault, s));
     cuda::stream_wait(s);
     return h;
   }
-  template <class T>
-  static void to_device(T* dev, const std::vector<T>& h) {
+  static void to_device(void* dev, const std::vector<char>& h) {
     if (h.empty()) return;
     const cudaStream_t s = cuda::compute_stream();
-    TPT_CUDA_CHECK(cudaMemcpyAsync(dev, h.data(), h.size() * sizeof(T), cudaMemcpyDefault, s));
+    TPT_CUDA_CHECK(cudaMemcpyAsync(dev, h.data(), h.size(), cudaMemcpyDefault, s));
     cuda::stream_wait(s);  // h goes away on return
   }
 
   std::unique_ptr<Comm> host_;
-  Deferred deferred_;
 };
 #endif
-
-// The groups of one kind over the world: every rank's color (its group) and key (its order in it).
-struct Partition {
-  std::map<int, std::vector<int>> members;  // color -> world ranks ordered by key
-  std::map<int, std::shared_ptr<Group>> groups;
-};
 
 }  // namespace
 
-void run_thread_ranks(int tp, int pp, int dp, bool device_groups, const std::function<void(Grid&)>& body) {
-  TPT_CHECK(tp >= 1 && pp >= 1 && dp >= 1);
+void run_thread_ranks(const GridShape& shape, bool device_groups, const std::function<void(Grid&)>& body) {
+  TPT_CHECK(shape.tp >= 1 && shape.cp >= 1 && shape.pp >= 1 && shape.dp >= 1);
 #ifndef TPTRAIN_HAVE_CUDA
   if (device_groups) internal_error("threads as ranks on a GPU: this tptrain was built without CUDA");
 #endif
-  const int world = tp * pp * dp;
+  const int world = shape.world();
   Abort abort;
   std::vector<std::unique_ptr<Grid>> grids;
+  std::vector<std::vector<GroupSplit>> splits;  // [rank][group], the same groups on every rank
   for (int r = 0; r < world; ++r) {
     auto g = std::make_unique<Grid>();
-    g->world_size = world;
-    g->world_rank = r;
-    g->tp = tp, g->pp = pp, g->dp = dp;
-    g->tp_rank = r % tp;
-    g->dp_rank = (r / tp) % dp;
-    g->pp_rank = r / (tp * dp);
+    place_in_grid(*g, shape, r);
     g->local_rank = r;
     g->local_size = world;
     g->host = "thread " + std::to_string(r);
     grids.push_back(std::move(g));
+    splits.push_back(grid_group_splits(shape, r));
   }
-  // color and key of each group kind, as make_grid's MPI_Comm_split (color < 0: not a member)
-  using Key = std::function<std::pair<int, int>(const Grid&)>;
-  auto add_groups = [&](const Key& key, std::unique_ptr<Comm> Grid::*field) {
-    Partition part;
-    for (auto& g : grids) {
-      auto [color, order] = key(*g);
-      if (color >= 0) part.members[color].push_back(order * world + g->world_rank);
+  // Each group as MPI_Comm_split makes it: the members of a color ordered by (key, world rank).
+  // Device twins are groups of their own (a rendezvous apart from the host group's).
+  auto add_groups = [&](size_t kind, bool device) {
+    std::map<int, std::vector<std::pair<int, int>>> members;  // color -> (key, world rank)
+    for (int r = 0; r < world; ++r) {
+      const GroupSplit& s = splits[size_t(r)][kind];
+      if (s.color >= 0) members[s.color].push_back({s.key, r});
     }
-    for (auto& [color, m] : part.members) {
+    for (auto& [color, m] : members) {
       std::sort(m.begin(), m.end());
-      for (int& x : m) x %= world;
-      part.groups[color] = std::make_shared<Group>(int(m.size()), abort);
-    }
-    for (auto& g : grids) {
-      const int color = key(*g).first;
-      if (color < 0) continue;
-      const auto& m = part.members[color];
-      const int rank = int(std::find(m.begin(), m.end(), g->world_rank) - m.begin());
-      std::unique_ptr<Comm> c = std::make_unique<ThreadComm>(part.groups[color], rank);
+      const auto group = std::make_shared<Group>(int(m.size()), abort);
+      for (int rank = 0; rank < int(m.size()); ++rank) {
+        Grid& g = *grids[size_t(m[size_t(rank)].second)];
+        std::unique_ptr<Comm> c = std::make_unique<ThreadComm>(group, rank);
+        const GroupSplit& s = splits[size_t(g.world_rank)][kind];
 #ifdef TPTRAIN_HAVE_CUDA
-      const bool device = field == &Grid::tp_device || field == &Grid::pp_device || field == &Grid::dp_device ||
-                          field == &Grid::embedding_device;
-      if (device) c = std::make_unique<StagedDeviceComm>(std::move(c));
+        if (device) c = std::make_unique<StagedDeviceComm>(std::move(c));
 #endif
-      (*g).*field = std::move(c);
+        g.*(device ? s.device : s.host) = std::move(c);
+      }
     }
   };
-  const Key world_key = [](const Grid& g) { return std::pair{0, g.world_rank}; };
-  const Key tp_key = [](const Grid& g) { return std::pair{g.pp_rank * g.dp + g.dp_rank, g.tp_rank}; };
-  const Key dp_key = [](const Grid& g) { return std::pair{g.pp_rank * g.tp + g.tp_rank, g.dp_rank}; };
-  const Key pp_key = [](const Grid& g) { return std::pair{g.dp_rank * g.tp + g.tp_rank, g.pp_rank}; };
-  const Key mp_key = [](const Grid& g) { return std::pair{g.dp_rank, g.pp_rank * g.tp + g.tp_rank}; };
-  const Key embedding_key = [](const Grid& g) {
-    const bool member = g.pp > 1 && (g.first_stage() || g.last_stage());
-    return std::pair{member ? g.dp_rank * g.tp + g.tp_rank : -1, g.pp_rank};
-  };
-  add_groups(world_key, &Grid::world);
-  add_groups(tp_key, &Grid::tp_group);
-  add_groups(dp_key, &Grid::dp_group);
-  add_groups(pp_key, &Grid::pp_group);
-  add_groups(mp_key, &Grid::mp_group);
-  add_groups(embedding_key, &Grid::embedding_group);
-  if (device_groups) {
-    add_groups(tp_key, &Grid::tp_device);
-    add_groups(dp_key, &Grid::dp_device);
-    add_groups(pp_key, &Grid::pp_device);
-    add_groups(embedding_key, &Grid::embedding_device);
-  }
+  const size_t kinds = splits[0].size();
+  for (size_t k = 0; k < kinds; ++k) add_groups(k, false);
+  if (device_groups)
+    for (size_t k = 0; k < kinds; ++k)
+      if (splits[0][k].device) add_groups(k, true);
 
   std::mutex failure_mutex;
   std::string failure;  // the first failure, "rank R: what"

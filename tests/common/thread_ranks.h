@@ -87,22 +87,29 @@ class BucketRaceChecker final : public Comm {
   BucketRaceChecker(Comm& inner, Comm& peers, Reader read) : in_(inner), peers_(peers), read_(std::move(read)) {}
   int rank() const override { return in_.rank(); }
   int size() const override { return in_.size(); }
-  void all_reduce(float* b, int64_t n, ReduceOp op) override { in_.all_reduce(b, n, op); }
-  void all_reduce(double* b, int64_t n, ReduceOp op) override { in_.all_reduce(b, n, op); }
-  void all_gather(float* o, const float* i, int64_t n) override { in_.all_gather(o, i, n); }
-  void reduce_scatter(float* o, const float* i, int64_t n) override { in_.reduce_scatter(o, i, n); }
-  void broadcast(float* b, int64_t n, int root) override { in_.broadcast(b, n, root); }
   void exchange(const std::vector<Message>& m) override { in_.exchange(m); }
   void barrier() override { in_.barrier(); }
-  int64_t start_all_reduce(float* buf, int64_t n) override {
-    snapshot(buf, buf, n, -1);
-    return in_.start_all_reduce(buf, n);
+  void do_all_reduce(void* b, int64_t n, DType t, ReduceOp op) override { in_.all_reduce(b, n, t, op); }
+  void do_all_gather(void* o, const void* i, int64_t n, DType t) override { in_.all_gather(o, i, n, t); }
+  void do_reduce_scatter(void* o, const void* i, int64_t n, DType t) override { in_.reduce_scatter(o, i, n, t); }
+  void do_broadcast(void* b, int64_t n, DType t, int root) override { in_.broadcast(b, n, t, root); }
+  void do_all_to_all_v(const void* s, const std::vector<int64_t>& sc, void* r, const std::vector<int64_t>& rc,
+                       DType t) override {
+    in_.all_to_all_v(s, sc, r, rc, t);
   }
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
-    snapshot(out, in, size() * n, int64_t(rank()) * n);
-    return in_.start_reduce_scatter(out, in, n);
+  int64_t do_start_all_reduce(void* b, int64_t n, DType t) override {
+    TPT_CHECK(t == DType::F32);  // the trainer's gradient buckets
+    snapshot(static_cast<float*>(b), static_cast<const float*>(b), n, -1);
+    return in_.start_all_reduce(b, n, t);
   }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override { return in_.start_all_gather(out, in, n); }
+  int64_t do_start_reduce_scatter(void* o, const void* i, int64_t n, DType t) override {
+    TPT_CHECK(t == DType::F32);
+    snapshot(static_cast<float*>(o), static_cast<const float*>(i), size() * n, int64_t(rank()) * n);
+    return in_.start_reduce_scatter(o, i, n, t);
+  }
+  int64_t do_start_all_gather(void* o, const void* i, int64_t n, DType t) override {
+    return in_.start_all_gather(o, i, n, t);
+  }
   void wait(int64_t ticket) override { in_.wait(ticket); }
   void wait_all() override {
     in_.wait_all();

@@ -1,10 +1,12 @@
 // NcclComm on two or more GPUs (ctest gpu_nccl_np2: mpirun -np 2, a GPU per rank; skipped on one
-// rank): every collective against its definition, the pipeline's send/recv pairs, and the tiny GPT
-// trained tensor-parallel over NCCL against the same GPT on one CPU rank.
+// rank): every collective against its definition, all_to_all_v of every element type, the
+// pipeline's send/recv pairs, and the tiny GPT trained tensor-parallel over NCCL against the same
+// GPT on one CPU rank.
 #include <cmath>
 
 #include "parallel/nccl_comm.h"
 #include "parallel/runtime.h"
+#include "tests/common/comm_elements.h"
 #include "tiny_model.h"
 
 namespace tpt::gpu_test {
@@ -169,6 +171,33 @@ TEST_F(GpuNccl, SendRecvPairsAroundARing) {
     c.send_recv(nullptr, 0, -1, recv, k, 0);
     EXPECT_EQ(recv.host()[0], 0.0f);
   }
+}
+
+// all_to_all_v as one NCCL group of sends and receives on the compute stream (the own block a
+// device copy), for every element type, with the uneven and zero counts of
+// tests/common/comm_elements.h exchanged first on device buffers.
+TEST_F(GpuNccl, AllToAllVOfEveryTypeAfterTheCountsExchange) {
+  Comm& c = *world->dev;
+  auto gpu = make_cuda_ops(world->grid.cuda_device);
+  const test::AllToAllCase a = test::all_to_all_case(c.rank(), c.size());
+  const int64_t n = c.size();
+  Dev send_counts(*gpu, size_t(n), DType::I64), recv_counts(*gpu, size_t(n), DType::I64);
+  gpu->to_device(send_counts, a.send_counts.data(), n);
+  c.all_to_all_counts(static_cast<const int64_t*>(send_counts.buf().p), static_cast<int64_t*>(recv_counts.buf().p));
+  std::vector<int64_t> got(size_t(n), -1);
+  gpu->to_host(got.data(), recv_counts, n);
+  EXPECT_EQ(got, a.recv_counts) << "the counts exchange";
+  for (const DType t : test::kCommTypes) {
+    SCOPED_TRACE(test::comm_type_name(t));
+    const std::vector<char> host_send = test::id_elements(a.send_ids, t);
+    Dev send(*gpu, std::max<size_t>(a.send_ids.size(), 1), t), recv(*gpu, std::max<size_t>(a.recv_ids.size(), 1), t);
+    gpu->to_device(send, host_send.data(), int64_t(a.send_ids.size()));
+    c.all_to_all_v(send.buf().p, a.send_counts, recv.buf().p, a.recv_counts, t);
+    std::vector<char> host_recv(a.recv_ids.size() * size_t(dtype_bytes(t)));
+    gpu->to_host(host_recv.data(), recv, int64_t(a.recv_ids.size()));
+    EXPECT_EQ(test::element_ids(host_recv, t), a.recv_ids);
+  }
+  c.barrier();
 }
 
 TEST_F(GpuNccl, TensorParallelTrainingMatchesOneCpuRank) {

@@ -1,6 +1,7 @@
 // The process grid and its communicators on 2 or 4 MPI ranks: every TP x PP x DP layout the world
 // allows, coordinates by rank = tp + TP*(dp + DP*pp), each group's size, rank and members, and every
-// collective of every group against results computed here by hand.
+// collective of every group against results computed here by hand; with CP > 1 the CP ring and the
+// DP x CP group of every layout, by rank = tp + TP*(cp + CP*(dp + DP*pp)).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "parallel/runtime.h"
@@ -216,6 +218,35 @@ TEST(MpiGrid, CoordinatesGroupsAndCollectivesOfEveryLayout) {
       EXPECT_NE(table.find(line), std::string::npos) << "no line for rank " << r << " in\n" << table;
     }
   }
+}
+
+// With context parallelism: every (tp, cp > 1, pp, dp) layout of the world; the CP ring (same tp,
+// dp, pp; by cp rank) and the weights' replica group DP x CP (same tp, pp; by cp + CP * dp) gather
+// their members' world ranks in the order of rank = tp + TP * (cp + CP * (dp + DP * pp)).
+TEST(MpiGrid, ContextParallelGroupsOfEveryLayout) {
+  const int world = runtime_world_size();
+  for (int cp = 2; cp <= world; cp *= 2)
+    for (const Layout& l : layouts(world / cp)) {
+      SCOPED_TRACE(name_of(l) + " CP" + std::to_string(cp));
+      Grid g = make_grid(l.tp, l.pp, l.dp, cp);
+      auto rank_of = [&](int t, int c, int d, int p) { return t + l.tp * (c + cp * (d + l.dp * p)); };
+      EXPECT_EQ(g.world_rank, rank_of(g.tp_rank, g.cp_rank, g.dp_rank, g.pp_rank));
+      ASSERT_TRUE(g.cp_group && g.dp_cp_group);
+      std::vector<int> want_cp, want_dp_cp;
+      for (int c = 0; c < cp; ++c) want_cp.push_back(rank_of(g.tp_rank, c, g.dp_rank, g.pp_rank));
+      for (int d = 0; d < l.dp; ++d)
+        for (int c = 0; c < cp; ++c) want_dp_cp.push_back(rank_of(g.tp_rank, c, d, g.pp_rank));
+      const std::pair<Comm*, std::vector<int>> groups[] = {{g.cp_group.get(), want_cp},
+                                                            {g.dp_cp_group.get(), want_dp_cp}};
+      for (const auto& [comm, want] : groups) {
+        const int32_t me = g.world_rank;
+        std::vector<int32_t> all(want.size(), -1);
+        ASSERT_EQ(comm->size(), int(want.size()));
+        comm->all_gather(all.data(), &me, 1, DType::I32);
+        EXPECT_EQ(std::vector<int>(all.begin(), all.end()), want);
+      }
+      check_collectives(*g.cp_group, want_cp, g.world_rank, "cp group", false);
+    }
 }
 
 // All groups of one grid used in an interleaved order (as the trainer does): nothing mixes up

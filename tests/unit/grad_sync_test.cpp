@@ -17,17 +17,20 @@ class RecordingComm final : public Comm {
   explicit RecordingComm(int size) : size_(size) {}
   int rank() const override { return 0; }
   int size() const override { return size_; }
-  void all_reduce(float* buf, int64_t n, ReduceOp) override {
+  void do_all_reduce(void* b, int64_t n, DType t, ReduceOp) override {
+    if (t != DType::F32) return;
+    float* buf = static_cast<float*>(b);
     log.push_back("all_reduce " + range(buf, n));
     for (int64_t i = 0; i < n; ++i) buf[i] *= float(size_);
   }
-  void all_reduce(double*, int64_t, ReduceOp) override {}
-  void all_gather(float*, const float*, int64_t) override {}
-  void reduce_scatter(float*, const float*, int64_t) override {}
-  void broadcast(float*, int64_t, int) override {}
+  void do_all_gather(void*, const void*, int64_t, DType) override {}
+  void do_reduce_scatter(void*, const void*, int64_t, DType) override {}
+  void do_broadcast(void*, int64_t, DType, int) override {}
+  void do_all_to_all_v(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, DType) override {}
   void exchange(const std::vector<Message>&) override {}
   void barrier() override {}
-  int64_t start_all_reduce(float* buf, int64_t n) override {
+  int64_t do_start_all_reduce(void* b, int64_t n, DType) override {
+    float* buf = static_cast<float*>(b);
     log.push_back("start " + range(buf, n));
     pending.push_back({buf, n});
     return int64_t(pending.size());
@@ -123,23 +126,28 @@ class LoggingComm final : public Comm {
       : rank_(rank), size_(size), log_(log), base_(base), name_(std::move(name)) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_reduce(float* buf, int64_t n, ReduceOp) override {
+  void do_all_reduce(void* b, int64_t n, DType t, ReduceOp) override {
+    if (t != DType::F32) return;
+    float* buf = static_cast<float*>(b);
     log_.push_back(name_ + " all_reduce " + range(buf, n));
     for (int64_t i = 0; i < n; ++i) buf[i] *= float(size_);
   }
-  void all_reduce(double*, int64_t, ReduceOp) override {}
-  void all_gather(float*, const float*, int64_t) override {}
-  void reduce_scatter(float*, const float*, int64_t) override {}
-  void broadcast(float*, int64_t, int) override {}
+  void do_all_gather(void*, const void*, int64_t, DType) override {}
+  void do_reduce_scatter(void*, const void*, int64_t, DType) override {}
+  void do_broadcast(void*, int64_t, DType, int) override {}
+  void do_all_to_all_v(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, DType) override {}
   void exchange(const std::vector<Message>&) override {}
   void barrier() override {}
-  int64_t start_reduce_scatter(float* out, const float* in, int64_t n) override {
+  int64_t do_start_reduce_scatter(void* o, const void* i, int64_t n, DType) override {
+    float* out = static_cast<float*>(o);
+    const float* in = static_cast<const float*>(i);
     log_.push_back(name_ + " reduce_scatter " + range(out, n) + " of " + range(in, n * size_));
     for (int64_t i = 0; i < n; ++i) out[i] = in[int64_t(rank_) * n + i] * float(size_);  // in place
     return ticket_++;
   }
-  int64_t start_all_gather(float* out, const float* in, int64_t n) override {
-    EXPECT_EQ(in, out + int64_t(rank_) * n);  // in place
+  int64_t do_start_all_gather(void* o, const void* i, int64_t n, DType) override {
+    float* out = static_cast<float*>(o);
+    EXPECT_EQ(static_cast<const float*>(i), out + int64_t(rank_) * n);  // in place
     log_.push_back(name_ + " all_gather words " + std::to_string(out - base_) + "+" + std::to_string(n * size_) +
                    " ticket " + std::to_string(ticket_));
     return ticket_++;

@@ -1,7 +1,8 @@
 // Context parallelism's ring attention (parallel/context_parallel.h) on CP thread ranks of the CPU
 // backend against a direct full-sequence causal attention written here in double precision: the
 // forward output, the log-sum-exp and the gradients of q, k and v, for CP 1..4 with grouped-query
-// attention (G < H), fp32 and bf16 storage; and the token layout of the load-balanced chunks.
+// attention (G < H), fp32 and bf16 storage, also on the CP groups of a TP x CP grid; and the token
+// layout of the load-balanced chunks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -101,14 +102,18 @@ std::vector<float> local_rows(const std::vector<float>& x, int64_t B, int64_t S,
 
 // Runs the ring on cp thread ranks (each its own CPU backend) with the values stored in dtype t and
 // checks every rank's out, lse and dqkv against the direct attention of the same (rounded) inputs.
-void check_ring(const Shape& s, int cp, DType t, double tol) {
+// tp = 1: the cp ranks are a TP group of that size; tp > 1: a TP x CP grid, whose tp CP rings
+// (the grid's cp_group) run at once, each over the same sequence.
+void check_ring(const Shape& s, int cp, DType t, double tol, int tp = 1) {
   std::vector<float> qkv = randn(size_t(s.B * s.S * s.row()), 11), dout = randn(size_t(s.B * s.S * s.H * s.D), 12);
   for (float& x : qkv) x = round_to(x, t);
   for (float& x : dout) x = round_to(x, t);
   const Reference ref = direct_attention(s, qkv, dout);
   const int64_t T = s.S / cp;
-  run_thread_ranks(cp, 1, 1, false, [&](Grid& g) {
-    const int r = g.tp_rank;
+  const GridShape grid = tp == 1 ? GridShape{cp, 1, 1, 1} : GridShape{tp, cp, 1, 1};
+  run_thread_ranks(grid, false, [&](Grid& g) {
+    const int r = tp == 1 ? g.tp_rank : g.cp_rank;
+    Comm& ring_group = tp == 1 ? *g.tp_group : *g.cp_group;
     auto ops = make_cpu_ops(1);
     auto upload = [&](const std::vector<float>& host) {
       Buf b = ops->alloc(int64_t(host.size()), DType::F32);
@@ -122,7 +127,7 @@ void check_ring(const Shape& s, int cp, DType t, double tol) {
     Buf dy = upload(local_rows(dout, s.B, s.S, s.H * s.D, cp, r));
     Buf out = ops->alloc(s.B * T * s.H * s.D, t), dqkv = ops->alloc(s.B * T * s.row(), t);
     float* lse = ops->alloc(size_t(s.B * s.H * T));
-    RingAttention ring(*ops, *g.tp_group, s.B, T, s.H, s.KV, s.D, t);
+    RingAttention ring(*ops, ring_group, s.B, T, s.H, s.KV, s.D, t);
     ring.forward(out, lse, q);
     ring.backward(dqkv, dy, q, out, lse);
     auto host = [&](CBuf x, int64_t n) {
@@ -168,6 +173,11 @@ TEST(RingAttention, MatchesDirectAttentionForCp1To4WithGqa) {
 TEST(RingAttention, MatchesDirectAttentionInBf16AndMultiHead) {
   for (int cp : {2, 3}) check_ring({1, 12, 2, 1, 4}, cp, DType::F32, 2e-5);  // one key/value head
   for (int cp : {2, 4}) check_ring({2, 16, 2, 2, 8}, cp, DType::BF16, 3e-2);
+}
+
+TEST(RingAttention, RunsOnTheCpGroupsOfATp2xCp2Grid) {
+  check_ring({2, 16, 4, 2, 4}, 2, DType::F32, 2e-5, 2);
+  check_ring({1, 12, 2, 1, 4}, 3, DType::BF16, 3e-2, 2);
 }
 
 TEST(RingAttention, ChunkLayoutIsLoadBalanced) {
