@@ -185,13 +185,16 @@ TEST(ParamGroups, ModelLayoutsHaveOneDenseGroup) {
           struct Three final : Comm {
             int rank() const override { return 0; }
             int size() const override { return 3; }
-            void all_reduce(float*, int64_t, ReduceOp) override {}
-            void all_reduce(double*, int64_t, ReduceOp) override {}
-            void all_gather(float*, const float*, int64_t) override {}
-            void reduce_scatter(float*, const float*, int64_t) override {}
-            void broadcast(float*, int64_t, int) override {}
             void exchange(const std::vector<Message>&) override {}
             void barrier() override {}
+
+           protected:
+            void do_all_reduce(void*, int64_t, DType, ReduceOp) override {}
+            void do_all_gather(void*, const void*, int64_t, DType) override {}
+            void do_reduce_scatter(void*, const void*, int64_t, DType) override {}
+            void do_broadcast(void*, int64_t, DType, int) override {}
+            void do_all_to_all_v(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                                 DType) override {}
           } three;
           const std::vector<GradGroup> padded =
               make_grad_groups(l, rank_layers(chunks), distributed, [&](ReplicaGroup) { return ReplicaComm{&three, 1.0f}; });
