@@ -252,6 +252,15 @@ TEST(HFLlama, ConfigMismatchesNameBothValues) {
                      "rope_scaling is without scaling but model.rope_scaling is {\"factor\":8.0");
   EXPECT_INPUT_ERROR(check_hf_llama_config(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}}), m, "cfg"),
                      "rope_type \"yarn\"");
+  // rope_type wins over the older "type" when both are there (as transformers reads them)
+  nlohmann::json both = good;
+  both["rope_scaling"]["type"] = "default";
+  EXPECT_NO_THROW(check_hf_llama_config(both, m, "cfg"));
+  both["rope_scaling"]["rope_type"] = "default";
+  both["rope_scaling"]["type"] = "llama3";
+  EXPECT_INPUT_ERROR(check_hf_llama_config(both, m, "cfg"), "rope_scaling is without scaling but model.rope_scaling is");
+  both["rope_scaling"].erase("rope_type");
+  EXPECT_NO_THROW(check_hf_llama_config(both, m, "cfg"));  // "type" alone still counts
   EXPECT_INPUT_ERROR(check_hf_llama_config(with("tie_word_embeddings", true), m, "cfg"),
                      "tie_word_embeddings is true but model.untie_embeddings_and_output_weights is true");
   EXPECT_INPUT_ERROR(check_hf_llama_config(with("attention_bias", true), m, "cfg"),
