@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +59,22 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+// "[i, j]": the index of element `flat` of a row-major tensor of `shape`
+std::string index_string(std::span<const int64_t> shape, int64_t flat) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] > 0 ? flat % shape[d] : 0;
+    flat = shape[d] > 0 ? flat / shape[d] : 0;
+  }
+  return shape_string(idx);
+}
+
+std::string format_g(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.7g", double(x));
+  return buf;
 }
 
 }  // namespace
@@ -193,8 +211,14 @@ void SafetensorsReader::read_box(const std::string& name, std::span<const int64_
   TPT_CHECK(out_shape.size() == ndim && (out_at.empty() || out_at.size() == ndim));
   const size_t esize = dtype_size(t.dtype);
   const uint8_t* base = file_.data() + data_start_ + t.begin;
+  // every value that enters (HF import, init_from, checkpoint load) is finite: a NaN or inf would
+  // train silently on `lm loss NAN` and be saved again
   for_each_box_row(sizes, t.shape, offsets, out_shape, out_at, [&](int64_t src, int64_t dst, int64_t n) {
     convert_to_fp32(t.dtype, base + static_cast<size_t>(src) * esize, n, out + dst);
+    for (int64_t k = 0; k < n; ++k)
+      if (!std::isfinite(out[dst + k]))
+        bad("holds " + std::string(std::isnan(out[dst + k]) ? "NaN" : out[dst + k] > 0 ? "+inf" : "-inf") +
+            " at index " + index_string(t.shape, src + k) + "; a model is loaded from finite values only");
   });
 }
 
@@ -211,6 +235,22 @@ void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape,
     numel *= d;
   }
   TPT_CHECK(data != nullptr || numel == 0);
+  // every value that leaves in a narrower dtype is representable: a finite value past its range
+  // would be written as inf (and read back as NaN after one step)
+  if (stored != DType::F32) {
+    float max_abs = 0.0f;
+    bool overflows = false;
+    for (int64_t i = 0; i < numel; ++i) {
+      const float x = data[i];
+      if (!std::isfinite(x)) continue;
+      max_abs = std::max(max_abs, std::fabs(x));
+      overflows = overflows || std::isinf(round_to(x, stored));
+    }
+    if (overflows)
+      input_error("tensor '" + name + "': max |w| " + format_g(max_abs) + " overflows " + safetensors_dtype_name(stored) +
+                  " (largest " + format_g(stored == DType::F16 ? 65504.0f : 3.3895314e38f) + "); " +
+                  (stored == DType::F16 && max_abs < 3.3895314e38f ? "BF16 or F32 hold" : "F32 holds") + " it");
+  }
   entries_.push_back({name, std::move(shape), data, stored, uint64_t(numel) * uint64_t(dtype_bytes(stored))});
 }
 

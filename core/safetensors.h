@@ -36,7 +36,9 @@ class SafetensorsReader {
   const SafetensorInfo& info(const std::string& name) const;  // InputError if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
-  // Whole tensor converted to fp32 (from F32, F16, BF16 or F64) into out[numel].
+  // Whole tensor converted to fp32 (from F32, F16, BF16 or F64) into out[numel]. Both reads are the
+  // one path every tensor enters by (HF import, init_from, checkpoint load): a value that is not
+  // finite once converted is an InputError "<path>: tensor '<name>': holds NaN at index [i, j]; ...".
   void read(const std::string& name, float* out) const;
   // A box of the tensor: dimension d covers [offsets[d], offsets[d] + sizes[d]). out receives the
   // box row-major (prod(sizes) floats), or with out_shape it goes to out_at inside a row-major
@@ -62,6 +64,8 @@ const char* safetensors_dtype_name(DType t);
 // pointers passed to add() are not copied: they must stay valid until write() returns.
 class SafetensorsWriter {
  public:
+  // InputError "tensor '<name>': max |w| X overflows F16 (largest 65504); BF16 or F32 hold it" when
+  // a finite value would round to inf in `stored` (every tensor that leaves in a narrower dtype).
   void add(const std::string& name, std::vector<int64_t> shape, const float* data, DType stored = DType::F32);
   // Bytes of the data section so far (what the tensors added take as stored).
   uint64_t data_bytes() const;

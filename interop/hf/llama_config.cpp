@@ -74,9 +74,10 @@ HFRope hf_rope(const nlohmann::json& hf, const std::string& where) {
     return obj[key].get<double>();
   };
   auto scaling = [&](const nlohmann::json& s, const std::string& ctx) {
+    // as transformers: rope_type when present, else the older "type"
     std::string type = "default";
-    for (const char* k : {"rope_type", "type"})
-      if (s.contains(k) && s[k].is_string()) type = s[k].get<std::string>();
+    const char* key = s.contains("rope_type") ? "rope_type" : "type";
+    if (s.contains(key) && s[key].is_string()) type = s[key].get<std::string>();
     if (type == "default") return;
     if (type != "llama3")
       input_error(where + ": " + ctx + " has rope_type \"" + type +

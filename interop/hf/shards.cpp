@@ -2,10 +2,9 @@
 #include "interop/hf/shards.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/file_rules.h"
 #include "parallel/checkpoint.h"  // shape_string
 
 namespace tpt {
@@ -39,12 +38,10 @@ HFPaths hf_paths(const std::string& path) {
 
 nlohmann::json read_json_file(const std::string& path, const std::string& what,
                               const nlohmann::json::parser_callback_t& cb) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) input_error(what + ": cannot open " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  // a regular file of at most 1 GiB (a tokenizer.json is tens of MiB): not a FIFO, not /dev/zero
+  const std::string text = read_regular_file(path, what, uint64_t(1) << 30);
   try {
-    return nlohmann::json::parse(ss.str(), cb);
+    return nlohmann::json::parse(text, cb);
   } catch (const InputError&) {
     throw;
   } catch (const nlohmann::json::exception& e) {
@@ -133,10 +130,13 @@ void HFShards::open_index(const std::string& index, const std::string& dir) {
     const std::string file = it.value().get<std::string>();
     auto [s, fresh] = shard_ids.emplace(file, shard_files.size());
     if (fresh) {
-      const std::string path = dir + "/" + file;
-      if (file.empty() || fs::path(file).is_absolute() || !is_file(path))
+      // inside the checkpoint's folder by name (a symlink there, as the HF cache makes, may point out)
+      const std::string path = confined_path(dir, file, index, "weight_map[\"" + it.key() + "\"] names shard", what_);
+      std::error_code ec;
+      if (!fs::exists(path, ec))
         input_error(what_ + ": " + index + " names shard '" + file + "' (tensor '" + it.key() +
                     "'), which does not exist: " + path);
+      check_regular_file(path, what_ + ": " + index + " names shard '" + file + "'");
       shard_files.push_back(path);
     }
     owner_[it.key()] = s->second;

@@ -2,7 +2,8 @@
 // through it): what a path names (a directory, its model.safetensors.index.json, its config.json, one
 // .safetensors file) and the tensors of its shards. The index is checked as it is read: a tensor
 // named twice, a missing shard, a tensor in two shards or in a shard the index does not name are
-// InputErrors naming the files. Every shard is memory-mapped (its header parsed); reads touch only
+// InputErrors naming the files, and so is a shard name that is absolute or has a '..' component
+// (core/file_rules.h: confined_path). Every shard is memory-mapped (its header parsed); reads touch only
 // the rows asked for.
 #pragma once
 #include <cstdint>
@@ -26,7 +27,8 @@ struct HFPaths {
 };
 HFPaths hf_paths(const std::string& path);
 
-// A JSON file parsed (cb: nlohmann's parser callback). InputError "<what>: cannot open PATH" or
+// A JSON file parsed (cb: nlohmann's parser callback); a regular file of at most 1 GiB
+// (core/file_rules.h). InputError "<what>: cannot open PATH", "<what>: PATH: not a regular file" or
 // "<what>: PATH is not valid JSON: ..."; an InputError the callback throws passes through.
 nlohmann::json read_json_file(const std::string& path, const std::string& what,
                               const nlohmann::json::parser_callback_t& cb = nullptr);

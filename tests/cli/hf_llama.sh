@@ -19,7 +19,7 @@
 #      best on the exported Llama directory;
 #  (d) exit 2 naming the problem: a missing shard, a shape that disagrees with config.json, config.json
 #      disagreeing with the model config, an unknown architecture, an index naming a tensor twice, a
-#      bad --dtype / --max-shard-size.
+#      shard named with '..' or by an absolute path (both existing files), a bad --dtype / --max-shard-size.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -223,6 +223,15 @@ open(p, "w").write("\n".join(lines))
 PY
 expect2 "an index naming a tensor twice" "weight_map names tensor 'model.norm.weight' twice" \
   "${ONE[@]}" --set model.init_from="$W/twice/model.safetensors.index.json"
+# shard names confined to the folder: '..' (to a copy that holds the right tensors) and an absolute
+# name that exists are refused by name; the model config is not what fails
+bad_copy escape; cp "$W/escape/model-00002-of-00003.safetensors" "$W/escaped.safetensors"
+sed -i 's|"model-00002-of-00003.safetensors"|"../escaped.safetensors"|' "$W/escape/model.safetensors.index.json"
+expect2 "a shard name with '..'" "names shard '../escaped.safetensors' has a '..' component" \
+  "${ONE[@]}" --set model.init_from="$W/escape"
+sed -i "s|\"../escaped.safetensors\"|\"$W/escaped.safetensors\"|" "$W/escape/model.safetensors.index.json"
+expect2 "an absolute shard name that exists" "names shard '$W/escaped.safetensors' is an absolute path" \
+  "${ONE[@]}" --set model.init_from="$W/escape"
 expect2 "a GPT-2 config on a Llama checkpoint" "Llama's norms are RMSNorm but model.normalization is LayerNorm" \
   "${ONE[@]}" --set model.normalization=LayerNorm
 expect2 "export --dtype" "--dtype must be bf16, fp16 or fp32, got 'fp8'" \

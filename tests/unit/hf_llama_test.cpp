@@ -3,6 +3,7 @@
 // QKV, interleaved RoPE, biases, tied embeddings), the import's index checks, config.json against the
 // model config (every key named with both values), 16-bit safetensors writing and --max-shard-size.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -251,6 +252,15 @@ TEST(HFLlama, ConfigMismatchesNameBothValues) {
                      "rope_scaling is without scaling but model.rope_scaling is {\"factor\":8.0");
   EXPECT_INPUT_ERROR(check_hf_llama_config(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}}), m, "cfg"),
                      "rope_type \"yarn\"");
+  // rope_type wins over the older "type" when both are there (as transformers reads them)
+  nlohmann::json both = good;
+  both["rope_scaling"]["type"] = "default";
+  EXPECT_NO_THROW(check_hf_llama_config(both, m, "cfg"));
+  both["rope_scaling"]["rope_type"] = "default";
+  both["rope_scaling"]["type"] = "llama3";
+  EXPECT_INPUT_ERROR(check_hf_llama_config(both, m, "cfg"), "rope_scaling is without scaling but model.rope_scaling is");
+  both["rope_scaling"].erase("rope_type");
+  EXPECT_NO_THROW(check_hf_llama_config(both, m, "cfg"));  // "type" alone still counts
   EXPECT_INPUT_ERROR(check_hf_llama_config(with("tie_word_embeddings", true), m, "cfg"),
                      "tie_word_embeddings is true but model.untie_embeddings_and_output_weights is true");
   EXPECT_INPUT_ERROR(check_hf_llama_config(with("attention_bias", true), m, "cfg"),
@@ -346,6 +356,72 @@ TEST(HFLlama, IndexErrorsNameTheTensorOrShard) {
     m.init_from = dir.path;
     EXPECT_INPUT_ERROR(load_init_from(m, d, layout, params.data()), "unknown architecture");
   }
+}
+
+// Shard names are confined to the checkpoint's folder by name: '..' and absolute names are refused
+// even when the file they name exists and holds the right tensors; the Hugging Face cache's layout
+// (snapshots/<rev>/<shard> a symlink to ../../blobs/<hash>) imports the same numbers as plain files.
+TEST(HFLlama, IndexShardNamesStayInsideTheFolder) {
+  const Config cfg = llama_config({});
+  const GPTDims d = make_dims(cfg, 1, 0, 1, 0);
+  const ParamLayout layout = make_param_layout(d);
+  std::vector<float> params(size_t(layout.total)), plain(size_t(layout.total));
+  auto load = [&](const std::string& p) { load_hf_llama(p, cfg.model, layout, params.data()); };
+  TempDir root;
+  const std::string dir = root.path + "/ckpt";
+  fs::create_directories(dir + "/sub");
+  write_hf(dir, cfg.model, 2);
+  load(dir);
+  plain = params;
+  const std::string shard = "model-00001-of-00002.safetensors";
+  fs::copy_file(dir + "/" + shard, root.path + "/" + shard);  // outside, and holding the right tensors
+  nlohmann::json idx;
+  std::ifstream(dir + "/model.safetensors.index.json") >> idx;
+  auto with_shard = [&](const std::string& name) {
+    nlohmann::json j = idx;
+    for (auto& [k, v] : j["weight_map"].items())
+      if (v == shard) v = name;
+    write_json(dir + "/model.safetensors.index.json", j);
+  };
+  const std::string head = dir + "/model.safetensors.index.json: weight_map[\"";
+  with_shard("../" + shard);
+  EXPECT_INPUT_ERROR(load(dir), "names shard '../" + shard + "' has a '..' component");
+  EXPECT_INPUT_ERROR(load(dir), head);
+  with_shard("sub/../../" + shard);
+  EXPECT_INPUT_ERROR(load(dir), "has a '..' component: a file it names must lie inside " + dir);
+  with_shard("sub/..");
+  EXPECT_INPUT_ERROR(load(dir), "has a '..' component");
+  with_shard(root.path + "/" + shard);  // absolute, and it exists: not "does not exist"
+  EXPECT_INPUT_ERROR(load(dir), "names shard '" + root.path + "/" + shard + "' is an absolute path");
+  with_shard("");
+  EXPECT_INPUT_ERROR(load(dir), "names shard '' is empty");
+  with_shard("sub/x..safetensors");  // ".." inside a name is no component: a plain missing file
+  EXPECT_INPUT_ERROR(load(dir), "names shard 'sub/x..safetensors' (tensor");
+  ASSERT_EQ(::mkfifo((dir + "/sub/fifo.safetensors").c_str(), 0600), 0);
+  with_shard("sub/fifo.safetensors");  // refused at once, never opened for a blocking read
+  EXPECT_INPUT_ERROR(load(dir), "sub/fifo.safetensors: not a regular file (a FIFO)");
+  fs::create_directories(dir + "/sub/dir.safetensors");
+  with_shard("sub/dir.safetensors");
+  EXPECT_INPUT_ERROR(load(dir), "not a regular file (a directory)");
+
+  // the HF cache: snapshots/<rev>/ holds links into ../../blobs/, and "./" names are fine
+  const std::string cache = root.path + "/models--x/", snap = cache + "snapshots/abc123";
+  fs::create_directories(cache + "blobs");
+  fs::create_directories(snap);
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string blob = "blob" + std::to_string(n++);
+    fs::copy_file(e.path(), cache + "blobs/" + blob);
+    fs::create_symlink("../../blobs/" + blob, snap + "/" + e.path().filename().string());
+  }
+  nlohmann::json j = idx;
+  for (auto& [k, v] : j["weight_map"].items()) v = "./" + v.get<std::string>();
+  fs::remove(snap + "/model.safetensors.index.json");
+  write_json(snap + "/model.safetensors.index.json", j);
+  std::fill(params.begin(), params.end(), -1.0f);
+  load(snap);
+  EXPECT_EQ(params, plain);
 }
 
 TEST(HFLlama, SixteenBitSafetensorsRoundToNearestEven) {

@@ -264,8 +264,8 @@ TEST_F(SafetensorsFiles, ReadsF16Bf16F64AsFloat) {
   std::vector<uint8_t> data;
   auto put16 = [&](uint16_t v) { data.push_back(v & 0xFF), data.push_back(v >> 8); };
   for (uint16_t h : {0x3C00, 0xC000, 0x3555, 0x0001}) put16(h);  // F16: 1, -2, 0.333251953125, 2^-24
-  for (uint16_t h : {0x3F80, 0xC049, 0x7F80}) put16(h);          // BF16: 1, -3.140625, inf
-  for (double d : {0.25, -1e300}) {
+  for (uint16_t h : {0x3F80, 0xC049, 0x7F7F}) put16(h);          // BF16: 1, -3.140625, its largest
+  for (double d : {0.25, -1e30}) {  // (inf, or an F64 past float's range, is refused: below)
     uint8_t b[8];
     std::memcpy(b, &d, 8);
     data.insert(data.end(), b, b + 8);
@@ -281,9 +281,9 @@ TEST_F(SafetensorsFiles, ReadsF16Bf16F64AsFloat) {
   r.read("b", b.data());
   r.read("d", d.data());
   EXPECT_EQ(h, (std::vector<float>{1.0f, -2.0f, 0.333251953125f, 0x1p-24f}));
-  EXPECT_EQ(b, (std::vector<float>{1.0f, -3.140625f, std::numeric_limits<float>::infinity()}));
+  EXPECT_EQ(b, (std::vector<float>{1.0f, -3.140625f, 3.3895314e38f}));
   EXPECT_EQ(d[0], 0.25f);
-  EXPECT_EQ(d[1], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(d[1], -1e30f);
   std::vector<float> hb(2);
   r.read_box("h", std::vector<int64_t>{1, 0}, std::vector<int64_t>{1, 2}, hb.data());
   EXPECT_EQ(hb, (std::vector<float>{0.333251953125f, 0x1p-24f}));
@@ -330,6 +330,52 @@ TEST_F(SafetensorsFiles, CorruptFilesAreInputErrorsNamingTheFile) {
   expect_input_error([&] { SafetensorsReader r(path("tiny.safetensors")); }, {path("tiny.safetensors"), "8-byte"});
   expect_input_error([&] { SafetensorsReader r(path("absent.safetensors")); }, {path("absent.safetensors")});
   expect_input_error([&] { SafetensorsWriter().write(path("no/dir/x.safetensors")); }, {path("no/dir/x.safetensors")});
+}
+
+// Every tensor that enters is finite (the first bad value named by tensor and index, in every
+// stored dtype); a box that does not reach the bad value reads. Every tensor that leaves in a
+// narrower dtype fits it: a finite value that would round to inf is refused, naming max |w| and a
+// dtype that holds it.
+TEST_F(SafetensorsFiles, NonFiniteValuesInAndOverflowOutAreRefused) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> a(12, 0.5f), b(6, -1.0f), c(5, 2.0f);
+  a[9] = nan;   // [2, 1] of [3, 4]
+  a[11] = inf;  // after the first: not the one named
+  b[3] = -inf;  // [1, 0, 1] of [2, 1, 3]
+  c[4] = inf;
+  SafetensorsWriter w;
+  w.add("a", {3, 4}, a.data());
+  w.add("b", {2, 1, 3}, b.data(), DType::BF16);  // non-finite values are no overflow: written as they are
+  w.add("c", {5}, c.data(), DType::F16);
+  w.write(path("bad.safetensors"));
+  SafetensorsReader r(path("bad.safetensors"));
+  std::vector<float> out(12);
+  const double huge = -1e300;  // F64 past float's range: -inf once converted
+  std::vector<uint8_t> raw(8);
+  std::memcpy(raw.data(), &huge, 8);
+  SafetensorsReader r64(write_raw("f64.safetensors", R"({"x":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", raw));
+  expect_input_error([&] { r64.read("x", out.data()); }, {"tensor 'x'", "holds -inf at index [0]"});
+  expect_input_error([&] { r.read("a", out.data()); }, {path("bad.safetensors"), "tensor 'a'", "holds NaN at index [2, 1]"});
+  expect_input_error([&] { r.read("b", out.data()); }, {"tensor 'b'", "holds -inf at index [1, 0, 0]"});
+  expect_input_error([&] { r.read("c", out.data()); }, {"tensor 'c'", "holds +inf at index [4]"});
+  std::vector<int64_t> at{0, 0}, rows{2, 4};
+  r.read_box("a", at, rows, out.data());  // rows 0-1 hold no bad value
+  EXPECT_EQ(out[7], 0.5f);
+  at = {2, 2};
+  rows = {1, 2};
+  expect_input_error([&] { r.read_box("a", at, rows, out.data()); }, {"holds +inf at index [2, 3]"});
+
+  std::vector<float> big(4, 1.0f);
+  big[2] = -70000.0f;
+  expect_input_error([&] { SafetensorsWriter().add("w", {2, 2}, big.data(), DType::F16); },
+                     {"tensor 'w': max |w| 70000 overflows F16 (largest 65504); BF16 or F32 hold it"});
+  big[2] = 65519.0f;  // rounds to 65504: fits
+  SafetensorsWriter().add("w", {2, 2}, big.data(), DType::F16);
+  big[2] = 3.4e38f;
+  expect_input_error([&] { SafetensorsWriter().add("w", {2, 2}, big.data(), DType::BF16); },
+                     {"max |w| 3.4e+38 overflows BF16", "F32 holds it"});
+  expect_input_error([&] { SafetensorsWriter().add("w", {2, 2}, big.data(), DType::F16); }, {"overflows F16", "F32 holds it"});
+  SafetensorsWriter().add("w", {2, 2}, big.data(), DType::F32);
 }
 
 }  // namespace
