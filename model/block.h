@@ -42,14 +42,14 @@ BlockParams<P> block_params(const ParamLayout& layout, const LayerSpec& spec, P 
 struct BlockActs {
   Buf ln1;                                     // (Nt, C)
   NormStats ln1_stats;                         // (Nt) each: LayerNorm's mean and rstd, RMSNorm's rstd
-  Buf qkv;                                     // (N, QKVl) in the attention's heads layout (model/layers.h
+  Buf qkv;                                     // (N, qkv_width) in the attention's heads layout (model/layers.h
                                                // QKVLayout), q and k rotated with RoPE
   Buf atty;                                    // (N, Cl) attention output (before the projection)
   float* lse = nullptr;                        // (B, Hl, S) log-sum-exp of each query's scores (training)
   Buf x_mid;                                   // (Nt, C) residual after attention
   Buf ln2;                                     // (Nt, C)
   NormStats ln2_stats;                         // (Nt)
-  Buf fc1;                                     // (N, Fl1) fc1's output (before GELU / SwiGLU)
+  Buf fc1;                                     // (N, fc1_width) fc1's output (before GELU / SwiGLU)
   Buf gelu;                                    // (N, Fl) the activation (fc2's input); GELU: the stage's
                                                // shared buffer, recomputed from fc1 in backward
 };
@@ -73,7 +73,7 @@ struct BlockMappings {
   bool bias_in_gemm = true;                                       // row-parallel biases added in the GEMM
 };
 
-// x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, QKVl) scratch for the QKV GEMM's
+// x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, qkv_width) scratch for the QKV GEMM's
 // grouped output (grouped-query attention only; else unused). attention_core(a) writes a.atty from
 // a.qkv (scores, softmax, weighted values).
 void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp, Buf qkv_tmp,

@@ -66,7 +66,7 @@ int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_
 // activation; GELU's is recomputed from fc1's output in backward, in the shared dact_)
 int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  return tb(4 * Nt * d.C + N * d.QKVl + N * d.Fl1 + (d.mlp.swiglu ? N * d.Fl : 0), t) + 2 * norm_stats_bytes(d, Nt) +
+  return tb(4 * Nt * d.C + N * d.qkv_width + N * d.fc1_width + (d.mlp.swiglu ? N * d.Fl : 0), t) + 2 * norm_stats_bytes(d, Nt) +
          (with_core ? attention_core_bytes(d, B, t) : 0);
 }
 
@@ -91,14 +91,14 @@ int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
   // dres (Nt, C); dln, tmp (N, C); dqkv, datt, dfc; the attention backward's row statistics
-  int64_t n = tb(Nt * d.C + 2 * N * d.C + N * d.QKVl + N * d.Cl + N * d.Fl1, t) + fb(B * d.Hl * d.S);
-  if (d.grouped_qkv) n += tb(N * d.QKVl, t);  // qkv_tmp_: the grouped GEMM output / the heads' gradient
+  int64_t n = tb(Nt * d.C + 2 * N * d.C + N * d.qkv_width + N * d.Cl + N * d.fc1_width, t) + fb(B * d.Hl * d.S);
+  if (d.grouped_qkv) n += tb(N * d.qkv_width, t);  // qkv_tmp_: the grouped GEMM output / the heads' gradient
   n += tb(N * d.Fl, t);  // dact_: d SwiGLU output, or GELU's output (every layer's, one at a time)
   if (d.rot) n += fb(d.rot / 2);              // RoPE's inverse frequencies
   if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
-  if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.KVl, d.D, t);  // the CP ring's blocks
+  if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
   return n + tp_gather_bytes(N * d.C, t, d.tp);
 }
 
@@ -181,13 +181,13 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     LayerActs la;
     la.ln1 = alloc(Nt * d.C);
     la.ln1_stats = norm_stats(Nt);
-    la.qkv = alloc(N * d.QKVl);
+    la.qkv = alloc(N * d.qkv_width);
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la);
     la.x_mid = alloc(Nt * d.C);
     la.ln2 = alloc(Nt * d.C);
     la.ln2_stats = norm_stats(Nt);
-    la.fc1 = alloc(N * d.Fl1);
+    la.fc1 = alloc(N * d.fc1_width);
     la.gelu = d.mlp.swiglu ? alloc(N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
     la.x_out = alloc(Nt * d.C);
     return la;
@@ -195,7 +195,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   dact_ = alloc(N * d.Fl);
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
-    ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.KVl, d.D, opt_.dtype);
+    ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.kv_heads, d.D, opt_.dtype);
   }
   LayerActs shared_core{};
   if (opt_.recompute == Recompute::Selective) attention_core(shared_core);
@@ -234,11 +234,11 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   dres_ = alloc(Nt * d.C);
   dln_ = alloc(N * d.C);
   tmp_ = alloc(N * d.C);
-  dqkv_ = alloc(N * d.QKVl);
+  dqkv_ = alloc(N * d.qkv_width);
   datt_ = alloc(N * d.Cl);
   datt_stats_ = alloc_f32(B_ * d.Hl * d.S);
-  dfc_ = alloc(N * d.Fl1);
-  if (d.grouped_qkv) qkv_tmp_ = alloc(N * d.QKVl);
+  dfc_ = alloc(N * d.fc1_width);
+  if (d.grouped_qkv) qkv_tmp_ = alloc(N * d.qkv_width);
   if (d.rot) {
     TPT_CHECK(int64_t(d.inv_freq.size()) == d.rot / 2);
     inv_freq_ = alloc_f32(d.rot / 2);
@@ -384,7 +384,7 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
 void GPTStage::attention_core_forward(LayerActs& a) {
   const GPTDims& d = d_;
   if (ring_) ring_->forward(a.atty, a.lse, a.qkv);  // context parallelism: over the CP group's whole sequence
-  else ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.KVl, d.D);  // lse stays fp32
+  else ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.kv_heads, d.D);  // lse stays fp32
 }
 
 // dres: d block output on entry, d block input on exit (Nt, C).
@@ -421,7 +421,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu, w.weight[kFc2],
                  a.fc1, N, d.Fl, d.C);
   gemm_backward(dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
-                w.weight[kFc1], d.C, d.Fl1);
+                w.weight[kFc1], d.C, d.fc1_width);
   CBuf dln2 = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
   s.norm.backward(ops_, dres, gw.weight[kLn2], gw.bias[kLn2], dln2, a.x_mid, w.weight[kLn2], a.ln2_stats, Nt, d.C);
   // attention
@@ -432,10 +432,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const Buf dqkv = split ? stash->dy[kQkv] : dqkv_;
   const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
   if (ring_) ring_->backward(dheads, datt_, a.qkv, a.atty, a.lse);
-  else ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.KVl, d.D);
+  else ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.kv_heads, d.D);
   s.rope.backward(ops_, dheads, positions, N, d.S, s.qkv);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
-  gemm_backward(dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.QKVl);
+  gemm_backward(dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.qkv_width);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
   s.norm.backward(ops_, dres, gw.weight[kLn1], gw.bias[kLn1], dln1, x_in, w.weight[kLn1], a.ln1_stats, Nt, d.C);
 }
@@ -455,13 +455,13 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
   ops_.linear_backward(Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N, d.Fl, d.C, false);
   CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
-  ops_.linear_backward(Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.Fl1, false);
+  ops_.linear_backward(Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width, false);
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   ops_.linear_backward(Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
   CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  ops_.linear_backward(Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.QKVl, false);
+  ops_.linear_backward(Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,
@@ -476,7 +476,7 @@ void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const in
     // vocab-parallel embedding of all N tokens: rows outside this rank's shard give 0, summed over TP
     // (g) in place, or with sequence parallelism reduce-scattered to this rank's tokens
     const Buf partial = d.sequence_parallel ? tmp_ : a.x_in;  // (N, C)
-    ops_.embedding_forward(partial, a.tokens, p("wte.weight"), N, d.C, d.v0, d.Vl);
+    ops_.embedding_forward(partial, a.tokens, p("wte.weight"), N, d.C, d.vocab_begin, d.Vl);
     row_parallel_output(partial, a.x_in, nullptr);  // (Nt, C)
   } else {
     ops_.copy(a.x_in, hidden_in, Nt * d.C);
@@ -534,11 +534,11 @@ double GPTStage::loss(int slot, const int32_t* targets, float dloss_scale, bool 
   float* target_logit = xent_ + N;
   float* sum_exp = xent_ + 2 * N;  // adjacent to target_logit: one all-reduce for both
   float* losses = xent_ + 3 * N;
-  ops_.xent_local_max(row_max, target_logit, logits_, a.targets, N, d.Vl, d.v0, d.V);
+  ops_.xent_local_max(row_max, target_logit, logits_, a.targets, N, d.Vl, d.vocab_begin, d.V);
   vocab_parallel_max(tp_, row_max, N);
-  ops_.xent_local_sumexp(sum_exp, logits_, row_max, N, d.Vl, d.v0, d.V);
+  ops_.xent_local_sumexp(sum_exp, logits_, row_max, N, d.Vl, d.vocab_begin, d.V);
   vocab_parallel_sum(tp_, target_logit, 2 * N);
-  ops_.xent_loss_grad(logits_, losses, row_max, sum_exp, target_logit, a.targets, N, d.Vl, d.v0, d.V, dloss_scale,
+  ops_.xent_loss_grad(logits_, losses, row_max, sum_exp, target_logit, a.targets, N, d.Vl, d.vocab_begin, d.V, dloss_scale,
                       want_grad, a.loss_weights);
   logits_slot_ = want_grad ? slot : -1;
   std::vector<float> host(static_cast<size_t>(N));
@@ -589,7 +589,7 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
   if (d.first_stage()) {
     // the vocab-parallel embedding's gradient from all N tokens (sequence parallel: all-gathered)
     const CBuf demb = row_parallel_output_grad(dres_, tmp_, nullptr).dout;  // (N, C)
-    ops_.embedding_backward(g("wte.weight"), a.tokens, demb, N, d.C, d.v0, d.Vl);
+    ops_.embedding_backward(g("wte.weight"), a.tokens, demb, N, d.C, d.vocab_begin, d.Vl);
     if (d.learned_positions() && d.position_ids) ops_.embedding_backward(g("wpe.weight"), a.positions, dres_, Nt, d.C, 0, d.P);
     else if (d.learned_positions()) positions_backward(dres_);
   }

@@ -33,11 +33,14 @@ struct GPTDims {
   float init_std = 0.02f;
   int tp = 1, tp_rank = 0, pp = 1, pp_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;     // this stage's layers [begin, end)
-  int64_t Hl = 0, Cl = 0, Fl = 0, Vl = 0, v0 = 0;  // local heads, local attention width, local ffn, local vocab rows, first vocab id
+  // this rank's: query heads, attention width (Hl D), ffn width, vocabulary rows, and its first
+  // vocabulary id (its rows are ids [vocab_begin, vocab_begin + Vl))
+  int64_t Hl = 0, Cl = 0, Fl = 0, Vl = 0, vocab_begin = 0;
   // The architecture (model/layers.h; GPT-2 by default, the LLaMA family by the model.* options):
-  // G key/value heads (query groups) of the model, KVl of this rank; QKVl = (Hl + 2 KVl) D the width of
-  // the rank's QKV GEMM output; Fl1 fc1's (2 Fl with SwiGLU). D is model.kv_channels (Cl = Hl D).
-  int64_t G = 0, KVl = 0, QKVl = 0, Fl1 = 0;
+  // G key/value heads (query groups) of the model, kv_heads of them on this rank; qkv_width =
+  // (Hl + 2 kv_heads) D the width of the rank's QKV GEMM output, fc1_width fc1's (Fl, or 2 Fl
+  // with SwiGLU). D is model.kv_channels.
+  int64_t G = 0, kv_heads = 0, qkv_width = 0, fc1_width = 0;
   Norm norm;                  // LayerNorm | RMSNorm (eps)
   MLPActivation mlp;          // GELU | SwiGLU
   bool grouped_qkv = false;   // grouped-query attention: Megatron's grouped QKV layout
@@ -48,7 +51,7 @@ struct GPTDims {
   bool bias = true;           // biases of attn.proj, mlp.fc1, mlp.fc2
   bool qkv_bias = true;       // bias of attn.qkv
   bool learned_positions() const { return rot == 0; }
-  QKVLayout qkv_layout() const { return {grouped_qkv, Hl, KVl, D}; }
+  QKVLayout qkv_layout() const { return {grouped_qkv, Hl, kv_heads, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
   bool loss_mask = false;     // data.eod_mask_loss: per-token loss weights come with the targets
   // parallel.sequence_parallel with tp > 1: the LayerNorm / residual regions hold only this TP
@@ -127,8 +130,8 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
 // whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
 // layers (d.layer's linears: N*out each), which a split backward's B stashes for its W, in the
-// compute dtype t on all N = B*S tokens -- for the dense block layers * N * (QKVl (attn.qkv) + C
-// (attn.proj) + Fl1 (mlp.fc1) + C (mlp.fc2)) elements. The constructor allocates exactly that per
+// compute dtype t on all N = B*S tokens -- for the dense block layers * N * (qkv_width (attn.qkv) + C
+// (attn.proj) + fc1_width (mlp.fc1) + C (mlp.fc2)) elements. The constructor allocates exactly that per
 // slot (up to the allocator's alignment, as above).
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t);
 // Elements of one pipeline message (a stage's output or its input gradient) for micro-batches of B:
@@ -263,7 +266,7 @@ class GPTStage {
   // forward with sequence parallelism the reduce-scattered row-parallel output (Nt, C)
   Buf dres_, dln_, dqkv_, datt_, dfc_, tmp_, logits_;
   float *datt_stats_ = nullptr, *xent_ = nullptr;
-  // qkv_tmp_ (N, QKVl) grouped-query attention: the QKV GEMM's grouped output in forward, the heads'
+  // qkv_tmp_ (N, qkv_width) grouped-query attention: the QKV GEMM's grouped output in forward, the heads'
   // gradient in backward; dact_ (N, Fl) SwiGLU: d fc2 input, GELU: the activation (fc2's input) of
   // the layer at hand (each layer keeps only fc1's output; MLPActivation::recompute_activation);
   // inv_freq_ (rot / 2) RoPE

@@ -112,7 +112,7 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
 
 void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {
   const GPTDims& d = d_;
-  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P, QKV = d.QKVl;
+  const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P, QKV = d.qkv_width;
   if (n == 0) internal_error("GPTInference::forward: no tokens");
   if (len_ + n > P)
     input_error("positions " + std::to_string(len_) + ".." + std::to_string(len_ + n - 1) +
@@ -124,7 +124,7 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
   auto buffer = [](int64_t floats) { return std::vector<float>(static_cast<size_t>(floats)); };
   std::vector<float> x = buffer(n * C), x_next = buffer(n * C), x_mid = buffer(n * C), ln1 = buffer(n * C),
                      ln2 = buffer(n * C), stats = buffer(4 * n), qkv = buffer(n * QKV), qkv_tmp = buffer(n * QKV),
-                     att = buffer(n * d.Cl), tmp = buffer(n * C), fc = buffer(n * d.Fl1), act = buffer(n * F);
+                     att = buffer(n * d.Cl), tmp = buffer(n * C), fc = buffer(n * d.fc1_width), act = buffer(n * F);
   BlockActs a;
   a.ln1 = ln1.data(), a.ln2 = ln2.data(), a.x_mid = x_mid.data(), a.qkv = qkv.data(), a.atty = att.data();
   a.fc1 = fc.data(), a.gelu = act.data();

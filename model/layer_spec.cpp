@@ -51,12 +51,12 @@ LayerSpec make_layer_spec(const GPTDims& d) {
   LayerSpec spec;
   spec.parts = {
       norm("ln_1"),
-      d.grouped_qkv ? linear("attn.qkv", {d.G, Q + 2, d.D, d.C}, 0, S::Column, d.qkv_bias, d.C, d.QKVl, d.init_std)
-                    : linear("attn.qkv", {3, HD, d.C}, 1, S::Column, d.qkv_bias, d.C, d.QKVl, d.init_std),
+      d.grouped_qkv ? linear("attn.qkv", {d.G, Q + 2, d.D, d.C}, 0, S::Column, d.qkv_bias, d.C, d.qkv_width, d.init_std)
+                    : linear("attn.qkv", {3, HD, d.C}, 1, S::Column, d.qkv_bias, d.C, d.qkv_width, d.init_std),
       linear("attn.proj", {d.C, HD}, 1, S::Row, d.bias, d.Cl, d.C, out_std),
       norm("ln_2"),
-      d.mlp.swiglu ? linear("mlp.fc1", {2, d.F, d.C}, 1, S::Column, d.bias, d.C, d.Fl1, d.init_std)
-                   : linear("mlp.fc1", {d.F, d.C}, 0, S::Column, d.bias, d.C, d.Fl1, d.init_std),
+      d.mlp.swiglu ? linear("mlp.fc1", {2, d.F, d.C}, 1, S::Column, d.bias, d.C, d.fc1_width, d.init_std)
+                   : linear("mlp.fc1", {d.F, d.C}, 0, S::Column, d.bias, d.C, d.fc1_width, d.init_std),
       linear("mlp.fc2", {d.C, d.F}, 1, S::Row, d.bias, d.Fl, d.C, out_std),
   };
   return spec;

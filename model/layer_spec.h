@@ -72,10 +72,10 @@ enum DensePart : int { kLn1, kQkv, kProj, kLn2, kFc1, kFc2, kDenseParts };
 // The dense block of d (its widths and options set): ln_1, attn.qkv, attn.proj, ln_2, mlp.fc1, mlp.fc2.
 //   attn.qkv   Column, multi-head (3, H D, C) split along the heads (dimension 1), or grouped-query
 //              (G, H/G + 2, D, C) -- per group its query heads, its key, its value (Megatron's layout)
-//              -- split along the groups; GEMM C -> QKVl
+//              -- split along the groups; GEMM C -> qkv_width
 //   attn.proj  Row, (C, H D); Cl -> C; Megatron's scaled init std / sqrt(2 L)
 //   mlp.fc1    Column, (F, C), or with SwiGLU (2, F, C) = [gate; up] split along F so that a rank
-//              holds [gate_r; up_r]; C -> Fl1
+//              holds [gate_r; up_r]; C -> fc1_width
 //   mlp.fc2    Row, (C, F); Fl -> C; scaled init
 LayerSpec make_layer_spec(const GPTDims& d);
 

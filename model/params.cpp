@@ -36,11 +36,11 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.Hl = d.H / tp;
   d.Cl = d.Hl * d.D;
   d.Fl = d.F / tp;
-  d.KVl = d.G / tp;
-  d.QKVl = (d.Hl + 2 * d.KVl) * d.D;
+  d.kv_heads = d.G / tp;
+  d.qkv_width = (d.Hl + 2 * d.kv_heads) * d.D;
   d.norm = Norm{m.normalization == Normalization::RMSNorm, d.eps};
   d.mlp = MLPActivation{m.swiglu};
-  d.Fl1 = d.mlp.fc1_width(d.Fl);
+  d.fc1_width = d.mlp.fc1_width(d.Fl);
   d.grouped_qkv = m.group_query_attention;
   d.rot = m.position_embedding_type == PositionEmbedding::Rope ? rotary_dim(m) : 0;
   d.rope_interleaved = m.rotary_interleaved;
@@ -49,7 +49,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.bias = m.add_bias_linear;
   d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
   d.Vl = d.Vp / tp;
-  d.v0 = d.Vl * tp_rank;
+  d.vocab_begin = d.Vl * tp_rank;
   d.position_ids = cfg.data.reset_position_ids;
   d.loss_mask = cfg.data.eod_mask_loss;
   d.sequence_parallel = cfg.parallel.sequence_parallel && tp > 1;  // with TP 1 there is nothing to split
@@ -124,8 +124,8 @@ ParamInfo word_embedding(const GPTDims& d, const char* name, bool tied_copy) {
   ParamInfo p;
   p.name = name;
   p.global_shape = {d.V, d.C};
-  int64_t rows = std::max<int64_t>(0, std::min(d.V, d.v0 + d.Vl) - d.v0);
-  p.box_offset = {std::min(d.v0, d.V), 0};
+  int64_t rows = std::max<int64_t>(0, std::min(d.V, d.vocab_begin + d.Vl) - d.vocab_begin);
+  p.box_offset = {std::min(d.vocab_begin, d.V), 0};
   p.box_size = {rows, d.C};
   p.local_shape = {d.Vl, d.C};
   p.weight_decay = true;

@@ -142,7 +142,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
 
 AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtype) {
   if (d.cp > 1) return {};  // the CP ring: attention_block_* on the backend's own kernels
-  return {micro_batch, d.S, d.Hl, d.KVl, d.D, dtype};
+  return {micro_batch, d.S, d.Hl, d.kv_heads, d.D, dtype};
 }
 
 BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64_t micro_batch, DType dtype,
@@ -242,8 +242,8 @@ StageWork stage_work(const Config& c, int s) {
   const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), S_all = double(c.model.seq_length);
   const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
   const Recompute r = c.training.recompute;
-  // per layer and rank: 2 N in out for each linear layer of the layer spec (QKV 2 N C QKVl, projection
-  // 2 N Cl C, MLP 2 N C Fl1 + 2 N Fl C); attention scores
+  // per layer and rank: 2 N in out for each linear layer of the layer spec (QKV 2 N C qkv_width, projection
+  // 2 N Cl C, MLP 2 N C fc1_width + 2 N Fl C); attention scores
   // and weighted sum 4 N S Cl, of which the causal half is computed (2 N S Cl, as the logged formula's
   // s/(2h) term counts them); with context parallelism the rank's N = B S / CP queries against the
   // whole sequence's keys (the load-balanced chunks give every rank the same causal half)
@@ -275,7 +275,7 @@ StageWork stage_work(const Config& c, int s) {
         layers * columns * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * rows * act : 0);
   }
   if (d.cp > 1) {  // per layer: CP - 1 K/V blocks forward; in backward CP - 1 blocks and CP fp32 gradients
-    const double kv = N * 2.0 * double(d.KVl * d.D), reruns = r == Recompute::None ? 0.0 : 1.0;
+    const double kv = N * 2.0 * double(d.kv_heads * d.D), reruns = r == Recompute::None ? 0.0 : 1.0;
     w.fwd_cp_bytes = layers * (d.cp - 1) * kv * dtype_bytes(compute_dtype(c));
     w.bwd_cp_bytes = reruns * w.fwd_cp_bytes + layers * ((d.cp - 1) * kv * dtype_bytes(compute_dtype(c)) + d.cp * kv * 4);
   }

@@ -221,12 +221,12 @@ class Model {
     const double af = attn_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
     const double act = d.mlp.swiglu ? 3.0 : 2.0;
-    const double rope = d.rot > 0 ? 2.0 * N * double(d.Hl + d.KVl) * double(d.D) : 0.0;
+    const double rope = d.rot > 0 ? 2.0 * N * double(d.Hl + d.kv_heads) * double(d.D) : 0.0;
     const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * double(d.Fl) + rope), 8);
     const double tpc = collective(N * C * cb_, tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // the CP ring (CP peers are TP apart): CP - 1 steps passing a K/V block forward; backward CP - 1
     // K/V blocks and CP fp32 dK/dV blocks
-    const double kv = N * 2.0 * double(d.KVl * d.D);
+    const double kv = N * 2.0 * double(d.kv_heads * d.D);
     const double cpf = d.cp > 1 ? (d.cp - 1) * send(kv * cb_, tp * d.cp) : 0.0;
     const double cpb = d.cp > 1 ? cpf + d.cp * send(kv * 4, tp * d.cp) : 0.0;
     const double layer_f = gf + af + ef + row_parallel * tpc + cpf;

@@ -354,8 +354,8 @@ TEST(ModelInit, PaddedWordEmbeddingRowsAreZero) {
       const ParamInfo* w = l.find("wte.weight");
       ASSERT_NE(w, nullptr);
       EXPECT_EQ(w->local_shape[0], d.Vl);
-      EXPECT_EQ(w->box_offset[0], std::min<int64_t>(d.v0, d.V));
-      EXPECT_EQ(w->box_size[0], std::max<int64_t>(0, std::min(d.V, d.v0 + d.Vl) - d.v0));
+      EXPECT_EQ(w->box_offset[0], std::min<int64_t>(d.vocab_begin, d.V));
+      EXPECT_EQ(w->box_size[0], std::max<int64_t>(0, std::min(d.V, d.vocab_begin + d.Vl) - d.vocab_begin));
       for (int64_t row = w->box_size[0]; row < d.Vl; ++row)
         for (int64_t c2 = 0; c2 < d.C; ++c2)
           ASSERT_EQ(v[size_t(w->offset + row * d.C + c2)], 0.0f) << "tp " << tp << " rank " << r << " row " << row;
@@ -420,7 +420,7 @@ TEST(ModelInit, ShardingFlagsAndShapes) {
   const GPTDims d = make_dims(c, 2, 1, 1, 0);
   EXPECT_EQ(d.Vp, 48);
   EXPECT_EQ(d.Vl, 24);
-  EXPECT_EQ(d.v0, 24);
+  EXPECT_EQ(d.vocab_begin, 24);
   EXPECT_EQ(d.Hl, 1);
   EXPECT_EQ(d.Cl, 8);
   EXPECT_EQ(d.Fl, 32);
