@@ -7,8 +7,8 @@
 //   the parameters, their names and checkpoint boxes   make_param_layout (model/params.cpp)
 //   the gradient buckets' layer ranges                 layer_ranges
 //   the ZB-H1 weight-gradient stash                    weight_grad_stash_bytes, GPTStage's LayerStash
-//   the plan's FLOPs and the GPU's bias-gradient sizes plan/memory.cpp
-//   the step-time model's GEMM list and TP messages    plan/step_time.cpp
+//   the plan's work model: GEMMs, FLOPs, TP messages   plan/stage_work.h (plan/memory.cpp, step_time.cpp)
+//   the GPU's bias-gradient buffers                    plan/memory.cpp gpu_backend_workspace
 //   the op profile's GEMM names                        linear_name
 // Adding a linear layer is one new record here; the block's forward and backward (model/gpt.cpp,
 // model/block.h) stay explicit code that names the parts it runs (DensePart).

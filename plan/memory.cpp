@@ -12,6 +12,7 @@
 #include "core/gpu_workspace.h"
 #include "model/chunks.h"
 #include "parallel/grad_sync.h"
+#include "plan/stage_work.h"
 
 namespace tpt {
 
@@ -220,12 +221,6 @@ double iteration_model_flops(const Config& c, int64_t padded_vocab) {
   return 12.0 * B * s * l * h * h * ((1.0 + G / H + s / (2.0 * h)) * r + F / h * gated + V / (2.0 * l * h));
 }
 
-double linear_forward_flops(const GPTDims& d, double tokens) {
-  double in_out = 0;  // exact: integer products well below 2^53
-  for (const LinearSpec* l : d.layer.linears()) in_out += double(l->in) * double(l->out);
-  return 2.0 * tokens * in_out;
-}
-
 namespace {
 
 // Per-rank FLOPs and TP all-reduce payload (bytes) of one micro-batch's forward and backward on a stage.
@@ -236,48 +231,38 @@ struct StageWork {
 };
 
 StageWork stage_work(const Config& c, int s) {
-  const int tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
-  GPTDims d = make_dims(c, tp, 0, pp, s);
-  apply_context_parallel(d, c, 0);
-  const double B = c.training.micro_batch_size, S = double(d.S), C = double(d.C), S_all = double(c.model.seq_length);
-  const double N = B * S, layers = double(d.layer_end - d.layer_begin), M = num_microbatches(c);
+  const double M = num_microbatches(c);
   const Recompute r = c.training.recompute;
-  // per layer and rank: 2 N in out for each linear layer of the layer spec (QKV 2 N C qkv_width, projection
-  // 2 N Cl C, MLP 2 N C fc1_width + 2 N Fl C); attention scores
-  // and weighted sum 4 N S Cl, of which the causal half is computed (2 N S Cl, as the logged formula's
-  // s/(2h) term counts them); with context parallelism the rank's N = B S / CP queries against the
-  // whole sequence's keys (the load-balanced chunks give every rank the same causal half)
-  const double Cl = double(d.Cl);
-  const double attn_core = 2.0 * N * S_all * Cl;
-  const double layer = linear_forward_flops(d, N) + attn_core;
-  const double lm_head = 2.0 * N * C * double(d.Vl);
   const bool gpipe = c.parallel.pipeline_schedule == PipelineSchedule::GPipe;
+  const double cb = dtype_bytes(compute_dtype(c));
   StageWork w;
-  w.fwd_flops = layers * layer + (d.last_stage() ? lm_head : 0.0);
-  w.bwd_flops = 2.0 * w.fwd_flops;
-  if (r == Recompute::Full) w.bwd_flops += layers * layer;
-  w.bwd_flops += layers * attn_core / 2;  // flash-style backward recomputes the scores
-  if (r == Recompute::Selective) w.bwd_flops += layers * attn_core;
-  // GPipe: the last stage's logits of all but the last micro-batch are recomputed in backward
-  if (gpipe && d.last_stage()) w.bwd_flops += lm_head * (M - 1) / M;
-  if (tp > 1) {
-    const double cb = dtype_bytes(compute_dtype(c));
-    const double act = N * C * cb;
-    // per layer: forward one all-reduce after each row-parallel layer, backward one of each
-    // column-parallel layer's input gradient
-    double rows = 0, columns = 0;
-    for (const LinearSpec* l : d.layer.linears()) {
-      rows += l->split == LinearSplit::Row;
-      columns += l->split == LinearSplit::Column;
+  for (const ChunkWork& k : stage_chunk_work(c, s)) {  // plan/stage_work.h
+    // per layer and rank: 2 N in out for each linear layer of the layer spec (QKV 2 N C qkv_width,
+    // projection 2 N Cl C, MLP 2 N C fc1_width + 2 N Fl C) and the attention's causal half (as the
+    // logged formula's s/(2h) term counts it)
+    const double layer = k.linear_flops() + k.attention_flops, layers = k.layers;
+    const double fwd = layers * layer + (k.last ? k.lm_head_flops() : 0.0);
+    double bwd = 2.0 * fwd;
+    if (r == Recompute::Full) bwd += layers * layer;
+    bwd += layers * k.attention_flops / 2;  // flash-style backward recomputes the scores
+    if (r == Recompute::Selective) bwd += layers * k.attention_flops;
+    // GPipe: the last stage's logits of all but the last micro-batch are recomputed in backward
+    if (gpipe && k.last) bwd += k.lm_head_flops() * (M - 1) / M;
+    w.fwd_flops += fwd;
+    w.bwd_flops += bwd;
+    if (k.tp > 1) {
+      // per layer: forward one all-reduce after each row-parallel layer, backward one of each
+      // column-parallel layer's input gradient
+      const double act = k.N * k.C * cb, rows = k.row_parallel();
+      w.fwd_tp_bytes += layers * rows * act + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
+      w.bwd_tp_bytes += layers * k.column_parallel() * act + (k.last ? act : 0) +
+                        (r == Recompute::Full ? layers * rows * act : 0);
     }
-    w.fwd_tp_bytes = layers * rows * act + (d.first_stage() ? act : 0) + (d.last_stage() ? 3 * N * 4 : 0);
-    w.bwd_tp_bytes =
-        layers * columns * act + (d.last_stage() ? act : 0) + (r == Recompute::Full ? layers * rows * act : 0);
-  }
-  if (d.cp > 1) {  // per layer: CP - 1 K/V blocks forward; in backward CP - 1 blocks and CP fp32 gradients
-    const double kv = N * 2.0 * double(d.kv_heads * d.D), reruns = r == Recompute::None ? 0.0 : 1.0;
-    w.fwd_cp_bytes = layers * (d.cp - 1) * kv * dtype_bytes(compute_dtype(c));
-    w.bwd_cp_bytes = reruns * w.fwd_cp_bytes + layers * ((d.cp - 1) * kv * dtype_bytes(compute_dtype(c)) + d.cp * kv * 4);
+    if (k.cp > 1) {  // per layer: CP - 1 K/V blocks forward; in backward CP - 1 blocks and CP fp32 gradients
+      const double reruns = r == Recompute::None ? 0.0 : 1.0, fwd_cp = layers * (k.cp - 1) * k.kv_block * cb;
+      w.fwd_cp_bytes += fwd_cp;
+      w.bwd_cp_bytes += reruns * fwd_cp + layers * ((k.cp - 1) * k.kv_block * cb + k.cp * k.kv_block * 4);
+    }
   }
   return w;
 }

@@ -97,9 +97,6 @@ int64_t total_parameters(const Config& cfg);
 // groups, D head dim, m = 3/2 with SwiGLU (else 1), V = padded vocabulary; for GPT-2
 // 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
 double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
-// FLOPs of the forward GEMMs of one transformer layer of d on one rank for `tokens` tokens: 2 tokens
-// in out for each linear layer of its layer spec (model/layer_spec.h). The plan's hardware FLOPs.
-double linear_forward_flops(const GPTDims& d, double tokens);
 
 struct PlanOptions {
   int world_size = 0;                  // 0: TP * CP * PP * (data_parallel_size or 1)

@@ -9,6 +9,7 @@
 #include "model/chunks.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
+#include "plan/stage_work.h"
 
 namespace tpt {
 
@@ -191,45 +192,33 @@ class Model {
   bool intra_node(int span) const { return span <= gpn_ && gpn_ % span == 0; }
 
   Work stage_work(int stage) const {
-    const int tp = c_.parallel.tensor_model_parallel_size, pp = c_.parallel.pipeline_model_parallel_size;
     Work w;
-    for (GPTDims d : make_chunk_dims(c_, tp, 0, pp, stage)) {
-      apply_context_parallel(d, c_, 0);  // CP rank 0's tokens (every CP rank holds as many)
-      add_chunk(d, w);
-    }
+    for (const ChunkWork& chunk : stage_chunk_work(c_, stage)) add_chunk(chunk, w);
     return w;
   }
 
  private:
-  void add_chunk(const GPTDims& d, Work& w) const {
-    const double B = c_.training.micro_batch_size, S = double(d.S), C = double(d.C), N = B * S;
-    const double Nt = double(d.local_tokens(int64_t(N))), layers = double(d.layer_end - d.layer_begin);
-    const int tp = d.tp;
+  // The items of one chunk's work (plan/stage_work.h) in seconds.
+  void add_chunk(const ChunkWork& k, Work& w) const {
+    const double N = k.N, Nt = k.Nt, C = k.C, layers = k.layers;
     const Recompute rc = c_.training.recompute;
     // the layer spec's linear layers (in, out) of the rank: QKV, projection, fc1, fc2
-    double gf = 0, gb = 0, gw = 0, row_parallel = 0, column_parallel = 0;
-    for (const LinearSpec* l : d.layer.linears()) {
-      const double in = double(l->in), out = double(l->out);
-      gf += gemm(N, out, in);
-      gb += gemm(N, in, out);
-      gw += gemm(in, out, N);
-      row_parallel += l->split == LinearSplit::Row;
-      column_parallel += l->split == LinearSplit::Column;
+    double gf = 0, gb = 0, gw = 0;
+    for (const ChunkWork::Linear& l : k.linears) {
+      gf += gemm(N, l.out, l.in);
+      gb += gemm(N, l.in, l.out);
+      gw += gemm(l.in, l.out, N);
     }
-    // 4 B s^2 h d, causal half; with context parallelism the rank's S = s / CP queries against all s keys
-    const double attn_flops = 2.0 * B * S * double(c_.model.seq_length) * double(d.Hl) * double(d.D);
-    const double af = attn_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
+    const double af = k.attention_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
-    const double act = d.mlp.swiglu ? 3.0 : 2.0;
-    const double rope = d.rot > 0 ? 2.0 * N * double(d.Hl + d.kv_heads) * double(d.D) : 0.0;
-    const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * double(d.Fl) + rope), 8);
-    const double tpc = collective(N * C * cb_, tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
+    const double act = k.swiglu ? 3.0 : 2.0;
+    const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * k.ffn_local + k.rope_elems), 8);
+    const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // the CP ring (CP peers are TP apart): CP - 1 steps passing a K/V block forward; backward CP - 1
     // K/V blocks and CP fp32 dK/dV blocks
-    const double kv = N * 2.0 * double(d.kv_heads * d.D);
-    const double cpf = d.cp > 1 ? (d.cp - 1) * send(kv * cb_, tp * d.cp) : 0.0;
-    const double cpb = d.cp > 1 ? cpf + d.cp * send(kv * 4, tp * d.cp) : 0.0;
-    const double layer_f = gf + af + ef + row_parallel * tpc + cpf;
+    const double cpf = k.cp > 1 ? (k.cp - 1) * send(k.kv_block * cb_, k.tp * k.cp) : 0.0;
+    const double cpb = k.cp > 1 ? cpf + k.cp * send(k.kv_block * 4, k.tp * k.cp) : 0.0;
+    const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;
     w.gemm_f += layers * gf;
     w.gemm_b += layers * gb;
     w.gemm_w += layers * gw;
@@ -237,25 +226,25 @@ class Model {
     w.attn_b += layers * 2.5 * af;
     w.elem_f += layers * ef;
     w.elem_b += layers * 2 * ef;
-    w.tp_f += layers * row_parallel * tpc;  // after each row-parallel layer
-    w.tp_b += layers * column_parallel * tpc;  // each column-parallel layer's input gradient
+    w.tp_f += layers * k.row_parallel() * tpc;     // after each row-parallel layer
+    w.tp_b += layers * k.column_parallel() * tpc;  // each column-parallel layer's input gradient
     w.cp_f += layers * cpf;
     w.cp_b += layers * cpb;
     if (rc == Recompute::Full) w.recompute += layers * layer_f;
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
-    if (d.first_stage()) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
+    if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);
       w.tp_f += tpc;
     }
-    if (d.last_stage()) {  // final norm, LM head, vocabulary-parallel cross-entropy
-      const double V = double(d.Vl);
+    if (k.last) {  // final norm, LM head, vocabulary-parallel cross-entropy
+      const double V = k.vocab_rows;
       w.gemm_f += gemm(N, V, C);
       w.gemm_b += gemm(N, C, V);
       w.gemm_w += gemm(C, V, N);
       w.elem_f += memory_bound(2 * Nt * C * cb_ + N * V * (cb_ + 8), 4);
       w.elem_b += memory_bound(4 * Nt * C * cb_ + N * V * (4 + cb_), 3);
-      w.tp_f += 3 * collective(N * 4, tp, 1, 2.0);
+      w.tp_f += 3 * collective(N * 4, k.tp, 1, 2.0);
       w.tp_b += tpc;
     }
   }

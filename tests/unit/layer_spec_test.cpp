@@ -14,6 +14,7 @@
 #include "model/chunks.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
+#include "plan/stage_work.h"
 #include "parallel/checkpoint.h"
 #include "parallel/comm.h"
 
@@ -115,7 +116,10 @@ TEST(LayerSpec, OneRecordAddsALinearLayerEverywhere) {
         EXPECT_EQ(weight_grad_stash_bytes(d, B, t) - weight_grad_stash_bytes(plain, B, t),
                   layers_per_stage * int64_t(dtype_size(N * rows, t)));
       // FLOPs: 2 N in out more per layer; the op profile names the GEMM
-      EXPECT_EQ(linear_forward_flops(d, double(N)) - linear_forward_flops(plain, double(N)), 2.0 * N * C * rows);
+      const ChunkWork wd = chunk_work(c, d), wp = chunk_work(c, plain);  // the plan's work model
+      EXPECT_EQ(wd.linears.size(), wp.linears.size() + 1);
+      EXPECT_EQ(wd.linear_flops() - wp.linear_flops(), 2.0 * N * C * rows);
+      EXPECT_EQ(wd.column_parallel(), wp.column_parallel() + 1);
       EXPECT_EQ(linear_name(d, C, rows), "attn.extra");
       EXPECT_EQ(linear_name(plain, C, rows), std::to_string(C) + "->" + std::to_string(rows));
     }

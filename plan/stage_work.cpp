@@ -1,0 +1,58 @@
+// The per-stage work model (plan/stage_work.h).
+#include "plan/stage_work.h"
+
+#include "core/config.h"
+#include "model/chunks.h"
+
+namespace tpt {
+
+double ChunkWork::linear_flops() const {
+  double in_out = 0;
+  for (const Linear& l : linears) in_out += l.in * l.out;
+  return 2.0 * N * in_out;
+}
+
+double ChunkWork::row_parallel() const {
+  double n = 0;
+  for (const Linear& l : linears) n += l.split == LinearSplit::Row;
+  return n;
+}
+
+double ChunkWork::column_parallel() const {
+  double n = 0;
+  for (const Linear& l : linears) n += l.split == LinearSplit::Column;
+  return n;
+}
+
+ChunkWork chunk_work(const Config& c, const GPTDims& d) {
+  ChunkWork w;
+  const double B = c.training.micro_batch_size, S = double(d.S);
+  w.N = B * S;
+  w.Nt = double(d.local_tokens(int64_t(w.N)));
+  w.C = double(d.C);
+  w.layers = double(d.layer_end - d.layer_begin);
+  w.first = d.first_stage();
+  w.last = d.last_stage();
+  w.tp = d.tp;
+  w.cp = d.cp;
+  for (const LinearSpec* l : d.layer.linears()) w.linears.push_back({double(l->in), double(l->out), l->split});
+  w.attention_flops = 2.0 * B * S * double(c.model.seq_length) * double(d.Hl) * double(d.D);
+  w.ffn_local = double(d.Fl);
+  w.swiglu = d.mlp.swiglu;
+  w.rope_elems = d.rot > 0 ? 2.0 * w.N * double(d.Hl + d.kv_heads) * double(d.D) : 0.0;
+  w.kv_block = d.cp > 1 ? w.N * 2.0 * double(d.kv_heads * d.D) : 0.0;
+  w.vocab_rows = double(d.Vl);
+  return w;
+}
+
+std::vector<ChunkWork> stage_chunk_work(const Config& c, int stage) {
+  const int tp = c.parallel.tensor_model_parallel_size, pp = c.parallel.pipeline_model_parallel_size;
+  std::vector<ChunkWork> out;
+  for (GPTDims d : make_chunk_dims(c, tp, 0, pp, stage)) {
+    apply_context_parallel(d, c, 0);  // CP rank 0's tokens (every CP rank holds as many)
+    out.push_back(chunk_work(c, d));
+  }
+  return out;
+}
+
+}  // namespace tpt
