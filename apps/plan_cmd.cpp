@@ -80,6 +80,14 @@ std::string count(double n) {  // 7.41B, 124.4M, 3.3K
   return fmt("%.0f", n);
 }
 
+// The schedule the trainer runs: "1f1b", "gpipe", "zb-h1", or "interleaved 1f1b v=4" (1f1b with
+// parallel.virtual_pipeline_model_parallel_size > 1).
+std::string schedule_that_runs(const ParallelConfig& par) {
+  const int v = par.virtual_pipeline_model_parallel_size;
+  if (v > 1) return "interleaved " + name_of(par.pipeline_schedule) + " v=" + std::to_string(v);
+  return name_of(par.pipeline_schedule);
+}
+
 nlohmann::json to_json(const Plan& p, const Config& c) {
   using nlohmann::json;
   json stages = json::array();
@@ -114,7 +122,7 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
   json schedule_bubbles = json::array();
   for (const ScheduleBubble& b : p.schedule_bubbles)
     schedule_bubbles.push_back({{"schedule", b.name}, {"applies", b.why_not.empty()}, {"why_not", b.why_not},
-                                {"bubble_over_ideal", b.bubble_over_ideal}, {"max_in_flight", b.max_in_flight}});
+                                {"bubble_over_ideal", b.bubble_over_ideal}, {"bubble_fraction", b.bubble_fraction}, {"max_in_flight", b.max_in_flight}});
   json sugg = json::array();
   for (const PlanSuggestion& s : p.suggestions)
     sugg.push_back({{"change", s.change}, {"note", s.note}, {"peak_bytes", s.peak_bytes}, {"fits", s.fits}});
@@ -180,7 +188,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("batch: global %d = micro-batch %d x %d micro-batches x DP %d; schedule %s; precision %s; "
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
-              name_of(c.parallel.pipeline_schedule).c_str(), name_of(c.training.precision).c_str(), name_of(c.training.recompute).c_str());
+              schedule_that_runs(c.parallel).c_str(), name_of(c.training.precision).c_str(), name_of(c.training.recompute).c_str());
   std::printf("storage: every tensor in its own dtype -- activations, workspace, pipeline messages and the "
               "compute copy of the weights in the compute dtype; master weights, gradients and Adam state in "
               "fp32 (what tptrain's backends allocate)\n\n");
@@ -226,16 +234,20 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   }
   std::printf("\nFLOPs per iteration: %.4g (model FLOPs, Megatron's formula as logged), %.4g computed (with recompute)\n",
               p.flops_per_iteration, p.hardware_flops_per_iteration);
-  std::printf("pipeline bubble: %.2f%% (schedule simulated with forward 1, backward 2, free communication; "
-              "1F1B's analytic (PP-1)/(M+PP-1) = %.2f%%)\n",
+  // one bubble everywhere (docs/PLAN.md "Bubble"): the busiest stage's idle share of the pipeline's time
+  const StepTime& t = p.time;
+  std::printf("pipeline bubble (%s): %.2f%% of the pipeline time by the step-time model (idle time and pipeline "
+              "messages of the busiest stage, as --search); %.2f%% with unit costs (forward 1, backward 2, free "
+              "communication); 1F1B's analytic (PP-1)/(M+PP-1) = %.2f%%\n",
+              schedule_that_runs(c.parallel).c_str(), t.pipeline_s > 0 ? 100 * t.bubble_s / t.pipeline_s : 0.0,
               100 * p.bubble_fraction, 100 * p.bubble_fraction_analytic);
   if (!p.schedule_bubbles.empty()) {
-    std::printf("schedules compared (simulated, forward = input gradient = weight gradient = 1 unit; bubble / ideal "
-                "time, activation slots on the busiest stage, an interleaved slot holding one chunk of 1/v of the "
+    std::printf("schedules compared (simulated, forward = input gradient = weight gradient = 1 unit; bubble as "
+                "above, activation slots on the busiest stage, an interleaved slot holding one chunk of 1/v of the "
                 "stage's layers, a zb-h1 slot also its GEMMs' output gradients until W; set with "
                 "parallel.virtual_pipeline_model_parallel_size / pipeline_schedule: zb-h1):");
     for (const ScheduleBubble& b : p.schedule_bubbles) {
-      if (b.why_not.empty()) std::printf(" %s %.1f%% (%d slots);", b.name.c_str(), 100 * b.bubble_over_ideal, b.max_in_flight);
+      if (b.why_not.empty()) std::printf(" %s %.2f%% (%d slots);", b.name.c_str(), 100 * b.bubble_fraction, b.max_in_flight);
       else std::printf(" %s n/a (%s);", b.name.c_str(), b.why_not.c_str());
     }
     std::printf("\n");
@@ -243,7 +255,6 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP %s %s (payloads)\n",
               bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(), dp_sync,
               bytes(double(p.dp_comm_bytes)).c_str());
-  const StepTime& t = p.time;
   std::printf("step time estimate: %.4g s (pipeline %.4g + exposed DP / embedding sync %.4g + optimizer %.4g): "
               "%.0f tokens/s, %.4g TFLOP/s per rank, MFU %.1f%%\n",
               p.step_time_s, p.pipeline_time_s, p.dp_time_s, p.optimizer_time_s, p.tokens_per_s,
@@ -291,10 +302,10 @@ void print_search(const SearchResult& r, int top, const std::string& path) {
     const SearchEntry& e = r.entries[i];
     const StepTime& t = e.time;
     std::printf("%4zu  %-44s %9.2f %9.4g %11.0f %5.1f%% %6.1f%% %9.3g\n", i + 1, e.layout().c_str(), double(e.peak_bytes) / kGiB,
-                t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.step_s, t.exposed_comm_s);
+                t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.pipeline_s, t.exposed_comm_s);
   }
   std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
-              "messages in the step; exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
+              "messages of the busiest stage, share of the pipeline time (as tptrain plan); exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
               "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
               "overlaps the gradient reduction. Select one with:\n");
   for (size_t i = 0; i < n; ++i) {

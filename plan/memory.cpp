@@ -389,17 +389,20 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   return out;
 }
 
-// 1F1B, interleaved (v = 2) and ZB-H1 side by side on this grid (parallel/schedule.h), with unit
-// costs F = B = W = 1 for a stage's share of the layers.
+// 1F1B, interleaved (v = 2, and the configured v when it is another) and ZB-H1 side by side on this
+// grid (parallel/schedule.h), with unit costs F = B = W = 1 for a stage's share of the layers.
 std::vector<ScheduleBubble> compare_schedules(const Config& cfg, int P, int M) {
   struct Kind {
-    const char* name;
+    std::string name;
     ScheduleKind kind;
     int v;
   };
+  std::vector<Kind> kinds{{"1f1b", ScheduleKind::OneFOneB, 1}, {"interleaved v=2", ScheduleKind::Interleaved1F1B, 2}};
+  const int v_cfg = cfg.parallel.virtual_pipeline_model_parallel_size;
+  if (v_cfg > 2) kinds.push_back({"interleaved v=" + std::to_string(v_cfg), ScheduleKind::Interleaved1F1B, v_cfg});
+  kinds.push_back({"zb-h1", ScheduleKind::ZeroBubbleH1, 1});
   std::vector<ScheduleBubble> out;
-  for (const Kind& k : {Kind{"1f1b", ScheduleKind::OneFOneB, 1}, Kind{"interleaved v=2", ScheduleKind::Interleaved1F1B, 2},
-                        Kind{"zb-h1", ScheduleKind::ZeroBubbleH1, 1}}) {
+  for (const Kind& k : kinds) {
     ScheduleBubble b{k.name, check_schedule(k.kind, P, M, k.v)};
     if (b.why_not.empty() && cfg.model.num_layers % (P * k.v) != 0)
       b.why_not = "model.num_layers is not divisible by pipeline_model_parallel_size x " + std::to_string(k.v);
@@ -407,8 +410,10 @@ std::vector<ScheduleBubble> compare_schedules(const Config& cfg, int P, int M) {
       std::vector<std::vector<Action>> l;
       for (int s = 0; s < P; ++s) l.push_back(make_schedule(k.kind, P, s, M, k.v));
       const std::string bad = simulate(l);
-      if (!bad.empty()) internal_error(std::string("plan: the ") + k.name + " schedule does not simulate: " + bad);
-      b.bubble_over_ideal = time_pipeline(l, 1.0, 1.0, 1.0).bubble_over_ideal();
+      if (!bad.empty()) internal_error("plan: the " + k.name + " schedule does not simulate: " + bad);
+      const PipelineTiming t = time_pipeline(l, 1.0, 1.0, 1.0);
+      b.bubble_over_ideal = t.bubble_over_ideal();
+      b.bubble_fraction = t.makespan > 0 ? 1.0 - t.ideal() / t.makespan : 0.0;
       for (const auto& stage : l) b.max_in_flight = std::max(b.max_in_flight, max_in_flight(stage));
     }
     out.push_back(b);

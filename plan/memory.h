@@ -117,9 +117,10 @@ struct PlanSuggestion {
 
 // One pipeline schedule's bubble on the plan's grid, simulated with F = B = W = 1 (parallel/schedule.h).
 struct ScheduleBubble {
-  std::string name;            // "1f1b", "interleaved v=2", "zb-h1"
+  std::string name;            // "1f1b", "interleaved v=2" (and the configured v), "zb-h1"
   std::string why_not;         // non-empty: the schedule does not apply to this grid (and why)
   double bubble_over_ideal = 0;  // (makespan - ideal) / ideal
+  double bubble_fraction = 0;    // (makespan - ideal) / makespan: the plan's bubble (docs/PLAN.md "Bubble")
   int max_in_flight = 0;       // activation slots (micro-batches in flight) on the busiest stage
 };
 

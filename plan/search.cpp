@@ -215,7 +215,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"distributed_optimizer", e.distributed_optimizer},
                        {"stage_bytes", e.stage_bytes},
                        {"peak_bytes", e.peak_bytes},
-                       {"bubble_fraction", e.time.bubble_s / e.time.step_s},
+                       {"bubble_fraction", e.time.bubble_s / e.time.pipeline_s},
                        {"time", step_time_json(e.time)},
                        {"set", e.sets}});
   }

@@ -5,3 +5,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_mpi_yield_when_idle=1
 TPTRAIN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TPTRAIN=${TPTRAIN:-$TPTRAIN_ROOT/${BUILD_DIR:-build}/tptrain}
+# tptrain by name in this shell too (where setup.sh's link is not on the PATH): its folder at the end of the PATH
+if [ -x "$TPTRAIN" ]; then
+  case ":$PATH:" in *":$(dirname "$TPTRAIN"):"*) ;; *) export PATH="$PATH:$(dirname "$TPTRAIN")";; esac
+fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tptrain needs from Debian's packages (idempotent; silent when all is present) and,
-# where nvcc is, the cudnn-frontend headers (below), then configures and builds into ${BUILD_DIR:-build}.
+# where nvcc is, the cudnn-frontend headers (below), then configures and builds into ${BUILD_DIR:-build}
+# and links tptrain into a bin folder on the PATH (the end of this file).
 #   bash scripts/setup.sh                    all of that
 #   bash scripts/setup.sh --cudnn-frontend   only the cudnn-frontend headers (scripts/gpu_check.sh --prepare)
 set -euo pipefail
@@ -87,3 +88,17 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$status" = 0 ] && [ -x "$BUILD_DIR/tptrain" ] || { echo "setup: build failed (cmake --build exit $status)" >&2; exit 1; }
 echo "setup: built in $((SECONDS - t0)) s"
+
+# `tptrain` by name in every new shell: a symlink to the build in a bin folder on the PATH
+# (TPTRAIN_BIN_DIR, else /usr/local/bin as root, ~/.local/bin otherwise; said so when that is not on the PATH).
+binary=$(cd "$BUILD_DIR" && pwd)/tptrain
+bin_dir=${TPTRAIN_BIN_DIR:-$([ "$(id -u)" -eq 0 ] && echo /usr/local/bin || echo "$HOME/.local/bin")}
+if mkdir -p "$bin_dir" 2>/dev/null && ln -sfn "$binary" "$bin_dir/tptrain" 2>/dev/null; then
+  echo "setup: $bin_dir/tptrain -> $binary"
+  case ":$PATH:" in
+    *":$bin_dir:"*) ;;
+    *) echo "setup: $bin_dir is not on your PATH: add it (e.g. echo 'export PATH=\"$bin_dir:\$PATH\"' >> ~/.bashrc) to run tptrain by name";;
+  esac
+else
+  echo "setup: could not link $bin_dir/tptrain (TPTRAIN_BIN_DIR=... to choose another folder); the binary is $binary"
+fi

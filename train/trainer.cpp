@@ -674,7 +674,8 @@ int Trainer::train() {
     if (!r.skipped && !r.nan) window_loss += r.lm_loss, ++window_counted;  // Megatron averages updated steps
     std::optional<double> val;
     const bool eval_now = valid_data_ && c.data.eval_iters > 0 && k % c.data.eval_interval == 0;
-    const bool log_now = k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now;
+    // iteration 1 too: the loss where it starts (the first point of the metrics and the plots)
+    const bool log_now = k == 1 || k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now;
     if (log_now) {
       double ms = std::chrono::duration<double, std::milli>(clock::now() - window_start).count();
       // the slowest rank's time (as Megatron's timers): the same number in the log line, the metrics

@@ -32,6 +32,14 @@ void configure_cpu_environment(char** argv) {
   if (!std::getenv("OMP_WAIT_POLICY")) setenv("OMP_WAIT_POLICY", "PASSIVE", 1), changed = true;
   if (!changed) return;
   setenv("TPTRAIN_REEXECUTED", "1", 1);
+  // the binary's real path, not /proc/self/exe: the kernel names the process (top, ps, /proc/PID/comm)
+  // after the file exec'd, and "exe" would hide tptrain's ranks
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    execv(self, argv);  // fails if the file was replaced since (a rebuild): then /proc/self/exe
+  }
   execv("/proc/self/exe", argv);  // on failure, carry on as we are
 }
 

@@ -59,6 +59,48 @@ PY
 ); then ok "gpt96.yaml is the search's best TP 4 x PP 6 layout and fits 80 GiB ($out)"
 else bad "gpt96.yaml vs the search: $out"; fi
 
+# --- one bubble (docs/PLAN.md "Bubble"): the idle share of the pipeline time, the same in the plan's
+# header, its JSON, the search's column and its JSON, for gpt96.yaml's layout; the header names the
+# schedule that runs (interleaved, v = 4) and the comparison includes v = 4 ------------------------------
+"$TPTRAIN" plan --config "$GPT96" > "$W/gpt96.txt" 2>&1
+"$TPTRAIN" plan --config "$GPT96" --search --gpus 192 --top 0 > "$W/s_all.txt" 2>&1
+if out=$($PYTHON - "$W/s1.json" "$W/gpt96.json" "$W/gpt96.txt" "$W/s_all.txt" <<'PY'
+import json, re, sys
+s, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+head, table = open(sys.argv[3]).read(), open(sys.argv[4]).read()
+errors = []
+def check(cond, what):
+    if not cond: errors.append(what)
+want = p["time"]["bubble_s"] / p["time"]["pipeline_s"]
+check(0.001 < want < 0.1, "plan's bubble_s / pipeline_s %r" % want)
+grid = [x for x in s["layouts"] if (x["tp"], x["pp"], x["dp"], x["virtual_stages"]) == (4, 6, 8, 4)
+        and x["sequence_parallel"] and x["distributed_optimizer"] and x["recompute"] == "none" and x["micro_batch_size"] == 1]
+check(len(grid) == 1, "gpt96's layout once in the search: %d" % len(grid))
+if grid:
+    check(abs(grid[0]["bubble_fraction"] / want - 1) < 1e-12, "search JSON bubble %r vs plan %r" % (grid[0]["bubble_fraction"], want))
+    row = [l for l in table.splitlines() if grid[0]["layout"] + " " in l]
+    check(len(row) == 1 and row[0].split()[-2] == "%.1f%%" % (100 * want), "search table's bubble column: %r" % row)
+m = re.search(r"^pipeline bubble \(interleaved 1f1b v=4\): ([0-9.]+)% of the pipeline time", head, re.M)
+check(m and m.group(1) == "%.2f" % (100 * want), "header's bubble: %r" % (m and m.group(0)))
+check(re.search(r"^batch: .*; schedule interleaved 1f1b v=4;", head, re.M), "header names the interleaved schedule")
+comp = re.search(r"^schedules compared .*", head, re.M)
+comp = comp.group(0) if comp else ""
+for name in ["1f1b", "interleaved v=2", "interleaved v=4", "zb-h1"]:
+    check(" %s " % name in comp, "compared: %s missing" % name)
+# unit costs F = B = W: interleaved's bubble over ideal is (P - 1) / (v M); as a share of the pipeline time
+# (P - 1) / (v M + P - 1); the plan's JSON equals it (P 6, M 192)
+bub = {b["schedule"]: b for b in p["schedule_bubbles"]}
+for v in (2, 4):
+    share = 5 / (v * 192 + 5)
+    check(abs(bub["interleaved v=%d" % v]["bubble_fraction"] - share) < 1e-12, "v=%d: %r vs %r" % (v, bub["interleaved v=%d" % v]["bubble_fraction"], share))
+    check(" interleaved v=%d %.2f%% " % (v, 100 * share) in comp, "compared line shows v=%d's share" % v)
+check(abs(bub["1f1b"]["bubble_fraction"] - 5 / 197) < 1e-12, "1f1b: (P-1)/(M+P-1)")
+print("; ".join(errors) if errors else "bubble %.2f%% in plan and search; v=4 compared" % (100 * want))
+sys.exit(1 if errors else 0)
+PY
+); then ok "one bubble definition in plan, compared schedules and --search ($out)"
+else bad "bubble definitions: $out"; grep -E '^(batch|pipeline bubble|schedules compared)' "$W/gpt96.txt"; fi
+
 # --- a 1024-GPU search (GPT-3 175B); the time is printed, the bound generous ---------------------------
 start=$(date +%s.%N)
 "$TPTRAIN" plan --config "$GPT96" --search --gpus 1024 --top 3 > "$W/s1024.txt" 2>&1; rc=$?

@@ -3,7 +3,8 @@
 # GPipe) whose traces hold every (stage, micro-batch) forward and backward exactly once per rank and
 # iteration, in an order the schedule allows (forward of a micro-batch before its backward, micro-
 # batches in order, 1F1B's in-flight bound min(PP - stage, M), GPipe's all forwards first); then
-# scripts/plot_schedule and scripts/plot_metrics (with validation loss) write non-empty PNGs.
+# scripts/plot_schedule (whose legend names every category drawn) and scripts/plot_metrics (with
+# validation loss; its first point is iteration 1) write non-empty PNGs.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -17,7 +18,7 @@ model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, 
 training: {micro_batch_size: 2, global_batch_size: 16, train_iters: 6, cpu_threads: 1}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_iters: 2}
 data: {path: $W/data, split: [90, 10, 0], eval_interval: 2, eval_iters: 1}
-logging: {log_interval: 1}
+logging: {log_interval: 4}
 YAML
 
 # name np tp pp schedule: M = 16 / (2 * DP) micro-batches per DP rank
@@ -85,6 +86,9 @@ PY
 done
 
 grep -q '"val_lm_loss"' "$W/pp2dp2.jsonl" && ok "metrics file has validation losses" || bad "no val_lm_loss in the metrics"
+# logged: iteration 1 (where the loss starts), every log_interval (4), every eval_interval (2), the last (6)
+its=$($PY -c 'import json, sys; print(" ".join(str(json.loads(l)["iteration"]) for l in open(sys.argv[1])))' "$W/pp2dp2.jsonl")
+[ "$its" = "1 2 4 6" ] && ok "metrics logged at iterations $its" || bad "metrics logged at iterations '$its', want 1 2 4 6"
 
 png_ok() {  # file min_bytes: PNG signature, size, and an IHDR of at least 300 x 200 pixels
   $PY - "$1" "$2" <<'PY'
@@ -103,6 +107,22 @@ for name in pp2dp2 tp2pp2; do
      info=$(png_ok "$W/$name.schedule.png" 10000); then
     ok "plot_schedule: $info ($(cat "$W/plot_$name.log"))"
   else bad "plot_schedule $name"; cat "$W/plot_$name.log"; fi
+  # the legend names every category drawn (the last iteration's spans, the op profile's apart): the
+  # gradient reduction and the optimizer step too, each under its own label
+  if out=$($PY - "$W/$name.trace.json" "$W/plot_$name.log" <<'PY'
+import json, re, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+spans = [e for e in ev if e.get("ph") == "X" and e.get("cat") != "op"]
+last = max(e["args"]["iteration"] for e in spans)
+cats = {e["cat"] for e in spans if e["args"]["iteration"] == last}
+m = re.search(r"legend: (.*)\)$", open(sys.argv[2]).read().strip())
+legend = dict(x.split(" = ", 1) for x in m.group(1).split("; ")) if m else {}
+ok = set(legend) == cats and {"allreduce", "optimizer"} <= cats and len(set(legend.values())) == len(legend)
+print(("legend: " + ", ".join(sorted(legend))) if ok else "drawn %s, legend %r" % (sorted(cats), legend))
+sys.exit(0 if ok else 1)
+PY
+); then ok "plot_schedule $name: $out"
+  else bad "plot_schedule $name legend: $out"; fi
 done
 $PY "$TPTRAIN_SRC/scripts/plot_schedule" "$W/pp2dp2.trace.json" --all -o "$W/all.png" > "$W/plot_all.log" 2>&1 &&
   info=$(png_ok "$W/all.png" 10000) && ok "plot_schedule --all: $info" || { bad "plot_schedule --all"; cat "$W/plot_all.log"; }
