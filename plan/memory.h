@@ -1,5 +1,5 @@
-// Per-rank memory, FLOPs and time of a config on its TP x PP x DP grid (docs/ARCHITECTURE.md "Plan": the same
-// size functions the trainer allocates with feed `tptrain plan`). Everything here is a pure function
+// Per-rank memory, FLOPs and time of a config on its TP x PP x DP grid (docs/PLAN.md "How the plan is
+// computed": the same size functions the trainer allocates with feed `tptrain plan`). Everything here is a pure function
 // of the resolved config: no ranks, no device.
 //
 // Memory of one rank of pipeline stage s (every TP and DP rank of a stage holds the same amount):
