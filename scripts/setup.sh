@@ -60,10 +60,11 @@ for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
+  echo "setup: installing ${missing[*]} (python3-torch is large: minutes on a first set-up)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: installed in $SECONDS s"
 fi
 
 CMAKE_EXTRA=()
@@ -73,17 +74,32 @@ if have_nvcc; then
 fi
 
 # BUILD_TARGETS: what to build (default all: tptrain and the tests; the demo builds only tptrain).
-# Progress: one line each time CMake's percentage moves by 10 or more, then the time it took.
+# Progress: a line each time CMake's percentage moves by 10 or more, and at least every 30 s while
+# it compiles (with the elapsed time and the file at hand), then the time it took.
 BUILD_DIR=${BUILD_DIR:-build}
 BUILD_TARGETS=${BUILD_TARGETS:-all}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_WERROR="${TPTRAIN_WERROR:-ON}" "${CMAKE_EXTRA[@]}" >/dev/null
 t0=$SECONDS
+# first builds measured on a 2-core machine: tptrain alone 3.4 min (2026-12-01, no CUDA files); all
+# targets with the CUDA files 8.6 min (2026-12-02, while other builds shared the machine)
 if [ -x "$BUILD_DIR/tptrain" ]; then echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ (what changed only)"
-else echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ with $(nproc) jobs (first build on 2 cores: about $([ "$BUILD_TARGETS" = tptrain ] && echo 4 || echo 7) minutes)"; fi
+else echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ with $(nproc) jobs (a first build on 2 cores takes about $([ "$BUILD_TARGETS" = tptrain ] && echo 4 || echo 9) minutes)"; fi
 set +e
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target $BUILD_TARGETS 2>&1 |
-  awk '/^\[ *[0-9]+%\]/ { match($0, /[0-9]+%/); p = substr($0, RSTART, RLENGTH - 1) + 0; if (p >= shown + 10) { shown = p - p % 10; printf "setup: build %d%%\n", shown; fflush() } next }
-       /^gmake|^Consolidate/ { next } { print; fflush() }'
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target $BUILD_TARGETS 2>&1 | {
+  shown=0 last=$SECONDS
+  while IFS= read -r line; do
+    if [[ $line =~ ^\[\ *([0-9]+)%\]\ (.*)$ ]]; then
+      p=${BASH_REMATCH[1]} what=${BASH_REMATCH[2]}
+      if ((p >= shown + 10 || SECONDS - last >= 30)); then
+        ((p >= shown + 10)) && shown=$((p - p % 10))
+        echo "setup: build ${p}% after $((SECONDS - t0)) s (${what##* })"
+        last=$SECONDS
+      fi
+      continue
+    fi
+    [[ $line =~ ^(gmake|Consolidate) ]] || echo "$line"
+  done
+}
 status=${PIPESTATUS[0]}
 set -e
 [ "$status" = 0 ] && [ -x "$BUILD_DIR/tptrain" ] || { echo "setup: build failed (cmake --build exit $status)" >&2; exit 1; }
