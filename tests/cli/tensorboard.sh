@@ -47,6 +47,13 @@ timeout 60 "$TPTRAIN" --config "$W/fifo" > "$W/fifo.log" 2>&1; rc=$?
 timeout 120 "$TPTRAIN" --config - < /dev/zero > "$W/zero_stdin.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "larger than 16 MiB" "$W/zero_stdin.log" && ok "--config - < /dev/zero exits 2 (16 MiB)" ||
   { bad "--config - < /dev/zero exited $rc"; tail -3 "$W/zero_stdin.log"; }
+timeout 60 "$TPTRAIN" --config - <&- > "$W/closed_stdin.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "standard input is closed" "$W/closed_stdin.log" &&
+  ok "--config - with standard input closed exits 2 saying so (not fd 0 reused by another file)" ||
+  { bad "--config - <&- exited $rc"; tail -3 "$W/closed_stdin.log"; }
+timeout 60 "$TPTRAIN" --config - < /dev/null > "$W/empty_stdin.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && ! grep -q "standard input is closed" "$W/empty_stdin.log" && ok "--config - < /dev/null exits 2 (an empty config, not 'closed')" ||
+  { bad "--config - < /dev/null exited $rc"; tail -3 "$W/empty_stdin.log"; }
 printf 'model: [1\n' | timeout 60 mpirun -np 2 "$TPTRAIN" --config - > "$W/bad_stdin.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && ok "a bad config on standard input exits 2 under mpirun" || { bad "bad stdin config exited $rc"; tail -3 "$W/bad_stdin.log"; }
 
