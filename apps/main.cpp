@@ -1,5 +1,7 @@
 // tptrain entry point: the command line (CLI11 subcommands, apps/commands.h) and the contract's exit
 // codes (0 done, 2 bad input, 1 internal failure).
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -9,6 +11,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "apps/help.h"
+#include "core/config.h"
 #include "core/cpu/blas_select.h"
 #include "core/error.h"
 
@@ -66,7 +69,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  configure_cpu_environment(argv);
+  const bool stdin_closed = ::fcntl(0, F_GETFD) == -1;  // before any open() could take fd 0
+  configure_cpu_environment(argv);                       // may re-execute: fd 0 is still closed there
+  if (stdin_closed) tpt::note_stdin_closed();
   try {
     return run(argc, argv);
   } catch (const tpt::InputError& e) {

@@ -15,7 +15,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/error.h"
-#include "core/mmap_file.h"
+#include "core/file_rules.h"
 #include "data/indexed_writer.h"
 #include "data/megatron_format.h"
 #include "data/text_documents.h"
@@ -50,7 +50,7 @@ void check(const Options& o) {
     input_error("preprocess: --tokenizer-type HuggingFaceTokenizer needs --tokenizer-file (tokenizer.json) or "
                 "--tokenizer-model (tokenizer.model)");
   for (const std::string& in : o.inputs)  // fail before writing anything
-    if (!file_exists(in)) input_error("preprocess: input file " + in + ": not found (or not a regular file)");
+    check_regular_file(in, "preprocess: --input");
 }
 
 // Tokenizes docs[i] into tokens[i] on `threads` threads; an error is the first failing document's.

@@ -5,6 +5,8 @@
 // core/config_model.cpp (both declared in core/config_detail.h).
 #include "core/config.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -652,7 +654,22 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return cfg;
 }
 
+namespace {
+bool g_stdin_closed = false;  // note_stdin_closed
+}  // namespace
+
+void note_stdin_closed() {
+  g_stdin_closed = true;
+  const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // the lowest free fd: 0
+  if (fd > 0) {
+    ::dup2(fd, 0);
+    ::close(fd);
+  }
+}
+
 std::string read_config_stdin() {
+  if (g_stdin_closed)
+    input_error("-: standard input is closed (--config - reads the config from it: tptrain --config - < cfg.yaml)");
   std::string text;
   char buf[65536];
   const size_t limit = size_t(16) << 20;

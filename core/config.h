@@ -201,8 +201,12 @@ struct Config {
 // derived defaults (ffn_hidden_size, max_position_embeddings, lr_decay_iters). Throws InputError.
 // path "-": the YAML text from standard input (read_config_stdin).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// Standard input to its end, at most 16 MiB as a config file (InputError past that: /dev/zero).
+// Standard input to its end, at most 16 MiB as a config file (InputError past that: /dev/zero;
+// InputError "standard input is closed" after note_stdin_closed).
 std::string read_config_stdin();
+// Called by main when fd 0 was closed at start (checked before anything opens a file, which would
+// take fd 0 and be read as the config): puts /dev/null on fd 0 and has read_config_stdin say so.
+void note_stdin_closed();
 
 // Same, from YAML text (source_name is used in error messages).
 Config parse_config(const std::string& yaml_text, const std::string& source_name,

@@ -14,15 +14,6 @@
 namespace tpt {
 namespace {
 
-const char* kind_of(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a plain file";
-}
-
 // The open file descriptor of a regular file; O_NONBLOCK so that opening a FIFO returns at once
 // (it is then refused by fstat).
 int open_regular(const std::string& path, const std::string& what) {
@@ -36,12 +27,22 @@ int open_regular(const std::string& path, const std::string& what) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    input_error(what + ": " + path + ": not a regular file (" + kind_of(st.st_mode) + ")");
+    input_error(what + ": " + path + ": not a regular file (" + file_kind(st.st_mode) + ")");
   }
   return fd;
 }
 
 }  // namespace
+
+const char* file_kind(unsigned mode) {
+  const auto m = mode_t(mode);
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a plain file";
+}
 
 std::string confined_path(const std::string& dir, const std::string& entry, const std::string& named_by,
                           const std::string& field, const std::string& what) {

@@ -16,6 +16,9 @@ namespace tpt {
 std::string confined_path(const std::string& dir, const std::string& entry, const std::string& named_by,
                           const std::string& field, const std::string& what);
 
+// What a file of this st_mode is, for messages: "a directory", "a FIFO", "a character device", ...
+const char* file_kind(unsigned mode);
+
 // InputError "<what>: <path>: not a regular file (<kind>)" unless path is a regular file (or a link
 // to one), "<what>: cannot open <path>: <reason>" when it cannot be looked at. Never blocks on a FIFO.
 void check_regular_file(const std::string& path, const std::string& what);

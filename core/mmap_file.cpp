@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_rules.h"
 
 namespace tpt {
 
@@ -25,7 +26,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    input_error(path + ": not a regular file");
+    input_error(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

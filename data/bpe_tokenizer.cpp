@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_rules.h"
 
 namespace tpt {
 namespace {
@@ -155,13 +154,6 @@ std::string json_quoted(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) input_error(std::string(what) + " " + path + ": cannot be read (not found?)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 
@@ -201,7 +193,8 @@ std::vector<std::string_view> BpeTokenizer::pretokenize(std::string_view text) {
 }
 
 BpeTokenizer::BpeTokenizer(const std::string& vocab_file, const std::string& merge_file) {
-  load(read_file(vocab_file, "--vocab-file"), read_file(merge_file, "--merge-file"), vocab_file, merge_file);
+  load(read_regular_file(vocab_file, "--vocab-file", kMaxTokenizerFileBytes),
+       read_regular_file(merge_file, "--merge-file", kMaxTokenizerFileBytes), vocab_file, merge_file);
 }
 
 BpeTokenizer BpeTokenizer::from_strings(std::string_view vocab_json, std::string_view merges_txt,

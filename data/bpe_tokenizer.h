@@ -25,6 +25,10 @@
 
 namespace tpt {
 
+// The largest tokenizer file read (vocab.json, merges.txt, tokenizer.model, tokenizer.json): the
+// largest published ones are ~35 MB; a file past this is not a tokenizer (InputError).
+constexpr uint64_t kMaxTokenizerFileBytes = uint64_t(1) << 30;
+
 class BpeTokenizer {
  public:
   // Reads the two files; InputError naming the file (and line) on anything malformed.

@@ -4,13 +4,12 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_rules.h"
 #include "data/bpe_merge.h"
 #include "data/bpe_tokenizer.h"
 #include "data/regex_split.h"
@@ -36,14 +35,6 @@ struct Llama3Tokenizer::Impl {
 namespace {
 
 using json = nlohmann::json;
-
-std::string read_whole_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) input_error(std::string(what) + " " + path + ": cannot be read (not found?)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string json_literal(std::string_view s) {  // a JSON literal, invalid UTF-8 replaced (for messages)
   return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
@@ -162,11 +153,11 @@ const std::vector<std::string>& Llama3Tokenizer::llama3_special_tokens() {
 }
 
 Llama3Tokenizer Llama3Tokenizer::from_tiktoken_file(const std::string& path) {
-  return from_tiktoken(read_whole_file(path, "--tokenizer-model"), path);
+  return from_tiktoken(read_regular_file(path, "--tokenizer-model", kMaxTokenizerFileBytes), path);
 }
 
 Llama3Tokenizer Llama3Tokenizer::from_hf_file(const std::string& path) {
-  return from_hf_json(read_whole_file(path, "--tokenizer-file"), path);
+  return from_hf_json(read_regular_file(path, "--tokenizer-file", kMaxTokenizerFileBytes), path);
 }
 
 Llama3Tokenizer Llama3Tokenizer::from_tiktoken(std::string_view text, const std::string& source) {
@@ -183,6 +174,9 @@ Llama3Tokenizer Llama3Tokenizer::from_tiktoken(std::string_view text, const std:
                 "\"<base64 bytes> <rank>\" per line)");
   };
   constexpr int64_t kMaxRank = std::numeric_limits<int32_t>::max() - 1024;
+  // The ranks are 0..n-1 for n tokens, one a line: a rank past the file's line count is refused
+  // before it sizes a table (a rank of 2^31 would allocate 16 GiB).
+  const int64_t lines = int64_t(std::count(text.begin(), text.end(), '\n')) + 1;
   while (pos < text.size()) {
     size_t nl = text.find('\n', pos);
     if (nl == std::string_view::npos) nl = text.size();
@@ -205,6 +199,9 @@ Llama3Tokenizer Llama3Tokenizer::from_tiktoken(std::string_view text, const std:
     if (r.size() > 10 || r.find_first_not_of("0123456789") != std::string_view::npos)
       bad("rank " + json_literal(r.substr(0, 20)) + " is not a non-negative integer");
     const int64_t rank = std::stoll(std::string(r));
+    if (rank >= lines)
+      bad("rank " + std::string(r) + " is past the file's " + std::to_string(lines) +
+          " lines (the ranks of n tokens are 0..n-1)");
     if (rank > kMaxRank) bad("rank " + std::string(r) + " is too large");
     if (size_t(rank) >= line_of_rank.size()) line_of_rank.resize(size_t(rank) + 1, 0);
     if (line_of_rank[size_t(rank)] != 0)
@@ -265,12 +262,24 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
       bad("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported (only none)");
 
     // added tokens: the special tokens (not matched in text: they are plain text there)
-    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-      if (!j["added_tokens"].is_array()) bad("added_tokens is not a list");
+    const bool has_added = j.contains("added_tokens") && !j["added_tokens"].is_null();
+    if (has_added && !j["added_tokens"].is_array()) bad("added_tokens is not a list");
+    // The ids are bounded by how many tokens the file lists (vocab + added tokens), checked before an
+    // id sizes the id -> token tables (an id of 2^30 would allocate ~34 GiB): below twice that
+    // count, so that unused ids (holes) stay possible but never outnumber the tokens.
+    const int64_t entries = int64_t(model["vocab"].size()) + (has_added ? int64_t(j["added_tokens"].size()) : 0);
+    auto check_bound = [&](int64_t id, const std::string& entry) {
+      if (id >= 2 * entries)
+        bad(entry + ": id " + std::to_string(id) + " is out of range for the file's " + std::to_string(entries) +
+            " tokens (ids must be below " + std::to_string(2 * entries) +
+            ", twice the tokens listed in model.vocab and added_tokens)");
+    };
+    if (has_added) {
       for (const json& a : j["added_tokens"]) {
         if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
             !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= (int64_t(1) << 30))
           bad("added_tokens entry " + a.dump().substr(0, 120) + " needs an integer \"id\" >= 0 and a \"content\" string");
+        check_bound(a["id"].get<int64_t>(), "added_tokens entry " + a.dump().substr(0, 120));
         const auto id = a["id"].get<int32_t>();
         const std::string& content = a["content"].get_ref<const std::string&>();
         if (t->special_id.count(content)) bad("added token " + json_literal(content) + " is listed twice");
@@ -283,9 +292,17 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
     for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
       if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (int64_t(1) << 30))
         bad("model.vocab: token " + json_literal(it.key()) + " has id " + it.value().dump() + ", not an integer >= 0");
+      check_bound(it.value().get<int64_t>(), "model.vocab: token " + json_literal(it.key()));
       const auto id = it.value().get<int32_t>();
-      if (size_t(id) < t->special.size() && t->special[size_t(id)]) continue;  // also an added token
-      if (!symbols_to_bytes(it.key(), bytes))
+      const bool as_bytes = symbols_to_bytes(it.key(), bytes);
+      if (size_t(id) < t->special.size() && t->special[size_t(id)]) {  // also an added token: the same one
+        const std::string& added = t->token[size_t(id)];
+        if (it.key() != added && !(as_bytes && bytes == added))
+          bad("model.vocab: id " + std::to_string(id) + " of token " + json_literal(it.key()) +
+              " is also the id of the added token " + json_literal(added) + " (an id names one token)");
+        continue;
+      }
+      if (!as_bytes)
         bad("model.vocab: token " + json_literal(it.key()) + " (id " + std::to_string(id) +
             ") is not made of byte-level symbols (only byte-level BPE is supported)");
       if (size_t(id) < t->has_token.size() && t->has_token[size_t(id)])

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "train/aux_output.h"
 
 namespace tpt {
 
@@ -117,29 +118,16 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   const double t = now_seconds();
   const std::string base = dir + "/events.out.tfevents." + std::to_string(int64_t(t)) + "." + host + "." +
                            std::to_string(int64_t(getpid()));
-  path_ = base;
-  for (int i = 1; std::filesystem::exists(path_, ec); ++i) path_ = base + "." + std::to_string(i);  // never overwrite
-  f_ = std::fopen(path_.c_str(), "wb");
-  if (!f_) input_error("logging.tensorboard_dir: cannot write '" + path_ + "': " + std::strerror(errno));
-  write(tfrecord(event_file_version(t)));
-  flush();
+  std::string path = base;
+  for (int i = 1; std::filesystem::exists(path, ec); ++i) path = base + "." + std::to_string(i);  // never overwrite
+  out_ = std::make_unique<AuxOutput>(path, "logging.tensorboard_dir");
+  out_->append(tfrecord(event_file_version(t)));
 }
 
-TensorBoardWriter::~TensorBoardWriter() {
-  if (f_) std::fclose(f_);
-}
+TensorBoardWriter::~TensorBoardWriter() = default;
 
-void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values) {
-  write(tfrecord(event_scalars(now_seconds(), step, values)));
-}
-
-void TensorBoardWriter::write(const std::string& record) {
-  if (std::fwrite(record.data(), 1, record.size(), f_) != record.size())
-    internal_error("logging.tensorboard_dir: writing '" + path_ + "' failed: " + std::strerror(errno));
-}
-
-void TensorBoardWriter::flush() {
-  if (std::fflush(f_) != 0) internal_error("logging.tensorboard_dir: flushing '" + path_ + "' failed: " + std::strerror(errno));
+bool TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values) {
+  return out_->append(tfrecord(event_scalars(now_seconds(), step, values)));
 }
 
 }  // namespace tpt

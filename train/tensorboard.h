@@ -2,14 +2,16 @@
 // The file is a sequence of TFRecords (uint64 length, masked CRC-32C of the length, the bytes,
 // masked CRC-32C of the bytes; little-endian), each holding one tensorflow.Event protobuf: first
 // {wall_time, file_version: "brain.Event:2"}, then {wall_time, step, summary {value {tag,
-// simple_value}}...} per logged iteration. The writer flushes after each logged iteration, so a run
-// killed at any moment leaves a file TensorBoard reads up to the last flush.
+// simple_value}}...} per logged iteration. Each record is one write() (train/aux_output.h), so a run
+// killed at any moment, or a full disk, leaves a file of whole records that TensorBoard reads.
 #pragma once
 #include <cstdint>
-#include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "train/aux_output.h"
 
 namespace tpt {
 
@@ -31,15 +33,14 @@ class TensorBoardWriter {
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
-  // One Event with all the values at `step` (wall time: now).
-  void add_scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values);
-  void flush();
-  const std::string& path() const { return path_; }
+
+  // One Event with all the values at `step` (wall time: now), one whole TFRecord in one write (no
+  // buffer to flush). False once a write has failed: one warning, then the file stops growing.
+  bool add_scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values);
+  const std::string& path() const { return out_->path(); }
 
  private:
-  void write(const std::string& record);
-  std::string path_;
-  FILE* f_ = nullptr;
+  std::unique_ptr<AuxOutput> out_;
 };
 
 }  // namespace tpt

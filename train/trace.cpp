@@ -3,9 +3,10 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "core/error.h"
+#include <spdlog/spdlog.h>
+
+#include "train/aux_output.h"
 
 namespace tpt {
 
@@ -47,26 +48,29 @@ void TraceRecorder::write_part() const {
                   {"dur", e.t1 - e.t0},
                   {"args", {{"iteration", e.iteration}, {"stage", pp_rank_}}}});
   }
-  std::string part = path_ + ".rank" + std::to_string(rank_);
-  std::ofstream f(part);
-  f << ev.dump() << "\n";
-  if (!f) input_error("logging.trace_file: cannot write '" + part + "'");
+  write_aux_file(path_ + ".rank" + std::to_string(rank_), ev.dump() + "\n", "logging.trace_file");
 }
 
-void TraceRecorder::merge(const std::string& path, int world_size) {
+bool TraceRecorder::merge(const std::string& path, int world_size) {
   nlohmann::json all = nlohmann::json::array();
+  std::string missing;  // the first part that is missing or unreadable (its rank's write failed)
   for (int r = 0; r < world_size; ++r) {
-    std::string part = path + ".rank" + std::to_string(r);
-    std::ifstream f(part);
-    if (!f) internal_error("trace: part '" + part + "' is missing");
-    nlohmann::json ev = nlohmann::json::parse(f);
-    for (auto& e : ev) all.push_back(std::move(e));
-    f.close();
+    const std::string part = path + ".rank" + std::to_string(r);
+    if (missing.empty()) {
+      std::ifstream f(part);
+      nlohmann::json ev = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+      if (!f.is_open() || !ev.is_array()) missing = part;
+      else for (auto& e : ev) all.push_back(std::move(e));
+    }
     std::remove(part.c_str());
   }
-  std::ofstream out(path);
-  out << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!out) input_error("logging.trace_file: cannot write '" + path + "'");
+  if (!missing.empty()) {
+    spdlog::warn("logging.trace_file: the part '{}' is missing (its rank could not write it); '{}' is not written",
+                 missing, path);
+    return false;
+  }
+  return write_aux_file(path, nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump() + "\n",
+                 "logging.trace_file");
 }
 
 }  // namespace tpt

@@ -3,7 +3,8 @@
 // W, category "weight") and communication action, named by Action::str ("F3", "B3c1": micro-batch 3
 // of model chunk 1). Each
 // rank writes its own events to <trace_file>.rank<R>; rank 0 merges them into <trace_file> at the
-// end (ranks share the file system, as for checkpoints).
+// end (ranks share the file system, as for checkpoints). A part or the trace that cannot be written
+// is one warning and no file (train/aux_output.h): the run goes on.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,7 +24,8 @@ class TraceRecorder {
   void record_span(int64_t iteration, const std::string& name, const std::string& cat, double t0_us, double t1_us);
   // Writes this rank's part; rank 0 waits for `barrier` then merges all parts into the trace file.
   void write_part() const;
-  static void merge(const std::string& path, int world_size);
+  // False (after a warning) when a part is missing or the trace cannot be written.
+  static bool merge(const std::string& path, int world_size);
 
  private:
   struct Event {

@@ -73,10 +73,8 @@ Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
                                            grid.dp_rank);
   if (grid.world_rank == 0) {
     log_setup();
-    if (!cfg.logging.metrics_file.empty()) {
-      metrics_ = std::fopen(cfg.logging.metrics_file.c_str(), "w");
-      if (!metrics_) input_error("logging.metrics_file: cannot write '" + cfg.logging.metrics_file + "'");
-    }
+    if (!cfg.logging.metrics_file.empty())
+      metrics_ = std::make_unique<AuxOutput>(cfg.logging.metrics_file, "logging.metrics_file");
   }
   if (!cfg.logging.tensorboard_dir.empty() && grid.last_stage() && grid.tp_rank == 0 && grid.dp_rank == 0 &&
       grid.cp_rank == 0) {
@@ -345,7 +343,6 @@ void Trainer::log_setup() {
 }
 
 Trainer::~Trainer() {
-  if (metrics_) std::fclose(metrics_);
   stages_.clear();
   adamw_.reset();
   if (ops_) {
@@ -601,8 +598,7 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
       v.emplace_back("grads-reduce-time", float(timer_reduce_s_ / n));
       v.emplace_back("optimizer-time", float(timer_optimizer_s_ / n));
     }
-    tensorboard_->add_scalars(k, v);
-    tensorboard_->flush();
+    if (!tensorboard_->add_scalars(k, v)) tensorboard_.reset();  // warned once; training goes on
   }
   timer_fwd_bwd_s_ = timer_reduce_s_ = timer_optimizer_s_ = 0;
   if (grid_.world_rank != 0) return;
@@ -627,8 +623,7 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
                         {"tflops_per_device", tflops},
                         {"mfu", nullptr}};
     if (val_loss) j["val_lm_loss"] = *val_loss;
-    std::fprintf(metrics_, "%s\n", j.dump().c_str());
-    std::fflush(metrics_);
+    if (!metrics_->append(j.dump() + "\n")) metrics_.reset();  // a whole line or none; warned once
   }
 }
 
@@ -637,8 +632,8 @@ void Trainer::write_trace() {
   trace_->write_part();
   grid_.world->barrier();
   if (grid_.world_rank == 0) {
-    TraceRecorder::merge(cfg_.logging.trace_file, grid_.world_size);
-    spdlog::info("trace: wrote {}", cfg_.logging.trace_file);
+    if (TraceRecorder::merge(cfg_.logging.trace_file, grid_.world_size))
+      spdlog::info("trace: wrote {}", cfg_.logging.trace_file);
   }
 }
 

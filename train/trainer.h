@@ -19,6 +19,7 @@
 #include "parallel/grad_sync.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
+#include "train/aux_output.h"
 #include "train/tensorboard.h"
 #include "train/trace.h"
 
@@ -126,7 +127,8 @@ class Trainer {
   std::vector<int> slots_;  // activation slots per chunk (max_in_flight_per_chunk of the schedule)
   // the local chunk's layer hooks' argument for the DP sync (model/chunks.h local_layer_index)
   int local_layer(int64_t layer) const { return local_layer_index(layers_, layer, dims_.L); }
-  FILE* metrics_ = nullptr;
+  // logging.metrics_file (rank 0): one JSON line per logged iteration; reset after a write error
+  std::unique_ptr<AuxOutput> metrics_;
   // logging.tensorboard_dir: on the last stage's first TP / DP rank (Megatron's writer rank)
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   // logging.log_timers_to_tensorboard: host seconds of each phase summed since the last log line

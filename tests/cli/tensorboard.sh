@@ -6,6 +6,8 @@
 # metrics.jsonl's value in float32; a run killed with -9 leaves a file readable up to the last
 # flush; a resume writes a second event file. `tptrain --config - < cfg.yaml` trains as `--config
 # cfg.yaml` (same losses) alone and under mpirun -np 2; /dev/zero and a FIFO as --config exit 2.
+# Auxiliary outputs on a full disk (/dev/full; a 64 KiB tmpfs when it may mount, as root): one
+# warning each, the run and its checkpoint complete, the metrics lines and TFRecords whole.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -45,8 +47,48 @@ timeout 60 "$TPTRAIN" --config "$W/fifo" > "$W/fifo.log" 2>&1; rc=$?
 timeout 120 "$TPTRAIN" --config - < /dev/zero > "$W/zero_stdin.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "larger than 16 MiB" "$W/zero_stdin.log" && ok "--config - < /dev/zero exits 2 (16 MiB)" ||
   { bad "--config - < /dev/zero exited $rc"; tail -3 "$W/zero_stdin.log"; }
+timeout 60 "$TPTRAIN" --config - <&- > "$W/closed_stdin.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "standard input is closed" "$W/closed_stdin.log" &&
+  ok "--config - with standard input closed exits 2 saying so (not fd 0 reused by another file)" ||
+  { bad "--config - <&- exited $rc"; tail -3 "$W/closed_stdin.log"; }
+timeout 60 "$TPTRAIN" --config - < /dev/null > "$W/empty_stdin.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && ! grep -q "standard input is closed" "$W/empty_stdin.log" && ok "--config - < /dev/null exits 2 (an empty config, not 'closed')" ||
+  { bad "--config - < /dev/null exited $rc"; tail -3 "$W/empty_stdin.log"; }
 printf 'model: [1\n' | timeout 60 mpirun -np 2 "$TPTRAIN" --config - > "$W/bad_stdin.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && ok "a bad config on standard input exits 2 under mpirun" || { bad "bad stdin config exited $rc"; tail -3 "$W/bad_stdin.log"; }
+
+# --- auxiliary outputs on a full disk (train/aux_output.h): one warning per output naming the file,
+# that output stops, training and its checkpoint go on; what was written is whole records ---
+timeout 120 "$TPTRAIN" --config "$W/cfg.yaml" --set logging.metrics_file=/dev/full --set checkpoint.save="$W/ck_devfull" \
+  > "$W/devfull.log" 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c "logging.metrics_file: writing '/dev/full' failed: No space left on device" "$W/devfull.log")" = 1 ] &&
+   [ -d "$W/ck_devfull/iter_0000006" ]; then ok "metrics_file /dev/full: one warning, 6 iterations and the checkpoint, exit 0"
+else bad "metrics_file /dev/full (exit $rc)"; grep -i "warn\|error" "$W/devfull.log" | head -5; fi
+mkdir -p "$W/full"
+if mount -t tmpfs -o size=64k tmpfs "$W/full" 2>/dev/null; then
+  trap 'umount "$W/full" 2>/dev/null' EXIT
+  dd if=/dev/zero of="$W/full/filler" bs=4096 count=14 2>/dev/null  # 2 pages of 16 left: one each
+  timeout 300 "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=40 --set optimizer.lr_decay_iters=40 \
+    --set logging.metrics_file="$W/full/m.jsonl" --set logging.tensorboard_dir="$W/full/tb" \
+    --set logging.trace_file="$W/full/trace.json" --set checkpoint.save="$W/ck_full" > "$W/full.log" 2>&1; rc=$?
+  n_warn=$(grep -c "failed: No space left on device; this output stops here" "$W/full.log")
+  if [ $rc -eq 0 ] && [ -d "$W/ck_full/iter_0000040" ] && grep -q "iteration       40/      40" "$W/full.log" &&
+     [ "$(grep -c "logging.metrics_file: writing '$W/full/m.jsonl' failed" "$W/full.log")" = 1 ] &&
+     [ "$(grep -c "logging.tensorboard_dir: writing '$W/full/tb/events.out.tfevents" "$W/full.log")" = 1 ] &&
+     grep -q "logging.trace_file: writing '$W/full/trace.json.rank0' failed" "$W/full.log" &&
+     ! grep -q "trace: wrote" "$W/full.log" && [ ! -e "$W/full/trace.json" ] && [ ! -e "$W/full/trace.json.rank0" ] && [ "$n_warn" -ge 2 ] &&
+     $PY -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]  # every line whole
+assert 0 < len(rows) < 40 and [r['iteration'] for r in rows] == list(range(1, len(rows) + 1)), len(rows)
+print(len(rows))" "$W/full/m.jsonl" > "$W/full_rows.txt"; then
+    ok "a full disk under metrics, TensorBoard and trace: one warning each, 40 iterations and the checkpoint, exit 0; metrics.jsonl $(cat "$W/full_rows.txt") whole lines"
+  else bad "full disk (exit $rc)"; grep -i "warn\|error" "$W/full.log" | head -8; fi
+  FULL_TB="$W/full/tb"
+else
+  echo "SKIP the full-disk case: cannot mount a tmpfs here (needs root); the /dev/full case ran"
+  FULL_TB=
+fi
 
 # --- TensorBoard's reader, from PyPI into a cache under the build directory ---
 TB_CACHE="$(dirname "$W")/tensorboard_py"
@@ -124,6 +166,20 @@ if timeout 300 mpirun -np 2 "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.pip
   if out=$($PY "$CHECK" "$W/tb_pp2" "$W/pp2.jsonl" --timers 2>&1); then ok "PP 2 event file = metrics.jsonl ($out)"
   else bad "PP 2 event file"; echo "$out" | tail -5; fi
 else bad "PP 2 run with tensorboard_dir"; tail -5 "$W/pp2.log"; fi
+
+# the event file cut by the full disk: whole records, steps 1..n, every CRC good
+if [ -n "$FULL_TB" ]; then
+  if out=$($PY - "$FULL_TB" 2>&1 <<'PY'
+import glob, os, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+f, = glob.glob(os.path.join(sys.argv[1], "events.out.tfevents.*"))
+ea = EventAccumulator(f, size_guidance={"scalars": 0}); ea.Reload()
+steps = [e.step for e in ea.Scalars("lm loss")]
+assert steps and steps == list(range(1, len(steps) + 1)) and len(steps) < 40, steps
+print(f"steps 1..{len(steps)}")
+PY
+  ); then ok "the event file cut by the full disk reads whole ($out)"; else bad "the full disk's event file"; echo "$out" | tail -3; fi
+fi
 
 # the reader checks the CRCs: a flipped byte in the last record loses that record
 if $PY - "$W/tb_pp2" "$W/corrupt" <<'PY' > "$W/corrupt.log" 2>&1

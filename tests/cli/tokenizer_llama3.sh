@@ -110,7 +110,24 @@ expect_exit2 json_without_vocab "no model.vocab" "$TPTRAIN" "${P[@]}" --tokenize
 expect_exit2 json_without_merges "no model.merges" "$TPTRAIN" "${P[@]}" --tokenizer-file nomerges.json
 expect_exit2 unknown_pretokenizer "unknown pre-tokenizer Whitespace" "$TPTRAIN" "${P[@]}" --tokenizer-file ws.json
 expect_exit2 not_json "not valid JSON" "$TPTRAIN" "${P[@]}" --tokenizer-file syn.model
-expect_exit2 missing_file "cannot be read" "$TPTRAIN" "${P[@]}" --tokenizer-model nothing.model
+expect_exit2 missing_file "--tokenizer-model: cannot open nothing.model: No such file" "$TPTRAIN" "${P[@]}" --tokenizer-model nothing.model
+# ranks and ids bounded by what the file holds (not a 16 GiB table and bad_alloc)
+{ cat syn.model; echo "QUJD 2147483648"; } > huge_rank.model
+{ cat syn.model; echo "QUJD 1073741800"; } > big_rank.model
+$PY -c "import json; j = json.load(open('syn.json')); j['added_tokens'][1]['id'] = 2**30 - 1; json.dump(j, open('huge_id.json', 'w'))"
+$PY -c "import json; j = json.load(open('syn.json')); j['model']['vocab']['zz'] = 10**6; json.dump(j, open('huge_vocab_id.json', 'w'))"
+expect_exit2 rank_2_31 "huge_rank.model:$((N + 1)): rank 2147483648 is past the file's" "$TPTRAIN" "${P[@]}" --tokenizer-model huge_rank.model
+expect_exit2 rank_2_30 "big_rank.model:$((N + 1)): rank 1073741800 is past the file's" "$TPTRAIN" "${P[@]}" --tokenizer-model big_rank.model
+expect_exit2 added_id_2_30 "id 1073741823 is out of range for the file's" "$TPTRAIN" "${P[@]}" --tokenizer-file huge_id.json
+expect_exit2 vocab_id_10_6 "model.vocab: token \"zz\": id 1000000 is out of range for the file's" "$TPTRAIN" "${P[@]}" --tokenizer-file huge_vocab_id.json
+# file kinds: a device, a FIFO (which would block), a folder: refused at once, naming the kind
+mkfifo fifo.model
+expect_exit2 dev_zero "--tokenizer-model: /dev/zero: not a regular file (a character device)" \
+  timeout 60 "$TPTRAIN" "${P[@]}" --tokenizer-model /dev/zero
+expect_exit2 fifo_model "--tokenizer-model: fifo.model: not a regular file (a FIFO)" timeout 60 "$TPTRAIN" "${P[@]}" --tokenizer-model fifo.model
+expect_exit2 dir_json "--tokenizer-file: $W: not a regular file (a directory)" timeout 60 "$TPTRAIN" "${P[@]}" --tokenizer-file "$W"
+expect_exit2 fifo_input "preprocess: --input: fifo.model: not a regular file (a FIFO)" \
+  timeout 60 "$TPTRAIN" preprocess --input fifo.model --output-prefix bad_out --tokenizer-model syn.model
 expect_exit2 two_tokenizers "excludes" "$TPTRAIN" "${P[@]}" --tokenizer-model syn.model --tokenizer-file syn.json
 expect_exit2 tiktokenizer_type "needs --tokenizer-model" "$TPTRAIN" "${P[@]}" --tokenizer-type TikTokenizer
 [ ! -e bad_out.bin ] && [ ! -e bad_out.idx ] && ok "nothing written on bad input" || bad "bad input left bad_out.*"
@@ -134,6 +151,11 @@ expect_exit2 generate_vocab_mismatch "is larger than the model's vocab_size 257"
   "$TPTRAIN" generate --checkpoint "$W/ck_bytes" --prompt "The" --tokenizer-model syn.model
 expect_exit2 generate_byte_level_on_llama "has vocab_size $V; the byte-level tokenizer needs 257" \
   "$TPTRAIN" generate --checkpoint "$W/ck_syn" --prompt "The"
+expect_exit2 generate_dev_zero "--tokenizer-model: /dev/zero: not a regular file (a character device)" \
+  timeout 60 "$TPTRAIN" "${G[@]}" --tokenizer-model /dev/zero
+expect_exit2 generate_fifo "--tokenizer-file: fifo.model: not a regular file (a FIFO)" \
+  timeout 60 "$TPTRAIN" "${G[@]}" --tokenizer-file fifo.model
+expect_exit2 generate_huge_rank "rank 2147483648 is past the file's" "$TPTRAIN" "${G[@]}" --tokenizer-model huge_rank.model
 
 # ======================= 2. Meta's tokenizer.model against tiktoken (PyPI) =======================
 CACHE=${LLAMA3_TOKENIZER_CACHE:-$(dirname "$TPTRAIN")/llama3_tokenizer_cache}

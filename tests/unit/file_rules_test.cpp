@@ -58,7 +58,9 @@ TEST(FileRules, OnlyRegularFilesAreRead) {
   // a FIFO nobody writes to: refused at once (a blocking open would hang the test)
   EXPECT_EQ(error_of([&] { read_regular_file(dir + "/fifo", "w", 1 << 20); }), "w: " + dir + "/fifo: not a regular file (a FIFO)");
   EXPECT_EQ(error_of([&] { check_regular_file(dir + "/fifo", "w"); }), "w: " + dir + "/fifo: not a regular file (a FIFO)");
-  EXPECT_NE(error_of([&] { MappedFile m(dir + "/fifo"); }).find("not a regular file"), std::string::npos);
+  EXPECT_EQ(error_of([&] { MappedFile m(dir + "/fifo"); }), dir + "/fifo: not a regular file (a FIFO)");
+  EXPECT_EQ(error_of([&] { MappedFile m("/dev/zero"); }), "/dev/zero: not a regular file (a character device)");
+  EXPECT_EQ(error_of([&] { MappedFile m(dir); }), dir + ": not a regular file (a directory)");
   EXPECT_EQ(error_of([&] { read_regular_file("/dev/zero", "w", 1 << 20); }),
             "w: /dev/zero: not a regular file (a character device)");
   EXPECT_EQ(error_of([&] { read_regular_file(dir, "w", 1 << 20); }), "w: " + dir + ": not a regular file (a directory)");

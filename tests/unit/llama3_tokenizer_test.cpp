@@ -5,6 +5,8 @@
 // shared merge loop's two paths, threads. The real Llama 3 files are checked against tiktoken in
 // tests/cli/tokenizer_llama3.sh.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -256,12 +258,13 @@ TEST(Llama3Tokenizer, BadTiktokenFiles) {
   expect_error(load(good + "aGVsbG8= 270\n"), "duplicate token \"hello\"");
   expect_error(load(good + "aGk= 270 9\n"), "expected 2 fields");
   expect_error(load(good + "aGk= -1\n"), "is not a non-negative integer");
-  expect_error(load(good + "aGk= 300\n"), "rank 270 is missing");
+  expect_error(load(good + "aGk= 271\n"), "rank 270 is missing");
   expect_error(load(""), "no tokens");
   std::vector<std::string> no_a = ranked_tokens();
   no_a['a'] = "aa";
   expect_error(load(tiktoken_file(no_a)), "no token for the single byte 0x61");
-  expect_error([] { Llama3Tokenizer::from_tiktoken_file("/nonexistent/tokenizer.model"); }, "cannot be read");
+  expect_error([] { Llama3Tokenizer::from_tiktoken_file("/nonexistent/tokenizer.model"); },
+               "--tokenizer-model: cannot open /nonexistent/tokenizer.model: No such file");
   // blank lines are skipped, CRLF line ends accepted
   std::string crlf;
   for (char c : good) crlf += c == '\n' ? std::string("\r\n\r\n") : std::string(1, c);
@@ -285,11 +288,62 @@ TEST(Llama3Tokenizer, BadTokenizerJson) {
   { auto k = j; k["normalizer"] = {{"type", "NFC"}}; expect_error(load(k), "normalizer NFC"); }
   { auto k = j; k["model"]["merges"].push_back({"x", "q"}); expect_error(load(k), "not in model.vocab"); }
   { auto k = j; k["model"]["merges"].push_back("xq"); expect_error(load(k), "expected \"left right\""); }
-  { auto k = j; k["model"]["vocab"]["\u4e00"] = 999; expect_error(load(k), "not made of byte-level symbols"); }
+  { auto k = j; k["model"]["vocab"]["\u4e00"] = 5; expect_error(load(k), "not made of byte-level symbols"); }
   { auto k = j; k["model"]["vocab"]["zz"] = 5; expect_error(load(k), "id 5 is given to two tokens"); }
   { auto k = j; k["model"]["vocab"].erase("a"); expect_error(load(k), "single byte 0x61"); }
+  // an added token reusing a vocab id: named as such (it used to surface as a merge missing from model.vocab)
+  { auto k = j; k["added_tokens"][0]["id"] = int(k["model"]["vocab"]["a"]);
+    expect_error(load(k), "model.vocab: id " + std::to_string(int(k["model"]["vocab"]["a"])) +
+                              " of token \"a\" is also the id of the added token \"<|begin_of_text|>\""); }
+  { auto k = j; k["model"]["vocab"]["<|begin_of_text|>"] = k["added_tokens"][0]["id"];  // the same token: fine
+    EXPECT_NO_THROW(Llama3Tokenizer::from_hf_json(k.dump(), "t.json")); }
   { auto k = j; k["post_processor"] = {{"type", "RobertaProcessing"}}; expect_error(load(k), "post_processor RobertaProcessing"); }
   { auto k = j; k["model"]["byte_fallback"] = true; expect_error(load(k), "byte_fallback"); }
+}
+
+// A rank or id is bounded by how many entries the file holds, before it sizes a table: a rank of
+// 2^31 (or 2^30, under int32's bound) in a tokenizer.model, an id of 2^30 - 1 in tokenizer.json.
+TEST(Llama3Tokenizer, RanksAndIdsBoundedByTheFile) {
+  const std::string good = tiktoken_file(ranked_tokens());  // 270 lines and a line end: 271 "lines"
+  auto tiktoken = [](const std::string& s) { return [s] { Llama3Tokenizer::from_tiktoken(s, "tok.model"); }; };
+  expect_error(tiktoken(good + "aGk= 2147483648\n"), "tok.model:271: rank 2147483648 is past the file's 272 lines");
+  expect_error(tiktoken(good + "aGk= 1073741824\n"), "tok.model:271: rank 1073741824 is past the file's 272 lines");
+  expect_error(tiktoken("aGk= 2\n"), "tok.model:1: rank 2 is past the file's 2 lines");
+  expect_error(tiktoken(good + "aGk= 272\n"), "rank 272 is past the file's 272 lines");
+  // the first rank past the bound is "missing", not "past the file"
+  expect_error(tiktoken(good + "aGk= 271\n"), "rank 270 is missing");
+
+  const nlohmann::json j = hf_json(ranked_tokens());  // 270 vocab entries, 256 added tokens: 526
+  auto hf = [](const nlohmann::json& k) { return [s = k.dump()] { Llama3Tokenizer::from_hf_json(s, "t.json"); }; };
+  { auto k = j; k["added_tokens"][3]["id"] = (1 << 30) - 1;
+    expect_error(hf(k), "t.json: added_tokens entry {");
+    expect_error(hf(k), ": id 1073741823 is out of range for the file's 526 tokens (ids must be below 1052"); }
+  { auto k = j; k["added_tokens"][0]["id"] = 1052; expect_error(hf(k), "id 1052 is out of range for the file's 526 tokens"); }
+  { auto k = j; k["model"]["vocab"]["zz"] = 600000;
+    expect_error(hf(k), "model.vocab: token \"zz\": id 600000 is out of range for the file's 527 tokens"); }
+  { auto k = j; k["added_tokens"][255]["id"] = 1051;  // a hole below the bound is an unused id
+    EXPECT_EQ(Llama3Tokenizer::from_hf_json(k.dump(), "t.json").vocab_size(), 1052); }
+}
+
+// Tokenizer files are read through the regular-file rule: a device, a FIFO or a folder is refused at
+// once, naming the path and its kind (a FIFO would block the run, /dev/zero would grow until bad_alloc).
+TEST(Llama3Tokenizer, FileKindsChecked) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("tpt_tok_kinds_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  expect_error([] { Llama3Tokenizer::from_tiktoken_file("/dev/zero"); },
+               "--tokenizer-model: /dev/zero: not a regular file (a character device)");
+  expect_error([&] { Llama3Tokenizer::from_tiktoken_file(dir + "/fifo"); },
+               "--tokenizer-model: " + dir + "/fifo: not a regular file (a FIFO)");
+  expect_error([&] { Llama3Tokenizer::from_hf_file(dir + "/fifo"); }, "--tokenizer-file: " + dir + "/fifo: not a regular file (a FIFO)");
+  expect_error([&] { Llama3Tokenizer::from_hf_file(dir); }, "--tokenizer-file: " + dir + ": not a regular file (a directory)");
+  {
+    std::ofstream(dir + "/vocab.json") << "{}";
+  }
+  expect_error([&] { BpeTokenizer(dir + "/fifo", dir + "/vocab.json"); }, "--vocab-file: " + dir + "/fifo: not a regular file (a FIFO)");
+  expect_error([&] { BpeTokenizer(dir + "/vocab.json", "/dev/zero"); },
+               "--merge-file: /dev/zero: not a regular file (a character device)");
+  std::filesystem::remove_all(dir);
 }
 
 // The merge loop's scan and heap paths agree, with ties between different splits of one token.
