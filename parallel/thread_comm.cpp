@@ -197,7 +197,8 @@ class ThreadComm final : public DeferringComm {
   }
   void do_all_gather(void* out, const void* in, int64_t n, DType t) override {
     collective(in, out, bytes(size() * n, t), [&](char* result) {
-      for (int r = 0; r < size(); ++r) std::memcpy(result + bytes(r * n, t), g_->published<char>(r), bytes(n, t));
+      if (n > 0)
+        for (int r = 0; r < size(); ++r) std::memcpy(result + bytes(r * n, t), g_->published<char>(r), bytes(n, t));
     });
   }
   void do_reduce_scatter(void* out, const void* in, int64_t n, DType t) override {
@@ -206,7 +207,9 @@ class ThreadComm final : public DeferringComm {
   }
   void do_broadcast(void* buf, int64_t n, DType t, int root) override {
     collective(buf, buf, bytes(n, t),
-               [&](char* result) { std::memcpy(result, g_->published<char>(root), bytes(n, t)); });
+               [&](char* result) {
+                 if (n > 0) std::memcpy(result, g_->published<char>(root), bytes(n, t));
+               });
   }
   // Each member copies its blocks out of the senders' published buffers, checking that each
   // sender's count for it is the one it expects.
@@ -222,7 +225,8 @@ class ThreadComm final : public DeferringComm {
           internal_error("all_to_all_v: rank " + std::to_string(rank_) + " expected " +
                          std::to_string(recv_counts[size_t(p)]) + " elements from rank " + std::to_string(p) +
                          ", which sends " + std::to_string(peer.counts[rank_]));
-        std::memcpy(result + bytes(ro[size_t(p)], t), peer.send + bytes(offset, t), bytes(recv_counts[size_t(p)], t));
+        const size_t n = bytes(recv_counts[size_t(p)], t);  // a peer that sends none may pass null buffers
+        if (n > 0) std::memcpy(result + bytes(ro[size_t(p)], t), peer.send + bytes(offset, t), n);
       }
     });
   }
