@@ -27,6 +27,12 @@ enum class Device { Auto, Cpu, Cuda };                           // training.dev
 enum class LrDecayStyle { Cosine, Linear, Constant };            // optimizer.lr_decay_style
 enum class Normalization { LayerNorm, RMSNorm };                 // model.normalization
 enum class PositionEmbedding { LearnedAbsolute, Rope };          // model.position_embedding_type
+// Mixture-of-Experts (docs/MOE.md): model.moe_router_score_function, moe_router_load_balancing_type,
+// moe_token_drop_policy, moe_token_dispatcher_type
+enum class MoEScore { Softmax, Sigmoid };
+enum class MoEBalancing { AuxLoss, SeqAuxLoss, GlobalAuxLoss, None };
+enum class MoEDropPolicy { Probs, Position };
+enum class MoEDispatcher { AllToAll, AllGather };
 
 // The names of an enum's values as the config spells them (index = value).
 std::span<const std::string_view> enum_names(PipelineSchedule);
@@ -36,6 +42,10 @@ std::span<const std::string_view> enum_names(Device);
 std::span<const std::string_view> enum_names(LrDecayStyle);
 std::span<const std::string_view> enum_names(Normalization);      // LayerNorm, RMSNorm
 std::span<const std::string_view> enum_names(PositionEmbedding);  // learned_absolute, rope
+std::span<const std::string_view> enum_names(MoEScore);           // softmax, sigmoid
+std::span<const std::string_view> enum_names(MoEBalancing);       // aux_loss, seq_aux_loss, global_aux_loss, none
+std::span<const std::string_view> enum_names(MoEDropPolicy);      // probs, position
+std::span<const std::string_view> enum_names(MoEDispatcher);      // alltoall, allgather
 template <class E>
 std::string name_of(E value) {
   return std::string(enum_names(E{})[size_t(value)]);
@@ -52,6 +62,13 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;
   bool enabled() const { return factor != 0; }
   bool operator==(const RopeScaling&) const = default;
+};
+
+// model.moe_layer_freq: an int N (layer l is MoE when l % N == 0) or a list of 0/1 per layer.
+struct LayerFreq {
+  int every = 1;             // the int form (0 when the list is given)
+  std::vector<int> pattern;  // the list form: num_layers entries of 0 / 1
+  bool operator==(const LayerFreq&) const = default;
 };
 
 struct ModelConfig {
@@ -82,6 +99,31 @@ struct ModelConfig {
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
   std::string init_from;                // empty = null
+  // Mixture-of-Experts (docs/MOE.md; Megatron's names). num_moe_experts 0 = null: a dense model.
+  int num_moe_experts = 0;
+  int moe_ffn_hidden_size = 0;          // default ffn_hidden_size (resolved)
+  LayerFreq moe_layer_freq;
+  int moe_router_topk = 2;
+  MoEScore moe_router_score_function = MoEScore::Softmax;
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0;  // 0 = null
+  int moe_router_num_groups = 0;        // 0 = null
+  int moe_router_group_topk = 0;        // 0 = null
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  MoEBalancing moe_router_load_balancing_type = MoEBalancing::AuxLoss;
+  double moe_aux_loss_coeff = 0;
+  double moe_z_loss_coeff = 0;          // 0 = null
+  int moe_shared_expert_intermediate_size = 0;  // 0 = null: no shared expert
+  bool moe_shared_expert_gate = false;
+  double moe_expert_capacity_factor = 0;  // 0 = null: dropless
+  MoEDropPolicy moe_token_drop_policy = MoEDropPolicy::Probs;
+  bool moe_pad_expert_input_to_capacity = false;
+  MoEDispatcher moe_token_dispatcher_type = MoEDispatcher::AllToAll;
+  std::string moe_router_dtype = "fp32";
+  bool is_moe() const { return num_moe_experts > 0; }
+  // whether layer l (0-based) is an MoE layer (moe_layer_freq); false for every layer of a dense model
+  bool is_moe_layer(int64_t l) const;
 };
 
 // The number of key/value heads: num_query_groups with group_query_attention, else num_attention_heads.
@@ -110,6 +152,10 @@ struct ParallelConfig {
   // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
   bool overlap_grad_reduce = false;
   int64_t ddp_bucket_size = 40000000;
+  // Mixture-of-Experts (docs/MOE.md): EP splits each MoE layer's experts over ranks folded into
+  // DP x CP (x TP with ETP 1); ETP 0 = null: TP.
+  int expert_model_parallel_size = 1;
+  int expert_tensor_parallel_size = 0;
   // A rank stuck this long in one communication aborts the job (core/watchdog.h).
   double distributed_timeout_minutes = 10;
 };

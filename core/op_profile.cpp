@@ -263,6 +263,19 @@ class ProfiledOps final : public Ops {
     timed("scale gradients", 0, 8.0 * double(n), [&] { in_.scale(x, s, n); });
   }
 
+  void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
+    timed("moe permute", 0, 2.0 * double(dtype_size(R * C, out.t)), [&] { in_.gather_rows(out, inp, idx, scale, R, C); });
+  }
+  void combine_rows(Buf out, CBuf inp, const int32_t* idx, const float* w, int64_t N, int64_t K, int64_t C,
+                    bool accumulate) override {
+    timed("moe unpermute", 0, double(K + 1 + int(accumulate)) * double(dtype_size(N * C, out.t)),
+          [&] { in_.combine_rows(out, inp, idx, w, N, K, C, accumulate); });
+  }
+  void row_dots(float* out, CBuf a, CBuf b, const int32_t* idx, int64_t N, int64_t K, int64_t C) override {
+    timed("moe probs grad", 2.0 * double(N * K * C), double(K + 1) * double(dtype_size(N * C, a.t)),
+          [&] { in_.row_dots(out, a, b, idx, N, K, C); });
+  }
+
   void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
                          int64_t rows) override {
     timed("embedding fwd", 0, 2.0 * double(dtype_size(N * C, out.t)),

@@ -243,6 +243,22 @@ class Ops {
   virtual void sum_parts(Buf out, CBuf parts, int k, int64_t n) = 0;
   virtual void scale(float* x, float s, int64_t n) = 0;
 
+  // ---- Mixture-of-Experts token movement (model/moe.h): rows moved by index lists on the device, in
+  // fp32 with one rounding per stored element, each output row written by one pass in a fixed order
+  // (no atomics: bitwise reproducible). An index < 0 stands for no row (a dropped token).
+  // out (R, C): row r = in row idx[r], times scale[r] when scale is given (idx[r] < 0: zeros). The
+  // dispatcher's permutation (tokens -> expert-sorted rows) and its backward's weighted gather.
+  virtual void gather_rows(Buf out, CBuf in, const int32_t* idx, const float* scale, int64_t R, int64_t C) = 0;
+  // out (N, C): row t = (accumulate ? out row t : 0) + sum over j < K of w[t K + j] * in row idx[t K + j]
+  // (w null: 1), added in fp32 in the order j = 0, 1, ... and rounded once. The unpermutation (an
+  // expert output row back to its token, weighted by its routing probability) and the
+  // permutation's backward.
+  virtual void combine_rows(Buf out, CBuf in, const int32_t* idx, const float* w, int64_t N, int64_t K, int64_t C,
+                            bool accumulate) = 0;
+  // out (N K) fp32: out[t K + j] = dot(a row t, b row idx[t K + j]) in fp32 (0 where idx < 0): the
+  // routing probabilities' gradient from the unpermutation's output gradient a and the expert rows b.
+  virtual void row_dots(float* out, CBuf a, CBuf b, const int32_t* idx, int64_t N, int64_t K, int64_t C) = 0;
+
   // ---- embeddings
   // Vocab-parallel embedding: out (N, C) = wte rows for tokens in [v0, v0 + rows), 0 elsewhere.
   virtual void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,

@@ -313,6 +313,29 @@ class CpuOps final : public Ops {
   }
   void scale(float* x, float s, int64_t n) override { scale_f32(x, s, n); }
 
+  void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
+    int64_t rows = 0;  // the input rows read: up to the largest index
+    for (int64_t r = 0; r < R; ++r) rows = std::max<int64_t>(rows, int64_t(idx[r]) + 1);
+    const float* x = in(inp, rows * C, 1);
+    float* y = out_f32(out, R * C, 0);
+    cpu::gather_rows(y, x, idx, scale, R, C);
+    store(out, y, R * C);
+  }
+  void combine_rows(Buf out, CBuf inp, const int32_t* idx, const float* w, int64_t N, int64_t K, int64_t C,
+                    bool accumulate) override {
+    int64_t rows = 0;
+    for (int64_t i = 0; i < N * K; ++i) rows = std::max<int64_t>(rows, int64_t(idx[i]) + 1);
+    const float* x = in(inp, rows * C, 1);
+    float* y = accumulate ? load(out, N * C, 0) : out_f32(out, N * C, 0);
+    cpu::combine_rows(y, x, idx, w, N, K, C, accumulate);
+    store(out, y, N * C);
+  }
+  void row_dots(float* out, CBuf a, CBuf b, const int32_t* idx, int64_t N, int64_t K, int64_t C) override {
+    int64_t rows = 0;
+    for (int64_t i = 0; i < N * K; ++i) rows = std::max<int64_t>(rows, int64_t(idx[i]) + 1);
+    cpu::row_dots(out, in(a, N * C, 0), in(b, rows * C, 1), idx, N, K, C);
+  }
+
   void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
                          int64_t rows) override {
     TPT_CHECK(out.t == wte.t);  // rows are copied as stored

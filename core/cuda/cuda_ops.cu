@@ -447,6 +447,16 @@ class CudaOps final : public Ops {
                           int64_t rows) override {
     cuda::embedding_backward(dwte, tokens, dout, N, C, v0, rows, scratch_, stream_);
   }
+  void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
+    cuda::gather_rows(out, inp, idx, scale, R, C, stream_);
+  }
+  void combine_rows(Buf out, CBuf inp, const int32_t* idx, const float* w, int64_t N, int64_t K, int64_t C,
+                    bool accumulate) override {
+    cuda::combine_rows(out, inp, idx, w, N, K, C, accumulate, stream_);
+  }
+  void row_dots(float* out, CBuf a, CBuf b, const int32_t* idx, int64_t N, int64_t K, int64_t C) override {
+    cuda::row_dots(out, a, b, idx, N, K, C, stream_);
+  }
   void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) override {
     cuda::add_position_embedding(out, wpe, B, T, C, stream_);
   }

@@ -36,6 +36,13 @@ void bias_gelu_forward(Buf out, Buf gelu_pre, const float* acc, CBuf bias, int64
 // out (C) += column sums of x (N, C), in a fixed order (deterministic).
 void add_column_sums(float* out, CBuf x, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s);
 
+// ---- Mixture-of-Experts rows (moe_kernels.cu): core/ops.h gather_rows, combine_rows, row_dots; the
+// index and weight arrays are on the device
+void gather_rows(Buf out, CBuf in, const int32_t* idx, const float* scale, int64_t R, int64_t C, cudaStream_t s);
+void combine_rows(Buf out, CBuf in, const int32_t* idx, const float* w, int64_t N, int64_t K, int64_t C,
+                  bool accumulate, cudaStream_t s);
+void row_dots(float* out, CBuf a, CBuf b, const int32_t* idx, int64_t N, int64_t K, int64_t C, cudaStream_t s);
+
 // ---- rows (norm_kernels.cu) ----
 void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C, float eps,
                        cudaStream_t s);
