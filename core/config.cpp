@@ -34,7 +34,8 @@ using namespace config_detail;  // the scalar readers and writers, the model key
 
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
                               DataPath*, RopeScaling*, PipelineSchedule*, Precision*, Recompute*, Device*,
-                              LrDecayStyle*, Normalization*, PositionEmbedding*>;
+                              LrDecayStyle*, Normalization*, PositionEmbedding*, LayerFreq*, MoEScore*,
+                              MoEBalancing*, MoEDropPolicy*, MoEDispatcher*>;
 
 enum class Presence {
   kDefault,   // has a default value; null is a type error
@@ -98,6 +99,27 @@ const std::vector<Field>& fields() {
       TPT_FIELD(model, hidden_dropout),
       TPT_FIELD(model, attention_dropout),
       TPT_FIELD(model, init_from, kNull),
+      TPT_FIELD(model, num_moe_experts, kNull),
+      TPT_FIELD(model, moe_ffn_hidden_size, kNull),
+      TPT_FIELD(model, moe_layer_freq),
+      TPT_FIELD(model, moe_router_topk),
+      TPT_FIELD(model, moe_router_score_function, kDef, names<MoEScore>()),
+      TPT_FIELD(model, moe_router_pre_softmax),
+      TPT_FIELD(model, moe_router_topk_scaling_factor, kNull),
+      TPT_FIELD(model, moe_router_num_groups, kNull),
+      TPT_FIELD(model, moe_router_group_topk, kNull),
+      TPT_FIELD(model, moe_router_enable_expert_bias),
+      TPT_FIELD(model, moe_router_bias_update_rate),
+      TPT_FIELD(model, moe_router_load_balancing_type, kDef, names<MoEBalancing>()),
+      TPT_FIELD(model, moe_aux_loss_coeff),
+      TPT_FIELD(model, moe_z_loss_coeff, kNull),
+      TPT_FIELD(model, moe_shared_expert_intermediate_size, kNull),
+      TPT_FIELD(model, moe_shared_expert_gate),
+      TPT_FIELD(model, moe_expert_capacity_factor, kNull),
+      TPT_FIELD(model, moe_token_drop_policy, kDef, names<MoEDropPolicy>()),
+      TPT_FIELD(model, moe_pad_expert_input_to_capacity),
+      TPT_FIELD(model, moe_token_dispatcher_type, kDef, names<MoEDispatcher>()),
+      TPT_FIELD(model, moe_router_dtype, kDef, {"fp32"}),
       TPT_FIELD(parallel, tensor_model_parallel_size),
       TPT_FIELD(parallel, pipeline_model_parallel_size),
       TPT_FIELD(parallel, data_parallel_size, kNull),
@@ -109,6 +131,8 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, overlap_param_gather),
       TPT_FIELD(parallel, overlap_grad_reduce),
       TPT_FIELD(parallel, ddp_bucket_size),
+      TPT_FIELD(parallel, expert_model_parallel_size),
+      TPT_FIELD(parallel, expert_tensor_parallel_size, kNull),
       TPT_FIELD(parallel, distributed_timeout_minutes),
       TPT_FIELD(training, micro_batch_size),
       TPT_FIELD(training, global_batch_size, kNull),
@@ -300,6 +324,7 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
         if constexpr (std::is_same_v<T, bool>) bad("a bool (true | false)");
         else if constexpr (std::is_same_v<T, std::string>) bad("a string");
         else if constexpr (std::is_same_v<T, std::vector<double>>) bad("a list of 3 numbers");
+        else if constexpr (std::is_same_v<T, LayerFreq>) bad("an integer or a list of 0 / 1 per layer");
         else if constexpr (std::is_same_v<T, DataPath>) bad("a path or a blend [weight, path, ...]");
         else if constexpr (std::is_same_v<T, double>) bad("a number");
         else if constexpr (std::is_enum_v<T>) bad("one of " + join(f.choices, " | "));
@@ -338,6 +363,8 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
       *p = parse_data_path(v, where + ": " + name);
     } else if constexpr (std::is_same_v<T, RopeScaling>) {
       *p = parse_rope_scaling(v, where + ": " + name);
+    } else if constexpr (std::is_same_v<T, LayerFreq>) {
+      *p = parse_layer_freq(v, where + ": " + name);
     } else if constexpr (std::is_enum_v<T>) {
       const auto it = v.IsScalar() ? std::find(f.choices.begin(), f.choices.end(), v.Scalar()) : f.choices.end();
       if (!v.IsScalar()) bad("one of " + join(f.choices, " | "));
@@ -439,10 +466,12 @@ void validate(Config& c, const Ctx& ctx) {
     os << x;
     return os.str();
   };
-  resolve_model(m, {[&](const std::string& key) { return ctx.given(key); },
-                    [&](const std::string& key, const std::string& other, const std::string& reason) {
-                      other.empty() ? ctx.fail(key, reason) : ctx.fail(key, other, reason);
-                    }});
+  const ModelKeys model_keys{[&](const std::string& key) { return ctx.given(key); },
+                             [&](const std::string& key, const std::string& other, const std::string& reason) {
+                               other.empty() ? ctx.fail(key, reason) : ctx.fail(key, other, reason);
+                             }};
+  resolve_model(m, model_keys);
+  resolve_moe(m, model_keys);
   if (m.seq_length > m.max_position_embeddings)
     ctx.fail("model.seq_length", "model.max_position_embeddings", std::to_string(m.seq_length) +
                                      " is longer than model.max_position_embeddings (" +
@@ -609,6 +638,7 @@ std::string value_yaml(const Field& f, const Config& cfg) {
     }
     else if constexpr (std::is_same_v<T, double>) return format_double(*p);
     else if constexpr (std::is_same_v<T, RopeScaling>) return rope_scaling_yaml(*p);
+    else if constexpr (std::is_same_v<T, LayerFreq>) return layer_freq_json(*p).dump();
     else if constexpr (std::is_same_v<T, std::vector<double>>) {
       std::string s = "[";
       for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + format_double((*p)[i]);
@@ -630,6 +660,8 @@ nlohmann::json value_json(const Field& f, const Config& cfg) {
       return name_of(*p);
     } else if constexpr (std::is_same_v<T, RopeScaling>) {
       return rope_scaling_json(*p);
+    } else if constexpr (std::is_same_v<T, LayerFreq>) {
+      return layer_freq_json(*p);
     } else {
       return *p;
     }

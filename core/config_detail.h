@@ -61,6 +61,11 @@ RopeScaling parse_rope_scaling(const YAML::Node& v, const std::string& what);
 std::string rope_scaling_yaml(const RopeScaling& r);     // a flow map, or null
 nlohmann::json rope_scaling_json(const RopeScaling& r);  // an object, or null
 
+// model.moe_layer_freq from a YAML int or list of 0 / 1 (not null); its value as JSON (an int or a
+// list, also its YAML text: a flow list)
+LayerFreq parse_layer_freq(const YAML::Node& v, const std::string& what);
+nlohmann::json layer_freq_json(const LayerFreq& f);
+
 // What the model rules need of the loader: whether a key was given (not null), and a failure naming
 // `key` (and `other`, when not empty, for a constraint between two keys); fail throws InputError.
 struct ModelKeys {
@@ -70,5 +75,7 @@ struct ModelKeys {
 
 // The LLaMA-family keys' rules and derived values (kv_channels), and hidden_size / heads.
 void resolve_model(ModelConfig& m, const ModelKeys& keys);
+// The Mixture-of-Experts keys' rules and derived values (moe_ffn_hidden_size; core/config_moe.cpp).
+void resolve_moe(ModelConfig& m, const ModelKeys& keys);
 
 }  // namespace tpt::config_detail

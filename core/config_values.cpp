@@ -43,6 +43,22 @@ std::span<const std::string_view> enum_names(PositionEmbedding) {
   static constexpr std::string_view n[] = {"learned_absolute", "rope"};
   return n;
 }
+std::span<const std::string_view> enum_names(MoEScore) {
+  static constexpr std::string_view n[] = {"softmax", "sigmoid"};
+  return n;
+}
+std::span<const std::string_view> enum_names(MoEBalancing) {
+  static constexpr std::string_view n[] = {"aux_loss", "seq_aux_loss", "global_aux_loss", "none"};
+  return n;
+}
+std::span<const std::string_view> enum_names(MoEDropPolicy) {
+  static constexpr std::string_view n[] = {"probs", "position"};
+  return n;
+}
+std::span<const std::string_view> enum_names(MoEDispatcher) {
+  static constexpr std::string_view n[] = {"alltoall", "allgather"};
+  return n;
+}
 
 std::string split_weights_error(const std::vector<double>& w) {
   if (w.size() != 3) return "expected 3 weights (train, valid, test), got " + std::to_string(w.size());

@@ -71,6 +71,8 @@ struct BlockMappings {
   std::function<CBuf(CBuf ln)> gather_tokens;                     // (Nt, C) -> (N, C)
   std::function<CBuf(Buf partial, CBuf bias)> row_parallel_output;  // (N, C) partial sums -> (Nt, C)
   bool bias_in_gemm = true;                                       // row-parallel biases added in the GEMM
+  // an MoE layer's MLP (model/moe.h): y (Nt, C) from ln_2's output (Nt, C), in place of fc1 / fc2
+  std::function<CBuf(CBuf ln2)> mlp;
 };
 
 // x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, qkv_width) scratch for the QKV GEMM's

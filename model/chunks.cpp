@@ -16,14 +16,17 @@ std::vector<GPTDims> make_chunk_dims(const Config& cfg, int tp, int tp_rank, int
 }
 
 ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks) {
+  // the chunks' tensors in chunk order, each replica group's together (the experts after every dense
+  // tensor: model/param_group.h), at offsets recounted with the 64-byte tensor alignment
+  std::vector<ParamInfo> all;
+  for (const GPTDims& d : chunks)
+    for (ParamInfo& p : make_param_layout(d).params) all.push_back(std::move(p));
+  std::stable_partition(all.begin(), all.end(), [](const ParamInfo& p) { return p.group.replicas == ReplicaGroup::Dense; });
   ParamLayout rank;
-  for (const GPTDims& d : chunks) {
-    ParamLayout chunk = make_param_layout(d);
-    for (ParamInfo& p : chunk.params) {
-      p.offset += rank.total;  // chunk layouts are multiples of the 64-byte tensor alignment
-      rank.params.push_back(std::move(p));
-    }
-    rank.total += chunk.total;
+  for (ParamInfo& p : all) {
+    p.offset = rank.total;
+    rank.total += (p.numel + 15) / 16 * 16;
+    rank.params.push_back(std::move(p));
   }
   return rank;
 }

@@ -63,12 +63,25 @@ int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_
 
 // one layer's activations (LayerActs), with or without the attention core: the residual stream and
 // the norms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's
-// activation; GELU's is recomputed from fc1's output in backward, in the shared dact_)
-int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core) {
+// activation; GELU's is recomputed from fc1's output in backward, in the shared dact_). An MoE
+// layer's MLP keeps its rows in MoEMLP (moe_layer_bytes) instead of fc1's output.
+int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  return tb(4 * Nt * d.C + N * d.qkv_width + N * d.fc1_width + (d.mlp.swiglu ? N * d.Fl : 0), t) + 2 * norm_stats_bytes(d, Nt) +
+  const int64_t mlp = moe ? 0 : N * d.fc1_width + (d.mlp.swiglu ? N * d.Fl : 0);
+  return tb(4 * Nt * d.C + N * d.qkv_width + mlp, t) + 2 * norm_stats_bytes(d, Nt) +
          (with_core ? attention_core_bytes(d, B, t) : 0);
 }
+
+// the stage's MoE layers
+int64_t moe_layer_count(const GPTDims& d) {
+  int64_t n = 0;
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) n += d.moe.is_moe(l) ? 1 : 0;
+  return n;
+}
+
+// whether a split backward's B stashes a linear layer's dY for W: the TP-split GEMMs (an MoE layer's
+// router and experts finish their weight gradients in B)
+bool stashed(const LinearSpec& l) { return l.split != LinearSplit::Replicated; }
 
 // the slot's positions (data.reset_position_ids): this rank's Nt tokens' for learned positions on the
 // first stage, all N tokens' for RoPE (after the QKV GEMM every rank sees all tokens)
@@ -80,9 +93,11 @@ int64_t positions_count(const GPTDims& d, int64_t N) {
 
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  const int64_t layers = d.layer_end - d.layer_begin;
-  const int64_t per_layer = r == Recompute::Full ? tb(Nt * d.C, t) : layer_bytes(d, B, t, r == Recompute::None);
-  int64_t n = tb(Nt * d.C, t) + layers * per_layer + fb(2 * N);  // + stage input, tokens, targets
+  int64_t n = tb(Nt * d.C, t) + fb(2 * N);  // stage input, tokens, targets
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+    n += r == Recompute::Full ? tb(Nt * d.C, t) : layer_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l));
+    if (d.moe.is_moe(l)) n += moe_layer_bytes(d, Nt, t);  // MoEMLP's per slot, whatever the recompute
+  }
   n += fb(positions_count(d, N)) + fb(N) * int64_t(d.loss_mask);  // positions, loss weights
   if (d.last_stage()) n += tb(Nt * d.C, t) + norm_stats_bytes(d, Nt);  // final norm
   return n;
@@ -99,14 +114,17 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
   if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
+  if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t);
   return n + tp_gather_bytes(N * d.C, t, d.tp);
 }
 
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
-  const int64_t N = B * d.S, layers = d.layer_end - d.layer_begin;
-  int64_t per_layer = 0;  // LayerStash: dY (N, out) of each linear layer
-  for (const LinearSpec* l : d.layer.linears()) per_layer += N * l->out;
-  return layers * tb(per_layer, t);
+  const int64_t N = B * d.S;
+  int64_t n = 0;  // LayerStash: dY (N, out) of each stashed linear layer
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
+    for (const LinearSpec* lin : d.spec(l).linears())
+      if (stashed(*lin)) n += N * lin->out;
+  return tb(n, t);
 }
 
 std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
@@ -177,7 +195,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.atty = alloc(N * d.Cl);
     la.lse = alloc_f32(B_ * d.Hl * d.S);
   };
-  auto layer_acts = [&](const LayerActs* shared_core) {
+  auto layer_acts = [&](const LayerActs* shared_core, bool moe) {
     LayerActs la;
     la.ln1 = alloc(Nt * d.C);
     la.ln1_stats = norm_stats(Nt);
@@ -187,8 +205,10 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.x_mid = alloc(Nt * d.C);
     la.ln2 = alloc(Nt * d.C);
     la.ln2_stats = norm_stats(Nt);
-    la.fc1 = alloc(N * d.fc1_width);
-    la.gelu = d.mlp.swiglu ? alloc(N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
+    if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
+      la.fc1 = alloc(N * d.fc1_width);
+      la.gelu = d.mlp.swiglu ? alloc(N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
+    }
     la.x_out = alloc(Nt * d.C);
     return la;
   };
@@ -199,7 +219,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   }
   LayerActs shared_core{};
   if (opt_.recompute == Recompute::Selective) attention_core(shared_core);
-  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr));
+  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false));
   for (int s = 0; s < slots; ++s) {
     auto* a = new SlotActs;
     slots_.push_back(a);
@@ -214,7 +234,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
         la.x_out = alloc(Nt * d.C);
         a->layers.push_back(la);
       } else {
-        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr));
+        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, d.moe.is_moe(l)));
       }
     }
     if (d.last_stage()) {
@@ -224,7 +244,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
         LayerStash& st = a->stash.emplace_back();
-        for (const LayerPart& part : d.layer.parts) st.dy.push_back(part.is_linear ? alloc(N * part.linear.out) : Buf{});
+        for (const LayerPart& part : d.spec(l).parts)
+          st.dy.push_back(part.is_linear && stashed(part.linear) ? alloc(N * part.linear.out) : Buf{});
       }
   }
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) {
@@ -248,6 +269,21 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     logits_ = alloc(N * d.Vl);
     xent_ = alloc_f32(4 * N);
   }
+  if (moe_layer_count(d) > 0)  // its scratch after its layers' rows (scratch_bytes counts both)
+    moe_ = std::make_unique<MoEMLP>(d, ops_, opt_.dtype, Nt, B_, d.local_token_begin(N), slots, opt_.ep, opt_.ep_host,
+                                    opt_.tp_host, opt_.cp_host);
+}
+
+MoEParams<CBuf> GPTStage::moe_params(int64_t layer) const {
+  const std::string pre = "h." + std::to_string(layer) + ".mlp.";
+  return {p(pre + "router.weight"), p(pre + "experts.fc1.weight"), p_opt(pre + "experts.fc1.bias"),
+          p(pre + "experts.fc2.weight"), p_opt(pre + "experts.fc2.bias")};
+}
+
+MoEParams<float*> GPTStage::moe_grads(int64_t layer) const {
+  const std::string pre = "h." + std::to_string(layer) + ".mlp.";
+  return {g(pre + "router.weight"), g(pre + "experts.fc1.weight"), g_opt(pre + "experts.fc1.bias"),
+          g(pre + "experts.fc2.weight"), g_opt(pre + "experts.fc2.bias")};
 }
 
 GPTStage::~GPTStage() {
@@ -352,7 +388,12 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   tp.gather_tokens = [&](CBuf ln) { return gather_tokens(ln, tmp_); };
   tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   tp.bias_in_gemm = row_bias_in_gemm();
-  ::tpt::block_forward(ops_, block_params(layout_, d_.layer, params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
+  if (d_.moe.is_moe(layer))  // the MoE MLP on this rank's tokens (x_out holds y until the residual add)
+    tp.mlp = [&](CBuf ln2) {
+      moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, recording_);
+      return CBuf(x_out);
+    };
+  ::tpt::block_forward(ops_, block_params(layout_, d_.spec(layer), params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
                        block_shape(positions), [&](BlockActs&) { attention_core_forward(a); }, &tp);
 }
 
@@ -373,10 +414,14 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   CBuf y = row_output(tmp, w.bias[kProj]);  // (Nt, C)
   // residual, then the MLP's norm in the same pass
   s.norm.residual_forward(ops, a.x_mid, a.ln2, a.ln2_stats, x_in, y, w.weight[kLn2], w.bias[kLn2], s.Nt, s.C);
-  // MLP: fc1 with its activation (column-parallel), fc2 (row-parallel)
-  s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl);
-  ops.linear_forward(tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
-  y = row_output(tmp, w.bias[kFc2]);
+  // MLP: fc1 with its activation (column-parallel), fc2 (row-parallel); or the MoE MLP
+  if (tp && tp->mlp) {
+    y = tp->mlp(a.ln2);
+  } else {
+    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl);
+    ops.linear_forward(tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
+    y = row_output(tmp, w.bias[kFc2]);
+  }
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
 }
 
@@ -397,8 +442,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockShape s = block_shape(positions);
-  const BlockParams<CBuf> w = block_params(layout_, d_.layer, params_, layer);
-  const BlockParams<float*> gw = block_params(layout_, d_.layer, grads_, layer);
+  const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
+  const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
   // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
   // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
@@ -414,18 +459,25 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     if (split) ops_.linear_backward(dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
     else ops_.linear_backward(dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
   };
-  // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
-  const Buf dfc = split ? stash->dy[kFc1] : dfc_;
-  RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
-  if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
-  s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu, w.weight[kFc2],
-                 a.fc1, N, d.Fl, d.C);
-  gemm_backward(dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
-                w.weight[kFc1], d.C, d.fc1_width);
-  CBuf dln2 = input_grad_to_tokens(dln_, tmp_);  // (Nt, C)
+  CBuf dln2;  // (Nt, C)
+  if (d.moe.is_moe(layer)) {  // the MoE MLP: its whole backward here (also in a split backward's B)
+    moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, tmp_);
+    dln2 = tmp_;
+  } else {
+    // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
+    const Buf dfc = split ? stash->dy[kFc1] : dfc_;
+    RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
+    if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
+    s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu,
+                   w.weight[kFc2], a.fc1, N, d.Fl, d.C);
+    gemm_backward(dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
+                  w.weight[kFc1], d.C, d.fc1_width);
+    dln2 = input_grad_to_tokens(dln_, tmp_);
+  }
   s.norm.backward(ops_, dres, gw.weight[kLn2], gw.bias[kLn2], dln2, a.x_mid, w.weight[kLn2], a.ln2_stats, Nt, d.C);
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
+  RowGrad dy{};
   dy = row_grad(gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
   gemm_backward(datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C);
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
@@ -448,14 +500,18 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
 void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& st) {
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S;
-  const BlockParams<CBuf> w = block_params(layout_, d_.layer, params_, layer);
-  const BlockParams<float*> gw = block_params(layout_, d_.layer, grads_, layer);
+  const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
+  const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool sp = d.sequence_parallel;
-  // MLP
-  d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
-  ops_.linear_backward(Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N, d.Fl, d.C, false);
-  CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
-  ops_.linear_backward(Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width, false);
+  // MLP (an MoE layer's finished in B)
+  if (!d.moe.is_moe(layer)) {
+    d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
+    ops_.linear_backward(Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
+                         d.Fl, d.C, false);
+    CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
+    ops_.linear_backward(Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
+                         false);
+  }
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
@@ -470,6 +526,8 @@ void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const in
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   SlotActs& a = *slots_.at(size_t(slot));
   TPT_CHECK(!a.weight_pending);  // the slot's activations are W's inputs until backward_weight
+  slot_ = slot;
+  recording_ = true;
   if (layer_start) layer_start(d.layer_begin - 1);
   if (d.first_stage()) {
     ops_.copy(reinterpret_cast<float*>(a.tokens), reinterpret_cast<const float*>(tokens), N);
@@ -560,6 +618,8 @@ void GPTStage::backward(int slot, CBuf doutput, const std::function<void(int64_t
   }
   TPT_CHECK(!a.weight_pending);
   TPT_CHECK(!split || opt_.split_backward);  // Input stashes into the slot's LayerStash
+  slot_ = slot;
+  recording_ = false;  // full recompute's forwards: the step's balancing losses were counted once
   if (d.last_stage()) {
     if (logits_slot_ != slot) loss(slot, a.targets, a.dloss_scale, true, a.loss_weights);  // recompute (e.g. GPipe)
     // LM head backward: d lnf = dlogits @ W_local, summed over TP (f; with sequence parallelism

@@ -14,6 +14,7 @@
 #include "core/sharded_tensor.h"
 #include "model/layer_spec.h"
 #include "model/layers.h"
+#include "model/moe.h"
 #include "model/param_group.h"
 #include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
@@ -69,12 +70,19 @@ struct GPTDims {
   // (position_ids: their global positions).
   int cp = 1, cp_rank = 0;
   // The transformer layer's parts (model/layer_spec.h), from the widths and options above: the
-  // parameters, the stash, the plan's GEMMs and FLOPs are derived from it.
-  LayerSpec layer;
+  // parameters, the stash, the plan's GEMMs and FLOPs are derived from it. Mixture-of-Experts
+  // (docs/MOE.md): the MoE layers' spec (the router in place of the MLP; the experts are moe's) and
+  // the sizes of the experts.
+  LayerSpec layer, moe_layer;
+  MoEDims moe;
+  const LayerSpec& spec(int64_t l) const { return moe.is_moe(l) ? moe_layer : layer; }
 };
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
 // d as CP rank cp_rank of parallel.context_parallel_size sees it (unchanged with CP 1).
 void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank);
+// d as EP rank ep_rank of parallel.expert_model_parallel_size sees it: its experts (unchanged for a
+// dense model).
+void apply_expert_parallel(GPTDims& d, int ep, int ep_rank);
 
 // One parameter tensor of this rank: its shard of the global tensor (core/sharded_tensor.h; only
 // the word embedding's local shape is larger than its box: padded vocabulary rows, kept at zero)
@@ -117,6 +125,9 @@ struct StageOptions {
   bool split_backward = false;
   // Context parallelism (d.cp > 1): the CP group the ring attention runs over.
   Comm* cp = nullptr;
+  // Mixture-of-Experts (model/moe.h MoEMLP): the EP group (device; null with EP 1) and the host
+  // groups of the routing's counts (EP, TP, CP; null: one rank).
+  Comm *ep = nullptr, *ep_host = nullptr, *tp_host = nullptr, *cp_host = nullptr;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
@@ -199,6 +210,12 @@ class GPTStage {
   CBuf input_grad() const;
 
   int64_t micro_batch() const { return B_; }
+  // Mixture-of-Experts: the balancing losses' weight in this step's gradients (MoEMLP::set_loss_scale),
+  // and the balancing losses and routing counts since the last call (null for a dense stage).
+  void set_moe_loss_scale(float s) {
+    if (moe_) moe_->set_loss_scale(s);
+  }
+  MoEMLP* moe() const { return moe_.get(); }
 
  private:
   struct LayerActs;
@@ -274,6 +291,12 @@ class GPTStage {
   float* inv_freq_ = nullptr;
   TPWire wire_{nullptr, Buf{}};  // bf16/fp16 with TP > 1: the backend and the 16-bit sums' gather buffer
   int logits_slot_ = -1;  // which slot's logits gradient is in logits_
+  // Mixture-of-Experts: the MoE layers' MLPs (null for a dense stage), and the slot at hand
+  std::unique_ptr<MoEMLP> moe_;
+  int slot_ = 0;
+  bool recording_ = true;  // false while full recompute reruns a layer's forward
+  MoEParams<CBuf> moe_params(int64_t layer) const;
+  MoEParams<float*> moe_grads(int64_t layer) const;
   std::vector<void*> owned_;
   Buf alloc(int64_t n);    // n elements of the compute dtype
   float* alloc_f32(int64_t n);

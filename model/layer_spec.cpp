@@ -62,4 +62,14 @@ LayerSpec make_layer_spec(const GPTDims& d) {
   return spec;
 }
 
+LayerSpec make_moe_layer_spec(const GPTDims& d) {
+  LayerSpec spec = make_layer_spec(d);
+  spec.parts.resize(kLn2 + 1);  // the attention half and ln_2
+  LayerPart router;
+  router.is_linear = true;
+  router.linear = {"mlp.router", {d.moe.E, d.C}, 0, LinearSplit::Replicated, false, d.C, d.moe.E, d.init_std};
+  spec.parts.push_back(router);
+  return spec;
+}
+
 }  // namespace tpt

@@ -27,9 +27,10 @@ struct ParamLayout;
 
 // The data-parallel group a parameter's gradient is averaged over.
 enum class ReplicaGroup : uint8_t {
-  Dense,  // DP x CP (Grid::dp_cp): every tensor of the dense model
+  Dense,       // DP x CP (Grid::dp_cp): every tensor of the dense model
+  ExpertData,  // expert-data-parallel ranks (Grid::edp): the MoE layers' experts (docs/MOE.md)
 };
-inline constexpr int kReplicaGroups = 1;
+inline constexpr int kReplicaGroups = 2;
 
 // The copies of a tensor inside one model replica (besides its replica group).
 enum class ModelCopy : uint8_t {

@@ -55,7 +55,27 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.sequence_parallel = cfg.parallel.sequence_parallel && tp > 1;  // with TP 1 there is nothing to split
   if (d.sequence_parallel && d.S % tp) internal_error("make_dims: unchecked sequence_parallel / seq_length mismatch");
   d.layer = make_layer_spec(d);
+  if (m.is_moe()) {  // Mixture-of-Experts (docs/MOE.md); EP 1 until apply_expert_parallel
+    MoEDims& e = d.moe;
+    e.E = m.num_moe_experts;
+    e.Fe = m.moe_ffn_hidden_size;
+    e.fc1_width = d.mlp.fc1_width(e.Fe);
+    e.El = e.E;
+    e.router = router_options(m);
+    e.bias = m.add_bias_linear;
+    for (int64_t l = 0; l < d.L; ++l) e.layers.push_back(m.is_moe_layer(l) ? 1 : 0);
+    d.moe_layer = make_moe_layer_spec(d);
+  }
   return d;
+}
+
+void apply_expert_parallel(GPTDims& d, int ep, int ep_rank) {
+  if (!d.moe.any()) return;
+  if (ep < 1 || d.moe.E % ep || ep_rank < 0 || ep_rank >= ep) internal_error("apply_expert_parallel: unchecked EP");
+  d.moe.ep = ep;
+  d.moe.ep_rank = ep_rank;
+  d.moe.El = d.moe.E / ep;
+  d.moe.expert_begin = d.moe.El * ep_rank;
 }
 
 void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank) {
@@ -158,7 +178,7 @@ ParamLayout make_param_layout(const GPTDims& d) {
   // each transformer layer: its parts as the layer spec lists them (model/layer_spec.h)
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
     const std::string pre = "h." + std::to_string(l) + ".";
-    for (const LayerPart& part : d.layer.parts) {
+    for (const LayerPart& part : d.spec(l).parts) {
       if (!part.is_linear) {
         norm(pre + part.norm.name);
         continue;
@@ -188,19 +208,42 @@ ParamLayout make_param_layout(const GPTDims& d) {
     if (d.untied) b.add(word_embedding(d, "lm_head.weight", false));
     else if (!d.first_stage()) b.add(word_embedding(d, "wte.weight", true));
   }
+  // the MoE layers' experts, after every dense tensor (their own replica group, contiguous): global
+  // (E, ...) tensors, this rank's El experts the box along dimension 0 (docs/MOE.md "Parameters")
+  const MoEDims& m = d.moe;
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+    if (!m.is_moe(l)) continue;
+    const std::string pre = "h." + std::to_string(l) + ".mlp.experts.";
+    const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
+    auto expert = [&](const std::string& name, std::vector<int64_t> shape, ParamInfo::Init init, float std) {
+      ParamInfo p = sharded(pre + name, shape, 0, m.ep, m.ep_rank);
+      p.group.replicas = ReplicaGroup::ExpertData;
+      p.init = init;
+      p.init_std = std;
+      p.weight_decay = init == I::Normal;
+      b.add(std::move(p));
+    };
+    const std::vector<int64_t> fc1 = d.mlp.swiglu ? std::vector<int64_t>{m.E, 2, m.Fe, d.C} : std::vector<int64_t>{m.E, m.Fe, d.C};
+    expert("fc1.weight", fc1, I::Normal, d.init_std);
+    if (m.bias) expert("fc1.bias", {fc1.begin(), fc1.end() - 1}, I::Zeros, 0);
+    expert("fc2.weight", {m.E, d.C, m.Fe}, I::Normal, out_std);
+    if (m.bias) expert("fc2.bias", {m.E, d.C}, I::Zeros, 0);
+  }
   return b.layout;
 }
 
 std::vector<GradRange> layer_ranges(const ParamLayout& layout, const GPTDims& d) {
   std::vector<GradRange> r;
-  // a layer's tensors are consecutive: from its first part's first tensor to its last part's last
-  const LayerPart& last_part = d.layer.parts.back();
-  const std::string last_name =
-      last_part.name() + (last_part.is_linear ? (last_part.linear.bias ? ".bias" : ".weight")
-                                              : (d.norm.has_bias() ? ".bias" : ".weight"));
+  // a layer's tensors of its spec are consecutive: from its first part's first tensor to its last
+  // part's last (an MoE layer's experts lie in their own group, after the dense tensors)
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+    const LayerSpec& spec = d.spec(l);
+    const LayerPart& last_part = spec.parts.back();
+    const std::string last_name =
+        last_part.name() + (last_part.is_linear ? (last_part.linear.bias ? ".bias" : ".weight")
+                                                : (d.norm.has_bias() ? ".bias" : ".weight"));
     const std::string pre = "h." + std::to_string(l) + ".";
-    const ParamInfo* first = layout.find(pre + d.layer.parts.front().name() + ".weight");
+    const ParamInfo* first = layout.find(pre + spec.parts.front().name() + ".weight");
     const ParamInfo* last = layout.find(pre + last_name);
     TPT_CHECK(first && last && last->offset >= first->offset);
     r.push_back({first->offset, last->offset + last->numel - first->offset});

@@ -196,6 +196,9 @@ void Trainer::setup_model() {
     switch (g) {
       case ReplicaGroup::Dense:
         return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
+      case ReplicaGroup::ExpertData:  // TODO(grid): the EDP group; with TP 1, CP 1, EP 1 it is DP
+        TPT_CHECK(grid_.tp == 1 && grid_.cp == 1 && cfg_.parallel.expert_model_parallel_size == 1);
+        return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
     }
     internal_error("Trainer: no communicator for replica group " + std::to_string(int(g)));
   };
@@ -245,6 +248,10 @@ void Trainer::setup_pipeline() {
   StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   if (grid_.cp > 1) stage_options.cp = &grid_.device_cp();
+  if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (host groups)
+    if (grid_.tp > 1) stage_options.tp_host = grid_.tp_group.get();
+    if (grid_.cp > 1) stage_options.cp_host = grid_.cp_group.get();
+  }
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
   // TP rank's (B*S/tp, C)
   const int64_t message = stage_message_elements(dims_, cfg_.training.micro_batch_size);
@@ -412,6 +419,9 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   // parallelism: each rank has S / CP tokens of a sequence and the averaging is over DP x CP.
   const int64_t B = cfg_.training.micro_batch_size, S = dims_.S;
   batch_counted_ = counted_tokens(ds, base);
+  // Mixture-of-Experts: each micro-batch's balancing losses weigh as its lm loss (1 / M of this rank's
+  // share; x CP: the DP x CP average divides by CP, the CP ranks' parts sum to the micro-batch's loss)
+  for (auto& stage : stages_) stage->set_moe_loss_scale(float(scaler_.scale * double(grid_.cp) / double(num_micro_)));
   const float dloss =
       cfg_.data.eod_mask_loss
           ? float(scaler_.scale * double(grid_.dp_cp_size()) / double(std::max<int64_t>(batch_counted_, 1)))
@@ -531,6 +541,12 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   double nonfinite = grad_stats.nonfinite ? 1.0 : 0.0;
   grid_.world->all_reduce(&nonfinite, 1, ReduceOp::Max);
   r.lm_loss = dp_loss / double(std::max<int64_t>(batch_counted_, 1));  // G * S without eod_mask_loss
+  if (cfg_.model.is_moe()) {
+    std::vector<MoEStats> moe;
+    for (auto& stage : stages_)
+      if (stage->moe()) moe.push_back(stage->moe()->take_stats());
+    r.moe = reduce_moe_metrics(cfg_.model, moe, *grid_.world);
+  }
   r.grad_norm = std::sqrt(stats[1]);
   if (dtype_ == DType::F16) {
     r.skipped = nonfinite > 0 || !std::isfinite(r.lm_loss);  // an overflowed logit: inf loss, finite gradients
@@ -568,6 +584,8 @@ double Trainer::evaluate() {
     sum += v;
     counted += batch_counted_;
   }
+  for (auto& stage : stages_)  // evaluation's routing is not the training step's
+    if (stage->moe()) stage->moe()->take_stats();
   return sum / double(std::max<int64_t>(counted, 1));
 }
 
@@ -588,6 +606,7 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
                                                     {"throughput", float(tokens_per_s)},
                                                     {"mem-allocated-bytes", float(ops_->allocated_bytes())},
                                                     {"batch-size", float(G)}};
+    for (const auto& [name, value] : r.moe.values()) v.emplace_back(name, float(value));
     if (val_loss) {
       v.emplace_back("lm loss validation", float(*val_loss));
       v.emplace_back("lm loss validation ppl", float(std::exp(std::min(*val_loss, 20.0))));
@@ -609,6 +628,11 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
       "TFLOP/s/device {:.3f} | ETA {}",
       k, c.training.train_iters, k * G, per_iter_ms, lr, G, r.lm_loss, r.loss_scale, r.grad_norm, skipped, nans,
       tokens_per_s, tflops, hms(eta_s));
+  if (r.moe.on) {  // Megatron's MoE line: the balancing losses and the routing's imbalance
+    std::string line;
+    for (const auto& [name, value] : r.moe.values()) line += fmt::format("{}{}: {:.6E}", line.empty() ? "" : " | ", name, value);
+    spdlog::info(" MoE: {}", line);
+  }
   if (metrics_) {
     nlohmann::json j = {{"iteration", k},
                         {"consumed_samples", k * G},
@@ -623,6 +647,7 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
                         {"tflops_per_device", tflops},
                         {"mfu", nullptr}};
     if (val_loss) j["val_lm_loss"] = *val_loss;
+    for (const auto& [name, value] : r.moe.values()) j[name] = value;
     if (!metrics_->append(j.dump() + "\n")) metrics_.reset();  // a whole line or none; warned once
   }
 }

@@ -18,6 +18,8 @@
 #include "model/optimizer.h"
 #include "parallel/grad_sync.h"
 #include "parallel/grid.h"
+#include "train/moe_metrics.h"
+#include "train/moe_metrics.h"
 #include "parallel/schedule.h"
 #include "train/aux_output.h"
 #include "train/tensorboard.h"
@@ -40,6 +42,7 @@ class Trainer {
     double loss_scale = 1;  // the scale this step ran with
     bool skipped = false;  // fp16 overflow: no update
     bool nan = false;      // nan loss or gradient (bf16/fp32): no update
+    MoEMetrics moe;        // Mixture-of-Experts: the balancing losses and the routing's imbalance
   };
   // One iteration k (1-based) over its global batch: forward/backward of every micro-batch,
   // gradient reduction, clipping and the AdamW update.

@@ -1,0 +1,347 @@
+// The MoE MLP's forward and backward (model/moe.h). Shapes: T = Nt the rank's tokens, k the experts per
+// token, E the experts, El this rank's, R the rows its experts receive. A token's k choices are its
+// assignments (t, j); the send order lists them by expert (token order within an expert), which is
+// also the experts' row order with EP 1. With EP > 1 the rows go to each expert's owner in one
+// all-to-all (per-expert counts exchanged first), arrive source-major (from rank 0's rows for my first
+// expert ... ) and are regrouped expert-major, so every expert's rows are contiguous for its GEMMs.
+#include "model/moe.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/gpt.h"
+#include "parallel/comm.h"
+
+namespace tpt {
+
+int64_t moe_rows_bound(const MoEDims& m, int64_t Nt) {
+  const int64_t balanced = Nt * m.router.k;
+  if (m.ep == 1) return balanced;
+  return int64_t(std::ceil(double(balanced) * kMoEDispatchFactor));
+}
+
+namespace {
+int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }
+// allocations of the CPU (64 B) and GPU (256 B) allocators are counted rounded; the plan's sums
+// equal the allocations when each tensor's bytes are multiples of 256 (docs/PLAN.md)
+}  // namespace
+
+int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
+  const MoEDims& m = d.moe;
+  const int64_t cap = moe_rows_bound(m, Nt);
+  return tb(cap * (d.C + m.fc1_width + m.Fe) + Nt * m.router.k * d.C, t);  // xin, fc1, act; ret
+}
+
+int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
+  const MoEDims& m = d.moe;
+  const int64_t cap = moe_rows_bound(m, Nt), k = m.router.k, C = d.C, E = m.E;
+  int64_t n = 4 * (Nt * E + 4 * Nt * k);  // logits, d prob, row weights, combine weights (fp32); perm, comb (int32)
+  if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
+  n += tb(Nt * k * C + cap * (C + m.Fe + m.fc1_width), t);  // send, bufA, dact, dfc
+  if (m.ep > 1) n += tb(cap * C, t) + 4 * 2 * cap;          // bufB, regroup, inverse
+  return n;
+}
+
+struct MoEMLP::LayerState {
+  Buf xin, fc1, act, ret;  // (cap, C), (cap, fc1_width), (cap, Fe): expert-major rows; (T k, C) send order
+  int64_t cap = 0;
+  Routing routing;
+  // the dispatch of the last forward: send order, per-expert counts, the regroup permutations
+  std::vector<int32_t> perm;    // (n_send) the token of each send row
+  std::vector<int32_t> comb;    // (T k) the send row of assignment (t, j), -1 where dropped
+  std::vector<float> comb_w;    // (T k) its weight
+  std::vector<float> row_w;     // (n_send) the weight of each send row
+  std::vector<int64_t> send_rows, recv_rows;  // per EP peer
+  std::vector<int64_t> expert_rows;           // (El) rows of each local expert
+  std::vector<int32_t> regroup, inverse;      // expert-major <- source-major, and back (EP > 1)
+  int64_t n_send = 0, R = 0;
+};
+
+Buf MoEMLP::alloc(int64_t n, DType t) {
+  Buf b = ops_.alloc(std::max<int64_t>(n, 1), t);
+  owned_.push_back(b.p);
+  return b;
+}
+
+MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
+               Comm* ep_host, Comm* tp_host, Comm* cp_host)
+    : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host),
+      tp_host_(tp_host), cp_host_(cp_host) {
+  const MoEDims& m = d.moe;
+  TPT_CHECK(m.any() && (m.ep == 1 || (ep && ep_host && ep->size() == m.ep && ep_host->size() == m.ep)));
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
+    if (m.is_moe(l)) moe_layers_.push_back(l);
+  rows_cap_ = moe_rows_bound(m, Nt);
+  const int64_t C = d.C, k = m.router.k;
+  // allocation order: per slot and layer its kept rows (moe_layer_bytes), then the scratch
+  state_.resize(size_t(slots));
+  for (auto& slot : state_)
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      auto* s = new LayerState;
+      s->cap = rows_cap_;
+      s->xin = alloc(rows_cap_ * C, t);
+      s->fc1 = alloc(rows_cap_ * m.fc1_width, t);
+      s->act = alloc(rows_cap_ * m.Fe, t);
+      s->ret = alloc(Nt * k * C, t);
+      slot.push_back(s);
+    }
+  logits_ = alloc(Nt * m.E, DType::F32).f32();
+  dprob_ = alloc(Nt * k, DType::F32).f32();
+  row_w_ = alloc(Nt * k, DType::F32).f32();
+  comb_w_ = alloc(Nt * k, DType::F32).f32();
+  perm_ = static_cast<int32_t*>(alloc(Nt * k, DType::I32).p);
+  comb_ = static_cast<int32_t*>(alloc(Nt * k, DType::I32).p);
+  if (t != DType::F32) {
+    x32_ = alloc(Nt * C, DType::F32).f32();
+    dx32_ = alloc(Nt * C, DType::F32).f32();
+    w32_ = alloc(m.E * C, DType::F32).f32();
+    tmp_ = alloc(Nt * C, t);
+  }
+  send_ = alloc(Nt * k * C, t);
+  alloc_rows_scratch();
+  stats_.layers = moe_layers_;
+  stats_.counts.assign(moe_layers_.size() * size_t(m.E), 0.0);
+}
+
+// the scratch whose size is the rows bound: bufA, dact, dfc, and with EP > 1 bufB and the regroup maps
+void MoEMLP::alloc_rows_scratch() {
+  const MoEDims& m = d_.moe;
+  bufA_ = alloc(rows_cap_ * d_.C, t_);
+  dact_ = alloc(rows_cap_ * m.Fe, t_);
+  dfc_ = alloc(rows_cap_ * m.fc1_width, t_);
+  if (m.ep > 1) {
+    bufB_ = alloc(rows_cap_ * d_.C, t_);
+    regroup_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
+    inverse_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
+  }
+}
+
+MoEMLP::~MoEMLP() {
+  for (void* p : owned_) ops_.free(p);
+  for (auto& slot : state_)
+    for (LayerState* s : slot) delete s;
+}
+
+int MoEMLP::moe_index(int64_t layer) const {
+  const auto it = std::find(moe_layers_.begin(), moe_layers_.end(), layer);
+  TPT_CHECK(it != moe_layers_.end());
+  return int(it - moe_layers_.begin());
+}
+
+// Dropless routing sent more rows to this rank's experts than the bound: grow the scratch (and the
+// state being written) to them, once per new maximum, with a warning. Never a drop, never a crash.
+void MoEMLP::grow(int64_t rows, int64_t layer) {
+  if (rows <= rows_cap_) return;
+  spdlog::warn("WARNING: MoE layer {}: this rank's experts received {} rows, more than the planned {} ({}x the balanced "
+               "load of {}); growing its dispatch buffers (one allocation now, not in the plan)",
+               layer, rows, rows_cap_, kMoEDispatchFactor, Nt_ * d_.moe.router.k);
+  rows_cap_ = rows;
+  alloc_rows_scratch();  // the old scratch stays owned (freed with the stage): nothing in it is live
+}
+
+const float* MoEMLP::router_input(CBuf x) {
+  if (x.t == DType::F32) return x.f32();
+  ops_.convert(x32_, x, Nt_ * d_.C);
+  return x32_;
+}
+
+const float* MoEMLP::router_weight(CBuf w) {
+  if (w.t == DType::F32) return w.f32();
+  ops_.convert(w32_, w, d_.moe.E * d_.C);
+  return w32_;
+}
+
+void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, bool record) {
+  const MoEDims& m = d_.moe;
+  const int mi = moe_index(layer);
+  LayerState& s = *state_.at(size_t(slot)).at(size_t(mi));
+  const int64_t T = Nt_, C = d_.C, E = m.E, k = m.router.k, El = m.El;
+  // the router's logits in fp32, routed on the host
+  ops_.linear_forward(logits_, router_input(x), router_weight(w.router), nullptr, T, C, E);
+  std::vector<float> z(static_cast<size_t>(T * E));
+  ops_.to_host(z.data(), logits_, T * E);
+  const int64_t group = (tp_host_ ? tp_host_->size() : 1) * (cp_host_ ? cp_host_->size() : 1);
+  auto sum = [&](std::vector<double>& v) {
+    if (tp_host_ && tp_host_->size() > 1) tp_host_->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
+    if (cp_host_ && cp_host_->size() > 1) cp_host_->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
+  };
+  s.routing = route(z.data(), T, m.router, [&](int64_t t) { return (token_begin_ + t) / d_.S; }, B_, group, sum);
+  const Routing& r = s.routing;
+  if (record) {
+    stats_.aux += m.router.aux_coeff != 0 ? r.aux / m.router.aux_coeff : 0;
+    stats_.z += r.z_mean;
+    stats_.terms += 1;
+    for (int64_t e = 0; e < E; ++e) stats_.counts[size_t(mi * E + e)] += r.counts[size_t(e)];
+  }
+  // the send order: assignments by expert, token order within
+  std::vector<int64_t> per_expert(static_cast<size_t>(E), 0), start(size_t(E) + 1, 0);
+  for (int32_t e : r.expert)
+    if (e >= 0) per_expert[size_t(e)] += 1;
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] = start[size_t(e)] + per_expert[size_t(e)];
+  s.n_send = start[size_t(E)];
+  s.perm.assign(size_t(s.n_send), 0);
+  s.row_w.assign(size_t(s.n_send), 0.0f);
+  s.comb.assign(size_t(T * k), -1);
+  s.comb_w.assign(size_t(T * k), 0.0f);
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t a = 0; a < T * k; ++a) {
+    const int32_t e = r.expert[size_t(a)];
+    if (e < 0) continue;
+    const int64_t row = next[size_t(e)]++;
+    s.perm[size_t(row)] = int32_t(a / k);
+    s.row_w[size_t(row)] = r.prob[size_t(a)];
+    s.comb[size_t(a)] = int32_t(row);
+    s.comb_w[size_t(a)] = r.prob[size_t(a)];
+  }
+  ops_.to_device(Buf(perm_, DType::I32), s.perm.data(), s.n_send);
+  ops_.to_device(Buf(comb_, DType::I32), s.comb.data(), T * k);
+  ops_.to_device(comb_w_, s.comb_w.data(), T * k);
+
+  // dispatch: the rows to their experts' owners, expert-major in s.xin
+  if (m.ep == 1) {
+    s.R = s.n_send;
+    s.expert_rows = per_expert;
+    ops_.gather_rows(s.xin, x, perm_, nullptr, s.n_send, C);  // R <= T k = the state's rows
+  } else {
+    const int P = m.ep;
+    std::vector<int64_t> recv_counts(static_cast<size_t>(E));  // (P, El): from peer q, rows for my local expert e
+    ep_host_->all_to_all_v(per_expert.data(), std::vector<int64_t>(size_t(P), El), recv_counts.data(),
+                           std::vector<int64_t>(size_t(P), El), DType::I64);
+    s.send_rows.assign(size_t(P), 0);
+    s.recv_rows.assign(size_t(P), 0);
+    s.expert_rows.assign(size_t(El), 0);
+    for (int q = 0; q < P; ++q)
+      for (int64_t e = 0; e < El; ++e) {
+        s.send_rows[size_t(q)] += per_expert[size_t(q * El + e)];
+        s.recv_rows[size_t(q)] += recv_counts[size_t(q * El + e)];
+        s.expert_rows[size_t(e)] += recv_counts[size_t(q * El + e)];
+      }
+    s.R = 0;
+    for (int64_t n : s.recv_rows) s.R += n;
+    grow(s.R, layer);
+    if (s.R > s.cap) {  // this state's kept rows grow with the scratch
+      s.cap = s.R;
+      s.xin = alloc(s.cap * C, t_);
+      s.fc1 = alloc(s.cap * m.fc1_width, t_);
+      s.act = alloc(s.cap * m.Fe, t_);
+    }
+    ops_.gather_rows(send_, x, perm_, nullptr, s.n_send, C);
+    auto elems = [&](std::vector<int64_t> v) {
+      for (int64_t& n : v) n *= C;
+      return v;
+    };
+    ep_->all_to_all_v(send_.p, elems(s.send_rows), bufA_.p, elems(s.recv_rows), t_);
+    // source-major (q, e) blocks -> expert-major (e, q)
+    std::vector<int64_t> src(size_t(E) + 1, 0);  // start of block (q, e) in the received rows
+    for (int64_t b = 0; b < E; ++b) src[size_t(b + 1)] = src[size_t(b)] + recv_counts[size_t(b)];
+    s.regroup.assign(size_t(s.R), 0);
+    s.inverse.assign(size_t(s.R), 0);
+    int64_t i = 0;
+    for (int64_t e = 0; e < El; ++e)
+      for (int q = 0; q < P; ++q)
+        for (int64_t n = 0; n < recv_counts[size_t(q * El + e)]; ++n, ++i) {
+          const int64_t from = src[size_t(q * El + e)] + n;
+          s.regroup[size_t(i)] = int32_t(from);
+          s.inverse[size_t(from)] = int32_t(i);
+        }
+    ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
+    ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
+    ops_.gather_rows(s.xin, bufA_, regroup_, nullptr, s.R, C);
+  }
+  // the experts: fc1 with its activation, fc2, on each local expert's contiguous rows
+  const Buf out = m.ep == 1 ? s.ret : bufB_;
+  int64_t off = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t n = s.expert_rows[size_t(e)];
+    if (n == 0) continue;
+    d_.mlp.forward(ops_, s.act + off * m.Fe, s.fc1 + off * m.fc1_width, s.xin + off * C, w.fc1 + e * m.fc1_width * C,
+                   w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fe);
+    ops_.linear_forward(out + off * C, s.act + off * m.Fe, w.fc2 + e * C * m.Fe, w.fc2_bias ? w.fc2_bias + e * C : CBuf{},
+                        n, m.Fe, C);
+    off += n;
+  }
+  if (m.ep > 1) {  // back to the tokens' ranks, in their send order
+    ops_.gather_rows(bufA_, bufB_, inverse_, nullptr, s.R, C);
+    auto elems = [&](std::vector<int64_t> v) {
+      for (int64_t& n : v) n *= C;
+      return v;
+    };
+    ep_->all_to_all_v(bufA_.p, elems(s.recv_rows), s.ret.p, elems(s.send_rows), t_);
+  }
+  // y (T, C) = sum over each token's kept choices of weight x expert output
+  ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
+}
+
+void MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+                      Buf dx) {
+  const MoEDims& m = d_.moe;
+  LayerState& s = *state_.at(size_t(slot)).at(size_t(moe_index(layer)));
+  const int64_t T = Nt_, C = d_.C, E = m.E, k = m.router.k, El = m.El;
+  // the forward's maps again (the scratch served other layers since)
+  ops_.to_device(Buf(perm_, DType::I32), s.perm.data(), s.n_send);
+  ops_.to_device(Buf(comb_, DType::I32), s.comb.data(), T * k);
+  ops_.to_device(row_w_, s.row_w.data(), s.n_send);
+  // d weights: dy of each token against its choices' expert outputs
+  ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
+  std::vector<float> dprob(static_cast<size_t>(T * k));
+  ops_.to_host(dprob.data(), dprob_, T * k);
+  // d expert outputs in send order: weight x dy of the row's token
+  ops_.gather_rows(send_, dy, perm_, row_w_, s.n_send, C);
+  auto elems = [&](std::vector<int64_t> v) {
+    for (int64_t& n : v) n *= C;
+    return v;
+  };
+  Buf dout = send_;
+  if (m.ep > 1) {
+    ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
+    ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
+    ep_->all_to_all_v(send_.p, elems(s.send_rows), bufA_.p, elems(s.recv_rows), t_);
+    ops_.gather_rows(bufB_, bufA_, regroup_, nullptr, s.R, C);
+    dout = bufB_;
+  }
+  // the experts' backward: fc2 and the activation (dfc), fc1 (d input rows into bufA)
+  int64_t off = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t n = s.expert_rows[size_t(e)];
+    if (n == 0) continue;
+    d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fe, g.fc2 + e * C * m.Fe,
+                    g.fc2_bias ? g.fc2_bias + e * C : nullptr, dout + off * C, s.act + off * m.Fe,
+                    w.fc2 + e * C * m.Fe, s.fc1 + off * m.fc1_width, n, m.Fe, C);
+    ops_.linear_backward(bufA_ + off * C, g.fc1 + e * m.fc1_width * C, g.fc1_bias ? g.fc1_bias + e * m.fc1_width : nullptr,
+                         dfc_ + off * m.fc1_width, s.xin + off * C, w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
+    off += n;
+  }
+  Buf drows = bufA_;  // d input rows in send order
+  if (m.ep > 1) {
+    ops_.gather_rows(bufB_, bufA_, inverse_, nullptr, s.R, C);
+    ep_->all_to_all_v(bufB_.p, elems(s.recv_rows), send_.p, elems(s.send_rows), t_);
+    drows = send_;
+  }
+  // dx (T, C) = sum of the token's rows' input gradients, then the router's
+  ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
+  std::vector<float> dlogits(static_cast<size_t>(T * E));
+  routing_backward(s.routing, nullptr, dprob.data(), m.router, loss_scale_, dlogits.data());
+  ops_.to_device(logits_, dlogits.data(), T * E);
+  const float* x32 = router_input(x);
+  const float* w32 = router_weight(w.router);
+  if (t_ == DType::F32) {
+    ops_.linear_backward(dx, g.router, nullptr, logits_, x32, w32, T, C, E, true);
+  } else {
+    ops_.linear_backward(dx32_, g.router, nullptr, logits_, x32, w32, T, C, E, false);
+    ops_.convert(tmp_, dx32_, T * C);
+    ops_.accumulate(dx, tmp_, T * C);
+  }
+}
+
+MoEStats MoEMLP::take_stats() {
+  MoEStats r = stats_;
+  stats_ = MoEStats{};
+  stats_.layers = r.layers;
+  stats_.counts.assign(r.counts.size(), 0.0);
+  return r;
+}
+
+}  // namespace tpt

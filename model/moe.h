@@ -1,0 +1,112 @@
+// The Mixture-of-Experts MLP of one pipeline stage (docs/MOE.md), the MoE layers' counterpart of
+// the dense MLP in model/block.h: the router (fp32 logits on the device, the routing on the host:
+// model/moe_routing.h), the token dispatch to the experts' owners (an all-to-all over the EP group
+// with the counts exchanged first), one GEMM pair per local expert on its contiguous rows, and the
+// inverse -- forward and backward, micro-batch slot by slot. It talks to other ranks only through
+// the Comm groups it is given (the EP group for rows, the TP and CP groups for the balancing losses'
+// counts).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/ops.h"
+#include "model/moe_routing.h"
+
+namespace tpt {
+
+class Comm;
+struct GPTDims;
+
+// A stage's MoE sizes (GPTDims::moe), from the config and the rank's EP coordinate.
+struct MoEDims {
+  int64_t E = 0;             // experts per MoE layer; 0: a dense model
+  int64_t Fe = 0;            // each expert's MLP width (model.moe_ffn_hidden_size)
+  int64_t fc1_width = 0;     // an expert's fc1 output: Fe, or 2 Fe with SwiGLU ([gate; up])
+  int ep = 1, ep_rank = 0;   // the EP group; this rank holds experts [expert_begin, expert_begin + El)
+  int64_t El = 0, expert_begin = 0;
+  std::vector<uint8_t> layers;  // per global layer: whether it is an MoE layer
+  RouterOptions router;
+  bool bias = false;         // experts' fc1 / fc2 biases (model.add_bias_linear)
+  bool any() const { return E > 0; }
+  bool is_moe(int64_t layer) const { return E > 0 && layers.at(size_t(layer)) != 0; }
+};
+
+// Rows an EP rank's experts can take per micro-batch of Nt tokens before its dispatch buffers grow:
+// exactly Nt k with EP 1, else kMoEDispatchFactor x that (the balanced load), rounded up.
+inline constexpr double kMoEDispatchFactor = 2.0;
+int64_t moe_rows_bound(const MoEDims& m, int64_t Nt);
+// Bytes one MoE layer keeps per micro-batch of Nt tokens (its experts' inputs, fc1 outputs and
+// activations on the bound's rows, the returned rows) and the stage's MoE scratch, in dtype t:
+// what MoEMLP allocates (activation_bytes_per_microbatch / scratch_bytes add them).
+int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t);
+int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t);
+
+// One MoE layer's parameters (or gradients): the router (E, C), the rank's El experts' fc1 (El,
+// fc1_width, C), fc2 (El, C, Fe) and their biases (null without).
+template <class P>
+struct MoEParams {
+  P router, fc1, fc1_bias, fc2, fc2_bias;
+};
+
+// What the balancing losses and the routing looked like over the micro-batches since the last take.
+struct MoEStats {
+  double aux = 0;      // sum over micro-batches and MoE layers of the global aux loss / coefficient
+  double z = 0;        // sum of this rank's mean logsumexp^2
+  int64_t terms = 0;   // micro-batch x layer terms summed
+  std::vector<int64_t> layers;  // the stage's MoE layers (global indices)
+  std::vector<double> counts;   // (layers, E) routed assignments of this rank's tokens
+};
+
+class MoEMLP {
+ public:
+  // Buffers for `slots` micro-batches of Nt tokens on each of the stage's MoE layers. ep: the EP
+  // group's device communicator (null with EP 1), ep_host its host twin; tp_host / cp_host the host
+  // TP and CP groups (null: one rank) the balancing losses' counts are summed over. B, S: the
+  // micro-batch's sequences and this rank's tokens of each (seq_aux_loss), token_begin: the rank's first
+  // token of the flattened (B, S) micro-batch (sequence parallelism).
+  MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
+         Comm* ep_host, Comm* tp_host, Comm* cp_host);
+  ~MoEMLP();
+  MoEMLP(const MoEMLP&) = delete;
+  MoEMLP& operator=(const MoEMLP&) = delete;
+
+  // y (Nt, C) = the layer's MoE MLP of x (Nt, C: its ln_2 output). record: count the balancing losses
+  // and routing in the stats (false when full recompute reruns the forward).
+  void forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, bool record = true);
+  // dx (Nt, C) = d x from dy (Nt, C); the layer's gradients (router, experts) += into g. loss_scale
+  // multiplies the balancing losses' gradients (set_loss_scale).
+  void backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy, Buf dx);
+  // The balancing losses' weight in this step's gradients: d objective / d (aux + z) of one micro-batch
+  // (the trainer's: loss scale x CP / micro-batches).
+  void set_loss_scale(float s) { loss_scale_ = s; }
+  MoEStats take_stats();
+
+ private:
+  struct LayerState;
+  const GPTDims& d_;
+  Ops& ops_;
+  DType t_;
+  int64_t Nt_, B_, token_begin_;
+  Comm *ep_, *ep_host_, *tp_host_, *cp_host_;
+  float loss_scale_ = 0;
+  int64_t rows_cap_ = 0;  // the bound's rows (grows once past it, with a warning)
+  std::vector<int64_t> moe_layers_;  // the stage's MoE layers (global indices)
+  std::vector<std::vector<LayerState*>> state_;  // [slot][moe layer index]
+  MoEStats stats_;
+  // scratch (moe_scratch_bytes)
+  float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr, *row_w_ = nullptr, *comb_w_ = nullptr;
+  float* dprob_ = nullptr;
+  int32_t *perm_ = nullptr, *comb_ = nullptr, *regroup_ = nullptr, *inverse_ = nullptr;
+  Buf send_, bufA_, bufB_, dact_, dfc_, tmp_;
+  std::vector<void*> owned_;
+  Buf alloc(int64_t n, DType t);
+  void alloc_rows_scratch();
+  void grow(int64_t rows, int64_t layer);
+  int moe_index(int64_t layer) const;
+  // the router's fp32 operands: x and the weight converted (or the fp32 buffers themselves)
+  const float* router_input(CBuf x);
+  const float* router_weight(CBuf w);
+};
+
+}  // namespace tpt

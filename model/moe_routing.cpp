@@ -1,0 +1,263 @@
+// The router's host math (model/moe_routing.h), after Megatron's topk_routing_with_score_function,
+// apply_router_token_dropping, compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func
+// and z_loss_func (megatron/core/transformer/moe/moe_utils.py).
+#include "model/moe_routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace tpt {
+
+RouterOptions router_options(const ModelConfig& m) {
+  RouterOptions o;
+  o.E = m.num_moe_experts;
+  o.k = m.moe_router_topk;
+  o.score = m.moe_router_score_function;
+  o.pre_softmax = m.moe_router_pre_softmax;
+  o.scaling = m.moe_router_topk_scaling_factor;
+  o.groups = m.moe_router_num_groups;
+  o.group_topk = m.moe_router_group_topk;
+  o.capacity_factor = m.moe_expert_capacity_factor;
+  o.drop = m.moe_token_drop_policy;
+  o.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
+  o.balancing = m.moe_router_load_balancing_type;
+  o.aux_coeff = m.moe_aux_loss_coeff;
+  o.z_coeff = m.moe_z_loss_coeff;
+  return o;
+}
+
+namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// softmax of x (n) into out, in fp32 with the max subtracted
+void softmax(const float* x, int64_t n, float* out) {
+  const float m = *std::max_element(x, x + n);
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += out[i] = std::exp(x[i] - m);
+  for (int64_t i = 0; i < n; ++i) out[i] /= s;
+}
+
+// the k largest of v (n) by value, ties to the lower index, in descending order; -inf entries last
+void topk(const float* v, int64_t n, int64_t k, int32_t* out) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+// top-k of scores (E), group-limited when o.groups: only the experts of the group_topk groups with
+// the largest sums of their top (k / group_topk) scores compete (Megatron's group_limited_topk)
+void choose(const float* scores, const RouterOptions& o, int32_t* out) {
+  if (!o.groups) return topk(scores, o.E, o.k, out);
+  const int64_t per = o.E / o.groups, top = o.k / o.group_topk;
+  std::vector<float> gscore(static_cast<size_t>(o.groups));
+  std::vector<int32_t> best(static_cast<size_t>(top));
+  for (int64_t g = 0; g < o.groups; ++g) {
+    topk(scores + g * per, per, top, best.data());
+    float s = 0;
+    for (int32_t b : best) s += scores[g * per + b];
+    gscore[size_t(g)] = s;
+  }
+  std::vector<int32_t> gsel(static_cast<size_t>(o.group_topk));
+  topk(gscore.data(), o.groups, o.group_topk, gsel.data());
+  std::vector<float> masked(static_cast<size_t>(o.E), -std::numeric_limits<float>::infinity());
+  for (int32_t g : gsel)
+    for (int64_t e = 0; e < per; ++e) masked[size_t(g * per + e)] = scores[g * per + e];
+  topk(masked.data(), o.E, o.k, out);
+}
+
+// Capacity (Megatron's apply_router_token_dropping on a rank's T tokens): per expert at most
+// ceil(T k / E * factor) assignments; probs keeps the largest weights (ties: the earlier token),
+// position the earliest tokens. Dropped assignments get expert -1 and weight 0.
+void drop_over_capacity(Routing& r, const RouterOptions& o) {
+  const int64_t T = r.T, k = o.k;
+  const auto capacity = int64_t(std::ceil(double(T * k) / double(o.E) * o.capacity_factor));
+  if (capacity > T) return;  // no expert can overflow
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(o.E));  // assignment indices t k + j, token order
+  for (int64_t a = 0; a < T * k; ++a) by_expert[size_t(r.expert[size_t(a)])].push_back(a);
+  for (auto& list : by_expert) {
+    if (int64_t(list.size()) <= capacity) continue;
+    if (o.drop == MoEDropPolicy::Probs)
+      std::stable_sort(list.begin(), list.end(), [&](int64_t a, int64_t b) { return r.prob[size_t(a)] > r.prob[size_t(b)]; });
+    for (size_t i = size_t(capacity); i < list.size(); ++i) {
+      r.expert[size_t(list[i])] = -1;
+      r.prob[size_t(list[i])] = 0;
+    }
+  }
+}
+
+// The balancing losses' scores (softmax over E, or sigmoid normalised over E) of one token.
+void aux_scores(const float* z, const RouterOptions& o, float* s) {
+  if (o.score == MoEScore::Softmax) return softmax(z, o.E, s);
+  float sum = 0;
+  for (int64_t e = 0; e < o.E; ++e) sum += s[e] = sigmoid(z[e]);
+  for (int64_t e = 0; e < o.E; ++e) s[e] /= sum + 1e-20f;
+}
+
+// d z (E) += from d s (E) through aux_scores
+void aux_scores_backward(const float* z, const float* s, const float* ds, const RouterOptions& o, float* dz) {
+  double dot = 0;
+  for (int64_t e = 0; e < o.E; ++e) dot += double(ds[e]) * s[e];
+  if (o.score == MoEScore::Softmax) {
+    for (int64_t e = 0; e < o.E; ++e) dz[e] += s[e] * (ds[e] - float(dot));
+    return;
+  }
+  float sum = 0;
+  for (int64_t e = 0; e < o.E; ++e) sum += sigmoid(z[e]);
+  for (int64_t e = 0; e < o.E; ++e) {
+    const float sg = sigmoid(z[e]);
+    dz[e] += (ds[e] - float(dot)) / (sum + 1e-20f) * sg * (1 - sg);
+  }
+}
+
+}  // namespace
+
+Routing route(const float* z, int64_t T, const RouterOptions& o, const std::function<int64_t(int64_t)>& seq_of,
+              int64_t B, int64_t group_size, const GroupSum& sum) {
+  const int64_t E = o.E, k = o.k;
+  Routing r;
+  r.T = T;
+  r.k = k;
+  r.expert.resize(size_t(T * k));
+  r.prob.resize(size_t(T * k));
+  r.chosen.resize(size_t(T * k));
+  const bool scores = o.score == MoEScore::Sigmoid || o.pre_softmax;
+  if (scores) r.scores.resize(size_t(T * E));
+  else r.topk_softmax.resize(size_t(T * k));
+  std::vector<float> sel(static_cast<size_t>(k));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* zt = z + t * E;
+    int32_t* ch = r.chosen.data() + t * k;
+    float* p = r.prob.data() + t * k;
+    if (o.score == MoEScore::Softmax && !o.pre_softmax) {  // top-k of the logits, softmax over the k
+      choose(zt, o, ch);
+      for (int64_t j = 0; j < k; ++j) sel[size_t(j)] = zt[ch[j]];
+      softmax(sel.data(), k, r.topk_softmax.data() + t * k);
+      std::copy_n(r.topk_softmax.data() + t * k, k, p);
+    } else {
+      float* s = r.scores.data() + t * E;
+      if (o.score == MoEScore::Softmax) softmax(zt, E, s);
+      else
+        for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(zt[e]);
+      choose(s, o, ch);
+      float total = 0;
+      for (int64_t j = 0; j < k; ++j) total += p[j] = s[ch[j]];
+      if (o.score == MoEScore::Sigmoid && k > 1)
+        for (int64_t j = 0; j < k; ++j) p[j] /= total + 1e-20f;
+    }
+    if (o.scaling != 0)
+      for (int64_t j = 0; j < k; ++j) p[j] *= float(o.scaling);
+  }
+  r.expert = r.chosen;
+  if (o.capacity_factor != 0) drop_over_capacity(r, o);
+  r.counts.assign(size_t(E), 0.0);
+  for (int32_t e : r.expert)
+    if (e >= 0) r.counts[size_t(e)] += 1;
+
+  // balancing losses: the plain top-k of the aux scores, counts over the TP x CP group
+  const bool aux = o.aux_coeff != 0 && o.balancing != MoEBalancing::None;
+  if (!aux && o.z_coeff == 0) return r;
+  r.dlogits_aux.assign(size_t(T * E), 0.0f);
+  if (aux) {
+    const bool per_seq = o.balancing == MoEBalancing::SeqAuxLoss;
+    const int64_t groups = per_seq ? B : 1;  // the loss's token sets: sequences, or the micro-batch
+    std::vector<float> s(static_cast<size_t>(T * E));
+    std::vector<int32_t> top(static_cast<size_t>(k));
+    std::vector<double> fp(static_cast<size_t>(2 * groups * E), 0.0);  // [f (groups, E) | P (groups, E)]
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t g = per_seq ? seq_of(t) : 0;
+      TPT_CHECK(g >= 0 && g < groups);
+      float* st = s.data() + t * E;
+      aux_scores(z + t * E, o, st);
+      topk(st, E, k, top.data());
+      for (int32_t e : top) fp[size_t(g * E + e)] += 1;
+      for (int64_t e = 0; e < E; ++e) fp[size_t(groups * E + g * E + e)] += st[e];
+    }
+    sum(fp);
+    // per token set: aux = coeff E / (k T^2) sum_e f_e P_e with T its tokens (f sums to k T)
+    std::vector<float> grad(static_cast<size_t>(groups * E));
+    r.aux = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      double f_total = 0, dot = 0;
+      for (int64_t e = 0; e < E; ++e) f_total += fp[size_t(g * E + e)];
+      const double tokens = f_total / double(k);
+      const double c = o.aux_coeff * double(E) / (double(k) * tokens * tokens) / double(groups);
+      for (int64_t e = 0; e < E; ++e) {
+        dot += fp[size_t(g * E + e)] * fp[size_t(groups * E + g * E + e)];
+        grad[size_t(g * E + e)] = float(c * fp[size_t(g * E + e)]);
+      }
+      r.aux += c * dot;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t g = per_seq ? seq_of(t) : 0;
+      aux_scores_backward(z + t * E, s.data() + t * E, grad.data() + g * E, o, r.dlogits_aux.data() + t * E);
+    }
+  }
+  if (o.z_coeff != 0) {  // Megatron's z_loss_func on this rank's tokens, coefficient / (TP x CP)
+    const double c = o.z_coeff / double(group_size);
+    std::vector<float> sm(static_cast<size_t>(E));
+    double sq = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* zt = z + t * E;
+      const float m = *std::max_element(zt, zt + E);
+      double se = 0;
+      for (int64_t e = 0; e < E; ++e) se += std::exp(double(zt[e] - m));
+      const double lse = double(m) + std::log(se);
+      sq += lse * lse;
+      softmax(zt, E, sm.data());
+      for (int64_t e = 0; e < E; ++e) r.dlogits_aux[size_t(t * E + e)] += float(c * 2.0 * lse / double(T) * sm[size_t(e)]);
+    }
+    r.z_mean = sq / double(T);
+    r.z = c * r.z_mean;
+  }
+  return r;
+}
+
+void routing_backward(const Routing& r, const float* z, const float* dprob, const RouterOptions& o, float loss_scale,
+                      float* dlogits) {
+  const int64_t E = o.E, k = o.k, T = r.T;
+  std::fill(dlogits, dlogits + T * E, 0.0f);
+  std::vector<float> dp(static_cast<size_t>(k));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* ch = r.chosen.data() + t * k;
+    float* dz = dlogits + t * E;
+    // d of the weights before scaling and dropping (a dropped weight was multiplied by 0)
+    for (int64_t j = 0; j < k; ++j)
+      dp[size_t(j)] = r.expert[size_t(t * k + j)] < 0 ? 0.0f : dprob[t * k + j] * float(o.scaling != 0 ? o.scaling : 1.0);
+    if (o.score == MoEScore::Softmax && !o.pre_softmax) {  // softmax over the chosen logits
+      const float* q = r.topk_softmax.data() + t * k;
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += double(dp[size_t(j)]) * q[j];
+      for (int64_t j = 0; j < k; ++j) dz[ch[j]] += q[j] * (dp[size_t(j)] - float(dot));
+    } else if (o.score == MoEScore::Softmax) {  // the chosen entries of softmax over all E
+      const float* s = r.scores.data() + t * E;
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += double(dp[size_t(j)]) * s[ch[j]];
+      for (int64_t e = 0; e < E; ++e) dz[e] -= s[e] * float(dot);
+      for (int64_t j = 0; j < k; ++j) dz[ch[j]] += s[ch[j]] * dp[size_t(j)];
+    } else {  // sigmoid, normalised over the k when k > 1
+      const float* s = r.scores.data() + t * E;
+      std::vector<float> dq(dp);
+      if (k > 1) {
+        float total = 0;
+        double dot = 0;
+        for (int64_t j = 0; j < k; ++j) total += s[ch[j]];
+        const float den = total + 1e-20f;
+        for (int64_t j = 0; j < k; ++j) dot += double(dp[size_t(j)]) * s[ch[j]];
+        for (int64_t j = 0; j < k; ++j) dq[size_t(j)] = dp[size_t(j)] / den - float(dot) / (den * den);
+      }
+      for (int64_t j = 0; j < k; ++j) dz[ch[j]] += dq[size_t(j)] * s[ch[j]] * (1 - s[ch[j]]);
+    }
+  }
+  (void)z;
+  if (!r.dlogits_aux.empty())
+    for (int64_t i = 0; i < T * E; ++i) dlogits[i] += loss_scale * r.dlogits_aux[size_t(i)];
+}
+
+}  // namespace tpt
