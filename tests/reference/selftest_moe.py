@@ -70,13 +70,11 @@ def decision_margin(layer, x):
     gaps = []
     k, E = moe["k"], moe["E"]
     if moe["group_topk"]:
-        G = moe["groups"]
-        gs = s.reshape(N, G, E // G).sort(-1, descending=True).values[..., :k // moe["group_topk"]].sum(-1)
-        gs = gs.sort(-1, descending=True).values
-        gaps.append((gs[:, moe["group_topk"] - 1] - gs[:, moe["group_topk"]]).abs().min())
-        keep = torch.zeros(N, G, dtype=torch.bool).scatter(1, moe_ref.topk_lower_index(
-            s.reshape(N, G, E // G).sort(-1, descending=True).values[..., :k // moe["group_topk"]].sum(-1),
-            moe["group_topk"])[1], True)
+        G, Gk = moe["groups"], moe["group_topk"]
+        sums = s.reshape(N, G, E // G).sort(-1, descending=True).values[..., :k // Gk].sum(-1)   # (N, G)
+        ordered = sums.sort(-1, descending=True).values
+        gaps.append((ordered[:, Gk - 1] - ordered[:, Gk]).min())
+        keep = torch.zeros(N, G, dtype=torch.bool).scatter(1, moe_ref.topk_lower_index(sums, Gk)[1], True)
         s = s.masked_fill(~keep.repeat_interleave(E // G, 1), -1e9)
     ss = s.sort(-1, descending=True).values
     if k < E:
