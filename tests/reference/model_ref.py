@@ -1,7 +1,8 @@
 """The model of the PyTorch reference (gpt_ref.py), written from docs/ARCHITECTURE.md "Model": GPT-2
 by default (pre-LN, learned positions, GELU MLP, biases, tied LM head, no dropout) and the LLaMA
 family's options (RMSNorm, SwiGLU, RoPE with Llama 3.1 scaling, grouped-query attention, untied output
-layer, no linear biases), each by hand (this torch has neither nn.RMSNorm nor GQA attention).
+layer, no linear biases), each by hand (this torch has neither nn.RMSNorm nor GQA attention), and
+the Mixture-of-Experts MLP of docs/MOE.md on the layers moe_layer_freq marks (moe_ref.py).
 Parameter names are tptrain's global names; each tensor is stored as the row-major 2-D (or 1-D) view
 of its global shape, e.g. attn.qkv.weight [3, H*D, C] or, grouped, [G, H/G + 2, D, C] as
 ((H + 2G) D, C), so tptrain's init (init_ref.py) indexes it by the flat global index."""
