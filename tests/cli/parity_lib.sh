@@ -1,14 +1,15 @@
-# Sourced by the parity tests (tests/cli/parity_torch.sh, parity_llama.sh) after they set NAME (the
-# test's name): the environment (TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON, PARITY_* as those files
-# say), the work directory as the current one, the counters pass / fail / show, parity_case (one
-# case: the reference and tptrain on cfg.yaml, metrics compared) and parity_finish (the summary).
+# Sourced by the parity tests (tests/cli/parity_torch.sh, parity_llama.sh, parity_moe.sh) after
+# they set NAME (the test's name): the environment (TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON,
+# PARITY_* as those files say; PARITY_AUX_ABS (1e-5): the MoE balancing losses' tolerance), the work
+# directory as the current one, the counters pass / fail / show, parity_case (one case: the
+# reference and tptrain on cfg.yaml, metrics compared) and parity_finish (the summary).
 SRC=${TPTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 PY=${PYTHON:-/usr/bin/python3}
 WORK=${TPTRAIN_WORK:-$(mktemp -d "/tmp/$NAME.XXXXXX")}
 TPTRAIN=${TPTRAIN:-}
 REF=$SRC/tests/reference
 TOL=(--loss-abs "${PARITY_LOSS_ABS:-1e-4}" --gradnorm-rel "${PARITY_GRADNORM_REL:-1e-3}"
-     --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
+     --lr-rel "${PARITY_LR_REL:-1e-6}" --aux-abs "${PARITY_AUX_ABS:-1e-5}" --min-iters 8)
 TOL_BF16=(--loss-abs "${PARITY_BF16_LOSS_ABS:-2e-2}" --gradnorm-rel "${PARITY_BF16_GRADNORM_REL:-5e-2}"
           --lr-rel "${PARITY_LR_REL:-1e-6}" --min-iters 8)
 TIMEOUT=${PARITY_TIMEOUT_S:-300}

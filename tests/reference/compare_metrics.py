@@ -2,18 +2,23 @@
 """Compares two metrics JSON-lines files (tptrain's logging.metrics_file and gpt_ref.py --out).
 
   compare_metrics.py A.jsonl B.jsonl [--loss-abs 1e-4] [--gradnorm-rel 1e-3] [--lr-rel 1e-6]
-                     [--min-iters 8] [--names tptrain,ref]
+                     [--aux-abs 1e-5] [--min-iters 8] [--names tptrain,ref]
 
 Checks: both files have the same set of iterations, at least --min-iters of them; for every
 iteration |lm_loss_A - lm_loss_B| <= loss-abs, |grad_norm_A - grad_norm_B| <= gradnorm-rel *
 max(|A|, |B|), |lr_A - lr_B| <= lr-rel * max(|A|, |B|), consumed_samples equal where both have it,
-and every value finite. Prints a per-iteration table and the largest differences.
+and every value finite. The MoE balancing losses (docs/MOE.md: load_balancing_loss,
+seq_load_balancing_loss, z_loss): where either file has one at an iteration, both must, within
+aux-abs; moe_max_imbalance within aux-abs where both have it. Prints a per-iteration table and the largest differences.
 Exit 0 if all pass, 1 on a mismatch, 2 if a file cannot be read.
 """
 import argparse
 import json
 import math
 import sys
+
+AUX_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "z_loss")  # both sides or neither
+MOE_KEYS = AUX_KEYS + ("moe_max_imbalance",)                            # compared within --aux-abs
 
 
 def load(path):
@@ -44,6 +49,28 @@ def finite(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def compare_moe(ra, rb, na, nb, tol, worst):
+    """The MoE values of one iteration's records: the problems found; worst[key] = (largest |d|, it)."""
+    bad = []
+    for key in MOE_KEYS:
+        x, y = ra.get(key), rb.get(key)
+        if x is None and y is None:
+            continue
+        if x is None or y is None:
+            if key in AUX_KEYS:
+                bad.append(f"{key} only in {na if y is None else nb}")
+            continue
+        if not (finite(x) and finite(y)):
+            bad.append(f"{key} not finite ({x!r}, {y!r})")
+            continue
+        d = abs(x - y)
+        if key not in worst or d > worst[key][0]:
+            worst[key] = (d, ra["iteration"])
+        if d > tol:
+            bad.append(f"{key} |diff| {d:.3e} > {tol:g} ({na} {x!r}, {nb} {y!r})")
+    return bad
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a")
@@ -51,6 +78,7 @@ def main(argv=None):
     p.add_argument("--loss-abs", type=float, default=1e-4)
     p.add_argument("--gradnorm-rel", type=float, default=1e-3)
     p.add_argument("--lr-rel", type=float, default=1e-6)
+    p.add_argument("--aux-abs", type=float, default=1e-5, help="absolute tolerance of the MoE values")
     p.add_argument("--min-iters", type=int, default=8)
     p.add_argument("--names", default="A,B", help="column labels, e.g. tptrain,ref")
     a = p.parse_args(argv)
@@ -94,6 +122,7 @@ def main(argv=None):
             bad.append(f"lr rel diff {vals['lr'][2]:.3e} > {a.lr_rel:g}")
         if "consumed_samples" in ra and "consumed_samples" in rb and ra["consumed_samples"] != rb["consumed_samples"]:
             bad.append(f"consumed_samples {ra['consumed_samples']} != {rb['consumed_samples']}")
+        bad += compare_moe(ra, rb, na, nb, a.aux_abs, worst)
 
         def num(v, fmt):
             return format(v, fmt) if finite(v) else str(v)
@@ -102,6 +131,9 @@ def main(argv=None):
               f"{num(g[0], '13.7f')} {num(g[1], '13.7f')} {num(g[2], '9.2e')} | "
               f"{num(r[0], '11.4e')} {num(r[1], '11.4e')} {num(r[2], '8.1e')} | {'ok' if not bad else 'MISMATCH'}")
         problems += [f"iteration {k}: {b}" for b in bad]
+    for key in MOE_KEYS:
+        if key in worst:
+            print(f"largest |d| {key}: {worst[key][0]:.3e} (iteration {worst[key][1]}), tolerance {a.aux_abs:g}")
     print(f"largest differences: lm_loss |d| {worst['lm_loss'][0]:.3e} (iteration {worst['lm_loss'][1]}), "
           f"grad_norm rel {worst['grad_norm'][0]:.3e} (iteration {worst['grad_norm'][1]}), "
           f"lr rel {worst['lr'][0]:.3e} (iteration {worst['lr'][1]}); "

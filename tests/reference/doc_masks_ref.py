@@ -4,6 +4,8 @@ the masked token losses of the global batch divided by the number of tokens that
 import torch
 import torch.nn.functional as F
 
+import moe_ref  # tests/reference/moe_ref.py
+
 
 def megatron_masks_and_positions(tokens, eod, reset_position_ids, eod_mask_loss):
     """Megatron's get_ltor_masks_and_position_ids for inputs (B, T): loss mask 0 where the input
@@ -33,12 +35,14 @@ def train_step_doc(model, opt, micro_batches, lr, clip_grad, eod, reset_position
     masks = [megatron_masks_and_positions(mb[:, :-1], eod, reset_position_ids, eod_mask_loss) for mb in micro_batches]
     counted = max(1.0, float(sum(m.sum() for m, _ in masks)))
     total = 0.0
+    moe = moe_ref.StepStats(model.moe_layers())     # MoE balancing losses: 1 / M each (docs/MOE.md)
     for mb, (mask, pos) in zip(micro_batches, masks):
         logits = model(mb[:, :-1], pos if reset_position_ids else None)
         V = logits.shape[-1]
         ce = F.cross_entropy(logits.reshape(-1, V), mb[:, 1:].reshape(-1), reduction="none")
         loss = (ce * mask.reshape(-1).to(ce.dtype)).sum() / counted
-        loss.backward()
+        (loss + moe.objective_terms() / len(micro_batches)).backward()
         total += float(loss.detach())
+    model.moe_stats = moe.finish() if moe.layers else {}
     from gpt_ref import clip_and_step  # tests/reference/gpt_ref.py (imports this module lazily)
     return total, clip_and_step(model, opt, clip_grad)

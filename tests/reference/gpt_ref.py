@@ -29,6 +29,7 @@ import yaml
 
 # The model (model_ref.py, next to this file); gpt_ref.build_model stays the name other scripts use.
 import hf_llama_ref  # HF Llama checkpoints (tests/reference/hf_llama_ref.py)
+import moe_ref  # Mixture-of-Experts keys and bookkeeping (tests/reference/moe_ref.py, docs/MOE.md)
 from model_ref import GPT, build_model, is_decayed, is_gpt2, tptrain_init_state
 
 
@@ -135,6 +136,8 @@ SCHEMA = {
         "trace_file": ("str", None, None, True),
     },
 }
+SCHEMA["model"].update(moe_ref.MODEL_KEYS)        # docs/MOE.md "Config"
+SCHEMA["parallel"].update(moe_ref.PARALLEL_KEYS)  # the expert layout: accepted, no math here
 
 
 def _closest(word, choices):
@@ -191,6 +194,8 @@ def _convert(where, kind, nullable, value):
         if any(v < 0 or not math.isfinite(v) for v in out) or sum(out) <= 0:
             raise RefError(f"config key {where}: weights must be >= 0 with a positive sum, got {value!r}")
         return out
+    if kind == "layer_freq":
+        return moe_ref.convert_layer_freq(where, value, RefError)
     raise AssertionError(kind)
 
 
@@ -256,6 +261,7 @@ def _check_and_resolve(cfg):
         m["ffn_hidden_size"] = 4 * m["hidden_size"]
     if m["max_position_embeddings"] is None:
         m["max_position_embeddings"] = m["seq_length"]
+    moe_ref.check_config(m, cfg["parallel"], RefError)
     if m["max_position_embeddings"] < m["seq_length"]:
         raise RefError("model.max_position_embeddings must be >= model.seq_length")
     if m["hidden_dropout"] != 0.0 or m["attention_dropout"] != 0.0:
@@ -593,17 +599,21 @@ def make_optimizer(model, o):
 
 def train_step(model, opt, micro_batches, lr, clip_grad):
     """One iteration: gradient of the mean loss over all tokens of the global batch (equal-sized
-    micro-batches, each loss divided by their number), pre-clip global norm, clip, AdamW.
-    Returns (lm_loss, grad_norm) with the loss of the parameters before the update."""
+    micro-batches, each loss divided by their number) plus, with MoE layers, each micro-batch's
+    balancing losses weighed as its loss (docs/MOE.md "Balancing losses"), pre-clip global norm,
+    clip, AdamW. Returns (lm_loss, grad_norm) with the loss of the parameters before the update;
+    model.moe_stats: the logged MoE values (after the expert bias update)."""
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=False)
     n = len(micro_batches)
     total = 0.0
+    moe = moe_ref.StepStats(model.moe_layers())
     for mb in micro_batches:
         loss = model.loss(mb)
-        (loss / n).backward()
+        ((loss + moe.objective_terms()) / n).backward()
         total += float(loss.detach())
+    model.moe_stats = moe.finish() if moe.layers else {}
     gn = clip_and_step(model, opt, clip_grad)
     return total / n, gn
 
@@ -664,8 +674,10 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
             else:
                 loss, gn = train_step(model, opt, micro, lr, o["clip_grad"])
             rec = {"iteration": k, "consumed_samples": k * G, "lm_loss": loss, "grad_norm": gn, "lr": lr}
+            rec.update(model.moe_stats)
             print(f"gpt_ref: iteration {k}/{steps} | lm loss {loss:.6E} | grad norm {gn:.6f} | "
-                  f"learning rate {lr:.6E}", file=log)
+                  f"learning rate {lr:.6E}" + "".join(f" | {n} {v:.6E}" for n, v in model.moe_stats.items()),
+                  file=log)
             if out:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()

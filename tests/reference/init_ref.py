@@ -6,9 +6,12 @@ contract (docs/ARCHITECTURE.md "Numerics", core/rng.h's comments), vectorised in
     stream_id  = FNV-1a 64-bit of the name's bytes,
     normal_at  = Box-Muller in double on Philox4x32-10(counter_hi = stream, counter_lo = e, key = seed),
                  u1 = uniform_open0(r0, r1), u2 = uniform_open0(r2, r3), rounded to float32.
-  std = init_method_std for wte, wpe, lm_head, attn.qkv.weight, mlp.fc1.weight; the two output
-  projections (attn.proj.weight, mlp.fc2.weight) std / sqrt(2 num_layers) (float32 arithmetic);
-  norm weights 1, biases 0.
+  std = init_method_std for wte, wpe, lm_head, attn.qkv.weight, mlp.fc1.weight and the MoE tensors
+  (docs/MOE.md "Parameters": mlp.router.weight, mlp.experts.fc1.weight, mlp.shared_experts.fc1.weight,
+  mlp.shared_experts.gate.weight); the output projections (attn.proj.weight, mlp.fc2.weight,
+  mlp.experts.fc2.weight, mlp.shared_experts.fc2.weight) std / sqrt(2 num_layers) (float32
+  arithmetic); norm weights 1, biases 0. An expert tensor's index is the flat index in its global
+  (E, ...) shape, so expert j's weights do not depend on how the experts are split.
 """
 import numpy as np
 
@@ -64,7 +67,7 @@ def normal_at(seed, stream, index):
 
 
 NORM_WEIGHTS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
-OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.fc2.weight")
+OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.fc2.weight", "experts.fc2.weight")  # + shared_experts.fc2
 
 
 def init_tensor(name, shape, seed, init_method_std, num_layers):

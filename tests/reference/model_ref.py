@@ -1,7 +1,8 @@
 """The model of the PyTorch reference (gpt_ref.py), written from docs/ARCHITECTURE.md "Model": GPT-2
 by default (pre-LN, learned positions, GELU MLP, biases, tied LM head, no dropout) and the LLaMA
 family's options (RMSNorm, SwiGLU, RoPE with Llama 3.1 scaling, grouped-query attention, untied output
-layer, no linear biases), each by hand (this torch has neither nn.RMSNorm nor GQA attention).
+layer, no linear biases), each by hand (this torch has neither nn.RMSNorm nor GQA attention), and
+the Mixture-of-Experts MLP of docs/MOE.md on the layers moe_layer_freq marks (moe_ref.py).
 Parameter names are tptrain's global names; each tensor is stored as the row-major 2-D (or 1-D) view
 of its global shape, e.g. attn.qkv.weight [3, H*D, C] or, grouped, [G, H/G + 2, D, C] as
 ((H + 2G) D, C), so tptrain's init (init_ref.py) indexes it by the flat global index."""
@@ -11,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import moe_ref  # the Mixture-of-Experts MLP (tests/reference/moe_ref.py, docs/MOE.md)
 
 
 def resolve_arch(m):
@@ -29,13 +32,13 @@ def resolve_arch(m):
             "rotary_base": get("rotary_base", 10000.0), "interleaved": get("rotary_interleaved", False),
             "rope_scaling": m.get("rope_scaling"),
             "tied": not get("untie_embeddings_and_output_weights", False),
-            "bias": bias, "qkv_bias": bias or get("add_qkv_bias", False)}
+            "bias": bias, "qkv_bias": bias or get("add_qkv_bias", False), "moe": moe_ref.resolve_moe(m)}
 
 
 def is_gpt2(m):
     a = resolve_arch(m)
     return (not a["rms"] and not a["swiglu"] and not a["rope"] and not a["gqa"] and a["tied"] and a["bias"]
-            and a["D"] * a["H"] == a["C"])
+            and a["D"] * a["H"] == a["C"] and a["moe"] is None)
 
 
 class Norm(nn.Module):
@@ -139,12 +142,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, a):
+    def __init__(self, a, moe_layer=False):
         super().__init__()
         self.ln_1 = Norm(a["C"], a["eps"], a["rms"])
         self.attn = Attention(a)
         self.ln_2 = Norm(a["C"], a["eps"], a["rms"])
-        self.mlp = MLP(a)
+        self.mlp = moe_ref.MoEMLP(a, MLP) if moe_layer else MLP(a)
 
     def forward(self, x, mask, angle):
         x = x + self.attn(self.ln_1(x), mask, angle)
@@ -158,7 +161,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(a["V"], a["C"])
         if not a["rope"]:
             self.wpe = nn.Embedding(a["P"], a["C"])
-        self.h = nn.ModuleList([Block(a) for _ in range(a["L"])])
+        moe_layers = a["moe"]["layers"] if a["moe"] else [False] * a["L"]
+        self.h = nn.ModuleList([Block(a, moe_layers[i]) for i in range(a["L"])])
         self.ln_f = Norm(a["C"], a["eps"], a["rms"])
         if not a["tied"]:
             self.lm_head = nn.Linear(a["C"], a["V"], bias=False)
@@ -186,6 +190,10 @@ class GPT(nn.Module):
         logits = self(tokens[:, :-1])
         V = logits.shape[-1]
         return F.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1))
+
+    def moe_layers(self):
+        """The MoE MLPs (moe_ref.MoEMLP) in layer order; empty for a dense model."""
+        return [blk.mlp for blk in self.h if isinstance(blk.mlp, moe_ref.MoEMLP)]
 
     def load_state(self, state):
         params = dict(self.named_parameters())

@@ -8,7 +8,7 @@ parameters; the accumulated micro-batch gradient vs the full-batch gradient; the
 independent numpy GPT-2 written directly on HF's Conv1D tensors; F16/BF16/prefix/buffer loading;
 AdamW + clipping vs DESIGN's formulas in numpy; LR schedule values; document split rule; both token
 formats; loss at init ~ ln(V); micro 4x2 == micro 8 and Megatron == llm.c through the CLI; then the
-LLaMA-family checks of selftest_llama.py.
+LLaMA-family checks of selftest_llama.py and the Mixture-of-Experts checks of selftest_moe.py.
 Prints one line per check and exits non-zero if any fails.
 """
 import argparse
@@ -334,6 +334,7 @@ def cli_microbatch_and_formats(work):
 
 
 import selftest_llama  # noqa: E402,F401  (registers the LLaMA-family checks after these)
+import selftest_moe  # noqa: E402,F401  (and the Mixture-of-Experts checks: --only moe)
 
 
 def main(argv=None):
