@@ -15,15 +15,23 @@ std::vector<GPTDims> make_chunk_dims(const Config& cfg, int tp, int tp_rank, int
   return chunks;
 }
 
-ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks) {
+int64_t replica_group_align(const Config& cfg) {
+  const int64_t replicas = int64_t(std::max(1, cfg.parallel.data_parallel_size)) * cfg.parallel.context_parallel_size;
+  return kShardAlign * (cfg.parallel.distributed_optimizer ? replicas : 1);
+}
+
+ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks, int64_t group_align) {
   // the chunks' tensors in chunk order, each replica group's together (the experts after every dense
-  // tensor: model/param_group.h), at offsets recounted with the 64-byte tensor alignment
+  // tensor: model/param_group.h), at offsets recounted with the 64-byte tensor alignment; a group
+  // starts at a multiple of group_align
   std::vector<ParamInfo> all;
   for (const GPTDims& d : chunks)
     for (ParamInfo& p : make_param_layout(d).params) all.push_back(std::move(p));
   std::stable_partition(all.begin(), all.end(), [](const ParamInfo& p) { return p.group.replicas == ReplicaGroup::Dense; });
   ParamLayout rank;
   for (ParamInfo& p : all) {
+    if (!rank.params.empty() && rank.params.back().group.replicas != p.group.replicas)
+      rank.total = (rank.total + group_align - 1) / group_align * group_align;
     p.offset = rank.total;
     rank.total += (p.numel + 15) / 16 * 16;
     rank.params.push_back(std::move(p));

@@ -20,7 +20,11 @@ int model_chunks(const Config& cfg);
 std::vector<GPTDims> make_chunk_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
 // The rank's parameter layout: its chunks' layouts one after the other, chunk 0 first (so the
 // layers lie in ascending global order, as the DP gradient buckets need).
-ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks);
+ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks, int64_t group_align = kShardAlign);
+// Where make_rank_layout starts a replica group (the MoE experts' after the dense tensors): a
+// multiple of kShardAlign, times the dense group's ranks with the distributed optimizer, so that the
+// dense span's padding to whole shards (parallel/grad_sync.h buffer_size) ends before it.
+int64_t replica_group_align(const Config& cfg);
 // The rank's transformer layers (global indices, ascending) and where each lies in the layout.
 std::vector<int64_t> rank_layers(const std::vector<GPTDims>& chunks);
 std::vector<GradRange> rank_layer_ranges(const ParamLayout& layout, const std::vector<GPTDims>& chunks);

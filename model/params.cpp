@@ -213,6 +213,8 @@ ParamLayout make_param_layout(const GPTDims& d) {
   const MoEDims& m = d.moe;
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
     if (!m.is_moe(l)) continue;
+    if (!b.layout.params.empty() && b.layout.params.back().group.replicas == ReplicaGroup::Dense)  // a new group
+      b.layout.total = (b.layout.total + kShardAlign - 1) / kShardAlign * kShardAlign;
     const std::string pre = "h." + std::to_string(l) + ".mlp.experts.";
     const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
     auto expert = [&](const std::string& name, std::vector<int64_t> shape, ParamInfo::Init init, float std) {

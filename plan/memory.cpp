@@ -86,7 +86,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
 StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend) {
   const int pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp && !chunks.empty());
-  const ParamLayout layout = make_rank_layout(chunks);
+  const ParamLayout layout = make_rank_layout(chunks, replica_group_align(cfg));
   const DType dtype = compute_dtype(cfg);
   const int64_t B = cfg.training.micro_batch_size;
   const std::vector<Action> schedule = stage_schedule(cfg, pp_rank);

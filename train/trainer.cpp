@@ -180,7 +180,7 @@ void Trainer::setup_model() {
   for (GPTDims& d : chunk_dims_) apply_context_parallel(d, cfg_, grid_.cp_rank);  // this CP rank's tokens
   dims_ = chunk_dims_.front();
   layers_ = rank_layers(chunk_dims_);
-  layout_ = make_rank_layout(chunk_dims_);
+  layout_ = make_rank_layout(chunk_dims_, replica_group_align(cfg_));
   std::vector<float> host(size_t(layout_.total), 0.0f);
   // model.init_from: HF Llama (a directory, index, config.json or file with config.json beside it) or
   // HF GPT-2 (interop/hf/llama.h); each rank reads only its boxes

@@ -4,10 +4,9 @@ E experts looped over one by one, an optional shared expert with its sigmoid gat
 option (softmax / sigmoid scores, pre-softmax, top-k scaling, group-limited top-k, the expert bias),
 capacity with both drop policies, the balancing losses (aux_loss, seq_aux_loss) and the z-loss.
 
-Token order: a micro-batch's (B, S) tokens are routed in Megatron's order, sequence position major
-(row t = s * B + b, Megatron's [s, b, h] hidden states flattened): docs/MOE.md does not say which
-order "the first tokens" (drop policy position) and "ties: the later token" (drop policy probs)
-mean, and Megatron's is this one. Ties in every top-k: the lower index wins.
+Token order: a micro-batch's (B, S) tokens are routed in tptrain's order, row t = b * S + s (docs/MOE.md
+"Capacity": the earlier token is the one kept; Megatron's [s, b] activations order them s * B + b
+instead, so its dropped set differs where capacity binds). Ties in every top-k: the lower index wins.
 
 Parameters, by tptrain's global names and global shapes (init_ref.py indexes them flat):
   mlp.router.weight (E, C); mlp.experts.fc1.weight (E, Fe, C), SwiGLU (E, 2 Fe, C) = per expert
@@ -322,7 +321,7 @@ class MoEMLP(nn.Module):
     def forward(self, x):
         B, T, C = x.shape
         moe, E = self.moe, self.moe["E"]
-        xs = x.transpose(0, 1).reshape(T * B, C)     # Megatron's token order: row s * B + b
+        xs = x.reshape(B * T, C)                     # tptrain's token order: row b * S + s
         z = xs @ self.router.weight.t()              # (N, E) logits
         probs, routed = route(z, moe, self.expert_bias if moe["expert_bias"] else None)
         kept, cap = routed, None
@@ -338,12 +337,12 @@ class MoEMLP(nn.Module):
             if moe["shared_gate"]:
                 sh = sh * torch.sigmoid(xs @ self.shared_experts.gate.weight.t())
             y = y + sh
-        self.terms = balancing_losses(z.reshape(T, B, E).transpose(0, 1), moe)
+        self.terms = balancing_losses(z.reshape(B, T, E), moe)
         self.kept_counts = kept.sum(0).to(torch.float64)
         # Megatron counts the routing map after token dropping for the bias, padded when padding
         self.bias_counts = torch.full((E,), float(min(cap, T * B)), dtype=torch.float64) \
             if moe["pad"] else self.kept_counts
-        return y.reshape(T, B, C).transpose(0, 1)
+        return y.reshape(B, T, C)
 
 
 # ----------------------------------------------------------------------------------------------
