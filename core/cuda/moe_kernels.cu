@@ -51,21 +51,23 @@ struct CombineRowsF {
   }
 };
 
-// one warp per (t, j): lanes stride over C, then a fixed butterfly sum
+// one warp per (t, j), the warps striding over the pairs (the grid is capped: blocks_for): lanes
+// stride over C, then a fixed butterfly sum. The loop's condition is the same on the warp's 32 lanes.
 template <class T>
 __global__ void row_dots_kernel(float* out, const T* a, const T* b, const int32_t* idx, int64_t pairs, int64_t K,
                                 int64_t C) {
-  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int lane = int(threadIdx.x % 32);
-  if (warp >= pairs) return;
-  const int64_t t = warp / K;
-  const int32_t r = idx[warp];
-  float s = 0;
-  if (r >= 0)
-    for (int64_t c = lane; c < C; c += 32) s += ld(a, t * C + c) * ld(b, int64_t(r) * C + c);
+  for (int64_t p = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; p < pairs; p += warps) {
+    const int64_t t = p / K;
+    const int32_t r = idx[p];
+    float s = 0;
+    if (r >= 0)
+      for (int64_t c = lane; c < C; c += 32) s += ld(a, t * C + c) * ld(b, int64_t(r) * C + c);
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) out[warp] = s;
+    for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) out[p] = s;
+  }
 }
 
 }  // namespace
@@ -95,9 +97,7 @@ void row_dots(float* out, CBuf a, CBuf b, const int32_t* idx, int64_t N, int64_t
   if (pairs <= 0) return;
   dispatch(a.t, [&](auto tag) {
     using T = decltype(tag);
-    const int64_t threads = pairs * 32;
-    row_dots_kernel<T><<<unsigned((threads + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-        out, typed<T>(a), typed<T>(b), idx, pairs, K, C);
+    row_dots_kernel<T><<<blocks_for(pairs * 32), kThreads, 0, s>>>(out, typed<T>(a), typed<T>(b), idx, pairs, K, C);
     TPT_CUDA_LAUNCHED();
   });
 }
