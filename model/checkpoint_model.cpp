@@ -51,6 +51,10 @@ ModelConfig checkpoint_model_config(const nlohmann::json& meta) {
     c.untie_embeddings_and_output_weights = number("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights);
     c.add_bias_linear = number("add_bias_linear", c.add_bias_linear);
     c.add_qkv_bias = number("add_qkv_bias", c.add_qkv_bias);
+    if (number("num_moe_experts", 0) > 0)
+      input_error("meta.json: this checkpoint's model is a Mixture-of-Experts model (config.model.num_moe_experts " +
+                  std::to_string(number("num_moe_experts", 0)) +
+                  "); generation and the Hugging Face export read dense checkpoints only so far (docs/MOE.md)");
     const int G = query_groups(c), rot = rotary_dim(c);
     if (c.num_layers < 1 || c.hidden_size < 1 || c.num_attention_heads < 1 || c.kv_channels < 1 || G < 1 ||
         c.num_attention_heads % G || c.ffn_hidden_size < 1 || c.max_position_embeddings < 1 || c.vocab_size < 1 ||
