@@ -261,6 +261,9 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 // Checks that need the world size (TP*PP divides the world, a given DP matches, batch sizes
 // divisible) and resolves data_parallel_size and global_batch_size. Throws InputError.
 void resolve_parallel(Config& cfg, int world_size);
+// The Mixture-of-Experts layouts resolve_parallel accepts (core/config_moe.cpp): InputError for the
+// ones not built yet (expert parallelism, MoE with TP > 1).
+void check_moe_parallel(const Config& cfg);
 
 // What is wrong with data.split's weights (train, valid, test), or "" when they are 3 finite
 // non-negative numbers with a positive sum: the one rule, for the config and for

@@ -103,6 +103,7 @@ void resolve_parallel(Config& cfg, int world_size) {
   std::string key;
   const std::string length = run_length_error(cfg, t.global_batch_size, key);
   if (!length.empty()) input_error(key + ": " + length);
+  check_moe_parallel(cfg);
 }
 
 }  // namespace tpt

@@ -196,8 +196,8 @@ void Trainer::setup_model() {
     switch (g) {
       case ReplicaGroup::Dense:
         return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
-      case ReplicaGroup::ExpertData:  // TODO(grid): the EDP group; with TP 1, CP 1, EP 1 it is DP
-        TPT_CHECK(grid_.tp == 1 && grid_.cp == 1 && cfg_.parallel.expert_model_parallel_size == 1);
+      case ReplicaGroup::ExpertData:  // the EDP group: with TP 1 and EP 1 it is DP x CP
+        TPT_CHECK(grid_.tp == 1 && cfg_.parallel.expert_model_parallel_size == 1);
         return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
     }
     internal_error("Trainer: no communicator for replica group " + std::to_string(int(g)));

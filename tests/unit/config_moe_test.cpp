@@ -82,5 +82,23 @@ TEST(ConfigMoE, BadCombinationsNameTheirKeys) {
   EXPECT_HAS(moe_error({"model.moe_token_dispatcher_type=allgather"}), "allgather is not supported yet");
 }
 
+TEST(ConfigMoE, LayoutsNotBuiltYetAreRefused) {
+  auto parallel_error = [](Config c, int world) {
+    try {
+      resolve_parallel(c, world);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_HAS(parallel_error(moe({"parallel.expert_model_parallel_size=2"}), 2),
+             "parallel.expert_model_parallel_size: 2 is not supported yet");
+  EXPECT_HAS(parallel_error(moe({"parallel.tensor_model_parallel_size=2"}), 2),
+             "parallel.tensor_model_parallel_size: 2 with model.num_moe_experts is not supported yet");
+  EXPECT_HAS(parallel_error(parse_config(kBase, "t.yaml", {"parallel.expert_model_parallel_size=2"}), 2),
+             "needs a Mixture-of-Experts model");
+  EXPECT_EQ(parallel_error(moe({"parallel.pipeline_model_parallel_size=2"}), 4), "");  // PP x DP: built
+}
+
 }  // namespace
 }  // namespace tpt
