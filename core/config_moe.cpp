@@ -117,9 +117,6 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
   if (m.moe_router_enable_expert_bias && m.moe_router_score_function != MoEScore::Sigmoid)
     fail("model.moe_router_enable_expert_bias", "model.moe_router_score_function",
          "the expert bias (aux-loss-free balancing) needs moe_router_score_function: sigmoid (Megatron's rule)");
-  if (m.moe_router_enable_expert_bias)
-    fail("model.moe_router_enable_expert_bias", "",
-         "is not supported yet (aux-loss-free balancing is a follow-up of issue 38); use moe_aux_loss_coeff");
   if (!(m.moe_router_bias_update_rate > 0))
     fail("model.moe_router_bias_update_rate", "", "must be > 0, got " + s(m.moe_router_bias_update_rate));
   if (!(m.moe_aux_loss_coeff >= 0)) fail("model.moe_aux_loss_coeff", "", "must be >= 0, got " + s(m.moe_aux_loss_coeff));

@@ -143,6 +143,24 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   }
   stats_.layers = moe_layers_;
   stats_.counts.assign(moe_layers_.size() * size_t(m.E), 0.0);
+  if (m.router.expert_bias) {
+    bias_.assign(moe_layers_.size(), std::vector<float>(size_t(m.E), 0.0f));
+    bias_counts_.assign(moe_layers_.size(), std::vector<double>(size_t(m.E), 0.0));
+  }
+}
+
+void MoEMLP::update_expert_bias(const GroupSum& sum) {
+  for (size_t i = 0; i < bias_.size(); ++i) {
+    std::vector<double>& counts = bias_counts_[i];
+    sum(counts);
+    tpt::update_expert_bias(bias_[i], counts, d_.moe.router.bias_update_rate);
+    std::fill(counts.begin(), counts.end(), 0.0);
+  }
+}
+
+void MoEMLP::discard_step() {
+  take_stats();
+  for (auto& c : bias_counts_) std::fill(c.begin(), c.end(), 0.0);
 }
 
 // the scratch whose size is the rows bound: bufA, dact, dfc, and with EP > 1 bufB and the regroup maps
@@ -208,8 +226,10 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     if (tp_host_ && tp_host_->size() > 1) tp_host_->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
     if (cp_host_ && cp_host_->size() > 1) cp_host_->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
   };
-  s.routing = route(z.data(), T, m.router, [&](int64_t t) { return (token_begin_ + t) / d_.S; }, B_, group, sum);
+  s.routing = route(z.data(), T, m.router, [&](int64_t t) { return (token_begin_ + t) / d_.S; }, B_, group, sum,
+                    m.router.expert_bias ? bias_[size_t(mi)].data() : nullptr);
   const Routing& r = s.routing;
+  if (record && m.router.expert_bias) add_bias_counts(r, m.router, bias_counts_[size_t(mi)]);
   if (record) {
     stats_.aux += m.router.aux_coeff != 0 ? r.aux / m.router.aux_coeff : 0;
     stats_.z += r.z_mean;

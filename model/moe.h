@@ -105,6 +105,14 @@ class MoEMLP {
   // (the trainer's: loss scale x CP / micro-batches).
   void set_loss_scale(float s) { loss_scale_ = s; }
   MoEStats take_stats();
+  // The expert bias (aux-loss-free balancing, model.moe_router_enable_expert_bias): once per global
+  // batch, each MoE layer's bias from the step's counts summed over TP x DP x CP by `sum`; the
+  // stage's MoE layers (global indices) and their biases (E fp32 each, for the checkpoint).
+  void update_expert_bias(const GroupSum& sum);
+  const std::vector<int64_t>& layers() const { return moe_layers_; }
+  std::vector<float>& expert_bias(size_t i) { return bias_.at(i); }
+  // forget what the forwards since the last step counted (evaluation's routing)
+  void discard_step();
 
  private:
   struct LayerState;
@@ -118,6 +126,8 @@ class MoEMLP {
   std::vector<int64_t> moe_layers_;  // the stage's MoE layers (global indices)
   std::vector<std::vector<LayerState*>> state_;  // [slot][moe layer index]
   MoEStats stats_;
+  std::vector<std::vector<float>> bias_;           // per MoE layer (E): the expert bias
+  std::vector<std::vector<double>> bias_counts_;   // per MoE layer (E): this step's counts for its update
   // scratch (moe_scratch_bytes)
   float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr, *row_w_ = nullptr, *comb_w_ = nullptr;
   float* dprob_ = nullptr;

@@ -27,6 +27,8 @@ RouterOptions router_options(const ModelConfig& m) {
   o.balancing = m.moe_router_load_balancing_type;
   o.aux_coeff = m.moe_aux_loss_coeff;
   o.z_coeff = m.moe_z_loss_coeff;
+  o.expert_bias = m.moe_router_enable_expert_bias;
+  o.bias_update_rate = m.moe_router_bias_update_rate;
   return o;
 }
 
@@ -72,12 +74,17 @@ void choose(const float* scores, const RouterOptions& o, int32_t* out) {
   topk(masked.data(), o.E, o.k, out);
 }
 
+// ceil(T k / E * factor): an expert's capacity of a rank's T tokens
+int64_t capacity_of(int64_t T, const RouterOptions& o) {
+  return int64_t(std::ceil(double(T * o.k) / double(o.E) * o.capacity_factor));
+}
+
 // Capacity (Megatron's apply_router_token_dropping on a rank's T tokens): per expert at most
 // ceil(T k / E * factor) assignments; probs keeps the largest weights (ties: the earlier token),
 // position the earliest tokens. Dropped assignments get expert -1 and weight 0.
 void drop_over_capacity(Routing& r, const RouterOptions& o) {
   const int64_t T = r.T, k = o.k;
-  const auto capacity = int64_t(std::ceil(double(T * k) / double(o.E) * o.capacity_factor));
+  const int64_t capacity = capacity_of(T, o);
   if (capacity > T) return;  // no expert can overflow
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(o.E));  // assignment indices t k + j, token order
   for (int64_t a = 0; a < T * k; ++a) by_expert[size_t(r.expert[size_t(a)])].push_back(a);
@@ -118,8 +125,27 @@ void aux_scores_backward(const float* z, const float* s, const float* ds, const 
 
 }  // namespace
 
+void update_expert_bias(std::vector<float>& bias, const std::vector<double>& counts, double rate) {
+  double total = 0;
+  for (double c : counts) total += c;
+  const double mean = total / double(counts.size());
+  for (size_t e = 0; e < bias.size(); ++e) {
+    const double offset = mean - counts[e];
+    bias[e] += float(offset > 0 ? rate : offset < 0 ? -rate : 0.0);
+  }
+}
+
+void add_bias_counts(const Routing& r, const RouterOptions& o, std::vector<double>& counts) {
+  if (o.capacity_factor != 0 && o.pad_to_capacity) {
+    const double c = double(std::min(capacity_of(r.T, o), r.T));
+    for (double& n : counts) n += c;
+    return;
+  }
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] += r.counts[e];
+}
+
 Routing route(const float* z, int64_t T, const RouterOptions& o, const std::function<int64_t(int64_t)>& seq_of,
-              int64_t B, int64_t group_size, const GroupSum& sum) {
+              int64_t B, int64_t group_size, const GroupSum& sum, const float* bias) {
   const int64_t E = o.E, k = o.k;
   Routing r;
   r.T = T;
@@ -130,7 +156,7 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
   const bool scores = o.score == MoEScore::Sigmoid || o.pre_softmax;
   if (scores) r.scores.resize(size_t(T * E));
   else r.topk_softmax.resize(size_t(T * k));
-  std::vector<float> sel(static_cast<size_t>(k));
+  std::vector<float> sel(static_cast<size_t>(k)), biased(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* zt = z + t * E;
     int32_t* ch = r.chosen.data() + t * k;
@@ -145,7 +171,12 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
       if (o.score == MoEScore::Softmax) softmax(zt, E, s);
       else
         for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(zt[e]);
-      choose(s, o, ch);
+      if (bias) {  // the bias chooses (groups included), the scores weigh
+        for (int64_t e = 0; e < E; ++e) biased[size_t(e)] = s[e] + bias[e];
+        choose(biased.data(), o, ch);
+      } else {
+        choose(s, o, ch);
+      }
       float total = 0;
       for (int64_t j = 0; j < k; ++j) total += p[j] = s[ch[j]];
       if (o.score == MoEScore::Sigmoid && k > 1)

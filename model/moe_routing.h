@@ -25,6 +25,8 @@ struct RouterOptions {
   bool pad_to_capacity = false;
   MoEBalancing balancing = MoEBalancing::AuxLoss;
   double aux_coeff = 0, z_coeff = 0;
+  bool expert_bias = false;   // aux-loss-free balancing: a per-expert fp32 bias on the sigmoid scores chooses
+  double bias_update_rate = 0;
 };
 RouterOptions router_options(const ModelConfig& m);
 
@@ -50,11 +52,18 @@ struct Routing {
 using GroupSum = std::function<void(std::vector<double>& v)>;
 
 // Routes logits z (T, E) of this rank's tokens. seq_of(t): the micro-batch sequence (0 .. B-1) token
-// t belongs to (seq_aux_loss), group_tokens: tokens of the micro-batch over the TP x CP group,
-// group_size: ranks in that group. Calls sum exactly once when a balancing loss is on, on every rank
-// of the group alike.
+// t belongs to (seq_aux_loss), group_size: ranks in the TP x CP group. Calls sum exactly once when a
+// balancing loss is on, on every rank of the group alike. bias (E): the expert bias (o.expert_bias),
+// added to the sigmoid scores for the choice only.
 Routing route(const float* z, int64_t T, const RouterOptions& o, const std::function<int64_t(int64_t)>& seq_of,
-              int64_t B, int64_t group_size, const GroupSum& sum);
+              int64_t B, int64_t group_size, const GroupSum& sum, const float* bias = nullptr);
+
+// The expert bias's update once per global batch (Megatron's get_updated_expert_bias): bias_e +=
+// rate * sign(mean - n_e) with n (E) the step's routed counts over TP x DP x CP.
+void update_expert_bias(std::vector<float>& bias, const std::vector<double>& counts, double rate);
+// The counts the update reads for one micro-batch's routing (after capacity; padded to capacity,
+// every expert's capacity: Megatron counts its routing map)
+void add_bias_counts(const Routing& r, const RouterOptions& o, std::vector<double>& counts);
 
 // d logits (T, E) from d prob (T, k), plus loss_scale x the balancing losses' d logits.
 void routing_backward(const Routing& r, const float* z, const float* dprob, const RouterOptions& o, float loss_scale,

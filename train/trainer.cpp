@@ -508,6 +508,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   ops_->zero(grads_, size_t(buffer_total_));
   const double t_fwd_bwd = schedule_clock_us();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
+  if (cfg_.model.moe_router_enable_expert_bias) update_expert_bias();
   // gradients averaged over DP (buckets already started during the last backward finish here;
   // reduce-scattered with the distributed optimizer), the tied word embedding's summed over the
   // embedding group
@@ -585,7 +586,7 @@ double Trainer::evaluate() {
     counted += batch_counted_;
   }
   for (auto& stage : stages_)  // evaluation's routing is not the training step's
-    if (stage->moe()) stage->moe()->take_stats();
+    if (stage->moe()) stage->moe()->discard_step();
   return sum / double(std::max<int64_t>(counted, 1));
 }
 

@@ -17,11 +17,11 @@
 #include "model/gpt.h"
 #include "model/optimizer.h"
 #include "parallel/grad_sync.h"
+#include "parallel/checkpoint.h"
 #include "parallel/grid.h"
-#include "train/moe_metrics.h"
-#include "train/moe_metrics.h"
 #include "parallel/schedule.h"
 #include "train/aux_output.h"
+#include "train/moe_metrics.h"
 #include "train/tensorboard.h"
 #include "train/trace.h"
 
@@ -71,6 +71,12 @@ class Trainer {
   void owned_from_host(float* state, const float* host, bool sharded);
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
                      int skipped, int nans, std::optional<double> val_loss);
+  // Mixture-of-Experts (train/trainer_moe.cpp): the expert biases' update once per global batch, and
+  // their checkpoint tensors h.<l>.mlp.router.expert_bias (E) -- written by TP rank 0 of replica 0 of
+  // each stage (for_save), read by every rank -- with the whole model's names for the shape check.
+  void update_expert_bias();
+  std::vector<CkptTensor> expert_bias_tensors(bool for_save);
+  std::vector<GlobalTensor> expert_bias_model() const;
 
   const Config& cfg_;
   Grid& grid_;

@@ -99,9 +99,11 @@ void Trainer::save_checkpoint() {
     const size_t total = size_t(layout_.total);
     std::vector<float> a(total, 0.0f), b(total, 0.0f);
     owned_to_host(a.data(), master_, master_sharded_);
+    std::vector<CkptTensor> model = rank_tensors(layout_, a.data(), "", true, unique);
+    for (CkptTensor& t : expert_bias_tensors(true)) model.push_back(std::move(t));  // MoE: not parameters
     writer.write_file(distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
                                                   : model_shard_name(grid_.tp_rank, grid_.pp_rank),
-                      rank_tensors(layout_, a.data(), "", true, unique));
+                      model);
     owned_to_host(a.data(), adamw_->exp_avg(), true);
     owned_to_host(b.data(), adamw_->exp_avg_sq(), true);
     std::vector<CkptTensor> moments = rank_tensors(layout_, a.data(), kExpAvg, true, unique);
@@ -149,10 +151,13 @@ bool Trainer::load_checkpoint() {
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
+  const std::vector<CkptTensor> biases = expert_bias_tensors(false);  // MoE's expert biases, into the stages
+  req.wanted.insert(req.wanted.end(), biases.begin(), biases.end());
   // The whole model (one stage, one TP rank): names and global shapes for the shape check.
   const ParamLayout whole = make_param_layout(make_dims(cfg_, 1, 0, 1, 0));
   for (const char* prefix : {"", kExpAvg, kExpAvgSq})
     for (const ParamInfo& p : whole.params) req.model.push_back({prefix + p.name, p.global_shape});
+  for (const GlobalTensor& t : expert_bias_model()) req.model.push_back(t);
 
   {  // a missing directory is the first run of a requeued job; anything else but a directory is a mistake
     std::error_code ec;
@@ -169,6 +174,7 @@ bool Trainer::load_checkpoint() {
     for (const CkptTensor& t : groups[g]) reader->read(t);
     owned_from_host(targets[g], host.data(), sharded[g]);  // this rank's part (all of it, or its blocks)
   }
+  for (const CkptTensor& t : biases) reader->read(t);
   refresh_compute_params();  // the compute copy of the loaded fp32 master weights, all-gathered
   iteration_ = reader->iteration();
   {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match
