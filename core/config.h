@@ -258,8 +258,9 @@ void note_stdin_closed();
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 
-// Checks that need the world size (TP*PP divides the world, a given DP matches, batch sizes
-// divisible) and resolves data_parallel_size and global_batch_size. Throws InputError.
+// Checks that need the world size (TP*PP divides the world, a given DP matches, the expert grid,
+// batch sizes divisible) and resolves data_parallel_size, global_batch_size and
+// expert_tensor_parallel_size (null: TP). Throws InputError.
 void resolve_parallel(Config& cfg, int world_size);
 
 // What is wrong with data.split's weights (train, valid, test), or "" when they are 3 finite

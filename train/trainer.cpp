@@ -189,13 +189,16 @@ void Trainer::setup_model() {
   dtype_ = compute_dtype(cfg_);
   // Parameter and gradient buffers: one span per replica group (model/param_group.h), padded for
   // the distributed optimizer's blocks (parallel/grad_sync.h). The dense group: DP, or DP x CP with
-  // context parallelism (its ranks hold the same weights), averaged.
+  // context parallelism (its ranks hold the same weights), averaged; the experts': EDP.
   const int replicas = grid_.dp_cp_size();
   const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && replicas > 1;
   auto replica_comm = [&](ReplicaGroup g) -> ReplicaComm {
     switch (g) {
       case ReplicaGroup::Dense:
         return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
+      case ReplicaGroup::ExpertData:  // summed over EDP, the same net scale (model/param_group.h)
+        TPT_CHECK(grid_.ep == cfg_.parallel.expert_model_parallel_size);
+        return {grid_.edp > 1 ? &grid_.device_edp() : nullptr, 1.0f / float(replicas)};
     }
     internal_error("Trainer: no communicator for replica group " + std::to_string(int(g)));
   };
