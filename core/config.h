@@ -260,7 +260,8 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 
 // Checks that need the world size (TP*PP divides the world, a given DP matches, the expert grid,
 // batch sizes divisible) and resolves data_parallel_size, global_batch_size and
-// expert_tensor_parallel_size (null: TP). Throws InputError.
+// expert_tensor_parallel_size (null or a dense model: TP; an MoE config resolved again for another
+// TP needs it null again, as data_parallel_size). Throws InputError.
 void resolve_parallel(Config& cfg, int world_size);
 
 // What is wrong with data.split's weights (train, valid, test), or "" when they are 3 finite

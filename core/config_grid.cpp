@@ -13,7 +13,8 @@ namespace tpt {
 namespace {
 
 // The expert grid (docs/MOE.md, parallel/grid.h): ETP x EP x EDP folded into each stage's TP x CP x
-// DP ranks; ETP 1 or TP, EP dividing the experts, EP > 1 or ETP != TP only for an MoE model.
+// DP ranks; ETP 1 or TP, EP dividing the experts, EP > 1 only for an MoE model. (A dense model's ETP
+// is not checked: it has no expert layers, and resolve_parallel sets it to TP.)
 void check_expert_grid(const Config& cfg, int world_size, int64_t dp) {
   const ParallelConfig& p = cfg.parallel;
   auto s = [](int64_t x) { return std::to_string(x); };
@@ -22,18 +23,16 @@ void check_expert_grid(const Config& cfg, int world_size, int64_t dp) {
   const std::string ep_key = "parallel.expert_model_parallel_size (" + s(ep) + ")";
   const std::string etp_key = "parallel.expert_tensor_parallel_size (" + s(etp) + ")";
   if (ep < 1) input_error(ep_key + " must be at least 1");
-  if (etp != 0 && etp != 1 && etp != tp)
-    input_error(etp_key + " must be 1 or parallel.tensor_model_parallel_size (" + s(tp) +
-                ") (null: tensor_model_parallel_size): the experts' weights are whole on each rank or split as "
-                "the dense MLP's");
   const int64_t e = cfg.model.num_moe_experts, expert_tp = etp == 0 ? tp : etp;
   if (e == 0 && ep > 1)
     input_error("parallel.expert_model_parallel_size > 1 needs model.num_moe_experts (a dense model has no experts "
                 "to split; it is " + s(ep) + "): set expert_model_parallel_size to 1 or give num_moe_experts");
-  if (e == 0 && expert_tp != tp)
-    input_error(etp_key + " other than parallel.tensor_model_parallel_size (" + s(tp) +
-                ") needs model.num_moe_experts (a dense model has no expert layers): set it to null");
-  if (e > 0 && e % ep != 0)
+  if (e == 0) return;
+  if (etp != 0 && etp != 1 && etp != tp)
+    input_error(etp_key + " must be 1 or parallel.tensor_model_parallel_size (" + s(tp) +
+                ") (null: tensor_model_parallel_size): the experts' weights are whole on each rank or split as "
+                "the dense MLP's");
+  if (e % ep != 0)
     input_error("model.num_moe_experts (" + s(e) + ") is not divisible by " + ep_key +
                 " (each expert-parallel rank holds the same number of experts)");
   if ((tp * cp * dp) % (expert_tp * ep) != 0)
@@ -138,7 +137,9 @@ void resolve_parallel(Config& cfg, int world_size) {
                 " x data-parallel size " + s(dp) + ") = " + s(micro) +
                 ") to be a multiple of parallel.pipeline_model_parallel_size (" + s(pp) + "), as in Megatron");
   p.data_parallel_size = static_cast<int>(dp);
-  if (p.expert_tensor_parallel_size == 0) p.expert_tensor_parallel_size = p.tensor_model_parallel_size;  // null: TP
+  // ETP null: TP; a dense model's always TP (its expert grid is the dense one, whatever ETP was resolved
+  // to before: a resolved config may be resolved again for another TP)
+  if (p.expert_tensor_parallel_size == 0 || !m.is_moe()) p.expert_tensor_parallel_size = p.tensor_model_parallel_size;
   std::string key;
   const std::string length = run_length_error(cfg, t.global_batch_size, key);
   if (!length.empty()) input_error(key + ": " + length);

@@ -1,5 +1,5 @@
 // resolve_parallel's checks of the expert grid (core/config_grid.cpp, docs/MOE.md): ETP 1 or TP
-// (null resolved to TP), EP and ETP other than the dense grid's only for an MoE model, the experts
+// (null resolved to TP; a dense model's always TP), EP > 1 only for an MoE model, the experts
 // divisible by EP, ETP x EP x PP dividing the world -- each error naming its keys -- and the layouts
 // accepted, with the dense configs resolved as before.
 #include <gtest/gtest.h>
@@ -38,9 +38,17 @@ TEST(ConfigExpertGrid, DenseConfigsResolveEtpToTp) {
     resolve_parallel(c, 8);  // idempotent
     EXPECT_EQ(c.parallel.expert_tensor_parallel_size, tp);
   }
-  Config c = expert_config(2, 1, 1, 0, 1, 2);  // ETP = TP given: a dense model's default
-  resolve_parallel(c, 4);
-  EXPECT_EQ(c.parallel.expert_tensor_parallel_size, 2);
+  // a dense model's ETP is TP whatever it was (no expert layers): also when a resolved config is
+  // resolved again for another TP
+  for (int etp : {1, 2, 3}) {
+    Config c = expert_config(2, 1, 1, 0, 1, etp);
+    resolve_parallel(c, 4);
+    EXPECT_EQ(c.parallel.expert_tensor_parallel_size, 2);
+    c.parallel.tensor_model_parallel_size = 4;
+    c.parallel.data_parallel_size = 0;
+    resolve_parallel(c, 4);
+    EXPECT_EQ(c.parallel.expert_tensor_parallel_size, 4);
+  }
 }
 
 TEST(ConfigExpertGrid, AcceptedMoeLayouts) {
@@ -75,12 +83,9 @@ TEST(ConfigExpertGrid, ErrorsNameTheKeys) {
   m = resolve_error(expert_config(1, 1, 1, 8, 0, 0), 4);
   EXPECT_HAS(m, "parallel.expert_model_parallel_size (0) must be at least 1");
 
-  // a dense model: EP 1, ETP = TP
+  // a dense model: EP 1
   m = resolve_error(expert_config(1, 1, 1, 0, 2, 0), 4);
   EXPECT_HAS(m, "parallel.expert_model_parallel_size > 1 needs model.num_moe_experts");
-  m = resolve_error(expert_config(2, 1, 1, 0, 1, 1), 4);
-  EXPECT_HAS(m, "parallel.expert_tensor_parallel_size (1) other than parallel.tensor_model_parallel_size (2) "
-                "needs model.num_moe_experts");
 
   // the experts split evenly over EP
   m = resolve_error(expert_config(1, 1, 1, 6, 4, 0), 4);
