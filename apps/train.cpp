@@ -106,9 +106,10 @@ int train(const TrainArgs& args, int* argc, char*** argv) {
     return code;
   };
   try {
-    grid = std::make_unique<Grid>(make_grid(cfg.parallel.tensor_model_parallel_size,
-                                            cfg.parallel.pipeline_model_parallel_size, cfg.parallel.data_parallel_size,
-                                            cfg.parallel.context_parallel_size));
+    const ParallelConfig& p = cfg.parallel;
+    grid = std::make_unique<Grid>(make_grid(GridShape{p.tensor_model_parallel_size, p.context_parallel_size,
+                                                      p.pipeline_model_parallel_size, p.data_parallel_size,
+                                                      p.expert_model_parallel_size, p.expert_tensor_parallel_size}));
     if (rank == 0) {
       spdlog::info("tptrain {} | config {}", TPTRAIN_VERSION, args.config_path);
       spdlog::info("resolved config:\n{}", config_to_yaml(cfg));

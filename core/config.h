@@ -258,11 +258,13 @@ void note_stdin_closed();
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 
-// Checks that need the world size (TP*PP divides the world, a given DP matches, batch sizes
-// divisible) and resolves data_parallel_size and global_batch_size. Throws InputError.
+// Checks that need the world size (TP*PP divides the world, a given DP matches, the expert grid,
+// batch sizes divisible) and resolves data_parallel_size, global_batch_size and
+// expert_tensor_parallel_size (null or a dense model: TP; an MoE config resolved again for another
+// TP needs it null again, as data_parallel_size). Throws InputError.
 void resolve_parallel(Config& cfg, int world_size);
-// The Mixture-of-Experts layouts resolve_parallel accepts (core/config_moe.cpp): InputError for the
-// ones not built yet (expert parallelism, MoE with TP > 1).
+// The Mixture-of-Experts layouts with TP > 1 resolve_parallel accepts (core/config_moe.cpp):
+// sequence parallelism and ETP 1 (InputError otherwise).
 void check_moe_parallel(const Config& cfg);
 
 // What is wrong with data.split's weights (train, valid, test), or "" when they are 3 finite

@@ -1,6 +1,6 @@
 // The config checks that need the world size (docs/ARCHITECTURE.md "Config"): the grid divides
-// the world and the model, the parallel features' combinations, the batch sizes; fills
-// data_parallel_size and global_batch_size.
+// the world and the model, the expert grid, the parallel features' combinations, the batch sizes;
+// fills data_parallel_size, global_batch_size and expert_tensor_parallel_size.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -9,6 +9,42 @@
 #include "core/error.h"
 
 namespace tpt {
+
+namespace {
+
+// The expert grid (docs/MOE.md, parallel/grid.h): ETP x EP x EDP folded into each stage's TP x CP x
+// DP ranks; ETP 1 or TP, EP dividing the experts, EP > 1 only for an MoE model. (A dense model's ETP
+// is not checked: it has no expert layers, and resolve_parallel sets it to TP.)
+void check_expert_grid(const Config& cfg, int world_size, int64_t dp) {
+  const ParallelConfig& p = cfg.parallel;
+  auto s = [](int64_t x) { return std::to_string(x); };
+  const int64_t tp = p.tensor_model_parallel_size, cp = p.context_parallel_size, pp = p.pipeline_model_parallel_size;
+  const int64_t ep = p.expert_model_parallel_size, etp = p.expert_tensor_parallel_size;
+  const std::string ep_key = "parallel.expert_model_parallel_size (" + s(ep) + ")";
+  const std::string etp_key = "parallel.expert_tensor_parallel_size (" + s(etp) + ")";
+  if (ep < 1) input_error(ep_key + " must be at least 1");
+  const int64_t e = cfg.model.num_moe_experts, expert_tp = etp == 0 ? tp : etp;
+  if (e == 0 && ep > 1)
+    input_error("parallel.expert_model_parallel_size > 1 needs model.num_moe_experts (a dense model has no experts "
+                "to split; it is " + s(ep) + "): set expert_model_parallel_size to 1 or give num_moe_experts");
+  if (e == 0) return;
+  if (etp != 0 && etp != 1 && etp != tp)
+    input_error(etp_key + " must be 1 or parallel.tensor_model_parallel_size (" + s(tp) +
+                ") (null: tensor_model_parallel_size): the experts' weights are whole on each rank or split as "
+                "the dense MLP's");
+  if (e % ep != 0)
+    input_error("model.num_moe_experts (" + s(e) + ") is not divisible by " + ep_key +
+                " (each expert-parallel rank holds the same number of experts)");
+  if ((tp * cp * dp) % (expert_tp * ep) != 0)
+    input_error((etp == 0 ? "parallel.expert_tensor_parallel_size (null = tensor_model_parallel_size " + s(tp) + ")"
+                          : etp_key) +
+                " * " + ep_key + " * parallel.pipeline_model_parallel_size (" + s(pp) + ") = " +
+                s(expert_tp * ep * pp) + " does not divide the world size " + s(world_size) +
+                " (the expert layers fold ETP x EP x expert-data-parallel ranks into each pipeline stage's " +
+                s(tp * cp * dp) + " ranks)");
+}
+
+}  // namespace
 
 void resolve_parallel(Config& cfg, int world_size) {
   TPT_CHECK(world_size >= 1);
@@ -33,6 +69,7 @@ void resolve_parallel(Config& cfg, int world_size) {
     input_error("parallel.data_parallel_size: " + s(p.data_parallel_size) + " does not match world size " + ws +
                 " / (tensor_model_parallel_size " + s(tp) + " * context_parallel_size " + s(cp) +
                 " * pipeline_model_parallel_size " + s(pp) + ") = " + s(dp) + " (leave it null to derive it)");
+  check_expert_grid(cfg, world_size, dp);
   // context parallelism: 2 CP equal chunks per sequence (and with sequence parallelism each CP rank's
   // S / CP tokens split again over TP)
   const int64_t cp_split = 2 * cp * (p.sequence_parallel ? tp : 1);
@@ -100,6 +137,9 @@ void resolve_parallel(Config& cfg, int world_size) {
                 " x data-parallel size " + s(dp) + ") = " + s(micro) +
                 ") to be a multiple of parallel.pipeline_model_parallel_size (" + s(pp) + "), as in Megatron");
   p.data_parallel_size = static_cast<int>(dp);
+  // ETP null: TP; a dense model's always TP (its expert grid is the dense one, whatever ETP was resolved
+  // to before: a resolved config may be resolved again for another TP)
+  if (p.expert_tensor_parallel_size == 0 || !m.is_moe()) p.expert_tensor_parallel_size = p.tensor_model_parallel_size;
   std::string key;
   const std::string length = run_length_error(cfg, t.global_batch_size, key);
   if (!length.empty()) input_error(key + ": " + length);

@@ -150,20 +150,15 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
 
 void check_moe_parallel(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  if (!cfg.model.is_moe()) {
-    if (p.expert_model_parallel_size != 1)
-      input_error("parallel.expert_model_parallel_size (" + std::to_string(p.expert_model_parallel_size) +
-                  ") > 1 needs a Mixture-of-Experts model (model.num_moe_experts is null)");
-    return;
-  }
-  if (p.expert_model_parallel_size != 1)
-    input_error("parallel.expert_model_parallel_size: " + std::to_string(p.expert_model_parallel_size) +
-                " is not supported yet: the MoE layer's all-to-all dispatch is built, the EP x EDP process groups are "
-                "not (issue 38); use 1 (every rank holds every expert)");
-  if (p.tensor_model_parallel_size > 1)
-    input_error("parallel.tensor_model_parallel_size: " + std::to_string(p.tensor_model_parallel_size) +
-                " with model.num_moe_experts is not supported yet (it needs sequence parallelism and the expert-data-"
-                "parallel group over TP ranks, issue 38); use TP 1 with DP, PP or CP");
+  if (!cfg.model.is_moe() || p.tensor_model_parallel_size == 1) return;
+  const std::string tp = std::to_string(p.tensor_model_parallel_size);
+  if (!p.sequence_parallel)
+    input_error("parallel.sequence_parallel: model.num_moe_experts with tensor_model_parallel_size " + tp +
+                " needs sequence parallelism (Megatron's rule: each TP rank routes its own tokens)");
+  if (p.expert_tensor_parallel_size != 1)
+    input_error("parallel.expert_tensor_parallel_size: " + std::to_string(p.expert_tensor_parallel_size) +
+                " (experts split over TP) is not supported yet; use 1 (each expert whole on its rank, Megatron's "
+                "recommended MoE layout with TP)");
 }
 
 }  // namespace tpt

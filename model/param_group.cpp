@@ -22,7 +22,7 @@ int64_t layer_of(const std::string& name) {
 std::string group_name(ReplicaGroup g) {
   switch (g) {
     case ReplicaGroup::Dense: return "dense";
-    case ReplicaGroup::ExpertData: return "expert";
+    case ReplicaGroup::ExpertData: return "expert-data-parallel";
   }
   return "group " + std::to_string(int(g));
 }

@@ -3,9 +3,9 @@
 //
 // Two facts describe a tensor's copies:
 //   - its replica group: the data-parallel ranks that hold the same tensor and average its
-//     gradient (with the distributed optimizer each owns a block of it). Today every tensor is in
-//     the dense group, DP x CP; expert weights (MoE) will be averaged over expert-data-parallel
-//     ranks instead, a group of their own.
+//     gradient (with the distributed optimizer each owns a block of it): the dense group, DP x CP,
+//     or for the expert weights of an MoE layer (h.<l>.mlp.experts.*) the expert-data-parallel
+//     group EDP (parallel/grid.h), laid out after the stage's dense tensors.
 //   - its copies inside one model replica: none (sharded over TP, or on one stage only), one on
 //     every TP rank (LayerNorms, position embedding, row-parallel biases), or the word embedding
 //     tied to the LM head (a copy on the first and on the last stage).
@@ -27,8 +27,10 @@ struct ParamLayout;
 
 // The data-parallel group a parameter's gradient is averaged over.
 enum class ReplicaGroup : uint8_t {
-  Dense,       // DP x CP (Grid::dp_cp): every tensor of the dense model
-  ExpertData,  // expert-data-parallel ranks (Grid::edp): the MoE layers' experts (docs/MOE.md)
+  Dense,       // DP x CP (Grid::dp_cp): every tensor but the experts' (routers, shared experts included)
+  ExpertData,  // EDP (Grid::device_edp): the expert weights, summed over EDP and scaled by 1 / (DP x CP)
+               // like the dense ones -- each token's gradient reaches its experts' owners through the
+               // all-to-all, so the EDP sum over 1 / (DP x CP) is the mean over the global batch
 };
 inline constexpr int kReplicaGroups = 2;
 
@@ -51,7 +53,7 @@ struct ParamGroup {
 };
 
 // How one replica group's gradients are summed: over `comm` (null or one rank: no sum), the sum
-// multiplied by `scale` (the dense group: 1 / (DP x CP), the mean over the replicas).
+// multiplied by `scale` (1 / (DP x CP) for both groups: the mean over the global batch).
 struct ReplicaComm {
   Comm* comm = nullptr;
   float scale = 1.0f;

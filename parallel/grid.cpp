@@ -107,7 +107,10 @@ void runtime_abort(int code) {
 
 GridCoords grid_coords(const GridShape& s, int rank) {
   TPT_CHECK(rank >= 0 && rank < s.world());
-  return {rank % s.tp, (rank / s.tp) % s.cp, rank / (s.tp * s.cp * s.dp), (rank / (s.tp * s.cp)) % s.dp};
+  TPT_CHECK(s.ep >= 1 && s.etp >= 0 && (s.tp * s.cp * s.dp) % (s.expert_tp() * s.ep) == 0);
+  const int in_stage = rank % (s.tp * s.cp * s.dp), etp = s.expert_tp();  // = etp + ETP * (ep + EP * edp)
+  return {rank % s.tp,     (rank / s.tp) % s.cp,       rank / (s.tp * s.cp * s.dp), (rank / (s.tp * s.cp)) % s.dp,
+          in_stage % etp, (in_stage / etp) % s.ep, in_stage / (etp * s.ep)};
 }
 
 void place_in_grid(Grid& g, const GridShape& s, int rank) {
@@ -117,6 +120,8 @@ void place_in_grid(Grid& g, const GridShape& s, int rank) {
   g.world_rank = rank;
   g.tp = s.tp, g.cp = s.cp, g.pp = s.pp, g.dp = s.dp;
   g.tp_rank = c.tp, g.cp_rank = c.cp, g.pp_rank = c.pp, g.dp_rank = c.dp;
+  g.ep = s.ep, g.etp = s.expert_tp(), g.edp = s.edp();
+  g.ep_rank = c.ep, g.etp_rank = c.etp, g.edp_rank = c.edp;
 }
 
 std::vector<GroupSplit> grid_group_splits(const GridShape& s, int rank) {
@@ -138,12 +143,18 @@ std::vector<GroupSplit> grid_group_splits(const GridShape& s, int rank) {
     out.push_back({&Grid::cp_group, &Grid::cp_device, (c.pp * s.dp + c.dp) * s.tp + c.tp, c.cp});
     out.push_back({&Grid::dp_cp_group, &Grid::dp_cp_device, c.pp * s.tp + c.tp, c.cp + s.cp * c.dp});
   }
+  // the expert grid's groups, where they differ from the dense ones
+  const int etp = s.expert_tp(), edp = s.edp();
+  if (s.ep > 1) out.push_back({&Grid::ep_group, &Grid::ep_device, (c.pp * edp + c.edp) * etp + c.etp, c.ep});
+  if (s.folded()) out.push_back({&Grid::edp_group, &Grid::edp_device, (c.pp * s.ep + c.ep) * etp + c.etp, c.edp});
+  if (etp != s.tp) out.push_back({&Grid::etp_group, &Grid::etp_device, (c.pp * edp + c.edp) * s.ep + c.ep, c.etp});
   return out;
 }
 
-Grid make_grid(int tp, int pp, int dp, int cp) {
+Grid make_grid(int tp, int pp, int dp, int cp) { return make_grid(GridShape{tp, cp, pp, dp}); }
+
+Grid make_grid(const GridShape& shape) {
   Grid g;
-  const GridShape shape{tp, cp, pp, dp};
   TPT_CHECK(shape.world() == runtime_world_size());
   place_in_grid(g, shape, runtime_world_rank());
   g.host = this_host();
@@ -177,17 +188,23 @@ Grid make_grid(int tp, int pp, int dp, int cp) {
 
 std::string Grid::table() const {
   std::ostringstream os;
+  const bool expert = shape().folded();
   os << "process grid: world " << world_size << " = TP " << tp;
   if (cp > 1) os << " x CP " << cp;
   os << " x PP " << pp << " x DP " << dp
      << (cp > 1 ? "  (rank = tp + TP*(cp + CP*(dp + DP*pp)))\n" : "  (rank = tp + TP*(dp + DP*pp))\n");
-  os << (cp > 1 ? "  rank  tp  cp  pp  dp  host\n" : "  rank  tp  pp  dp  host\n");
+  if (expert)  // the expert layers' grid over the same ranks (parallel folding)
+    os << "expert grid: ETP " << etp << " x EP " << ep << " x EDP " << edp << " x PP " << pp
+       << "  (rank = etp + ETP*(ep + EP*(edp + EDP*pp)))\n";
+  os << (cp > 1 ? "  rank  tp  cp  pp  dp" : "  rank  tp  pp  dp") << (expert ? "  ep  edp" : "") << "  host\n";
   for (int r = 0; r < world_size; ++r) {
     char line[160];
     const char* host = r < int(g_hosts.size()) ? g_hosts[size_t(r)].c_str() : "?";
     const GridCoords c = grid_coords(shape(), r);
-    if (cp > 1) snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %2d  %s\n", r, c.tp, c.cp, c.pp, c.dp, host);
-    else snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %s\n", r, c.tp, c.pp, c.dp, host);
+    int at = cp > 1 ? snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d  %2d", r, c.tp, c.cp, c.pp, c.dp)
+                    : snprintf(line, sizeof(line), "  %4d  %2d  %2d  %2d", r, c.tp, c.pp, c.dp);
+    if (expert) at += snprintf(line + at, sizeof(line) - size_t(at), "  %2d  %3d", c.ep, c.edp);
+    snprintf(line + at, sizeof(line) - size_t(at), "  %s\n", host);
     os << line;
   }
   return os.str();

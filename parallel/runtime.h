@@ -20,5 +20,7 @@ std::string runtime_broadcast_string(const std::string& s);
 // Builds the TP x CP x PP x DP grid over the world. tp * cp * pp * dp must equal the world size
 // (checked by resolve_parallel beforehand).
 Grid make_grid(int tp, int pp, int dp, int cp = 1);
+// The same with the expert grid of shape.ep, shape.etp (ETP * EP divides TP * CP * DP).
+Grid make_grid(const GridShape& shape);
 
 }  // namespace tpt

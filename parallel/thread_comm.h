@@ -21,7 +21,7 @@ namespace tpt {
 
 // Runs body(grid) on shape.world() threads, one per world rank, each with its grid (coordinates and
 // groups as make_grid, from the same grid_group_splits: rank = tp + TP * (cp + CP * (dp + DP * pp));
-// host groups always, and their device twins (tp/pp/dp/embedding/cp/dp_cp_device) when
+// host groups always, and their device twins (tp/pp/dp/embedding/cp/dp_cp/ep/edp/etp_device) when
 // device_groups, which needs a CUDA build; cuda_device is left -1 for the body to choose). Returns
 // when every thread has ended; rethrows the first failure as an InternalError naming its rank.
 void run_thread_ranks(const GridShape& shape, bool device_groups, const std::function<void(Grid&)>& body);

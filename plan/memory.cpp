@@ -79,7 +79,10 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
   TPT_CHECK(pp_rank >= 0 && pp_rank < pp);
   // every TP rank of a stage holds the same sizes
   std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
-  for (GPTDims& d : chunks) apply_context_parallel(d, cfg, 0);  // every CP rank holds the same sizes
+  for (GPTDims& d : chunks) {  // every CP rank holds the same sizes, and every EP rank
+    apply_context_parallel(d, cfg, 0);
+    apply_expert_parallel(d, std::max(1, cfg.parallel.expert_model_parallel_size), 0);
+  }
   return stage_memory(cfg, pp_rank, chunks, gpu_backend);
 }
 

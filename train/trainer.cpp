@@ -177,7 +177,10 @@ void Trainer::setup_data() {
 // This stage's parameters (initialised or from init_from), gradients, DP sync and optimizer.
 void Trainer::setup_model() {
   chunk_dims_ = make_chunk_dims(cfg_, grid_.tp, grid_.tp_rank, grid_.pp, grid_.pp_rank);
-  for (GPTDims& d : chunk_dims_) apply_context_parallel(d, cfg_, grid_.cp_rank);  // this CP rank's tokens
+  for (GPTDims& d : chunk_dims_) {
+    apply_context_parallel(d, cfg_, grid_.cp_rank);   // this CP rank's tokens
+    apply_expert_parallel(d, grid_.ep, grid_.ep_rank);  // its experts (MoE)
+  }
   dims_ = chunk_dims_.front();
   layers_ = rank_layers(chunk_dims_);
   layout_ = make_rank_layout(chunk_dims_, replica_group_align(cfg_));
@@ -189,16 +192,16 @@ void Trainer::setup_model() {
   dtype_ = compute_dtype(cfg_);
   // Parameter and gradient buffers: one span per replica group (model/param_group.h), padded for
   // the distributed optimizer's blocks (parallel/grad_sync.h). The dense group: DP, or DP x CP with
-  // context parallelism (its ranks hold the same weights), averaged.
+  // context parallelism (its ranks hold the same weights), averaged; the experts': EDP.
   const int replicas = grid_.dp_cp_size();
   const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && replicas > 1;
   auto replica_comm = [&](ReplicaGroup g) -> ReplicaComm {
     switch (g) {
       case ReplicaGroup::Dense:
         return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
-      case ReplicaGroup::ExpertData:  // the EDP group: with TP 1 and EP 1 it is DP x CP
-        TPT_CHECK(grid_.tp == 1 && cfg_.parallel.expert_model_parallel_size == 1);
-        return {replicas > 1 ? &comm(grid_.device_dp_cp(), profiled_dp_) : nullptr, 1.0f / float(replicas)};
+      case ReplicaGroup::ExpertData:  // summed over EDP, the same net scale (model/param_group.h)
+        TPT_CHECK(grid_.ep == cfg_.parallel.expert_model_parallel_size);
+        return {grid_.edp > 1 ? &grid_.device_edp() : nullptr, 1.0f / float(replicas)};
     }
     internal_error("Trainer: no communicator for replica group " + std::to_string(int(g)));
   };
@@ -248,9 +251,10 @@ void Trainer::setup_pipeline() {
   StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   if (grid_.cp > 1) stage_options.cp = &grid_.device_cp();
-  if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (host groups)
+  if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (host groups), the EP all-to-all
     if (grid_.tp > 1) stage_options.tp_host = grid_.tp_group.get();
     if (grid_.cp > 1) stage_options.cp_host = grid_.cp_group.get();
+    if (grid_.ep > 1) stage_options.ep = &grid_.device_ep(), stage_options.ep_host = grid_.ep_group.get();
   }
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this
   // TP rank's (B*S/tp, C)

@@ -179,12 +179,13 @@ inline StepLog train_one_rank(const Config& cfg) {
 // are added to race[0] (buckets) and race[1] (raced).
 inline std::vector<StepLog> train_thread_ranks(const Config& cfg, int cuda_device = -1, int* race = nullptr) {
   spdlog::set_level(spdlog::level::warn);
-  const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size,
-            dp = cfg.parallel.data_parallel_size;
-  std::vector<StepLog> logs(size_t(tp * pp * dp));
+  const ParallelConfig& p = cfg.parallel;  // the grid as apps/train.cpp makes it, expert grid included
+  const GridShape shape{p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
+                        p.data_parallel_size,        p.expert_model_parallel_size, p.expert_tensor_parallel_size};
+  std::vector<StepLog> logs(size_t(shape.world()));
   std::mutex mutex;
   std::vector<std::unique_ptr<Comm>> keep;  // the wrapped device groups (outlive their checkers)
-  run_thread_ranks(tp, pp, dp, cuda_device >= 0, [&](Grid& grid) {
+  run_thread_ranks(shape, cuda_device >= 0, [&](Grid& grid) {
     if (cuda_device >= 0) {
       grid.cuda_device = cuda_device;
 #ifdef TPTRAIN_HAVE_CUDA

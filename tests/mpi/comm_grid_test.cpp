@@ -1,7 +1,8 @@
 // The process grid and its communicators on 2 or 4 MPI ranks: every TP x PP x DP layout the world
 // allows, coordinates by rank = tp + TP*(dp + DP*pp), each group's size, rank and members, and every
 // collective of every group against results computed here by hand; with CP > 1 the CP ring and the
-// DP x CP group of every layout, by rank = tp + TP*(cp + CP*(dp + DP*pp)).
+// DP x CP group of every layout, by rank = tp + TP*(cp + CP*(dp + DP*pp)); with EP > 1 or ETP 1 the
+// expert grid's groups of every layout, by tp + TP*(cp + CP*dp) = etp + ETP*(ep + EP*edp) per stage.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -247,6 +248,55 @@ TEST(MpiGrid, ContextParallelGroupsOfEveryLayout) {
       }
       check_collectives(*g.cp_group, want_cp, g.world_rank, "cp group", false);
     }
+}
+
+// The expert grid folded into every (tp, cp, pp, dp) layout of the world, for every EP > 1 and ETP
+// in {1, TP} that fits a stage (and ETP 1 with EP 1): its coordinates, and the EP, EDP and ETP groups
+// (or the dense groups their accessors fall back on) gathering their members' world ranks in order.
+TEST(MpiGrid, ExpertGroupsOfEveryLayout) {
+  const int world = runtime_world_size();
+  int checked = 0;
+  for (int cp = 1; cp <= world; cp *= 2)
+    for (const Layout& l : layouts(world / cp)) {
+      const int stage = l.tp * cp * l.dp;
+      for (int etp : l.tp > 1 ? std::vector<int>{1, l.tp} : std::vector<int>{1})
+        for (int ep = 1; ep <= stage; ep *= 2) {
+          if (stage % (etp * ep) != 0 || (ep == 1 && etp == l.tp)) continue;  // no fit, or the dense grid
+          SCOPED_TRACE(name_of(l) + " CP" + std::to_string(cp) + " EP" + std::to_string(ep) + " ETP" +
+                       std::to_string(etp));
+          Grid g = make_grid(GridShape{l.tp, cp, l.pp, l.dp, ep, etp});
+          const int edp = stage / (etp * ep), me = g.world_rank, in_stage = me % stage;
+          // the stage's ranks in expert order: etp fastest, then ep, then edp
+          auto rank_of = [&](int t, int e, int d) { return g.pp_rank * stage + t + etp * (e + ep * d); };
+          EXPECT_EQ(me, rank_of(g.etp_rank, g.ep_rank, g.edp_rank));
+          EXPECT_EQ(in_stage, g.etp_rank + etp * (g.ep_rank + ep * g.edp_rank));
+          EXPECT_EQ(std::vector<int>({g.ep, g.etp, g.edp}), std::vector<int>({ep, etp, edp}));
+          std::vector<int> want_ep, want_edp, want_etp;
+          for (int e = 0; e < ep; ++e) want_ep.push_back(rank_of(g.etp_rank, e, g.edp_rank));
+          for (int d = 0; d < edp; ++d) want_edp.push_back(rank_of(g.etp_rank, g.ep_rank, d));
+          for (int t = 0; t < etp; ++t) want_etp.push_back(rank_of(t, g.ep_rank, g.edp_rank));
+          EXPECT_EQ(g.ep_group != nullptr, ep > 1);
+          EXPECT_NE(g.edp_group, nullptr);
+          EXPECT_EQ(g.etp_group != nullptr, etp != l.tp);
+          std::vector<std::pair<Comm*, std::vector<int>>> groups = {{&g.device_edp(), want_edp},
+                                                                     {&g.device_etp(), want_etp}};
+          if (ep > 1) groups.push_back({&g.device_ep(), want_ep});
+          for (const auto& [comm, want] : groups) {
+            const int32_t mine = me;
+            std::vector<int32_t> all(want.size(), -1);
+            ASSERT_EQ(comm->size(), int(want.size()));
+            comm->all_gather(all.data(), &mine, 1, DType::I32);
+            EXPECT_EQ(std::vector<int>(all.begin(), all.end()), want);
+          }
+          if (ep > 1) check_collectives(g.device_ep(), want_ep, me, "ep group", false);
+          // the table's expert columns: rank, tp, [cp,] pp, dp, then ep, edp
+          const std::string table = g.table();
+          EXPECT_NE(table.find("expert grid: ETP " + std::to_string(etp) + " x EP " + std::to_string(ep)), std::string::npos)
+              << table;
+          ++checked;
+        }
+    }
+  EXPECT_GE(checked, world == 4 ? 8 : 2);
 }
 
 // All groups of one grid used in an interleaved order (as the trainer does): nothing mixes up

@@ -82,7 +82,7 @@ TEST(ConfigMoE, BadCombinationsNameTheirKeys) {
   EXPECT_HAS(moe_error({"model.moe_token_dispatcher_type=allgather"}), "allgather is not supported yet");
 }
 
-TEST(ConfigMoE, LayoutsNotBuiltYetAreRefused) {
+TEST(ConfigMoE, TensorParallelNeedsSequenceParallelAndEtp1) {
   auto parallel_error = [](Config c, int world) {
     try {
       resolve_parallel(c, world);
@@ -91,13 +91,17 @@ TEST(ConfigMoE, LayoutsNotBuiltYetAreRefused) {
     }
     return std::string();
   };
-  EXPECT_HAS(parallel_error(moe({"parallel.expert_model_parallel_size=2"}), 2),
-             "parallel.expert_model_parallel_size: 2 is not supported yet");
   EXPECT_HAS(parallel_error(moe({"parallel.tensor_model_parallel_size=2"}), 2),
-             "parallel.tensor_model_parallel_size: 2 with model.num_moe_experts is not supported yet");
-  EXPECT_HAS(parallel_error(parse_config(kBase, "t.yaml", {"parallel.expert_model_parallel_size=2"}), 2),
-             "needs a Mixture-of-Experts model");
-  EXPECT_EQ(parallel_error(moe({"parallel.pipeline_model_parallel_size=2"}), 4), "");  // PP x DP: built
+             "parallel.sequence_parallel: model.num_moe_experts with tensor_model_parallel_size 2 needs sequence "
+             "parallelism");
+  EXPECT_HAS(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"}), 2),
+             "parallel.expert_tensor_parallel_size: 2 (experts split over TP) is not supported yet");
+  EXPECT_EQ(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                                "parallel.expert_tensor_parallel_size=1", "parallel.expert_model_parallel_size=2"}),
+                           4),
+            "");
+  EXPECT_EQ(parallel_error(moe({"parallel.pipeline_model_parallel_size=2", "parallel.expert_model_parallel_size=2"}), 4),
+            "");
 }
 
 }  // namespace

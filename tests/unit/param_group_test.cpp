@@ -3,8 +3,10 @@
 // differ between two pairs of ranks and are replicated within each pair (as expert weights over
 // expert-DP) -- checked against sums computed independently in double; the gradient norm counting
 // each element once and the checkpoint's writers (unique_ranges) choosing one replica per element
-// per group; and the groups the trainer derives from the model's real layouts (one dense group:
-// the whole buffer, the layers as before, so the buckets are unchanged).
+// per group; the groups the trainer derives from the model's real layouts (one dense group:
+// the whole buffer, the layers as before, so the buckets are unchanged); and an MoE stage's layout
+// written by hand (the expert tensors h.<l>.mlp.experts.* after the dense ones): its two groups,
+// their layers' parts, and their sums over DP and over the expert grid's EDP group on thread ranks.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/chunks.h"
 #include "model/optimizer.h"
 #include "parallel/thread_comm.h"
@@ -221,6 +224,118 @@ TEST(ParamGroups, ModelLayoutsHaveOneDenseGroup) {
           }
         }
       }
+}
+
+// An MoE stage of two layers as the MoE layer lays it out: the dense tensors (embedding, both
+// layers' attention and routers, the final norm) in [0, 430), then from 512 the expert tensors of
+// layer 0 [512, 752) and, unless `dense_layer_1` (moe_layer_freq [1, 0]), of layer 1 [752, 992).
+ParamLayout moe_layout(bool dense_layer_1) {
+  ParamLayout l;
+  auto add = [&](const std::string& name, int64_t offset, int64_t numel) {
+    ParamInfo p;
+    p.name = name;
+    p.offset = offset;
+    p.numel = numel;
+    if (name.find(".mlp.experts.") != std::string::npos) p.group.replicas = ReplicaGroup::ExpertData;
+    l.params.push_back(p);
+  };
+  add("wte.weight", 0, 100);
+  add("h.0.attn.qkv.weight", 128, 96);
+  add("h.0.mlp.router.weight", 224, 40);
+  add("h.1.attn.qkv.weight", 264, 96);
+  add(dense_layer_1 ? "h.1.mlp.fc1.weight" : "h.1.mlp.router.weight", 360, 40);
+  add("ln_f.weight", 400, 30);
+  add("h.0.mlp.experts.fc1.weight", 512, 120);
+  add("h.0.mlp.experts.fc2.weight", 632, 120);
+  if (!dense_layer_1) {
+    add("h.1.mlp.experts.fc1.weight", 752, 120);
+    add("h.1.mlp.experts.fc2.weight", 872, 120);
+  }
+  l.total = dense_layer_1 ? 752 : 992;
+  return l;
+}
+
+bool same(const GradRange& a, const GradRange& b) { return a.offset == b.offset && a.n == b.n; }
+
+TEST(ParamGroups, ExpertTensorsAfterTheDenseOnesMakeTheirOwnGroup) {
+  for (bool dense_layer_1 : {false, true})
+    for (bool distributed : {false, true}) {
+      SCOPED_TRACE(std::string(dense_layer_1 ? "layer 1 dense" : "both MoE") + (distributed ? ", distributed" : ""));
+      const ParamLayout l = moe_layout(dense_layer_1);
+      std::vector<ReplicaGroup> asked;
+      const std::vector<GradGroup> groups = make_grad_groups(l, {0, 1}, distributed, [&](ReplicaGroup g) {
+        asked.push_back(g);
+        return ReplicaComm{nullptr, g == ReplicaGroup::Dense ? 0.5f : 0.25f};
+      });
+      ASSERT_EQ(groups.size(), 2u);
+      EXPECT_EQ(asked, std::vector<ReplicaGroup>({ReplicaGroup::Dense, ReplicaGroup::ExpertData}));
+      EXPECT_EQ(groups[0].scale, 0.5f);
+      EXPECT_EQ(groups[1].scale, 0.25f);
+      // the dense span up to the first expert tensor; the experts' to the end
+      EXPECT_TRUE(same(groups[0].span, {0, 512}));
+      EXPECT_TRUE(same(groups[1].span, {512, l.total - 512}));
+      EXPECT_EQ(grad_buffer_size(l, groups), l.total);
+      // each layer's part: the hull of the group's tensors of that layer (the routers are dense)
+      ASSERT_EQ(groups[0].layers.size(), 2u);
+      ASSERT_EQ(groups[1].layers.size(), 2u);
+      EXPECT_TRUE(same(groups[0].layers[0], {128, 136}));
+      EXPECT_TRUE(same(groups[0].layers[1], {264, 136}));
+      EXPECT_TRUE(same(groups[1].layers[0], {512, 240}));
+      // a dense layer has an empty expert part at the end of the layer before
+      EXPECT_TRUE(same(groups[1].layers[1], dense_layer_1 ? GradRange{752, 0} : GradRange{752, 240}));
+    }
+  // an expert tensor among the dense ones: the groups would interleave
+  ParamLayout bad = moe_layout(false);
+  bad.params[2].group.replicas = ReplicaGroup::ExpertData;  // h.0.mlp.router.weight
+  EXPECT_THROW(make_grad_groups(bad, {0, 1}, false, [](ReplicaGroup) { return ReplicaComm{}; }), InternalError);
+}
+
+// DP 4 with EP 2 on thread ranks (EDP 2: ranks {0, 2} and {1, 3} hold the same experts), the
+// groups made as the trainer makes them (dense: DP x CP; experts: EDP; both scaled by 1 / (DP x CP)),
+// synchronised by GradSync: the dense gradients are the mean over the 4 ranks, the experts' the sum
+// over the rank's EDP pair / 4 -- checked against sums in double -- and with the distributed
+// optimizer each element owned by one rank of its group.
+TEST(ParamGroups, ExpertGradientsSummedOverTheExpertDataParallelGroup) {
+  const ParamLayout layout = moe_layout(false);
+  for (bool distributed : {false, true})
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE(std::string(distributed ? "distributed" : "all-reduce") + (overlap ? ", overlapped" : ""));
+      std::vector<RankResult> res(4);
+      run_thread_ranks(GridShape{1, 1, 1, 4, 2, 0}, false, [&](Grid& grid) {
+        const int r = grid.world_rank;
+        const float scale = 1.0f / float(grid.dp_cp_size());
+        std::vector<GradGroup> groups = make_grad_groups(layout, {0, 1}, distributed, [&](ReplicaGroup g) {
+          return g == ReplicaGroup::Dense ? ReplicaComm{&grid.device_dp_cp(), scale}
+                                          : ReplicaComm{&grid.device_edp(), scale};
+        });
+        auto ops = make_cpu_ops(1);
+        RankResult& out = res[size_t(r)];
+        out.grads.resize(size_t(grad_buffer_size(layout, groups)));
+        for (size_t i = 0; i < out.grads.size(); ++i) out.grads[i] = grad_of(r, int64_t(i));
+        GradSync sync(*ops, out.grads.data(), groups, nullptr, GradRange{},
+                      {.overlap = overlap, .bucket_size = 64, .distributed_optimizer = distributed});
+        for (int l = 1; l >= 0; --l) sync.layer_done(l);
+        sync.finish();
+        out.owned = sync.owned();
+      });
+      for (const ParamInfo& p : layout.params) {
+        const bool expert = p.group.replicas == ReplicaGroup::ExpertData;
+        for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
+          for (int r = 0; r < 4; ++r) {
+            int owners = 0;
+            double want = 0;
+            for (int q = 0; q < 4; ++q)
+              if (!expert || q % 2 == r % 2) {  // r's replicas of element i
+                want += double(grad_of(q, i));
+                owners += in(res[size_t(q)].owned, i);
+              }
+            ASSERT_EQ(owners, distributed ? 1 : expert ? 2 : 4) << p.name << " element " << i;
+            if (in(res[size_t(r)].owned, i)) {
+              ASSERT_EQ(double(res[size_t(r)].grads[size_t(i)]), want / 4) << p.name << " element " << i << ", rank " << r;
+            }
+          }
+      }
+    }
 }
 
 }  // namespace
