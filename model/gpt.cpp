@@ -79,9 +79,9 @@ int64_t moe_layer_count(const GPTDims& d) {
   return n;
 }
 
-// whether a split backward's B stashes a linear layer's dY for W: the TP-split GEMMs (an MoE layer's
-// router and experts finish their weight gradients in B)
-bool stashed(const LinearSpec& l) { return l.split != LinearSplit::Replicated; }
+// whether a split backward's B stashes a linear layer's dY for W: the attention's and the dense MLP's
+// (an MoE layer's MLP -- router, experts, shared expert -- finishes its weight gradients in B)
+bool stashed(const LinearSpec& l) { return l.name.starts_with("attn.") || l.name.starts_with("mlp.fc"); }
 
 // the slot's positions (data.reset_position_ids): this rank's Nt tokens' for learned positions on the
 // first stage, all N tokens' for RoPE (after the QKV GEMM every rank sees all tokens)
@@ -276,14 +276,46 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
 
 MoEParams<CBuf> GPTStage::moe_params(int64_t layer) const {
   const std::string pre = "h." + std::to_string(layer) + ".mlp.";
-  return {p(pre + "router.weight"), p(pre + "experts.fc1.weight"), p_opt(pre + "experts.fc1.bias"),
-          p(pre + "experts.fc2.weight"), p_opt(pre + "experts.fc2.bias")};
+  return {p(pre + "router.weight"),
+          p(pre + "experts.fc1.weight"),
+          p_opt(pre + "experts.fc1.bias"),
+          p(pre + "experts.fc2.weight"),
+          p_opt(pre + "experts.fc2.bias"),
+          p_opt(pre + "shared_experts.fc1.weight"),
+          p_opt(pre + "shared_experts.fc1.bias"),
+          p_opt(pre + "shared_experts.fc2.weight"),
+          p_opt(pre + "shared_experts.fc2.bias"),
+          p_opt(pre + "shared_experts.gate.weight")};
 }
 
 MoEParams<float*> GPTStage::moe_grads(int64_t layer) const {
   const std::string pre = "h." + std::to_string(layer) + ".mlp.";
-  return {g(pre + "router.weight"), g(pre + "experts.fc1.weight"), g_opt(pre + "experts.fc1.bias"),
-          g(pre + "experts.fc2.weight"), g_opt(pre + "experts.fc2.bias")};
+  return {g(pre + "router.weight"),
+          g(pre + "experts.fc1.weight"),
+          g_opt(pre + "experts.fc1.bias"),
+          g(pre + "experts.fc2.weight"),
+          g_opt(pre + "experts.fc2.bias"),
+          g_opt(pre + "shared_experts.fc1.weight"),
+          g_opt(pre + "shared_experts.fc1.bias"),
+          g_opt(pre + "shared_experts.fc2.weight"),
+          g_opt(pre + "shared_experts.fc2.bias"),
+          g_opt(pre + "shared_experts.gate.weight")};
+}
+
+// The TP mappings around an MoE layer's shared expert: the dense MLP's (its scratch: tmp_ for the
+// gathered tokens and gradients, dln_ for the reduce-scattered output)
+MoETPMappings GPTStage::moe_mappings() {
+  MoETPMappings m;
+  m.N = B_ * d_.S;
+  m.bias_in_gemm = row_bias_in_gemm();
+  m.gather_tokens = [this](CBuf x) { return gather_tokens(x, tmp_); };
+  m.row_parallel_output = [this](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
+  m.row_parallel_output_grad = [this](CBuf dy, float* dbias) {
+    const RowGrad r = row_parallel_output_grad(dy, tmp_, dbias);
+    return std::pair<CBuf, float*>{r.dout, r.dbias};
+  };
+  m.input_grad_to_tokens = [this](Buf dfull) { return input_grad_to_tokens(dfull, tmp_); };
+  return m;
 }
 
 GPTStage::~GPTStage() {
@@ -390,7 +422,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   tp.bias_in_gemm = row_bias_in_gemm();
   if (d_.moe.is_moe(layer))  // the MoE MLP on this rank's tokens (x_out holds y until the residual add)
     tp.mlp = [&](CBuf ln2) {
-      moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, recording_);
+      moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(), recording_);
       return CBuf(x_out);
     };
   ::tpt::block_forward(ops_, block_params(layout_, d_.spec(layer), params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
@@ -461,8 +493,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   };
   CBuf dln2;  // (Nt, C)
   if (d.moe.is_moe(layer)) {  // the MoE MLP: its whole backward here (also in a split backward's B)
-    moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, tmp_);
-    dln2 = tmp_;
+    dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings());
   } else {
     // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
     const Buf dfc = split ? stash->dy[kFc1] : dfc_;

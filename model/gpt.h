@@ -297,6 +297,7 @@ class GPTStage {
   bool recording_ = true;  // false while full recompute reruns a layer's forward
   MoEParams<CBuf> moe_params(int64_t layer) const;
   MoEParams<float*> moe_grads(int64_t layer) const;
+  MoETPMappings moe_mappings();
   std::vector<void*> owned_;
   Buf alloc(int64_t n);    // n elements of the compute dtype
   float* alloc_f32(int64_t n);

@@ -69,6 +69,25 @@ LayerSpec make_moe_layer_spec(const GPTDims& d) {
   router.is_linear = true;
   router.linear = {"mlp.router", {d.moe.E, d.C}, 0, LinearSplit::Replicated, false, d.C, d.moe.E, d.init_std};
   spec.parts.push_back(router);
+  if (d.moe.Fs > 0) {  // the shared expert: a dense MLP of width Fs, TP-split as mlp.fc1 / mlp.fc2
+    const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
+    const int64_t Fs = d.moe.Fs;
+    LayerPart fc1, fc2;
+    fc1.is_linear = fc2.is_linear = true;
+    fc1.linear = d.mlp.swiglu ? LinearSpec{"mlp.shared_experts.fc1", {2, Fs, d.C}, 1, LinearSplit::Column, d.bias, d.C,
+                                           d.moe.shared_fc1_width, d.init_std}
+                              : LinearSpec{"mlp.shared_experts.fc1", {Fs, d.C}, 0, LinearSplit::Column, d.bias, d.C,
+                                           d.moe.shared_fc1_width, d.init_std};
+    fc2.linear = {"mlp.shared_experts.fc2", {d.C, Fs}, 1, LinearSplit::Row, d.bias, d.moe.Fsl, d.C, out_std};
+    spec.parts.push_back(fc1);
+    spec.parts.push_back(fc2);
+    if (d.moe.shared_gate) {
+      LayerPart gate;
+      gate.is_linear = true;
+      gate.linear = {"mlp.shared_experts.gate", {1, d.C}, 0, LinearSplit::Replicated, false, d.C, 1, d.init_std};
+      spec.parts.push_back(gate);
+    }
+  }
   return spec;
 }
 

@@ -79,7 +79,9 @@ enum DensePart : int { kLn1, kQkv, kProj, kLn2, kFc1, kFc2, kDenseParts };
 //   mlp.fc2    Row, (C, F); Fl -> C; scaled init
 LayerSpec make_layer_spec(const GPTDims& d);
 // A Mixture-of-Experts layer (docs/MOE.md): the dense block's ln_1, attn.qkv, attn.proj, ln_2, then
-// mlp.router (Replicated, (E, C), no bias) -- kMoERouter. Its experts are not TP-split linear layers
+// mlp.router (Replicated, (E, C), no bias) -- kMoERouter -- and with a shared expert its
+// mlp.shared_experts.fc1 (Column) and .fc2 (Row) as the dense MLP's with width Fs, and with its gate
+// mlp.shared_experts.gate (Replicated, (1, C)). The routed experts are not TP-split linear layers
 // (their weights are split over EP) and are laid out by make_param_layout from d.moe.
 enum MoEPart : int { kMoERouter = kFc1 };
 LayerSpec make_moe_layer_spec(const GPTDims& d);

@@ -29,10 +29,17 @@ int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }
 // equal the allocations when each tensor's bytes are multiples of 256 (docs/PLAN.md)
 }  // namespace
 
+namespace {
+// the tokens of the TP-split GEMMs (the shared expert's) for Nt of this rank's
+int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ? Nt * d.tp : Nt; }
+}  // namespace
+
 int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
   const MoEDims& m = d.moe;
-  const int64_t cap = moe_rows_bound(m, Nt);
-  return tb(cap * (d.C + m.fc1_width + m.Fe) + Nt * m.router.k * d.C, t);  // xin, fc1, act; ret
+  const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt);
+  int64_t n = tb(cap * (d.C + m.fc1_width + m.Fe) + Nt * m.router.k * d.C, t);  // xin, fc1, act; ret
+  if (m.Fs) n += tb(N * (m.shared_fc1_width + m.Fsl) + Nt * d.C, t) + (m.shared_gate ? 4 * Nt : 0);  // fc1, act, y; gate
+  return n;
 }
 
 int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
@@ -42,12 +49,21 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
   n += tb(Nt * k * C + cap * (C + m.Fe + m.fc1_width), t);  // send, bufA, dact, dfc
   if (m.ep > 1) n += tb(cap * C, t) + 4 * 2 * cap;          // bufB, regroup, inverse
+  n += tb(Nt * C, t);                                        // dx
+  if (m.Fs) {  // the shared expert's d fc1, d act, partial sums (N); d y x gate (Nt); gate logits, identity
+    const int64_t N = gemm_tokens(d, Nt);
+    n += tb(N * (m.shared_fc1_width + m.Fsl + C), t);
+    if (m.shared_gate) n += tb(Nt * C + Nt, t) + 4 * 2 * Nt;
+  }
   return n;
 }
 
 struct MoEMLP::LayerState {
   Buf xin, fc1, act, ret;  // (cap, C), (cap, fc1_width), (cap, Fe): expert-major rows; (T k, C) send order
   int64_t cap = 0;
+  Buf sh_fc1, sh_act, sh_y;  // the shared expert: (N, shared_fc1_width), (N, Fsl), its output (T, C)
+  float* gate = nullptr;     // (T) sigmoid of the gate's logits
+  std::vector<float> gate_host;
   Routing routing;
   // the dispatch of the last forward: send order, per-expert counts, the regroup permutations
   std::vector<int32_t> perm;    // (n_send) the token of each send row
@@ -86,6 +102,13 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
       s->fc1 = alloc(rows_cap_ * m.fc1_width, t);
       s->act = alloc(rows_cap_ * m.Fe, t);
       s->ret = alloc(Nt * k * C, t);
+      if (m.Fs) {
+        const int64_t N = gemm_tokens(d, Nt);
+        s->sh_fc1 = alloc(N * m.shared_fc1_width, t);
+        s->sh_act = alloc(N * m.Fsl, t);
+        s->sh_y = alloc(Nt * C, t);
+        if (m.shared_gate) s->gate = alloc(Nt, DType::F32).f32();
+      }
       slot.push_back(s);
     }
   logits_ = alloc(Nt * m.E, DType::F32).f32();
@@ -102,6 +125,22 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   }
   send_ = alloc(Nt * k * C, t);
   alloc_rows_scratch();
+  dx_ = alloc(Nt * C, t);
+  if (m.Fs) {
+    const int64_t N = gemm_tokens(d, Nt);
+    sh_dfc_ = alloc(N * m.shared_fc1_width, t);
+    sh_dact_ = alloc(N * m.Fsl, t);
+    sh_part_ = alloc(N * C, t);
+    if (m.shared_gate) {
+      sh_dy_ = alloc(Nt * C, t);
+      gate_logit_ = alloc(Nt, t);
+      gate_f32_ = alloc(Nt, DType::F32).f32();
+      identity_ = static_cast<int32_t*>(alloc(Nt, DType::I32).p);
+      std::vector<int32_t> id(static_cast<size_t>(Nt));
+      for (int64_t i = 0; i < Nt; ++i) id[size_t(i)] = int32_t(i);
+      ops_.to_device(Buf(identity_, DType::I32), id.data(), Nt);
+    }
+  }
   stats_.layers = moe_layers_;
   stats_.counts.assign(moe_layers_.size() * size_t(m.E), 0.0);
 }
@@ -154,7 +193,8 @@ const float* MoEMLP::router_weight(CBuf w) {
   return w32_;
 }
 
-void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, bool record) {
+void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp,
+                     bool record) {
   const MoEDims& m = d_.moe;
   const int mi = moe_index(layer);
   LayerState& s = *state_.at(size_t(slot)).at(size_t(mi));
@@ -271,12 +311,56 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     };
     ep_->all_to_all_v(bufA_.p, elems(s.recv_rows), s.ret.p, elems(s.send_rows), t_);
   }
-  // y (T, C) = sum over each token's kept choices of weight x expert output
+  // y (T, C) = sum over each token's kept choices of weight x expert output (+ the shared expert)
   ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
+  if (m.Fs) shared_forward(s, w, x, y, tp);
 }
 
-void MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
-                      Buf dx) {
+// The shared expert: a dense MLP of width Fs on every token, TP-split as the dense MLP (its mappings
+// are GPTStage's), times sigmoid(x . gate) per token with the gate (computed in the compute dtype, as
+// Megatron's), added to y.
+void MoEMLP::shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp) {
+  const MoEDims& m = d_.moe;
+  const int64_t T = Nt_, C = d_.C, N = tp.N;
+  d_.mlp.forward(ops_, s.sh_act, s.sh_fc1, tp.gather_tokens(x), w.shared_fc1, w.shared_fc1_bias, N, C, m.Fsl);
+  ops_.linear_forward(sh_part_, s.sh_act, w.shared_fc2, tp.bias_in_gemm ? w.shared_fc2_bias : CBuf{}, N, m.Fsl, C);
+  ops_.copy(s.sh_y, tp.row_parallel_output(sh_part_, w.shared_fc2_bias), T * C);
+  if (!m.shared_gate) return ops_.accumulate(y, s.sh_y, T * C);
+  ops_.linear_forward(gate_logit_, x, w.gate, nullptr, T, C, 1);
+  ops_.convert(gate_f32_, gate_logit_, T);
+  s.gate_host.resize(static_cast<size_t>(T));
+  ops_.to_host(s.gate_host.data(), gate_f32_, T);
+  for (float& g : s.gate_host) g = 1.0f / (1.0f + std::exp(-g));
+  ops_.to_device(s.gate, s.gate_host.data(), T);
+  ops_.combine_rows(y, s.sh_y, identity_, s.gate, T, 1, C, true);
+}
+
+void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+                             const MoETPMappings& tp) {
+  const MoEDims& m = d_.moe;
+  const int64_t T = Nt_, C = d_.C, N = tp.N;
+  CBuf dys = dy;
+  if (m.shared_gate) {  // d gate logit = (dy . shared output) g (1 - g); d shared output = g dy
+    ops_.row_dots(gate_f32_, dy, s.sh_y, identity_, T, 1, C);
+    std::vector<float> dg(static_cast<size_t>(T));
+    ops_.to_host(dg.data(), gate_f32_, T);
+    for (int64_t t = 0; t < T; ++t) dg[size_t(t)] *= s.gate_host[size_t(t)] * (1 - s.gate_host[size_t(t)]);
+    ops_.to_device(gate_f32_, dg.data(), T);
+    ops_.convert(gate_logit_, gate_f32_, T);
+    ops_.linear_backward(dx_, g.gate, nullptr, gate_logit_, x, w.gate, T, C, 1, true);
+    ops_.gather_rows(sh_dy_, dy, identity_, s.gate, T, C);
+    dys = sh_dy_;
+  }
+  const auto [dout, dbias] = tp.row_parallel_output_grad(dys, g.shared_fc2_bias);
+  d_.mlp.backward(ops_, sh_dfc_, sh_dact_, g.shared_fc2, dbias, dout, s.sh_act, w.shared_fc2, s.sh_fc1, N, m.Fsl, C);
+  ops_.linear_backward(sh_part_, g.shared_fc1, g.shared_fc1_bias, sh_dfc_, tp.gather_tokens(x), w.shared_fc1, N, C,
+                       m.shared_fc1_width, false);
+  ops_.accumulate(dx_, tp.input_grad_to_tokens(sh_part_), T * C);
+}
+
+CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+                      const MoETPMappings& tp) {
+  const Buf dx = dx_;
   const MoEDims& m = d_.moe;
   LayerState& s = *state_.at(size_t(slot)).at(size_t(moe_index(layer)));
   const int64_t T = Nt_, C = d_.C, E = m.E, k = m.router.k, El = m.El;
@@ -334,6 +418,8 @@ void MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
     ops_.convert(tmp_, dx32_, T * C);
     ops_.accumulate(dx, tmp_, T * C);
   }
+  if (m.Fs) shared_backward(s, w, g, x, dy, tp);
+  return dx;
 }
 
 MoEStats MoEMLP::take_stats() {

@@ -7,7 +7,9 @@
 // counts).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/ops.h"
@@ -28,6 +30,10 @@ struct MoEDims {
   std::vector<uint8_t> layers;  // per global layer: whether it is an MoE layer
   RouterOptions router;
   bool bias = false;         // experts' fc1 / fc2 biases (model.add_bias_linear)
+  // the shared expert (model.moe_shared_expert_intermediate_size; 0: none): width Fs, Fsl on this TP
+  // rank, its fc1's output width, and its sigmoid gate (model.moe_shared_expert_gate)
+  int64_t Fs = 0, Fsl = 0, shared_fc1_width = 0;
+  bool shared_gate = false;
   bool any() const { return E > 0; }
   bool is_moe(int64_t layer) const { return E > 0 && layers.at(size_t(layer)) != 0; }
 };
@@ -43,10 +49,24 @@ int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t);
 int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t);
 
 // One MoE layer's parameters (or gradients): the router (E, C), the rank's El experts' fc1 (El,
-// fc1_width, C), fc2 (El, C, Fe) and their biases (null without).
+// fc1_width, C), fc2 (El, C, Fe) and their biases (null without); the shared expert's fc1
+// (shared_fc1_width, C), fc2 (C, Fsl) and biases, and its gate (1, C) (null without).
 template <class P>
 struct MoEParams {
   P router, fc1, fc1_bias, fc2, fc2_bias;
+  P shared_fc1, shared_fc1_bias, shared_fc2, shared_fc2_bias, gate;
+};
+
+// The TP mappings around the shared expert's GEMMs (GPTStage's, as around the dense MLP): N the
+// tokens of the TP-split GEMMs, Nt this rank's (sequence parallelism).
+struct MoETPMappings {
+  std::function<CBuf(CBuf x)> gather_tokens;                        // (Nt, C) -> (N, C)
+  std::function<CBuf(Buf partial, CBuf bias)> row_parallel_output;  // (N, C) partial sums -> (Nt, C)
+  // d output (Nt, C) -> what fc2's backward reads (N, C) and the bias gradient it adds (null: added here)
+  std::function<std::pair<CBuf, float*>(CBuf dy, float* dbias)> row_parallel_output_grad;
+  std::function<CBuf(Buf dfull)> input_grad_to_tokens;  // (N, C) partial d input -> (Nt, C)
+  bool bias_in_gemm = true;
+  int64_t N = 0;
 };
 
 // What the balancing losses and the routing looked like over the micro-batches since the last take.
@@ -73,10 +93,14 @@ class MoEMLP {
 
   // y (Nt, C) = the layer's MoE MLP of x (Nt, C: its ln_2 output). record: count the balancing losses
   // and routing in the stats (false when full recompute reruns the forward).
-  void forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, bool record = true);
-  // dx (Nt, C) = d x from dy (Nt, C); the layer's gradients (router, experts) += into g. loss_scale
-  // multiplies the balancing losses' gradients (set_loss_scale).
-  void backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy, Buf dx);
+  // tp: the TP mappings around the shared expert (used only with one).
+  void forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp,
+               bool record = true);
+  // d x (Nt, C) from dy (Nt, C), in the MLP's own scratch (returned); the layer's gradients (router,
+  // experts, shared expert) += into g. loss_scale multiplies the balancing losses' gradients
+  // (set_loss_scale).
+  CBuf backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+                const MoETPMappings& tp);
   // The balancing losses' weight in this step's gradients: d objective / d (aux + z) of one micro-batch
   // (the trainer's: loss scale x CP / micro-batches).
   void set_loss_scale(float s) { loss_scale_ = s; }
@@ -98,7 +122,14 @@ class MoEMLP {
   float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr, *row_w_ = nullptr, *comb_w_ = nullptr;
   float* dprob_ = nullptr;
   int32_t *perm_ = nullptr, *comb_ = nullptr, *regroup_ = nullptr, *inverse_ = nullptr;
-  Buf send_, bufA_, bufB_, dact_, dfc_, tmp_;
+  Buf send_, bufA_, bufB_, dact_, dfc_, tmp_, dx_;
+  // the shared expert's scratch: d fc1 output, d activation (N), d output x gate, gate logits (Nt)
+  Buf sh_dfc_, sh_dact_, sh_dy_, sh_part_, gate_logit_;
+  float *gate_f32_ = nullptr;
+  int32_t* identity_ = nullptr;  // (Nt) 0, 1, ...: the gate's per-token scaling through combine_rows
+  void shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp);
+  void shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+                       const MoETPMappings& tp);
   std::vector<void*> owned_;
   Buf alloc(int64_t n, DType t);
   void alloc_rows_scratch();

@@ -64,6 +64,11 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     e.router = router_options(m);
     e.bias = m.add_bias_linear;
     for (int64_t l = 0; l < d.L; ++l) e.layers.push_back(m.is_moe_layer(l) ? 1 : 0);
+    e.Fs = m.moe_shared_expert_intermediate_size;
+    if (e.Fs % tp) internal_error("make_dims: unchecked moe_shared_expert_intermediate_size / TP mismatch");
+    e.Fsl = e.Fs / tp;
+    e.shared_fc1_width = d.mlp.fc1_width(e.Fsl);
+    e.shared_gate = m.moe_shared_expert_gate;
     d.moe_layer = make_moe_layer_spec(d);
   }
   return d;

@@ -17,8 +17,8 @@
 # (e) pre-softmax, (f) sigmoid scores, (g) top-k scaling factor, (h) group-limited routing (2 groups,
 # 1 chosen), (i) sigmoid with the expert bias (rate 1e-2), (j) capacity 0.8 dropping by probs,
 # (k) by position, (l) padded to capacity; (m) SwiGLU experts; (n) a shared expert with its gate;
-# (o) moe_layer_freq [0, 1] (layer 0 dense). Not run yet: (i) the expert bias and (n) a shared expert
-# with its gate -- the reference has both, tptrain refuses them with exit 2 until they land; then layouts with aux_loss + z-loss, each against the
+# (o) moe_layer_freq [0, 1] (layer 0 dense). Not run yet: (i) the expert bias -- the reference has it,
+# tptrain refuses it with exit 2 until it lands; then layouts with aux_loss + z-loss, each against the
 # one-process reference: (p) DP 2, (q) PP 2 x DP 2 with the distributed optimizer (micro-batches of 2),
 # (r) PP 2 with ZB-H1 (the MoE layers' weight gradients in B), (s) full recompute (the routing rerun,
 # its losses counted once).
@@ -127,6 +127,7 @@ run_case j_capacity_probs     "${CAP[@]}"
 run_case k_capacity_position  "${CAP[@]}" model.moe_token_drop_policy=position
 run_case l_capacity_pad       "${CAP[@]}" model.moe_pad_expert_input_to_capacity=true
 run_case m_swiglu             model.swiglu=true
+run_case n_shared_expert_gate model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
 run_case o_layer_freq_01      "model.moe_layer_freq=[0, 1]"
 # layouts: dropless, with the balancing losses whose counts and means cross ranks (EP 1: every rank
 # holds every expert; expert parallelism and MoE with TP are refused until their groups land)
