@@ -270,6 +270,7 @@ compare llama_tp2_fp16_rope_scaled 2 2 1 training.precision=fp16 model.kv_channe
 # B*S*k = 128, their weights 4 x 48 x 32 (SwiGLU 4 x 2 x 48 x 32, in the Llama shape 4 x 48 x 64), the
 # router 4 x 32, its logits 64 x 4. The experts lie after every dense tensor in their own replica group
 # (ExpertData, over EDP = DP with TP 1 and EP 1), which the distributed optimizer pads and shards apart;
+# a gated shared expert of width 32 (dense tensors of the MoE layer, TP-split as the dense MLP);
 # moe_layer_freq [0, 1, 0, 1] mixes dense and MoE layers on each stage (and in each interleaved chunk).
 MOE=(model.num_moe_experts=4 model.moe_ffn_hidden_size=48 model.moe_router_topk=2)
 cfg=$W/cfg.yaml
@@ -277,6 +278,8 @@ compare moe_single_fp32 1 1 1 "${MOE[@]}"
 compare moe_freq01_bf16 1 1 1 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]"
 compare moe_swiglu_bf16_full 1 1 1 "${MOE[@]}" model.swiglu=true model.ffn_hidden_size=96 training.precision=bf16 training.recompute=full
 compare moe_gelu_fp16_selective 1 1 1 "${MOE[@]}" training.precision=fp16 training.recompute=selective
+compare moe_shared_gate_pp2_zb_bf16 2 1 2 "${MOE[@]}" model.moe_shared_expert_intermediate_size=32 \
+  model.moe_shared_expert_gate=true training.precision=bf16 parallel.pipeline_schedule=zb-h1
 compare moe_pp2_zb_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1
 compare moe_pp2_full_fp32 2 1 2 "${MOE[@]}" training.recompute=full "model.moe_layer_freq=[0, 1, 0, 1]"
 compare moe_dp2_distopt_bf16 2 1 1 "${MOE[@]}" training.precision=bf16 parallel.distributed_optimizer=true

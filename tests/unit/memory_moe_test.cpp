@@ -57,6 +57,8 @@ struct SizedComm final : Comm {
 };
 
 const char* kFreqs[] = {"", ", moe_layer_freq: [0, 1, 0, 1]", ", moe_layer_freq: [0, 1, 1, 1]"};
+// a shared expert of width 32 with its sigmoid gate (dense parameters of the MoE layer)
+const char* kShared = ", moe_shared_expert_intermediate_size: 32, moe_shared_expert_gate: true";
 
 // expert_parameters (from the MoE sizes: E / EP experts x (fc1 + fc2 [+ biases]) per MoE layer)
 // equals the layout's expert tensors on every EP rank, stage and model chunk; the boxes are the EP
@@ -112,12 +114,12 @@ TEST(MemoryMoE, ExpertParametersEqualTheLayout) {
 }
 
 // What GPTStage allocates for an MoE stage (its MoEMLP's kept rows per slot and its scratch) is the
-// plan's activations + workspace, for every precision and recompute mode, GELU and SwiGLU experts,
-// dense and MoE layers mixed, on both stages of PP 2, with ZB-H1's split backward.
+// plan's activations + workspace, for every precision and recompute mode, GELU and SwiGLU experts, a
+// gated shared expert, dense and MoE layers mixed, on both stages of PP 2, with ZB-H1's split backward.
 TEST(MemoryMoE, StageAllocatesWhatThePlanCounts) {
   for (const char* precision : {"fp32", "bf16", "fp16"})
     for (const char* recompute : {"none", "selective", "full"})
-      for (const char* mlp : {"", ", swiglu: true, ffn_hidden_size: 96"})
+      for (const char* mlp : {"", ", swiglu: true, ffn_hidden_size: 96", kShared})
         for (const char* freq : {kFreqs[0], kFreqs[1]})
           for (int pp : {1, 2})
             for (bool zb : {false, true}) {
@@ -190,21 +192,22 @@ TEST(MemoryMoE, DistributedOptimizerShardsTheExpertsOverEDP) {
 
 // The TFLOP/s the trainer logs counts an MoE model's active FLOPs as Megatron's
 // num_floating_point_operations: per token and layer 6 x 2 h (F x ffn_factor) for a dense MLP and
-// 6 x 2 h (Fe x k x ffn_factor) for an MoE one (ffn_factor 3 with SwiGLU, else 2), the router not
-// counted; attention and logits as for the dense model.
+// 6 x 2 h ((Fe x k + Fs) x ffn_factor) for an MoE one (ffn_factor 3 with SwiGLU, else 2; Fs the shared
+// expert's width), the router and the shared expert's gate not counted; attention and logits as for the dense model.
 TEST(MemoryMoE, ModelFlopsAreMegatronsActiveFlops) {
-  for (const char* mlp : {"", ", swiglu: true, ffn_hidden_size: 96"})
+  for (const char* mlp : {"", ", swiglu: true, ffn_hidden_size: 96", kShared})
     for (const char* freq : kFreqs) {
       const Config c = moe_config(std::string(mlp) + freq, "", "", 1);
       Config dense = c;
       dense.model.num_moe_experts = 0;
       const double tokens = 16.0 * 16, h = 32, F = c.model.ffn_hidden_size, Fe = 48, k = 2, V = 104;
+      const double Fs = c.model.moe_shared_expert_intermediate_size;  // Megatron counts it per MoE layer
       const double ffn = c.model.swiglu ? 3 : 2;
       double moe_layers = 0;
       for (int64_t l = 0; l < 4; ++l) moe_layers += c.model.is_moe_layer(l) ? 1 : 0;
       // Megatron's terms: attention (4 h (h + h) + s h for MHA, causal) per layer, MLP, logits
       const double attention = 4 * 3 * (2 * h * h) + 3 * 2 * 16 * h;  // x 4 layers below
-      const double by_hand = tokens * (4 * attention + 6 * h * (F * ffn * (4 - moe_layers) + Fe * k * ffn * moe_layers) +
+      const double by_hand = tokens * (4 * attention + 6 * h * (F * ffn * (4 - moe_layers) + (Fe * k + Fs) * ffn * moe_layers) +
                                        6 * h * V);
       EXPECT_NEAR(iteration_model_flops(c, 104) / by_hand, 1.0, 1e-12) << mlp << freq;
       const double dense_by_hand = tokens * (4 * attention + 6 * h * F * ffn * 4 + 6 * h * V);
