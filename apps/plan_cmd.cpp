@@ -98,6 +98,8 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
                       {"in_flight_microbatches", m.in_flight},
                       {"parameters_per_rank", m.parameters_per_rank},
                       {"parameter_buffer", m.parameter_buffer},
+                      {"expert_parameters_per_rank", m.expert_parameters_per_rank},
+                      {"expert_buffer", m.expert_buffer},
                       {"weight_bytes", m.weight_bytes},
                       {"gradient_bytes", m.gradient_bytes},
                       {"optimizer_bytes", m.optimizer_bytes},
@@ -141,6 +143,11 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"recompute", name_of(c.training.recompute)},
           {"device_memory_bytes", p.device_memory_bytes},
           {"total_parameters", p.total_parameters},
+          {"expert_parameters", p.expert_parameters},
+          {"active_parameters", p.active_parameters},
+          {"ep", p.ep},
+          {"edp", p.edp},
+          {"ep_comm_bytes", p.ep_comm_bytes},
           {"padded_vocab_size", p.padded_vocab},
           {"flops_per_iteration", p.flops_per_iteration},
           {"hardware_flops_per_iteration", p.hardware_flops_per_iteration},
@@ -185,6 +192,13 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                 "gradients reduced over DP x CP = %d\n",
                 p.cp, (long long)(m.seq_length / p.cp), m.seq_length, 2 * p.cp, bytes(double(p.cp_comm_bytes)).c_str(),
                 p.dp * p.cp);
+  if (m.is_moe())
+    std::printf("mixture of experts: %d experts (width %d) per MoE layer, top-%d: %s expert parameters, %s active per "
+                "token; EP %d (each rank holds %d experts per layer), expert data-parallel EDP %d (the experts' "
+                "gradients and distributed-optimizer shards); the dispatch sends %s per rank per iteration\n",
+                m.num_moe_experts, m.moe_ffn_hidden_size, m.moe_router_topk, count(double(p.expert_parameters)).c_str(),
+                count(double(p.active_parameters)).c_str(), p.ep, m.num_moe_experts / p.ep, p.edp,
+                bytes(double(p.ep_comm_bytes)).c_str());
   std::printf("batch: global %d = micro-batch %d x %d micro-batches x DP %d; schedule %s; precision %s; "
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
@@ -210,6 +224,11 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                 u(double(s.gradient_bytes)), u(double(s.optimizer_bytes)), u(double(s.activation_bytes)),
                 u(double(s.workspace_bytes)), u(double(s.buffer_bytes)), u(double(s.backend.total())),
                 u(double(s.total_bytes())), verdict(double(s.total_bytes())));
+  if (m.is_moe())
+    for (const StageMemory& s : p.stages)
+      std::printf("experts: stage %d holds %s expert parameters per rank of its %s (their buffer %.3f %s, over EDP %d)\n",
+                  s.stage, count(double(s.expert_parameters_per_rank)).c_str(), count(double(s.parameters_per_rank)).c_str(),
+                  u(double(s.expert_buffer * 4)), unit, p.edp);
   if (!p.stages.empty()) {
     const StageMemory& s0 = p.stages.front();
     std::printf("backend: the GPU backend's own buffers on stage 0: cuBLASLt workspace %.1f MiB, cuDNN attention "

@@ -45,7 +45,7 @@ int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
 int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), k = m.router.k, C = d.C, E = m.E;
-  int64_t n = 4 * (Nt * E + 4 * Nt * k);  // logits, d prob, row weights, combine weights (fp32); perm, comb (int32)
+  int64_t n = 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
   n += tb(Nt * k * C + cap * (C + m.Fe + m.fc1_width), t);  // send, bufA, dact, dfc
   if (m.ep > 1) n += tb(cap * C, t) + 4 * 2 * cap;          // bufB, regroup, inverse

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "core/gpu_workspace.h"
 #include "model/chunks.h"
+#include "model/moe.h"
+#include "model/param_group.h"
 #include "parallel/grad_sync.h"
 #include "plan/stage_work.h"
 
@@ -34,6 +36,36 @@ GPTDims make_chunk_dims_cp(const Config& c, int tp, int pp, int s) {
   return d;
 }
 
+// The parameter / gradient buffers of a rank's layout as the trainer sizes them (model/param_group.h
+// make_grad_groups, grad_buffer_size; GradSync::owned_size): one span per replica group, from its
+// first tensor to the next group's first (the dense group first, the experts' after it), each
+// padded with the distributed optimizer to whole blocks of kShardAlign x its ranks; the optimizer
+// owns 1 / ranks of each padded span (all of it without the distributed optimizer or on one rank).
+struct ReplicaBuffers {
+  int64_t total = 0, owned = 0;
+  int64_t expert_span = 0;  // the experts' span, padded (0 without experts)
+};
+
+ReplicaBuffers replica_buffers(const ParamLayout& layout, int dense_ranks, int expert_ranks, bool distributed_optimizer) {
+  int64_t experts = layout.total;  // the expert group's first offset
+  for (const ParamInfo& p : layout.params)
+    if (p.group.replicas == ReplicaGroup::ExpertData) experts = std::min(experts, p.offset);
+  for (const ParamInfo& p : layout.params)
+    TPT_CHECK((p.group.replicas == ReplicaGroup::ExpertData) == (p.offset >= experts));  // two runs
+  auto owned = [&](int64_t padded, int ranks) { return distributed_optimizer && ranks > 1 ? padded / ranks : padded; };
+  ReplicaBuffers b;
+  const int64_t dense = GradSync::buffer_size(experts, dense_ranks, distributed_optimizer);
+  TPT_CHECK(dense <= experts || experts == layout.total);  // the layout left the dense padding its room
+  b.total = dense;
+  b.owned = owned(dense, dense_ranks);
+  if (experts < layout.total) {
+    b.expert_span = GradSync::buffer_size(layout.total - experts, expert_ranks, distributed_optimizer);
+    b.total = experts + b.expert_span;
+    b.owned += owned(b.expert_span, expert_ranks);
+  }
+  return b;
+}
+
 int num_microbatches(const Config& c) {
   const int64_t per_step = int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size;
   return int(c.training.global_batch_size / per_step);
@@ -48,6 +80,13 @@ std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
 
 double mib(int64_t bytes) { return double(bytes) / 1048576.0; }
 
+// the MoE layers of chunk d
+int64_t moe_layers_of(const GPTDims& d) {
+  int64_t n = 0;
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) n += d.moe.is_moe(l) ? 1 : 0;
+  return n;
+}
+
 }  // namespace
 
 void check_plannable(const Config& c) {
@@ -58,11 +97,17 @@ void check_plannable(const Config& c) {
   // the largest rank: its share of the layers, the word embedding, the positions; model state at
   // 20 B per parameter; a micro-batch's activations (~24 values of C per token and layer) and logits
   const double params = std::ceil(L / pp) * (4 * C * C + 2 * C * F) / tp + V * C / tp + double(m.max_position_embeddings) * C;
-  const double bytes = 20 * params + 4 * B * S * (24 * C * std::ceil(L / pp) + V / tp) * std::min(pp, 64.0);
+  double bytes = 20 * params + 4 * B * S * (24 * C * std::ceil(L / pp) + V / tp) * std::min(pp, 64.0);
+  if (m.is_moe()) {  // every layer's E / EP experts (3 C Fe each at most) and their k rows per token
+    const double Fe = m.moe_ffn_hidden_size, k = m.moe_router_topk;
+    const double experts = double(m.num_moe_experts) / std::max(1, c.parallel.expert_model_parallel_size);
+    bytes += std::ceil(L / pp) * (20 * experts * 3 * C * Fe + 4 * B * S * k * (C + 3 * Fe) * kMoEDispatchFactor * std::min(pp, 64.0));
+  }
   if (!(bytes < std::ldexp(1.0, 50)))
     input_error("the model needs about " + std::to_string(int64_t(bytes / std::ldexp(1.0, 40))) +
                 " TiB per rank (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.vocab_size, "
-                "model.seq_length, training.micro_batch_size on TP " + std::to_string(int(tp)) + " x PP " +
+                "model.seq_length, training.micro_batch_size" + std::string(m.is_moe() ? ", model.num_moe_experts, "
+                "model.moe_ffn_hidden_size, model.moe_router_topk" : "") + " on TP " + std::to_string(int(tp)) + " x PP " +
                 std::to_string(int(pp)) + "): more than a PiB, beyond any device; nothing was allocated");
   // What the plan simulates: every stage's list of forward and backward passes of every model chunk
   const double v = model_chunks(c), actions = double(num_microbatches(c)) * pp * v;
@@ -79,9 +124,9 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
   TPT_CHECK(pp_rank >= 0 && pp_rank < pp);
   // every TP rank of a stage holds the same sizes
   std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
-  for (GPTDims& d : chunks) {  // every CP rank holds the same sizes, and every EP rank
-    apply_context_parallel(d, cfg, 0);
-    apply_expert_parallel(d, std::max(1, cfg.parallel.expert_model_parallel_size), 0);
+  for (GPTDims& d : chunks) {
+    apply_context_parallel(d, cfg, 0);  // every CP rank holds the same sizes
+    apply_expert_parallel(d, cfg.parallel.expert_model_parallel_size, 0);  // every EP rank E / EP experts
   }
   return stage_memory(cfg, pp_rank, chunks, gpu_backend);
 }
@@ -103,14 +148,17 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   m.layers = int64_t(rank_layers(chunks).size());
   m.in_flight = max_in_flight(schedule);
   for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
+  for (const GPTDims& d : chunks) m.expert_parameters_per_rank += expert_parameters(d);
   // The distributed optimizer (parallel/grad_sync.h): the buffers padded to its blocks; fp32 master
   // weights (bf16 / fp16 runs) and Adam moments only for this DP rank's 1/DP of them (DP x CP: the
-  // weights' replicas with context parallelism)
+  // weights' replicas with context parallelism; the experts' share over their EDP replicas)
   const int dp = std::max(1, cfg.parallel.data_parallel_size) * cfg.parallel.context_parallel_size;
-  const bool distributed = cfg.parallel.distributed_optimizer && dp > 1;
-  const int64_t buffer = GradSync::buffer_size(layout.total, dp, distributed);
-  const int64_t owned = distributed ? buffer / dp : buffer;
+  const int edp = expert_data_parallel_size(cfg);
+  const bool distributed = cfg.parallel.distributed_optimizer && (dp > 1 || edp > 1);
+  const ReplicaBuffers rb = replica_buffers(layout, dp, edp, distributed);
+  const int64_t buffer = rb.total, owned = rb.owned;
   m.parameter_buffer = buffer;
+  m.expert_buffer = rb.expert_span;
   m.weight_bytes = dtype == DType::F32 ? buffer * 4 : dtype_size(buffer, dtype) + owned * 4;
   m.gradient_bytes = buffer * 4;
   m.optimizer_bytes = owned * 8;
@@ -166,10 +214,18 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel
     // bias) over the GEMM's rows
     w.scratch = std::max(w.scratch, column_sums_scratch_bytes(Nt, d.C, d.norm.rms ? 1 : 2));
-    for (const LinearSpec* l : d.layer.linears()) {  // the GEMMs with a bias, by their output width
-      if (!l->bias) continue;
-      const int64_t O = l->out;
-      w.scratch = std::max(w.scratch, column_sums_scratch_bytes(N, O, 1));
+    // the GEMMs with a bias, by their rows and output width: the layer specs' (dense: d.layer; MoE:
+    // those the chunk's layers use) and the experts' fc1 and fc2 on the dispatch bound's rows
+    std::vector<std::pair<int64_t, int64_t>> biased;  // (rows, O)
+    const bool dense_layers = !d.moe.any() || moe_layers_of(d) < d.layer_end - d.layer_begin;
+    const bool moe_layers = moe_layers_of(d) > 0;
+    for (const LayerSpec* spec : {dense_layers ? &d.layer : nullptr, moe_layers ? &d.moe_layer : nullptr})
+      for (const LinearSpec* l : spec ? spec->linears() : std::vector<const LinearSpec*>{})
+        if (l->bias) biased.push_back({N, l->out});
+    if (moe_layers && d.moe.bias)
+      for (int64_t O : {d.moe.fc1_width, d.C}) biased.push_back({moe_rows_bound(d.moe, Nt), O});
+    for (const auto& [rows, O] : biased) {
+      w.scratch = std::max(w.scratch, column_sums_scratch_bytes(rows, O, 1));
       w.bias_grad = std::max(w.bias_grad, O * 4);
     }
     if (d.first_stage())  // the word embedding's gradient: a radix sort of the token ids
@@ -199,6 +255,24 @@ std::string describe_memory(const StageMemory& m) {
   return s;
 }
 
+int expert_data_parallel_size(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  if (!cfg.model.is_moe()) return 1;
+  const int64_t etp = p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : p.tensor_model_parallel_size;
+  const int64_t folded = int64_t(p.tensor_model_parallel_size) * p.context_parallel_size * std::max(1, p.data_parallel_size);
+  if (folded % (etp * p.expert_model_parallel_size) != 0)
+    input_error("parallel.expert_model_parallel_size (" + std::to_string(p.expert_model_parallel_size) +
+                ") x expert_tensor_parallel_size (" + std::to_string(etp) + ") does not divide tensor_model_parallel_size x "
+                "context_parallel_size x data_parallel_size (" + std::to_string(folded) + ")");
+  return int(folded / (etp * p.expert_model_parallel_size));
+}
+
+int64_t expert_parameters(const GPTDims& d) {
+  const MoEDims& m = d.moe;
+  const int64_t per_expert = m.fc1_width * d.C + d.C * m.Fe + (m.bias ? m.fc1_width + d.C : 0);
+  return moe_layers_of(d) * m.El * per_expert;
+}
+
 int64_t total_parameters(const Config& cfg) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   int64_t total = 0;
@@ -221,7 +295,14 @@ double iteration_model_flops(const Config& c, int64_t padded_vocab) {
   const double B = c.training.global_batch_size, s = m.seq_length, l = m.num_layers, h = m.hidden_size,
                V = double(padded_vocab), H = m.num_attention_heads, G = query_groups(m), F = m.ffn_hidden_size;
   const double r = H * double(m.kv_channels ? m.kv_channels : h / H) / h, gated = m.swiglu ? 1.5 : 1.0;
-  return 12.0 * B * s * l * h * h * ((1.0 + G / H + s / (2.0 * h)) * r + F / h * gated + V / (2.0 * l * h));
+  double mlp = F / h * gated;  // per layer; an MoE model's mean over its dense and MoE layers
+  if (m.is_moe()) {
+    double moe = 0;
+    for (int64_t i = 0; i < m.num_layers; ++i) moe += m.is_moe_layer(i) ? 1.0 : 0.0;
+    const double routed = double(m.moe_router_topk) * m.moe_ffn_hidden_size + m.moe_shared_expert_intermediate_size;
+    mlp = ((l - moe) * F + moe * routed) / (l * h) * gated;
+  }
+  return 12.0 * B * s * l * h * h * ((1.0 + G / H + s / (2.0 * h)) * r + mlp + V / (2.0 * l * h));
 }
 
 namespace {
@@ -231,6 +312,7 @@ struct StageWork {
   double fwd_flops = 0, bwd_flops = 0;
   double fwd_tp_bytes = 0, bwd_tp_bytes = 0;
   double fwd_cp_bytes = 0, bwd_cp_bytes = 0;  // the CP ring's messages sent (context parallelism)
+  double fwd_ep_bytes = 0, bwd_ep_bytes = 0;  // the MoE dispatch's all-to-alls sent (EP > 1)
 };
 
 StageWork stage_work(const Config& c, int s) {
@@ -242,11 +324,14 @@ StageWork stage_work(const Config& c, int s) {
   for (const ChunkWork& k : stage_chunk_work(c, s)) {  // plan/stage_work.h
     // per layer and rank: 2 N in out for each linear layer of the layer spec (QKV 2 N C qkv_width,
     // projection 2 N Cl C, MLP 2 N C fc1_width + 2 N Fl C) and the attention's causal half (as the
-    // logged formula's s/(2h) term counts it)
+    // logged formula's s/(2h) term counts it); an MoE layer's router 2 Nt C E and its experts' GEMMs
+    // on the rank's Nt k rows (plan/stage_work.h)
     const double layer = k.linear_flops() + k.attention_flops, layers = k.layers;
-    const double fwd = layers * layer + (k.last ? k.lm_head_flops() : 0.0);
+    const double moe_layer = k.moe_linear_flops() + k.attention_flops;
+    const double all_layers = k.dense_layers() * layer + k.moe_layers * moe_layer;
+    const double fwd = all_layers + (k.last ? k.lm_head_flops() : 0.0);
     double bwd = 2.0 * fwd;
-    if (r == Recompute::Full) bwd += layers * layer;
+    if (r == Recompute::Full) bwd += all_layers;
     bwd += layers * k.attention_flops / 2;  // flash-style backward recomputes the scores
     if (r == Recompute::Selective) bwd += layers * k.attention_flops;
     // GPipe: the last stage's logits of all but the last micro-batch are recomputed in backward
@@ -256,10 +341,14 @@ StageWork stage_work(const Config& c, int s) {
     if (k.tp > 1) {
       // per layer: forward one all-reduce after each row-parallel layer, backward one of each
       // column-parallel layer's input gradient
-      const double act = k.N * k.C * cb, rows = k.row_parallel();
-      w.fwd_tp_bytes += layers * rows * act + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
-      w.bwd_tp_bytes += layers * k.column_parallel() * act + (k.last ? act : 0) +
-                        (r == Recompute::Full ? layers * rows * act : 0);
+      const double act = k.N * k.C * cb, rows = k.row_parallel_layers();
+      w.fwd_tp_bytes += rows * act + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
+      w.bwd_tp_bytes += k.column_parallel_layers() * act + (k.last ? act : 0) + (r == Recompute::Full ? rows * act : 0);
+    }
+    if (k.moe.ep > 1) {  // per MoE layer: the rows out and back forward, their gradients backward (and full recompute's rerun)
+      const double a2a = k.moe_layers * 2 * k.dispatch_bytes(cb);
+      w.fwd_ep_bytes += a2a;
+      w.bwd_ep_bytes += a2a + (r == Recompute::Full ? a2a : 0);
     }
     if (k.cp > 1) {  // per layer: CP - 1 K/V blocks forward; in backward CP - 1 blocks and CP fp32 gradients
       const double reruns = r == Recompute::None ? 0.0 : 1.0, fwd_cp = layers * (k.cp - 1) * k.kv_block * cb;
@@ -447,6 +536,16 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   plan.num_microbatches = num_microbatches(cfg);
   plan.device_memory_bytes = o.device_memory_gib * 1073741824.0;
   plan.total_parameters = total_parameters(cfg);
+  if (cfg.model.is_moe()) {  // every expert once: each layer's E (EP rank 0 of every stage holds E / EP)
+    plan.ep = par.expert_model_parallel_size;
+    plan.edp = expert_data_parallel_size(cfg);
+    for (int s = 0; s < plan.pp; ++s)
+      for (const GPTDims& d : make_chunk_dims(cfg, plan.tp, 0, plan.pp, s)) plan.expert_parameters += expert_parameters(d);
+    plan.active_parameters = plan.total_parameters - plan.expert_parameters +
+                             plan.expert_parameters / cfg.model.num_moe_experts * cfg.model.moe_router_topk;
+  } else {
+    plan.active_parameters = plan.total_parameters;
+  }
   plan.padded_vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, plan.tp);
   plan.flops_per_iteration = iteration_model_flops(cfg, plan.padded_vocab);
 
@@ -473,14 +572,17 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     plan.hardware_flops_per_iteration += (w.fwd_flops + w.bwd_flops) * M * plan.tp * reps;
     plan.cp_comm_bytes = std::max(plan.cp_comm_bytes, int64_t((w.fwd_cp_bytes + w.bwd_cp_bytes) * M));
     plan.tp_comm_bytes = std::max(plan.tp_comm_bytes, int64_t((w.fwd_tp_bytes + w.bwd_tp_bytes) * M));
+    plan.ep_comm_bytes = std::max(plan.ep_comm_bytes, int64_t((w.fwd_ep_bytes + w.bwd_ep_bytes) * M));
     const int64_t sends = (s > 0 ? M : 0) + (s < P - 1 ? M : 0);  // gradients back, activations forward
     plan.pp_comm_bytes = std::max(plan.pp_comm_bytes, sends * message);
     // DP: the fp32 gradient buffer's all-reduce, or with the distributed optimizer its
     // reduce-scatter and the all-gather of the parameters in the compute dtype; the tied word
-    // embedding's gradient over {first, last stage}
-    const bool distributed = cfg.parallel.distributed_optimizer && reps > 1;
-    int64_t dp_bytes = reps > 1 ? m.parameter_buffer * 4 : 0;
-    if (distributed) dp_bytes += dtype_size(m.parameter_buffer, compute_dtype(cfg));
+    // embedding's gradient over {first, last stage}. The experts' span over their EDP group.
+    const bool distributed = cfg.parallel.distributed_optimizer && (reps > 1 || plan.edp > 1);
+    const int64_t dense = m.parameter_buffer - m.expert_buffer;
+    int64_t dp_bytes = reps > 1 ? dense * 4 : 0;
+    if (distributed && reps > 1) dp_bytes += dtype_size(dense, compute_dtype(cfg));
+    if (plan.edp > 1) dp_bytes += m.expert_buffer * 4 + (distributed ? dtype_size(m.expert_buffer, compute_dtype(cfg)) : 0);
     if (P > 1 && (s == 0 || s == P - 1)) {
       const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);
       if (!d.untied) dp_bytes += d.Vl * d.C * 4;

@@ -42,6 +42,12 @@ struct StageMemory {
   int in_flight = 1;                   // micro-batches whose activations the stage holds at most (all chunks)
   int64_t parameters_per_rank = 0;     // elements of this rank's tensors (padded vocabulary rows included)
   int64_t parameter_buffer = 0;        // ParamLayout::total: the same plus 64-byte alignment per tensor
+                                       // (and the replica groups' padding, below)
+  // Mixture-of-Experts: of parameters_per_rank, the MoE layers' experts (E / EP of each layer's,
+  // expert_parameters); of parameter_buffer, their replica group's span (padded to the distributed
+  // optimizer's blocks over EDP ranks, the experts' data-parallel group)
+  int64_t expert_parameters_per_rank = 0;
+  int64_t expert_buffer = 0;
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   int64_t activation_bytes = 0;        // for the configured recompute mode
   int64_t workspace_bytes = 0;
@@ -89,13 +95,25 @@ AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtyp
 // CPU ranks).
 std::string describe_memory(const StageMemory& m);
 
+// Mixture-of-Experts (docs/MOE.md, docs/PLAN.md "Mixture-of-Experts"). The expert-data-parallel size
+// EDP: the ranks holding the same experts, whose gradients they average and whose optimizer state the
+// distributed optimizer shards: TP x CP x DP / (ETP x EP) (Megatron's parallel folding; ETP null =
+// TP). 1 for a dense model.
+int expert_data_parallel_size(const Config& cfg);
+// Elements of this rank's experts in chunk d, counted from the MoE sizes alone (not from the layout):
+// per MoE layer of the chunk E / EP experts x (fc1 fc1_width x C + fc2 C x Fe [+ their biases
+// fc1_width + C]). 0 for a dense model.
+int64_t expert_parameters(const GPTDims& d);
+
 // Parameters of the whole model, each counted once (the last stage's tied word-embedding copy and
 // TP replicas not repeated), with the unpadded vocabulary, as the trainer's start-up log counts.
 int64_t total_parameters(const Config& cfg);
 // Megatron's model FLOPs of one iteration (no recompute), the formula of the TFLOP/s/device log:
 // 12 B s l h^2 ((1 + G/H + s/(2h)) H D / h + (F/h) m + V/(2 l h)), B = global batch, G key/value
 // groups, D head dim, m = 3/2 with SwiGLU (else 1), V = padded vocabulary; for GPT-2
-// 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
+// 72 B s l h^2 (1 + s/(12h) + V/(12 l h)). Mixture-of-Experts: the active FLOPs, as Megatron's
+// num_floating_point_operations counts them: the MLP term of the l_moe MoE layers is each token's k
+// experts and the shared expert, (k Fe + Fs)/h m instead of (F/h) m; the router is not counted.
 double iteration_model_flops(const Config& cfg, int64_t padded_vocab);
 
 struct PlanOptions {
@@ -130,6 +148,10 @@ struct Plan {
   int num_microbatches = 1;
   double device_memory_bytes = 0;
   int64_t total_parameters = 0, padded_vocab = 0;
+  // Mixture-of-Experts: of total_parameters the experts' (each once), and the parameters one token
+  // passes through (the experts' k / E of them: Megatron's "active" parameters); EP and EDP (1 dense)
+  int64_t expert_parameters = 0, active_parameters = 0;
+  int ep = 1, edp = 1;
   double flops_per_iteration = 0;      // model FLOPs (Megatron's formula)
   double hardware_flops_per_iteration = 0;  // with recompute, from the per-layer counts
   double bubble_fraction = 0;          // simulated: unit forward, 2 units backward, free communication
@@ -138,6 +160,7 @@ struct Plan {
   // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
   int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
   int64_t cp_comm_bytes = 0;           // context parallelism: the ring's K/V blocks and their gradients sent
+  int64_t ep_comm_bytes = 0;           // expert parallelism: the MoE dispatch's all-to-alls sent (rows, gradients)
   double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;  // dp_time_s: the exposed part
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
   StepTime time;                       // the step-time model's breakdown (plan/step_time.h)

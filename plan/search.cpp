@@ -161,6 +161,7 @@ nlohmann::json step_time_json(const StepTime& t) {
           {"ideal_s", t.ideal_s},            {"bubble_s", t.bubble_s},
           {"gemm_s", t.gemm_s},              {"attention_s", t.attention_s},
           {"elementwise_s", t.elementwise_s}, {"tp_comm_s", t.tp_comm_s}, {"cp_comm_s", t.cp_comm_s},
+          {"ep_comm_s", t.ep_comm_s},
           {"recompute_s", t.recompute_s},    {"p2p_per_message_s", t.p2p_per_message_s},
           {"dp_comm_s", t.dp_comm_s},        {"dp_exposed_s", t.dp_exposed_s},
           {"optimizer_s", t.optimizer_s},    {"exposed_comm_s", t.exposed_comm_s},

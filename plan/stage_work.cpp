@@ -1,6 +1,9 @@
 // The per-stage work model (plan/stage_work.h).
 #include "plan/stage_work.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/config.h"
 #include "model/chunks.h"
 
@@ -10,6 +13,12 @@ double ChunkWork::linear_flops() const {
   double in_out = 0;
   for (const Linear& l : linears) in_out += l.in * l.out;
   return 2.0 * N * in_out;
+}
+
+double ChunkWork::moe_linear_flops() const {
+  double in_out = 0;
+  for (const Linear& l : moe.linears) in_out += (l.split == LinearSplit::Replicated ? Nt : N) * l.in * l.out;
+  return 2.0 * in_out + expert_flops();
 }
 
 double ChunkWork::row_parallel() const {
@@ -24,6 +33,24 @@ double ChunkWork::column_parallel() const {
   return n;
 }
 
+double ChunkWork::moe_row_parallel() const {
+  double n = 0;
+  for (const Linear& l : moe.linears) n += l.split == LinearSplit::Row;
+  return n;
+}
+
+double ChunkWork::moe_column_parallel() const {
+  double n = 0;
+  for (const Linear& l : moe.linears) n += l.split == LinearSplit::Column;
+  return n;
+}
+
+double ChunkWork::row_parallel_layers() const { return dense_layers() * row_parallel() + moe_layers * moe_row_parallel(); }
+
+double ChunkWork::column_parallel_layers() const {
+  return dense_layers() * column_parallel() + moe_layers * moe_column_parallel();
+}
+
 ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   ChunkWork w;
   const double B = c.training.micro_batch_size, S = double(d.S);
@@ -36,6 +63,20 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   w.tp = d.tp;
   w.cp = d.cp;
   for (const LinearSpec* l : d.layer.linears()) w.linears.push_back({double(l->in), double(l->out), l->split});
+  if (d.moe.any()) {
+    for (int64_t l = d.layer_begin; l < d.layer_end; ++l) w.moe_layers += d.moe.is_moe(l) ? 1.0 : 0.0;
+    for (const LinearSpec* l : d.moe_layer.linears()) w.moe.linears.push_back({double(l->in), double(l->out), l->split});
+    // dropless: every choice; with a capacity factor at most capacity rows per expert (model/moe_routing.h)
+    const RouterOptions& r = d.moe.router;
+    w.moe.rows = w.Nt * double(r.k);
+    if (r.capacity_factor > 0)
+      w.moe.rows = std::min(w.moe.rows, double(r.E) * std::ceil(w.moe.rows / double(r.E) * r.capacity_factor));
+    w.moe.local = double(d.moe.El);
+    w.moe.fc1_width = double(d.moe.fc1_width);
+    w.moe.ffn = double(d.moe.Fe);
+    w.moe.ep = d.moe.ep;
+    w.moe.etp = c.parallel.expert_tensor_parallel_size > 0 ? c.parallel.expert_tensor_parallel_size : d.tp;
+  }
   w.attention_flops = 2.0 * B * S * double(c.model.seq_length) * double(d.Hl) * double(d.D);
   w.ffn_local = double(d.Fl);
   w.swiglu = d.mlp.swiglu;
@@ -50,6 +91,7 @@ std::vector<ChunkWork> stage_chunk_work(const Config& c, int stage) {
   std::vector<ChunkWork> out;
   for (GPTDims d : make_chunk_dims(c, tp, 0, pp, stage)) {
     apply_context_parallel(d, c, 0);  // CP rank 0's tokens (every CP rank holds as many)
+    apply_expert_parallel(d, c.parallel.expert_model_parallel_size, 0);  // EP rank 0's experts (as many)
     out.push_back(chunk_work(c, d));
   }
   return out;

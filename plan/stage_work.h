@@ -15,14 +15,25 @@ struct Config;
 struct ChunkWork {
   double N = 0, Nt = 0;        // tokens of a micro-batch: all (the TP-sharded GEMMs'), this rank's (SP)
   double C = 0, layers = 0;    // hidden size, transformer layers of the chunk
+  double moe_layers = 0;       // of them, Mixture-of-Experts layers (docs/MOE.md; d.spec(l) per layer)
   bool first = false, last = false;  // holds the embeddings / the LM head
   int tp = 1, cp = 1;
-  // per layer: the layer spec's linear layers, (N, in) . (in, out) each
+  // per dense layer: the layer spec's linear layers, (N, in) . (in, out) each
   struct Linear {
     double in = 0, out = 0;
     LinearSplit split = LinearSplit::Column;
   };
   std::vector<Linear> linears;
+  // per MoE layer: its layer spec's linear layers (attn.qkv, attn.proj on all N tokens; mlp.router,
+  // Replicated, on this rank's Nt) and its experts' GEMMs: `rows` rows (its Nt tokens' k choices,
+  // the balanced load), over `local` experts of this rank, each (rows, C) . (C, fc1_width) and
+  // (rows, ffn) . (ffn, C); with EP > 1 the dispatch's all-to-all sends the rows out and back over
+  // `ep` ranks (`etp` apart in the rank order)
+  struct Experts {
+    std::vector<Linear> linears;
+    double rows = 0, local = 0, fc1_width = 0, ffn = 0;
+    int ep = 1, etp = 1;
+  } moe;
   // per layer forward: scores and the weighted sum, their causal half (2 N S_all Hl D; with context
   // parallelism the rank's N = B S / CP queries against the whole sequence's S_all keys)
   double attention_flops = 0;
@@ -32,18 +43,32 @@ struct ChunkWork {
   double kv_block = 0;         // elements of one CP ring K/V block: N 2 kv_heads D (0 without CP)
   double vocab_rows = 0;       // the LM head's rows on this rank (Vl)
 
-  // 2 N in out summed over the layer's linear layers (exact: integer products below 2^53)
+  double dense_layers() const { return layers - moe_layers; }
+  // 2 N in out summed over a dense layer's linear layers (exact: integer products below 2^53)
   double linear_flops() const;
-  // how many of the layer's linear layers are row- / column-parallel: its TP sums forward / backward
+  // an MoE layer's: 2 rows in out over its spec's linear layers (rows N, the router's Nt) and its
+  // experts' 2 rows (C fc1_width + ffn C) -- each token's k experts, k / E of all the experts' FLOPs
+  double moe_linear_flops() const;
+  double expert_flops() const { return 2.0 * moe.rows * (C * moe.fc1_width + moe.ffn * C); }
+  // how many of a dense layer's linear layers are row- / column-parallel: its TP sums forward / backward
   double row_parallel() const;
   double column_parallel() const;
+  // an MoE layer's (its spec's linear layers; the experts and the router are neither)
+  double moe_row_parallel() const;
+  double moe_column_parallel() const;
+  // the same summed over the chunk's layers, dense and MoE
+  double row_parallel_layers() const;
+  double column_parallel_layers() const;
+  // bytes one EP rank sends in one of an MoE layer's all-to-alls (its rows to the other EP ranks'
+  // experts, or back) in dtype bytes cb: rows C (EP - 1) / EP on average; 0 with EP 1
+  double dispatch_bytes(double cb) const { return moe.ep > 1 ? moe.rows * C * cb * (moe.ep - 1) / moe.ep : 0.0; }
   double lm_head_flops() const { return 2.0 * N * C * vocab_rows; }
 };
 
-// One chunk's work for micro-batches of training.micro_batch_size, from its dims (CP applied).
+// One chunk's work for micro-batches of training.micro_batch_size, from its dims (CP and EP applied).
 ChunkWork chunk_work(const Config& c, const GPTDims& d);
-// The model chunks of stage `stage` (one without interleaving), as CP rank 0 and TP rank 0 hold them
-// (every CP and TP rank of a stage does the same work).
+// The model chunks of stage `stage` (one without interleaving), as CP rank 0, TP rank 0 and EP rank
+// 0 hold them (every CP, TP and EP rank of a stage does the same work, the experts' balanced).
 std::vector<ChunkWork> stage_chunk_work(const Config& c, int stage);
 
 }  // namespace tpt

@@ -153,9 +153,10 @@ struct Work {
   double elem_f = 0, elem_b = 0;
   double tp_f = 0, tp_b = 0;
   double cp_f = 0, cp_b = 0;                  // context parallelism's ring messages (not overlapped)
+  double ep_f = 0, ep_b = 0;                  // the MoE dispatch's all-to-alls over EP (not overlapped)
   double recompute = 0;                       // extra forward work before the backward
-  double forward() const { return gemm_f + attn_f + elem_f + tp_f + cp_f; }
-  double input_grad() const { return gemm_b + attn_b + elem_b + tp_b + cp_b + recompute; }
+  double forward() const { return gemm_f + attn_f + elem_f + tp_f + cp_f + ep_f; }
+  double input_grad() const { return gemm_b + attn_b + elem_b + tp_b + cp_b + recompute + ep_b; }
 };
 
 class Model {
@@ -209,28 +210,55 @@ class Model {
       gb += gemm(N, l.in, l.out);
       gw += gemm(l.in, l.out, N);
     }
+    // an MoE layer's: QKV, projection, the router on the rank's Nt tokens, and each local expert's
+    // fc1 and fc2 on its share of the rows (the balanced load)
+    double mgf = 0, mgb = 0, mgw = 0;
+    for (const ChunkWork::Linear& l : k.moe.linears) {
+      const double rows = l.split == LinearSplit::Replicated ? Nt : N;
+      mgf += gemm(rows, l.out, l.in);
+      mgb += gemm(rows, l.in, l.out);
+      mgw += gemm(l.in, l.out, rows);
+    }
+    if (k.moe_layers > 0) {
+      const double r = k.moe.rows / k.moe.local, F1 = k.moe.fc1_width, Fe = k.moe.ffn;
+      mgf += k.moe.local * (gemm(r, F1, C) + gemm(r, C, Fe));
+      mgb += k.moe.local * (gemm(r, C, F1) + gemm(r, Fe, C));
+      mgw += k.moe.local * (gemm(C, F1, r) + gemm(Fe, C, r));
+    }
     const double af = k.attention_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
     const double act = k.swiglu ? 3.0 : 2.0;
     const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * k.ffn_local + k.rope_elems), 8);
+    // an MoE layer: the experts' activation on their rows, and the dispatch's row gathers (the
+    // tokens to their rows, read and written) and the weighted combine (the rows read, Nt written)
+    const double mef = k.moe_layers > 0 ? memory_bound(cb_ * (10.0 * Nt * C + act * k.moe.rows * k.moe.ffn + k.rope_elems +
+                                                              3.0 * k.moe.rows * C + Nt * C), 10)
+                                        : 0.0;
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // the CP ring (CP peers are TP apart): CP - 1 steps passing a K/V block forward; backward CP - 1
     // K/V blocks and CP fp32 dK/dV blocks
     const double cpf = k.cp > 1 ? (k.cp - 1) * send(k.kv_block * cb_, k.tp * k.cp) : 0.0;
     const double cpb = k.cp > 1 ? cpf + k.cp * send(k.kv_block * 4, k.tp * k.cp) : 0.0;
+    // EP: per MoE layer the rows out and back forward (their gradients backward), each an
+    // all-to-all over the EP ranks (ETP apart), its bytes over (EP - 1) / EP as a ring's
+    const double epc = k.moe.ep > 1 ? collective(k.moe.rows * C * cb_, k.moe.ep, k.moe.etp, 1.0) : 0.0;
     const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;
-    w.gemm_f += layers * gf;
-    w.gemm_b += layers * gb;
-    w.gemm_w += layers * gw;
+    const double moe_f = k.moe_layers * (mgf + af + mef + k.moe_row_parallel() * tpc + cpf + 2 * epc);
+    const double dense = k.dense_layers(), moe = k.moe_layers;
+    w.gemm_f += dense * gf + moe * mgf;
+    w.gemm_b += dense * gb + moe * mgb;
+    w.gemm_w += dense * gw + moe * mgw;
     w.attn_f += layers * af;
     w.attn_b += layers * 2.5 * af;
-    w.elem_f += layers * ef;
-    w.elem_b += layers * 2 * ef;
-    w.tp_f += layers * k.row_parallel() * tpc;     // after each row-parallel layer
-    w.tp_b += layers * k.column_parallel() * tpc;  // each column-parallel layer's input gradient
+    w.elem_f += dense * ef + moe * mef;
+    w.elem_b += dense * 2 * ef + moe * 2 * mef;
+    w.tp_f += k.row_parallel_layers() * tpc;     // after each row-parallel layer
+    w.tp_b += k.column_parallel_layers() * tpc;  // each column-parallel layer's input gradient
     w.cp_f += layers * cpf;
     w.cp_b += layers * cpb;
-    if (rc == Recompute::Full) w.recompute += layers * layer_f;
+    w.ep_f += moe * 2 * epc;
+    w.ep_b += moe * 2 * epc;
+    if (rc == Recompute::Full) w.recompute += dense * layer_f + moe_f;
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
@@ -291,16 +319,25 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
   t.elementwise_s = M * (wb.elem_f + wb.elem_b);
   t.tp_comm_s = M * (wb.tp_f + wb.tp_b);
   t.cp_comm_s = M * (wb.cp_f + wb.cp_b);
+  t.ep_comm_s = M * (wb.ep_f + wb.ep_b);
   t.recompute_s = M * wb.recompute;
 
   // DP: per stage after its last backward; stage s ends about s backwards before stage 0
-  const bool distributed = c.parallel.distributed_optimizer && reps > 1;
+  // MoE: the experts' span over their EDP group (EP x ETP apart in the rank order)
+  const int edp = expert_data_parallel_size(c), ep = c.parallel.expert_model_parallel_size;
+  const int etp = c.parallel.expert_tensor_parallel_size > 0 ? c.parallel.expert_tensor_parallel_size : tp;
+  const bool distributed = c.parallel.distributed_optimizer && (reps > 1 || edp > 1);
   double tail = 0;
   for (int s = 0; s < P; ++s) {
     const double buffer = double(stages[size_t(s)].parameter_buffer);
+    const double experts = double(stages[size_t(s)].expert_buffer), dense = buffer - experts;
     const double buckets = std::max(1.0, std::ceil(buffer / double(std::max<int64_t>(1, c.parallel.ddp_bucket_size))));
-    const double grads = model.collective(buffer * 4, reps, tp, distributed ? 1.0 : 2.0);
-    const double params = distributed ? model.collective(buffer * cb, reps, tp, 1.0) : 0.0;
+    double grads = model.collective(dense * 4, reps, tp, distributed ? 1.0 : 2.0);
+    double params = distributed ? model.collective(dense * cb, reps, tp, 1.0) : 0.0;
+    if (experts > 0) {
+      grads += model.collective(experts * 4, edp, ep * etp, distributed ? 1.0 : 2.0);
+      params += distributed ? model.collective(experts * cb, edp, ep * etp, 1.0) : 0.0;
+    }
     const double backward = b[size_t(s)] + w[size_t(s)], slack = s * backward;
     double exposed = c.parallel.overlap_grad_reduce ? std::max(grads - backward - slack, grads / buckets)
                                                     : std::max(0.0, grads - slack);
@@ -310,7 +347,7 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
       const GPTDims d = make_dims(c, tp, 0, P, s);
       if (!d.untied) exposed += model.collective(double(d.Vl * d.C) * 4, 2, tp * reps * P, 2.0);
     }
-    const double owned = distributed ? buffer / reps : buffer;
+    const double owned = !distributed ? buffer : experts > 0 ? dense / reps + experts / edp : buffer / reps;
     const double optimizer = model.memory_bound(owned * 50.0, 0);
     t.dp_comm_s = std::max(t.dp_comm_s, grads + params);
     t.optimizer_s = std::max(t.optimizer_s, optimizer);
@@ -320,7 +357,7 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     }
   }
   t.step_s = t.pipeline_s + tail;
-  t.exposed_comm_s = t.tp_comm_s + t.cp_comm_s + t.dp_exposed_s;
+  t.exposed_comm_s = t.tp_comm_s + t.cp_comm_s + t.dp_exposed_s + t.ep_comm_s;
   const double flops =
       iteration_model_flops(c, padded_vocab_size(c.model.vocab_size, c.model.make_vocab_size_divisible_by, tp));
   t.tokens_per_s = double(c.training.global_batch_size) * c.model.seq_length / t.step_s;

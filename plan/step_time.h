@@ -17,6 +17,10 @@
 //               same bytes as all-gather + reduce-scatter), the vocabulary-parallel embedding's and
 //               LM head's; serialised with compute (tptrain does not overlap them).
 //   recompute   full: the layer's forward again before its backward; selective: the attention core.
+//   MoE layers  (docs/MOE.md) the router's GEMM on the rank's tokens, each local expert's fc1 and fc2
+//               on its share of the balanced rows (the tokens' k choices), the dispatch's row gathers
+//               and combine as elementwise bytes, and with EP > 1 two all-to-alls of the rows each
+//               way (serialised); the experts' gradients reduced over their EDP group.
 // A collective over g ranks of `bytes`: ring latency + algorithm bytes / bus bandwidth, on NVLink
 // when the group's ranks tile one node, else on the network (one NIC per GPU).
 // The pipeline: time_pipeline over the stages' lists with these forward / B / W costs and a pipeline
@@ -68,11 +72,12 @@ struct StepTime {
   // the busiest stage's work over the iteration's micro-batches
   double gemm_s = 0, attention_s = 0, elementwise_s = 0, tp_comm_s = 0, recompute_s = 0;
   double cp_comm_s = 0;              // context parallelism's ring (not overlapped)
+  double ep_comm_s = 0;              // expert parallelism's all-to-alls (not overlapped)
   double p2p_per_message_s = 0;      // one pipeline message
   double dp_comm_s = 0;              // DP gradient reduction (+ parameter all-gather), before overlap
   double dp_exposed_s = 0;           // the part not hidden by overlap (+ the tied embedding's all-reduce)
   double optimizer_s = 0;
-  double exposed_comm_s = 0;         // tp_comm_s + cp_comm_s + dp_exposed_s (communication on the critical path)
+  double exposed_comm_s = 0;         // tp_comm_s + cp_comm_s + dp_exposed_s + ep_comm_s (communication on the critical path)
   double tokens_per_s = 0, mfu = 0;  // MFU: model FLOPs (the log's formula) / (step x ranks x peak)
   double model_tflops_per_gpu = 0;
 };

@@ -5,7 +5,9 @@
 # TP 2 x PP 2, fp32, bf16 and fp16 (16-bit tensors stored in 2 bytes), interleaved and zb-h1, for a
 # GPT-2 and a Llama-shaped model (RMSNorm, SwiGLU, RoPE, GQA, untied, no biases); configs/llama3-8b.yaml
 # and llama3-70b.yaml have Meta's parameter counts, fit 80 GiB, and their FLOPs are Megatron's formula
-# with GQA and SwiGLU counted by hand.
+# with GQA and SwiGLU counted by hand. Mixture-of-Experts models too (E 4, top-2; GELU and SwiGLU experts,
+# dense and MoE layers mixed, PP 2 with ZB-H1 and interleaving, full recompute, DP 2 with the distributed
+# optimizer): plan = allocation.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
 
@@ -262,4 +264,31 @@ compare llama_pp2_tp2_doc_masks_bf16 4 2 2 training.precision=bf16 data.reset_po
 compare llama_tp2_fp16_rope_scaled 2 2 1 training.precision=fp16 model.kv_channels=64 model.rotary_percent=0.5 \
   model.rotary_interleaved=true \
   "model.rope_scaling={factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8}"
+
+# Mixture-of-Experts (docs/MOE.md, docs/PLAN.md "Mixture-of-Experts"): E = 4 experts of width 48, top-2,
+# on the GPT-2 and the Llama shapes. Every tensor a multiple of 64 bytes again: the experts' rows
+# B*S*k = 128, their weights 4 x 48 x 32 (SwiGLU 4 x 2 x 48 x 32, in the Llama shape 4 x 48 x 64), the
+# router 4 x 32, its logits 64 x 4. The experts lie after every dense tensor in their own replica group
+# (ExpertData, over EDP = DP with TP 1 and EP 1), which the distributed optimizer pads and shards apart;
+# a gated shared expert of width 32 (dense tensors of the MoE layer, TP-split as the dense MLP);
+# moe_layer_freq [0, 1, 0, 1] mixes dense and MoE layers on each stage (and in each interleaved chunk).
+MOE=(model.num_moe_experts=4 model.moe_ffn_hidden_size=48 model.moe_router_topk=2)
+cfg=$W/cfg.yaml
+compare moe_single_fp32 1 1 1 "${MOE[@]}"
+compare moe_freq01_bf16 1 1 1 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]"
+compare moe_swiglu_bf16_full 1 1 1 "${MOE[@]}" model.swiglu=true model.ffn_hidden_size=96 training.precision=bf16 training.recompute=full
+compare moe_gelu_fp16_selective 1 1 1 "${MOE[@]}" training.precision=fp16 training.recompute=selective
+compare moe_shared_gate_pp2_zb_bf16 2 1 2 "${MOE[@]}" model.moe_shared_expert_intermediate_size=32 \
+  model.moe_shared_expert_gate=true training.precision=bf16 parallel.pipeline_schedule=zb-h1
+compare moe_pp2_zb_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1
+compare moe_pp2_full_fp32 2 1 2 "${MOE[@]}" training.recompute=full "model.moe_layer_freq=[0, 1, 0, 1]"
+compare moe_dp2_distopt_bf16 2 1 1 "${MOE[@]}" training.precision=bf16 parallel.distributed_optimizer=true
+compare moe_pp2_dp2_distopt_freq01_fp32 4 1 2 "${MOE[@]}" "model.moe_layer_freq=[0, 1, 0, 1]" \
+  parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
+compare moe_pp2_interleaved_freq01_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]" \
+  parallel.virtual_pipeline_model_parallel_size=2
+cfg=$W/llama.yaml
+compare moe_llama_pp2_zb_dp2_distopt_bf16 4 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1 \
+  parallel.distributed_optimizer=true "model.moe_layer_freq=[0, 1, 1, 1]"
+compare moe_llama_full_bf16 1 1 1 "${MOE[@]}" training.precision=bf16 training.recompute=full
 finish
