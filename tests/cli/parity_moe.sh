@@ -17,11 +17,11 @@
 # (e) pre-softmax, (f) sigmoid scores, (g) top-k scaling factor, (h) group-limited routing (2 groups,
 # 1 chosen), (i) sigmoid with the expert bias (rate 1e-2), (j) capacity 0.8 dropping by probs,
 # (k) by position, (l) padded to capacity; (m) SwiGLU experts; (n) a shared expert with its gate;
-# (o) moe_layer_freq [0, 1] (layer 0 dense). Not run yet: (i) the expert bias -- the reference has it,
-# tptrain refuses it with exit 2 until it lands; then layouts with aux_loss + z-loss, each against the
-# one-process reference: (p) DP 2, (q) PP 2 x DP 2 with the distributed optimizer (micro-batches of 2),
-# (r) PP 2 with ZB-H1 (the MoE layers' weight gradients in B), (s) full recompute (the routing rerun,
-# its losses counted once).
+# (o) moe_layer_freq [0, 1] (layer 0 dense); then layouts with aux_loss + z-loss, each against the
+# one-process reference: (p) EP 2 on DP 2, (q) EP 4 on DP 4 (micro-batches of 2), (r) EP 2 with TP 2
+# and sequence parallelism, ETP 1 (4 ranks), (s) EP 2 with PP 2 and the distributed optimizer, (t) PP 2
+# with ZB-H1 (the MoE layers' weight gradients in B), (u) full recompute (the routing rerun, its
+# losses counted once), (v) TP 2 with a gated shared expert, (w) the expert bias on EP 2.
 # Capacity is not run on layouts: with sequence parallelism what is dropped depends on TP
 # (docs/MOE.md step 3), so only the one-rank cases define it.
 set -u -o pipefail
@@ -123,20 +123,28 @@ run_case e_pre_softmax        model.moe_router_pre_softmax=true
 run_case f_sigmoid            model.moe_router_score_function=sigmoid
 run_case g_topk_scaling       model.moe_router_topk_scaling_factor=2.5
 run_case h_group_limited      model.moe_router_num_groups=2 model.moe_router_group_topk=1
+run_case i_sigmoid_expert_bias model.moe_router_score_function=sigmoid model.moe_router_enable_expert_bias=true \
+  model.moe_router_bias_update_rate=1.0e-2
 run_case j_capacity_probs     "${CAP[@]}"
 run_case k_capacity_position  "${CAP[@]}" model.moe_token_drop_policy=position
 run_case l_capacity_pad       "${CAP[@]}" model.moe_pad_expert_input_to_capacity=true
 run_case m_swiglu             model.swiglu=true
 run_case n_shared_expert_gate model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
 run_case o_layer_freq_01      "model.moe_layer_freq=[0, 1]"
-# layouts: dropless, with the balancing losses whose counts and means cross ranks (EP 1: every rank
-# holds every expert; expert parallelism and MoE with TP are refused until their groups land)
-NP=2 run_case p_dp2           "${AUX[@]}" "${Z[@]}"
-NP=4 run_case q_pp2_dp2_distopt "${AUX[@]}" "${Z[@]}" parallel.pipeline_model_parallel_size=2 \
-  training.micro_batch_size=2 parallel.distributed_optimizer=true
-NP=2 run_case r_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
+# layouts: dropless, with the balancing losses whose counts and means cross ranks
+NP=2 run_case p_ep2_dp2       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case q_ep4_dp4       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=4 training.micro_batch_size=2
+NP=4 run_case r_ep2_tp2_sp_etp1 "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
+NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
+NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
   training.micro_batch_size=2
-NP=1 run_case s_full_recompute "${AUX[@]}" "${Z[@]}" training.recompute=full
+NP=1 run_case u_full_recompute "${AUX[@]}" "${Z[@]}" training.recompute=full
+NP=4 run_case v_tp2_sp_shared_gate "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
+  parallel.expert_tensor_parallel_size=1 model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
+NP=2 run_case w_ep2_expert_bias model.moe_router_score_function=sigmoid model.moe_router_enable_expert_bias=true \
+  model.moe_router_bias_update_rate=1.0e-2 parallel.expert_model_parallel_size=2
 
 # the capacity cases must drop something: in the reference, iteration 1's loss (the same weights)
 # differs from the dropless case's
