@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 
 #include "core/error.h"
 #include "core/math.h"
@@ -55,9 +56,14 @@ InferenceWeights load_inference_weights(const std::string& dir) {
 
 GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params)
     : d_(d), layout_(layout), ops_(ops), params_(params) {
-  TPT_CHECK(d.tp == 1 && d.pp == 1);
+  TPT_CHECK(d.tp == 1 && d.pp == 1 && d.moe.ep == 1);
   k_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);  // G key/value heads per position
   v_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);
+  router_ = d.moe.router;
+  router_.capacity_factor = 0;  // dropless: capacity is a training-time rule (Megatron's too)
+  router_.pad_to_capacity = false;
+  router_.balancing = MoEBalancing::None;
+  router_.aux_coeff = router_.z_coeff = 0;
 }
 
 const float* GPTInference::p(const std::string& name) const {
@@ -110,6 +116,35 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
     }
 }
 
+// docs/MOE.md "One MoE layer" steps 1, 2, 4 and 6 on the call's n tokens, as MoEMLP::forward with EP 1:
+// fp32 logits, host routing, the rows gathered expert-major, one GEMM pair per expert, the weighted
+// sum back per token.
+void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
+  const MoEDims& m = d_.moe;
+  const int64_t C = d_.C, E = m.E, k = m.router.k;
+  const std::string pre = "h." + std::to_string(l) + ".mlp.";
+  auto opt = [&](const std::string& name) {
+    const ParamInfo* info = layout_.find(name);
+    return info ? CBuf(params_ + info->offset) : CBuf{};
+  };
+  const MoEParams<CBuf> w{p(pre + "router.weight"), p(pre + "experts.fc1.weight"), opt(pre + "experts.fc1.bias"),
+                          p(pre + "experts.fc2.weight"), opt(pre + "experts.fc2.bias")};
+  // router logits z (n, E) in fp32 (the parameters are fp32 here), routed on the host
+  std::vector<float> z(static_cast<size_t>(n * E));
+  ops_.linear_forward(z.data(), ln2, w.router, nullptr, n, C, E);
+  const Routing r = route(z.data(), n, router_, [](int64_t) { return int64_t{0}; }, 1, 1, [](std::vector<double>&) {});
+  const MoESendOrder o = moe_send_order(r, E);  // n k rows: every assignment kept
+  auto fit = [&](std::vector<float>& v, int64_t width) {
+    if (int64_t(v.size()) < n * k * width) v.resize(size_t(n * k * width));
+    return v.data();
+  };
+  float* xin = fit(moe_xin_, C);
+  float* out = fit(moe_out_, C);
+  ops_.gather_rows(xin, ln2, o.perm.data(), nullptr, o.n_send, C);
+  moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, m.fc1_width), fit(moe_act_, m.Fe), out);
+  ops_.combine_rows(y, out, o.comb.data(), o.comb_w.data(), n, k, C, false);
+}
+
 void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {
   const GPTDims& d = d_;
   const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P, QKV = d.qkv_width;
@@ -138,9 +173,20 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
 
   const BlockShape shape{n, n, C, d.Cl, F, n, d.norm, d.mlp, d.qkv_layout(),
                          Rope{d.rot, d.rope_interleaved, d.inv_freq.data()}, positions.data()};
+  // an MoE layer's MLP through the block's mlp hook; one rank: no token gathering, biases in the GEMMs
+  BlockMappings moe;
+  moe.gather_tokens = [](CBuf ln) { return ln; };
+  moe.row_parallel_output = [](Buf partial, CBuf) { return CBuf(partial); };
+  int64_t layer = 0;
+  moe.mlp = [&](CBuf ln2) {  // y into tmp: the attention's output there is spent by now
+    moe_mlp(layer, ln2.f32(), tmp.data(), n);
+    return CBuf(tmp.data());
+  };
   for (int64_t l = 0; l < d.L; ++l) {
-    block_forward(ops_, block_params(layout_, d_.layer, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
-                  qkv_tmp.data(), shape, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); });
+    layer = l;
+    block_forward(ops_, block_params(layout_, d.spec(l), CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
+                  qkv_tmp.data(), shape, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); },
+                  d.moe.is_moe(l) ? &moe : nullptr);
     std::swap(x, x_next);
   }
   len_ += n;

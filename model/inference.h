@@ -36,6 +36,9 @@ InferenceWeights load_inference_weights(const std::string& dir);
 
 // The model + a KV cache of max_position_embeddings positions.
 // ops must keep tensors in host memory (the CPU backend): the cached attention is a host loop.
+// Mixture-of-Experts layers route every call's tokens on the host (model/moe_routing.h) to their
+// top-k experts with no capacity (dropping is a training-time rule: at inference every token gets its
+// k experts, as in Megatron) and no balancing losses, then run MoEMLP's EP-1 expert GEMMs.
 class GPTInference {
  public:
   GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params);
@@ -57,6 +60,8 @@ class GPTInference {
   // Layer l's attention of n new positions (from length()) over every cached one: appends their
   // keys and values from qkv (n, (H + 2 G) D) to the cache, writes att (n, H D).
   void cached_attention(int64_t l, const float* qkv, float* att, int64_t n);
+  // MoE layer l's MLP of n tokens: y (n, C) from ln_2's output ln2 (n, C).
+  void moe_mlp(int64_t l, const float* ln2, float* y, int64_t n);
 
   GPTDims d_;
   const ParamLayout& layout_;
@@ -64,6 +69,10 @@ class GPTInference {
   const float* params_;
   int64_t len_ = 0;
   std::vector<float> k_cache_, v_cache_;  // (L, P, G D) each: keys / values of every cached position
+  RouterOptions router_;  // the model's, without capacity and balancing losses
+  // MoE scratch, grown to the largest call (n k rows): the experts' input rows, fc1 output, activation,
+  // output rows (expert-major)
+  std::vector<float> moe_xin_, moe_fc1_, moe_act_, moe_out_;
 };
 
 // Next-token choice. Greedy: the id of the largest logit, the lowest id among equal ones.
