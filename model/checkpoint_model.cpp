@@ -11,7 +11,7 @@ namespace tpt {
 namespace {
 // What the checkpoint readers need of the MoE keys to lay out and route the model (the config loader's
 // full rules, core/config_moe.cpp, held when the checkpoint was saved): consistent sizes, and no part
-// tptrain does not build yet (a shared expert, the expert bias: their tensors would be missing).
+// tptrain does not build yet (the expert bias: its tensor would be missing).
 void check_moe(const ModelConfig& c, const nlohmann::json& m) {
   const int E = c.num_moe_experts, k = c.moe_router_topk, g = c.moe_router_num_groups, gk = c.moe_router_group_topk;
   const LayerFreq& f = c.moe_layer_freq;
@@ -21,10 +21,11 @@ void check_moe(const ModelConfig& c, const nlohmann::json& m) {
   for (int x : f.pattern) ok = ok && (x == 0 || x == 1);
   if (g != 0) ok = ok && g >= 1 && E % g == 0 && gk >= 1 && gk <= g && k % gk == 0 && k / gk <= E / g;
   if (!ok) input_error("meta.json: config.model has inconsistent Mixture-of-Experts keys: " + m.dump());
-  if (c.moe_shared_expert_intermediate_size != 0 || c.moe_router_enable_expert_bias)
-    input_error(std::string("meta.json: config.model.") +
-                (c.moe_router_enable_expert_bias ? "moe_router_enable_expert_bias" : "moe_shared_expert_intermediate_size") +
-                ": this tptrain does not build that part of the Mixture-of-Experts layer (docs/MOE.md)");
+  if (c.moe_shared_expert_intermediate_size < 0 || (c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size == 0))
+    input_error("meta.json: config.model has inconsistent shared-expert keys: " + m.dump());
+  if (c.moe_router_enable_expert_bias)
+    input_error("meta.json: config.model.moe_router_enable_expert_bias: this tptrain does not build the expert bias "
+                "(aux-loss-free balancing) yet (docs/MOE.md)");
 }
 }  // namespace
 

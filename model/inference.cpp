@@ -116,9 +116,9 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
     }
 }
 
-// docs/MOE.md "One MoE layer" steps 1, 2, 4 and 6 on the call's n tokens, as MoEMLP::forward with EP 1:
-// fp32 logits, host routing, the rows gathered expert-major, one GEMM pair per expert, the weighted
-// sum back per token.
+// docs/MOE.md "One MoE layer" steps 1, 2, 4, 5 and 6 on the call's n tokens, as MoEMLP::forward with EP
+// 1 and TP 1: fp32 logits, host routing, the rows gathered expert-major, one GEMM pair per expert, the
+// weighted sum back per token, plus the shared expert (times its gate).
 void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
   const MoEDims& m = d_.moe;
   const int64_t C = d_.C, E = m.E, k = m.router.k;
@@ -127,22 +127,44 @@ void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
     const ParamInfo* info = layout_.find(name);
     return info ? CBuf(params_ + info->offset) : CBuf{};
   };
-  const MoEParams<CBuf> w{p(pre + "router.weight"), p(pre + "experts.fc1.weight"), opt(pre + "experts.fc1.bias"),
-                          p(pre + "experts.fc2.weight"), opt(pre + "experts.fc2.bias")};
+  const MoEParams<CBuf> w{p(pre + "router.weight"),
+                          p(pre + "experts.fc1.weight"),
+                          opt(pre + "experts.fc1.bias"),
+                          p(pre + "experts.fc2.weight"),
+                          opt(pre + "experts.fc2.bias"),
+                          opt(pre + "shared_experts.fc1.weight"),
+                          opt(pre + "shared_experts.fc1.bias"),
+                          opt(pre + "shared_experts.fc2.weight"),
+                          opt(pre + "shared_experts.fc2.bias"),
+                          opt(pre + "shared_experts.gate.weight")};
+  auto fit = [](std::vector<float>& v, int64_t floats) {  // the scratch, grown to the largest call
+    if (int64_t(v.size()) < floats) v.resize(size_t(floats));
+    return v.data();
+  };
   // router logits z (n, E) in fp32 (the parameters are fp32 here), routed on the host
   std::vector<float> z(static_cast<size_t>(n * E));
   ops_.linear_forward(z.data(), ln2, w.router, nullptr, n, C, E);
   const Routing r = route(z.data(), n, router_, [](int64_t) { return int64_t{0}; }, 1, 1, [](std::vector<double>&) {});
   const MoESendOrder o = moe_send_order(r, E);  // n k rows: every assignment kept
-  auto fit = [&](std::vector<float>& v, int64_t width) {
-    if (int64_t(v.size()) < n * k * width) v.resize(size_t(n * k * width));
-    return v.data();
-  };
-  float* xin = fit(moe_xin_, C);
-  float* out = fit(moe_out_, C);
+  float* xin = fit(moe_xin_, n * k * C);
+  float* out = fit(moe_out_, n * k * C);
   ops_.gather_rows(xin, ln2, o.perm.data(), nullptr, o.n_send, C);
-  moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, m.fc1_width), fit(moe_act_, m.Fe), out);
+  moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, n * k * m.fc1_width), fit(moe_act_, n * k * m.Fe),
+                      out);
   ops_.combine_rows(y, out, o.comb.data(), o.comb_w.data(), n, k, C, false);
+  if (!m.Fs) return;
+  // the shared expert on every token: y += shared(x), times sigmoid(x . gate) with the gate
+  float* sh_act = fit(moe_act_, n * m.Fs);  // the experts' rows are spent: their scratch serves again
+  float* sh_y = out;
+  d_.mlp.forward(ops_, sh_act, fit(moe_fc1_, n * m.shared_fc1_width), ln2, w.shared_fc1, w.shared_fc1_bias, n, C, m.Fs);
+  ops_.linear_forward(sh_y, sh_act, w.shared_fc2, w.shared_fc2_bias, n, m.Fs, C);
+  if (!m.shared_gate) return ops_.accumulate(y, sh_y, n * C);
+  std::vector<float> gate(static_cast<size_t>(n));
+  ops_.linear_forward(gate.data(), ln2, w.gate, nullptr, n, C, 1);
+  for (float& g : gate) g = 1.0f / (1.0f + std::exp(-g));
+  std::vector<int32_t> identity(static_cast<size_t>(n));
+  std::iota(identity.begin(), identity.end(), 0);
+  ops_.combine_rows(y, sh_y, identity.data(), gate.data(), n, 1, C, true);
 }
 
 void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {

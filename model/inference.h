@@ -38,7 +38,8 @@ InferenceWeights load_inference_weights(const std::string& dir);
 // ops must keep tensors in host memory (the CPU backend): the cached attention is a host loop.
 // Mixture-of-Experts layers route every call's tokens on the host (model/moe_routing.h) to their
 // top-k experts with no capacity (dropping is a training-time rule: at inference every token gets its
-// k experts, as in Megatron) and no balancing losses, then run MoEMLP's EP-1 expert GEMMs.
+// k experts, as in Megatron) and no balancing losses, then run MoEMLP's EP-1 expert GEMMs and the
+// shared expert.
 class GPTInference {
  public:
   GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params);
@@ -71,7 +72,7 @@ class GPTInference {
   std::vector<float> k_cache_, v_cache_;  // (L, P, G D) each: keys / values of every cached position
   RouterOptions router_;  // the model's, without capacity and balancing losses
   // MoE scratch, grown to the largest call (n k rows): the experts' input rows, fc1 output, activation,
-  // output rows (expert-major)
+  // output rows (expert-major); the shared expert's (n rows) reuse the last three
   std::vector<float> moe_xin_, moe_fc1_, moe_act_, moe_out_;
 };
 

@@ -1,9 +1,10 @@
 // model/inference.h on Mixture-of-Experts models (docs/MOE.md): KV-cached decoding -- the router's
-// logits, host routing with no capacity, the experts' GEMMs on every call's token count (the prompt,
-// then one token) -- equals GPTStage's training forward (one rank, MoEMLP) of the whole sequence, its
-// final norm and LM head, and its loss; with a capacity factor in the config, generation is the
-// dropless training forward (capacity is a training-time rule), which the capacity forward is not.
-// And checkpoint_model_config reads the MoE keys config_to_json writes into meta.json.
+// logits, host routing with no capacity, the experts' GEMMs and the shared expert on every call's
+// token count (the prompt, then one token) -- equals GPTStage's training forward (one rank, MoEMLP)
+// of the whole sequence, its final norm and LM head, and its loss; with a capacity factor in the
+// config, generation is the dropless training forward (capacity is a training-time rule), which the
+// capacity forward is not. And checkpoint_model_config reads the MoE keys config_to_json writes into
+// meta.json.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,15 +39,21 @@ struct MoEVariant {
   std::vector<int> layer_freq;  // moe_layer_freq as a list (3 layers); empty: every layer
   double aux, z;           // balancing losses in the config (training only)
   double capacity;         // moe_expert_capacity_factor (0: dropless)
+  int shared;              // moe_shared_expert_intermediate_size (0: none)
+  bool shared_gate;
 };
 
 // top-2 softmax GELU experts with biases after a dense first layer, the balancing losses on; sigmoid
 // scores, group-limited (3 groups of 2, one chosen), scaled, SwiGLU experts without biases on every
-// layer; pre-softmax top-1 whose config has a binding capacity (2 rows per expert of 12 tokens).
+// layer with a gated shared expert; pre-softmax top-1 whose config has a binding capacity (2 rows per
+// expert of 12 tokens), with an ungated shared expert.
 const MoEVariant kVariants[] = {
-    {"softmax_top2_gelu_bias_dense_first", 4, 2, MoEScore::Softmax, false, 0, 0, 0, false, true, {0, 1, 1}, 1e-2, 1e-3, 0},
-    {"sigmoid_groups_scaled_swiglu", 6, 2, MoEScore::Sigmoid, false, 2.5, 3, 1, true, false, {}, 0, 0, 0},
-    {"pre_softmax_top1_capacity", 4, 1, MoEScore::Softmax, true, 0, 0, 0, false, true, {1, 0, 1}, 0, 0, 0.5},
+    {"softmax_top2_gelu_bias_dense_first", 4, 2, MoEScore::Softmax, false, 0, 0, 0, false, true, {0, 1, 1}, 1e-2, 1e-3,
+     0, 0, false},
+    {"sigmoid_groups_scaled_swiglu_gated_shared", 6, 2, MoEScore::Sigmoid, false, 2.5, 3, 1, true, false, {}, 0, 0, 0,
+     16, true},
+    {"pre_softmax_top1_capacity_shared", 4, 1, MoEScore::Softmax, true, 0, 0, 0, false, true, {1, 0, 1}, 0, 0, 0.5, 20,
+     false},
 };
 
 struct MoEModel {
@@ -80,6 +87,8 @@ struct MoEModel {
     m.moe_aux_loss_coeff = v.aux;
     m.moe_z_loss_coeff = v.z;
     m.moe_expert_capacity_factor = v.capacity;
+    m.moe_shared_expert_intermediate_size = v.shared;
+    m.moe_shared_expert_gate = v.shared_gate;
     d = make_dims(cfg, 1, 0, 1, 0);
     layout = make_param_layout(d);
     std::vector<float> host(size_t(layout.total));
@@ -88,9 +97,9 @@ struct MoEModel {
     // and expert init so that the routing and the experts matter to the logits
     for (const ParamInfo& p : layout.params) {
       const bool normal = p.init == ParamInfo::Init::Normal;
-      const float gain = p.name.find(".mlp.router.") != std::string::npos ? 20.0f
-                         : p.name.find(".mlp.experts.") != std::string::npos && normal ? 5.0f
-                                                                                       : 1.0f;
+      const bool router = p.name.find(".mlp.router.") != std::string::npos ||
+                          p.name.find(".mlp.shared_experts.gate.") != std::string::npos;
+      const float gain = router ? 20.0f : p.name.find("_experts.") != std::string::npos && normal ? 5.0f : 1.0f;
       for (int64_t e = 0; e < p.numel; ++e) {
         float& x = host[size_t(p.offset + e)];
         x = gain * x + (normal ? 0.0f : 0.1f * normal_at(9, stream_id(p.name), uint64_t(e)));
@@ -146,6 +155,8 @@ TEST_P(InferenceMoE, KvCachedLogitsEqualTheTrainingForward) {
   for (int64_t l = 0; l < d.L; ++l)
     EXPECT_EQ(m.layout.find("h." + std::to_string(l) + ".mlp.router.weight") != nullptr, d.moe.is_moe(l)) << l;
   EXPECT_EQ(m.layout.find("h.0.mlp.experts.fc2.bias") != nullptr, v.bias && d.moe.is_moe(0));
+  EXPECT_EQ(m.layout.find("h.2.mlp.shared_experts.fc1.weight") != nullptr, v.shared != 0);
+  EXPECT_EQ(m.layout.find("h.2.mlp.shared_experts.gate.weight") != nullptr, v.shared_gate);
   const std::vector<int32_t> tokens = tokens_of(S + 1, V, 3);  // inputs [0, S), targets [1, S + 1)
 
   // the dropless training forward (the config's router without its capacity)
@@ -174,7 +185,8 @@ TEST_P(InferenceMoE, KvCachedLogitsEqualTheTrainingForward) {
   EXPECT_EQ(inf.length(), S);
 }
 
-// The experts are not a no-op: zeroing the MoE layers' fc2 (their output) changes generation's logits.
+// The routed experts are not a no-op: zeroing the MoE layers' experts' fc2 (their output) changes
+// generation's logits.
 TEST_P(InferenceMoE, TheExpertsMatter) {
   MoEModel m(GetParam());
   const std::vector<int32_t> tokens = tokens_of(m.d.S, m.d.V, 3);
@@ -184,11 +196,8 @@ TEST_P(InferenceMoE, TheExpertsMatter) {
     inf.forward(tokens, with, true);
   }
   for (int64_t l = 0; l < m.d.L; ++l)
-    if (const ParamInfo* p = m.layout.find("h." + std::to_string(l) + ".mlp.experts.fc2.weight"))
-      std::fill_n(m.params + p->offset, p->numel, 0.0f);
-  for (const char* b : {"fc1.bias", "fc2.bias"})
-    for (int64_t l = 0; l < m.d.L; ++l)
-      if (const ParamInfo* p = m.layout.find("h." + std::to_string(l) + ".mlp.experts." + b))
+    for (const char* t : {"experts.fc2.weight", "experts.fc2.bias"})
+      if (const ParamInfo* p = m.layout.find("h." + std::to_string(l) + ".mlp." + t))
         std::fill_n(m.params + p->offset, p->numel, 0.0f);
   GPTInference inf(m.d, m.layout, *m.ops, m.params);
   inf.forward(tokens, without, true);
@@ -208,13 +217,16 @@ TEST(CheckpointModelConfig, ReadsTheMoEKeys) {
          "model.moe_router_num_groups=3", "model.moe_router_group_topk=1", "model.moe_aux_loss_coeff=0.01",
          "model.moe_router_load_balancing_type=seq_aux_loss", "model.moe_z_loss_coeff=0.001",
          "model.moe_expert_capacity_factor=1.5", "model.moe_token_drop_policy=position",
-         "model.moe_pad_expert_input_to_capacity=true"});
+         "model.moe_pad_expert_input_to_capacity=true", "model.moe_shared_expert_intermediate_size=40",
+         "model.moe_shared_expert_gate=true"});
     const nlohmann::json meta = {{"config", config_to_json(c)}};
     const ModelConfig got = checkpoint_model_config(meta);
     const ModelConfig& want = c.model;
     EXPECT_EQ(got.num_moe_experts, 6);
     EXPECT_EQ(got.moe_ffn_hidden_size, want.moe_ffn_hidden_size);
     EXPECT_EQ(got.moe_layer_freq, want.moe_layer_freq) << freq;
+    EXPECT_EQ(got.moe_shared_expert_intermediate_size, 40);
+    EXPECT_TRUE(got.moe_shared_expert_gate);
     for (int64_t l = 0; l < want.num_layers; ++l) EXPECT_EQ(got.is_moe_layer(l), want.is_moe_layer(l));
     const RouterOptions a = router_options(got), b = router_options(want);
     EXPECT_EQ(a.E, b.E);
@@ -250,12 +262,12 @@ TEST(CheckpointModelConfig, ReadsTheMoEKeys) {
   bad["config"]["model"]["moe_layer_freq"] = nlohmann::json::array({1, 0, 1});  // 2 layers
   EXPECT_THROW(checkpoint_model_config(bad), InputError);
   bad["config"]["model"]["moe_layer_freq"] = 1;
-  bad["config"]["model"]["moe_shared_expert_intermediate_size"] = 16;
+  bad["config"]["model"]["moe_router_enable_expert_bias"] = true;
   try {
     checkpoint_model_config(bad);
-    ADD_FAILURE() << "a shared expert read";
+    ADD_FAILURE() << "the expert bias read";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("moe_shared_expert_intermediate_size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("moe_router_enable_expert_bias"), std::string::npos) << e.what();
   }
 }
 
