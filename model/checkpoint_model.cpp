@@ -10,8 +10,7 @@ namespace tpt {
 
 namespace {
 // What the checkpoint readers need of the MoE keys to lay out and route the model (the config loader's
-// full rules, core/config_moe.cpp, held when the checkpoint was saved): consistent sizes, and no part
-// tptrain does not build yet (the expert bias: its tensor would be missing).
+// full rules, core/config_moe.cpp, held when the checkpoint was saved): consistent sizes.
 void check_moe(const ModelConfig& c, const nlohmann::json& m) {
   const int E = c.num_moe_experts, k = c.moe_router_topk, g = c.moe_router_num_groups, gk = c.moe_router_group_topk;
   const LayerFreq& f = c.moe_layer_freq;
@@ -23,9 +22,9 @@ void check_moe(const ModelConfig& c, const nlohmann::json& m) {
   if (!ok) input_error("meta.json: config.model has inconsistent Mixture-of-Experts keys: " + m.dump());
   if (c.moe_shared_expert_intermediate_size < 0 || (c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size == 0))
     input_error("meta.json: config.model has inconsistent shared-expert keys: " + m.dump());
-  if (c.moe_router_enable_expert_bias)
-    input_error("meta.json: config.model.moe_router_enable_expert_bias: this tptrain does not build the expert bias "
-                "(aux-loss-free balancing) yet (docs/MOE.md)");
+  if (c.moe_router_enable_expert_bias && c.moe_router_score_function != MoEScore::Sigmoid)
+    input_error("meta.json: config.model.moe_router_enable_expert_bias needs moe_router_score_function: sigmoid: " +
+                m.dump());
 }
 }  // namespace
 

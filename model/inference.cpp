@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/math.h"
@@ -44,6 +45,22 @@ InferenceWeights load_inference_weights(const std::string& dir) {
     for (const char* prefix : {"", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."})
       req.model.push_back({prefix + p.name, p.global_shape});
   }
+  // MoE's expert biases (not parameters: no moments), one (E) per MoE layer
+  const MoEDims& moe = w.dims.moe;
+  if (moe.router.expert_bias) {
+    w.expert_bias.resize(size_t(w.dims.L));
+    for (int64_t l = 0; l < w.dims.L; ++l) {
+      if (!moe.is_moe(l)) continue;
+      w.expert_bias[size_t(l)].assign(size_t(moe.E), 0.0f);
+      CkptTensor t;
+      t.name = "h." + std::to_string(l) + ".mlp.router.expert_bias";
+      t.global_shape = t.box_size = t.local_shape = {moe.E};
+      t.box_offset = {0};
+      t.data = w.expert_bias[size_t(l)].data();
+      req.wanted.push_back(t);
+      req.model.push_back({t.name, t.global_shape});
+    }
+  }
   req.warn_other_files = true;  // the optimizer shards are not read: a damaged one is only a warning
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
   if (!reader) input_error("no checkpoint in " + dir);
@@ -54,9 +71,13 @@ InferenceWeights load_inference_weights(const std::string& dir) {
   return w;
 }
 
-GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params)
-    : d_(d), layout_(layout), ops_(ops), params_(params) {
+GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params,
+                           std::vector<std::vector<float>> expert_bias)
+    : d_(d), layout_(layout), ops_(ops), params_(params), expert_bias_(std::move(expert_bias)) {
   TPT_CHECK(d.tp == 1 && d.pp == 1 && d.moe.ep == 1);
+  if (d.moe.router.expert_bias)
+    for (int64_t l = 0; l < d.L; ++l)
+      TPT_CHECK(!d.moe.is_moe(l) || (size_t(l) < expert_bias_.size() && int64_t(expert_bias_[size_t(l)].size()) == d.moe.E));
   k_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);  // G key/value heads per position
   v_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);
   router_ = d.moe.router;
@@ -117,7 +138,7 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
 }
 
 // docs/MOE.md "One MoE layer" steps 1, 2, 4, 5 and 6 on the call's n tokens, as MoEMLP::forward with EP
-// 1 and TP 1: fp32 logits, host routing, the rows gathered expert-major, one GEMM pair per expert, the
+// 1 and TP 1: fp32 logits, host routing (the expert bias choosing), the rows gathered expert-major, one GEMM pair per expert, the
 // weighted sum back per token, plus the shared expert (times its gate).
 void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
   const MoEDims& m = d_.moe;
@@ -144,7 +165,8 @@ void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
   // router logits z (n, E) in fp32 (the parameters are fp32 here), routed on the host
   std::vector<float> z(static_cast<size_t>(n * E));
   ops_.linear_forward(z.data(), ln2, w.router, nullptr, n, C, E);
-  const Routing r = route(z.data(), n, router_, [](int64_t) { return int64_t{0}; }, 1, 1, [](std::vector<double>&) {});
+  const Routing r = route(z.data(), n, router_, [](int64_t) { return int64_t{0}; }, 1, 1, [](std::vector<double>&) {},
+                          router_.expert_bias ? expert_bias_[size_t(l)].data() : nullptr);
   const MoESendOrder o = moe_send_order(r, E);  // n k rows: every assignment kept
   float* xin = fit(moe_xin_, n * k * C);
   float* out = fit(moe_out_, n * k * C);

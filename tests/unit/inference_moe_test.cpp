@@ -41,19 +41,20 @@ struct MoEVariant {
   double capacity;         // moe_expert_capacity_factor (0: dropless)
   int shared;              // moe_shared_expert_intermediate_size (0: none)
   bool shared_gate;
+  bool expert_bias;        // moe_router_enable_expert_bias (sigmoid scores)
 };
 
 // top-2 softmax GELU experts with biases after a dense first layer, the balancing losses on; sigmoid
 // scores, group-limited (3 groups of 2, one chosen), scaled, SwiGLU experts without biases on every
-// layer with a gated shared expert; pre-softmax top-1 whose config has a binding capacity (2 rows per
-// expert of 12 tokens), with an ungated shared expert.
+// layer with a gated shared expert and a (trained, nonzero) expert bias; pre-softmax top-1 whose
+// config has a binding capacity (2 rows per expert of 12 tokens), with an ungated shared expert.
 const MoEVariant kVariants[] = {
     {"softmax_top2_gelu_bias_dense_first", 4, 2, MoEScore::Softmax, false, 0, 0, 0, false, true, {0, 1, 1}, 1e-2, 1e-3,
-     0, 0, false},
-    {"sigmoid_groups_scaled_swiglu_gated_shared", 6, 2, MoEScore::Sigmoid, false, 2.5, 3, 1, true, false, {}, 0, 0, 0,
-     16, true},
+     0, 0, false, false},
+    {"sigmoid_groups_scaled_swiglu_gated_shared_expert_bias", 6, 2, MoEScore::Sigmoid, false, 2.5, 3, 1, true, false, {},
+     0, 0, 0, 16, true, true},
     {"pre_softmax_top1_capacity_shared", 4, 1, MoEScore::Softmax, true, 0, 0, 0, false, true, {1, 0, 1}, 0, 0, 0.5, 20,
-     false},
+     false, false},
 };
 
 struct MoEModel {
@@ -62,6 +63,7 @@ struct MoEModel {
   ParamLayout layout;
   std::unique_ptr<Ops> ops = make_cpu_ops(2);
   float* params = nullptr;
+  std::vector<std::vector<float>> expert_bias;  // per layer (E) with the expert bias
 
   explicit MoEModel(const MoEVariant& v) {
     ModelConfig& m = cfg.model;
@@ -89,8 +91,16 @@ struct MoEModel {
     m.moe_expert_capacity_factor = v.capacity;
     m.moe_shared_expert_intermediate_size = v.shared;
     m.moe_shared_expert_gate = v.shared_gate;
+    m.moe_router_enable_expert_bias = v.expert_bias;
     d = make_dims(cfg, 1, 0, 1, 0);
     layout = make_param_layout(d);
+    if (v.expert_bias) {  // as a trained bias: nonzero, of the sigmoid scores' size, per MoE layer
+      expert_bias.resize(size_t(d.L));
+      for (int64_t l = 0; l < d.L; ++l)
+        if (d.moe.is_moe(l))
+          for (int64_t e = 0; e < d.moe.E; ++e)
+            expert_bias[size_t(l)].push_back(0.3f * normal_at(11, stream_id("bias"), uint64_t(l * d.moe.E + e)));
+    }
     std::vector<float> host(size_t(layout.total));
     init_params_host(layout, 5, host.data());
     // norm weights 1 and biases 0 would hide mistakes in their use: perturb them; a larger router
@@ -121,6 +131,8 @@ struct MoEModel {
     std::vector<float> full(static_cast<size_t>(S * V));
     {
       GPTStage stage(td, layout, *ops, *self, params, grads, 1, 1);
+      if (MoEMLP* moe = stage.moe(); moe && td.moe.router.expert_bias)  // as the trainer loads them
+        for (size_t i = 0; i < moe->layers().size(); ++i) moe->expert_bias(i) = expert_bias.at(size_t(moe->layers()[i]));
       stage.forward(0, tokens.data(), nullptr);
       std::vector<float> ln(static_cast<size_t>(S * C)), mean(static_cast<size_t>(S)), rstd(static_cast<size_t>(S));
       const ParamInfo* b = layout.find("ln_f.bias");
@@ -172,7 +184,7 @@ TEST_P(InferenceMoE, KvCachedLogitsEqualTheTrainingForward) {
   }
 
   // The whole sequence in one pass, then prompts and one token at a time against the KV cache
-  GPTInference inf(d, m.layout, *m.ops, m.params);
+  GPTInference inf(d, m.layout, *m.ops, m.params, m.expert_bias);
   expect_cached_decoding_equals(inf, tokens, full, S, V);
   // chunks of several tokens: every call's own token count routed and dispatched
   std::vector<float> logits;
@@ -186,20 +198,28 @@ TEST_P(InferenceMoE, KvCachedLogitsEqualTheTrainingForward) {
 }
 
 // The routed experts are not a no-op: zeroing the MoE layers' experts' fc2 (their output) changes
-// generation's logits.
+// generation's logits; nor is the expert bias.
 TEST_P(InferenceMoE, TheExpertsMatter) {
   MoEModel m(GetParam());
   const std::vector<int32_t> tokens = tokens_of(m.d.S, m.d.V, 3);
   std::vector<float> with, without;
   {
-    GPTInference inf(m.d, m.layout, *m.ops, m.params);
+    GPTInference inf(m.d, m.layout, *m.ops, m.params, m.expert_bias);
     inf.forward(tokens, with, true);
+  }
+  if (GetParam().expert_bias) {  // the bias chooses experts: a zero bias routes otherwise
+    std::vector<std::vector<float>> zero = m.expert_bias;
+    for (auto& b : zero) std::fill(b.begin(), b.end(), 0.0f);
+    std::vector<float> unbiased;
+    GPTInference inf(m.d, m.layout, *m.ops, m.params, zero);
+    inf.forward(tokens, unbiased, true);
+    EXPECT_GT(max_abs_diff(with, unbiased), 1e-3);
   }
   for (int64_t l = 0; l < m.d.L; ++l)
     for (const char* t : {"experts.fc2.weight", "experts.fc2.bias"})
       if (const ParamInfo* p = m.layout.find("h." + std::to_string(l) + ".mlp." + t))
         std::fill_n(m.params + p->offset, p->numel, 0.0f);
-  GPTInference inf(m.d, m.layout, *m.ops, m.params);
+  GPTInference inf(m.d, m.layout, *m.ops, m.params, m.expert_bias);
   inf.forward(tokens, without, true);
   EXPECT_GT(max_abs_diff(with, without), 1e-3);
 }
@@ -218,7 +238,8 @@ TEST(CheckpointModelConfig, ReadsTheMoEKeys) {
          "model.moe_router_load_balancing_type=seq_aux_loss", "model.moe_z_loss_coeff=0.001",
          "model.moe_expert_capacity_factor=1.5", "model.moe_token_drop_policy=position",
          "model.moe_pad_expert_input_to_capacity=true", "model.moe_shared_expert_intermediate_size=40",
-         "model.moe_shared_expert_gate=true"});
+         "model.moe_shared_expert_gate=true", "model.moe_router_enable_expert_bias=true",
+         "model.moe_router_bias_update_rate=0.01"});
     const nlohmann::json meta = {{"config", config_to_json(c)}};
     const ModelConfig got = checkpoint_model_config(meta);
     const ModelConfig& want = c.model;
@@ -242,6 +263,8 @@ TEST(CheckpointModelConfig, ReadsTheMoEKeys) {
     EXPECT_EQ(a.balancing, b.balancing);
     EXPECT_EQ(a.aux_coeff, b.aux_coeff);
     EXPECT_EQ(a.z_coeff, b.z_coeff);
+    EXPECT_TRUE(a.expert_bias);
+    EXPECT_EQ(a.bias_update_rate, b.bias_update_rate);
     // the parameter layout follows: the same tensors, shapes included
     Config back;
     back.model = got;
@@ -262,10 +285,10 @@ TEST(CheckpointModelConfig, ReadsTheMoEKeys) {
   bad["config"]["model"]["moe_layer_freq"] = nlohmann::json::array({1, 0, 1});  // 2 layers
   EXPECT_THROW(checkpoint_model_config(bad), InputError);
   bad["config"]["model"]["moe_layer_freq"] = 1;
-  bad["config"]["model"]["moe_router_enable_expert_bias"] = true;
+  bad["config"]["model"]["moe_router_enable_expert_bias"] = true;  // with softmax scores
   try {
     checkpoint_model_config(bad);
-    ADD_FAILURE() << "the expert bias read";
+    ADD_FAILURE() << "the expert bias with softmax scores read";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("moe_router_enable_expert_bias"), std::string::npos) << e.what();
   }
