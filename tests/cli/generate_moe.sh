@@ -8,7 +8,7 @@
 #       rank and on PP 2 x DP 2 (the same weights up to 1e-5: the same greedy text);
 #   (b) Llama-shaped (RMSNorm, RoPE, SwiGLU, untied output layer, no biases): a dense first layer, then
 #       sigmoid top-2 of 6 experts, group-limited (3 groups, 1 chosen), scaled, with a gated shared
-#       expert.
+#       expert and the expert bias (aux-loss-free balancing: trained, saved, choosing at generation).
 # Also: seeded sampling, and the Hugging Face export refuses an MoE checkpoint with exit 2 (issue 39).
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
@@ -52,7 +52,8 @@ model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64, 
         untie_embeddings_and_output_weights: true, add_bias_linear: false, ffn_hidden_size: 96,
         num_moe_experts: 6, moe_ffn_hidden_size: 32, moe_router_topk: 2, "moe_layer_freq": [0, 1],
         moe_router_score_function: sigmoid, moe_router_num_groups: 3, moe_router_group_topk: 1,
-        moe_router_topk_scaling_factor: 2.0, moe_shared_expert_intermediate_size: 48, moe_shared_expert_gate: true}
+        moe_router_topk_scaling_factor: 2.0, moe_shared_expert_intermediate_size: 48, moe_shared_expert_gate: true,
+        moe_router_enable_expert_bias: true, moe_router_bias_update_rate: 1.0e-2}
 training: {micro_batch_size: 2, global_batch_size: 8, train_iters: 60, precision: fp32, seed: 7, cpu_threads: 1}
 optimizer: {lr: 3.0e-3, min_lr: 1.0e-4, lr_warmup_iters: 4, weight_decay: 0.1, clip_grad: 1.0}
 data: {path: $W/text, shuffle: true, split: [100, 0, 0], eval_iters: 0}
@@ -81,6 +82,16 @@ for r in $runs; do
 done
 cmp -s "$W/greedy_a.txt" "$W/greedy_a_pp2dp2.txt" && ok "greedy text identical from the checkpoints of 1 rank and PP2 x DP2" ||
   { bad "greedy text differs between layouts"; cat "$W/greedy_a_pp2dp2.txt"; }
+
+# (b)'s expert biases were trained (updated each step) and saved: not all zero
+$PY - "$W/ck_b" "$TPTRAIN_SRC/tests/tools" <<'PY' && ok "(b)'s checkpoint holds trained expert biases" || bad "expert bias in (b)'s checkpoint"
+import sys
+sys.path.insert(0, sys.argv[2])
+import checkpoint_tensors
+b = checkpoint_tensors.read_checkpoint(sys.argv[1])["h.1.mlp.router.expert_bias"]
+print("     h.1 expert bias:", " ".join(f"{x:+.3f}" for x in b))
+sys.exit(0 if abs(b).max() > 0 else 1)
+PY
 
 # the PyTorch reference's greedy decoding from the same checkpoints
 for r in $runs; do

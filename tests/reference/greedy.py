@@ -11,7 +11,7 @@ DIR holds config.json and model.safetensors (Llama: or shards with model.safeten
 CKPT is a checkpoint.save directory (its latest iteration) or one iter_N directory: meta.json's
 config.model builds the reference model (model_ref.py; an MoE model routes with no capacity, as
 generation does: docs/MOE.md), the tensors come from tests/tools/checkpoint_tensors.py (the word
-embedding and output layer without their vocabulary padding rows).
+embedding and output layer without their vocabulary padding rows; the MoE layers' expert biases).
 Decoding follows tptrain generate's rules: the whole context runs through the model every step (no
 cache), the next token is the argmax of the last position's logits (ties: the lowest id, as torch.argmax), generation stops at the end-of-document
 token, after N tokens, or once the text holds max_position_embeddings + 1 tokens (the last
@@ -72,6 +72,13 @@ def load_checkpoint(path, dtype):
             t = t[:m["vocab_size"]]  # the padded vocabulary's rows are no tokens
         state[name] = t.reshape(tuple(p.shape))  # the reference's 2-D views of the global shapes
     model.load_state(state)
+    with torch.no_grad():  # the expert bias (aux-loss-free balancing): a buffer of the reference's MoE MLP
+        for i, blk in enumerate(model.h):
+            name = f"h.{i}.mlp.router.expert_bias"
+            if getattr(blk.mlp, "moe", {}).get("expert_bias"):
+                if name not in tensors:
+                    raise SystemExit(f"greedy.py: {d} has no tensor {name}")
+                blk.mlp.expert_bias.copy_(torch.from_numpy(tensors[name]))
     model.eval()
     return model, m
 
