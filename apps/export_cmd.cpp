@@ -288,6 +288,11 @@ int export_hf(const ExportOptions& o) {
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
   if (!reader) input_error("export: no checkpoint in " + o.checkpoint);
   const ModelConfig m = checkpoint_model_config(reader->meta());
+  if (m.is_moe())
+    input_error("export: this checkpoint's model is a Mixture-of-Experts model (model.num_moe_experts " +
+                std::to_string(m.num_moe_experts) +
+                "); the Hugging Face export writes dense GPT-2 and Llama models only so far (MoE export: issue 39). "
+                "tptrain generate runs it");
   if (is_gpt2_architecture(m)) return export_gpt2(m, reader.get(), o);
   const std::string why = hf_llama_incompatibility(m);
   if (!why.empty())

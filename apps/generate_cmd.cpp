@@ -56,7 +56,7 @@ int generate(const Options& opt) {
                 " would be >= the model's vocabulary (a tokenizer of another model?)");
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-  GPTInference model(w.dims, w.layout, *ops, w.params.data());
+  GPTInference model(w.dims, w.layout, *ops, w.params.data(), w.expert_bias);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   spdlog::info("generate: {} (iteration {}, saved on TP {} x PP {} x DP {}): {} layers, hidden {}, {} heads, vocab {}, "
                "{} positions; loaded in {:.2f} s; {} tokenizer; {}",

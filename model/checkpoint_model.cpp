@@ -1,10 +1,32 @@
 #include "model/checkpoint_model.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 
 namespace tpt {
+
+namespace {
+// What the checkpoint readers need of the MoE keys to lay out and route the model (the config loader's
+// full rules, core/config_moe.cpp, held when the checkpoint was saved): consistent sizes.
+void check_moe(const ModelConfig& c, const nlohmann::json& m) {
+  const int E = c.num_moe_experts, k = c.moe_router_topk, g = c.moe_router_num_groups, gk = c.moe_router_group_topk;
+  const LayerFreq& f = c.moe_layer_freq;
+  bool ok = E >= 1 && k >= 1 && k <= E && c.moe_ffn_hidden_size >= 1 && (g == 0) == (gk == 0) &&
+            c.moe_router_topk_scaling_factor >= 0 && (f.pattern.empty() ? f.every >= 1 : f.every == 0) &&
+            (f.pattern.empty() || int64_t(f.pattern.size()) == c.num_layers);
+  for (int x : f.pattern) ok = ok && (x == 0 || x == 1);
+  if (g != 0) ok = ok && g >= 1 && E % g == 0 && gk >= 1 && gk <= g && k % gk == 0 && k / gk <= E / g;
+  if (!ok) input_error("meta.json: config.model has inconsistent Mixture-of-Experts keys: " + m.dump());
+  if (c.moe_shared_expert_intermediate_size < 0 || (c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size == 0))
+    input_error("meta.json: config.model has inconsistent shared-expert keys: " + m.dump());
+  if (c.moe_router_enable_expert_bias && c.moe_router_score_function != MoEScore::Sigmoid)
+    input_error("meta.json: config.model.moe_router_enable_expert_bias needs moe_router_score_function: sigmoid: " +
+                m.dump());
+}
+}  // namespace
 
 ModelConfig checkpoint_model_config(const nlohmann::json& meta) {
   try {
@@ -51,10 +73,36 @@ ModelConfig checkpoint_model_config(const nlohmann::json& meta) {
     c.untie_embeddings_and_output_weights = number("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights);
     c.add_bias_linear = number("add_bias_linear", c.add_bias_linear);
     c.add_qkv_bias = number("add_qkv_bias", c.add_qkv_bias);
-    if (number("num_moe_experts", 0) > 0)
-      input_error("meta.json: this checkpoint's model is a Mixture-of-Experts model (config.model.num_moe_experts " +
-                  std::to_string(number("num_moe_experts", 0)) +
-                  "); generation and the Hugging Face export read dense checkpoints only so far (docs/MOE.md)");
+    // Mixture-of-Experts (docs/MOE.md; absent or null num_moe_experts: a dense model)
+    c.num_moe_experts = number("num_moe_experts", 0);
+    if (c.is_moe()) {
+      c.moe_ffn_hidden_size = number("moe_ffn_hidden_size", c.ffn_hidden_size);  // resolved when saved
+      if (m.contains("moe_layer_freq") && !m.at("moe_layer_freq").is_null()) {
+        const nlohmann::json& f = m.at("moe_layer_freq");
+        if (f.is_array()) c.moe_layer_freq = {0, f.get<std::vector<int>>()};
+        else c.moe_layer_freq = {f.get<int>(), {}};
+      }
+      c.moe_router_topk = number("moe_router_topk", c.moe_router_topk);
+      c.moe_router_score_function = choice("moe_router_score_function", c.moe_router_score_function);
+      c.moe_router_pre_softmax = number("moe_router_pre_softmax", c.moe_router_pre_softmax);
+      c.moe_router_topk_scaling_factor = number("moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor);
+      c.moe_router_num_groups = number("moe_router_num_groups", c.moe_router_num_groups);
+      c.moe_router_group_topk = number("moe_router_group_topk", c.moe_router_group_topk);
+      c.moe_router_enable_expert_bias = number("moe_router_enable_expert_bias", c.moe_router_enable_expert_bias);
+      c.moe_router_bias_update_rate = number("moe_router_bias_update_rate", c.moe_router_bias_update_rate);
+      c.moe_router_load_balancing_type = choice("moe_router_load_balancing_type", c.moe_router_load_balancing_type);
+      c.moe_aux_loss_coeff = number("moe_aux_loss_coeff", c.moe_aux_loss_coeff);
+      c.moe_z_loss_coeff = number("moe_z_loss_coeff", c.moe_z_loss_coeff);
+      c.moe_shared_expert_intermediate_size =
+          number("moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size);
+      c.moe_shared_expert_gate = number("moe_shared_expert_gate", c.moe_shared_expert_gate);
+      c.moe_expert_capacity_factor = number("moe_expert_capacity_factor", c.moe_expert_capacity_factor);
+      c.moe_token_drop_policy = choice("moe_token_drop_policy", c.moe_token_drop_policy);
+      c.moe_pad_expert_input_to_capacity = number("moe_pad_expert_input_to_capacity", c.moe_pad_expert_input_to_capacity);
+      c.moe_token_dispatcher_type = choice("moe_token_dispatcher_type", c.moe_token_dispatcher_type);
+      c.moe_router_dtype = number("moe_router_dtype", c.moe_router_dtype);
+      check_moe(c, m);
+    }
     const int G = query_groups(c), rot = rotary_dim(c);
     if (c.num_layers < 1 || c.hidden_size < 1 || c.num_attention_heads < 1 || c.kv_channels < 1 || G < 1 ||
         c.num_attention_heads % G || c.ffn_hidden_size < 1 || c.max_position_embeddings < 1 || c.vocab_size < 1 ||

@@ -13,8 +13,9 @@
 
 namespace tpt {
 
-// config.model of a checkpoint's meta.json (every key the model needs; init_from is left empty).
-// InputError when a key is missing or has the wrong type.
+// config.model of a checkpoint's meta.json (every key the model needs, the Mixture-of-Experts keys
+// included; init_from is left empty). InputError when a key is missing or has the wrong type, or
+// the sizes are inconsistent.
 ModelConfig checkpoint_model_config(const nlohmann::json& meta);
 
 // The whole global tensor `name` of the checkpoint, row-major, checked against `shape`: an

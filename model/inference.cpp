@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/math.h"
@@ -43,6 +45,22 @@ InferenceWeights load_inference_weights(const std::string& dir) {
     for (const char* prefix : {"", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."})
       req.model.push_back({prefix + p.name, p.global_shape});
   }
+  // MoE's expert biases (not parameters: no moments), one (E) per MoE layer
+  const MoEDims& moe = w.dims.moe;
+  if (moe.router.expert_bias) {
+    w.expert_bias.resize(size_t(w.dims.L));
+    for (int64_t l = 0; l < w.dims.L; ++l) {
+      if (!moe.is_moe(l)) continue;
+      w.expert_bias[size_t(l)].assign(size_t(moe.E), 0.0f);
+      CkptTensor t;
+      t.name = "h." + std::to_string(l) + ".mlp.router.expert_bias";
+      t.global_shape = t.box_size = t.local_shape = {moe.E};
+      t.box_offset = {0};
+      t.data = w.expert_bias[size_t(l)].data();
+      req.wanted.push_back(t);
+      req.model.push_back({t.name, t.global_shape});
+    }
+  }
   req.warn_other_files = true;  // the optimizer shards are not read: a damaged one is only a warning
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
   if (!reader) input_error("no checkpoint in " + dir);
@@ -53,11 +71,20 @@ InferenceWeights load_inference_weights(const std::string& dir) {
   return w;
 }
 
-GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params)
-    : d_(d), layout_(layout), ops_(ops), params_(params) {
-  TPT_CHECK(d.tp == 1 && d.pp == 1);
+GPTInference::GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params,
+                           std::vector<std::vector<float>> expert_bias)
+    : d_(d), layout_(layout), ops_(ops), params_(params), expert_bias_(std::move(expert_bias)) {
+  TPT_CHECK(d.tp == 1 && d.pp == 1 && d.moe.ep == 1);
+  if (d.moe.router.expert_bias)
+    for (int64_t l = 0; l < d.L; ++l)
+      TPT_CHECK(!d.moe.is_moe(l) || (size_t(l) < expert_bias_.size() && int64_t(expert_bias_[size_t(l)].size()) == d.moe.E));
   k_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);  // G key/value heads per position
   v_cache_.assign(size_t(d.L * d.P * d.G * d.D), 0.0f);
+  router_ = d.moe.router;
+  router_.capacity_factor = 0;  // dropless: capacity is a training-time rule (Megatron's too)
+  router_.pad_to_capacity = false;
+  router_.balancing = MoEBalancing::None;
+  router_.aux_coeff = router_.z_coeff = 0;
 }
 
 const float* GPTInference::p(const std::string& name) const {
@@ -110,6 +137,58 @@ void GPTInference::cached_attention(int64_t l, const float* qkv, float* att, int
     }
 }
 
+// docs/MOE.md "One MoE layer" steps 1, 2, 4, 5 and 6 on the call's n tokens, as MoEMLP::forward with EP
+// 1 and TP 1: fp32 logits, host routing (the expert bias choosing), the rows gathered expert-major, one GEMM pair per expert, the
+// weighted sum back per token, plus the shared expert (times its gate).
+void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
+  const MoEDims& m = d_.moe;
+  const int64_t C = d_.C, E = m.E, k = m.router.k;
+  const std::string pre = "h." + std::to_string(l) + ".mlp.";
+  auto opt = [&](const std::string& name) {
+    const ParamInfo* info = layout_.find(name);
+    return info ? CBuf(params_ + info->offset) : CBuf{};
+  };
+  const MoEParams<CBuf> w{p(pre + "router.weight"),
+                          p(pre + "experts.fc1.weight"),
+                          opt(pre + "experts.fc1.bias"),
+                          p(pre + "experts.fc2.weight"),
+                          opt(pre + "experts.fc2.bias"),
+                          opt(pre + "shared_experts.fc1.weight"),
+                          opt(pre + "shared_experts.fc1.bias"),
+                          opt(pre + "shared_experts.fc2.weight"),
+                          opt(pre + "shared_experts.fc2.bias"),
+                          opt(pre + "shared_experts.gate.weight")};
+  auto fit = [](std::vector<float>& v, int64_t floats) {  // the scratch, grown to the largest call
+    if (int64_t(v.size()) < floats) v.resize(size_t(floats));
+    return v.data();
+  };
+  // router logits z (n, E) in fp32 (the parameters are fp32 here), routed on the host
+  std::vector<float> z(static_cast<size_t>(n * E));
+  ops_.linear_forward(z.data(), ln2, w.router, nullptr, n, C, E);
+  const Routing r = route(z.data(), n, router_, [](int64_t) { return int64_t{0}; }, 1, 1, [](std::vector<double>&) {},
+                          router_.expert_bias ? expert_bias_[size_t(l)].data() : nullptr);
+  const MoESendOrder o = moe_send_order(r, E);  // n k rows: every assignment kept
+  float* xin = fit(moe_xin_, n * k * C);
+  float* out = fit(moe_out_, n * k * C);
+  ops_.gather_rows(xin, ln2, o.perm.data(), nullptr, o.n_send, C);
+  moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, n * k * m.fc1_width), fit(moe_act_, n * k * m.Fe),
+                      out);
+  ops_.combine_rows(y, out, o.comb.data(), o.comb_w.data(), n, k, C, false);
+  if (!m.Fs) return;
+  // the shared expert on every token: y += shared(x), times sigmoid(x . gate) with the gate
+  float* sh_act = fit(moe_act_, n * m.Fs);  // the experts' rows are spent: their scratch serves again
+  float* sh_y = out;
+  d_.mlp.forward(ops_, sh_act, fit(moe_fc1_, n * m.shared_fc1_width), ln2, w.shared_fc1, w.shared_fc1_bias, n, C, m.Fs);
+  ops_.linear_forward(sh_y, sh_act, w.shared_fc2, w.shared_fc2_bias, n, m.Fs, C);
+  if (!m.shared_gate) return ops_.accumulate(y, sh_y, n * C);
+  std::vector<float> gate(static_cast<size_t>(n));
+  ops_.linear_forward(gate.data(), ln2, w.gate, nullptr, n, C, 1);
+  for (float& g : gate) g = 1.0f / (1.0f + std::exp(-g));
+  std::vector<int32_t> identity(static_cast<size_t>(n));
+  std::iota(identity.begin(), identity.end(), 0);
+  ops_.combine_rows(y, sh_y, identity.data(), gate.data(), n, 1, C, true);
+}
+
 void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& logits, bool all_positions) {
   const GPTDims& d = d_;
   const int64_t n = int64_t(tokens.size()), C = d.C, F = d.F, P = d.P, QKV = d.qkv_width;
@@ -138,9 +217,20 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
 
   const BlockShape shape{n, n, C, d.Cl, F, n, d.norm, d.mlp, d.qkv_layout(),
                          Rope{d.rot, d.rope_interleaved, d.inv_freq.data()}, positions.data()};
+  // an MoE layer's MLP through the block's mlp hook; one rank: no token gathering, biases in the GEMMs
+  BlockMappings moe;
+  moe.gather_tokens = [](CBuf ln) { return ln; };
+  moe.row_parallel_output = [](Buf partial, CBuf) { return CBuf(partial); };
+  int64_t layer = 0;
+  moe.mlp = [&](CBuf ln2) {  // y into tmp: the attention's output there is spent by now
+    moe_mlp(layer, ln2.f32(), tmp.data(), n);
+    return CBuf(tmp.data());
+  };
   for (int64_t l = 0; l < d.L; ++l) {
-    block_forward(ops_, block_params(layout_, d_.layer, CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
-                  qkv_tmp.data(), shape, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); });
+    layer = l;
+    block_forward(ops_, block_params(layout_, d.spec(l), CBuf(params_), l), a, x.data(), x_next.data(), tmp.data(),
+                  qkv_tmp.data(), shape, [&](BlockActs&) { cached_attention(l, qkv.data(), att.data(), n); },
+                  d.moe.is_moe(l) ? &moe : nullptr);
     std::swap(x, x_next);
   }
   len_ += n;

@@ -24,6 +24,9 @@ struct InferenceWeights {
   GPTDims dims;               // make_dims(.., 1, 0, 1, 0)
   ParamLayout layout;
   std::vector<float> params;  // layout.total floats (vocabulary padding rows zero)
+  // MoE with the expert bias (model.moe_router_enable_expert_bias): per layer its bias (E), the
+  // checkpoint's h.<l>.mlp.router.expert_bias; empty for dense layers and without the bias
+  std::vector<std::vector<float>> expert_bias;
   std::string path;           // the checkpoint directory read (iter_N)
   int64_t iteration = 0;
   nlohmann::json grid;        // the layout that saved it (meta.json "grid")
@@ -36,9 +39,15 @@ InferenceWeights load_inference_weights(const std::string& dir);
 
 // The model + a KV cache of max_position_embeddings positions.
 // ops must keep tensors in host memory (the CPU backend): the cached attention is a host loop.
+// Mixture-of-Experts layers route every call's tokens on the host (model/moe_routing.h) to their
+// top-k experts with no capacity (dropping is a training-time rule: at inference every token gets its
+// k experts, as in Megatron) and no balancing losses (the expert bias, when trained, still chooses),
+// then run MoEMLP's EP-1 expert GEMMs and the shared expert.
 class GPTInference {
  public:
-  GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params);
+  // expert_bias: InferenceWeights::expert_bias (per layer; needed when d.moe.router.expert_bias)
+  GPTInference(const GPTDims& d, const ParamLayout& layout, Ops& ops, const float* params,
+               std::vector<std::vector<float>> expert_bias = {});
   GPTInference(const GPTInference&) = delete;
   GPTInference& operator=(const GPTInference&) = delete;
 
@@ -57,6 +66,8 @@ class GPTInference {
   // Layer l's attention of n new positions (from length()) over every cached one: appends their
   // keys and values from qkv (n, (H + 2 G) D) to the cache, writes att (n, H D).
   void cached_attention(int64_t l, const float* qkv, float* att, int64_t n);
+  // MoE layer l's MLP of n tokens: y (n, C) from ln_2's output ln2 (n, C).
+  void moe_mlp(int64_t l, const float* ln2, float* y, int64_t n);
 
   GPTDims d_;
   const ParamLayout& layout_;
@@ -64,6 +75,11 @@ class GPTInference {
   const float* params_;
   int64_t len_ = 0;
   std::vector<float> k_cache_, v_cache_;  // (L, P, G D) each: keys / values of every cached position
+  RouterOptions router_;  // the model's, without capacity and balancing losses
+  std::vector<std::vector<float>> expert_bias_;  // per layer (E) with the expert bias
+  // MoE scratch, grown to the largest call (n k rows): the experts' input rows, fc1 output, activation,
+  // output rows (expert-major); the shared expert's (n rows) reuse the last three
+  std::vector<float> moe_xin_, moe_fc1_, moe_act_, moe_out_;
 };
 
 // Next-token choice. Greedy: the id of the largest logit, the lowest id among equal ones.

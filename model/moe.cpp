@@ -58,6 +58,48 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
   return n;
 }
 
+MoESendOrder moe_send_order(const Routing& r, int64_t E) {
+  const int64_t k = r.k;
+  MoESendOrder o;
+  o.per_expert.assign(size_t(E), 0);
+  std::vector<int64_t> start(size_t(E) + 1, 0);
+  for (int32_t e : r.expert)
+    if (e >= 0) o.per_expert[size_t(e)] += 1;
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] = start[size_t(e)] + o.per_expert[size_t(e)];
+  o.n_send = start[size_t(E)];
+  o.perm.assign(size_t(o.n_send), 0);
+  o.row_w.assign(size_t(o.n_send), 0.0f);
+  o.comb.assign(size_t(r.T * k), -1);
+  o.comb_w.assign(size_t(r.T * k), 0.0f);
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t a = 0; a < r.T * k; ++a) {
+    const int32_t e = r.expert[size_t(a)];
+    if (e < 0) continue;
+    const int64_t row = next[size_t(e)]++;
+    o.perm[size_t(row)] = int32_t(a / k);
+    o.row_w[size_t(row)] = r.prob[size_t(a)];
+    o.comb[size_t(a)] = int32_t(row);
+    o.comb_w[size_t(a)] = r.prob[size_t(a)];
+  }
+  return o;
+}
+
+void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, const std::vector<int64_t>& rows,
+                         CBuf xin, Buf fc1, Buf act, Buf out) {
+  const MoEDims& m = d.moe;
+  const int64_t C = d.C;
+  int64_t off = 0;
+  for (int64_t e = 0; e < int64_t(rows.size()); ++e) {
+    const int64_t n = rows[size_t(e)];
+    if (n == 0) continue;
+    d.mlp.forward(ops, act + off * m.Fe, fc1 + off * m.fc1_width, xin + off * C, w.fc1 + e * m.fc1_width * C,
+                  w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fe);
+    ops.linear_forward(out + off * C, act + off * m.Fe, w.fc2 + e * C * m.Fe, w.fc2_bias ? w.fc2_bias + e * C : CBuf{},
+                       n, m.Fe, C);
+    off += n;
+  }
+}
+
 struct MoEMLP::LayerState {
   Buf xin, fc1, act, ret;  // (cap, C), (cap, fc1_width), (cap, Fe): expert-major rows; (T k, C) send order
   int64_t cap = 0;
@@ -66,14 +108,11 @@ struct MoEMLP::LayerState {
   std::vector<float> gate_host;
   Routing routing;
   // the dispatch of the last forward: send order, per-expert counts, the regroup permutations
-  std::vector<int32_t> perm;    // (n_send) the token of each send row
-  std::vector<int32_t> comb;    // (T k) the send row of assignment (t, j), -1 where dropped
-  std::vector<float> comb_w;    // (T k) its weight
-  std::vector<float> row_w;     // (n_send) the weight of each send row
+  MoESendOrder order;
   std::vector<int64_t> send_rows, recv_rows;  // per EP peer
   std::vector<int64_t> expert_rows;           // (El) rows of each local expert
   std::vector<int32_t> regroup, inverse;      // expert-major <- source-major, and back (EP > 1)
-  int64_t n_send = 0, R = 0;
+  int64_t R = 0;
 };
 
 Buf MoEMLP::alloc(int64_t n, DType t) {
@@ -237,34 +276,18 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     for (int64_t e = 0; e < E; ++e) stats_.counts[size_t(mi * E + e)] += r.counts[size_t(e)];
   }
   // the send order: assignments by expert, token order within
-  std::vector<int64_t> per_expert(static_cast<size_t>(E), 0), start(size_t(E) + 1, 0);
-  for (int32_t e : r.expert)
-    if (e >= 0) per_expert[size_t(e)] += 1;
-  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] = start[size_t(e)] + per_expert[size_t(e)];
-  s.n_send = start[size_t(E)];
-  s.perm.assign(size_t(s.n_send), 0);
-  s.row_w.assign(size_t(s.n_send), 0.0f);
-  s.comb.assign(size_t(T * k), -1);
-  s.comb_w.assign(size_t(T * k), 0.0f);
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t a = 0; a < T * k; ++a) {
-    const int32_t e = r.expert[size_t(a)];
-    if (e < 0) continue;
-    const int64_t row = next[size_t(e)]++;
-    s.perm[size_t(row)] = int32_t(a / k);
-    s.row_w[size_t(row)] = r.prob[size_t(a)];
-    s.comb[size_t(a)] = int32_t(row);
-    s.comb_w[size_t(a)] = r.prob[size_t(a)];
-  }
-  ops_.to_device(Buf(perm_, DType::I32), s.perm.data(), s.n_send);
-  ops_.to_device(Buf(comb_, DType::I32), s.comb.data(), T * k);
-  ops_.to_device(comb_w_, s.comb_w.data(), T * k);
+  s.order = moe_send_order(r, E);
+  const MoESendOrder& o = s.order;
+  const std::vector<int64_t>& per_expert = o.per_expert;
+  ops_.to_device(Buf(perm_, DType::I32), o.perm.data(), o.n_send);
+  ops_.to_device(Buf(comb_, DType::I32), o.comb.data(), T * k);
+  ops_.to_device(comb_w_, o.comb_w.data(), T * k);
 
   // dispatch: the rows to their experts' owners, expert-major in s.xin
   if (m.ep == 1) {
-    s.R = s.n_send;
+    s.R = o.n_send;
     s.expert_rows = per_expert;
-    ops_.gather_rows(s.xin, x, perm_, nullptr, s.n_send, C);  // R <= T k = the state's rows
+    ops_.gather_rows(s.xin, x, perm_, nullptr, o.n_send, C);  // R <= T k = the state's rows
   } else {
     const int P = m.ep;
     std::vector<int64_t> recv_counts(static_cast<size_t>(E));  // (P, El): from peer q, rows for my local expert e
@@ -288,7 +311,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
       s.fc1 = alloc(s.cap * m.fc1_width, t_);
       s.act = alloc(s.cap * m.Fe, t_);
     }
-    ops_.gather_rows(send_, x, perm_, nullptr, s.n_send, C);
+    ops_.gather_rows(send_, x, perm_, nullptr, o.n_send, C);
     auto elems = [&](std::vector<int64_t> v) {
       for (int64_t& n : v) n *= C;
       return v;
@@ -312,17 +335,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     ops_.gather_rows(s.xin, bufA_, regroup_, nullptr, s.R, C);
   }
   // the experts: fc1 with its activation, fc2, on each local expert's contiguous rows
-  const Buf out = m.ep == 1 ? s.ret : bufB_;
-  int64_t off = 0;
-  for (int64_t e = 0; e < El; ++e) {
-    const int64_t n = s.expert_rows[size_t(e)];
-    if (n == 0) continue;
-    d_.mlp.forward(ops_, s.act + off * m.Fe, s.fc1 + off * m.fc1_width, s.xin + off * C, w.fc1 + e * m.fc1_width * C,
-                   w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fe);
-    ops_.linear_forward(out + off * C, s.act + off * m.Fe, w.fc2 + e * C * m.Fe, w.fc2_bias ? w.fc2_bias + e * C : CBuf{},
-                        n, m.Fe, C);
-    off += n;
-  }
+  moe_experts_forward(ops_, d_, w, s.expert_rows, s.xin, s.fc1, s.act, m.ep == 1 ? s.ret : bufB_);
   if (m.ep > 1) {  // back to the tokens' ranks, in their send order
     ops_.gather_rows(bufA_, bufB_, inverse_, nullptr, s.R, C);
     auto elems = [&](std::vector<int64_t> v) {
@@ -385,15 +398,16 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   LayerState& s = *state_.at(size_t(slot)).at(size_t(moe_index(layer)));
   const int64_t T = Nt_, C = d_.C, E = m.E, k = m.router.k, El = m.El;
   // the forward's maps again (the scratch served other layers since)
-  ops_.to_device(Buf(perm_, DType::I32), s.perm.data(), s.n_send);
-  ops_.to_device(Buf(comb_, DType::I32), s.comb.data(), T * k);
-  ops_.to_device(row_w_, s.row_w.data(), s.n_send);
+  const MoESendOrder& o = s.order;
+  ops_.to_device(Buf(perm_, DType::I32), o.perm.data(), o.n_send);
+  ops_.to_device(Buf(comb_, DType::I32), o.comb.data(), T * k);
+  ops_.to_device(row_w_, o.row_w.data(), o.n_send);
   // d weights: dy of each token against its choices' expert outputs
   ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
   std::vector<float> dprob(static_cast<size_t>(T * k));
   ops_.to_host(dprob.data(), dprob_, T * k);
   // d expert outputs in send order: weight x dy of the row's token
-  ops_.gather_rows(send_, dy, perm_, row_w_, s.n_send, C);
+  ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
   auto elems = [&](std::vector<int64_t> v) {
     for (int64_t& n : v) n *= C;
     return v;

@@ -69,6 +69,25 @@ struct MoETPMappings {
   int64_t N = 0;
 };
 
+// The send order of one layer's routing (r.T tokens, k choices each): the assignments listed by
+// expert, token order within an expert (with EP 1 also the experts' row order), and the maps between
+// assignments and send rows. Dropped assignments (expert -1) have no row.
+struct MoESendOrder {
+  std::vector<int64_t> per_expert;  // (E) the rows of each expert
+  std::vector<int32_t> perm;        // (n_send) the token of each send row
+  std::vector<float> row_w;         // (n_send) the weight of each send row
+  std::vector<int32_t> comb;        // (T k) the send row of assignment (t, j), -1 where dropped
+  std::vector<float> comb_w;        // (T k) its weight (0 where dropped)
+  int64_t n_send = 0;
+};
+MoESendOrder moe_send_order(const Routing& r, int64_t E);
+
+// The experts' forward on expert-major rows: expert e (of w's rows.size() experts) takes the next
+// rows[e] rows of xin (R, C) and writes fc1 (R, fc1_width) with its activation act (R, Fe) and its
+// output out (R, C) there, in one GEMM pair (d.mlp's fc1 + activation, fc2) per expert with rows.
+void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, const std::vector<int64_t>& rows,
+                         CBuf xin, Buf fc1, Buf act, Buf out);
+
 // What the balancing losses and the routing looked like over the micro-batches since the last take.
 struct MoEStats {
   double aux = 0;      // sum over micro-batches and MoE layers of the global aux loss / coefficient

@@ -1,11 +1,17 @@
 #!/usr/bin/python3
 """Greedy continuation of a prompt by the PyTorch reference model (gpt_ref.py's GPT) from Hugging Face
-GPT-2 or Llama weights (hf_llama_ref.py), e.g. those `tptrain export` writes, with the byte-level
-tokenizer (bytes 0..255, end of document 256): what `tptrain generate --temperature 0` must print.
+GPT-2 or Llama weights (hf_llama_ref.py), e.g. those `tptrain export` writes, or from a tptrain
+checkpoint itself (any model the reference builds: Mixture-of-Experts too, which has no Hugging Face
+export yet), with the byte-level tokenizer (bytes 0..255, end of document 256): what
+`tptrain generate --temperature 0` must print.
 
-  greedy.py --model DIR --prompt TEXT [--max-new-tokens N] [--float64]
+  greedy.py (--model DIR | --checkpoint CKPT) --prompt TEXT [--max-new-tokens N] [--float64]
 
 DIR holds config.json and model.safetensors (Llama: or shards with model.safetensors.index.json).
+CKPT is a checkpoint.save directory (its latest iteration) or one iter_N directory: meta.json's
+config.model builds the reference model (model_ref.py; an MoE model routes with no capacity, as
+generation does: docs/MOE.md), the tensors come from tests/tools/checkpoint_tensors.py (the word
+embedding and output layer without their vocabulary padding rows; the MoE layers' expert biases).
 Decoding follows tptrain generate's rules: the whole context runs through the model every step (no
 cache), the next token is the argmax of the last position's logits (ties: the lowest id, as torch.argmax), generation stops at the end-of-document
 token, after N tokens, or once the text holds max_position_embeddings + 1 tokens (the last
@@ -24,6 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True
 import gpt_ref  # noqa: E402
 import hf_llama_ref  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import checkpoint_tensors  # noqa: E402  (tests/tools/checkpoint_tensors.py)
 
 EOD = 256
 
@@ -47,15 +56,45 @@ def load(model_dir, dtype):
     return model, m
 
 
+def load_checkpoint(path, dtype):
+    """The reference model of a tptrain checkpoint, from its meta.json config and its global tensors."""
+    d = checkpoint_tensors.iteration_dir(path)
+    m = dict(json.load(open(os.path.join(d, "meta.json")))["config"]["model"])
+    m["moe_expert_capacity_factor"] = None  # at inference every token gets its top-k experts
+    model = gpt_ref.build_model(m, dtype)
+    tensors = checkpoint_tensors.read_checkpoint(d)
+    state = {}
+    for name, p in model.named_parameters():
+        if name not in tensors:
+            raise SystemExit(f"greedy.py: {d} has no tensor {name}")
+        t = tensors[name]
+        if name in ("wte.weight", "lm_head.weight"):
+            t = t[:m["vocab_size"]]  # the padded vocabulary's rows are no tokens
+        state[name] = t.reshape(tuple(p.shape))  # the reference's 2-D views of the global shapes
+    model.load_state(state)
+    with torch.no_grad():  # the expert bias (aux-loss-free balancing): a buffer of the reference's MoE MLP
+        for i, blk in enumerate(model.h):
+            name = f"h.{i}.mlp.router.expert_bias"
+            if getattr(blk.mlp, "moe", {}).get("expert_bias"):
+                if name not in tensors:
+                    raise SystemExit(f"greedy.py: {d} has no tensor {name}")
+                blk.mlp.expert_bias.copy_(torch.from_numpy(tensors[name]))
+    model.eval()
+    return model, m
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="directory with model.safetensors and config.json")
+    src.add_argument("--checkpoint", help="a tptrain checkpoint.save directory or iter_N directory")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--float64", action="store_true")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    model, m = load(a.model, torch.float64 if a.float64 else torch.float32)
+    dtype = torch.float64 if a.float64 else torch.float32
+    model, m = load_checkpoint(a.checkpoint, dtype) if a.checkpoint else load(a.model, dtype)
     if m["vocab_size"] != 257:
         sys.exit(f"greedy.py: vocab_size {m['vocab_size']}: the byte-level tokenizer needs 257")
     P = m["max_position_embeddings"]
