@@ -55,12 +55,14 @@ TEST(ConfigExpertGrid, AcceptedMoeLayouts) {
   struct Case {
     int tp, cp, pp, experts, ep, etp, world, resolved_etp;
   };
+  // (MoE with TP > 1 runs with sequence parallelism and ETP 1 so far: core/config_moe.cpp
+  // check_moe_parallel refuses ETP = TP > 1, config_moe_test.cpp tests that)
   const Case cases[] = {
       {1, 1, 1, 8, 4, 0, 4, 1},  // EP 4 over DP 4
-      {2, 1, 1, 8, 4, 0, 8, 2},  // ETP = TP 2: EP 4 over DP 4, EDP 1
       {2, 1, 1, 8, 4, 1, 4, 1},  // ETP 1: EP 4 over TP 2 x DP 2
       {2, 1, 1, 8, 8, 1, 8, 1},  // EP 8 over TP 2 x DP 4
-      {2, 2, 1, 4, 4, 0, 8, 2},  // EP folded into CP 2 x DP 2
+      {1, 2, 1, 4, 4, 0, 8, 1},  // EP folded into CP 2 x DP 4
+      {2, 2, 1, 4, 4, 1, 8, 1},  // ETP 1: EP folded into TP 2 x CP 2 x DP 2
       {1, 1, 2, 6, 2, 0, 8, 1},  // PP 2: EP 2 x EDP 2 per stage
       {2, 1, 2, 8, 1, 1, 4, 1},  // EP 1, ETP 1: the experts whole on each rank
   };
@@ -68,6 +70,7 @@ TEST(ConfigExpertGrid, AcceptedMoeLayouts) {
     SCOPED_TRACE("TP " + std::to_string(k.tp) + " CP " + std::to_string(k.cp) + " PP " + std::to_string(k.pp) +
                  " EP " + std::to_string(k.ep) + " ETP " + std::to_string(k.etp) + " world " + std::to_string(k.world));
     Config c = expert_config(k.tp, k.cp, k.pp, k.experts, k.ep, k.etp);
+    c.parallel.sequence_parallel = k.tp > 1;
     resolve_parallel(c, k.world);
     EXPECT_EQ(c.parallel.expert_tensor_parallel_size, k.resolved_etp);
     EXPECT_EQ(c.parallel.expert_model_parallel_size, k.ep);
