@@ -19,6 +19,7 @@
 #include "core/ops.h"
 #include "data/tokenizer.h"
 #include "model/inference.h"
+#include "parallel/checkpoint.h"
 
 namespace tpt {
 
@@ -58,10 +59,9 @@ int generate(const Options& opt) {
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
   GPTInference model(w.dims, w.layout, *ops, w.params.data(), w.expert_bias);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  spdlog::info("generate: {} (iteration {}, saved on TP {} x PP {} x DP {}): {} layers, hidden {}, {} heads, vocab {}, "
+  spdlog::info("generate: {} (iteration {}, saved on {}): {} layers, hidden {}, {} heads, vocab {}, "
                "{} positions; loaded in {:.2f} s; {} tokenizer; {}",
-               w.path, w.iteration, w.grid.value("tensor_model_parallel_size", 0),
-               w.grid.value("pipeline_model_parallel_size", 0), w.grid.value("data_parallel_size", 0), w.model.num_layers,
+               w.path, w.iteration, describe_saved_grid(w.grid), w.model.num_layers,
                w.model.hidden_size, w.model.num_attention_heads, V, P, load_s, codec.name(),
                opt.temperature <= 0 ? std::string("greedy")
                                     : fmt::format("temperature {}, top-k {}, seed {}", opt.temperature, opt.top_k,

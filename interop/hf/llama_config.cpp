@@ -138,6 +138,8 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   auto integer = [&](const char* key, int64_t def) -> int64_t {
     if (!hf.contains(key) || hf[key].is_null()) return def;
     if (!hf[key].is_number_integer()) input_error(where + ": " + key + " is " + jtext(hf[key]) + ", not an integer");
+    if (hf[key].is_number_unsigned() && hf[key].get<uint64_t>() > uint64_t(INT64_MAX))
+      input_error(where + ": " + key + " is " + jtext(hf[key]) + ", larger than any model's");
     return hf[key].get<int64_t>();
   };
   auto number = [&](const char* key, double def) -> double {
