@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -23,14 +24,14 @@ struct BytePairTokenizer::Impl {
   // Added tokens as Hugging Face finds them in a text (leftmost-longest); a special one found is
   // left as text (encode_special_tokens), so it only keeps an overlapping one from being found.
   struct Added {
-    std::string text;
     int32_t id;
     bool special;
   };
   struct AddedSet {
-    std::vector<Added> tokens;    // longest first
+    bpe::StringMap<Added> tokens;   // text -> token
+    std::vector<size_t> lengths;    // of the tokens, longest first
     std::array<bool, 256> first{};  // a token starts with this byte
-    bool cuts = false;            // holds a token that is not special (else it changes nothing)
+    bool cuts = false;              // holds a token that is not special (else it changes nothing)
   };
   std::string source, kind, family = "Llama 3";
   bool nfc = false;                    // the NFC normalizer
@@ -177,12 +178,12 @@ const Family& find_family(const std::string& pattern, const std::string& normali
               normalizer + why);
 }
 
-void add_to_set(BytePairTokenizer::Impl::AddedSet& set, std::string text, int32_t id, bool special) {
+void add_to_set(BytePairTokenizer::Impl::AddedSet& set, const std::string& text, int32_t id, bool special) {
   set.first[static_cast<unsigned char>(text[0])] = true;
   set.cuts = set.cuts || !special;
-  set.tokens.push_back({std::move(text), id, special});
-  std::stable_sort(set.tokens.begin(), set.tokens.end(),
-                   [](const auto& a, const auto& b) { return a.text.size() > b.text.size(); });
+  set.tokens.emplace(text, BytePairTokenizer::Impl::Added{id, special});
+  auto at = std::lower_bound(set.lengths.begin(), set.lengths.end(), text.size(), std::greater<>());
+  if (at == set.lengths.end() || *at != text.size()) set.lengths.insert(at, text.size());
 }
 
 // Hugging Face's added-token split: the leftmost-longest matches of the set's tokens; a token that
@@ -193,21 +194,26 @@ void split_added(std::string_view s, const BytePairTokenizer::Impl::AddedSet& se
   size_t gap = 0;
   for (size_t i = 0; i < s.size();) {
     const BytePairTokenizer::Impl::Added* found = nullptr;
+    size_t len = 0;
     if (set.first[static_cast<unsigned char>(s[i])])
-      for (const auto& a : set.tokens)
-        if (s.substr(i, a.text.size()) == a.text) {
-          found = &a;
+      for (size_t l : set.lengths) {
+        if (l > s.size() - i) continue;
+        auto it = set.tokens.find(s.substr(i, l));
+        if (it != set.tokens.end()) {
+          found = &it->second, len = l;
           break;
         }
+      }
     if (found == nullptr) {
       ++i;
       continue;
     }
-    i += found->text.size();
-    if (found->special) continue;  // text
-    if (i - found->text.size() > gap) text(s.substr(gap, i - found->text.size() - gap));
-    out.push_back(found->id);
-    gap = i;
+    if (!found->special) {  // a special token found stays text
+      if (i > gap) text(s.substr(gap, i - gap));
+      out.push_back(found->id);
+      gap = i + len;
+    }
+    i += len;
   }
   if (gap < s.size()) text(s.substr(gap));
 }
