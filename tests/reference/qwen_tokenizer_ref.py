@@ -167,7 +167,8 @@ def main():
         c.add_argument("prefix")
         c.add_argument("--inputs", nargs="+", required=True)
         c.add_argument("--json-key", default="text")
-        c.add_argument("--append-eod", action="store_true")
+        if name == "compare":
+            c.add_argument("--append-eod", action="store_true")
     s = sub.add_parser("stress")
     s.add_argument("out")
     a = p.parse_args()
