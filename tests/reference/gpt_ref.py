@@ -72,6 +72,7 @@ SCHEMA = {
         "untie_embeddings_and_output_weights": ("bool", False, None, False),
         "add_bias_linear": ("bool", True, None, False),
         "add_qkv_bias": ("bool", False, None, False),
+        "qk_layernorm": ("bool", False, None, False),
         "init_method_std": ("float", 0.02, None, False),         # tptrain's Philox init (init_ref.py)
         "hidden_dropout": ("float", 0.0, None, False),
         "attention_dropout": ("float", 0.0, None, False),
