@@ -84,6 +84,7 @@ SCHEMA = {
         "data_parallel_size": ("int", None, None, True),
         "pipeline_schedule": ("str", "1f1b", None, False),
         "sequence_parallel": ("bool", False, None, False),
+        "context_parallel_size": ("int", 1, None, False),         # where the tokens' attention runs: no math
         "distributed_optimizer": ("bool", False, None, False),    # where the sums and updates run: no math
         "overlap_param_gather": ("bool", False, None, False),
         "overlap_grad_reduce": ("bool", False, None, False),      # when the DP sums run: no math
