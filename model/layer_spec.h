@@ -88,8 +88,9 @@ LayerSpec make_layer_spec(const GPTDims& d);
 // A Mixture-of-Experts layer (docs/MOE.md): the dense block's ln_1, attn.qkv, attn.proj, ln_2, then
 // mlp.router (Replicated, (E, C), no bias) -- kMoERouter -- and with a shared expert its
 // mlp.shared_experts.fc1 (Column) and .fc2 (Row) as the dense MLP's with width Fs, and with its gate
-// mlp.shared_experts.gate (Replicated, (1, C)), then the q/k norms as the dense block's. The routed experts are not TP-split linear layers
-// (their weights are split over EP) and are laid out by make_param_layout from d.moe.
+// mlp.shared_experts.gate (Replicated, (1, C)), then the q/k norms as the dense block's. The routed
+// experts are not TP-split linear layers (their weights are split over EP) and are laid out by
+// make_param_layout from d.moe.
 enum MoEPart : int { kMoERouter = kFc1 };
 LayerSpec make_moe_layer_spec(const GPTDims& d);
 
