@@ -246,6 +246,8 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel
     // bias) over the GEMM's rows
     w.scratch = std::max(w.scratch, column_sums_scratch_bytes(Nt, d.C, d.norm.rms ? 1 : 2));
+    if (d.qk_norm)  // the q/k norms' over the rank's query heads of all N tokens (the key heads: fewer rows)
+      w.scratch = std::max(w.scratch, column_sums_scratch_bytes(N * d.Hl, d.D, d.norm.rms ? 1 : 2));
     // the GEMMs with a bias, by their rows and output width: the layer specs' (dense: d.layer; MoE:
     // those the chunk's layers use) and the experts' fc1 and fc2 on the dispatch bound's rows
     std::vector<std::pair<int64_t, int64_t>> biased;  // (rows, O)

@@ -134,6 +134,8 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   if (m.add_qkv_bias && !m.add_bias_linear)
     input_error(where + ": model.add_qkv_bias: true (a QKV bias alone) has no Llama form (attention_bias is on "
                 "q, k, v and o_proj)");
+  if (m.qk_layernorm)
+    input_error(where + ": model.qk_layernorm is true but LlamaForCausalLM has no q/k norms (q_norm, k_norm)");
 
   auto integer = [&](const char* key, int64_t def) -> int64_t {
     if (!hf.contains(key) || hf[key].is_null()) return def;
@@ -202,6 +204,7 @@ std::string hf_llama_incompatibility(const ModelConfig& m) {
     return "model.rotary_percent is " + jtext(m.rotary_percent) + " (Llama rotates every channel: 1.0)";
   if (m.add_qkv_bias && !m.add_bias_linear)
     return "model.add_qkv_bias is true without model.add_bias_linear (Llama's attention_bias is on q, k, v and o)";
+  if (m.qk_layernorm) return "model.qk_layernorm is true (Llama has no q/k norms)";
   return "";
 }
 
