@@ -687,6 +687,28 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return cfg;
 }
 
+ModelConfig model_config_from_json(const nlohmann::json& model, const std::string& where) {
+  if (!model.is_object()) input_error(where + ": expected a map of model keys, got " + model.dump());
+  // JSON is YAML: the section is read as a config file's model section
+  const YAML::Node root = load_yaml(nlohmann::json{{"model", model}}.dump(), where, false);
+  Config cfg;
+  Ctx ctx{where, {}};
+  apply_file(cfg, ctx, root);
+  for (const Field& f : fields())
+    if (f.presence == Presence::kRequired && f.name().rfind("model.", 0) == 0 && !ctx.given(f.name()))
+      ctx.fail(f.name(), "missing required key");
+  ModelConfig& m = cfg.model;
+  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+  const ModelKeys keys{[&](const std::string& key) { return ctx.given(key); },
+                       [&](const std::string& key, const std::string& other, const std::string& reason) {
+                         other.empty() ? ctx.fail(key, reason) : ctx.fail(key, other, reason);
+                       }};
+  resolve_model(m, keys);
+  resolve_moe(m, keys);
+  return m;
+}
+
 namespace {
 bool g_stdin_closed = false;  // note_stdin_closed
 }  // namespace

@@ -259,6 +259,11 @@ void note_stdin_closed();
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 
+// The model section of a saved config (a checkpoint's meta.json config.model, as config_to_json wrote
+// it) through the same table and the model's rules and derived values as a config file's; keys absent
+// from older checkpoints take their defaults. InputError "<where>: model.<key>: ..." otherwise.
+ModelConfig model_config_from_json(const nlohmann::json& model, const std::string& where);
+
 // Checks that need the world size (TP*PP divides the world, a given DP matches, the expert grid,
 // batch sizes divisible) and resolves data_parallel_size, global_batch_size and
 // expert_tensor_parallel_size (null or a dense model: TP; an MoE config resolved again for another
