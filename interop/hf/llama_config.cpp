@@ -150,6 +150,9 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   if (is_moe_arch(a) && !m.is_moe())
     input_error(where + ": a Mixture-of-Experts " + name + " but model.num_moe_experts is null (a dense model)");
   const HFDefaults def = hf_defaults(a);
+  if (a == HFArch::Qwen3Moe)  // q_norm / k_norm per head before RoPE (mapped in moe.cpp's hf_moe_expected / load_hf_moe_param)
+    input_error(where + ": Qwen3MoeForCausalLM needs model.qk_layernorm (RMSNorm of each q / k head), which tptrain "
+                "does not have yet");
   // the architecture's fixed parts
   if (hf.contains("hidden_act") && !hf["hidden_act"].is_null() && hf["hidden_act"] != "silu")
     input_error(where + ": hidden_act is " + jtext(hf["hidden_act"]) + ": tptrain's Llama MLP is SwiGLU (silu)");
@@ -240,14 +243,14 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
 }
 
 std::string hf_llama_incompatibility(const ModelConfig& m) {
-  std::string why;
-  if (m.is_moe() && hf_moe_export_arch(m, &why) == HFArch::Other) return why;
   if (m.normalization != Normalization::RMSNorm) return "model.normalization is LayerNorm (Llama: RMSNorm)";
   if (!m.swiglu) return "model.swiglu is false (Llama: SwiGLU)";
   if (m.position_embedding_type != PositionEmbedding::Rope)
     return "model.position_embedding_type is learned_absolute (Llama: rope)";
   if (m.rotary_percent != 1.0)
     return "model.rotary_percent is " + jtext(m.rotary_percent) + " (Llama rotates every channel: 1.0)";
+  std::string why;
+  if (m.is_moe() && hf_moe_export_arch(m, &why) == HFArch::Other) return why;
   if (!m.is_moe() && m.add_qkv_bias && !m.add_bias_linear)
     return "model.add_qkv_bias is true without model.add_bias_linear (Llama's attention_bias is on q, k, v and o)";
   return "";

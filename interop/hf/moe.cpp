@@ -70,9 +70,6 @@ std::string router_incompatibility(const ModelConfig& m) {
 }  // namespace
 
 void check_hf_moe_config(const nlohmann::json& hf, HFArch a, const ModelConfig& m, const std::string& where) {
-  if (a == HFArch::Qwen3Moe)  // q_norm / k_norm per head before RoPE (mapped in hf_moe_expected / load_hf_moe_param)
-    input_error(where + ": Qwen3MoeForCausalLM needs model.qk_layernorm (RMSNorm of each q / k head), which tptrain "
-                "does not have yet");
   const std::string name = arch_name(a);
   auto integer = [&](const char* key, int64_t def) -> int64_t {
     if (!hf.contains(key) || hf[key].is_null()) return def;
@@ -226,7 +223,7 @@ HFArch hf_moe_export_arch(const ModelConfig& m, std::string* why) {
 }
 
 void hf_moe_config(HFArch a, const ModelConfig& m, nlohmann::json& cfg) {
-  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"}) cfg.erase(k);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) cfg.erase(k);
   cfg["architectures"] = {arch_name(a)};
   cfg["num_experts_per_tok"] = m.moe_router_topk;
   cfg["router_aux_loss_coef"] = m.moe_aux_loss_coeff;

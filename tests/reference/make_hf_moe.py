@@ -80,7 +80,7 @@ def main(argv=None):
                 out[h + k + ".bias"] = normal((rows,), 0.05)
     cfg = {"architectures": ["MixtralForCausalLM" if mixtral else "Qwen2MoeForCausalLM"], "model_type": a.arch,
            "vocab_size": a.vocab, "hidden_size": C, "num_hidden_layers": L, "num_attention_heads": H,
-           "num_key_value_heads": KV, "hidden_act": "silu", "max_position_embeddings": a.positions,
+           "num_key_value_heads": KV, "head_dim": D, "hidden_act": "silu", "max_position_embeddings": a.positions,
            "initializer_range": 0.02, "rms_norm_eps": a.eps, "rope_theta": a.rope_theta, "attention_dropout": 0.0,
            "tie_word_embeddings": False, "num_experts_per_tok": a.topk, "router_aux_loss_coef": 0.001,
            "output_router_logits": False, "bos_token_id": a.vocab - 1, "eos_token_id": a.vocab - 1,
