@@ -73,7 +73,7 @@ CLI::Validator integer_in(int64_t min, int64_t max) {
 }
 
 CLI::Validator number_in(double lo, double hi, bool open_lo) {
-  std::string want = "a number " + std::string(open_lo ? "> " : ">= ") + CLI::detail::to_string(lo);
+  std::string want = "a finite number " + std::string(open_lo ? "> " : ">= ") + CLI::detail::to_string(lo);
   if (hi < std::numeric_limits<double>::infinity()) want += " and <= " + CLI::detail::to_string(hi);
   return CLI::Validator(
       [=](std::string& s) -> std::string {
@@ -85,7 +85,7 @@ CLI::Validator number_in(double lo, double hi, bool open_lo) {
           used = 0;
         }
         const bool above = open_lo ? x > lo : x >= lo;  // false for NaN
-        if (used == 0 || used != s.size() || !above || !(x <= hi)) return "expected " + want + ", got '" + s + "'";
+        if (used == 0 || used != s.size() || !above || !(x <= hi) || !std::isfinite(x)) return "expected " + want + ", got '" + s + "'";
         return "";
       },
       "");

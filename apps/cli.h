@@ -16,7 +16,7 @@ std::shared_ptr<CLI::Formatter> help_formatter();
 CLI::Validator integer_at_least(int64_t min);
 // ... an integer in [min, max] (an option that sizes threads, memory or work has an upper bound) ...
 CLI::Validator integer_in(int64_t min, int64_t max);
-// ... and a number in [lo, hi], or (lo, hi] when open_lo, never NaN. The help states the range.
+// ... and a finite number in [lo, hi], or (lo, hi] when open_lo (never NaN or inf). The help states the range.
 CLI::Validator number_in(double lo, double hi, bool open_lo);
 
 // --config FILE (required) and --set section.key=value (repeatable): train, plan, data.

@@ -19,6 +19,7 @@
 #include "core/ops.h"
 #include "data/tokenizer.h"
 #include "model/inference.h"
+#include "parallel/checkpoint.h"
 
 namespace tpt {
 
@@ -39,7 +40,7 @@ int generate(const Options& opt) {
   spdlog::set_default_logger(spdlog::stderr_logger_mt("generate"));
   spdlog::set_pattern("%v");
 
-  const Tokenizer codec(opt.files);  // byte-level, GPT-2 BPE (--vocab-file) or Llama 3 (--tokenizer-model/-file)
+  const Tokenizer codec(opt.files);  // byte-level, GPT-2 BPE (--vocab-file), Llama 3 or Qwen (--tokenizer-model/-file)
 
   const auto t_load = std::chrono::steady_clock::now();
   InferenceWeights w = load_inference_weights(opt.checkpoint);
@@ -48,7 +49,7 @@ int generate(const Options& opt) {
     input_error("generate: " + w.path + " has vocab_size " + std::to_string(V) +
                 "; the byte-level tokenizer needs 257 (bytes + end of document). For a GPT-2 BPE model pass "
                 "--vocab-file vocab.json --merge-file merges.txt, for Llama 3 --tokenizer-model tokenizer.model or "
-                "--tokenizer-file tokenizer.json");
+                "--tokenizer-file tokenizer.json, for Qwen --tokenizer-file tokenizer.json");
   if (!codec.is_byte_level() && codec.vocab_size() > V)
     input_error("generate: the " + codec.name() + " tokenizer's vocabulary (" + std::to_string(codec.vocab_size()) +
                 " ids) is larger than the model's vocab_size " + std::to_string(V) + " in " + w.path +
@@ -58,10 +59,9 @@ int generate(const Options& opt) {
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
   GPTInference model(w.dims, w.layout, *ops, w.params.data(), w.expert_bias);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  spdlog::info("generate: {} (iteration {}, saved on TP {} x PP {} x DP {}): {} layers, hidden {}, {} heads, vocab {}, "
+  spdlog::info("generate: {} (iteration {}, saved on {}): {} layers, hidden {}, {} heads, vocab {}, "
                "{} positions; loaded in {:.2f} s; {} tokenizer; {}",
-               w.path, w.iteration, w.grid.value("tensor_model_parallel_size", 0),
-               w.grid.value("pipeline_model_parallel_size", 0), w.grid.value("data_parallel_size", 0), w.model.num_layers,
+               w.path, w.iteration, describe_saved_grid(w.grid), w.model.num_layers,
                w.model.hidden_size, w.model.num_attention_heads, V, P, load_s, codec.name(),
                opt.temperature <= 0 ? std::string("greedy")
                                     : fmt::format("temperature {}, top-k {}, seed {}", opt.temperature, opt.top_k,
@@ -145,7 +145,8 @@ Command add_generate_command(CLI::App& app) {
                                        "<|begin_of_text|>)")
                            ->type_name("tokenizer.model");
   CLI::Option* file = cmd->add_option("--tokenizer-file", o->files.tokenizer_file,
-                                      "Llama 3's tokenizer (or another byte-level BPE): Hugging Face's tokenizer.json")
+                                      "Hugging Face's tokenizer.json of Llama 3, Qwen2 / Qwen3 or GPT-2 (the family told "
+                                      "from its pre-tokenizer regex and normalizer)")
                           ->type_name("tokenizer.json");
   model->excludes(file)->excludes("--vocab-file");
   file->excludes("--vocab-file");

@@ -1,5 +1,5 @@
 // tptrain preprocess: text / JSON lines -> Megatron .bin/.idx with the byte-level tokenizer, GPT-2
-// BPE or Llama 3's tokenizer (docs/ARCHITECTURE.md "Command line and exit status"). One sequence
+// BPE, Llama 3's or Qwen's tokenizer (docs/ARCHITECTURE.md "Command line and exit status"). One sequence
 // per document; uint16 tokens below 65500 ids, int32 from there (Megatron's DType.optimal_dtype).
 // Documents are tokenized on --workers threads, a batch at a time, and written in input order: the
 // output is the same whatever the thread count.
@@ -131,13 +131,16 @@ int preprocess(const Options& opt) {
 
 Command add_preprocess_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("preprocess", "text / JSON lines -> Megatron .bin/.idx (byte-level tokenizer, "
-                                                   "GPT-2 BPE or Llama 3)");
+                                                   "GPT-2 BPE, Llama 3 or Qwen)");
   cmd->footer("Writes PREFIX.bin / PREFIX.idx (Megatron indexed dataset, one sequence per document; uint16 tokens, "
               "int32 for vocabularies of 65500 ids or more) with the byte-level tokenizer (UTF-8 bytes 0..255, end of "
               "document 256: vocab_size 257), GPT-2 BPE (GPT-2's files: vocab_size 50257, end of document "
               "<|endoftext|> = 50256) or Llama 3's tokenizer (tokenizer.model or tokenizer.json: vocab_size 128256, "
-              "<|begin_of_text|> = 128000 starts every document, <|end_of_text|> = 128001 ends it with --append-eod). "
-              "Special-token strings in the text are encoded as text.");
+              "<|begin_of_text|> = 128000 starts every document, <|end_of_text|> = 128001 ends it with --append-eod) "
+              "or Qwen2's / Qwen3's (tokenizer.json: NFC, single digits, no token before a document, <|endoftext|> = "
+              "151643 ends it). "
+              "Special-token strings in the text are encoded as text; added tokens that are not special (Qwen's "
+              "<think>, <tool_call>, ...) are their ids.");
   auto o = std::make_shared<Options>();
   const CLI::Validator value([](std::string& v) { return v.starts_with("--") ? "needs a value, not '" + v + "'" : ""; },
                              "");  // as before (and Python's argparse): no value starts with --
@@ -158,7 +161,8 @@ Command add_preprocess_command(CLI::App& app) {
                                        "rank per line; 256 special tokens follow the ranks)")
                            ->type_name("tokenizer.model")->check(value);
   CLI::Option* file = cmd->add_option("--tokenizer-file", o->files.tokenizer_file,
-                                      "Llama 3's tokenizer (or another byte-level BPE): Hugging Face's tokenizer.json")
+                                      "Hugging Face's tokenizer.json of Llama 3, Qwen2 / Qwen3 or GPT-2 (the family told "
+                                      "from its pre-tokenizer regex and normalizer)")
                           ->type_name("tokenizer.json")->check(value);
   model->excludes(file)->excludes("--vocab-file");
   file->excludes("--vocab-file");

@@ -95,6 +95,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(model, untie_embeddings_and_output_weights),
       TPT_FIELD(model, add_bias_linear),
       TPT_FIELD(model, add_qkv_bias),
+      TPT_FIELD(model, qk_layernorm),
       TPT_FIELD(model, init_method_std),
       TPT_FIELD(model, hidden_dropout),
       TPT_FIELD(model, attention_dropout),

@@ -95,6 +95,7 @@ struct ModelConfig {
   bool untie_embeddings_and_output_weights = false;  // a separate output layer (lm_head.weight)
   bool add_bias_linear = true;          // biases on QKV, attention projection, fc1, fc2
   bool add_qkv_bias = false;            // a QKV bias even without add_bias_linear (Qwen)
+  bool qk_layernorm = false;            // normalization over each head's kv_channels of q and k, before RoPE (Qwen3)
   double init_method_std = 0.02;
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;

@@ -1,5 +1,5 @@
 // The byte-pair merge loop shared by every byte-level BPE tokenizer (data/bpe_tokenizer.h: GPT-2's
-// vocab.json + merges.txt; data/llama3_tokenizer.h: tiktoken's tokenizer.model and Hugging Face's
+// vocab.json + merges.txt; data/byte_pair_tokenizer.h: tiktoken's tokenizer.model and Hugging Face's
 // tokenizer.json), and the per-thread cache of encoded pieces they keep.
 //
 // merge_parts: a piece of text (one pre-tokenizer match) starts as one part per byte; the adjacent
@@ -13,6 +13,7 @@
 // heap, O(n log n); both give the same parts (tests/unit/llama3_tokenizer_test.cpp checks this).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <queue>
@@ -32,6 +33,16 @@ struct StringHash {
 };
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+// The key of a merge pair in a StringMap of merge ranks: the left part's length (4 bytes), then both
+// parts' bytes.
+inline void pair_key(std::string& key, std::string_view left, std::string_view right) {
+  const auto n = static_cast<uint32_t>(left.size());
+  key.resize(4);
+  std::memcpy(key.data(), &n, 4);
+  key.append(left);
+  key.append(right);
+}
 
 }  // namespace tpt::bpe
 

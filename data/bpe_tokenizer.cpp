@@ -133,15 +133,6 @@ bool symbols_to_bytes(std::string_view sym, std::string& out) {
   return true;
 }
 
-// The key of a merge pair: the left part's length (4 bytes), then both parts' bytes.
-void pair_key(std::string& key, std::string_view left, std::string_view right) {
-  const auto n = static_cast<uint32_t>(left.size());
-  key.resize(4);
-  std::memcpy(key.data(), &n, 4);
-  key.append(left);
-  key.append(right);
-}
-
 // The symbols of some bytes (for messages).
 std::string bytes_to_symbols(std::string_view bytes) {
   std::string s;
@@ -255,7 +246,7 @@ void BpeTokenizer::load(std::string_view vocab_json, std::string_view merges_txt
     // A pair whose symbols stand for no bytes never occurs in a text: it keeps its line but is not stored.
     std::string left, right, key;
     if (symbols_to_bytes(line.substr(0, sp), left) && symbols_to_bytes(line.substr(sp + 1), right)) {
-      pair_key(key, left, right);
+      bpe::pair_key(key, left, right);
       merge_rank_.emplace(key, rank);  // the first of duplicates wins
     }
     ++rank;
@@ -276,7 +267,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   thread_local std::vector<uint32_t> starts;
   thread_local std::string key;
   bpe::merge_parts(piece, [&](std::string_view l, std::string_view r) {
-    pair_key(key, l, r);
+    bpe::pair_key(key, l, r);
     auto it = merge_rank_.find(std::string_view(key));
     return it == merge_rank_.end() ? bpe::kNoRank : it->second;
   }, starts);

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
-#include "data/llama3_tokenizer.h"
+#include "data/byte_pair_tokenizer.h"
 
 namespace tpt {
 
@@ -35,9 +35,9 @@ Tokenizer::Tokenizer(const TokenizerFiles& f) {
                 "tokenizer.model) or --tokenizer-file (Hugging Face tokenizer.json), not several");
   if (!f.vocab_file.empty()) bpe_ = std::make_shared<const BpeTokenizer>(f.vocab_file, f.merge_file);
   if (!f.tokenizer_model.empty())
-    llama_ = std::make_shared<const Llama3Tokenizer>(Llama3Tokenizer::from_tiktoken_file(f.tokenizer_model));
+    pair_ = std::make_shared<const BytePairTokenizer>(BytePairTokenizer::from_tiktoken_file(f.tokenizer_model));
   if (!f.tokenizer_file.empty())
-    llama_ = std::make_shared<const Llama3Tokenizer>(Llama3Tokenizer::from_hf_file(f.tokenizer_file));
+    pair_ = std::make_shared<const BytePairTokenizer>(BytePairTokenizer::from_hf_file(f.tokenizer_file));
 }
 
 Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merge_file)
@@ -46,7 +46,7 @@ Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merge_fil
 Tokenizer::~Tokenizer() = default;
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
-  if (llama_) llama_->encode(text, out);
+  if (pair_) pair_->encode(text, out);
   else if (bpe_) bpe_->encode(text, out);
   else ByteTokenizer::encode(text, out);
 }
@@ -61,37 +61,37 @@ void Tokenizer::encode_document(std::string_view text, bool append_eod, std::vec
   const std::vector<int32_t>& pre = prefix();
   out.insert(out.end(), pre.begin(), pre.end());
   encode(text, out);
-  if (llama_) out.insert(out.end(), llama_->suffix().begin(), llama_->suffix().end());
+  if (pair_) out.insert(out.end(), pair_->suffix().begin(), pair_->suffix().end());
   if (append_eod) out.push_back(eod());
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> tokens) const {
-  if (llama_) return llama_->decode(tokens);
+  if (pair_) return pair_->decode(tokens);
   return bpe_ ? bpe_->decode(tokens) : ByteTokenizer::decode(tokens);
 }
 
 int32_t Tokenizer::vocab_size() const {
-  if (llama_) return llama_->vocab_size();
+  if (pair_) return pair_->vocab_size();
   return bpe_ ? bpe_->vocab_size() : ByteTokenizer::kVocabSize;
 }
 
 int32_t Tokenizer::eod() const {
-  if (llama_) return llama_->eod();
+  if (pair_) return pair_->eod();
   return bpe_ ? bpe_->eod() : ByteTokenizer::kEod;
 }
 
 const std::vector<int32_t>& Tokenizer::prefix() const {
   static const std::vector<int32_t> none;
-  return llama_ ? llama_->prefix() : none;
+  return pair_ ? pair_->prefix() : none;
 }
 
 bool Tokenizer::is_stop(int32_t id) const {
-  if (llama_) return llama_->is_stop(id);
+  if (pair_) return pair_->is_stop(id);
   return id == eod() && id >= 0;
 }
 
 std::string Tokenizer::name() const {
-  if (llama_) return llama_->name();
+  if (pair_) return pair_->name();
   return bpe_ ? "GPT-2 BPE" : "byte-level";
 }
 

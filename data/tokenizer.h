@@ -1,7 +1,7 @@
 // The tokenizers of `tptrain preprocess` and `tptrain generate` behind one face (Tokenizer): the
 // byte-level one (token = UTF-8 byte 0..255, plus an end-of-document token 256; vocabulary size
-// 257), GPT-2's BPE (data/bpe_tokenizer.h), or Llama 3's (data/llama3_tokenizer.h: tiktoken's
-// tokenizer.model or Hugging Face's tokenizer.json). All of them encode on several threads at once.
+// 257), GPT-2's BPE (data/bpe_tokenizer.h), or Llama 3's and Qwen2's / Qwen3's (data/byte_pair_tokenizer.h:
+// tiktoken's tokenizer.model or Hugging Face's tokenizer.json). All of them encode on several threads at once.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,13 +25,13 @@ struct ByteTokenizer {
 };
 
 class BpeTokenizer;
-class Llama3Tokenizer;
+class BytePairTokenizer;
 
 // The tokenizer files of the command line; at most one kind may be given (none: byte-level).
 struct TokenizerFiles {
   std::string vocab_file, merge_file;  // GPT-2 BPE: vocab.json + merges.txt
   std::string tokenizer_model;         // Llama 3: tiktoken's tokenizer.model
-  std::string tokenizer_file;          // Llama 3 (or another byte-level BPE): Hugging Face's tokenizer.json
+  std::string tokenizer_file;          // Llama 3, Qwen2 / Qwen3, GPT-2: Hugging Face's tokenizer.json
 };
 
 class Tokenizer {
@@ -51,16 +51,16 @@ class Tokenizer {
 
   int32_t vocab_size() const;  // largest id + 1
   int32_t eod() const;         // -1: a vocabulary without an end-of-document token
-  // Special tokens every text starts with: Llama 3's <|begin_of_text|>; none for the others.
+  // Special tokens every text starts with: Llama 3's <|begin_of_text|>; none for the others (Qwen's too).
   const std::vector<int32_t>& prefix() const;
-  bool is_stop(int32_t id) const;  // ends generation: eod (Llama 3: also <|eot_id|>, <|eom_id|>)
-  bool is_byte_level() const { return !bpe_ && !llama_; }
+  bool is_stop(int32_t id) const;  // ends generation: eod (also Llama 3's <|eot_id|>, <|eom_id|>, Qwen's <|im_end|>)
+  bool is_byte_level() const { return !bpe_ && !pair_; }
   bool is_bpe() const { return bpe_ != nullptr; }  // GPT-2 BPE
   std::string name() const;
 
  private:
   std::shared_ptr<const BpeTokenizer> bpe_;
-  std::shared_ptr<const Llama3Tokenizer> llama_;
+  std::shared_ptr<const BytePairTokenizer> pair_;
 };
 
 }  // namespace tpt

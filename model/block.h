@@ -19,6 +19,7 @@ namespace tpt {
 template <class P>
 struct BlockParams {
   std::vector<P> weight, bias;
+  int q_norm = -1, k_norm = -1;  // the q/k norms' parts (LayerSpec), -1 without model.qk_layernorm
 };
 
 template <class P>
@@ -30,6 +31,7 @@ BlockParams<P> block_params(const ParamLayout& layout, const LayerSpec& spec, P 
     return p ? base + p->offset : P{};
   };
   BlockParams<P> r;
+  r.q_norm = spec.q_norm, r.k_norm = spec.k_norm;
   for (const LayerPart& part : spec.parts) {
     r.weight.push_back(at(part.name() + ".weight", true));
     r.bias.push_back(at(part.name() + ".bias", false));
@@ -43,7 +45,9 @@ struct BlockActs {
   Buf ln1;                                     // (Nt, C)
   NormStats ln1_stats;                         // (Nt) each: LayerNorm's mean and rstd, RMSNorm's rstd
   Buf qkv;                                     // (N, qkv_width) in the attention's heads layout (model/layers.h
-                                               // QKVLayout), q and k rotated with RoPE
+                                               // QKVLayout), q and k normalised (qk_layernorm) and rotated with RoPE
+  Buf qk_in;                                   // model.qk_layernorm: (N (Hl + KV) D) q and k before their norm
+  NormStats qk_stats;                          // (N (Hl + KV)) each (model/layers.h QKNorm)
   Buf atty;                                    // (N, Cl) attention output (before the projection)
   float* lse = nullptr;                        // (B, Hl, S) log-sum-exp of each query's scores (training)
   Buf x_mid;                                   // (Nt, C) residual after attention
@@ -63,6 +67,7 @@ struct BlockShape {
   QKVLayout qkv;
   Rope rope;
   const int32_t* positions = nullptr;
+  QKNorm qk_norm;
 };
 
 // The tensor-parallel mappings around the GEMMs (parallel/tensor_parallel.h through GPTStage); one
@@ -77,7 +82,7 @@ struct BlockMappings {
 
 // x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, qkv_width) scratch for the QKV GEMM's
 // grouped output (grouped-query attention only; else unused). attention_core(a) writes a.atty from
-// a.qkv (scores, softmax, weighted values).
+// a.qkv (scores, softmax, weighted values); before it, a.atty is the q/k norms' scratch.
 void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp, Buf qkv_tmp,
                    const BlockShape& s, const std::function<void(BlockActs&)>& attention_core,
                    const BlockMappings* tp = nullptr);

@@ -73,6 +73,7 @@ ModelConfig checkpoint_model_config(const nlohmann::json& meta) {
     c.untie_embeddings_and_output_weights = number("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights);
     c.add_bias_linear = number("add_bias_linear", c.add_bias_linear);
     c.add_qkv_bias = number("add_qkv_bias", c.add_qkv_bias);
+    c.qk_layernorm = number("qk_layernorm", c.qk_layernorm);
     // Mixture-of-Experts (docs/MOE.md; absent or null num_moe_experts: a dense model)
     c.num_moe_experts = number("num_moe_experts", 0);
     if (c.is_moe()) {

@@ -61,6 +61,9 @@ int64_t attention_core_bytes(const GPTDims& d, int64_t B, DType t) { return tb(B
 // a norm's statistics on this rank's Nt tokens (LayerNorm: mean and rstd; RMSNorm: rstd)
 int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_per_token() * Nt); }
 
+// model.qk_layernorm: the rows of the q/k norms of N tokens (each local q and k head of each token)
+int64_t qk_norm_rows(const GPTDims& d, int64_t N) { return d.qk_norm ? N * (d.Hl + d.kv_heads) : 0; }
+
 // one layer's activations (LayerActs), with or without the attention core: the residual stream and
 // the norms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's
 // activation; GELU's is recomputed from fc1's output in backward, in the shared dact_). An MoE
@@ -68,8 +71,9 @@ int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_
 int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
   const int64_t mlp = moe ? 0 : N * d.fc1_width + (d.mlp.swiglu ? N * d.Fl : 0);
-  return tb(4 * Nt * d.C + N * d.qkv_width + mlp, t) + 2 * norm_stats_bytes(d, Nt) +
-         (with_core ? attention_core_bytes(d, B, t) : 0);
+  const int64_t qk = qk_norm_rows(d, N);  // the q/k norms' inputs and statistics
+  return tb(4 * Nt * d.C + N * d.qkv_width + mlp + qk * d.D, t) + 2 * norm_stats_bytes(d, Nt) +
+         norm_stats_bytes(d, qk) + (with_core ? attention_core_bytes(d, B, t) : 0);
 }
 
 // the stage's MoE layers
@@ -108,6 +112,7 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   // dres (Nt, C); dln, tmp (N, C); dqkv, datt, dfc; the attention backward's row statistics
   int64_t n = tb(Nt * d.C + 2 * N * d.C + N * d.qkv_width + N * d.Cl + N * d.fc1_width, t) + fb(B * d.Hl * d.S);
   if (d.grouped_qkv) n += tb(N * d.qkv_width, t);  // qkv_tmp_: the grouped GEMM output / the heads' gradient
+  if (d.qk_norm) n += tb(N * d.Cl, t);              // qk_din_
   n += tb(N * d.Fl, t);  // dact_: d SwiGLU output, or GELU's output (every layer's, one at a time)
   if (d.rot) n += fb(d.rot / 2);              // RoPE's inverse frequencies
   if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
@@ -200,6 +205,10 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.ln1 = alloc(Nt * d.C);
     la.ln1_stats = norm_stats(Nt);
     la.qkv = alloc(N * d.qkv_width);
+    if (d.qk_norm) {
+      la.qk_in = alloc(qk_norm_rows(d, N) * d.D);
+      la.qk_stats = norm_stats(qk_norm_rows(d, N));
+    }
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la);
     la.x_mid = alloc(Nt * d.C);
@@ -260,6 +269,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   datt_stats_ = alloc_f32(B_ * d.Hl * d.S);
   dfc_ = alloc(N * d.fc1_width);
   if (d.grouped_qkv) qkv_tmp_ = alloc(N * d.qkv_width);
+  if (d.qk_norm) qk_din_ = alloc(N * d.Cl);
   if (d.rot) {
     TPT_CHECK(int64_t(d.inv_freq.size()) == d.rot / 2);
     inv_freq_ = alloc_f32(d.rot / 2);
@@ -409,7 +419,7 @@ const int32_t* GPTStage::rope_positions(const SlotActs& a) const { return d_.rot
 BlockShape GPTStage::block_shape(const int32_t* positions) const {
   const int64_t N = B_ * d_.S;
   return {N, d_.local_tokens(N), d_.C, d_.Cl, d_.Fl, d_.S, d_.norm, d_.mlp, d_.qkv_layout(),
-          Rope{d_.rot, d_.rope_interleaved, inv_freq_}, positions};
+          Rope{d_.rot, d_.rope_interleaved, inv_freq_}, positions, QKNorm{d_.qk_norm, d_.norm}};
 }
 
 // Every tensor is stored in the compute dtype by the op that writes it (rounded once).
@@ -440,6 +450,11 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
   ops.linear_forward(qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
   s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
+  if (s.qk_norm) {  // each head's q and k normalised over its D channels (a.atty: scratch until the attention)
+    TPT_CHECK(w.q_norm >= 0 && w.k_norm >= 0);
+    s.qk_norm.forward(ops, a.qkv, a.qk_in, a.qk_stats, w.weight[size_t(w.q_norm)], w.bias[size_t(w.q_norm)],
+                      w.weight[size_t(w.k_norm)], w.bias[size_t(w.k_norm)], a.atty, s.qkv, s.N);
+  }
   s.rope.forward(ops, a.qkv, s.positions, s.N, s.S, s.qkv);
   attention_core(a);
   ops.linear_forward(tmp, a.atty, w.weight[kProj], bias_in_gemm ? w.bias[kProj] : nullptr, s.N, s.Cl, s.C);  // row-parallel
@@ -517,6 +532,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   if (ring_) ring_->backward(dheads, datt_, a.qkv, a.atty, a.lse);
   else ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.kv_heads, d.D);
   s.rope.backward(ops_, dheads, positions, N, d.S, s.qkv);
+  if (s.qk_norm)  // the q/k norms' whole backward (also in a split backward's B); datt_ is spent
+    s.qk_norm.backward(ops_, dheads, gw.weight[size_t(gw.q_norm)], gw.bias[size_t(gw.q_norm)], gw.weight[size_t(gw.k_norm)],
+                       gw.bias[size_t(gw.k_norm)], a.qk_in, w.weight[size_t(w.q_norm)], w.weight[size_t(w.k_norm)],
+                       a.qk_stats, datt_, qk_din_, s.qkv, N);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
   gemm_backward(dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.qkv_width);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);

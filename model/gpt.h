@@ -51,6 +51,7 @@ struct GPTDims {
   bool untied = false;        // a separate output layer lm_head.weight on the last stage
   bool bias = true;           // biases of attn.proj, mlp.fc1, mlp.fc2
   bool qkv_bias = true;       // bias of attn.qkv
+  bool qk_norm = false;       // model.qk_layernorm: `norm` over each head's D channels of q and k, before RoPE
   bool learned_positions() const { return rot == 0; }
   QKVLayout qkv_layout() const { return {grouped_qkv, Hl, kv_heads, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
@@ -286,8 +287,9 @@ class GPTStage {
   // qkv_tmp_ (N, qkv_width) grouped-query attention: the QKV GEMM's grouped output in forward, the heads'
   // gradient in backward; dact_ (N, Fl) SwiGLU: d fc2 input, GELU: the activation (fc2's input) of
   // the layer at hand (each layer keeps only fc1's output; MLPActivation::recompute_activation);
-  // inv_freq_ (rot / 2) RoPE
-  Buf qkv_tmp_, dact_;
+  // inv_freq_ (rot / 2) RoPE; qk_din_ (N, Cl) model.qk_layernorm: the q/k norms' input gradient (datt_,
+  // spent after the attention's backward, holds their output gradient)
+  Buf qkv_tmp_, dact_, qk_din_;
   float* inv_freq_ = nullptr;
   TPWire wire_{nullptr, Buf{}};  // bf16/fp16 with TP > 1: the backend and the 16-bit sums' gather buffer
   int logits_slot_ = -1;  // which slot's logits gradient is in logits_

@@ -203,11 +203,16 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
   auto buffer = [](int64_t floats) { return std::vector<float>(static_cast<size_t>(floats)); };
   std::vector<float> x = buffer(n * C), x_next = buffer(n * C), x_mid = buffer(n * C), ln1 = buffer(n * C),
                      ln2 = buffer(n * C), stats = buffer(4 * n), qkv = buffer(n * QKV), qkv_tmp = buffer(n * QKV),
-                     att = buffer(n * d.Cl), tmp = buffer(n * C), fc = buffer(n * d.fc1_width), act = buffer(n * F);
+                     att = buffer(n * d.Cl), tmp = buffer(n * C), fc = buffer(n * d.fc1_width), act = buffer(n * F),
+                     qk = buffer(d.qk_norm ? n * (d.H + d.G) * (d.D + 2) : 0);  // the q/k norms' inputs, statistics
   BlockActs a;
   a.ln1 = ln1.data(), a.ln2 = ln2.data(), a.x_mid = x_mid.data(), a.qkv = qkv.data(), a.atty = att.data();
   a.fc1 = fc.data(), a.gelu = act.data();
   a.ln1_stats = {stats.data(), stats.data() + n}, a.ln2_stats = {stats.data() + 2 * n, stats.data() + 3 * n};
+  if (d.qk_norm) {  // keys are normalised (and rotated) before cached_attention caches them
+    const int64_t rows = n * (d.H + d.G);
+    a.qk_in = qk.data(), a.qk_stats = {qk.data() + rows * d.D, qk.data() + rows * (d.D + 1)};
+  }
   std::vector<int32_t> positions(static_cast<size_t>(n));  // RoPE: this call's positions
   std::iota(positions.begin(), positions.end(), int32_t(p0));
 
@@ -216,7 +221,8 @@ void GPTInference::forward(std::span<const int32_t> tokens, std::vector<float>& 
   if (d.learned_positions()) ops_.add_position_embedding(x.data(), p("wpe.weight") + p0 * C, 1, n, C);
 
   const BlockShape shape{n, n, C, d.Cl, F, n, d.norm, d.mlp, d.qkv_layout(),
-                         Rope{d.rot, d.rope_interleaved, d.inv_freq.data()}, positions.data()};
+                         Rope{d.rot, d.rope_interleaved, d.inv_freq.data()}, positions.data(),
+                         QKNorm{d.qk_norm, d.norm}};
   // an MoE layer's MLP through the block's mlp hook; one rank: no token gathering, biases in the GEMMs
   BlockMappings moe;
   moe.gather_tokens = [](CBuf ln) { return ln; };

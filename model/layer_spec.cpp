@@ -31,13 +31,28 @@ std::vector<const LinearSpec*> LayerSpec::linears() const {
   return r;
 }
 
+namespace {
+// model.qk_layernorm: attn.q_layernorm and attn.k_layernorm, (D) each, at the end of the layer's parts
+void add_qk_norms(LayerSpec& spec, const GPTDims& d) {
+  if (!d.qk_norm) return;
+  for (const char* name : {"attn.q_layernorm", "attn.k_layernorm"}) {
+    LayerPart p;
+    p.norm = {name, d.D, true};
+    spec.parts.push_back(p);
+  }
+  spec.q_norm = int(spec.parts.size()) - 2;
+  spec.k_norm = int(spec.parts.size()) - 1;
+}
+}  // namespace
+
 LayerSpec make_layer_spec(const GPTDims& d) {
   // Megatron's scaled init of the two output projections of each block
   const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
   const int64_t HD = d.H * d.D, Q = d.H / d.G;
-  auto norm = [](const char* name) {
+  auto norm = [&](const char* name) {
     LayerPart p;
     p.norm.name = name;
+    p.norm.width = d.C;
     return p;
   };
   auto linear = [](const char* name, std::vector<int64_t> shape, int split_dim, LinearSplit split, bool bias,
@@ -59,12 +74,14 @@ LayerSpec make_layer_spec(const GPTDims& d) {
                    : linear("mlp.fc1", {d.F, d.C}, 0, S::Column, d.bias, d.C, d.fc1_width, d.init_std),
       linear("mlp.fc2", {d.C, d.F}, 1, S::Row, d.bias, d.Fl, d.C, out_std),
   };
+  add_qk_norms(spec, d);
   return spec;
 }
 
 LayerSpec make_moe_layer_spec(const GPTDims& d) {
   LayerSpec spec = make_layer_spec(d);
   spec.parts.resize(kLn2 + 1);  // the attention half and ln_2
+  spec.q_norm = spec.k_norm = -1;
   LayerPart router;
   router.is_linear = true;
   router.linear = {"mlp.router", {d.moe.E, d.C}, 0, LinearSplit::Replicated, false, d.C, d.moe.E, d.init_std};
@@ -88,6 +105,7 @@ LayerSpec make_moe_layer_spec(const GPTDims& d) {
       spec.parts.push_back(gate);
     }
   }
+  add_qk_norms(spec, d);
   return spec;
 }
 

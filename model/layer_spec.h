@@ -44,9 +44,13 @@ struct LinearSpec {
   std::vector<int64_t> bias_shape() const;
 };
 
-// A norm of the layer: <layer prefix>name.weight (C), and with LayerNorm .bias (C); TP-replicated.
+// A norm of the layer: <layer prefix>name.weight (width), and with LayerNorm .bias (width);
+// TP-replicated. per_head: over each attention head's D channels (model.qk_layernorm's q and k norms,
+// width D): a TP rank applies it to its own heads, so its gradient is a partial sum over TP.
 struct NormSpec {
   std::string name;  // "ln_1"
+  int64_t width = 0;  // C, or D per head
+  bool per_head = false;
 };
 
 struct LayerPart {
@@ -58,6 +62,8 @@ struct LayerPart {
 
 struct LayerSpec {
   std::vector<LayerPart> parts;  // in parameter order: a layer's tensors are consecutive in the buffer
+  // model.qk_layernorm: the parts attn.q_layernorm and attn.k_layernorm (after the others), else -1
+  int q_norm = -1, k_norm = -1;
   // index of the part named `name` (internal_error if there is none)
   int index(const std::string& name) const;
   const LinearSpec& linear(int part) const;
@@ -69,7 +75,8 @@ struct LayerSpec {
 // block's code uses (BlockParams, LayerStash).
 enum DensePart : int { kLn1, kQkv, kProj, kLn2, kFc1, kFc2, kDenseParts };
 
-// The dense block of d (its widths and options set): ln_1, attn.qkv, attn.proj, ln_2, mlp.fc1, mlp.fc2.
+// The dense block of d (its widths and options set): ln_1, attn.qkv, attn.proj, ln_2, mlp.fc1, mlp.fc2,
+// and with model.qk_layernorm attn.q_layernorm, attn.k_layernorm (D each; LayerSpec::q_norm, k_norm).
 //   attn.qkv   Column, multi-head (3, H D, C) split along the heads (dimension 1), or grouped-query
 //              (G, H/G + 2, D, C) -- per group its query heads, its key, its value (Megatron's layout)
 //              -- split along the groups; GEMM C -> qkv_width
@@ -81,8 +88,9 @@ LayerSpec make_layer_spec(const GPTDims& d);
 // A Mixture-of-Experts layer (docs/MOE.md): the dense block's ln_1, attn.qkv, attn.proj, ln_2, then
 // mlp.router (Replicated, (E, C), no bias) -- kMoERouter -- and with a shared expert its
 // mlp.shared_experts.fc1 (Column) and .fc2 (Row) as the dense MLP's with width Fs, and with its gate
-// mlp.shared_experts.gate (Replicated, (1, C)). The routed experts are not TP-split linear layers
-// (their weights are split over EP) and are laid out by make_param_layout from d.moe.
+// mlp.shared_experts.gate (Replicated, (1, C)), then the q/k norms as the dense block's. The routed
+// experts are not TP-split linear layers (their weights are split over EP) and are laid out by
+// make_param_layout from d.moe.
 enum MoEPart : int { kMoERouter = kFc1 };
 LayerSpec make_moe_layer_spec(const GPTDims& d);
 

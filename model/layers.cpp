@@ -52,6 +52,38 @@ void QKVLayout::from_heads(Ops& ops, Buf dgemm_out, CBuf dheads, int64_t N) cons
   else TPT_CHECK(dgemm_out.p == dheads.p);
 }
 
+namespace {
+NormStats offset_stats(NormStats st, int64_t rows) {
+  return {st.mean ? st.mean + rows : nullptr, st.rstd + rows};
+}
+}  // namespace
+
+void QKNorm::forward(Ops& ops, Buf qkv, Buf keep, NormStats st, CBuf wq, CBuf bq, CBuf wk, CBuf bk, Buf scratch,
+                     const QKVLayout& l, int64_t N) const {
+  if (!on) return;
+  const int64_t W = l.width(), q = l.H * l.D, k = l.KV * l.D;
+  ops.copy_rows(keep, q, qkv, W, N, q);
+  ops.copy_rows(keep + N * q, k, qkv + q, W, N, k);
+  norm.forward(ops, scratch, st, keep, wq, bq, N * l.H, l.D);
+  ops.copy_rows(qkv, W, scratch, q, N, q);
+  norm.forward(ops, scratch, offset_stats(st, N * l.H), keep + N * q, wk, bk, N * l.KV, l.D);
+  ops.copy_rows(qkv + q, W, scratch, k, N, k);
+}
+
+void QKNorm::backward(Ops& ops, Buf dqkv, float* dwq, float* dbq, float* dwk, float* dbk, CBuf keep, CBuf wq, CBuf wk,
+                      NormStats st, Buf dout, Buf din, const QKVLayout& l, int64_t N) const {
+  if (!on) return;
+  const int64_t W = l.width(), q = l.H * l.D, k = l.KV * l.D;
+  ops.copy_rows(dout, q, dqkv, W, N, q);
+  ops.zero(din, N * q);
+  norm.backward(ops, din, dwq, dbq, dout, keep, wq, st, N * l.H, l.D);
+  ops.copy_rows(dqkv, W, din, q, N, q);
+  ops.copy_rows(dout, k, dqkv + q, W, N, k);
+  ops.zero(din, N * k);
+  norm.backward(ops, din, dwk, dbk, dout, keep + N * q, wk, offset_stats(st, N * l.H), N * l.KV, l.D);
+  ops.copy_rows(dqkv + q, W, din, k, N, k);
+}
+
 void Rope::forward(Ops& ops, Buf qkv, const int32_t* positions, int64_t N, int64_t S, const QKVLayout& l) const {
   if (rot) ops.rope(qkv, inv_freq, positions, N, S, l.H, l.KV, l.D, rot, interleaved, false);
 }
@@ -63,7 +95,7 @@ void Rope::backward(Ops& ops, Buf dqkv, const int32_t* positions, int64_t N, int
 bool is_gpt2_architecture(const ModelConfig& m) {
   return m.normalization == Normalization::LayerNorm && !m.swiglu &&
          m.position_embedding_type == PositionEmbedding::LearnedAbsolute && !m.group_query_attention &&
-         !m.untie_embeddings_and_output_weights && m.add_bias_linear &&
+         !m.untie_embeddings_and_output_weights && m.add_bias_linear && !m.qk_layernorm &&
          (m.kv_channels == 0 || int64_t(m.kv_channels) * m.num_attention_heads == m.hidden_size);
 }
 
@@ -86,6 +118,7 @@ std::string describe_architecture(const ModelConfig& m) {
   }
   s += m.group_query_attention ? ", grouped-query attention (" + std::to_string(m.num_query_groups) + " KV groups)"
                                : ", multi-head attention";
+  if (m.qk_layernorm) s += ", " + name_of(m.normalization) + " of q and k per head";
   s += m.untie_embeddings_and_output_weights ? ", untied output layer" : ", tied embeddings";
   s += m.add_bias_linear ? ", biases)" : m.add_qkv_bias ? ", QKV bias only)" : ", no biases)";
   return s;

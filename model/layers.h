@@ -66,6 +66,26 @@ struct QKVLayout {
   void from_heads(Ops& ops, Buf dgemm_out, CBuf dheads, int64_t N) const;
 };
 
+// model.qk_layernorm (Qwen3; Megatron's qk_layernorm): the model's norm over each head's D channels of
+// the q and of the k heads of qkv (N, (H + 2 KV) D) in the heads layout, in place, after the regroup
+// and before RoPE; q_layernorm's weight (D) for every query head, k_layernorm's for every key head.
+// Through the existing row norms on contiguous copies: keep (N (H + KV) D) holds the q heads of all
+// tokens as (N H, D) rows, then the k heads as (N KV, D) rows, as they were before the norm; st their
+// statistics (N (H + KV) rows: the q rows', then the k rows').
+struct QKNorm {
+  bool on = false;
+  Norm norm;
+  explicit operator bool() const { return on; }
+  int64_t rows(const QKVLayout& l, int64_t N) const { return N * (l.H + l.KV); }
+  // scratch (N H D)
+  void forward(Ops& ops, Buf qkv, Buf keep, NormStats st, CBuf wq, CBuf bq, CBuf wk, CBuf bk, Buf scratch,
+               const QKVLayout& l, int64_t N) const;
+  // dqkv: the q and k heads' gradients after the norm on entry, before it on exit (values untouched);
+  // dw, db +=; dout, din: scratch (N H D) each
+  void backward(Ops& ops, Buf dqkv, float* dwq, float* dbq, float* dwk, float* dbk, CBuf keep, CBuf wq, CBuf wk,
+                NormStats st, Buf dout, Buf din, const QKVLayout& l, int64_t N) const;
+};
+
 struct Rope {
   int64_t rot = 0;               // rotated channels per head; 0: no rotary embedding
   bool interleaved = false;

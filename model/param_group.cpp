@@ -90,11 +90,12 @@ int64_t grad_buffer_size(const ParamLayout& layout, const std::vector<GradGroup>
   return groups.empty() ? layout.total : std::max(layout.total, groups.back().span.offset + groups.back().span.n);
 }
 
-std::vector<GradRange> tp_replicated_ranges(const ParamLayout& layout) {
+std::vector<GradRange> tp_replicated_ranges(const ParamLayout& layout, bool sequence_parallel) {
   std::vector<GradRange> ranges;
   bool extend = false;  // consecutive replicated tensors go in one range (the padding between them is zero)
   for (const ParamInfo& p : layout.params) {
-    const bool replicated = p.group.copy == ModelCopy::TensorParallel;
+    const bool replicated =
+        p.group.copy == ModelCopy::TensorParallel && (sequence_parallel || p.group.partial_over_tp);
     if (replicated && extend) ranges.back().n = p.offset + p.numel - ranges.back().offset;
     else if (replicated) ranges.push_back({p.offset, p.numel});
     extend = replicated;

@@ -50,6 +50,9 @@ struct ParamGroup {
   // ModelCopy::None, tp_rank 0's of a TP-replicated tensor, the first stage's word embedding.
   // The other copies hold the same values and gradients.
   bool primary = true;
+  // TensorParallel only: each TP rank's gradient is a partial sum even without sequence parallelism
+  // (the q/k norms of model.qk_layernorm: each rank normalises its own heads)
+  bool partial_over_tp = false;
 };
 
 // How one replica group's gradients are summed: over `comm` (null or one rank: no sum), the sum
@@ -73,10 +76,11 @@ std::vector<GradGroup> make_grad_groups(const ParamLayout& layout, const std::ve
 // least layout.total).
 int64_t grad_buffer_size(const ParamLayout& layout, const std::vector<GradGroup>& groups);
 
-// The ranges of the TP-replicated tensors (ModelCopy::TensorParallel), consecutive ones merged
-// (the alignment padding between them is zero): what GradSync sums over TP with sequence
-// parallelism (GradSyncOptions::tp_sum).
-std::vector<GradRange> tp_replicated_ranges(const ParamLayout& layout);
+// The ranges of the TP-replicated tensors (ModelCopy::TensorParallel) whose gradients are partial sums
+// over TP -- with sequence parallelism all of them (each rank's tokens), else those partial_over_tp
+// (each rank's heads) -- consecutive ones merged (the alignment padding between them is zero): what
+// GradSync sums over TP (GradSyncOptions::tp_sum).
+std::vector<GradRange> tp_replicated_ranges(const ParamLayout& layout, bool sequence_parallel = true);
 
 // The tied word embedding's range on this rank (ModelCopy::TiedEmbedding; n = 0 if it holds none):
 // what GradSync sums over the embedding group.

@@ -48,6 +48,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.untied = m.untie_embeddings_and_output_weights;
   d.bias = m.add_bias_linear;
   d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
+  d.qk_norm = m.qk_layernorm;
   d.Vl = d.Vp / tp;
   d.vocab_begin = d.Vl * tp_rank;
   d.position_ids = cfg.data.reset_position_ids;
@@ -172,9 +173,16 @@ ParamLayout make_param_layout(const GPTDims& d) {
     p.init_std = std;
     b.add(std::move(p));
   };
-  auto norm = [&](const std::string& pre) {  // LayerNorm: weight and bias; RMSNorm: weight
-    b.add(replicated(pre + ".weight", {d.C}, I::Ones));
-    if (d.norm.has_bias()) b.add(replicated(pre + ".bias", {d.C}, I::Zeros));
+  // LayerNorm: weight and bias; RMSNorm: weight. per_head (the q/k norms): each TP rank's gradient is
+  // its heads' part, summed over TP (tp_replicated_ranges)
+  auto norm = [&](const std::string& pre, int64_t width = 0, bool per_head = false) {
+    const int64_t w = width ? width : d.C;
+    auto add = [&](ParamInfo p) {
+      p.group.partial_over_tp = per_head;
+      b.add(std::move(p));
+    };
+    add(replicated(pre + ".weight", {w}, I::Ones));
+    if (d.norm.has_bias()) add(replicated(pre + ".bias", {w}, I::Zeros));
   };
   if (d.first_stage()) {
     b.add(word_embedding(d, "wte.weight", false));
@@ -185,7 +193,7 @@ ParamLayout make_param_layout(const GPTDims& d) {
     const std::string pre = "h." + std::to_string(l) + ".";
     for (const LayerPart& part : d.spec(l).parts) {
       if (!part.is_linear) {
-        norm(pre + part.norm.name);
+        norm(pre + part.norm.name, part.norm.width, part.norm.per_head);
         continue;
       }
       const LinearSpec& s = part.linear;

@@ -121,6 +121,19 @@ std::string optim_shard_name(int tp_rank, int pp_rank, int dp_rank) {
   return buf;
 }
 
+std::string describe_saved_grid(const nlohmann::json& grid) {
+  if (!grid.is_object() || grid.empty()) return "an unrecorded grid";
+  auto size = [&](const char* key) {
+    const auto it = grid.find(key);
+    return it != grid.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t(1);
+  };
+  std::string s = "TP " + std::to_string(size("tensor_model_parallel_size"));
+  if (size("context_parallel_size") > 1) s += " x CP " + std::to_string(size("context_parallel_size"));
+  s += " x PP " + std::to_string(size("pipeline_model_parallel_size")) + " x DP " + std::to_string(size("data_parallel_size"));
+  if (size("expert_model_parallel_size") > 1) s += ", EP " + std::to_string(size("expert_model_parallel_size"));
+  return s;
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);

@@ -57,6 +57,9 @@ std::string model_shard_name(int tp_rank, int pp_rank);                   // mod
 std::string model_shard_name(int tp_rank, int pp_rank, int dp_rank);      // model_tp00_pp000_dp000.safetensors
 std::string optim_shard_name(int tp_rank, int pp_rank, int dp_rank);      // optim_tp00_pp000_dp000.safetensors
 std::string shape_string(const std::vector<int64_t>& shape);              // [3, 64, 64]
+// meta.json's "grid" as "TP 2 x PP 2 x DP 2", with CP and EP where they are > 1 ("TP 1 x CP 2 x PP 1 x
+// DP 1", "TP 2 x PP 2 x DP 2, EP 4"); "an unrecorded grid" if meta.json has none.
+std::string describe_saved_grid(const nlohmann::json& grid);
 
 // CRC-32C (Castagnoli), the checksum named "crc32c" in meta.json; crc32c(0, "123456789", 9) = 0xE3069283.
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);

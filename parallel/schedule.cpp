@@ -36,6 +36,11 @@ std::string Action::str() const {
   return s + " }";
 }
 
+int in_flight_equivalent_microbatches(ScheduleKind kind, int stages, int microbatches, int chunks) {
+  const int bound = (std::max(chunks, 1) + 1) * stages;
+  return kind == ScheduleKind::GPipe || microbatches <= bound ? microbatches : bound;
+}
+
 ScheduleKind schedule_kind(PipelineSchedule schedule, int chunks) {
   switch (schedule) {
     case PipelineSchedule::OneFOneB: return chunks > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;

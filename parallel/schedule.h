@@ -91,6 +91,13 @@ std::vector<int> max_in_flight_per_chunk(const std::vector<Action>& actions);
 // backward has not yet released in part (for lists without BackwardWeight equal to max_in_flight).
 int max_awaiting_backward(const std::vector<Action>& actions);
 
+// A micro-batch count whose schedule holds the same in-flight counts on every stage (max_in_flight,
+// max_in_flight_per_chunk, max_awaiting_backward) as `microbatches`: past the warm-up they stop
+// growing with M for every kind but GPipe (which holds all M), so above (chunks + 1) x stages that
+// count (a multiple of stages, as interleaving needs); M itself otherwise. The planner's memory
+// uses it, so that its cost does not grow with the batch (tests/unit/schedule_test.cpp: the same counts).
+int in_flight_equivalent_microbatches(ScheduleKind kind, int stages, int microbatches, int chunks = 1);
+
 // Runs all stages' lists together under rendezvous semantics (a Comm action completes only when
 // every message in it has its matching counterpart posted). Checks: sends and receives pair up in
 // order with the same micro-batch and chunk on each directed stream (activations rank s -> s + 1,

@@ -78,6 +78,26 @@ std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
   return make_schedule(kind, c.parallel.pipeline_model_parallel_size, pp_rank, num_microbatches(c), v);
 }
 
+// The in-flight micro-batches of that schedule (the trainer's activation slots): per chunk and all
+// chunks together, from a schedule with as many micro-batches as in_flight_equivalent_microbatches
+// says hold the same counts, memoised per schedule (the search plans thousands of layouts over few).
+struct InFlight {
+  std::vector<int> per_chunk;
+  int all = 0;
+};
+const InFlight& stage_in_flight(const Config& c, int pp_rank) {
+  thread_local std::map<std::tuple<int, int, int, int, int>, InFlight> memo;
+  const int v = model_chunks(c), P = c.parallel.pipeline_model_parallel_size;
+  const ScheduleKind kind = schedule_kind(c.parallel.pipeline_schedule, v);
+  const int M = in_flight_equivalent_microbatches(kind, P, num_microbatches(c), v);
+  auto [it, added] = memo.try_emplace(std::make_tuple(int(kind), P, M, v, pp_rank));
+  if (added) {
+    const std::vector<Action> schedule = make_schedule(kind, P, pp_rank, M, v);
+    it->second = {max_in_flight_per_chunk(schedule), max_in_flight(schedule)};
+  }
+  return it->second;
+}
+
 double mib(int64_t bytes) { return double(bytes) / 1048576.0; }
 
 // the MoE layers of chunk d
@@ -119,7 +139,17 @@ void check_plannable(const Config& c) {
                 "training.global_batch_size or parallel.virtual_pipeline_model_parallel_size)");
 }
 
-StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
+const ParamLayout& RankLayoutCache::get(const Config& c, int pp_rank, const std::vector<GPTDims>& chunks) {
+  const ParallelConfig& p = c.parallel;
+  const std::array<int64_t, 9> key = {p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
+                                      model_chunks(c), int64_t(p.sequence_parallel), replica_group_align(c),
+                                      p.expert_model_parallel_size, p.expert_tensor_parallel_size, pp_rank};
+  auto [it, added] = layouts_.try_emplace(key);
+  if (added) it->second = make_rank_layout(chunks, replica_group_align(c));
+  return it->second;
+}
+
+StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend, RankLayoutCache* layouts) {
   const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(pp_rank >= 0 && pp_rank < pp);
   // every TP rank of a stage holds the same sizes
@@ -128,17 +158,19 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend) {
     apply_context_parallel(d, cfg, 0);  // every CP rank holds the same sizes
     apply_expert_parallel(d, cfg.parallel.expert_model_parallel_size, 0);  // every EP rank E / EP experts
   }
-  return stage_memory(cfg, pp_rank, chunks, gpu_backend);
+  return stage_memory(cfg, pp_rank, chunks, gpu_backend, layouts);
 }
 
-StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend) {
+StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend,
+                         RankLayoutCache* layouts) {
   const int pp = cfg.parallel.pipeline_model_parallel_size;
   TPT_CHECK(cfg.parallel.data_parallel_size >= 1 && pp_rank >= 0 && pp_rank < pp && !chunks.empty());
-  const ParamLayout layout = make_rank_layout(chunks, replica_group_align(cfg));
+  const ParamLayout own = layouts ? ParamLayout() : make_rank_layout(chunks, replica_group_align(cfg));
+  const ParamLayout& layout = layouts ? layouts->get(cfg, pp_rank, chunks) : own;
   const DType dtype = compute_dtype(cfg);
   const int64_t B = cfg.training.micro_batch_size;
-  const std::vector<Action> schedule = stage_schedule(cfg, pp_rank);
-  std::vector<int> slots = max_in_flight_per_chunk(schedule);  // the trainer's: at least 1 per chunk
+  const InFlight& in_flight = stage_in_flight(cfg, pp_rank);
+  std::vector<int> slots = in_flight.per_chunk;  // the trainer's: at least 1 per chunk
   slots.resize(chunks.size(), 0);
   for (int& s : slots) s = std::max(1, s);
   const bool split = cfg.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1;
@@ -146,7 +178,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   StageMemory m;
   m.stage = pp_rank;
   m.layers = int64_t(rank_layers(chunks).size());
-  m.in_flight = max_in_flight(schedule);
+  m.in_flight = in_flight.all;
   for (const ParamInfo& p : layout.params) m.parameters_per_rank += p.numel;
   for (const GPTDims& d : chunks) m.expert_parameters_per_rank += expert_parameters(d);
   // The distributed optimizer (parallel/grad_sync.h): the buffers padded to its blocks; fp32 master
@@ -214,6 +246,8 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel
     // bias) over the GEMM's rows
     w.scratch = std::max(w.scratch, column_sums_scratch_bytes(Nt, d.C, d.norm.rms ? 1 : 2));
+    if (d.qk_norm)  // the q/k norms' over the rank's query heads of all N tokens (the key heads: fewer rows)
+      w.scratch = std::max(w.scratch, column_sums_scratch_bytes(N * d.Hl, d.D, d.norm.rms ? 1 : 2));
     // the GEMMs with a bias, by their rows and output width: the layer specs' (dense: d.layer; MoE:
     // those the chunk's layers use) and the experts' fc1 and fc2 on the dispatch bound's rows
     std::vector<std::pair<int64_t, int64_t>> biased;  // (rows, O)

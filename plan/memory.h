@@ -23,7 +23,9 @@
 // parameter buffer: Megatron's documented 18 B/parameter; with the distributed optimizer
 // 2 + 4 + 12/DP (Megatron's 6 + 12/DP).
 #pragma once
+#include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,12 +76,24 @@ void check_plannable(const Config& cfg);
 // The compute dtype of training.precision (fp32 | bf16 | fp16): the one place the name maps to a type.
 DType compute_dtype(const Config& cfg);
 
+// The rank layouts (make_rank_layout, model/chunks.h) of the layouts a search plans, by what its
+// layouts vary that they depend on: TP, CP, PP, the chunks, sequence parallelism, the replica groups'
+// alignment, EP, ETP and the stage. For one model config only (plan/search.cpp keeps one per search).
+class RankLayoutCache {
+ public:
+  const ParamLayout& get(const Config& resolved, int pp_rank, const std::vector<GPTDims>& chunks);
+
+ private:
+  std::map<std::array<int64_t, 9>, ParamLayout> layouts_;
+};
+
 // Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done), on a GPU
-// (gpu_backend: the backend's own buffers counted) or on CPU ranks.
-StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend = true);
+// (gpu_backend: the backend's own buffers counted) or on CPU ranks; `layouts`: the search's cache.
+StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend = true, RankLayoutCache* layouts = nullptr);
 // The same for the stage's model chunks as given (make_chunk_dims of the stage, CP applied): what the
 // first form computes them as; a test changes their layer spec.
-StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend);
+StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend,
+                         RankLayoutCache* layouts = nullptr);
 // The GPU backend's own buffers for a rank holding model chunks `chunks` (core/gpu_workspace.h has
 // the sizes): cuBLASLt's workspace; cuDNN's attention workspace for 16-bit runs without context
 // parallelism (whose ring computes its own blocks), for `deterministic`; the largest scratch of a

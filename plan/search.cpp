@@ -92,6 +92,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
   const double limit = options.usable_memory_fraction * options.device_memory_gib * kGiB;
   const int gpn = options.gpus_per_node;
   ScheduleCache cache;
+  RankLayoutCache layouts;
   for (int tp : divisors(query_groups(m))) {
     // TP within a node (a group of consecutive ranks that tiles it), dividing heads, groups and the FFN
     if (tp > gpn || gpn % tp != 0 || gpus % tp != 0 || m.num_attention_heads % tp != 0 || m.ffn_hidden_size % tp != 0)
@@ -131,7 +132,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
                 continue;
               }
               std::vector<StageMemory> stages;
-              for (int s = 0; s < pp; ++s) stages.push_back(stage_memory(c, s));
+              for (int s = 0; s < pp; ++s) stages.push_back(stage_memory(c, s, true, &layouts));
               for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
                 if (mode == Recompute::Full && schedule == PipelineSchedule::ZeroBubbleH1) continue;
                 ++r.valid;

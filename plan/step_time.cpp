@@ -106,7 +106,8 @@ PipelineTiming CompiledSchedule::time(const std::vector<double>& f, const std::v
                                       const std::vector<double>& w, double p2p) const {
   const size_t P = offset_.size() - 1;
   TPT_CHECK(f.size() == P && b.size() == P && w.size() == P);
-  std::vector<double> end(ops_.size(), 0.0);
+  std::vector<double>& end = end_;
+  end.assign(ops_.size(), 0.0);
   PipelineTiming t;
   t.busy.assign(P, 0.0);
   // when an action is posted: the end of the stage's previous action
@@ -130,18 +131,33 @@ PipelineTiming CompiledSchedule::time(const std::vector<double>& f, const std::v
   return t;
 }
 
-const CompiledSchedule& ScheduleCache::compiled(const Config& c) {
-  const int P = c.parallel.pipeline_model_parallel_size, v = model_chunks(c);
-  const int M = int(c.training.global_batch_size / (int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size));
-  const ScheduleKind kind = schedule_kind(c.parallel.pipeline_schedule, v);
-  const auto key = std::make_tuple(int(kind), P, M, v);
+const CompiledSchedule& ScheduleCache::compiled(int kind, int P, int M, int v) {
+  const auto key = std::make_tuple(kind, P, M, v);
   auto it = compiled_.find(key);
   if (it == compiled_.end()) {
     std::vector<std::vector<Action>> lists;
-    for (int s = 0; s < P; ++s) lists.push_back(make_schedule(kind, P, s, M, v));
+    for (int s = 0; s < P; ++s) lists.push_back(make_schedule(ScheduleKind(kind), P, s, M, v));
     it = compiled_.emplace(key, CompiledSchedule(lists)).first;
   }
   return it->second;
+}
+
+PipelineTiming ScheduleCache::time(const Config& c, const std::vector<double>& f, const std::vector<double>& b,
+                                   const std::vector<double>& w, double p2p) {
+  const int P = c.parallel.pipeline_model_parallel_size, v = model_chunks(c);
+  const int M = int(c.training.global_batch_size / (int64_t(c.training.micro_batch_size) * c.parallel.data_parallel_size));
+  const int kind = int(schedule_kind(c.parallel.pipeline_schedule, v));
+  const int step = v > 1 ? P : 1, bound = bound_for(P, v) / step * step;
+  if (P == 1 || M <= bound + 2 * step) return compiled(kind, P, M, v).time(f, b, w, p2p);
+  const int k = (M - bound + step - 1) / step, M1 = M - k * step;  // M1 <= bound, M1 = M (mod step)
+  const PipelineTiming t1 = compiled(kind, P, M1, v).time(f, b, w, p2p);
+  const double d1 = t1.makespan - compiled(kind, P, M1 - step, v).time(f, b, w, p2p).makespan;
+  const double d2 = t1.makespan - d1 - compiled(kind, P, M1 - 2 * step, v).time(f, b, w, p2p).makespan;
+  if (std::abs(d1 - d2) > 1e-9 * t1.makespan) return compiled(kind, P, M, v).time(f, b, w, p2p);
+  PipelineTiming t = t1;
+  t.makespan += k * d1;
+  for (double& x : t.busy) x *= double(M) / M1;
+  return t;
 }
 
 namespace {
@@ -306,7 +322,7 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
   GPTDims d0 = make_dims(c, tp, 0, P, 0);
   apply_context_parallel(d0, c, 0);
   t.p2p_per_message_s = P > 1 ? model.send(double(stage_message_elements(d0, c.training.micro_batch_size)) * cb, 2 * tp * reps) : 0;
-  const PipelineTiming timing = cache.compiled(c).time(f, b, w, t.p2p_per_message_s);
+  const PipelineTiming timing = cache.time(c, f, b, w, t.p2p_per_message_s);
   t.pipeline_s = timing.makespan;
   t.ideal_s = timing.ideal();
   t.bubble_s = t.pipeline_s - t.ideal_s;

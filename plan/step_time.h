@@ -92,6 +92,7 @@ class CompiledSchedule {
   explicit CompiledSchedule(const std::vector<std::vector<Action>>& lists);  // lists that simulate() accepts
   // Costs per stage of one micro-batch's forward, input-gradient and weight-gradient work on its whole
   // share of layers (a chunk's action costs 1 / chunks of it), as time_pipeline takes them.
+  // Not thread-safe: one scratch array per compiled schedule.
   PipelineTiming time(const std::vector<double>& f, const std::vector<double>& b, const std::vector<double>& w,
                       double p2p) const;
 
@@ -107,16 +108,25 @@ class CompiledSchedule {
   std::vector<int> partner_;
   std::vector<int> order_;           // an order in which every action's inputs come first
   int chunks_ = 1;
+  mutable std::vector<double> end_;  // time()'s scratch: when each action ends (one caller at a time)
 };
 
 // The schedule lists of every stage compiled once per (kind, stages, micro-batches, chunks): the
 // search times thousands of layouts over far fewer schedules. (The lists are make_schedule's, which
 // tests/unit/schedule_test.cpp simulates for every kind; the compiler still refuses a deadlock.)
+// Past a bound the timing does not grow with the micro-batch count M: once the pipeline is in its steady
+// state each micro-batch adds the same time (a step of P micro-batches for interleaved 1F1B, whose M is a
+// multiple of P), so for P > 1 and M above bound_for(P, v) the makespan is extrapolated from three exact timings
+// of fewer micro-batches whose increments agree to 1e-9 (if they do not, the whole schedule is timed);
+// the busy times are linear in M exactly. tests/unit/step_time_test.cpp checks it against exact timings.
 class ScheduleCache {
  public:
-  const CompiledSchedule& compiled(const Config& resolved);
+  PipelineTiming time(const Config& resolved, const std::vector<double>& f, const std::vector<double>& b,
+                      const std::vector<double>& w, double p2p);
+  static int bound_for(int stages, int chunks) { return std::max(32, (chunks + 1) * stages); }
 
  private:
+  const CompiledSchedule& compiled(int kind, int stages, int microbatches, int chunks);
   std::map<std::tuple<int, int, int, int>, CompiledSchedule> compiled_;
 };
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo, end to end on CPU ranks (about 7 minutes on 2 cores once built):
+# The demo, end to end on CPU ranks (about 4 minutes on 2 cores once built, under 10 from a fresh clone):
 #   1. builds tptrain alone (scripts/setup.sh: Debian packages, cmake; progress every 10%);
 #   2. turns the fortune cookies of Debian's fortunes packages into a Megatron dataset
 #      (tptrain preprocess, byte-level tokens) in data_cache/;

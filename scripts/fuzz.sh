@@ -2,7 +2,7 @@
 # Reliability checks (issue 17): the unit tests once under AddressSanitizer + UndefinedBehaviorSanitizer,
 # then every libFuzzer target (tests/fuzz/fuzz_*.cpp: config loader, safetensors, Megatron .idx and
 # llm.c shards, a checkpoint's meta.json and latest file, the command lines of plan / data / generate /
-# export / preprocess, plan and data run, the tokenizer files) for FUZZ_SECONDS each (default 20),
+# export / preprocess, plan and data run, the tokenizer files, an HF index.json) for FUZZ_SECONDS each (default 15),
 # starting from the seeds in tests/fuzz/corpus/<target>/. A finding leaves its input in
 # ${FUZZ_BUILD_DIR:-build-fuzz}/findings/ and fails the script. Needs clang and libomp (installed if missing).
 #   bash scripts/fuzz.sh                 CI runs it from scripts/test.sh (CI=true)
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
-SECONDS_EACH=${FUZZ_SECONDS:-20}
+SECONDS_EACH=${FUZZ_SECONDS:-15}
 missing=()
 for p in clang libomp-dev libclang-rt-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,7 +24,7 @@ fi
 echo "fuzz: building $BUILD (clang, ASan + UBSan, no MPI, no CUDA)"
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPTRAIN_SANITIZE=ON -DTPTRAIN_FUZZ=ON \
   -DTPTRAIN_CUDA=OFF -DTPTRAIN_MPI=OFF -DTPTRAIN_WERROR=OFF >/dev/null
-targets=(fuzz_config fuzz_safetensors fuzz_corpus fuzz_checkpoint fuzz_cli fuzz_tokenizer)
+targets=(fuzz_config fuzz_safetensors fuzz_corpus fuzz_checkpoint fuzz_cli fuzz_tokenizer fuzz_index)
 cmake --build "$BUILD" -j"$(nproc)" --target tptrain_unit "${targets[@]}" 2>&1 | grep -E "error|warning: .*sanitize" || true
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "fuzz: unit tests under ASan + UBSan"

@@ -52,6 +52,7 @@ fi
 
 PACKAGES=(build-essential cmake pkg-config git libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
           libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev libpcre2-dev
+          libutf8proc-dev
           python3 python3-numpy python3-yaml python3-torch python3-matplotlib fortunes-min fortunes)
 # cuda: pip fetches the cudnn-frontend headers (Debian's python3 has no pip of its own)
 if have_nvcc && ! have_cudnn_frontend && [ -z "$(pip_python)" ]; then PACKAGES+=(python3-pip); fi

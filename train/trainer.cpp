@@ -213,10 +213,11 @@ void Trainer::setup_model() {
   sync.bucket_size = cfg_.parallel.ddp_bucket_size;
   sync.distributed_optimizer = distributed_optimizer;
   sync.overlap_param_gather = cfg_.parallel.overlap_param_gather;
-  if (dims_.sequence_parallel) {  // TP-replicated tensors' gradients: partial sums over this rank's tokens
-    sync.tp = &comm(grid_.device_tp(), profiled_tp_);
-    sync.tp_sum = tp_replicated_ranges(layout_);
-  }
+  // TP-replicated tensors' gradients that are partial sums: over this rank's tokens (sequence
+  // parallelism), over this rank's heads (the q/k norms)
+  sync.tp_sum = tp_replicated_ranges(layout_, dims_.sequence_parallel);
+  if (grid_.tp > 1 && !sync.tp_sum.empty()) sync.tp = &comm(grid_.device_tp(), profiled_tp_);
+  else sync.tp_sum.clear();
   // the tied word embedding's two copies (first and last stage) are summed over the embedding group;
   // an untied output layer has its own gradient
   const GradRange tied = tied_embedding_range(layout_);

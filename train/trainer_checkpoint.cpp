@@ -115,7 +115,7 @@ void Trainer::save_checkpoint() {
       {"config", config_to_json(cfg_)},
       {"grid", {{"tensor_model_parallel_size", grid_.tp}, {"pipeline_model_parallel_size", grid_.pp},
                 {"data_parallel_size", grid_.dp}, {"context_parallel_size", grid_.cp},
-                {"world_size", grid_.world_size}}},
+                {"expert_model_parallel_size", grid_.ep}, {"world_size", grid_.world_size}}},
       {"scheduler", {{"iteration", n}, {"lr", learning_rate(cfg_.optimizer, n)}}},
       {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}},
                      {"distributed", distributed}}},
@@ -201,12 +201,9 @@ bool Trainer::load_checkpoint() {
     const nlohmann::json& m = reader->meta();
     const int64_t G = cfg_.training.global_batch_size;
     const int64_t consumed = m.value("consumed_samples", int64_t(-1));
-    const nlohmann::json grid = m.value("grid", nlohmann::json::object());
-    auto saved = [&](const char* key) { return grid.is_object() ? grid.value(key, 0) : 0; };
-    spdlog::info("loaded checkpoint {} at iteration {} (consumed samples {}; saved on TP {} x PP {} x DP {}): "
+    spdlog::info("loaded checkpoint {} at iteration {} (consumed samples {}; saved on {}): "
                  "{:.1f} MB read, {:.1f} MB checksummed, in {:.3f} s",
-                 reader->path(), iteration_, consumed, saved("tensor_model_parallel_size"),
-                 saved("pipeline_model_parallel_size"), saved("data_parallel_size"),
+                 reader->path(), iteration_, consumed, describe_saved_grid(m.value("grid", nlohmann::json::object())),
                  megabytes(io[0]), megabytes(io[1]), s);
     if (consumed != iteration_ * G)
       spdlog::warn("WARNING: checkpoint {}: consumed samples {} != iteration {} x global batch size {}: training "

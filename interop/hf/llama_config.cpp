@@ -150,9 +150,6 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   if (is_moe_arch(a) && !m.is_moe())
     input_error(where + ": a Mixture-of-Experts " + name + " but model.num_moe_experts is null (a dense model)");
   const HFDefaults def = hf_defaults(a);
-  if (a == HFArch::Qwen3Moe)  // q_norm / k_norm per head before RoPE (mapped in moe.cpp's hf_moe_expected / load_hf_moe_param)
-    input_error(where + ": Qwen3MoeForCausalLM needs model.qk_layernorm (RMSNorm of each q / k head), which tptrain "
-                "does not have yet");
   // the architecture's fixed parts
   if (hf.contains("hidden_act") && !hf["hidden_act"].is_null() && hf["hidden_act"] != "silu")
     input_error(where + ": hidden_act is " + jtext(hf["hidden_act"]) + ": tptrain's Llama MLP is SwiGLU (silu)");
@@ -167,10 +164,16 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   if (a == HFArch::Llama && m.add_qkv_bias && !m.add_bias_linear)
     input_error(where + ": model.add_qkv_bias: true (a QKV bias alone) has no Llama form (attention_bias is on "
                 "q, k, v and o_proj)");
+  if (m.qk_layernorm != (a == HFArch::Qwen3Moe))  // Qwen3-MoE's q_norm / k_norm: RMSNorm of each head, before RoPE
+    input_error(where + ": " + (m.qk_layernorm ? "model.qk_layernorm is true but " + name + " has no q/k norms"
+                                               : name + " normalises q and k per head (self_attn.q_norm, k_norm) but "
+                                                        "model.qk_layernorm is false"));
 
   auto integer = [&](const char* key, int64_t def) -> int64_t {
     if (!hf.contains(key) || hf[key].is_null()) return def;
     if (!hf[key].is_number_integer()) input_error(where + ": " + key + " is " + jtext(hf[key]) + ", not an integer");
+    if (hf[key].is_number_unsigned() && hf[key].get<uint64_t>() > uint64_t(INT64_MAX))
+      input_error(where + ": " + key + " is " + jtext(hf[key]) + ", larger than any model's");
     return hf[key].get<int64_t>();
   };
   auto number = [&](const char* key, double def) -> double {
@@ -253,6 +256,7 @@ std::string hf_llama_incompatibility(const ModelConfig& m) {
   if (m.is_moe() && hf_moe_export_arch(m, &why) == HFArch::Other) return why;
   if (!m.is_moe() && m.add_qkv_bias && !m.add_bias_linear)
     return "model.add_qkv_bias is true without model.add_bias_linear (Llama's attention_bias is on q, k, v and o)";
+  if (!m.is_moe() && m.qk_layernorm) return "model.qk_layernorm is true (Llama has no q/k norms)";
   return "";
 }
 

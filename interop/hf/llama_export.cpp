@@ -85,6 +85,16 @@ std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m) {
       if (qkv_bias) qkv_part(h + "self_attn." + qkv[w] + ".bias", o + "attn.qkv.bias", w, false);
     }
     same(h + "self_attn.o_proj.weight", {C, HD}, o + "attn.proj.weight");
+    if (m.qk_layernorm)  // Qwen3-MoE's q_norm / k_norm [D], back to HF's channel order
+      for (const char* w : {"q", "k"}) {
+        const std::string ours = o + "attn." + w + "_layernorm.weight";
+        out.push_back({h + "self_attn." + w + "_norm.weight", {D}, [=](const Read& read) {
+                         const std::vector<float>& src = read(ours);
+                         std::vector<float> dst(size_t(D));
+                         for (int64_t c = 0; c < D; ++c) dst[size_t(hf_channel(c, D, d.interleaved))] = src[size_t(c)];
+                         return dst;
+                       }});
+      }
     if (d.bias) same(h + "self_attn.o_proj.bias", {C}, o + "attn.proj.bias");
     same(h + "post_attention_layernorm.weight", {C}, o + "ln_2.weight");
     if (!m.is_moe_layer(l)) {

@@ -1,7 +1,8 @@
 // Hugging Face Mixture-of-Experts checkpoints (interop/hf/llama.h; docs/MOE.md "Hugging Face
 // checkpoints"): MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM, whose attention,
 // norms, embeddings and dense MLPs are Llama's (interop/hf/llama_*.cpp). Here: their MoE keys of
-// config.json, the router / experts / shared expert gate tensors in and out.
+// config.json, the router / experts / shared expert gate tensors in and out, Qwen3-MoE's q/k norms
+// (self_attn.q_norm / k_norm [D] <-> h.<l>.attn.q_layernorm / k_layernorm, model.qk_layernorm).
 //   HF (transformers' modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py)   ours
 //   <mlp>.gate.weight [E, C]                                       h.<l>.mlp.router.weight (E, C)
 //   <mlp>.experts.<e>.w1 | gate_proj [Fe, C], w3 | up_proj [Fe, C]  h.<l>.mlp.experts.fc1.weight (E, 2, Fe, C)
@@ -191,9 +192,11 @@ bool load_hf_moe_param(HFArch a, const HFShards& hf, const ModelConfig& m, const
       }
     }
   } else if (rest == "attn.q_layernorm.weight" || rest == "attn.k_layernorm.weight") {  // Qwen3-MoE (model.qk_layernorm)
-    const int64_t D = llama_dims(m).D;
-    hf.rows("model.layers." + std::to_string(l) + ".self_attn." + (rest[5] == 'q' ? "q" : "k") + "_norm.weight", {D}, 0,
-            D, out);
+    const LlamaDims d = llama_dims(m);
+    std::vector<float> w(size_t(d.D));
+    hf.rows("model.layers." + std::to_string(l) + ".self_attn." + (rest[5] == 'q' ? "q" : "k") + "_norm.weight", {d.D},
+            0, d.D, w.data());
+    for (int64_t c = 0; c < d.D; ++c) out[c] = w[size_t(hf_channel(c, d.D, d.interleaved))];  // our RoPE channel order
   } else {
     return false;
   }
@@ -203,6 +206,11 @@ bool load_hf_moe_param(HFArch a, const HFShards& hf, const ModelConfig& m, const
 HFArch hf_moe_export_arch(const ModelConfig& m, std::string* why) {
   *why = router_incompatibility(m);
   if (!why->empty()) return HFArch::Other;
+  if (m.qk_layernorm) {  // Qwen3-MoE: q/k norms, no shared expert, no attention biases
+    if (m.moe_shared_expert_intermediate_size) *why = "model.qk_layernorm with a shared expert (Qwen3-MoE has none)";
+    else if (m.add_qkv_bias) *why = "model.qk_layernorm with model.add_qkv_bias (Qwen3-MoE: no q/k/v biases)";
+    return why->empty() ? HFArch::Qwen3Moe : HFArch::Other;
+  }
   if (m.moe_shared_expert_intermediate_size) {  // Qwen2-MoE: a gated shared expert, q/k/v biases
     if (!m.moe_shared_expert_gate)
       *why = "a shared expert without model.moe_shared_expert_gate (Qwen2-MoE gates it)";
@@ -210,13 +218,13 @@ HFArch hf_moe_export_arch(const ModelConfig& m, std::string* why) {
       *why = "a shared expert without model.add_qkv_bias (Qwen2-MoE has q/k/v biases)";
     return why->empty() ? HFArch::Qwen2Moe : HFArch::Other;
   }
-  // Mixtral: every layer MoE, the top-k renormalised, no biases; else Qwen3-MoE's form would be needed
+  // Mixtral: every layer MoE, the top-k renormalised, no biases
   for (int64_t l = 0; l < m.num_layers; ++l)
     if (!m.is_moe_layer(l)) *why = "dense layers (model.moe_layer_freq) without a shared expert";
   if (m.moe_router_pre_softmax) *why = "model.moe_router_pre_softmax: true without a shared expert";
   if (m.add_qkv_bias) *why = "model.add_qkv_bias without a shared expert";
   if (!why->empty()) {
-    *why += ": Mixtral cannot hold it and Qwen3-MoE needs model.qk_layernorm, which tptrain does not have yet";
+    *why += ": Mixtral cannot hold it (and Qwen3-MoE has q/k norms: model.qk_layernorm)";
     return HFArch::Other;
   }
   return HFArch::Mixtral;

@@ -14,7 +14,10 @@
 #      token is the best of the PyTorch reference model (tests/reference/model_ref.py, no KV cache)
 #      on the checkpoint's tensors (assembled by tests/tools/checkpoint_tensors.py), up to a 1e-4 tie;
 #  (d) the G = 2 checkpoint at TP 4 (G % TP != 0) exits 2 naming model.num_query_groups and
-#      parallel.tensor_model_parallel_size; at TP 4 with G = 4 the saved QKV's shape does not fit: exit 2.
+#      parallel.tensor_model_parallel_size; at TP 4 with G = 4 the saved QKV's shape does not fit: exit 2;
+#  (e) with Qwen3's q/k norms (model.qk_layernorm) a TP2 x PP2 checkpoint of iteration 5 resumes at
+#      TP1 x PP1 within 1e-5 of the uninterrupted TP2 x PP2 run, and generate's greedy tokens from that
+#      run's checkpoint (the KV cache holding normalised keys) are the reference model's best as in (c).
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -122,6 +125,16 @@ if run 2 2 1 cross_tp2 --set checkpoint.load="$W/ck_first" --set checkpoint.save
   params "$W/ck_straight" "$W/ck_cross_tp2" 1e-5 "saved TP2xPP2, resumed at TP2xPP1: final parameters (1e-5)"
 else bad "saved TP2xPP2, resumed at TP2xPP1"; fi
 
+# --- (e) the q/k norms: resumed across layouts (generate from its checkpoint in (c)) ---------------
+QK=(--set model.qk_layernorm=true)
+run 4 2 2 qk_straight "${QK[@]}" --set checkpoint.save="$W/ck_qk_straight" || bad "straight TP2xPP2 run with qk_layernorm"
+if run 4 2 2 qk_first "${QK[@]}" --set training.train_iters=5 --set checkpoint.save="$W/ck_qk_first" &&
+   run 1 1 1 qk_cross_1rank "${QK[@]}" --set checkpoint.load="$W/ck_qk_first" --set checkpoint.save="$W/ck_qk_cross_1rank" \
+     --set training.micro_batch_size=8; then
+  compare "$W/qk_straight.jsonl" "$W/qk_cross_1rank.jsonl" 1e-5 "qk_layernorm: saved TP2xPP2, resumed at TP1xPP1 (1e-5)"
+  params "$W/ck_qk_straight" "$W/ck_qk_cross_1rank" 1e-5 "qk_layernorm: saved TP2xPP2, resumed at TP1xPP1: final parameters (1e-5)"
+else bad "qk_layernorm: saved TP2xPP2, resumed at TP1xPP1"; fi
+
 # --- (c) generate from the Llama checkpoints ------------------------------------------------------
 # the same model trained longer (200 iterations at a higher learning rate, TP2 x PP2) so that greedy
 # text is more than spaces or "the the"; up to 100 new tokens: the text fills the 64 positions (RoPE
@@ -129,7 +142,7 @@ else bad "saved TP2xPP2, resumed at TP2xPP1"; fi
 PROMPT="The quick brown fox"
 run 4 2 2 gen --set training.train_iters=200 --set optimizer.lr_decay_iters=200 --set optimizer.lr=1.0e-2 \
   --set optimizer.min_lr=1.0e-3 --set checkpoint.save="$W/ck_gen" || bad "training the model for generate"
-for name in gen straight resume; do
+for name in gen straight resume qk_straight; do
   timeout 120 "$TPTRAIN" generate --checkpoint "$W/ck_$name" --prompt "$PROMPT" --temperature 0 --max-new-tokens 100 \
     --threads 1 > "$W/greedy_$name.txt" 2> "$W/greedy_$name.err" || { bad "generate from ck_$name exited $?"; cat "$W/greedy_$name.err"; }
 done
@@ -145,7 +158,7 @@ grep -q "^$PROMPT" "$W/greedy_straight.txt" && cmp -s "$W/greedy_straight.txt" "
   { bad "greedy text of the straight / resumed checkpoints"; cat "$W/greedy_straight.txt" "$W/greedy_resume.txt"; }
 # the reference model on the checkpoint's tensors, the whole text at once (no KV cache): every token
 # generate chose is the best (up to a 1e-4 tie), and generate stopped where its rules say
-for name in gen straight; do
+for name in gen straight qk_straight; do
   if out=$($PY - "$TPTRAIN_SRC" "$W/ck_$name" "$W/greedy_$name.txt" "$PROMPT" 100 <<'PY' 2>&1
 import json, os, sys
 import torch

@@ -55,6 +55,9 @@ compare "$W/straight.jsonl" "$W/resume.jsonl" 0 "EP 2 x DP 4 (distributed optimi
 if grep -rqa "h.1.mlp.router.expert_bias" "$W/ck"; then ok "the expert bias is in the checkpoint"
 else bad "the checkpoint has no h.1.mlp.router.expert_bias"; fi
 
+if grep -q "saved on TP 1 x PP 1 x DP 4, EP 2" "$W/resume.log"; then ok "the load names the saving layout (TP 1 x PP 1 x DP 4, EP 2)"
+else bad "the load's log line does not name EP 2"; grep "loaded checkpoint" "$W/resume.log"; fi
+
 run 1 ep1 --set checkpoint.load="$W/ck" && compare "$W/straight.jsonl" "$W/ep1.jsonl" 1e-6 "EP 2 checkpoint resumed at EP 1 (1 rank)"
 run 4 ep4 --set checkpoint.load="$W/ck" --set parallel.expert_model_parallel_size=4 &&
   compare "$W/straight.jsonl" "$W/ep4.jsonl" 1e-6 "EP 2 checkpoint resumed at EP 4 x DP 4"

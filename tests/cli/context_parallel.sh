@@ -133,6 +133,8 @@ PYEOF
   then ok "a checkpoint saved at CP 2 resumes at CP $cp (iterations 5..8 as the CP 2 run's: loss 1e-5, grad norm 3e-5)"
   else bad "resume at CP $cp of a CP 2 checkpoint"; tail -5 "$W/resume$cp.log"; fi
 done
+if grep -q "saved on TP 1 x CP 2 x PP 1 x DP 1)" "$W/resume1.log"; then ok "the load names the saving layout (TP 1 x CP 2 x PP 1 x DP 1)"
+else bad "the load's log line does not name CP 2"; grep "loaded checkpoint" "$W/resume1.log"; fi
 
 # plan = allocation on rank 0, with CP (bytes of the trainer's start-up line = tptrain plan's stage 0)
 alloc_vs_plan() {  # name np sets...

@@ -134,7 +134,7 @@ timeout 60 "$TPTRAIN" generate --checkpoint "$W/nothing" --prompt x > "$W/bad1.t
 timeout 60 "$TPTRAIN" generate --checkpoint "$W/ck_single" > "$W/bad2.txt" 2>&1
 [ $? -eq 2 ] && grep -q -- "--prompt is required" "$W/bad2.txt" && ok "no --prompt: exit 2" || { bad "no prompt"; cat "$W/bad2.txt"; }
 timeout 60 "$TPTRAIN" generate --checkpoint "$W/ck_single" --prompt x --temperature hot > "$W/bad3.txt" 2>&1
-[ $? -eq 2 ] && grep -q -- "--temperature: expected a number" "$W/bad3.txt" && ok "bad --temperature: exit 2" || { bad "bad temperature"; cat "$W/bad3.txt"; }
+[ $? -eq 2 ] && grep -q -- "--temperature: expected a finite number" "$W/bad3.txt" && ok "bad --temperature: exit 2" || { bad "bad temperature"; cat "$W/bad3.txt"; }
 
 # GPT-2 BPE end to end: a vocabulary of every byte (GPT-2's bytes_to_unicode), merges of frequent
 # pairs of the text and <|endoftext|>; preprocess with it, check the tokens decode to the documents,

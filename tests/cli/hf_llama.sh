@@ -102,6 +102,9 @@ expect2 "a shape that disagrees with config.json" \
   "${ONE[@]}" --set model.init_from="$W/shape" --set model.ffn_hidden_size=128
 expect2 "config.json against the model config" "intermediate_size is 96 but model.ffn_hidden_size is 128" \
   "${ONE[@]}" --set model.ffn_hidden_size=128
+bad_copy huge; sed -i 's/"vocab_size": 257/"vocab_size": 18446744073709551615/' "$W/huge/config.json"
+expect2 "a vocab_size of 2^64 - 1 in config.json" "vocab_size is 18446744073709551615, larger than any model's" \
+  "${ONE[@]}" --set model.init_from="$W/huge"
 expect2 "rope scaling against the model config" "but model.rope_scaling is null" "${ONE[@]}" --set model.rope_scaling=null
 bad_copy arch; sed -i -e 's/LlamaForCausalLM/MistralForCausalLM/' -e 's/"model_type": "llama"/"model_type": "mistral"/' \
   "$W/arch/config.json"

@@ -8,7 +8,9 @@
 # boxes assembled into global tensors (tests/tools/checkpoint_tensors.py; `tptrain export` writes
 # GPT-2 only) within 1e-5 (Frobenius, per tensor) of the one-rank run's. Recompute (selective,
 # full) changes nothing: losses, grad norms and final parameters bitwise those of recompute none,
-# on 1 rank and on TP 2 x PP 2.
+# on 1 rank and on TP 2 x PP 2. With Qwen3's q/k norms (model.qk_layernorm) TP 2 x PP 2 x DP 2 with the
+# distributed optimizer within 1e-5 of one rank (the norms' gradients summed over TP, their saved
+# boxes tp_rank 0's), and recompute bitwise on 1 rank.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -71,4 +73,10 @@ REL=0 run single_recompute_full 1 1 1 8 1f1b training.recompute=full
 run tp2_pp2 4 2 2 4  # recompute none, also against the one-rank run (1e-5)
 REF=tp2_pp2 REL=0 run tp2_pp2_recompute_selective 4 2 2 4 1f1b training.recompute=selective
 REF=tp2_pp2 REL=0 run tp2_pp2_recompute_full 4 2 2 4 1f1b training.recompute=full
+# Qwen3's q/k norms
+QK=model.qk_layernorm=true
+REL=none run qk_single 1 1 1 8 1f1b $QK
+REF=qk_single run qk_tp2_pp2_dp2_distopt 8 2 2 2 1f1b "$QK parallel.distributed_optimizer=true"
+REF=qk_single REL=0 run qk_single_recompute_selective 1 1 1 8 1f1b "$QK training.recompute=selective"
+REF=qk_single REL=0 run qk_single_recompute_full 1 1 1 8 1f1b "$QK training.recompute=full"
 finish

@@ -68,14 +68,6 @@ grep -q "llm.c shards.*uint32" train_shards.log && ok "the start-up log names th
   { bad "start-up log"; grep -i "llm.c\|data" train_shards.log | head -3; }
 
 # ---- bad shards: exit 2 naming the problem
-expect_exit2() {  # NAME TEXT CMD...
-  local name=$1 text=$2
-  shift 2
-  "$@" > "$W/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 2 ] && grep -qF -- "$text" "$W/$name.log"; then ok "$name: exit 2: $(grep -F -- "$text" "$W/$name.log" | head -1 | cut -c1-160)"
-  else bad "$name (exit $rc, expected 2 and '$text')"; sed 's/^/    /' "$W/$name.log" | head -5; fi
-}
 $PY "$MAKE" --tokens 100 --llmc "$W/v6_" --version 6 2> /dev/null
 $PY "$MAKE" --tokens 100 --llmc "$W/big_" --token-at 7:128256 2> /dev/null
 head -c 1500 "$W/one_000.bin" > "$W/cut.bin"

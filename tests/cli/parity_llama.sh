@@ -21,7 +21,11 @@
 # optimizer and sequence parallelism, (m) GQA + SwiGLU + interleaved RoPE with biases on TP 2 (the
 # grouped QKV and [gate; up] shards with their biases); (n) the Llama shape in bf16 against the fp32
 # reference with precision.sh's bf16 bound (the reference computes in fp32 only), and not bitwise
-# equal to tptrain's fp32 run.
+# equal to tptrain's fp32 run; model.qk_layernorm (Qwen3's q/k norms, kv_channels 16): (o) on the
+# Llama shape (RMSNorm), (p) on GPT-2 (LayerNorm), (q) the Llama shape on TP 2 x PP 2 with zb-h1 and
+# selective recompute (the norms' weight gradients summed over TP without sequence parallelism), (r) on
+# TP 2 with sequence parallelism and the distributed optimizer, (s) on TP 2 x CP 2 x PP 2 with full
+# recompute.
 set -u -o pipefail
 
 NAME=parity_llama
@@ -157,5 +161,16 @@ PYEOF
   then pass n_llama_bf16_is_not_fp32
   else fail n_llama_bf16_is_not_fp32 "tptrain's bf16 losses are bitwise its fp32 losses: bf16 did not run"; fi
 fi
+QK=(model.qk_layernorm=true model.kv_channels=16)
+run_case o_llama_qk_norm "${LLAMA[@]}" "${QK[@]}"
+run_case p_gpt2_qk_layernorm "${QK[@]}"
+NP=4 run_case q_llama_qk_tp2_pp2_zb_selective "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.pipeline_schedule=zb-h1 \
+  training.recompute=selective
+NP=2 run_case r_llama_qk_tp2_sp_distopt "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
+  parallel.sequence_parallel=true parallel.distributed_optimizer=true training.micro_batch_size=4
+NP=8 run_case s_llama_qk_tp2_cp2_pp2_full "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
+  parallel.context_parallel_size=2 parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 \
+  training.recompute=full
 
 parity_finish

@@ -21,7 +21,9 @@
 # one-process reference: (p) EP 2 on DP 2, (q) EP 4 on DP 4 (micro-batches of 2), (r) EP 2 with TP 2
 # and sequence parallelism, ETP 1 (4 ranks), (s) EP 2 with PP 2 and the distributed optimizer, (t) PP 2
 # with ZB-H1 (the MoE layers' weight gradients in B), (u) full recompute (the routing rerun, its
-# losses counted once), (v) TP 2 with a gated shared expert, (w) the expert bias on EP 2.
+# losses counted once), (v) TP 2 with a gated shared expert, (w) the expert bias on EP 2; Qwen3-MoE's
+# shape (RMSNorm, SwiGLU, RoPE, GQA 2, q/k norms: model.qk_layernorm, no biases, untied) (x) on one
+# rank, (y) on EP 2 x TP 2 with sequence parallelism, ETP 1 (the q/k norms' gradients summed over TP).
 # Capacity is not run on layouts: with sequence parallelism what is dropped depends on TP
 # (docs/MOE.md step 3), so only the one-rank cases define it.
 set -u -o pipefail
@@ -145,6 +147,12 @@ NP=4 run_case v_tp2_sp_shared_gate "${AUX[@]}" parallel.tensor_model_parallel_si
   parallel.expert_tensor_parallel_size=1 model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
 NP=2 run_case w_ep2_expert_bias model.moe_router_score_function=sigmoid model.moe_router_enable_expert_bias=true \
   model.moe_router_bias_update_rate=1.0e-2 parallel.expert_model_parallel_size=2
+QWEN3=(model.normalization=RMSNorm model.swiglu=true model.position_embedding_type=rope
+  model.group_query_attention=true model.num_query_groups=2 model.qk_layernorm=true model.kv_channels=16
+  model.add_bias_linear=false model.untie_embeddings_and_output_weights=true "${AUX[@]}")
+run_case x_qwen3_moe          "${QWEN3[@]}"
+NP=4 run_case y_qwen3_moe_ep2_tp2_sp "${QWEN3[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
 
 # the capacity cases must drop something: in the reference, iteration 1's loss (the same weights)
 # differs from the dropless case's

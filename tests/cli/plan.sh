@@ -130,6 +130,12 @@ else bad "bad world size (rc $rc)"; cat "$W/bad.out"; fi
 "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --peak-tflops fast > "$W/bad2.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "peak-tflops" "$W/bad2.out"; then ok "bad option value: exit 2"
 else bad "bad option value (rc $rc)"; cat "$W/bad2.out"; fi
+# hardware options are finite: inf would give an MFU of 0 % or a zero step time
+for opt in "--peak-tflops inf" "--hbm-gbps Infinity" "--inter-node-latency-us 1e999" "--compute-efficiency nan"; do
+  "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" $opt > "$W/bad3.out" 2>&1; rc=$?
+  if [ $rc -eq 2 ] && grep -q -- "${opt%% *}.*expected a finite number" "$W/bad3.out"; then ok "$opt: exit 2 ($(grep -o "expected a finite.*" "$W/bad3.out" | head -1))"
+  else bad "$opt (rc $rc)"; cat "$W/bad3.out"; fi
+done
 
 # --- llama3-8b.yaml, llama3-70b.yaml: parameters, fit, FLOPs -------------------------------------
 # The shapes by hand (Meta's Llama 3 / 3.1): parameters l (2h + h (H + 2G) D + H D h + 3 h F) + 2 V h + h

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama 3's tokenizer in `tptrain preprocess` and `tptrain generate` (data/llama3_tokenizer.h).
+# Llama 3's tokenizer in `tptrain preprocess` and `tptrain generate` (data/byte_pair_tokenizer.h).
 #  1. Without PyPI, on a small tiktoken file learned from a text (tests/reference/llama3_tokenizer_ref.py
 #     synthetic) and its Hugging Face conversion (to-hf): --tokenizer-model and --tokenizer-file write
 #     the same dataset, <|begin_of_text|> first and <|end_of_text|> last; the same bytes on 1, 2 and 3
@@ -20,18 +20,6 @@ export PYTHONDONTWRITEBYTECODE=1
 REF="$TPTRAIN_SRC/tests/reference/llama3_tokenizer_ref.py"
 cd "$W" || exit 1
 
-# expect_exit2 NAME TEXT CMD...: exit status 2 and TEXT in the output
-expect_exit2() {
-  local name=$1 text=$2
-  shift 2
-  "$@" > "$W/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 2 ] && grep -qF -- "$text" "$W/$name.log"; then ok "$name: exit 2: $(grep -F -- "$text" "$W/$name.log" | head -1 | cut -c1-150)"
-  else bad "$name (exit $rc, expected 2 and '$text')"; sed 's/^/    /' "$W/$name.log" | head -5; fi
-}
-same_dataset() {  # NAME PREFIX1 PREFIX2
-  if cmp -s "$2.bin" "$3.bin" && cmp -s "$2.idx" "$3.idx"; then ok "$1"; else bad "$1: $2 and $3 differ"; fi
-}
 # tiny Llama-shaped model config: cfg FILE VOCAB DATA EOD
 cfg() {
   cat > "$1" <<YAML
@@ -159,16 +147,8 @@ expect_exit2 generate_huge_rank "rank 2147483648 is past the file's" "$TPTRAIN" 
 
 # ======================= 2. Meta's tokenizer.model against tiktoken (PyPI) =======================
 CACHE=${LLAMA3_TOKENIZER_CACHE:-$(dirname "$TPTRAIN")/llama3_tokenizer_cache}
-$PY "$REF" fetch "$CACHE" > fetch.log 2>&1
-rc=$?
-if [ $rc -eq 77 ]; then
-  echo "SKIPPED: the tiktoken comparison with Meta's Llama 3 tokenizer.model: $(tail -1 fetch.log)"
-  finish
-  exit
-elif [ $rc -ne 0 ]; then bad "fetching the Llama 3 tokenizer: $(tail -3 fetch.log)"; finish; exit; fi
-ok "$(tail -1 fetch.log)"
+fetch_reference "the tiktoken comparison with Meta's Llama 3 tokenizer.model" "$CACHE"
 TM=$CACHE/tokenizer.model
-export PYTHONPATH=$CACHE/py${PYTHONPATH:+:$PYTHONPATH}
 
 # ---- the published vector (llama-models' test_tokenizer.py)
 printf 'This is a test sentence.\n' > vector.txt
@@ -178,11 +158,7 @@ got=$($PY -c "import numpy as np; print(np.fromfile('vector.bin', '<i4').tolist(
   ok "\"This is a test sentence.\" -> $got (int32 .bin)" || { bad "published vector: $got"; cat vector.log; }
 
 # ---- every fortune, and the Unicode stress text, against tiktoken
-FORTUNES=()
-for f in /usr/share/games/fortunes/*; do
-  case "$f" in *.dat|*.u8|*-o) continue;; esac
-  [ -f "$f" ] && FORTUNES+=("$f")
-done
+fortune_files
 $PY "$REF" stress stress.jsonl > stress.log 2>&1 || { bad "stress text"; cat stress.log; }
 if [ ${#FORTUNES[@]} -eq 0 ]; then
   bad "no fortunes in /usr/share/games/fortunes (apt-get install fortunes-min fortunes, or scripts/setup.sh)"

@@ -4,7 +4,8 @@
 // the weights stored as bf16 on both backends) within 2e-2 of the CPU's bf16 and fp32 losses (the
 // precision test's tolerance), with cuBLASLt's epilogues and with the separate kernels. ZB-H1's
 // split backward (B then W over three micro-batches) against the full backward on the GPU and the CPU.
-// The LLaMA shape (RMSNorm, SwiGLU, RoPE, GQA, untied, no biases) in fp32 and bf16 likewise.
+// The LLaMA shape (RMSNorm, SwiGLU, RoPE, GQA, untied, no biases) in fp32 and bf16 likewise, with and
+// without Qwen3's q/k norms (model.qk_layernorm).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -112,35 +113,44 @@ TEST(GpuModel, Bf16CudnnAttentionTrainingWithinTheMixedPrecisionTolerance) {
 // The LLaMA shape (tiny_llama_config): RMSNorm, SwiGLU, RoPE and the GQA regroup on the GPU's kernels.
 // fp32 against the CPU as GPT-2's (1e-4); bf16 within the mixed-precision tolerance of the CPU's
 // bf16 run, on the default attention (cuDNN where built, which takes the 2 KV heads natively) and on
-// the own kernels (head dim 32: the tensor-core path).
+// the own kernels (head dim 32: the tensor-core path). Both also with Qwen3's q/k norms
+// (model.qk_layernorm: the RMSNorm op on the q and k heads' rows, copied out of and back into the QKV).
 TEST(GpuModel, LlamaFp32TrainingMatchesCpu) {
-  const Config cfg = tiny_llama_config();
-  auto cpu = cpu_ops();
-  auto gpu = gpu_ops();
-  const Trained c = train(*cpu, *host, DType::F32, 4, 2, cfg);
-  const Trained g = train(*gpu, *dev, DType::F32, 4, 2, cfg);
-  for (size_t k = 0; k < c.losses.size(); ++k) {
-    EXPECT_NEAR(g.losses[k], c.losses[k], 1e-4 * std::fabs(c.losses[k])) << "step " << k + 1;
-    std::printf("llama step %zu: loss cpu %.7f gpu %.7f\n", k + 1, c.losses[k], g.losses[k]);
+  for (const bool qk : {false, true}) {
+    SCOPED_TRACE(qk ? "qk_layernorm" : "no qk_layernorm");
+    Config cfg = tiny_llama_config();
+    cfg.model.qk_layernorm = qk;
+    auto cpu = cpu_ops();
+    auto gpu = gpu_ops();
+    const Trained c = train(*cpu, *host, DType::F32, 4, 2, cfg);
+    const Trained g = train(*gpu, *dev, DType::F32, 4, 2, cfg);
+    for (size_t k = 0; k < c.losses.size(); ++k) {
+      EXPECT_NEAR(g.losses[k], c.losses[k], 1e-4 * std::fabs(c.losses[k])) << "step " << k + 1;
+      std::printf("llama%s step %zu: loss cpu %.7f gpu %.7f\n", qk ? " qk norm" : "", k + 1, c.losses[k], g.losses[k]);
+    }
+    double gmax = 0;
+    for (float v : c.first_grads) gmax = std::max(gmax, double(std::fabs(v)));
+    EXPECT_TRUE(close(g.first_grads, c.first_grads, 1e-3, 1e-4 * gmax)) << "gradients of step 1";
+    EXPECT_LT(relative_distance(g.params, c.params, c.init), 1e-2) << "weights after the last step";
   }
-  double gmax = 0;
-  for (float v : c.first_grads) gmax = std::max(gmax, double(std::fabs(v)));
-  EXPECT_TRUE(close(g.first_grads, c.first_grads, 1e-3, 1e-4 * gmax)) << "gradients of step 1";
-  EXPECT_LT(relative_distance(g.params, c.params, c.init), 1e-2) << "weights after the last step";
 }
 
 TEST(GpuModel, LlamaBf16TrainingWithinTheMixedPrecisionTolerance) {
-  const Config cfg = tiny_llama_config();
-  auto cpu = cpu_ops();
-  const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
-  for (bool own : {false, true}) {
-    SCOPED_TRACE(own ? "own attention kernels" : "default attention");
-    auto gpu = own ? gpu_ops(own_attention()) : gpu_ops();
-    const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2, cfg);
-    for (size_t k = 0; k < c16.losses.size(); ++k) {
-      EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
-      std::printf("llama step %zu: loss cpu bf16 %.6f gpu bf16 %.6f (%s)\n", k + 1, c16.losses[k], g16.losses[k],
-                  own ? "own attention" : "default attention");
+  for (const bool qk : {false, true}) {
+    SCOPED_TRACE(qk ? "qk_layernorm" : "no qk_layernorm");
+    Config cfg = tiny_llama_config();
+    cfg.model.qk_layernorm = qk;
+    auto cpu = cpu_ops();
+    const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
+    for (bool own : {false, true}) {
+      SCOPED_TRACE(own ? "own attention kernels" : "default attention");
+      auto gpu = own ? gpu_ops(own_attention()) : gpu_ops();
+      const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2, cfg);
+      for (size_t k = 0; k < c16.losses.size(); ++k) {
+        EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
+        std::printf("llama%s step %zu: loss cpu bf16 %.6f gpu bf16 %.6f (%s)\n", qk ? " qk norm" : "", k + 1,
+                    c16.losses[k], g16.losses[k], own ? "own attention" : "default attention");
+      }
     }
   }
 }

@@ -73,6 +73,7 @@ SCHEMA = {
         "untie_embeddings_and_output_weights": ("bool", False, None, False),
         "add_bias_linear": ("bool", True, None, False),
         "add_qkv_bias": ("bool", False, None, False),
+        "qk_layernorm": ("bool", False, None, False),
         "init_method_std": ("float", 0.02, None, False),         # tptrain's Philox init (init_ref.py)
         "hidden_dropout": ("float", 0.0, None, False),
         "attention_dropout": ("float", 0.0, None, False),
@@ -84,6 +85,7 @@ SCHEMA = {
         "data_parallel_size": ("int", None, None, True),
         "pipeline_schedule": ("str", "1f1b", None, False),
         "sequence_parallel": ("bool", False, None, False),
+        "context_parallel_size": ("int", 1, None, False),         # where the tokens' attention runs: no math
         "distributed_optimizer": ("bool", False, None, False),    # where the sums and updates run: no math
         "overlap_param_gather": ("bool", False, None, False),
         "overlap_grad_reduce": ("bool", False, None, False),      # when the DP sums run: no math

@@ -10,7 +10,7 @@ contract (docs/ARCHITECTURE.md "Numerics", core/rng.h's comments), vectorised in
   (docs/MOE.md "Parameters": mlp.router.weight, mlp.experts.fc1.weight, mlp.shared_experts.fc1.weight,
   mlp.shared_experts.gate.weight); the output projections (attn.proj.weight, mlp.fc2.weight,
   mlp.experts.fc2.weight, mlp.shared_experts.fc2.weight) std / sqrt(2 num_layers) (float32
-  arithmetic); norm weights 1, biases 0. An expert tensor's index is the flat index in its global
+  arithmetic); norm weights 1 (the q/k norms' too), biases 0. An expert tensor's index is the flat index in its global
   (E, ...) shape, so expert j's weights do not depend on how the experts are split.
 """
 import numpy as np
@@ -66,7 +66,7 @@ def normal_at(seed, stream, index):
     return (np.sqrt(-2.0 * np.log(u1)) * np.cos(6.283185307179586476925 * u2)).astype(np.float32)
 
 
-NORM_WEIGHTS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
+NORM_WEIGHTS = ("ln_1.weight", "ln_2.weight", "ln_f.weight", "q_layernorm.weight", "k_layernorm.weight")
 OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.fc2.weight", "experts.fc2.weight")  # + shared_experts.fc2
 
 

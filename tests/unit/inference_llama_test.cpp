@@ -32,14 +32,16 @@ struct LlamaVariant {
   double rotary_percent;
   bool interleaved;
   bool scaling;         // Llama 3.1 rope_scaling
+  bool qk_norm = false;  // model.qk_layernorm (Qwen3): the cache holds the normalised, rotated keys
 };
 
 // GQA with 2 groups of 2, head dim 12 (not hidden / heads), interleaved pairs on half the channels,
 // rope_scaling whose three branches (kept, smoothed, divided) all apply to the 3 frequencies; and
-// multi-query (1 group of 4), rotate-half on every channel, no scaling.
+// multi-query (1 group of 4), rotate-half on every channel, no scaling; GQA 2 with Qwen3's q/k norms.
 const LlamaVariant kVariants[] = {
     {"gqa2_interleaved_partial_scaled", 2, 12, 0.5, true, true},
     {"mqa_rotate_half_full", 1, 0, 1.0, false, false},
+    {"gqa2_qk_norm", 2, 12, 1.0, false, false, true},
 };
 
 struct LlamaModel {
@@ -72,6 +74,7 @@ struct LlamaModel {
     m.kv_channels = v.kv_channels;
     m.untie_embeddings_and_output_weights = true;
     m.add_bias_linear = false;
+    m.qk_layernorm = v.qk_norm;
     d = make_dims(cfg, 1, 0, 1, 0);
     layout = make_param_layout(d);
     std::vector<float> host(size_t(layout.total));
@@ -115,6 +118,13 @@ TEST_P(InferenceLlama, ModelHasTheLlamaShape) {
   EXPECT_EQ(m.layout.find("h.0.attn.qkv.weight")->global_shape,
             (std::vector<int64_t>{d.G, d.H / d.G + 2, d.D, d.C}));
   EXPECT_EQ(m.layout.find("h.0.mlp.fc1.weight")->global_shape, (std::vector<int64_t>{2, d.F, d.C}));
+  for (const char* n : {"h.1.attn.q_layernorm.weight", "h.1.attn.k_layernorm.weight"}) {
+    const ParamInfo* qk = m.layout.find(n);
+    EXPECT_EQ(qk != nullptr, GetParam().qk_norm) << n;
+    if (qk) {
+      EXPECT_EQ(qk->global_shape, std::vector<int64_t>{d.D}) << n;
+    }
+  }
   // rope_scaling changes the frequencies: the lowest ones are divided by the factor
   const std::vector<float> plain = [&] {
     ModelConfig mc = m.cfg.model;

@@ -1,9 +1,10 @@
-// Llama 3's tokenizer (data/llama3_tokenizer.h) on a small hand-made vocabulary: Llama 3's
+// Llama 3's tokenizer (data/byte_pair_tokenizer.h) on a small hand-made vocabulary: Llama 3's
 // pre-tokenization pattern (expected pieces from Python's `regex` module on the same pattern), the
 // rank-based merges worked out by hand, the same vocabulary as a Hugging Face tokenizer.json (built
 // here the way Hugging Face converts tiktoken files) giving the same ids, malformed files, the
-// shared merge loop's two paths, threads. The real Llama 3 files are checked against tiktoken in
-// tests/cli/tokenizer_llama3.sh.
+// shared merge loop's two paths, threads; the same vocabulary as a Qwen2 / Qwen3 tokenizer.json (NFC,
+// single digits, added tokens found in the text). The real Llama 3 files are checked against tiktoken
+// in tests/cli/tokenizer_llama3.sh, Qwen3's against Hugging Face's tokenizers in tokenizer_qwen.sh.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,9 +24,10 @@
 #include "core/error.h"
 #include "data/bpe_merge.h"
 #include "data/bpe_tokenizer.h"
-#include "data/llama3_tokenizer.h"
+#include "data/byte_pair_tokenizer.h"
 #include "data/regex_split.h"
 #include "data/tokenizer.h"
+#include "data/unicode_nfc.h"
 
 namespace tpt {
 namespace {
@@ -92,7 +94,7 @@ nlohmann::json hf_json(const std::vector<std::string>& tokens, bool ignore_merge
     for (const auto& [a, b, l, rr] : local) merges.push_back(json::array({symbols(l), symbols(rr)}));
   }
   json added = json::array();
-  const auto& names = Llama3Tokenizer::llama3_special_tokens();
+  const auto& names = BytePairTokenizer::llama3_special_tokens();
   for (size_t i = 0; i < names.size(); ++i)
     added.push_back({{"id", tokens.size() + i}, {"content", names[i]}, {"special", true}});
   json j;
@@ -102,7 +104,7 @@ nlohmann::json hf_json(const std::vector<std::string>& tokens, bool ignore_merge
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
                          json::array({{{"type", "Split"},
-                                       {"pattern", {{"Regex", Llama3Tokenizer::kLlama3Pattern}}},
+                                       {"pattern", {{"Regex", BytePairTokenizer::kLlama3Pattern}}},
                                        {"behavior", "Isolated"},
                                        {"invert", false}},
                                       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
@@ -126,7 +128,7 @@ nlohmann::json hf_json(const std::vector<std::string>& tokens, bool ignore_merge
   return j;
 }
 
-Pieces pieces(const Llama3Tokenizer& t, const std::string& s) {
+Pieces pieces(const BytePairTokenizer& t, const std::string& s) {
   Pieces out;
   for (std::string_view p : t.pretokenize(s)) out.emplace_back(p);
   return out;
@@ -142,8 +144,8 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 }
 
 // Expected pieces: Python's `regex` module, regex.findall(pattern, text), with Llama 3's pattern.
-TEST(Llama3Tokenizer, PretokenizeLikeTheLlama3Regex) {
-  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+TEST(BytePairTokenizer, PretokenizeLikeTheLlama3Regex) {
+  const BytePairTokenizer t = BytePairTokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
   EXPECT_EQ(pieces(t, "Hello world"), (Pieces{"Hello", " world"}));
   EXPECT_EQ(pieces(t, "I'M we'LL don't you'Re"), (Pieces{"I", "'M", " we", "'LL", " don", "'t", " you", "'Re"}));
   EXPECT_EQ(pieces(t, "12345 67"), (Pieces{"123", "45", " ", "67"}));
@@ -167,7 +169,7 @@ TEST(Llama3Tokenizer, PretokenizeLikeTheLlama3Regex) {
   EXPECT_EQ(pieces(t, "ab\xff\xfe" "cd"), (Pieces{"ab", "\xff\xfe", "cd"}));
 }
 
-TEST(Llama3Tokenizer, WhiteSpaceRewrite) {
+TEST(BytePairTokenizer, WhiteSpaceRewrite) {
   const std::string ws = RegexSplitter::rewrite_white_space("\\s");
   EXPECT_EQ(ws.front(), '[');
   EXPECT_NE(ws.find("\\x{3000}"), std::string::npos);
@@ -180,8 +182,8 @@ TEST(Llama3Tokenizer, WhiteSpaceRewrite) {
 }
 
 // Merges by the ranks of the merged bytes, worked out by hand (pieces as above).
-TEST(Llama3Tokenizer, TiktokenEncodings) {
-  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+TEST(BytePairTokenizer, TiktokenEncodings) {
+  const BytePairTokenizer t = BytePairTokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
   EXPECT_EQ(t.vocab_size(), 270 + 256);
   EXPECT_EQ(t.prefix(), Ids{270});  // <|begin_of_text|>
   EXPECT_EQ(t.eod(), 271);          // <|end_of_text|>
@@ -210,10 +212,10 @@ TEST(Llama3Tokenizer, TiktokenEncodings) {
   EXPECT_EQ(t.decode(Ids{9999, -1}), "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
-TEST(Llama3Tokenizer, TokenizerJsonGivesTheSameIds) {
+TEST(BytePairTokenizer, TokenizerJsonGivesTheSameIds) {
   const std::vector<std::string> tokens = ranked_tokens();
-  const Llama3Tokenizer tk = Llama3Tokenizer::from_tiktoken(tiktoken_file(tokens), "model");
-  const Llama3Tokenizer hf = Llama3Tokenizer::from_hf_json(hf_json(tokens).dump(), "tokenizer.json");
+  const BytePairTokenizer tk = BytePairTokenizer::from_tiktoken(tiktoken_file(tokens), "model");
+  const BytePairTokenizer hf = BytePairTokenizer::from_hf_json(hf_json(tokens).dump(), "tokenizer.json");
   EXPECT_EQ(hf.vocab_size(), tk.vocab_size());
   EXPECT_EQ(hf.prefix(), tk.prefix());
   EXPECT_EQ(hf.eod(), tk.eod());
@@ -233,7 +235,7 @@ TEST(Llama3Tokenizer, TokenizerJsonGivesTheSameIds) {
     EXPECT_EQ(tk.decode(tk.encode(s)), s);
   }
   // without ignore_merges a piece is always merged from its bytes: "xyz" has no merges
-  const Llama3Tokenizer hf_merge_all = Llama3Tokenizer::from_hf_json(hf_json(tokens, false).dump(), "t.json");
+  const BytePairTokenizer hf_merge_all = BytePairTokenizer::from_hf_json(hf_json(tokens, false).dump(), "t.json");
   EXPECT_EQ(hf_merge_all.encode("xyz hello"), (Ids{'x', 'y', 'z', ' ', 259}));
 
   // GPT-2's form: ByteLevel with its own regex, "a b" merges, no post-processor
@@ -243,14 +245,14 @@ TEST(Llama3Tokenizer, TokenizerJsonGivesTheSameIds) {
   nlohmann::json merges = nlohmann::json::array();
   for (const auto& m : g["model"]["merges"]) merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
   g["model"]["merges"] = merges;
-  const Llama3Tokenizer gpt2 = Llama3Tokenizer::from_hf_json(g.dump(), "gpt2.json");
+  const BytePairTokenizer gpt2 = BytePairTokenizer::from_hf_json(g.dump(), "gpt2.json");
   EXPECT_TRUE(gpt2.prefix().empty());
   EXPECT_EQ(gpt2.encode("hello 12345"), (Ids{259, ' ', 267, '4', '5'}));  // GPT-2: " ?\p{N}+", so " 12345"
 }
 
-TEST(Llama3Tokenizer, BadTiktokenFiles) {
+TEST(BytePairTokenizer, BadTiktokenFiles) {
   const std::string good = tiktoken_file(ranked_tokens());
-  auto load = [](const std::string& s) { return [s] { Llama3Tokenizer::from_tiktoken(s, "tok.model"); }; };
+  auto load = [](const std::string& s) { return [s] { BytePairTokenizer::from_tiktoken(s, "tok.model"); }; };
   expect_error(load(good + "@@@@ 270\n"), "tok.model:271: bad base64");
   expect_error(load(good + "aGk 270\n"), "bad base64");     // unpadded
   expect_error(load(good + "aG=k 270\n"), "bad base64");    // padding inside
@@ -263,19 +265,19 @@ TEST(Llama3Tokenizer, BadTiktokenFiles) {
   std::vector<std::string> no_a = ranked_tokens();
   no_a['a'] = "aa";
   expect_error(load(tiktoken_file(no_a)), "no token for the single byte 0x61");
-  expect_error([] { Llama3Tokenizer::from_tiktoken_file("/nonexistent/tokenizer.model"); },
+  expect_error([] { BytePairTokenizer::from_tiktoken_file("/nonexistent/tokenizer.model"); },
                "--tokenizer-model: cannot open /nonexistent/tokenizer.model: No such file");
   // blank lines are skipped, CRLF line ends accepted
   std::string crlf;
   for (char c : good) crlf += c == '\n' ? std::string("\r\n\r\n") : std::string(1, c);
-  EXPECT_EQ(Llama3Tokenizer::from_tiktoken(crlf, "crlf").encode("hello"), (Ids{259}));
+  EXPECT_EQ(BytePairTokenizer::from_tiktoken(crlf, "crlf").encode("hello"), (Ids{259}));
 }
 
-TEST(Llama3Tokenizer, BadTokenizerJson) {
+TEST(BytePairTokenizer, BadTokenizerJson) {
   const std::vector<std::string> tokens = ranked_tokens();
-  auto load = [](const nlohmann::json& j) { return [s = j.dump()] { Llama3Tokenizer::from_hf_json(s, "t.json"); }; };
+  auto load = [](const nlohmann::json& j) { return [s = j.dump()] { BytePairTokenizer::from_hf_json(s, "t.json"); }; };
   nlohmann::json j = hf_json(tokens);
-  expect_error([] { Llama3Tokenizer::from_hf_json("{\"model\": ", "t.json"); }, "t.json: not valid JSON");
+  expect_error([] { BytePairTokenizer::from_hf_json("{\"model\": ", "t.json"); }, "t.json: not valid JSON");
   { auto k = j; k["model"].erase("vocab"); expect_error(load(k), "no model.vocab"); }
   { auto k = j; k["model"].erase("merges"); expect_error(load(k), "no model.merges"); }
   { auto k = j; k.erase("model"); expect_error(load(k), "no \"model\""); }
@@ -283,9 +285,12 @@ TEST(Llama3Tokenizer, BadTokenizerJson) {
   { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["type"] = "Whitespace"; expect_error(load(k), "unknown pre-tokenizer Whitespace"); }
   { auto k = j; k["pre_tokenizer"] = {{"type", "Metaspace"}}; expect_error(load(k), "unknown pre-tokenizer Metaspace"); }
   { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; expect_error(load(k), "behavior \"Removed\""); }
-  { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(oops"}}; expect_error(load(k), "does not compile"); }
+  { auto k = j; k["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(oops"}};
+    expect_error(load(k), "unknown tokenizer family: pre-tokenizer regex \"(oops\", normalizer none; not Llama 3: "
+                          "the regex differs at character 1 (\"oops\" where Llama 3's has \"?i:'s|'t|'re|'ve\")"); }
   { auto k = j; k["pre_tokenizer"] = nullptr; expect_error(load(k), "no pre_tokenizer"); }
-  { auto k = j; k["normalizer"] = {{"type", "NFC"}}; expect_error(load(k), "normalizer NFC"); }
+  { auto k = j; k["normalizer"] = {{"type", "NFC"}}; expect_error(load(k), "not Llama 3: the normalizer is NFC, Llama 3's none"); }
+  { auto k = j; k["normalizer"] = {{"type", "Lowercase"}}; expect_error(load(k), "normalizer Lowercase is not supported"); }
   { auto k = j; k["model"]["merges"].push_back({"x", "q"}); expect_error(load(k), "not in model.vocab"); }
   { auto k = j; k["model"]["merges"].push_back("xq"); expect_error(load(k), "expected \"left right\""); }
   { auto k = j; k["model"]["vocab"]["\u4e00"] = 5; expect_error(load(k), "not made of byte-level symbols"); }
@@ -296,16 +301,16 @@ TEST(Llama3Tokenizer, BadTokenizerJson) {
     expect_error(load(k), "model.vocab: id " + std::to_string(int(k["model"]["vocab"]["a"])) +
                               " of token \"a\" is also the id of the added token \"<|begin_of_text|>\""); }
   { auto k = j; k["model"]["vocab"]["<|begin_of_text|>"] = k["added_tokens"][0]["id"];  // the same token: fine
-    EXPECT_NO_THROW(Llama3Tokenizer::from_hf_json(k.dump(), "t.json")); }
+    EXPECT_NO_THROW(BytePairTokenizer::from_hf_json(k.dump(), "t.json")); }
   { auto k = j; k["post_processor"] = {{"type", "RobertaProcessing"}}; expect_error(load(k), "post_processor RobertaProcessing"); }
   { auto k = j; k["model"]["byte_fallback"] = true; expect_error(load(k), "byte_fallback"); }
 }
 
 // A rank or id is bounded by how many entries the file holds, before it sizes a table: a rank of
 // 2^31 (or 2^30, under int32's bound) in a tokenizer.model, an id of 2^30 - 1 in tokenizer.json.
-TEST(Llama3Tokenizer, RanksAndIdsBoundedByTheFile) {
+TEST(BytePairTokenizer, RanksAndIdsBoundedByTheFile) {
   const std::string good = tiktoken_file(ranked_tokens());  // 270 lines and a line end: 271 "lines"
-  auto tiktoken = [](const std::string& s) { return [s] { Llama3Tokenizer::from_tiktoken(s, "tok.model"); }; };
+  auto tiktoken = [](const std::string& s) { return [s] { BytePairTokenizer::from_tiktoken(s, "tok.model"); }; };
   expect_error(tiktoken(good + "aGk= 2147483648\n"), "tok.model:271: rank 2147483648 is past the file's 272 lines");
   expect_error(tiktoken(good + "aGk= 1073741824\n"), "tok.model:271: rank 1073741824 is past the file's 272 lines");
   expect_error(tiktoken("aGk= 2\n"), "tok.model:1: rank 2 is past the file's 2 lines");
@@ -314,7 +319,7 @@ TEST(Llama3Tokenizer, RanksAndIdsBoundedByTheFile) {
   expect_error(tiktoken(good + "aGk= 271\n"), "rank 270 is missing");
 
   const nlohmann::json j = hf_json(ranked_tokens());  // 270 vocab entries, 256 added tokens: 526
-  auto hf = [](const nlohmann::json& k) { return [s = k.dump()] { Llama3Tokenizer::from_hf_json(s, "t.json"); }; };
+  auto hf = [](const nlohmann::json& k) { return [s = k.dump()] { BytePairTokenizer::from_hf_json(s, "t.json"); }; };
   { auto k = j; k["added_tokens"][3]["id"] = (1 << 30) - 1;
     expect_error(hf(k), "t.json: added_tokens entry {");
     expect_error(hf(k), ": id 1073741823 is out of range for the file's 526 tokens (ids must be below 1052"); }
@@ -322,21 +327,21 @@ TEST(Llama3Tokenizer, RanksAndIdsBoundedByTheFile) {
   { auto k = j; k["model"]["vocab"]["zz"] = 600000;
     expect_error(hf(k), "model.vocab: token \"zz\": id 600000 is out of range for the file's 527 tokens"); }
   { auto k = j; k["added_tokens"][255]["id"] = 1051;  // a hole below the bound is an unused id
-    EXPECT_EQ(Llama3Tokenizer::from_hf_json(k.dump(), "t.json").vocab_size(), 1052); }
+    EXPECT_EQ(BytePairTokenizer::from_hf_json(k.dump(), "t.json").vocab_size(), 1052); }
 }
 
 // Tokenizer files are read through the regular-file rule: a device, a FIFO or a folder is refused at
 // once, naming the path and its kind (a FIFO would block the run, /dev/zero would grow until bad_alloc).
-TEST(Llama3Tokenizer, FileKindsChecked) {
+TEST(BytePairTokenizer, FileKindsChecked) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("tpt_tok_kinds_" + std::to_string(::getpid()))).string();
   std::filesystem::create_directories(dir);
   ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
-  expect_error([] { Llama3Tokenizer::from_tiktoken_file("/dev/zero"); },
+  expect_error([] { BytePairTokenizer::from_tiktoken_file("/dev/zero"); },
                "--tokenizer-model: /dev/zero: not a regular file (a character device)");
-  expect_error([&] { Llama3Tokenizer::from_tiktoken_file(dir + "/fifo"); },
+  expect_error([&] { BytePairTokenizer::from_tiktoken_file(dir + "/fifo"); },
                "--tokenizer-model: " + dir + "/fifo: not a regular file (a FIFO)");
-  expect_error([&] { Llama3Tokenizer::from_hf_file(dir + "/fifo"); }, "--tokenizer-file: " + dir + "/fifo: not a regular file (a FIFO)");
-  expect_error([&] { Llama3Tokenizer::from_hf_file(dir); }, "--tokenizer-file: " + dir + ": not a regular file (a directory)");
+  expect_error([&] { BytePairTokenizer::from_hf_file(dir + "/fifo"); }, "--tokenizer-file: " + dir + "/fifo: not a regular file (a FIFO)");
+  expect_error([&] { BytePairTokenizer::from_hf_file(dir); }, "--tokenizer-file: " + dir + ": not a regular file (a directory)");
   {
     std::ofstream(dir + "/vocab.json") << "{}";
   }
@@ -347,7 +352,7 @@ TEST(Llama3Tokenizer, FileKindsChecked) {
 }
 
 // The merge loop's scan and heap paths agree, with ties between different splits of one token.
-TEST(Llama3Tokenizer, MergePathsAgree) {
+TEST(BytePairTokenizer, MergePathsAgree) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 300; ++trial) {
     std::map<std::string, int32_t> ranks;  // tiktoken-like: rank of the merged bytes
@@ -370,7 +375,7 @@ TEST(Llama3Tokenizer, MergePathsAgree) {
     EXPECT_EQ(heap[0], 0u);
   }
   // a long piece (a page of CJK letters) takes the heap path and round-trips
-  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+  const BytePairTokenizer t = BytePairTokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
   std::string cjk;
   for (int i = 0; i < 20000; ++i) cjk += "\u65e5\u672c";
   EXPECT_EQ(t.pretokenize(cjk).size(), 1u);
@@ -386,8 +391,8 @@ TEST(Llama3Tokenizer, MergePathsAgree) {
   }
 }
 
-TEST(Llama3Tokenizer, ThreadsGiveTheSameIds) {
-  const Llama3Tokenizer t = Llama3Tokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
+TEST(BytePairTokenizer, ThreadsGiveTheSameIds) {
+  const BytePairTokenizer t = BytePairTokenizer::from_tiktoken(tiktoken_file(ranked_tokens()), "test");
   std::vector<std::string> texts;
   std::mt19937 rng(5);
   const std::string alphabet = "helowrdxyz123 \r\n'!.";
@@ -407,7 +412,7 @@ TEST(Llama3Tokenizer, ThreadsGiveTheSameIds) {
   EXPECT_EQ(one, many);
 }
 
-TEST(Llama3Tokenizer, TokenizerFace) {
+TEST(BytePairTokenizer, TokenizerFace) {
   const std::string dir = ::testing::TempDir() + "/llama3_tokenizer_test";
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/tokenizer.model") << tiktoken_file(ranked_tokens());
@@ -439,6 +444,77 @@ TEST(Llama3Tokenizer, TokenizerFace) {
   doc.clear();
   bytes.encode_document("hi", true, doc);
   EXPECT_EQ(doc, (Ids{'h', 'i', 256}));
+}
+
+// The hand-made vocabulary as Qwen's tokenizer.json: Qwen's regex (single digits) and NFC; Qwen3's
+// added tokens, special (text in a text) or not (found in it, leftmost-longest; a special token
+// found keeps an overlapping one from being found, as in Hugging Face's encode_special_tokens).
+nlohmann::json qwen_json(const std::vector<std::string>& tokens) {
+  nlohmann::json j = hf_json(tokens, false);
+  j["normalizer"] = {{"type", "NFC"}};
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = BytePairTokenizer::kQwen2Pattern;
+  j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  const int n = int(tokens.size());
+  j["added_tokens"] = nlohmann::json::array();
+  int i = 0;
+  for (const auto& [text, special] : std::vector<std::pair<std::string, bool>>{
+           {"<|endoftext|>", true}, {"<|im_start|>", true}, {"<|im_end|>", true}, {"<ab>", true}, {"<think>", false},
+           {"<th", false}, {"<a", false}, {"\xC3\xA9!", false}})
+    j["added_tokens"].push_back({{"id", n + i++}, {"content", text}, {"special", special}, {"normalized", false},
+                                 {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
+  j["added_tokens"].back()["normalized"] = true;  // "é!": found after NFC
+  return j;
+}
+
+TEST(BytePairTokenizer, QwenTokenizerJson) {
+  const std::vector<std::string> tokens = ranked_tokens();
+  const int n = int(tokens.size()), eot = n, im_end = n + 2, think = n + 4, th = n + 5, a = n + 6, e_bang = n + 7;
+  const BytePairTokenizer q = BytePairTokenizer::from_hf_json(qwen_json(tokens).dump(), "qwen.json");
+  EXPECT_EQ(q.family(), "Qwen2 / Qwen3");
+  EXPECT_EQ(q.name(), "Qwen2 / Qwen3 tokenizer.json (byte-level BPE)");
+  EXPECT_TRUE(q.prefix().empty());
+  EXPECT_TRUE(q.suffix().empty());
+  EXPECT_EQ(q.eod(), eot);
+  EXPECT_TRUE(q.is_stop(eot) && q.is_stop(im_end) && !q.is_stop(n + 1));
+  EXPECT_EQ(pieces(q, "x 12345"), (Pieces{"x", " ", "1", "2", "3", "4", "5"}));  // Llama 3: "123", "45"
+  EXPECT_EQ(q.encode("hello 123"), (Ids{259, ' ', '1', '2', '3'}));
+  // added tokens: not special -> the id; special -> text; leftmost-longest; a special one shadows
+  EXPECT_EQ(q.encode("x<think>y"), (Ids{'x', think, 'y'}));
+  EXPECT_EQ(q.encode("<thin"), (Ids{th, 'i', 'n'}));
+  EXPECT_EQ(q.encode("<|im_end|>"), (Ids{'<', '|', 'i', 'm', '_', 'e', 'n', 'd', '|', '>'}));  // no merge applies
+  EXPECT_EQ(q.encode("<ab>"), (Ids{'<', 'a', 'b', '>'}));  // the special <ab> hides <a
+  EXPECT_EQ(q.encode("<ac"), (Ids{a, 'c'}));
+  EXPECT_EQ(q.decode(q.encode("x<think>y<|im_end|>")), "x<think>y<|im_end|>");
+  // NFC before the pieces: "e" + U+0301 is U+00E9; "é!" (normalized) is found after NFC
+  EXPECT_EQ(q.encode("cafe\xCC\x81"), q.encode("caf\xC3\xA9"));
+  EXPECT_EQ(q.encode("cafe\xCC\x81"), (Ids{'c', 'a', 'f', 0xC3, 0xA9}));
+  EXPECT_EQ(q.encode("e\xCC\x81!"), (Ids{e_bang}));
+  // an unknown family names how it differs from each
+  auto load = [](const nlohmann::json& j) { return [s = j.dump()] { BytePairTokenizer::from_hf_json(s, "q.json"); }; };
+  const nlohmann::json j = qwen_json(tokens);
+  { auto k = j; k["normalizer"] = nullptr;
+    expect_error(load(k), "not Qwen2 / Qwen3: the normalizer is none, Qwen2 / Qwen3's NFC; not GPT-2: the regex differs at character 0"); }
+  { auto k = j; k["added_tokens"][4]["single_word"] = true; expect_error(load(k), "added token \"<think>\": single_word true is not supported"); }
+  { auto k = j; k["added_tokens"][0]["content"] = ""; expect_error(load(k), "has an empty \"content\""); }
+}
+
+// Expected: Python's unicodedata.normalize("NFC", ...); bytes that are not UTF-8 are kept.
+TEST(BytePairTokenizer, Nfc) {
+  auto nfc = [](const std::string& s) {
+    std::string out = "<";
+    nfc_append(s, out);
+    return out.substr(1);
+  };
+  EXPECT_EQ(nfc("plain ASCII, Latin-1 \xC3\xA9"), "plain ASCII, Latin-1 \xC3\xA9");
+  EXPECT_EQ(nfc("cafe\xCC\x81"), "caf\xC3\xA9");
+  EXPECT_EQ(nfc("a\xCC\x82\xCC\xA3"), "\xE1\xBA\xAD");          // reordered marks: U+1EAD
+  EXPECT_EQ(nfc("o\xCC\x82\xCC\x81"), "\xE1\xBB\x91");          // U+1ED1
+  EXPECT_EQ(nfc("\xE2\x84\xAB\xE2\x84\xA6"), "\xC3\x85\xCE\xA9");  // Angstrom and Ohm signs: singletons
+  EXPECT_EQ(nfc("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8"), "\xEA\xB0\x81");  // Hangul jamo: U+AC01
+  EXPECT_EQ(nfc("\xEF\xA4\x80"), "\xE8\xB1\x88");               // U+F900 -> U+8C48
+  EXPECT_EQ(nfc("\xE0\xA5\x98"), "\xE0\xA4\x95\xE0\xA4\xBC");   // U+0958: a composition exclusion
+  EXPECT_EQ(nfc(std::string("e\xFF\xCC\x81x\0y", 7)), std::string("e\xFF\xCC\x81x\0y", 7));  // an invalid byte ends a run
+  EXPECT_EQ(nfc("e\xCC\x81\xFF" "e\xCC\x81"), "\xC3\xA9\xFF\xC3\xA9");
 }
 
 }  // namespace

@@ -126,15 +126,18 @@ TEST(Memory, SimulatedBubbleMatchesAnalytic) {
 // every precision: bf16/fp16 activations take half the bytes of fp32 ones. With sequence parallelism
 // (TP 2) the stage allocates what the planner counts too, and less than without it.
 TEST(Memory, CategoriesMatchAllocation) {
-  const std::string shape =
-      "num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97, "
-      "make_vocab_size_divisible_by: 8";
+  // and with model.qk_layernorm: the q/k norms' inputs (N (Hl + Hl) D) and LayerNorm statistics
+  for (const bool qk : {false, true})
   for (const char* precision : {"fp32", "bf16", "fp16"})
     for (const char* recompute : {"none", "selective", "full"})
       for (int tp : {1, 2})
         for (int pp : {1, 2})
           for (bool sp : {false, true}) {
           if (sp && tp == 1) continue;  // refused by the config (nothing to split)
+          if (qk && std::string(precision) == "fp16") continue;
+          const std::string shape =
+              std::string("num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 97, "
+                          "make_vocab_size_divisible_by: 8") + (qk ? ", qk_layernorm: true, kv_channels: 12" : "");
           Config c = config(shape,
                             "parallel: {tensor_model_parallel_size: " + std::to_string(tp) +
                                 ", pipeline_model_parallel_size: " + std::to_string(pp) +
@@ -151,7 +154,7 @@ TEST(Memory, CategoriesMatchAllocation) {
             const GPTDims d = make_dims(c, tp, 0, pp, s);
             const ParamLayout layout = make_param_layout(d);
             const StageMemory m = stage_memory(c, s), m32 = stage_memory(c32, s);
-            const std::string where = std::string(precision) + " " + recompute + " tp" + std::to_string(tp) +
+            const std::string where = std::string(qk ? "qk_layernorm " : "") + precision + " " + recompute + " tp" + std::to_string(tp) +
                                       " pp" + std::to_string(pp) + (sp ? " sp" : "") + " stage " + std::to_string(s);
             ASSERT_EQ(d.sequence_parallel, sp) << where;
             EXPECT_EQ(m.in_flight, std::min(pp - s, 4)) << where;  // 1F1B, M = 4
@@ -164,7 +167,9 @@ TEST(Memory, CategoriesMatchAllocation) {
               const int64_t N = 4 * d1.S, layers = d1.layer_end - d1.layer_begin;
               const int64_t Nt = sp ? N / tp : N;  // LayerNorm statistics: this rank's tokens
               const int64_t f32_per_layer =
-                  std::string(recompute) == "full" ? 0 : 4 * Nt + (std::string(recompute) == "none" ? 4 * d1.Hl * d1.S : 0);
+                  std::string(recompute) == "full"
+                      ? 0
+                      : 4 * Nt + (std::string(recompute) == "none" ? 4 * d1.Hl * d1.S : 0) + (qk ? 2 * N * 2 * d1.Hl : 0);
               const int64_t f32 = 2 * N + layers * f32_per_layer + (d1.last_stage() ? 2 * Nt : 0);  // floats
               EXPECT_EQ(m.activation_bytes, (m32.activation_bytes - 4 * f32 * m.in_flight) / 2 + 4 * f32 * m.in_flight)
                   << where;

@@ -33,6 +33,35 @@ TEST(Schedule, OneFOneBAllPairsSimulate) {
     }
 }
 
+// The planner's memory counts in-flight micro-batches on a schedule of in_flight_equivalent_microbatches:
+// every stage's counts (all chunks, per chunk, awaiting B) equal those of the whole schedule, for
+// every kind, above the bound too (GPipe, which holds all M, is never shortened).
+TEST(Schedule, InFlightEquivalentMicrobatchesHoldTheSameCounts) {
+  const std::vector<std::pair<ScheduleKind, int>> kinds = {{ScheduleKind::OneFOneB, 1}, {ScheduleKind::ZeroBubbleH1, 1},
+      {ScheduleKind::GPipe, 1}, {ScheduleKind::Interleaved1F1B, 2}, {ScheduleKind::Interleaved1F1B, 3},
+      {ScheduleKind::Interleaved1F1B, 4}};
+  for (const auto& [kind, v] : kinds)
+    for (int P = 1; P <= 8; ++P)
+      for (int M = 1; M <= 3 * (v + 1) * P + 2; ++M) {
+        if (!check_schedule(kind, P, M, v).empty()) continue;
+        const int E = in_flight_equivalent_microbatches(kind, P, M, v);
+        EXPECT_LE(E, M);
+        if (kind == ScheduleKind::GPipe) {
+          EXPECT_EQ(E, M);
+        }
+        if (E == M) continue;
+        ASSERT_EQ(check_schedule(kind, P, E, v), "");
+        for (int s = 0; s < P; ++s) {
+          const std::vector<Action> whole = make_schedule(kind, P, s, M, v), shorter = make_schedule(kind, P, s, E, v);
+          const std::string where = "kind " + std::to_string(int(kind)) + " v " + std::to_string(v) + " P " +
+                                    std::to_string(P) + " M " + std::to_string(M) + " stage " + std::to_string(s);
+          EXPECT_EQ(max_in_flight(shorter), max_in_flight(whole)) << where;
+          EXPECT_EQ(max_in_flight_per_chunk(shorter), max_in_flight_per_chunk(whole)) << where;
+          EXPECT_EQ(max_awaiting_backward(shorter), max_awaiting_backward(whole)) << where;
+        }
+      }
+}
+
 TEST(Schedule, GPipeAndForwardOnlySimulate) {
   for (int P = 1; P <= 6; ++P)
     for (int M = 1; M <= 9; ++M) {

@@ -47,6 +47,47 @@ TEST(StepTime, CompiledScheduleTimesAsTheSimulator) {
     }
 }
 
+// Past ScheduleCache::bound_for the cache extrapolates the makespan from fewer micro-batches: the same
+// makespan and busy times as the simulator on the whole schedule, for every kind, unequal stage costs
+// and pipeline messages.
+TEST(StepTime, ScheduleCacheTimesManyMicrobatchesAsTheSimulator) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> cost(0.1, 3.0);
+  ScheduleCache cache;
+  for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubbleH1, PipelineSchedule::GPipe})
+    for (int P : {2, 3, 5, 8})
+      for (int v : {1, 2, 4}) {
+        if (v > 1 && schedule != PipelineSchedule::OneFOneB) continue;
+        const int bound = ScheduleCache::bound_for(P, v);
+        for (int M : {bound + 3 * P, 2 * bound + P}) {
+          Config c;
+          c.parallel.pipeline_model_parallel_size = P;
+          c.parallel.virtual_pipeline_model_parallel_size = v;
+          c.parallel.pipeline_schedule = schedule;
+          c.parallel.data_parallel_size = 1;
+          c.training.micro_batch_size = 1;
+          c.training.global_batch_size = M;
+          const ScheduleKind kind = schedule_kind(schedule, v);
+          if (!check_schedule(kind, P, M, v).empty()) continue;
+          std::vector<std::vector<Action>> lists;
+          for (int s = 0; s < P; ++s) lists.push_back(make_schedule(kind, P, s, M, v));
+          std::vector<double> f, b, w;
+          for (int s = 0; s < P; ++s) {
+            f.push_back(cost(rng));
+            b.push_back(cost(rng));
+            w.push_back(cost(rng));
+          }
+          const double p2p = cost(rng) / 4;
+          const PipelineTiming want = time_pipeline(lists, f, b, w, p2p), got = cache.time(c, f, b, w, p2p);
+          const std::string where = "kind " + std::to_string(int(kind)) + " P=" + std::to_string(P) + " M=" +
+                                    std::to_string(M) + " v=" + std::to_string(v);
+          EXPECT_NEAR(got.makespan, want.makespan, 1e-9 * want.makespan) << where;
+          ASSERT_EQ(got.busy.size(), want.busy.size()) << where;
+          for (size_t s = 0; s < want.busy.size(); ++s) EXPECT_NEAR(got.busy[s], want.busy[s], 1e-9 * want.busy[s]) << where;
+        }
+      }
+}
+
 TEST(StepTime, HardwarePresets) {
   EXPECT_EQ(hardware_preset("h100").peak_tflops, 989);
   EXPECT_EQ(hardware_preset("h200").memory_gib, 141);

@@ -1,9 +1,11 @@
-#include "data/llama3_tokenizer.h"
+#include "data/byte_pair_tokenizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -13,19 +15,34 @@
 #include "data/bpe_merge.h"
 #include "data/bpe_tokenizer.h"
 #include "data/regex_split.h"
+#include "data/unicode_nfc.h"
 
 namespace tpt {
 
-struct Llama3Tokenizer::Impl {
+struct BytePairTokenizer::Impl {
   enum class Ranks { OfBytes, OfMerges };  // tiktoken: rank of the merged bytes; tokenizer.json: merge's line
-  std::string source, kind;
+  // Added tokens as Hugging Face finds them in a text (leftmost-longest); a special one found is
+  // left as text (encode_special_tokens), so it only keeps an overlapping one from being found.
+  struct Added {
+    int32_t id;
+    bool special;
+  };
+  struct AddedSet {
+    bpe::StringMap<Added> tokens;   // text -> token
+    std::vector<size_t> lengths;    // of the tokens, longest first
+    std::array<bool, 256> first{};  // a token starts with this byte
+    bool cuts = false;              // holds a token that is not special (else it changes nothing)
+  };
+  std::string source, kind, family = "Llama 3";
+  bool nfc = false;                    // the NFC normalizer
+  AddedSet raw_added, normalized_added;  // found before / after the normalizer
   Ranks ranks = Ranks::OfBytes;
   bool ignore_merges = true;                  // a piece that is a token is that token
   std::vector<std::string> token;             // id -> bytes (a special token: its string)
-  std::vector<char> has_token, special;       // id has a token; it is a special token
+  std::vector<char> has_token, special;       // id has a token; it is an added token
   bpe::StringMap<int32_t> base_id;            // bytes -> id of the base (mergeable) tokens
-  bpe::StringMap<int32_t> special_id;         // special token string -> id
-  bpe::StringMap<int32_t> merge_rank;         // pair_key(left, right) -> rank (tokenizer.json)
+  bpe::StringMap<int32_t> special_id;         // added token string -> id
+  bpe::StringMap<int32_t> merge_rank;         // bpe::pair_key(left, right) -> rank (tokenizer.json)
   std::unique_ptr<RegexSplitter> splitter;
   std::vector<int32_t> prefix, suffix, stops;
   int32_t eod = -1;
@@ -38,15 +55,6 @@ using json = nlohmann::json;
 
 std::string json_literal(std::string_view s) {  // a JSON literal, invalid UTF-8 replaced (for messages)
   return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// The key of a merge pair in Impl::merge_rank: the left part's length (4 bytes), then both parts.
-void pair_key(std::string& key, std::string_view left, std::string_view right) {
-  const auto n = static_cast<uint32_t>(left.size());
-  key.resize(4);
-  std::memcpy(key.data(), &n, 4);
-  key.append(left);
-  key.append(right);
 }
 
 // Strict base64 (standard alphabet, padded to a multiple of 4); false if `in` is not.
@@ -104,7 +112,7 @@ bool symbols_to_bytes(std::string_view sym, std::string& out) {
   return true;
 }
 
-void set_token(Llama3Tokenizer::Impl& t, int32_t id, std::string bytes, bool special) {
+void set_token(BytePairTokenizer::Impl& t, int32_t id, std::string bytes, bool special) {
   if (size_t(id) >= t.token.size()) {
     t.token.resize(size_t(id) + 1);
     t.has_token.resize(size_t(id) + 1, 0);
@@ -116,19 +124,19 @@ void set_token(Llama3Tokenizer::Impl& t, int32_t id, std::string bytes, bool spe
 }
 
 // The stop and end-of-document ids, once the special tokens are known.
-void find_stops(Llama3Tokenizer::Impl& t) {
+void find_stops(BytePairTokenizer::Impl& t) {
   auto id = [&](const char* s) {
     auto it = t.special_id.find(std::string_view(s));
     return it == t.special_id.end() ? -1 : it->second;
   };
   t.eod = id("<|end_of_text|>");
   if (t.eod < 0) t.eod = id("<|endoftext|>");
-  for (const char* s : {"<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|eot_id|>"})
+  for (const char* s : {"<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|eot_id|>", "<|im_end|>"})
     if (id(s) >= 0) t.stops.push_back(id(s));
 }
 
 // Every byte must be a base token: the merge loop starts from single bytes.
-void check_bytes(const Llama3Tokenizer::Impl& t) {
+void check_bytes(const BytePairTokenizer::Impl& t) {
   for (int b = 0; b < 256; ++b)
     if (t.base_id.find(std::string_view(std::string(1, char(b)))) == t.base_id.end()) {
       char hex[8];
@@ -138,9 +146,81 @@ void check_bytes(const Llama3Tokenizer::Impl& t) {
     }
 }
 
+// The tokenizer.json families: a Split regex (or ByteLevel's own) and a normalizer that PCRE2 and
+// data/unicode_nfc.h are known to apply as Hugging Face does (tests/cli/tokenizer_*.sh).
+struct Family {
+  const char* name;
+  const char* pattern;
+  const char* normalizer;
+};
+constexpr Family kFamilies[] = {{"Llama 3", BytePairTokenizer::kLlama3Pattern, "none"},
+                                {"Qwen2 / Qwen3", BytePairTokenizer::kQwen2Pattern, "NFC"},
+                                {"GPT-2", BytePairTokenizer::kGpt2Pattern, "none"}};
+
+// The family of a pattern and normalizer, or an InputError saying how they differ from each family's.
+const Family& find_family(const std::string& pattern, const std::string& normalizer, const std::string& source) {
+  std::string why;
+  for (const Family& f : kFamilies) {
+    const std::string_view want = f.pattern;
+    if (pattern == want && normalizer == f.normalizer) return f;
+    why += std::string("; not ") + f.name + ": ";
+    if (pattern != want) {
+      size_t k = 0;
+      while (k < pattern.size() && k < want.size() && pattern[k] == want[k]) ++k;
+      why += "the regex differs at character " + std::to_string(k) + " (" + json_literal(pattern.substr(k, 16)) +
+             " where " + f.name + "'s has " + json_literal(want.substr(k, 16)) + ")";
+    }
+    if (normalizer != f.normalizer)
+      why += std::string(pattern != want ? " and " : "") + "the normalizer is " + normalizer + ", " + f.name + "'s " +
+             f.normalizer;
+  }
+  input_error(source + ": unknown tokenizer family: pre-tokenizer regex " + json_literal(pattern) + ", normalizer " +
+              normalizer + why);
+}
+
+void add_to_set(BytePairTokenizer::Impl::AddedSet& set, const std::string& text, int32_t id, bool special) {
+  set.first[static_cast<unsigned char>(text[0])] = true;
+  set.cuts = set.cuts || !special;
+  set.tokens.emplace(text, BytePairTokenizer::Impl::Added{id, special});
+  auto at = std::lower_bound(set.lengths.begin(), set.lengths.end(), text.size(), std::greater<>());
+  if (at == set.lengths.end() || *at != text.size()) set.lengths.insert(at, text.size());
+}
+
+// Hugging Face's added-token split: the leftmost-longest matches of the set's tokens; a token that
+// is not special becomes its id, the text between (special tokens' included) goes to `text`.
+template <class Text>
+void split_added(std::string_view s, const BytePairTokenizer::Impl::AddedSet& set, std::vector<int32_t>& out, Text&& text) {
+  if (!set.cuts) return text(s);
+  size_t gap = 0;
+  for (size_t i = 0; i < s.size();) {
+    const BytePairTokenizer::Impl::Added* found = nullptr;
+    size_t len = 0;
+    if (set.first[static_cast<unsigned char>(s[i])])
+      for (size_t l : set.lengths) {
+        if (l > s.size() - i) continue;
+        auto it = set.tokens.find(s.substr(i, l));
+        if (it != set.tokens.end()) {
+          found = &it->second, len = l;
+          break;
+        }
+      }
+    if (found == nullptr) {
+      ++i;
+      continue;
+    }
+    if (!found->special) {  // a special token found stays text
+      if (i > gap) text(s.substr(gap, i - gap));
+      out.push_back(found->id);
+      gap = i + len;
+    }
+    i += len;
+  }
+  if (gap < s.size()) text(s.substr(gap));
+}
+
 }  // namespace
 
-const std::vector<std::string>& Llama3Tokenizer::llama3_special_tokens() {
+const std::vector<std::string>& BytePairTokenizer::llama3_special_tokens() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v = {"<|begin_of_text|>",  "<|end_of_text|>",          "<|reserved_special_token_0|>",
                                   "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
@@ -152,15 +232,15 @@ const std::vector<std::string>& Llama3Tokenizer::llama3_special_tokens() {
   return names;
 }
 
-Llama3Tokenizer Llama3Tokenizer::from_tiktoken_file(const std::string& path) {
+BytePairTokenizer BytePairTokenizer::from_tiktoken_file(const std::string& path) {
   return from_tiktoken(read_regular_file(path, "--tokenizer-model", kMaxTokenizerFileBytes), path);
 }
 
-Llama3Tokenizer Llama3Tokenizer::from_hf_file(const std::string& path) {
+BytePairTokenizer BytePairTokenizer::from_hf_file(const std::string& path) {
   return from_hf_json(read_regular_file(path, "--tokenizer-file", kMaxTokenizerFileBytes), path);
 }
 
-Llama3Tokenizer Llama3Tokenizer::from_tiktoken(std::string_view text, const std::string& source) {
+BytePairTokenizer BytePairTokenizer::from_tiktoken(std::string_view text, const std::string& source) {
   auto t = std::make_shared<Impl>();
   t->source = source;
   t->kind = "Llama 3 tiktoken (tokenizer.model)";
@@ -228,10 +308,10 @@ Llama3Tokenizer Llama3Tokenizer::from_tiktoken(std::string_view text, const std:
   t->prefix = {int32_t(n)};  // <|begin_of_text|>
   find_stops(*t);
   t->splitter = std::make_unique<RegexSplitter>(kLlama3Pattern, source);
-  return Llama3Tokenizer(std::move(t));
+  return BytePairTokenizer(std::move(t));
 }
 
-Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::string& source) {
+BytePairTokenizer BytePairTokenizer::from_hf_json(std::string_view text, const std::string& source) {
   auto t = std::make_shared<Impl>();
   t->source = source;
   t->kind = "tokenizer.json byte-level BPE";
@@ -258,10 +338,16 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
         bad(std::string("model.") + key + " " + model[key].dump() + " is not supported");
     if (model.value("byte_fallback", false)) bad("model.byte_fallback true is not supported (byte-level BPE only)");
     t->ignore_merges = model.value("ignore_merges", false);
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      bad("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported (only none)");
+    std::string normalizer = "none";
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      const json& n = j["normalizer"];
+      const std::string type = n.is_object() ? n.value("type", std::string()) : std::string();
+      if (type != "NFC") bad("normalizer " + (type.empty() ? n.dump().substr(0, 80) : type) + " is not supported (none, or NFC)");
+      normalizer = type;
+    }
+    t->nfc = normalizer == "NFC";
 
-    // added tokens: the special tokens (not matched in text: they are plain text there)
+    // added tokens: special ones are plain text in a text, the others are found in it (Impl::Added)
     const bool has_added = j.contains("added_tokens") && !j["added_tokens"].is_null();
     if (has_added && !j["added_tokens"].is_array()) bad("added_tokens is not a list");
     // The ids are bounded by how many tokens the file lists (vocab + added tokens), checked before an
@@ -283,6 +369,12 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
         const auto id = a["id"].get<int32_t>();
         const std::string& content = a["content"].get_ref<const std::string&>();
         if (t->special_id.count(content)) bad("added token " + json_literal(content) + " is listed twice");
+        if (content.empty()) bad("added_tokens entry " + a.dump().substr(0, 120) + " has an empty \"content\"");
+        const bool special = a.value("special", true);
+        for (const char* flag : {"single_word", "lstrip", "rstrip"})
+          if (!special && a.value(flag, false))
+            bad("added token " + json_literal(content) + ": " + flag + " true is not supported (only for special tokens)");
+        add_to_set(a.value("normalized", !special) ? t->normalized_added : t->raw_added, content, id, special);
         set_token(*t, id, content, true);
         t->special_id.emplace(content, id);
       }
@@ -335,7 +427,7 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
       if (t->base_id.find(std::string_view(left + right)) == t->base_id.end())
         bad("model.merges[" + std::to_string(rank) + "]: " + json_literal(a) + " + " + json_literal(b) +
             " makes a token that is not in model.vocab");
-      pair_key(key, left, right);
+      bpe::pair_key(key, left, right);
       t->merge_rank.emplace(key, rank);
       ++rank;
     }
@@ -378,6 +470,9 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
     }
     if (!byte_level) bad("the pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)");
     if (pattern.empty()) bad("the pre_tokenizer splits nothing (ByteLevel with use_regex false and no Split)");
+    const Family& family = find_family(pattern, normalizer, source);
+    t->family = family.name;
+    t->kind = t->family + " tokenizer.json (byte-level BPE)";
     t->splitter = std::make_unique<RegexSplitter>(pattern, source);
 
     // post-processor: the special tokens around a text
@@ -422,16 +517,16 @@ Llama3Tokenizer Llama3Tokenizer::from_hf_json(std::string_view text, const std::
     bad(std::string("unexpected structure: ") + e.what());
   }
   find_stops(*t);
-  return Llama3Tokenizer(std::move(t));
+  return BytePairTokenizer(std::move(t));
 }
 
-std::vector<std::string_view> Llama3Tokenizer::pretokenize(std::string_view text) const {
+std::vector<std::string_view> BytePairTokenizer::pretokenize(std::string_view text) const {
   std::vector<std::string_view> pieces;
   impl_->splitter->split(text, pieces);
   return pieces;
 }
 
-void Llama3Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+void BytePairTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   const Impl& t = *impl_;
   if (t.ignore_merges) {  // most pieces of a text are tokens
     auto whole = t.base_id.find(piece);
@@ -462,7 +557,7 @@ void Llama3Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>&
       }, starts);
     } else {
       bpe::merge_parts(piece, [&](std::string_view l, std::string_view r) {
-        pair_key(key, l, r);
+        bpe::pair_key(key, l, r);
         auto it = t.merge_rank.find(std::string_view(key));
         return it == t.merge_rank.end() ? bpe::kNoRank : it->second;
       }, starts);
@@ -477,20 +572,34 @@ void Llama3Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>&
   if (cacheable) cache->emplace(std::string(piece), std::vector<int32_t>(out.begin() + std::ptrdiff_t(first), out.end()));
 }
 
-void Llama3Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+void BytePairTokenizer::encode_pieces(std::string_view text, std::vector<int32_t>& out) const {
   thread_local std::vector<std::string_view> pieces;
   pieces.clear();
   impl_->splitter->split(text, pieces);
   for (std::string_view p : pieces) encode_piece(p, out);
 }
 
-std::vector<int32_t> Llama3Tokenizer::encode(std::string_view text) const {
+void BytePairTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+  thread_local std::string normalized;
+  if (impl_->nfc) {
+    normalized.clear();
+    nfc_append(text, normalized);
+    text = normalized;
+  }
+  split_added(text, impl_->normalized_added, out, [&](std::string_view s) { encode_pieces(s, out); });
+}
+
+void BytePairTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  split_added(text, impl_->raw_added, out, [&](std::string_view s) { encode_normalized(s, out); });
+}
+
+std::vector<int32_t> BytePairTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   encode(text, out);
   return out;
 }
 
-std::string Llama3Tokenizer::decode(std::span<const int32_t> tokens) const {
+std::string BytePairTokenizer::decode(std::span<const int32_t> tokens) const {
   const Impl& t = *impl_;
   std::string out;
   for (int32_t id : tokens) {
@@ -500,20 +609,21 @@ std::string Llama3Tokenizer::decode(std::span<const int32_t> tokens) const {
   return out;
 }
 
-int32_t Llama3Tokenizer::vocab_size() const { return int32_t(impl_->token.size()); }
-const std::vector<int32_t>& Llama3Tokenizer::prefix() const { return impl_->prefix; }
-const std::vector<int32_t>& Llama3Tokenizer::suffix() const { return impl_->suffix; }
-int32_t Llama3Tokenizer::eod() const { return impl_->eod; }
-bool Llama3Tokenizer::is_stop(int32_t id) const {
+int32_t BytePairTokenizer::vocab_size() const { return int32_t(impl_->token.size()); }
+const std::vector<int32_t>& BytePairTokenizer::prefix() const { return impl_->prefix; }
+const std::vector<int32_t>& BytePairTokenizer::suffix() const { return impl_->suffix; }
+int32_t BytePairTokenizer::eod() const { return impl_->eod; }
+bool BytePairTokenizer::is_stop(int32_t id) const {
   return std::find(impl_->stops.begin(), impl_->stops.end(), id) != impl_->stops.end();
 }
-int32_t Llama3Tokenizer::id_of(std::string_view s) const {
+int32_t BytePairTokenizer::id_of(std::string_view s) const {
   auto sp = impl_->special_id.find(s);
   if (sp != impl_->special_id.end()) return sp->second;
   auto b = impl_->base_id.find(s);
   return b == impl_->base_id.end() ? -1 : b->second;
 }
-const std::string& Llama3Tokenizer::pattern() const { return impl_->splitter->pattern(); }
-std::string Llama3Tokenizer::name() const { return impl_->kind; }
+const std::string& BytePairTokenizer::pattern() const { return impl_->splitter->pattern(); }
+std::string BytePairTokenizer::name() const { return impl_->kind; }
+const std::string& BytePairTokenizer::family() const { return impl_->family; }
 
 }  // namespace tpt
