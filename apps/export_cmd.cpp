@@ -296,14 +296,14 @@ int export_hf(const ExportOptions& o) {
   if (!why.empty())
     input_error("export: this checkpoint's model is " + describe_architecture(m) +
                 (m.is_moe() ? " with " + std::to_string(m.num_moe_experts) + " experts" : std::string()) +
-                ", which neither Hugging Face GPT-2, Llama, Mixtral nor Qwen2-MoE can hold: " + why);
+                ", which neither Hugging Face GPT-2, Llama, Mixtral, Qwen2-MoE nor Qwen3-MoE can hold: " + why);
   return export_llama(m, reader.get(), o);
 }
 
 }  // namespace
 
 Command add_export_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2, Llama, Mixtral or Qwen2-MoE "
+  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2, Llama, Mixtral, Qwen2-MoE or Qwen3-MoE "
                                                "(model.safetensors or shards + index, config.json)");
   auto o = std::make_shared<ExportOptions>();
   cmd->add_option("--checkpoint", o->checkpoint, "a checkpoint.save directory (its latest complete checkpoint) or one "

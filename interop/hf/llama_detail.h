@@ -61,7 +61,8 @@ void hf_moe_expected(HFArch a, const ModelConfig& m, int64_t l, std::map<std::st
 // layer l from the checkpoint: each rank reads only its experts. False when `rest` is not one.
 bool load_hf_moe_param(HFArch a, const HFShards& hf, const ModelConfig& m, const ParamInfo& pi, int64_t l,
                        const std::string& rest, float* out);
-// The HF architecture an MoE model exports as (Mixtral without a shared expert, Qwen2-MoE with one);
+// The HF architecture an MoE model exports as (Mixtral without a shared expert, Qwen2-MoE with one,
+// Qwen3-MoE with model.qk_layernorm);
 // HFArch::Other with *why naming the key when none can hold it.
 HFArch hf_moe_export_arch(const ModelConfig& m, std::string* why);
 // The export's config.json: Llama's keys `cfg` turned into architecture a's (its MoE keys set).

@@ -88,10 +88,11 @@ std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m) {
     if (m.qk_layernorm)  // Qwen3-MoE's q_norm / k_norm [D], back to HF's channel order
       for (const char* w : {"q", "k"}) {
         const std::string ours = o + "attn." + w + "_layernorm.weight";
-        out.push_back({h + "self_attn." + w + "_norm.weight", {D}, [=](const Read& read) {
+        const bool inter = d.interleaved;
+        out.push_back({h + "self_attn." + w + "_norm.weight", {D}, [ours, D, inter](const Read& read) {
                          const std::vector<float>& src = read(ours);
-                         std::vector<float> dst(size_t(D));
-                         for (int64_t c = 0; c < D; ++c) dst[size_t(hf_channel(c, D, d.interleaved))] = src[size_t(c)];
+                         std::vector<float> dst(static_cast<size_t>(D));
+                         for (int64_t c = 0; c < D; ++c) dst[size_t(hf_channel(c, D, inter))] = src[size_t(c)];
                          return dst;
                        }});
       }

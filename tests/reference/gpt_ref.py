@@ -29,7 +29,7 @@ import yaml
 
 # The model (model_ref.py, next to this file); gpt_ref.build_model stays the name other scripts use.
 import hf_llama_ref  # HF Llama checkpoints (tests/reference/hf_llama_ref.py)
-import hf_moe_ref  # HF Mixtral / Qwen2-MoE checkpoints (tests/reference/hf_moe_ref.py)
+import hf_moe_ref  # HF Mixtral / Qwen2-MoE / Qwen3-MoE checkpoints (tests/reference/hf_moe_ref.py)
 import moe_ref  # Mixture-of-Experts keys and bookkeeping (tests/reference/moe_ref.py, docs/MOE.md)
 from model_ref import GPT, build_model, is_decayed, is_gpt2, tptrain_init_state
 

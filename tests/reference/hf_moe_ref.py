@@ -1,6 +1,7 @@
-"""Hugging Face Mixture-of-Experts checkpoints (MixtralForCausalLM, Qwen2MoeForCausalLM) for the
-PyTorch reference, written from transformers' published modeling_mixtral.py / modeling_qwen2_moe.py
-and their configuration_*.py defaults, not from tptrain's code:
+"""Hugging Face Mixture-of-Experts checkpoints (MixtralForCausalLM, Qwen2MoeForCausalLM,
+Qwen3MoeForCausalLM) for the PyTorch reference, written from transformers' published
+modeling_mixtral.py / modeling_qwen2_moe.py / modeling_qwen3_moe.py and their configuration_*.py
+defaults, not from tptrain's code:
 
   - model_config(cfg): the reference model config (tptrain's keys) config.json describes;
   - to_state(cfg, tensors, m): the reference model's parameters (model_ref.py / moe_ref.py names);
@@ -14,7 +15,8 @@ HF names: Mixtral's model.layers.i.block_sparse_moe.gate [E, C] and .experts.j.w
 .shared_expert.{gate,up,down}_proj, .shared_expert_gate [1, C]; a Qwen layer is sparse when it is not
 in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense mlp.gate_proj / up_proj /
 down_proj of intermediate_size. Qwen2-MoE's q/k/v_proj have biases (qkv_bias, default true), o_proj
-none. Qwen3-MoE (q/k RMSNorm) is refused: the model has no qk_layernorm yet.
+none. Qwen3-MoE: no shared expert, no biases (attention_bias false), self_attn.q_norm / k_norm [D]:
+RMSNorm (rms_norm_eps) of each q / k head before RoPE (model.qk_layernorm).
 """
 import json
 import os
@@ -35,6 +37,10 @@ DEFAULTS = {
                       num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
                       shared_expert_intermediate_size=5632, norm_topk_prob=False, decoder_sparse_step=1,
                       mlp_only_layers=[], qkv_bias=True, tie_word_embeddings=False),
+    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=1e4,
+                      num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=False,
+                      decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False, tie_word_embeddings=False),
 }
 HFError = hf_llama_ref.HFLlamaError
 
@@ -56,9 +62,9 @@ def is_hf_moe(path):
 
 
 def _get(cfg, fam):
-    if fam == "qwen3_moe":
-        raise HFError("Qwen3MoeForCausalLM needs q/k RMSNorm (model.qk_layernorm), not in the reference yet")
     d = DEFAULTS[fam]
+    if fam == "qwen3_moe" and cfg.get("attention_bias"):
+        raise HFError("Qwen3-MoE with attention_bias: not in the reference")
     return lambda k: cfg[k] if cfg.get(k) is not None else d.get(k)
 
 
@@ -85,15 +91,15 @@ def model_config(cfg):
          "group_query_attention": KV != H, "num_query_groups": KV if KV != H else None,
          "kv_channels": cfg.get("head_dim") or g("hidden_size") // H,
          "untie_embeddings_and_output_weights": not g("tie_word_embeddings"),
-         "add_bias_linear": False, "add_qkv_bias": bool(not mixtral and g("qkv_bias")),
+         "add_bias_linear": False, "add_qkv_bias": bool(fam == "qwen2_moe" and g("qkv_bias")),
          "num_moe_experts": g("num_local_experts" if mixtral else "num_experts"),
          "moe_router_topk": g("num_experts_per_tok"),
          "moe_ffn_hidden_size": g("intermediate_size" if mixtral else "moe_intermediate_size"),
          # HF renormalises the top-k of softmax(all) = Megatron's softmax over the top-k logits
          "moe_router_pre_softmax": not (mixtral or g("norm_topk_prob")),
          "moe_layer_freq": sparse_layers(cfg, fam),
-         "moe_shared_expert_intermediate_size": None if mixtral else g("shared_expert_intermediate_size"),
-         "moe_shared_expert_gate": not mixtral}
+         "moe_shared_expert_intermediate_size": g("shared_expert_intermediate_size") if fam == "qwen2_moe" else None,
+         "moe_shared_expert_gate": fam == "qwen2_moe", "qk_layernorm": fam == "qwen3_moe"}
     return m
 
 
@@ -112,7 +118,7 @@ TPT_DEFAULTS = {"normalization": "LayerNorm", "swiglu": False, "position_embeddi
                 "group_query_attention": False, "num_query_groups": None, "add_bias_linear": True,
                 "add_qkv_bias": False, "untie_embeddings_and_output_weights": False, "moe_router_topk": 2,
                 "moe_router_pre_softmax": False, "moe_layer_freq": 1, "moe_shared_expert_intermediate_size": None,
-                "moe_shared_expert_gate": False}
+                "moe_shared_expert_gate": False, "qk_layernorm": False}
 
 
 def check_model(cfg, m):
@@ -146,7 +152,12 @@ def to_state(cfg, tensors, m):
     Fs = m.get("moe_shared_expert_intermediate_size")
     names = ("w1", "w3", "w2") if fam == "mixtral" else ("gate_proj", "up_proj", "down_proj")
 
+    D = m.get("kv_channels") or C // m["num_attention_heads"]
+
     def layer_mlp(i, take, st):
+        if fam == "qwen3_moe":  # the q/k norms (HF's channel order = rotate-half, the config's)
+            for w in ("q", "k"):
+                st[f"h.{i}.attn.{w}_layernorm.weight"] = take(f"model.layers.{i}.self_attn.{w}_norm.weight", [D])
         if not sparse[i]:
             return False
         p = f"model.layers.{i}." + ("block_sparse_moe." if fam == "mixtral" else "mlp.")
@@ -234,6 +245,9 @@ class HFMoEModel:
             a = self.rms(x, self.t[h + "input_layernorm.weight"])
             q = self.lin(a, h + "self_attn.q_proj", bias).view(T, H, D).transpose(0, 1)
             k = self.lin(a, h + "self_attn.k_proj", bias).view(T, KV, D).transpose(0, 1)
+            if self.fam == "qwen3_moe":  # Qwen3MoeRMSNorm of each head, before RoPE
+                q = self.rms(q, self.t[h + "self_attn.q_norm.weight"])
+                k = self.rms(k, self.t[h + "self_attn.k_norm.weight"])
             v = self.lin(a, h + "self_attn.v_proj", bias).view(T, KV, D).transpose(0, 1)
             q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
             k, v = k.repeat_interleave(H // KV, 0), v.repeat_interleave(H // KV, 0)  # repeat_kv

@@ -59,7 +59,8 @@ struct TempDir {
 
 struct Variant {
   bool gqa = true, bias = false, tied = false, interleaved = false;
-  int moe = 0;  // 1: Mixtral (every layer MoE), 2: Qwen2-MoE (layer 0 dense, a gated shared expert, q/k/v biases)
+  int moe = 0;  // 1: Mixtral (every layer MoE), 2: Qwen2-MoE (layer 0 dense, a gated shared expert, q/k/v biases),
+                // 3: Qwen3-MoE (layer 0 dense, q/k norms)
 };
 
 Config llama_config(const Variant& v) {
@@ -87,6 +88,11 @@ Config llama_config(const Variant& v) {
     m.moe_ffn_hidden_size = 10;
     m.moe_router_topk = 2;
     c.parallel.expert_tensor_parallel_size = 1;
+  }
+  if (v.moe == 3) {
+    m.moe_layer_freq.every = 0;
+    m.moe_layer_freq.pattern = {0, 1};
+    m.qk_layernorm = true;
   }
   if (v.moe == 2) {
     m.moe_layer_freq.every = 0;
@@ -197,14 +203,16 @@ TEST(HFLlama, ImportOnEveryRankThenExportIsTheInput) {
   round_trip({.gqa = true, .bias = true, .tied = true, .interleaved = true}, 1, 2, 4);
 }
 
-// Mixtral and Qwen2-MoE (interop/hf/moe.cpp): every EP x TP x PP rank reads its experts (and the
-// router, the shared expert's TP rows, its gate); the ranks' boxes cover every tensor and export back
+// Mixtral, Qwen2-MoE and Qwen3-MoE (interop/hf/moe.cpp): every EP x TP x PP rank reads its experts
+// (and the router, the shared expert's TP rows, its gate, the q/k norms); the ranks' boxes cover every tensor and export back
 // bit for bit.
 TEST(HFLlama, MoEImportOnEveryExpertRankThenExportIsTheInput) {
   round_trip({.gqa = true, .moe = 1}, 1, 1, 2, 4);
   round_trip({.gqa = true, .moe = 1}, 2, 2, 3, 2);
   round_trip({.gqa = false, .moe = 2}, 2, 2, 3, 2);
   round_trip({.gqa = true, .tied = true, .moe = 2}, 1, 1, 1, 4);
+  round_trip({.gqa = true, .moe = 3}, 2, 2, 2, 2);
+  round_trip({.gqa = true, .interleaved = true, .moe = 3}, 1, 2, 1, 4);
 }
 
 TEST(HFLlama, GroupedQKVIsMegatronsLayout) {
