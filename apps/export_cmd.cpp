@@ -264,9 +264,9 @@ int export_llama(const ModelConfig& m, CheckpointReader* reader, const ExportOpt
   config["tptrain_checkpoint"] = {{"path", reader->path()}, {"iteration", reader->iteration()}};
   const std::string cfg_path = out + "/config.json";
   write_config(cfg_path, config);
-  spdlog::info("exported {} (iteration {}; Llama: {} layers, hidden {}, {} heads / {} KV groups, vocab {}: {:.2f}M "
+  spdlog::info("exported {} (iteration {}; {}: {} layers, hidden {}, {} heads / {} KV groups, vocab {}: {:.2f}M "
                "parameters, {}) to {}: {} ({:.1f} MB){} and {}",
-               reader->path(), reader->iteration(), m.num_layers, m.hidden_size, m.num_attention_heads,
+               reader->path(), reader->iteration(), config["architectures"][0].get<std::string>(), m.num_layers, m.hidden_size, m.num_attention_heads,
                m.group_query_attention ? m.num_query_groups : m.num_attention_heads, m.vocab_size, double(params) / 1e6,
                safetensors_dtype_name(dtype), out,
                shards.size() == 1 ? std::string("model.safetensors") : std::to_string(shards.size()) + " shards",
@@ -288,23 +288,22 @@ int export_hf(const ExportOptions& o) {
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
   if (!reader) input_error("export: no checkpoint in " + o.checkpoint);
   const ModelConfig m = checkpoint_model_config(reader->meta());
-  if (m.is_moe())
-    input_error("export: this checkpoint's model is a Mixture-of-Experts model (model.num_moe_experts " +
-                std::to_string(m.num_moe_experts) +
-                "); the Hugging Face export writes dense GPT-2 and Llama models only so far (MoE export: issue 39). "
-                "tptrain generate runs it");
-  if (is_gpt2_architecture(m)) return export_gpt2(m, reader.get(), o);
+  if (m.moe_router_enable_expert_bias)  // its bias is a routing input HF's MoE blocks do not have
+    input_error("export: this checkpoint's MoE model routes with an expert bias (model.moe_router_enable_expert_bias), "
+                "which Hugging Face Mixtral / Qwen-MoE cannot hold; tptrain generate runs it");
+  if (is_gpt2_architecture(m) && !m.is_moe()) return export_gpt2(m, reader.get(), o);
   const std::string why = hf_llama_incompatibility(m);
   if (!why.empty())
     input_error("export: this checkpoint's model is " + describe_architecture(m) +
-                ", which neither Hugging Face GPT-2 nor Llama can hold: " + why);
+                (m.is_moe() ? " with " + std::to_string(m.num_moe_experts) + " experts" : std::string()) +
+                ", which neither Hugging Face GPT-2, Llama, Mixtral, Qwen2-MoE nor Qwen3-MoE can hold: " + why);
   return export_llama(m, reader.get(), o);
 }
 
 }  // namespace
 
 Command add_export_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2 or Llama "
+  CLI::App* cmd = app.add_subcommand("export", "a checkpoint of any layout -> Hugging Face GPT-2, Llama, Mixtral, Qwen2-MoE or Qwen3-MoE "
                                                "(model.safetensors or shards + index, config.json)");
   auto o = std::make_shared<ExportOptions>();
   cmd->add_option("--checkpoint", o->checkpoint, "a checkpoint.save directory (its latest complete checkpoint) or one "
@@ -316,7 +315,7 @@ Command add_export_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "stored dtype: bf16, fp16 or fp32 (default: fp32 for GPT-2; for Llama the "
                                        "run's training.precision)")
       ->type_name("bf16|fp16|fp32");
-  cmd->add_option("--max-shard-size", o->max_shard_size, "Llama: split model.safetensors into shards of at most this "
+  cmd->add_option("--max-shard-size", o->max_shard_size, "Llama / MoE: split model.safetensors into shards of at most this "
                                                          "size, as Hugging Face (default 5GB; bytes, kB/MB/GB, KiB/MiB/GiB)")
       ->type_name("SIZE");
   return [o] { return export_hf(*o); };

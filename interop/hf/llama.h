@@ -1,5 +1,7 @@
 // Hugging Face LlamaForCausalLM checkpoints in and out (docs/ARCHITECTURE.md "Model", README
-// "Continue pretraining from a Hugging Face Llama checkpoint"):
+// "Continue pretraining from a Hugging Face Llama checkpoint"), and on the same files the
+// Mixture-of-Experts MixtralForCausalLM / Qwen2MoeForCausalLM (interop/hf/moe.cpp, docs/MOE.md
+// "Hugging Face checkpoints") and Qwen3MoeForCausalLM (q/k norms: model.qk_layernorm):
 //  - model.init_from: what the path names (an HF Llama directory, its model.safetensors.index.json,
 //    its config.json, one .safetensors file; or HF GPT-2, interop/hf/gpt2.h) and the Llama import:
 //    config.json checked against the model config, every rank reading only the rows of its boxes from
@@ -25,7 +27,8 @@ namespace tpt {
 // ---- model.init_from ----
 
 // Fills the host parameter buffer of this rank's layout from model.init_from (m.init_from): an HF
-// Llama checkpoint (by its config.json's architectures / model_type) or an HF GPT-2 safetensors file
+// Llama, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (by its config.json's architectures / model_type; an MoE
+// one for an MoE model config, each rank reading only its experts) or an HF GPT-2 safetensors file
 // (no config.json, or one of model_type gpt2). Throws InputError naming the file, the key or the
 // tensor: an unknown architecture, config.json disagreeing with the model config (both values), a
 // missing or doubly named tensor, a missing shard, a shape that disagrees with config.json.
@@ -45,10 +48,12 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
 
 // ---- tptrain export ----
 
-// Empty when the model can be written as an HF LlamaForCausalLM; else why not, naming the key.
+// Empty when the model can be written as an HF LlamaForCausalLM (an MoE model: Mixtral, Qwen2-MoE or Qwen3-MoE);
+// else why not, naming the key.
 std::string hf_llama_incompatibility(const ModelConfig& m);
 
-// config.json for transformers.LlamaForCausalLM (torch_dtype: "float32" | "bfloat16" | "float16").
+// config.json for transformers.LlamaForCausalLM, or for an MoE model MixtralForCausalLM /
+// Qwen2MoeForCausalLM / Qwen3MoeForCausalLM (torch_dtype: "float32" | "bfloat16" | "float16").
 nlohmann::json hf_llama_config(const ModelConfig& m, DType dtype);
 
 // One HF tensor of the export: its name, shape, and how to compute it (row-major fp32) from our
@@ -61,7 +66,8 @@ struct HFLlamaTensor {
   int64_t numel() const;
 };
 // The tensors of the export in HF's order: embed_tokens, per layer input_layernorm, q/k/v/o_proj
-// (+ biases), post_attention_layernorm, gate/up/down_proj (+ biases), model.norm, lm_head (untied).
+// (+ biases), post_attention_layernorm, gate/up/down_proj (+ biases) -- an MoE layer's router,
+// experts and shared expert instead (interop/hf/moe.cpp) --, model.norm, lm_head (untied).
 std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m);
 // The global shape of our tensor `name` (as make_param_layout names it) in a Llama-family model: the
 // layer spec's (model/layer_spec.h) for the layers' tensors.

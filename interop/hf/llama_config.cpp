@@ -28,11 +28,33 @@ HFArch architecture_of(const nlohmann::json& cfg, std::string* described) {
   *described = "architectures " + (arch != cfg.end() ? jtext(*arch) : std::string("(none)")) + ", model_type " +
                (model_type.empty() ? std::string("(none)") : "\"" + model_type + "\"");
   auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
-  if (has("LlamaForCausalLM")) return HFArch::Llama;
+  const HFArch known[] = {HFArch::Llama, HFArch::Mixtral, HFArch::Qwen2Moe, HFArch::Qwen3Moe};
+  const char* types[] = {"llama", "mixtral", "qwen2_moe", "qwen3_moe"};
+  for (int i = 0; i < 4; ++i)
+    if (has(arch_name(known[i])) || (names.empty() && model_type == types[i])) return known[i];
   if (has("GPT2LMHeadModel")) return HFArch::GPT2;
-  if (names.empty() && model_type == "llama") return HFArch::Llama;
   if (names.empty() && model_type == "gpt2") return HFArch::GPT2;
   return HFArch::Other;
+}
+
+const char* arch_name(HFArch a) {
+  switch (a) {
+    case HFArch::Llama: return "LlamaForCausalLM";
+    case HFArch::Mixtral: return "MixtralForCausalLM";
+    case HFArch::Qwen2Moe: return "Qwen2MoeForCausalLM";
+    case HFArch::Qwen3Moe: return "Qwen3MoeForCausalLM";
+    case HFArch::GPT2: return "GPT2LMHeadModel";
+    default: return "(unknown)";
+  }
+}
+
+HFDefaults hf_defaults(HFArch a) {  // transformers' LlamaConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+  switch (a) {
+    case HFArch::Mixtral: return {4096, 14336, 32, 32, 8, 32000, 1e-5, 1e6};
+    case HFArch::Qwen2Moe: return {2048, 5632, 24, 16, 16, 151936, 1e-6, 1e4};
+    case HFArch::Qwen3Moe: return {2048, 6144, 24, 32, 4, 151936, 1e-6, 1e4};
+    default: return {4096, 11008, 32, 32, 0, 32000, 1e-6, 1e4};
+  }
 }
 
 LlamaDims llama_dims(const ModelConfig& m) {
@@ -118,8 +140,16 @@ std::string scaling_text(const RopeScaling& s) {
 
 void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const std::string& where) {
   std::string arch;
-  if (architecture_of(hf, &arch) != HFArch::Llama)
-    input_error(where + ": unknown architecture (" + arch + "): tptrain imports LlamaForCausalLM here");
+  const HFArch a = architecture_of(hf, &arch);
+  if (a != HFArch::Llama && !is_moe_arch(a))
+    input_error(where + ": unknown architecture (" + arch +
+                "): tptrain imports LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM here");
+  const std::string name = arch_name(a);
+  if (a == HFArch::Llama && m.is_moe())
+    input_error(where + ": a dense LlamaForCausalLM but model.num_moe_experts is " + std::to_string(m.num_moe_experts));
+  if (is_moe_arch(a) && !m.is_moe())
+    input_error(where + ": a Mixture-of-Experts " + name + " but model.num_moe_experts is null (a dense model)");
+  const HFDefaults def = hf_defaults(a);
   // the architecture's fixed parts
   if (hf.contains("hidden_act") && !hf["hidden_act"].is_null() && hf["hidden_act"] != "silu")
     input_error(where + ": hidden_act is " + jtext(hf["hidden_act"]) + ": tptrain's Llama MLP is SwiGLU (silu)");
@@ -131,11 +161,13 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   if (m.rotary_percent != 1.0)
     input_error(where + ": Llama rotates every channel of a head but model.rotary_percent is " +
                 jtext(m.rotary_percent));
-  if (m.add_qkv_bias && !m.add_bias_linear)
+  if (a == HFArch::Llama && m.add_qkv_bias && !m.add_bias_linear)
     input_error(where + ": model.add_qkv_bias: true (a QKV bias alone) has no Llama form (attention_bias is on "
                 "q, k, v and o_proj)");
-  if (m.qk_layernorm)
-    input_error(where + ": model.qk_layernorm is true but LlamaForCausalLM has no q/k norms (q_norm, k_norm)");
+  if (m.qk_layernorm != (a == HFArch::Qwen3Moe))  // Qwen3-MoE's q_norm / k_norm: RMSNorm of each head, before RoPE
+    input_error(where + ": " + (m.qk_layernorm ? "model.qk_layernorm is true but " + name + " has no q/k norms"
+                                               : name + " normalises q and k per head (self_attn.q_norm, k_norm) but "
+                                                        "model.qk_layernorm is false"));
 
   auto integer = [&](const char* key, int64_t def) -> int64_t {
     if (!hf.contains(key) || hf[key].is_null()) return def;
@@ -166,19 +198,24 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
       input_error(where + ": " + key + " is " + (got ? "true" : "false") + " but " + ours + " is " +
                   (want ? "true" : "false"));
   };
-  // HF's LlamaConfig defaults for the keys a config.json leaves out
-  const int64_t H = integer("num_attention_heads", 32), C = integer("hidden_size", 4096);
+  // HF's defaults (LlamaConfig, MixtralConfig, ...) for the keys a config.json leaves out
+  const int64_t H = integer("num_attention_heads", def.heads), C = integer("hidden_size", def.hidden);
   same_int("hidden_size", C, "model.hidden_size", m.hidden_size);
-  same_int("intermediate_size", integer("intermediate_size", 11008), "model.ffn_hidden_size", m.ffn_hidden_size);
-  same_int("num_hidden_layers", integer("num_hidden_layers", 32), "model.num_layers", m.num_layers);
+  if (a != HFArch::Mixtral)  // Mixtral's intermediate_size is its experts' (check_hf_moe_config)
+    same_int("intermediate_size", integer("intermediate_size", def.intermediate), "model.ffn_hidden_size",
+             m.ffn_hidden_size);
+  same_int("num_hidden_layers", integer("num_hidden_layers", def.layers), "model.num_layers", m.num_layers);
   same_int("num_attention_heads", H, "model.num_attention_heads", m.num_attention_heads);
-  same_int("num_key_value_heads", integer("num_key_value_heads", H),
+  same_int("num_key_value_heads", integer("num_key_value_heads", def.kv_heads ? def.kv_heads : H),
            m.group_query_attention ? "model.num_query_groups" : "model.num_attention_heads (no group_query_attention)",
            query_groups(m));
   same_int("head_dim", integer("head_dim", H > 0 ? C / H : 0), "model.kv_channels",
            m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads);
-  same_num("rms_norm_eps", number("rms_norm_eps", 1e-6), "model.layernorm_epsilon", m.layernorm_epsilon);
-  const HFRope rope = hf_rope(hf, where);
+  same_num("rms_norm_eps", number("rms_norm_eps", def.eps), "model.layernorm_epsilon", m.layernorm_epsilon);
+  HFRope rope = hf_rope(hf, where);
+  if (!hf.contains("rope_theta") && !(hf.contains("rope_parameters") && hf["rope_parameters"].is_object() &&
+                                      hf["rope_parameters"].contains("rope_theta")))
+    rope.theta = def.theta;
   same_num(hf.contains("rope_parameters") && !hf["rope_parameters"].is_null() ? "rope_parameters.rope_theta"
                                                                              : "rope_theta",
            rope.theta, "model.rotary_base", m.rotary_base);
@@ -190,9 +227,22 @@ void check_hf_llama_config(const nlohmann::json& hf, const ModelConfig& m, const
   if (const bool tie = boolean("tie_word_embeddings", false); tie == m.untie_embeddings_and_output_weights)
     input_error(where + ": tie_word_embeddings is " + (tie ? "true" : "false") +
                 " but model.untie_embeddings_and_output_weights is " + (tie ? "true" : "false"));
-  same_bool("attention_bias", boolean("attention_bias", false), "model.add_bias_linear", m.add_bias_linear);
-  same_bool("mlp_bias", boolean("mlp_bias", false), "model.add_bias_linear", m.add_bias_linear);
-  same_int("vocab_size", integer("vocab_size", 32000), "model.vocab_size", m.vocab_size);
+  same_int("vocab_size", integer("vocab_size", def.vocab), "model.vocab_size", m.vocab_size);
+  if (a == HFArch::Llama) {
+    same_bool("attention_bias", boolean("attention_bias", false), "model.add_bias_linear", m.add_bias_linear);
+    same_bool("mlp_bias", boolean("mlp_bias", false), "model.add_bias_linear", m.add_bias_linear);
+    return;
+  }
+  // the MoE families: no expert biases (model.add_bias_linear false); Qwen2-MoE's q/k/v biases alone
+  if (m.add_bias_linear)
+    input_error(where + ": " + name + " has no MLP / expert biases but model.add_bias_linear is true");
+  if (a == HFArch::Qwen2Moe)
+    same_bool("qkv_bias", boolean("qkv_bias", true), "model.add_qkv_bias", m.add_qkv_bias);
+  else if (m.add_qkv_bias)
+    input_error(where + ": " + name + " has no q/k/v biases but model.add_qkv_bias is true");
+  if (a == HFArch::Qwen3Moe && boolean("attention_bias", false))
+    input_error(where + ": attention_bias is true (biases on q, k, v and o_proj without MLP biases): no tptrain form");
+  check_hf_moe_config(hf, a, m, where);
 }
 
 std::string hf_llama_incompatibility(const ModelConfig& m) {
@@ -202,9 +252,11 @@ std::string hf_llama_incompatibility(const ModelConfig& m) {
     return "model.position_embedding_type is learned_absolute (Llama: rope)";
   if (m.rotary_percent != 1.0)
     return "model.rotary_percent is " + jtext(m.rotary_percent) + " (Llama rotates every channel: 1.0)";
-  if (m.add_qkv_bias && !m.add_bias_linear)
+  std::string why;
+  if (m.is_moe() && hf_moe_export_arch(m, &why) == HFArch::Other) return why;
+  if (!m.is_moe() && m.add_qkv_bias && !m.add_bias_linear)
     return "model.add_qkv_bias is true without model.add_bias_linear (Llama's attention_bias is on q, k, v and o)";
-  if (m.qk_layernorm) return "model.qk_layernorm is true (Llama has no q/k norms)";
+  if (!m.is_moe() && m.qk_layernorm) return "model.qk_layernorm is true (Llama has no q/k norms)";
   return "";
 }
 
@@ -217,7 +269,7 @@ nlohmann::json hf_llama_config(const ModelConfig& m, DType dtype) {
                {"low_freq_factor", m.rope_scaling.low_freq_factor},
                {"high_freq_factor", m.rope_scaling.high_freq_factor},
                {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
-  return {{"architectures", {"LlamaForCausalLM"}},
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"vocab_size", d.V},
           {"hidden_size", d.C},
@@ -239,6 +291,9 @@ nlohmann::json hf_llama_config(const ModelConfig& m, DType dtype) {
           {"pretraining_tp", 1},
           {"use_cache", true},
           {"torch_dtype", dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32"}};
+  std::string why;
+  if (m.is_moe()) hf_moe_config(hf_moe_export_arch(m, &why), m, cfg);
+  return cfg;
 }
 
 }  // namespace tpt

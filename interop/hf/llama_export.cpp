@@ -21,21 +21,19 @@ int64_t HFLlamaTensor::numel() const {
 std::vector<int64_t> llama_global_shape(const ModelConfig& m, const std::string& name) {
   Config c;
   c.model = m;
-  const GPTDims d = make_dims(c, 1, 0, 1, 0);  // global shapes: the layer spec of one rank holding all
-  if (name == "wte.weight" || name == "lm_head.weight") return {d.V, d.C};
-  if (name == "ln_f.weight") return {d.C};
-  const std::string rest = name.substr(name.find('.', 2) + 1);  // h.<l>.<part>.<weight | bias>
-  for (const LayerPart& part : d.layer.parts) {
-    if (rest == part.name() + ".weight") return part.is_linear ? part.linear.weight_shape : std::vector<int64_t>{d.C};
-    if (rest == part.name() + ".bias" && (part.is_linear || d.norm.has_bias()))
-      return part.is_linear ? part.linear.bias_shape() : std::vector<int64_t>{d.C};
-  }
+  // global shapes: the layout of one rank holding every layer and expert
+  const ParamLayout layout = make_param_layout(make_dims(c, 1, 0, 1, 0));
+  if (name == "wte.weight" || name == "lm_head.weight") return {llama_dims(m).V, m.hidden_size};  // unpadded
+  for (const ParamInfo& p : layout.params)
+    if (p.name == name) return p.global_shape;
   internal_error("llama_global_shape: no tensor " + name);
 }
 
 std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m) {
   const LlamaDims d = llama_dims(m);
-  const bool grouped = m.group_query_attention;
+  const bool grouped = m.group_query_attention, qkv_bias = d.bias || m.add_qkv_bias;
+  std::string why;
+  const HFArch arch = m.is_moe() ? hf_moe_export_arch(m, &why) : HFArch::Llama;
   const int64_t C = d.C, D = d.D, HD = d.H * D, GD = d.G * D;
   using Read = std::function<const std::vector<float>&(const std::string&)>;
   std::vector<HFLlamaTensor> out;
@@ -61,12 +59,21 @@ std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m) {
                      return dst;
                    }});
   };
-  auto fc1_part = [&](const std::string& hf, const std::string& ours, int w, bool weight) {
+  auto fc1_part = [&](const std::string& hf, const std::string& ours, int w, bool weight, int64_t F) {
     const int64_t cols = weight ? C : 1;
-    out.push_back({hf, weight ? std::vector<int64_t>{d.F, C} : std::vector<int64_t>{d.F}, [=](const Read& read) {
+    out.push_back({hf, weight ? std::vector<int64_t>{F, C} : std::vector<int64_t>{F}, [=](const Read& read) {
                      const std::vector<float>& src = read(ours);
-                     return std::vector<float>(src.begin() + w * d.F * cols, src.begin() + (w + 1) * d.F * cols);
+                     return std::vector<float>(src.begin() + w * F * cols, src.begin() + (w + 1) * F * cols);
                    }});
+  };
+  // a dense MLP (HF prefix `hf`: "...mlp." or a shared expert's "...mlp.shared_expert.") of width F
+  auto mlp = [&](const std::string& hf, const std::string& o, int64_t F) {
+    fc1_part(hf + "gate_proj.weight", o + "fc1.weight", 0, true, F);
+    if (d.bias) fc1_part(hf + "gate_proj.bias", o + "fc1.bias", 0, false, F);
+    fc1_part(hf + "up_proj.weight", o + "fc1.weight", 1, true, F);
+    if (d.bias) fc1_part(hf + "up_proj.bias", o + "fc1.bias", 1, false, F);
+    same(hf + "down_proj.weight", {C, F}, o + "fc2.weight");
+    if (d.bias) same(hf + "down_proj.bias", {C}, o + "fc2.bias");
   };
   same("model.embed_tokens.weight", {d.V, C}, "wte.weight");
   for (int64_t l = 0; l < d.L; ++l) {
@@ -75,17 +82,29 @@ std::vector<HFLlamaTensor> hf_llama_tensors(const ModelConfig& m) {
     const char* qkv[] = {"q_proj", "k_proj", "v_proj"};
     for (int w = 0; w < 3; ++w) {
       qkv_part(h + "self_attn." + qkv[w] + ".weight", o + "attn.qkv.weight", w, true);
-      if (d.bias) qkv_part(h + "self_attn." + qkv[w] + ".bias", o + "attn.qkv.bias", w, false);
+      if (qkv_bias) qkv_part(h + "self_attn." + qkv[w] + ".bias", o + "attn.qkv.bias", w, false);
     }
     same(h + "self_attn.o_proj.weight", {C, HD}, o + "attn.proj.weight");
+    if (m.qk_layernorm)  // Qwen3-MoE's q_norm / k_norm [D], back to HF's channel order
+      for (const char* w : {"q", "k"}) {
+        const std::string ours = o + "attn." + w + "_layernorm.weight";
+        const bool inter = d.interleaved;
+        out.push_back({h + "self_attn." + w + "_norm.weight", {D}, [ours, D, inter](const Read& read) {
+                         const std::vector<float>& src = read(ours);
+                         std::vector<float> dst(static_cast<size_t>(D));
+                         for (int64_t c = 0; c < D; ++c) dst[size_t(hf_channel(c, D, inter))] = src[size_t(c)];
+                         return dst;
+                       }});
+      }
     if (d.bias) same(h + "self_attn.o_proj.bias", {C}, o + "attn.proj.bias");
     same(h + "post_attention_layernorm.weight", {C}, o + "ln_2.weight");
-    fc1_part(h + "mlp.gate_proj.weight", o + "mlp.fc1.weight", 0, true);
-    if (d.bias) fc1_part(h + "mlp.gate_proj.bias", o + "mlp.fc1.bias", 0, false);
-    fc1_part(h + "mlp.up_proj.weight", o + "mlp.fc1.weight", 1, true);
-    if (d.bias) fc1_part(h + "mlp.up_proj.bias", o + "mlp.fc1.bias", 1, false);
-    same(h + "mlp.down_proj.weight", {C, d.F}, o + "mlp.fc2.weight");
-    if (d.bias) same(h + "mlp.down_proj.bias", {C}, o + "mlp.fc2.bias");
+    if (!m.is_moe_layer(l)) {
+      mlp(h + "mlp.", o + "mlp.", d.F);
+      continue;
+    }
+    hf_moe_tensors(arch, m, l, out);  // router, experts, the shared expert's gate
+    if (m.moe_shared_expert_intermediate_size)
+      mlp(hf_mlp_prefix(arch, l) + "shared_expert.", o + "mlp.shared_experts.", m.moe_shared_expert_intermediate_size);
   }
   same("model.norm.weight", {C}, "ln_f.weight");
   if (d.untied) same("lm_head.weight", {d.V, C}, "lm_head.weight");

@@ -25,9 +25,13 @@ void load_hf_llama(const std::string& path, const ModelConfig& m, const ParamLay
   if (p.config.empty())
     input_error(what + ": " + path + ": no config.json " + (p.file.empty() ? "in it" : "beside it") +
                 " (a Hugging Face Llama checkpoint needs one)");
-  check_hf_llama_config(read_json_file(p.config, what), m, what + ": " + p.config);
+  const nlohmann::json cfg = read_json_file(p.config, what);
+  check_hf_llama_config(cfg, m, what + ": " + p.config);
+  std::string described;
+  const HFArch arch = architecture_of(cfg, &described);
   const HFShards hf(p, what);
   const LlamaDims d = llama_dims(m);
+  const bool qkv_bias = d.bias || m.add_qkv_bias;
   const int64_t C = d.C, D = d.D, HD = d.H * d.D, GD = d.G * d.D;
 
   // the tensors config.json implies; anything else in the checkpoint is an error (rotary_emb.inv_freq
@@ -43,13 +47,18 @@ void load_hf_llama(const std::string& path, const ModelConfig& m, const ParamLay
     expected[h + "self_attn.k_proj.weight"] = {GD, C};
     expected[h + "self_attn.v_proj.weight"] = {GD, C};
     expected[h + "self_attn.o_proj.weight"] = {C, HD};
-    expected[h + "mlp.gate_proj.weight"] = {d.F, C};
-    expected[h + "mlp.up_proj.weight"] = {d.F, C};
-    expected[h + "mlp.down_proj.weight"] = {C, d.F};
-    if (d.bias) {
+    if (is_moe_arch(arch)) hf_moe_expected(arch, m, l, expected);  // its MoE MLP, Qwen3's q/k norms
+    if (!m.is_moe_layer(l)) {
+      expected[h + "mlp.gate_proj.weight"] = {d.F, C};
+      expected[h + "mlp.up_proj.weight"] = {d.F, C};
+      expected[h + "mlp.down_proj.weight"] = {C, d.F};
+    }
+    if (qkv_bias) {
       expected[h + "self_attn.q_proj.bias"] = {HD};
       expected[h + "self_attn.k_proj.bias"] = {GD};
       expected[h + "self_attn.v_proj.bias"] = {GD};
+    }
+    if (d.bias) {
       expected[h + "self_attn.o_proj.bias"] = {C};
       expected[h + "mlp.gate_proj.bias"] = {d.F};
       expected[h + "mlp.up_proj.bias"] = {d.F};
@@ -58,8 +67,10 @@ void load_hf_llama(const std::string& path, const ModelConfig& m, const ParamLay
   }
   for (const std::string& n : hf.names()) {
     if (expected.count(n) || n.ends_with(".rotary_emb.inv_freq") || (n == "lm_head.weight" && !d.untied)) continue;
-    input_error(what + ": " + hf.where() + ": unexpected tensor '" + n + "' (config.json: " + std::to_string(d.L) +
-                " layers, attention_bias/mlp_bias " + (d.bias ? "true" : "false") + ")");
+    input_error(what + ": " + hf.where() + ": unexpected tensor '" + n + "' (config.json: " + arch_name(arch) +
+                ", " + std::to_string(d.L) + " layers" +
+                (m.is_moe() ? ", " + std::to_string(m.num_moe_experts) + " experts" : std::string()) + ", biases " +
+                (d.bias ? "all" : qkv_bias ? "q/k/v" : "none") + ")");
   }
   for (const auto& [n, shape] : expected) hf.check(n, shape);  // every tensor, whichever rank needs it
   for (const std::string& t : hf.dtypes())
@@ -94,7 +105,13 @@ void load_hf_llama(const std::string& path, const ModelConfig& m, const ParamLay
     if (n.rfind("h.", 0) != 0) internal_error("load_hf_llama: no mapping for parameter " + n);
     const size_t dot = n.find('.', 2);
     const std::string rest = n.substr(dot + 1);
-    const std::string h = "model.layers." + n.substr(2, dot - 2) + ".";
+    const int64_t layer = std::stoll(n.substr(2, dot - 2));
+    const std::string h = "model.layers." + std::to_string(layer) + ".";
+    if (load_hf_moe_param(arch, hf, m, pi, layer, rest, out)) continue;
+    // the dense MLP, or an MoE layer's shared expert (HF's mlp.shared_expert.*, width Fs) the same way
+    const bool shared = rest.starts_with("mlp.shared_experts.");
+    const std::string mlp = shared ? h + "mlp.shared_expert." : h + "mlp.";
+    const int64_t F = shared ? m.moe_shared_expert_intermediate_size : d.F;
     const bool weight = rest.ends_with(".weight");
     const std::string kind = weight ? "weight" : "bias";
     auto shape2 = [&](int64_t rows, int64_t cols) {
@@ -130,15 +147,15 @@ void load_hf_llama(const std::string& path, const ModelConfig& m, const ParamLay
       st.read_box(h + "self_attn.o_proj.weight", pi.box_offset, pi.box_size, out);
     } else if (rest == "attn.proj.bias") {
       hf.rows(h + "self_attn.o_proj.bias", {C}, 0, C, out);
-    } else if (rest == "mlp.fc1.weight" || rest == "mlp.fc1.bias") {  // [2, F, (C)] = [gate; up], rows of this rank
+    } else if (rest.ends_with("fc1.weight") || rest.ends_with("fc1.bias")) {  // [2, F, (C)] = [gate; up], this rank's rows
       const int64_t f0 = pi.box_offset[1], fl = pi.box_size[1];
-      hf.rows(h + "mlp.gate_proj." + kind, shape2(d.F, C), f0, fl, out);
-      hf.rows(h + "mlp.up_proj." + kind, shape2(d.F, C), f0, fl, out + fl * cols);
-    } else if (rest == "mlp.fc2.weight") {  // [C, F]: columns of this rank
-      const SafetensorsReader& st = hf.check(h + "mlp.down_proj.weight", {C, d.F});
-      st.read_box(h + "mlp.down_proj.weight", pi.box_offset, pi.box_size, out);
-    } else if (rest == "mlp.fc2.bias") {
-      hf.rows(h + "mlp.down_proj.bias", {C}, 0, C, out);
+      hf.rows(mlp + "gate_proj." + kind, shape2(F, C), f0, fl, out);
+      hf.rows(mlp + "up_proj." + kind, shape2(F, C), f0, fl, out + fl * cols);
+    } else if (rest.ends_with("fc2.weight")) {  // [C, F]: columns of this rank
+      const SafetensorsReader& st = hf.check(mlp + "down_proj.weight", {C, F});
+      st.read_box(mlp + "down_proj.weight", pi.box_offset, pi.box_size, out);
+    } else if (rest.ends_with("fc2.bias")) {
+      hf.rows(mlp + "down_proj.bias", {C}, 0, C, out);
     } else {
       internal_error("load_hf_llama: no mapping for parameter " + n);
     }
@@ -146,10 +163,15 @@ void load_hf_llama(const std::string& path, const ModelConfig& m, const ParamLay
   const std::set<std::string> dt = hf.dtypes();
   std::string dts;
   for (const std::string& t : dt) dts += (dts.empty() ? "" : "/") + t;
-  spdlog::info("init_from: Hugging Face Llama {} ({} shard{}, {}; {} layers, hidden {}, {} heads / {} KV groups, vocab {}"
-               "{})",
-               hf.where(), hf.num_shards(), hf.num_shards() == 1 ? "" : "s", dts, d.L, C, d.H, d.G, d.V,
-               d.interleaved ? "; q/k rows permuted to interleaved RoPE" : "");
+  const char* family[] = {"Llama", "Mixtral", "Qwen2-MoE", "Qwen3-MoE"};
+  const std::string moe = m.is_moe() ? ", " + std::to_string(m.num_moe_experts) + " experts top-" +
+                                           std::to_string(m.moe_router_topk) +
+                                           (m.moe_shared_expert_intermediate_size ? " + a shared expert" : "")
+                                     : "";
+  spdlog::info("init_from: Hugging Face {} {} ({} shard{}, {}; {} layers, hidden {}, {} heads / {} KV groups, vocab {}"
+               "{}{})",
+               family[int(arch) - int(HFArch::Llama)], hf.where(), hf.num_shards(), hf.num_shards() == 1 ? "" : "s",
+               dts, d.L, C, d.H, d.G, d.V, moe, d.interleaved ? "; q/k rows permuted to interleaved RoPE" : "");
 }
 
 void load_init_from(const ModelConfig& m, const GPTDims& d, const ParamLayout& layout, float* params) {
@@ -160,8 +182,13 @@ void load_init_from(const ModelConfig& m, const GPTDims& d, const ParamLayout& l
   if (!p.config.empty()) arch = architecture_of(read_json_file(p.config, "model.init_from"), &described);
   if (arch == HFArch::Other)
     input_error("model.init_from: " + p.config + ": unknown architecture (" + described +
-                "): tptrain imports LlamaForCausalLM and GPT2LMHeadModel");
-  if (arch == HFArch::Llama) return load_hf_llama(path, m, layout, params);
+                "): tptrain imports LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM "
+                "and GPT2LMHeadModel");
+  if (arch == HFArch::Llama || is_moe_arch(arch)) return load_hf_llama(path, m, layout, params);
+  if (m.is_moe())
+    input_error("model.init_from: " + path + " holds Hugging Face GPT-2 weights, which have no experts (model." +
+                "num_moe_experts is " + std::to_string(m.num_moe_experts) +
+                "); MoE checkpoints are MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM directories");
   // HF GPT-2: a safetensors file (a directory or its config.json: its model.safetensors)
   if (!p.index.empty())
     input_error("model.init_from: " + path + ": a sharded checkpoint, but " +

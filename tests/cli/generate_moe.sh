@@ -9,7 +9,8 @@
 #   (b) Llama-shaped (RMSNorm, RoPE, SwiGLU, untied output layer, no biases): a dense first layer, then
 #       sigmoid top-2 of 6 experts, group-limited (3 groups, 1 chosen), scaled, with a gated shared
 #       expert and the expert bias (aux-loss-free balancing: trained, saved, choosing at generation).
-# Also: seeded sampling, and the Hugging Face export refuses an MoE checkpoint with exit 2 (issue 39).
+# Also: seeded sampling, and the Hugging Face export refuses a GPT-2-shaped MoE checkpoint with exit 2
+# (Mixtral / Qwen-MoE need RMSNorm and SwiGLU: tests/cli/hf_moe.sh).
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -112,9 +113,9 @@ s1=$(gen 7); s2=$(gen 7); s3=$(gen 8)
   ok "MoE sampling (temperature 0.8, top-k 20) is a function of the seed: '$(echo "$s1" | head -1)'" ||
   { bad "seeded sampling"; printf '%s\n---\n%s\n---\n%s\n' "$s1" "$s2" "$s3"; }
 
-# the Hugging Face export does not write MoE models yet (issue 39): exit 2, naming it
+# a GPT-2-shaped MoE model has no Hugging Face form (Mixtral / Qwen2-MoE are Llama-shaped): exit 2, naming it
 timeout 60 "$TPTRAIN" export --checkpoint "$W/ck_a" --output "$W/hf_a" > "$W/export.txt" 2>&1
-[ $? -eq 2 ] && grep -q "Mixture-of-Experts model (model.num_moe_experts 4)" "$W/export.txt" && [ ! -e "$W/hf_a/config.json" ] &&
+[ $? -eq 2 ] && grep -q "with 4 experts, which neither Hugging Face GPT-2, Llama, Mixtral, Qwen2-MoE nor Qwen3-MoE can hold: model.normalization is LayerNorm" "$W/export.txt" && [ ! -e "$W/hf_a/config.json" ] &&
   ok "export of an MoE checkpoint: exit 2 ($(head -1 "$W/export.txt" | cut -c1-100)...)" || { bad "export refusal"; cat "$W/export.txt"; }
 
 finish

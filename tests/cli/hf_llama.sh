@@ -56,22 +56,7 @@ sed -e 's/group_query_attention: true, num_query_groups: 2, kv_channels: 24/kv_c
     -e 's/rotary_base: 10000,/rotary_base: 500000,/' -e '/rope_scaling/d' -e "s|init_from: $W/hf}|init_from: $W/hf_tied}|" \
     "$W/cfg.yaml" > "$W/cfg_tied.yaml"
 
-# tptrain NAME NP [--set ...]: a run of $W/cfg.yaml (or CFG=...) on NP ranks, metrics in $W/NAME.jsonl
-tptrain() {
-  local name=$1 np=$2
-  shift 2
-  local launch=()
-  [ "$np" -gt 1 ] && launch=(mpirun -np "$np")
-  timeout 300 "${launch[@]}" "$TPTRAIN" --config "${CFG:-$W/cfg.yaml}" --set logging.metrics_file="$W/$name.jsonl" "$@" \
-    > "$W/$name.log" 2>&1 || { echo "     tptrain $name exited $?:"; tail -8 "$W/$name.log" | sed 's/^/     /'; return 1; }
-}
-compare() {  # compare A B WHAT [tolerances...]
-  local a=$1 b=$2 what=$3
-  shift 3
-  if $PY "$REF/compare_metrics.py" "$W/$a.jsonl" "$W/$b.jsonl" --names "$a,$b" "$@" > "$W/cmp_$a.$b.log" 2>&1; then
-    ok "$what ($(grep 'largest differences' "$W/cmp_$a.$b.log" | sed 's/^ *largest differences: //; s/; tolerances.*//'))"
-  else bad "$what"; sed 's/^/     /' "$W/cmp_$a.$b.log" | tail -15; fi
-}
+source "$TPTRAIN_SRC/tests/cli/hf_lib.sh"
 
 # --- (a) training from init_from = the reference from the same files --------------------------------
 timeout 300 $PY "$REF/gpt_ref.py" --config "$W/cfg.yaml" --out "$W/ref.jsonl" --threads 1 > "$W/ref.log" 2>&1 &&
@@ -91,58 +76,6 @@ CFG=$W/cfg_tied.yaml tptrain tied 2 --set parallel.tensor_model_parallel_size=2 
   compare tied ref_tied "tied, biases, no GQA, rope_parameters, fp16 storage, TP2 = reference" "${TOL[@]}" --min-iters 3
 
 # --- (b) round trips ---------------------------------------------------------------------------------
-ZERO=(--set optimizer.lr=0 --set optimizer.min_lr=0 --set optimizer.lr_warmup_iters=0 --set training.train_iters=1)
-roundtrip() {  # roundtrip NAME INPUT_DIR [export options...]: checkpoint $W/ck_NAME -> $W/out_NAME, compared
-  local name=$1 input=$2
-  shift 2
-  if ! timeout 120 "$TPTRAIN" export --checkpoint "$W/ck_$name" --output "$W/out_$name" "$@" > "$W/export_$name.log" 2>&1; then
-    bad "export $name"; cat "$W/export_$name.log"; return
-  fi
-  if out=$($PY - "$input" "$W/out_$name" <<'PY' 2>&1
-import json, os, struct, sys
-def tensors(d):
-    files = [os.path.join(d, "model.safetensors")]
-    if os.path.exists(os.path.join(d, "model.safetensors.index.json")):
-        wm = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
-        files = [os.path.join(d, f) for f in sorted(set(wm.values()))]
-    out = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            h = json.loads(fh.read(n))
-            data = fh.read()
-        assert h.pop("__metadata__", {}).get("format") == "pt", f
-        for k, v in h.items():
-            b, e = v["data_offsets"]
-            out[k] = (v["dtype"], v["shape"], data[b:e])
-    if len(files) > 1:
-        total = json.load(open(os.path.join(d, "model.safetensors.index.json")))["metadata"]["total_size"]
-        assert total == sum(len(v[2]) for v in out.values()), f"{d}: index total_size {total}"
-    return out, len(files)
-def rope(c):
-    p = c.get("rope_parameters") or {}
-    s = p if p else (c.get("rope_scaling") or {})
-    s = {k: v for k, v in s.items() if k not in ("rope_type", "type", "rope_theta")} if s.get("rope_type", "default") != "default" else None
-    return p.get("rope_theta", c.get("rope_theta")), s
-a, na = tensors(sys.argv[1])
-b, nb = tensors(sys.argv[2])
-a = {k: v for k, v in a.items() if not k.endswith("rotary_emb.inv_freq")}
-assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
-for k in a:
-    assert a[k][:2] == b[k][:2], f"{k}: dtype/shape {a[k][:2]} -> {b[k][:2]}"
-    assert a[k][2] == b[k][2], f"{k}: bytes differ"
-ca, cb = (json.load(open(os.path.join(d, "config.json"))) for d in sys.argv[1:3])
-keys = ["architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings",
-        "attention_bias", "mlp_bias", "hidden_act", "max_position_embeddings", "torch_dtype"]
-for k in keys:
-    assert ca.get(k) == cb.get(k), f"config.json {k}: {ca.get(k)!r} -> {cb.get(k)!r}"
-assert rope(ca) == rope(cb), f"rope: {rope(ca)} -> {rope(cb)}"
-dt = sorted({v[0] for v in b.values()})
-print(f"{len(b)} tensors ({'/'.join(dt)}) byte for byte, {nb} file(s) (input {na}), config.json's {len(keys) + 2} keys equal")
-PY
-  ); then ok "round trip $name: $out"; else bad "round trip $name"; echo "$out" | tail -5; fi
-}
 tptrain rt_grid 8 --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 \
   --set training.micro_batch_size=2 --set training.precision=bf16 --set checkpoint.save="$W/ck_grid" "${ZERO[@]}" &&
   roundtrip grid "$W/hf" --max-shard-size 100KB
@@ -153,50 +86,12 @@ CFG=$W/cfg_tied.yaml tptrain rt_tied 2 --set parallel.tensor_model_parallel_size
   "${ZERO[@]}" && roundtrip tied "$W/hf_tied" --dtype fp16
 
 # --- (c) generate on the imported-then-trained checkpoint -------------------------------------------
-PROMPT="ab"
 timeout 120 "$TPTRAIN" export --checkpoint "$W/ck_one" --output "$W/out_one" > "$W/export_one.log" 2>&1 &&
   grep -q '"torch_dtype": "float32"' "$W/out_one/config.json" && ok "export of the fp32 run: float32 by default" ||
   { bad "export of the trained checkpoint"; cat "$W/export_one.log"; }
-timeout 120 "$TPTRAIN" generate --checkpoint "$W/ck_one" --prompt "$PROMPT" --temperature 0 --max-new-tokens 40 \
-  --threads 1 > "$W/gen.txt" 2> "$W/gen.err" || { bad "generate exited $?"; cat "$W/gen.err"; }
-if out=$($PY - "$REF" "$W/out_one" "$W/gen.txt" "$PROMPT" 40 <<'PY' 2>&1
-import os, sys
-import torch
-ref, hf_dir, text_file, prompt, max_new = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-sys.path.insert(0, ref)
-import greedy
-torch.set_num_threads(1)
-model, m = greedy.load(hf_dir, torch.float64)
-text = open(text_file, "rb").read()
-assert text.endswith(b"\n"), "no newline at the end"
-toks = list(text[:-1])
-p = list(prompt.encode())
-assert toks[:len(p)] == p, "the output does not start with the prompt"
-new = len(toks) - len(p)
-with torch.no_grad():
-    logits = model(torch.tensor([toks]))[0]
-worst, exact = 0.0, 0
-for i in range(len(p) - 1, len(toks) - 1):
-    row, chosen = logits[i], toks[i + 1]
-    gap = float(row.max() - row[chosen])
-    worst = max(worst, gap)
-    exact += int(torch.argmax(row)) == chosen
-    assert gap <= 1e-4, f"token {i + 1} ({chosen}): {gap:.3g} below the best ({int(torch.argmax(row))})"
-nxt = int(torch.argmax(logits[-1]))
-assert new == max_new or nxt == 256, f"stopped after {new} tokens, but the next best token is {nxt}"
-print(f"{new} tokens, {exact} the reference's argmax on the exported Llama directory, the rest within {worst:.2g}")
-PY
-); then ok "generate on the imported-then-trained checkpoint: $out"; else bad "generate vs the reference"; echo "$out" | tail -3; fi
+greedy_check "generate on the imported-then-trained checkpoint" "$W/ck_one" "$W/out_one" 40
 
 # --- (d) bad input: exit 2, naming the problem ----------------------------------------------------------
-expect2() {  # expect2 WHAT PATTERN command...
-  local what=$1 pattern=$2
-  shift 2
-  "$@" > "$W/bad.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 2 ] && grep -qF -- "$pattern" "$W/bad.log"; then ok "$what: exit 2, $(grep -F -- "$pattern" "$W/bad.log" | head -1 | cut -c1-220)"
-  else bad "$what (exit $rc, want 2 and '$pattern')"; tail -5 "$W/bad.log"; fi
-}
 bad_copy() { rm -rf "$W/$1"; cp -r "$W/hf" "$W/$1"; }
 ONE=(timeout 60 "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=1)
 bad_copy no_shard; rm "$W/no_shard/model-00002-of-00003.safetensors"

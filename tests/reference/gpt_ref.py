@@ -29,6 +29,7 @@ import yaml
 
 # The model (model_ref.py, next to this file); gpt_ref.build_model stays the name other scripts use.
 import hf_llama_ref  # HF Llama checkpoints (tests/reference/hf_llama_ref.py)
+import hf_moe_ref  # HF Mixtral / Qwen2-MoE / Qwen3-MoE checkpoints (tests/reference/hf_moe_ref.py)
 import moe_ref  # Mixture-of-Experts keys and bookkeeping (tests/reference/moe_ref.py, docs/MOE.md)
 from model_ref import GPT, build_model, is_decayed, is_gpt2, tptrain_init_state
 
@@ -639,13 +640,15 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
         print(f"gpt_ref: note: training.precision={t['precision']}; the reference computes in "
               f"{dtype} anyway", file=log)
     model = build_model(m, dtype)
-    if init_path and hf_llama_ref.is_hf_llama(init_path):  # an HF Llama directory / index / file
+    moe = init_path and hf_moe_ref.is_hf_moe(init_path)
+    if init_path and (moe or hf_llama_ref.is_hf_llama(init_path)):  # an HF Llama / MoE directory / index / file
         try:
             hf_cfg, tensors = hf_llama_ref.read_checkpoint(init_path, read_safetensors)
-            model.load_state(hf_llama_ref.to_state(hf_cfg, tensors, m))
+            model.load_state((hf_moe_ref if moe else hf_llama_ref).to_state(hf_cfg, tensors, m))
         except hf_llama_ref.HFLlamaError as e:
             raise RefError(f"{init_path}: {e}")
-        print(f"gpt_ref: Hugging Face Llama weights from {init_path}", file=log)
+        print(f"gpt_ref: Hugging Face {hf_moe_ref.family(init_path) if moe else 'Llama'} weights from {init_path}",
+              file=log)
     elif init_path:
         check_hf_gpt2_init(m, init_path)
         model.load_state(hf_to_state(read_safetensors(init_path), m, init_path))

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Greedy continuation of a prompt by the PyTorch reference model (gpt_ref.py's GPT) from Hugging Face
-GPT-2 or Llama weights (hf_llama_ref.py), e.g. those `tptrain export` writes, or from a tptrain
-checkpoint itself (any model the reference builds: Mixture-of-Experts too, which has no Hugging Face
-export yet), with the byte-level tokenizer (bytes 0..255, end of document 256): what
+GPT-2 or Llama weights (hf_llama_ref.py), e.g. those `tptrain export` writes -- Mixtral / Qwen2-MoE / Qwen3-MoE
+directories run transformers' forward as hf_moe_ref.HFMoEModel transcribes it -- or from a tptrain
+checkpoint itself (any model the reference builds, Mixture-of-Experts too), with the byte-level tokenizer (bytes 0..255, end of document 256): what
 `tptrain generate --temperature 0` must print.
 
   greedy.py (--model DIR | --checkpoint CKPT) --prompt TEXT [--max-new-tokens N] [--float64]
@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True
 import gpt_ref  # noqa: E402
 import hf_llama_ref  # noqa: E402
+import hf_moe_ref  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import checkpoint_tensors  # noqa: E402  (tests/tools/checkpoint_tensors.py)
@@ -39,6 +40,9 @@ EOD = 256
 
 def load(model_dir, dtype):
     hf = json.load(open(os.path.join(model_dir, "config.json")))
+    if hf_moe_ref.is_hf_moe(model_dir):  # HF Mixtral / Qwen2-MoE / Qwen3-MoE: transformers' own forward (hf_moe_ref.py)
+        cfg, tensors = hf_llama_ref.read_checkpoint(model_dir, gpt_ref.read_safetensors)
+        return hf_moe_ref.HFMoEModel(cfg, tensors, dtype), hf_moe_ref.model_config(cfg)
     if hf_llama_ref.is_hf_llama(model_dir):  # HF Llama: config.json + model.safetensors or shards
         m = hf_llama_ref.model_config(hf)
         cfg, tensors = hf_llama_ref.read_checkpoint(model_dir, gpt_ref.read_safetensors)

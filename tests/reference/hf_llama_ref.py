@@ -135,15 +135,19 @@ def check_model(cfg, m):
             raise HFLlamaError(f"config.json gives {k} = {w!r}, the config {v!r}")
 
 
-def to_state(cfg, tensors, m):
-    """{reference parameter name: float64 array} of the model m (tptrain's keys) from HF tensors."""
-    check_model(cfg, m)
+def to_state(cfg, tensors, m, check=None, layer_mlp=None):
+    """{reference parameter name: float64 array} of the model m (tptrain's keys) from HF tensors.
+    check(cfg, m) (default check_model) raises when m is not config.json's model; layer_mlp(i, take, st),
+    when given, fills layer i's MLP entries of st (hf_moe_ref.py: MoE layers) and returns True, or
+    returns False for the dense mlp.gate_proj / up_proj / down_proj."""
+    (check or check_model)(cfg, m)
     L, C, H = m["num_layers"], m["hidden_size"], m["num_attention_heads"]
     D = m.get("kv_channels") or C // H
     gqa = bool(m.get("group_query_attention"))
     KV = m["num_query_groups"] if gqa else H
     F, V = m["ffn_hidden_size"], m["vocab_size"]
     bias = m.get("add_bias_linear", True)
+    qkv_bias = bias or bool(m.get("add_qkv_bias", False))
     tied = not m.get("untie_embeddings_and_output_weights", False)
     interleaved = bool(m.get("rotary_interleaved", False))
     used = set()
@@ -168,7 +172,7 @@ def to_state(cfg, tensors, m):
         h, o = f"model.layers.{i}.", f"h.{i}."
         st[o + "ln_1.weight"] = take(h + "input_layernorm.weight", [C])
         st[o + "ln_2.weight"] = take(h + "post_attention_layernorm.weight", [C])
-        for kind in ("weight", "bias") if bias else ("weight",):
+        for kind in ("weight", "bias") if qkv_bias else ("weight",):
             tail = [C] if kind == "weight" else []
             q = heads(take(h + f"self_attn.q_proj.{kind}", [H * D] + tail), H)
             k = heads(take(h + f"self_attn.k_proj.{kind}", [KV * D] + tail), KV)
@@ -179,10 +183,14 @@ def to_state(cfg, tensors, m):
             else:
                 qkv = np.concatenate([q, k, v], axis=0)
             st[o + f"attn.qkv.{kind}"] = qkv.reshape((H + 2 * KV) * D, *tail)
+        dense = not (layer_mlp and layer_mlp(i, take, st))
+        for kind in ("weight", "bias") if bias else ("weight",):
+            tail = [C] if kind == "weight" else []
             st[o + f"attn.proj.{kind}"] = take(h + f"self_attn.o_proj.{kind}", [C, H * D] if tail else [C])
-            st[o + f"mlp.fc1.{kind}"] = np.concatenate([take(h + f"mlp.gate_proj.{kind}", [F] + tail),
-                                                        take(h + f"mlp.up_proj.{kind}", [F] + tail)], axis=0)
-            st[o + f"mlp.fc2.{kind}"] = take(h + f"mlp.down_proj.{kind}", [C, F] if tail else [C])
+            if dense:
+                st[o + f"mlp.fc1.{kind}"] = np.concatenate([take(h + f"mlp.gate_proj.{kind}", [F] + tail),
+                                                            take(h + f"mlp.up_proj.{kind}", [F] + tail)], axis=0)
+                st[o + f"mlp.fc2.{kind}"] = take(h + f"mlp.down_proj.{kind}", [C, F] if tail else [C])
         used.update(n for n in tensors if n.startswith(h) and n.endswith("rotary_emb.inv_freq"))
     st["ln_f.weight"] = take("model.norm.weight", [C])
     if not tied:

@@ -59,6 +59,8 @@ struct TempDir {
 
 struct Variant {
   bool gqa = true, bias = false, tied = false, interleaved = false;
+  int moe = 0;  // 1: Mixtral (every layer MoE), 2: Qwen2-MoE (layer 0 dense, a gated shared expert, q/k/v biases),
+                // 3: Qwen3-MoE (layer 0 dense, q/k norms)
 };
 
 Config llama_config(const Variant& v) {
@@ -81,6 +83,25 @@ Config llama_config(const Variant& v) {
   m.add_bias_linear = v.bias;
   m.rotary_base = 500000;
   m.rope_scaling = {8.0, 1.0, 4.0, 8192};
+  if (v.moe) {
+    m.num_moe_experts = 4;
+    m.moe_ffn_hidden_size = 10;
+    m.moe_router_topk = 2;
+    c.parallel.expert_tensor_parallel_size = 1;
+  }
+  if (v.moe == 3) {
+    m.moe_layer_freq.every = 0;
+    m.moe_layer_freq.pattern = {0, 1};
+    m.qk_layernorm = true;
+  }
+  if (v.moe == 2) {
+    m.moe_layer_freq.every = 0;
+    m.moe_layer_freq.pattern = {0, 1};
+    m.moe_shared_expert_intermediate_size = 8;
+    m.moe_shared_expert_gate = true;
+    m.add_qkv_bias = true;
+    m.moe_router_pre_softmax = true;
+  }
   return c;
 }
 
@@ -119,11 +140,15 @@ std::map<std::string, std::vector<float>> write_hf(const std::string& dir, const
 }
 
 // Imports `path` on every rank of TP x PP and assembles our global tensors from the ranks' boxes.
-std::map<std::string, std::vector<float>> import_all(const Config& cfg, const std::string& path, int tp, int pp) {
+// With ep > 1 also on every EP rank (each holding E / ep experts).
+std::map<std::string, std::vector<float>> import_all(const Config& cfg, const std::string& path, int tp, int pp,
+                                                     int ep = 1) {
   std::map<std::string, std::vector<float>> global;
+  for (int er = 0; er < ep; ++er)
   for (int pr = 0; pr < pp; ++pr)
     for (int tr = 0; tr < tp; ++tr) {
-      const GPTDims d = make_dims(cfg, tp, tr, pp, pr);
+      GPTDims d = make_dims(cfg, tp, tr, pp, pr);
+      apply_expert_parallel(d, ep, er);
       const ParamLayout layout = make_param_layout(d);
       std::vector<float> params(size_t(layout.total), -7.0f);
       load_hf_llama(path, cfg.model, layout, params.data());
@@ -153,11 +178,11 @@ std::map<std::string, std::vector<float>> import_all(const Config& cfg, const st
   return global;
 }
 
-void round_trip(const Variant& v, int tp, int pp, int shards) {
+void round_trip(const Variant& v, int tp, int pp, int shards, int ep = 1) {
   const Config cfg = llama_config(v);
   TempDir dir;
   const auto hf = write_hf(dir.path, cfg.model, shards);
-  const auto global = import_all(cfg, dir.path, tp, pp);
+  const auto global = import_all(cfg, dir.path, tp, pp, ep);
   for (const auto& [name, g] : global)
     for (float x : g) ASSERT_FALSE(std::isnan(x)) << name << ": not covered by the ranks' boxes";
   const std::function<const std::vector<float>&(const std::string&)> read =
@@ -176,6 +201,18 @@ TEST(HFLlama, ImportOnEveryRankThenExportIsTheInput) {
   round_trip({.gqa = false, .bias = true, .tied = true}, 2, 2, 2);
   round_trip({.gqa = false, .bias = true, .interleaved = true}, 4, 1, 1);
   round_trip({.gqa = true, .bias = true, .tied = true, .interleaved = true}, 1, 2, 4);
+}
+
+// Mixtral, Qwen2-MoE and Qwen3-MoE (interop/hf/moe.cpp): every EP x TP x PP rank reads its experts
+// (and the router, the shared expert's TP rows, its gate, the q/k norms); the ranks' boxes cover every tensor and export back
+// bit for bit.
+TEST(HFLlama, MoEImportOnEveryExpertRankThenExportIsTheInput) {
+  round_trip({.gqa = true, .moe = 1}, 1, 1, 2, 4);
+  round_trip({.gqa = true, .moe = 1}, 2, 2, 3, 2);
+  round_trip({.gqa = false, .moe = 2}, 2, 2, 3, 2);
+  round_trip({.gqa = true, .tied = true, .moe = 2}, 1, 1, 1, 4);
+  round_trip({.gqa = true, .moe = 3}, 2, 2, 2, 2);
+  round_trip({.gqa = true, .interleaved = true, .moe = 3}, 1, 2, 1, 4);
 }
 
 TEST(HFLlama, GroupedQKVIsMegatronsLayout) {
