@@ -191,6 +191,55 @@ bool is_hf_weights_file(const std::string& name) {
          std::sscanf(name.c_str(), "model-%5u-of-%5u.%12s", &a, &b, tail) == 3 && std::string(tail) == "safetensors";
 }
 
+// The export's files (shards, index, config.json) written into `dir`, their names appended to
+// `written`; returns config.json.
+nlohmann::json write_llama_files(const ModelConfig& m, const nlohmann::json& rc, CheckpointReader* reader, DType dtype,
+                                 const std::vector<std::vector<size_t>>& shards,
+                                 const std::vector<HFLlamaTensor>& tensors, int64_t total, const std::string& dir,
+                                 std::vector<std::string>& written) {
+  // our whole global tensors, the last one kept (q, k, v_proj come from one qkv; gate, up from one fc1)
+  std::string cached_name;
+  std::vector<float> cached;
+  const std::function<const std::vector<float>&(const std::string&)> read = [&](const std::string& ours)
+      -> const std::vector<float>& {
+    if (ours != cached_name) {
+      cached_name.clear();
+      cached = read_whole_tensor(*reader, ours, llama_global_shape(m, ours), "export");
+      cached_name = ours;
+    }
+    return cached;
+  };
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<std::vector<float>> data;
+    data.reserve(shards[s].size());
+    SafetensorsWriter w;
+    for (size_t i : shards[s]) {
+      const HFLlamaTensor& t = tensors[i];
+      data.push_back(t.make(read));
+      TPT_CHECK(int64_t(data.back().size()) == t.numel());
+      w.add(t.name, t.shape, data.back().data(), dtype);
+      weight_map[t.name] = shard_name(s, shards.size());
+    }
+    w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+    w.write(dir + "/" + shard_name(s, shards.size()));
+    written.push_back(shard_name(s, shards.size()));
+  }
+  if (shards.size() > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_config(dir + "/model.safetensors.index.json", index);
+    written.push_back("model.safetensors.index.json");
+  }
+
+  nlohmann::json config = hf_llama_config(m, dtype);
+  const nlohmann::json eod = rc.contains("data") ? rc["data"].value("eod_token_id", nlohmann::json()) : nlohmann::json();
+  if (eod.is_number_integer()) config["eos_token_id"] = eod;
+  config["tptrain_checkpoint"] = {{"path", reader->path()}, {"iteration", reader->iteration()}};
+  write_config(dir + "/config.json", config);
+  written.push_back("config.json");
+  return config;
+}
+
 int export_llama(const ModelConfig& m, CheckpointReader* reader, const ExportOptions& o) {
   const nlohmann::json& rc = reader->meta().at("config");
   // default dtype: the precision the run trained in (its compute dtype; fp32 runs keep full precision)
@@ -217,53 +266,32 @@ int export_llama(const ModelConfig& m, CheckpointReader* reader, const ExportOpt
 
   const std::string& out = o.output;
   make_output_dir(out);
-  // weights of an earlier export in the same directory would be mixed up with these: removed
-  std::set<std::string> names;
-  for (size_t s = 0; s < shards.size(); ++s) names.insert(shard_name(s, shards.size()));
+  // Every file goes to a staging folder first and into `out` only once all are written: a tensor that
+  // cannot be written (an overflow in a narrower dtype, a full disk) leaves `out` as it was.
+  const std::string stage = out + "/.tptrain-export.partial";
   std::error_code ec;
+  std::filesystem::remove_all(stage, ec);
+  make_output_dir(stage);
+  std::vector<std::string> written;  // file names, in `stage`
+  nlohmann::json config;
+  try {
+    config = write_llama_files(m, rc, reader, dtype, shards, tensors, total, stage, written);
+  } catch (...) {
+    std::filesystem::remove_all(stage, ec);
+    throw;
+  }
+  // weights of an earlier export in the same directory would be mixed up with these: removed
+  const std::set<std::string> names(written.begin(), written.end());
   for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
     const std::string n = e.path().filename().string();
     if (is_hf_weights_file(n) && !names.count(n) && e.is_regular_file()) std::filesystem::remove(e.path(), ec);
   }
-
-  // our whole global tensors, the last one kept (q, k, v_proj come from one qkv; gate, up from one fc1)
-  std::string cached_name;
-  std::vector<float> cached;
-  const std::function<const std::vector<float>&(const std::string&)> read = [&](const std::string& ours)
-      -> const std::vector<float>& {
-    if (ours != cached_name) {
-      cached_name.clear();
-      cached = read_whole_tensor(*reader, ours, llama_global_shape(m, ours), "export");
-      cached_name = ours;
-    }
-    return cached;
-  };
-  nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    std::vector<std::vector<float>> data;
-    data.reserve(shards[s].size());
-    SafetensorsWriter w;
-    for (size_t i : shards[s]) {
-      const HFLlamaTensor& t = tensors[i];
-      data.push_back(t.make(read));
-      TPT_CHECK(int64_t(data.back().size()) == t.numel());
-      w.add(t.name, t.shape, data.back().data(), dtype);
-      weight_map[t.name] = shard_name(s, shards.size());
-    }
-    w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
-    w.write(out + "/" + shard_name(s, shards.size()));
+  for (const std::string& n : written) {
+    std::filesystem::rename(stage + "/" + n, out + "/" + n, ec);
+    if (ec) input_error("export: cannot move " + stage + "/" + n + " to " + out + ": " + ec.message());
   }
-  if (shards.size() > 1) {
-    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_config(out + "/model.safetensors.index.json", index);
-  }
-
-  nlohmann::json config = hf_llama_config(m, dtype);
-  const nlohmann::json eod = rc.contains("data") ? rc["data"].value("eod_token_id", nlohmann::json()) : nlohmann::json();
-  if (eod.is_number_integer()) config["eos_token_id"] = eod;
-  config["tptrain_checkpoint"] = {{"path", reader->path()}, {"iteration", reader->iteration()}};
+  std::filesystem::remove_all(stage, ec);
   const std::string cfg_path = out + "/config.json";
-  write_config(cfg_path, config);
   spdlog::info("exported {} (iteration {}; {}: {} layers, hidden {}, {} heads / {} KV groups, vocab {}: {:.2f}M "
                "parameters, {}) to {}: {} ({:.1f} MB){} and {}",
                reader->path(), reader->iteration(), config["architectures"][0].get<std::string>(), m.num_layers, m.hidden_size, m.num_attention_heads,

@@ -136,5 +136,29 @@ expect2 "export --dtype" "--dtype must be bf16, fp16 or fp32, got 'fp8'" \
   timeout 60 "$TPTRAIN" export --checkpoint "$W/ck_one" --output "$W/x" --dtype fp8
 expect2 "export --max-shard-size" "--max-shard-size: '5XB' is not a size" \
   timeout 60 "$TPTRAIN" export --checkpoint "$W/ck_one" --output "$W/x" --max-shard-size 5XB
+# an export that fails in its last shard (model.norm.weight = 1e5 overflows fp16) leaves the folder of an
+# earlier export as it was: no file of it changed, removed or added, no staging folder left
+bad_copy big
+$PY - "$W/big" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+shard = json.load(open(d + "/model.safetensors.index.json"))["weight_map"]["model.norm.weight"]
+raw = bytearray(open(f"{d}/{shard}", "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+info = json.loads(raw[8:8 + n])["model.norm.weight"]
+assert info["dtype"] == "BF16", info
+raw[8 + n + info["data_offsets"][0]:8 + n + info["data_offsets"][0] + 2] = struct.pack("<H", 0x47C3)  # 99840
+open(f"{d}/{shard}", "wb").write(raw)
+PY
+if tptrain big 1 --set model.init_from="$W/big" --set training.train_iters=1 --set optimizer.lr=0 --set optimizer.min_lr=0 \
+     --set checkpoint.save="$W/ck_big" &&
+   timeout 60 "$TPTRAIN" export --checkpoint "$W/ck_one" --output "$W/kept" --dtype fp16 --max-shard-size 20KB > "$W/kept.log" 2>&1; then
+  before=$(cd "$W/kept" && ls -A | sort | xargs sha256sum)
+  expect2 "an export overflowing fp16 in its last shard" "tensor 'model.norm.weight': max |w| 99840 overflows F16" \
+    timeout 60 "$TPTRAIN" export --checkpoint "$W/ck_big" --output "$W/kept" --dtype fp16 --max-shard-size 20KB
+  after=$(cd "$W/kept" && ls -A | sort | xargs sha256sum)
+  if [ "$before" = "$after" ] && [ "$(ls "$W/kept" | wc -l)" -gt 3 ]; then ok "the earlier export's $(ls "$W/kept" | wc -l) files are as they were"
+  else bad "the failed export changed the folder"; diff <(echo "$before") <(echo "$after") | head; fi
+else bad "the overflow case's inputs"; tail -3 "$W/big.log" "$W/kept.log"; fi
 
 finish
