@@ -30,7 +30,7 @@ struct PlanArgs {
   // the step-time model's hardware: --gpu's preset, then each option given (NaN: not given)
   std::string gpu = "h100";
   double device_memory_gib = NAN, peak_tflops = NAN, hbm_gbps = NAN, intra_gbps = NAN, inter_gbps = NAN;
-  double gemm_eff = NAN, attn_eff = NAN, hbm_eff = NAN, intra_lat = NAN, inter_lat = NAN, overhead = NAN;
+  double gemm_eff = NAN, attn_eff = NAN, hbm_eff = NAN, intra_lat = NAN, inter_lat = NAN, overhead = NAN, moe_imbalance = NAN;
   // --search / --calibrate
   bool search = false;
   int gpus = 0, top = 10;
@@ -56,6 +56,7 @@ void resolve_hardware(PlanArgs& a) {
   set(h.nvlink_latency_us, a.intra_lat);
   set(h.network_latency_us, a.inter_lat);
   set(h.kernel_overhead_us, a.overhead);
+  set(h.moe_imbalance, a.moe_imbalance);
 }
 
 constexpr double kGiB = 1073741824.0;
@@ -438,6 +439,9 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--attention-efficiency", a.attn_eff, "fraction of the peak flash attention reaches, in (0, 1] (0.55)")->check(fraction);
   cmd->add_option("--hbm-efficiency", a.hbm_eff, "fraction of the HBM bandwidth elementwise kernels reach, in (0, 1] (0.8)")->check(fraction);
   cmd->add_option("--kernel-overhead-us", a.overhead, "time per kernel launch, microseconds (> 0; 4)")->check(positive);
+  cmd->add_option("--moe-imbalance", a.moe_imbalance, "Mixture-of-Experts: the busiest EP rank's expert rows over the "
+                  "balanced share, >= 1 (1: balanced); multiplies its expert GEMMs, permutation and all-to-all volume")
+      ->check(number_in(1, 1e6, false));
   cmd->add_flag("--json", args->json, "the report as JSON");
   cmd->add_flag("--search", a.search, "the fastest layouts of the config's model and global batch on --gpus GPUs (docs/PLAN.md)");
   cmd->add_option("--gpus", a.gpus, "--search: GPUs to lay the model out on (1 to 16777216; default: the config's world size)")

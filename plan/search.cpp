@@ -183,7 +183,8 @@ nlohmann::json hardware_json(const Hardware& h, int gpus_per_node) {
           {"intra_node_latency_us", h.nvlink_latency_us},
           {"inter_node_gbps", h.network_gbps},
           {"inter_node_latency_us", h.network_latency_us},
-          {"gpus_per_node", gpus_per_node}};
+          {"gpus_per_node", gpus_per_node},
+          {"moe_imbalance", h.moe_imbalance}};
 }
 
 std::string describe_hardware(const Hardware& h, int gpus_per_node) {
@@ -191,10 +192,11 @@ std::string describe_hardware(const Hardware& h, int gpus_per_node) {
   std::snprintf(buf, sizeof(buf),
                 "%s, %.0f TFLOP/s peak: GEMMs up to %.0f%% of it (by shape), flash attention %.0f%%; HBM %.0f GB/s at "
                 "%.0f%%; %.0f us per kernel; %d GPUs per node: NVLink %.0f GB/s + %.0f us per ring step, across "
-                "nodes %.0f GB/s + %.0f us",
+                "nodes %.0f GB/s + %.0f us%s",
                 h.name.c_str(), h.peak_tflops, 100 * h.gemm_efficiency, 100 * h.attention_efficiency, h.hbm_gbps,
                 100 * h.hbm_efficiency, h.kernel_overhead_us, gpus_per_node, h.nvlink_gbps, h.nvlink_latency_us,
-                h.network_gbps, h.network_latency_us);
+                h.network_gbps, h.network_latency_us,
+                h.moe_imbalance != 1 ? ("; MoE imbalance " + std::to_string(h.moe_imbalance)).c_str() : "");
   return buf;
 }
 

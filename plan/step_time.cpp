@@ -205,6 +205,26 @@ class Model {
     return (nvlink ? hw_.nvlink_latency_us : hw_.network_latency_us) * 1e-6 +
            bytes / ((nvlink ? hw_.nvlink_gbps : hw_.network_gbps) * 1e9);
   }
+  // The experts' GEMMs of one layer as one grouped GEMM: `experts` problems (m x k) . (k x n), their
+  // output tiles quantised over the SMs together, one launch; each problem's k / (k + 256) and
+  // never faster than the operands at HBM speed.
+  double grouped_gemm(double experts, double m, double n, double k) const {
+    if (experts <= 0 || m <= 0) return 0;
+    const double tiles = experts * std::ceil(m / 128) * std::ceil(n / 128), waves = std::ceil(tiles / hw_.sms);
+    const double shape = experts * m * n / (waves * hw_.sms * 128.0 * 128.0) * k / (k + 256.0);
+    const double compute = 2 * experts * m * n * k / (hw_.peak_tflops * 1e12 * hw_.gemm_efficiency * shape);
+    return std::max(compute, memory_bound(experts * (m * k + k * n + m * n) * cb_, 0)) + hw_.kernel_overhead_us * 1e-6;
+  }
+  // An all-to-all over g ranks `stride` apart, each sending `bytes` spread evenly over the group:
+  // to the peers in its node over NVLink, to the others over the network, both at once.
+  double all_to_all(double bytes, int g, int stride) const {
+    if (g <= 1) return 0;
+    const int in_node = std::max(1, std::min(g, gpn_ / std::max(1, stride)));  // group ranks per node
+    const double intra = bytes * (in_node - 1) / g, inter = bytes * (g - in_node) / g;
+    double t = hw_.nvlink_latency_us * 1e-6 + intra / (hw_.nvlink_gbps * 1e9);
+    if (inter > 0) t = std::max(t, hw_.network_latency_us * 1e-6 + inter / (hw_.network_gbps * 1e9));
+    return t;
+  }
   // A group of `span` consecutive ranks stays inside a node when it tiles the node's GPUs.
   bool intra_node(int span) const { return span <= gpn_ && gpn_ % span == 0; }
 
@@ -235,29 +255,33 @@ class Model {
       mgb += gemm(rows, l.in, l.out);
       mgw += gemm(l.in, l.out, rows);
     }
+    const double imb = hw_.moe_imbalance, rows = k.moe.rows * imb;  // the busiest EP rank's rows
     if (k.moe_layers > 0) {
-      const double r = k.moe.rows / k.moe.local, F1 = k.moe.fc1_width, Fe = k.moe.ffn;
-      mgf += k.moe.local * (gemm(r, F1, C) + gemm(r, C, Fe));
-      mgb += k.moe.local * (gemm(r, C, F1) + gemm(r, Fe, C));
-      mgw += k.moe.local * (gemm(C, F1, r) + gemm(Fe, C, r));
+      const double F1 = k.moe.fc1_width, Fe = k.moe.ffn, El = k.moe.local;
+      mgf += grouped_gemm(El, rows / El, F1, C) + grouped_gemm(El, rows / El, C, Fe);
+      mgb += grouped_gemm(El, rows / El, C, F1) + grouped_gemm(El, rows / El, Fe, C);
+      mgw += grouped_gemm(El, C, F1, rows / El) + grouped_gemm(El, Fe, C, rows / El);
     }
     const double af = k.attention_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
     const double act = k.swiglu ? 3.0 : 2.0;
     const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * k.ffn_local + k.rope_elems), 8);
-    // an MoE layer: the experts' activation on their rows, and the dispatch's row gathers (the
-    // tokens to their rows, read and written) and the weighted combine (the rows read, Nt written)
-    const double mef = k.moe_layers > 0 ? memory_bound(cb_ * (10.0 * Nt * C + act * k.moe.rows * k.moe.ffn + k.rope_elems +
-                                                              3.0 * k.moe.rows * C + Nt * C), 10)
+    // an MoE layer: the experts' activation on their rows; the router's fp32 softmax / top-k over
+    // Nt x E scores (read, write, the top-k's read and the k probabilities); the permutation: the
+    // tokens gathered into expert-ordered rows (Nt C read, rows C written), the rows scattered back
+    // (read, written) and the weighted combine (rows read, Nt written)
+    const double E = k.moe.local * k.moe.ep;
+    const double mef = k.moe_layers > 0 ? memory_bound(cb_ * (10.0 * Nt * C + act * rows * k.moe.ffn + k.rope_elems +
+                                                              3.0 * rows * C + 2.0 * Nt * C) +
+                                                           4.0 * Nt * E * 3.0, 14)
                                         : 0.0;
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // the CP ring (CP peers are TP apart): CP - 1 steps passing a K/V block forward; backward CP - 1
     // K/V blocks and CP fp32 dK/dV blocks
     const double cpf = k.cp > 1 ? (k.cp - 1) * send(k.kv_block * cb_, k.tp * k.cp) : 0.0;
     const double cpb = k.cp > 1 ? cpf + k.cp * send(k.kv_block * 4, k.tp * k.cp) : 0.0;
-    // EP: per MoE layer the rows out and back forward (their gradients backward), each an
-    // all-to-all over the EP ranks (ETP apart), its bytes over (EP - 1) / EP as a ring's
-    const double epc = k.moe.ep > 1 ? collective(k.moe.rows * C * cb_, k.moe.ep, k.moe.etp, 1.0) : 0.0;
+    // EP: per MoE layer the rows out (dispatch) and back (combine) forward, their gradients backward
+    const double epc = all_to_all(rows * C * cb_, k.moe.ep, k.moe.etp);
     const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;
     const double moe_f = k.moe_layers * (mgf + af + mef + k.moe_row_parallel() * tpc + cpf + 2 * epc);
     const double dense = k.dense_layers(), moe = k.moe_layers;

@@ -17,10 +17,16 @@
 //               same bytes as all-gather + reduce-scatter), the vocabulary-parallel embedding's and
 //               LM head's; serialised with compute (tptrain does not overlap them).
 //   recompute   full: the layer's forward again before its backward; selective: the attention core.
-//   MoE layers  (docs/MOE.md) the router's GEMM on the rank's tokens, each local expert's fc1 and fc2
-//               on its share of the balanced rows (the tokens' k choices), the dispatch's row gathers
-//               and combine as elementwise bytes, and with EP > 1 two all-to-alls of the rows each
-//               way (serialised); the experts' gradients reduced over their EDP group.
+//   MoE layers  (docs/MOE.md) the router's GEMM on the rank's tokens and its fp32 softmax / top-k
+//               (memory bound, Nt x E); the local experts' fc1 and fc2 as one grouped GEMM each (the
+//               experts' output tiles quantised over the SMs together, one launch; a small per-expert
+//               M gives the short-reduction and tile-waste terms of gemm()); the permutation (the
+//               tokens gathered into expert-ordered rows and scattered back, the weighted combine) as
+//               memory-bound bytes; with EP > 1 per layer a dispatch and a combine all-to-all forward
+//               and both again backward (serialised), each split into the bytes to EP peers in the
+//               rank's node (NVLink) and those to other nodes (the network), latency + the larger of
+//               the two; the busiest rank's rows x --moe-imbalance; the experts' gradients reduced over
+//               their EDP group (separately from the dense DP reduction).
 // A collective over g ranks of `bytes`: ring latency + algorithm bytes / bus bandwidth, on NVLink
 // when the group's ranks tile one node, else on the network (one NIC per GPU).
 // The pipeline: time_pipeline over the stages' lists with these forward / B / W costs and a pipeline
@@ -59,6 +65,10 @@ struct Hardware {
   double nvlink_latency_us = 8;      // per ring step within a node
   double network_gbps = 45;          // achievable bus bandwidth per GPU across nodes (one NIC each)
   double network_latency_us = 20;    // per ring step across nodes
+  // not hardware, an assumption the model carries with it (plan --moe-imbalance): the busiest EP
+  // rank's expert rows over the balanced share; it multiplies that rank's grouped GEMMs, its
+  // permutation bytes and its all-to-all volume (1 = balanced, as force-balanced benchmark runs)
+  double moe_imbalance = 1.0;
 };
 // The preset of --gpu: "h100", "h200" or "a100" (InputError naming --gpu otherwise).
 Hardware hardware_preset(const std::string& gpu);

@@ -42,11 +42,12 @@ for row in rows:
     cp = lay.get("cp", 1)
     dp = gpus // (lay["tp"] * cp * lay["pp"])
     sp, dist = bool(lay.get("sequence_parallel", False)), bool(lay.get("distributed_optimizer", False))
+    ep = lay.get("ep", 1)
     overlap = row["source"].startswith(("mcore", "nemo"))  # Megatron-Core and NeMo overlap the DP communication
     cfg = {
         "model": dict(row["model"], make_vocab_size_divisible_by=128),
         "parallel": {"tensor_model_parallel_size": lay["tp"], "pipeline_model_parallel_size": lay["pp"],
-                     "context_parallel_size": cp,
+                     "context_parallel_size": cp, **({"expert_model_parallel_size": ep, "expert_tensor_parallel_size": 1} if "num_moe_experts" in row["model"] else {}),
                      "virtual_pipeline_model_parallel_size": lay["v"] if lay["v"] > 1 else None,
                      "sequence_parallel": sp, "distributed_optimizer": dist,
                      "overlap_grad_reduce": overlap and dp * cp > 1, "overlap_param_gather": overlap and dist},
@@ -86,8 +87,8 @@ for row in rows:
         continue
     seconds = time.time() - t0
     mine = [x for x in s["layouts"] if (x["tp"], x["cp"], x["pp"], x["virtual_stages"], x["micro_batch_size"], x["recompute"],
-            x["sequence_parallel"], x["distributed_optimizer"], x["pipeline_schedule"]) ==
-            (lay["tp"], cp, lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b")]
+            x["sequence_parallel"], x["distributed_optimizer"], x["pipeline_schedule"], x.get("ep", 1)) ==
+            (lay["tp"], cp, lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b", ep)]
     if not s["layouts"] or len(mine) != 1:
         errors.append("%s --search: the published layout is not among the %d layouts that fit" % (name, len(s["layouts"])))
         continue
