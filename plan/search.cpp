@@ -188,7 +188,9 @@ nlohmann::json hardware_json(const Hardware& h, int gpus_per_node) {
 }
 
 std::string describe_hardware(const Hardware& h, int gpus_per_node) {
-  char buf[512];
+  char buf[512], factor[64] = "";
+  if (h.moe_imbalance != 1) std::snprintf(factor, sizeof(factor), "; MoE load imbalance x%.3g", h.moe_imbalance);
+  const std::string imbalance = factor;
   std::snprintf(buf, sizeof(buf),
                 "%s, %.0f TFLOP/s peak: GEMMs up to %.0f%% of it (by shape), flash attention %.0f%%; HBM %.0f GB/s at "
                 "%.0f%%; %.0f us per kernel; %d GPUs per node: NVLink %.0f GB/s + %.0f us per ring step, across "
@@ -196,7 +198,7 @@ std::string describe_hardware(const Hardware& h, int gpus_per_node) {
                 h.name.c_str(), h.peak_tflops, 100 * h.gemm_efficiency, 100 * h.attention_efficiency, h.hbm_gbps,
                 100 * h.hbm_efficiency, h.kernel_overhead_us, gpus_per_node, h.nvlink_gbps, h.nvlink_latency_us,
                 h.network_gbps, h.network_latency_us,
-                h.moe_imbalance != 1 ? ("; MoE imbalance " + std::to_string(h.moe_imbalance)).c_str() : "");
+                imbalance.c_str());
   return buf;
 }
 

@@ -130,6 +130,25 @@ else bad "bad world size (rc $rc)"; cat "$W/bad.out"; fi
 "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" --peak-tflops fast > "$W/bad2.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "peak-tflops" "$W/bad2.out"; then ok "bad option value: exit 2"
 else bad "bad option value (rc $rc)"; cat "$W/bad2.out"; fi
+# --moe-imbalance: the busiest rank's expert work and all-to-all volume grow with it (the step time
+# too, the dense parts not); below 1 is refused
+if out=$($PYTHON - "$TPTRAIN" "$TPTRAIN_SRC/configs/mixtral-8x7b.yaml" <<'PY'
+import json, subprocess, sys
+tptrain, cfg = sys.argv[1:]
+def plan(*a):
+    return json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--json", *a], check=True, capture_output=True).stdout)
+one, two = plan(), plan("--moe-imbalance", "2")
+assert one["assumptions"]["moe_imbalance"] == 1 and two["assumptions"]["moe_imbalance"] == 2, (one["assumptions"], two["assumptions"])
+t1, t2 = one["time"], two["time"]
+assert t2["step_time_s"] > 1.2 * t1["step_time_s"], (t1["step_time_s"], t2["step_time_s"])
+assert t2["ep_comm_s"] > 1.9 * t1["ep_comm_s"] > 0, (t1["ep_comm_s"], t2["ep_comm_s"])
+assert t2["attention_s"] == t1["attention_s"], "attention does not depend on the experts' load"
+print(f"step {t1['step_time_s']:.3f} -> {t2['step_time_s']:.3f} s, EP all-to-all {t1['ep_comm_s']:.3f} -> {t2['ep_comm_s']:.3f} s")
+PY
+); then ok "--moe-imbalance 2 on mixtral-8x7b.yaml: $out"; else bad "--moe-imbalance: $out"; fi
+"$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/mixtral-8x7b.yaml" --moe-imbalance 0.5 > "$W/bad4.out" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--moe-imbalance: expected a finite number >= 1" "$W/bad4.out"; then ok "--moe-imbalance 0.5: exit 2"
+else bad "--moe-imbalance 0.5 (rc $rc)"; cat "$W/bad4.out"; fi
 # hardware options are finite: inf would give an MFU of 0 % or a zero step time
 for opt in "--peak-tflops inf" "--hbm-gbps Infinity" "--inter-node-latency-us 1e999" "--compute-efficiency nan"; do
   "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/gpt96.yaml" $opt > "$W/bad3.out" 2>&1; rc=$?
