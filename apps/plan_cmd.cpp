@@ -311,6 +311,14 @@ void print_search(const SearchResult& r, int top, const std::string& path) {
   std::printf("hardware: %s\n", describe_hardware(r.options.hw, r.options.gpus_per_node).c_str());
   std::printf("layouts: %lld enumerated, %lld valid, %zu fit; fastest first:\n\n", (long long)r.considered,
               (long long)r.valid, r.entries.size());
+  if (r.considered == 0) {
+    std::printf("no layout on %d GPUs: of the TP x CP x PP grids (TP dividing the heads, groups and FFN within a "
+                "node, PP the layers), %lld do not divide %d GPUs and %lld leave a DP that does not divide the "
+                "global batch of %d; try a GPU count with more divisors or a global batch that DP divides\n",
+                r.gpus, (long long)r.grids_not_dividing_gpus, r.gpus, (long long)r.dp_not_dividing_batch,
+                r.base.training.global_batch_size);
+    return;
+  }
   if (r.entries.empty()) {
     std::printf("no layout fits: more GPUs, more device memory, or a smaller micro-batch / global batch\n");
     return;

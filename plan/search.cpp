@@ -99,9 +99,15 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
       continue;
     for (int pp : divisors(m.num_layers))
     for (int cp : context_parallel_sizes(m.seq_length)) {
-      if (gpus % (tp * cp * pp) != 0) continue;
+      if (gpus % (tp * cp * pp) != 0) {
+        ++r.grids_not_dividing_gpus;
+        continue;
+      }
       const int dp = gpus / (tp * cp * pp);
-      if (G % dp != 0) continue;
+      if (G % dp != 0) {
+        ++r.dp_not_dividing_batch;
+        continue;
+      }
       for (int mbs : divisors(G / dp)) {
         if (mbs > 16) break;
         const int M = G / dp / mbs;
@@ -231,7 +237,8 @@ nlohmann::json search_json(const SearchResult& r, int top) {
           {"device_memory_bytes", r.options.device_memory_gib * kGiB},
           {"usable_memory_fraction", r.options.usable_memory_fraction},
           {"hardware", hardware_json(r.options.hw, r.options.gpus_per_node)},
-          {"layouts_considered", r.considered},
+          {"layouts_considered", r.considered}, {"grids_not_dividing_gpus", r.grids_not_dividing_gpus},
+          {"dp_not_dividing_batch", r.dp_not_dividing_batch},
           {"layouts_valid", r.valid},
           {"layouts_fit", r.entries.size()},
           {"layouts", layouts}};

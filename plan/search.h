@@ -33,6 +33,9 @@ struct SearchResult {
   int gpus = 0;
   int64_t considered = 0;            // layouts enumerated
   int64_t valid = 0;                 // of them a valid grid and schedule
+  // why none was enumerated: (TP, CP, PP) choices whose product does not divide the GPUs, and those
+  // whose DP does not divide the global batch
+  int64_t grids_not_dividing_gpus = 0, dp_not_dividing_batch = 0;
   std::vector<SearchEntry> entries;  // those that fit, fastest first (ties: by layout())
 };
 

@@ -178,5 +178,8 @@ expect2 "--calibrate missing file" "cannot open" --config "$W/small.yaml" --cali
 expect2 "--gpus without --search" "--gpus goes with --search" --config "$W/small.yaml" --gpus 8
 expect2 "--gpu unknown" "--gpu" --config "$W/small.yaml" --gpu v100
 printf 'model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97}\ntraining: {train_iters: 1}\ndata: {path: none}\n' > "$W/nobatch.yaml"
+"$TPTRAIN" plan --config "$GPT96" --search --gpus 7 > "$W/gpus7.txt" 2>&1
+if grep -q "no layout on 7 GPUs: .* 11 do not divide 7 GPUs and 1 leave a DP that does not divide the global batch of 1536" "$W/gpus7.txt"
+then ok "--gpus 7: the search says divisibility is the cause"; else bad "--gpus 7's message"; tail -2 "$W/gpus7.txt"; fi
 expect2 "--search without a global batch" "global_batch_size is null" --config "$W/nobatch.yaml" --search --gpus 8
 finish
