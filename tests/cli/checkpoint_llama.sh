@@ -159,43 +159,8 @@ grep -q "^$PROMPT" "$W/greedy_straight.txt" && cmp -s "$W/greedy_straight.txt" "
 # the reference model on the checkpoint's tensors, the whole text at once (no KV cache): every token
 # generate chose is the best (up to a 1e-4 tie), and generate stopped where its rules say
 for name in gen straight qk_straight; do
-  if out=$($PY - "$TPTRAIN_SRC" "$W/ck_$name" "$W/greedy_$name.txt" "$PROMPT" 100 <<'PY' 2>&1
-import json, os, sys
-import torch
-src, ckpt, text_file, prompt, max_new = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-sys.path[:0] = [os.path.join(src, "tests/tools"), os.path.join(src, "tests/reference")]
-import checkpoint_tensors, model_ref
-torch.set_num_threads(1)
-d = checkpoint_tensors.iteration_dir(ckpt)
-m = json.load(open(os.path.join(d, "meta.json")))["config"]["model"]
-model = model_ref.build_model(m)
-state = checkpoint_tensors.read_checkpoint(d)
-params = dict(model.named_parameters())
-model.load_state({n: state[n].reshape(tuple(params[n].shape)) for n in params})
-model.eval()
-text = open(text_file, "rb").read()
-assert text.endswith(b"\n"), "no newline at the end"
-toks = list(text[:-1])
-p = list(prompt.encode())
-assert toks[:len(p)] == p, "the output does not start with the prompt"
-new = len(toks) - len(p)
-P = m["max_position_embeddings"]
-fed = toks[:P]                                                 # the last of P + 1 tokens is never fed
-with torch.no_grad():
-    logits = model(torch.tensor([fed]))[0].double()            # (T, V)
-worst, exact = 0.0, 0
-for i in range(len(p) - 1, len(toks) - 1):
-    row, chosen = logits[i], toks[i + 1]
-    gap = float(row.max() - row[chosen])
-    worst = max(worst, gap)
-    exact += int(torch.argmax(row)) == chosen
-    assert gap <= 1e-4, f"token {i + 1} ({chosen}): {gap:.3g} below the best ({int(torch.argmax(row))})"
-nxt = int(torch.argmax(logits[-1])) if len(fed) == len(toks) else None
-stop = ("max-new-tokens" if new == max_new else "the positions" if len(toks) == P + 1
-        else "the end-of-document token" if nxt == 256 else None)
-assert stop, f"generate stopped after {new} tokens, but the next best token is {nxt} and nothing stops there"
-print(f"  {new} tokens, {exact} of them the reference's argmax, the rest within {worst:.2g} of it; stopped at {stop}")
-PY
+  if out=$($PY "$TPTRAIN_SRC/tests/reference/greedy.py" --checkpoint "$W/ck_$name" --prompt "$PROMPT" \
+      --max-new-tokens 100 --check "$W/greedy_$name.txt" 2>&1
   ); then ok "ck_$name: generate's greedy tokens are the reference model's best (no KV cache, checkpoint tensors)"
   else bad "ck_$name: generate vs the reference model"; fi
   echo "$out" | tail -3

@@ -46,32 +46,6 @@ greedy_check() {  # greedy_check WHAT CKPT HF_DIR MAX_NEW: tptrain generate on C
   local what=$1 ckpt=$2 hf=$3 max_new=$4 prompt="ab"
   timeout 120 "$TPTRAIN" generate --checkpoint "$ckpt" --prompt "$prompt" --temperature 0 --max-new-tokens "$max_new" \
     --threads 1 > "$W/gen.txt" 2> "$W/gen.err" || { bad "generate exited $?"; cat "$W/gen.err"; }
-  if out=$($PY - "$REF" "$hf" "$W/gen.txt" "$prompt" "$max_new" <<'PY' 2>&1
-import os, sys
-import torch
-ref, hf_dir, text_file, prompt, max_new = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-sys.path.insert(0, ref)
-import greedy
-torch.set_num_threads(1)
-model, m = greedy.load(hf_dir, torch.float64)
-text = open(text_file, "rb").read()
-assert text.endswith(b"\n"), "no newline at the end"
-toks = list(text[:-1])
-p = list(prompt.encode())
-assert toks[:len(p)] == p, "the output does not start with the prompt"
-new = len(toks) - len(p)
-with torch.no_grad():
-    logits = model(torch.tensor([toks]))[0]
-worst, exact = 0.0, 0
-for i in range(len(p) - 1, len(toks) - 1):
-    row, chosen = logits[i], toks[i + 1]
-    gap = float(row.max() - row[chosen])
-    worst = max(worst, gap)
-    exact += int(torch.argmax(row)) == chosen
-    assert gap <= 1e-4, f"token {i + 1} ({chosen}): {gap:.3g} below the best ({int(torch.argmax(row))})"
-nxt = int(torch.argmax(logits[-1]))
-assert new == max_new or nxt == 256, f"stopped after {new} tokens, but the next best token is {nxt}"
-print(f"{new} tokens, {exact} the argmax of {type(model).__name__} on the exported directory, the rest within {worst:.2g}")
-PY
+  if out=$($PY "$REF/greedy.py" --model "$hf" --float64 --prompt "$prompt" --max-new-tokens "$max_new" --check "$W/gen.txt" 2>&1
   ); then ok "$what: $out"; else bad "$what"; echo "$out" | tail -3; fi
 }

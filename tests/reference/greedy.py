@@ -5,7 +5,12 @@ directories run transformers' forward as hf_moe_ref.HFMoEModel transcribes it --
 checkpoint itself (any model the reference builds, Mixture-of-Experts too), with the byte-level tokenizer (bytes 0..255, end of document 256): what
 `tptrain generate --temperature 0` must print.
 
-  greedy.py (--model DIR | --checkpoint CKPT) --prompt TEXT [--max-new-tokens N] [--float64]
+  greedy.py (--model DIR | --checkpoint CKPT) --prompt TEXT [--max-new-tokens N] [--float64] [--check FILE]
+
+With --check FILE (what `tptrain generate --temperature 0` printed) nothing is generated: the text is
+fed to the model once and each token generate chose must be the best (up to a 1e-4 tie) and generate
+must have stopped where its rules say; prints one line saying so, exits 1 naming the first token that
+is not.
 
 DIR holds config.json and model.safetensors (Llama: or shards with model.safetensors.index.json).
 CKPT is a checkpoint.save directory (its latest iteration) or one iter_N directory: meta.json's
@@ -87,6 +92,32 @@ def load_checkpoint(path, dtype):
     return model, m
 
 
+def check(model, m, text, prompt, max_new):
+    """The one-line verdict on generate's output TEXT (bytes, a newline at the end); AssertionError if wrong."""
+    assert text.endswith(b"\n"), "no newline at the end"
+    toks = list(text[:-1])
+    p = list(prompt.encode("utf-8"))
+    assert toks[:len(p)] == p, "the output does not start with the prompt"
+    new = len(toks) - len(p)
+    P = m["max_position_embeddings"]
+    fed = toks[:P]                                                 # the last of P + 1 tokens is never fed
+    with torch.no_grad():
+        logits = model(torch.tensor([fed]))[0].double()            # (T, V)
+    worst, exact = 0.0, 0
+    for i in range(len(p) - 1, len(toks) - 1):
+        row, chosen = logits[i], toks[i + 1]
+        gap = float(row.max() - row[chosen])
+        worst = max(worst, gap)
+        exact += int(torch.argmax(row)) == chosen
+        assert gap <= 1e-4, f"token {i + 1} ({chosen}): {gap:.3g} below the best ({int(torch.argmax(row))})"
+    nxt = int(torch.argmax(logits[-1])) if len(fed) == len(toks) else None
+    stop = ("max-new-tokens" if new == max_new else "the positions" if len(toks) == P + 1
+            else "the end-of-document token" if nxt == EOD else None)
+    assert stop, f"generate stopped after {new} tokens, but the next best token is {nxt} and nothing stops there"
+    return (f"{new} tokens, {exact} of them the argmax of {type(model).__name__}, the rest within {worst:.2g} of it;"
+            f" stopped at {stop}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -95,12 +126,19 @@ def main(argv=None):
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--float64", action="store_true")
+    p.add_argument("--check", metavar="FILE", help="check generate's output FILE instead of generating")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     dtype = torch.float64 if a.float64 else torch.float32
     model, m = load_checkpoint(a.checkpoint, dtype) if a.checkpoint else load(a.model, dtype)
     if m["vocab_size"] != 257:
         sys.exit(f"greedy.py: vocab_size {m['vocab_size']}: the byte-level tokenizer needs 257")
+    if a.check:
+        try:
+            print(check(model, m, open(a.check, "rb").read(), a.prompt, a.max_new_tokens))
+        except AssertionError as e:
+            sys.exit(f"greedy.py: {a.check}: {e}")
+        return 0
     P = m["max_position_embeddings"]
     tokens = list(a.prompt.encode("utf-8")) or [EOD]
     out = []
