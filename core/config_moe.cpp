@@ -122,9 +122,6 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
   if (!(m.moe_aux_loss_coeff >= 0)) fail("model.moe_aux_loss_coeff", "", "must be >= 0, got " + s(m.moe_aux_loss_coeff));
   if (m.moe_z_loss_coeff < 0 || (keys.given("model.moe_z_loss_coeff") && !(m.moe_z_loss_coeff > 0)))
     fail("model.moe_z_loss_coeff", "", "must be > 0 (or null), got " + s(m.moe_z_loss_coeff));
-  if (m.moe_router_load_balancing_type == MoEBalancing::GlobalAuxLoss)
-    fail("model.moe_router_load_balancing_type", "",
-         "global_aux_loss is not supported yet (a follow-up of issue 38); use aux_loss or seq_aux_loss");
   if (m.moe_router_load_balancing_type == MoEBalancing::None && m.moe_aux_loss_coeff != 0)
     fail("model.moe_aux_loss_coeff", "model.moe_router_load_balancing_type",
          "is " + s(m.moe_aux_loss_coeff) + " with moe_router_load_balancing_type: none (set the coefficient to 0 or "

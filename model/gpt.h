@@ -128,7 +128,7 @@ struct StageOptions {
   Comm* cp = nullptr;
   // Mixture-of-Experts (model/moe.h MoEMLP): the EP group (device; null with EP 1) and the host
   // groups of the routing's counts (EP, TP, CP; null: one rank).
-  Comm *ep = nullptr, *ep_host = nullptr, *tp_host = nullptr, *cp_host = nullptr;
+  Comm *ep = nullptr, *ep_host = nullptr, *tp_host = nullptr, *cp_host = nullptr, *dp_host = nullptr;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and

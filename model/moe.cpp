@@ -113,6 +113,7 @@ struct MoEMLP::LayerState {
   std::vector<int64_t> expert_rows;           // (El) rows of each local expert
   std::vector<int32_t> regroup, inverse;      // expert-major <- source-major, and back (EP > 1)
   int64_t R = 0;
+  std::vector<double> global_f;  // global_aux_loss: the mean counts the forward used (full recompute reuses them)
 };
 
 Buf MoEMLP::alloc(int64_t n, DType t) {
@@ -122,9 +123,9 @@ Buf MoEMLP::alloc(int64_t n, DType t) {
 }
 
 MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-               Comm* ep_host, Comm* tp_host, Comm* cp_host)
+               Comm* ep_host, Comm* tp_host, Comm* cp_host, Comm* dp_host)
     : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host),
-      tp_host_(tp_host), cp_host_(cp_host) {
+      tp_host_(tp_host), cp_host_(cp_host), dp_host_(dp_host) {
   const MoEDims& m = d.moe;
   TPT_CHECK(m.any() && (m.ep == 1 || (ep && ep_host && ep->size() == m.ep && ep_host->size() == m.ep)));
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
@@ -182,6 +183,8 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   }
   stats_.layers = moe_layers_;
   stats_.counts.assign(moe_layers_.size() * size_t(m.E), 0.0);
+  global_counts_.assign(moe_layers_.size(), std::vector<double>(size_t(m.E), 0.0));
+  global_steps_.assign(moe_layers_.size(), 0);
   if (m.router.expert_bias) {
     bias_.assign(moe_layers_.size(), std::vector<float>(size_t(m.E), 0.0f));
     bias_counts_.assign(moe_layers_.size(), std::vector<double>(size_t(m.E), 0.0));
@@ -261,12 +264,22 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   std::vector<float> z(static_cast<size_t>(T * E));
   ops_.to_host(z.data(), logits_, T * E);
   const int64_t group = (tp_host_ ? tp_host_->size() : 1) * (cp_host_ ? cp_host_->size() : 1);
+  const bool global = m.router.balancing == MoEBalancing::GlobalAuxLoss;
   auto sum = [&](std::vector<double>& v) {
-    if (tp_host_ && tp_host_->size() > 1) tp_host_->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
-    if (cp_host_ && cp_host_->size() > 1) cp_host_->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
+    for (Comm* c : {tp_host_, cp_host_, global ? dp_host_ : nullptr})
+      if (c && c->size() > 1) c->all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
+  };
+  auto average = [&](std::vector<double>& f) {  // global_aux_loss: the step's mean counts so far
+    if (record) {
+      std::vector<double>& acc = global_counts_[size_t(mi)];
+      const double n = double(++global_steps_[size_t(mi)]);
+      s.global_f.resize(f.size());
+      for (size_t e = 0; e < f.size(); ++e) s.global_f[e] = (acc[e] += f[e]) / n;
+    }
+    f = s.global_f;
   };
   s.routing = route(z.data(), T, m.router, [&](int64_t t) { return (token_begin_ + t) / d_.S; }, B_, group, sum,
-                    m.router.expert_bias ? bias_[size_t(mi)].data() : nullptr);
+                    m.router.expert_bias ? bias_[size_t(mi)].data() : nullptr, average);
   const Routing& r = s.routing;
   if (record && m.router.expert_bias) add_bias_counts(r, m.router, bias_counts_[size_t(mi)]);
   if (record) {
@@ -457,6 +470,8 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
 }
 
 MoEStats MoEMLP::take_stats() {
+  for (auto& c : global_counts_) std::fill(c.begin(), c.end(), 0.0);
+  std::fill(global_steps_.begin(), global_steps_.end(), 0);
   MoEStats r = stats_;
   stats_ = MoEStats{};
   stats_.layers = r.layers;

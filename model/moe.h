@@ -101,11 +101,12 @@ class MoEMLP {
  public:
   // Buffers for `slots` micro-batches of Nt tokens on each of the stage's MoE layers. ep: the EP
   // group's device communicator (null with EP 1), ep_host its host twin; tp_host / cp_host the host
-  // TP and CP groups (null: one rank) the balancing losses' counts are summed over. B, S: the
+  // TP and CP groups (null: one rank) the balancing losses' counts are summed over, dp_host the DP
+  // group (global_aux_loss's counts are summed over TP x DP x CP). B, S: the
   // micro-batch's sequences and this rank's tokens of each (seq_aux_loss), token_begin: the rank's first
   // token of the flattened (B, S) micro-batch (sequence parallelism).
   MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-         Comm* ep_host, Comm* tp_host, Comm* cp_host);
+         Comm* ep_host, Comm* tp_host, Comm* cp_host, Comm* dp_host);
   ~MoEMLP();
   MoEMLP(const MoEMLP&) = delete;
   MoEMLP& operator=(const MoEMLP&) = delete;
@@ -123,7 +124,7 @@ class MoEMLP {
   // The balancing losses' weight in this step's gradients: d objective / d (aux + z) of one micro-batch
   // (the trainer's: loss scale x CP / micro-batches).
   void set_loss_scale(float s) { loss_scale_ = s; }
-  MoEStats take_stats();
+  MoEStats take_stats();  // also starts global_aux_loss's next step
   // The expert bias (aux-loss-free balancing, model.moe_router_enable_expert_bias): once per global
   // batch, each MoE layer's bias from the step's counts summed over TP x DP x CP by `sum`; the
   // stage's MoE layers (global indices) and their biases (E fp32 each, for the checkpoint).
@@ -139,7 +140,7 @@ class MoEMLP {
   Ops& ops_;
   DType t_;
   int64_t Nt_, B_, token_begin_;
-  Comm *ep_, *ep_host_, *tp_host_, *cp_host_;
+  Comm *ep_, *ep_host_, *tp_host_, *cp_host_, *dp_host_;
   float loss_scale_ = 0;
   int64_t rows_cap_ = 0;  // the bound's rows (grows once past it, with a warning)
   std::vector<int64_t> moe_layers_;  // the stage's MoE layers (global indices)
@@ -147,6 +148,10 @@ class MoEMLP {
   MoEStats stats_;
   std::vector<std::vector<float>> bias_;           // per MoE layer (E): the expert bias
   std::vector<std::vector<double>> bias_counts_;   // per MoE layer (E): this step's counts for its update
+  // global_aux_loss, per MoE layer: the step's counts (E) summed over its micro-batches so far, and
+  // how many (Megatron's global_tokens_per_expert and ga_steps)
+  std::vector<std::vector<double>> global_counts_;
+  std::vector<int64_t> global_steps_;
   // scratch (moe_scratch_bytes)
   float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr, *row_w_ = nullptr, *comb_w_ = nullptr;
   float* dprob_ = nullptr;

@@ -145,7 +145,7 @@ void add_bias_counts(const Routing& r, const RouterOptions& o, std::vector<doubl
 }
 
 Routing route(const float* z, int64_t T, const RouterOptions& o, const std::function<int64_t(int64_t)>& seq_of,
-              int64_t B, int64_t group_size, const GroupSum& sum, const float* bias) {
+              int64_t B, int64_t group_size, const GroupSum& sum, const float* bias, const GroupSum& average) {
   const int64_t E = o.E, k = o.k;
   Routing r;
   r.T = T;
@@ -211,13 +211,21 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
       for (int64_t e = 0; e < E; ++e) fp[size_t(groups * E + g * E + e)] += st[e];
     }
     sum(fp);
-    // per token set: aux = coeff E / (k T^2) sum_e f_e P_e with T its tokens (f sums to k T)
+    // per token set: aux = coeff E / (k T^2) sum_e f_e P_e with T its tokens (f sums to k T);
+    // global_aux_loss: f the step's mean counts so far, T this micro-batch's tokens over TP x DP x CP
+    std::vector<double> f_total(static_cast<size_t>(groups), 0.0);
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t e = 0; e < E; ++e) f_total[size_t(g)] += fp[size_t(g * E + e)];
+    if (o.balancing == MoEBalancing::GlobalAuxLoss) {
+      std::vector<double> f(fp.begin(), fp.begin() + E);
+      average(f);
+      std::copy(f.begin(), f.end(), fp.begin());
+    }
     std::vector<float> grad(static_cast<size_t>(groups * E));
     r.aux = 0;
     for (int64_t g = 0; g < groups; ++g) {
-      double f_total = 0, dot = 0;
-      for (int64_t e = 0; e < E; ++e) f_total += fp[size_t(g * E + e)];
-      const double tokens = f_total / double(k);
+      double dot = 0;
+      const double tokens = f_total[size_t(g)] / double(k);
       const double c = o.aux_coeff * double(E) / (double(k) * tokens * tokens) / double(groups);
       for (int64_t e = 0; e < E; ++e) {
         dot += fp[size_t(g * E + e)] * fp[size_t(groups * E + g * E + e)];

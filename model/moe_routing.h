@@ -41,7 +41,7 @@ struct Routing {
   std::vector<int32_t> chosen;  // (T, k) the chosen experts before dropping
   // the balancing losses' d logits (T, E) for a unit loss scale, and their values
   std::vector<float> dlogits_aux;
-  double aux = 0;     // this micro-batch's global aux (or seq aux) loss, coefficient included
+  double aux = 0;     // this micro-batch's aux (seq aux, global aux) loss over its group, coefficient included
   double z = 0;       // this rank's z-loss, coefficient included (Megatron's: coeff / (TP CP) * mean lse^2)
   double z_mean = 0;  // this rank's mean logsumexp^2
   std::vector<double> counts;  // (E) this rank's routed assignments per expert, after capacity
@@ -53,10 +53,13 @@ using GroupSum = std::function<void(std::vector<double>& v)>;
 
 // Routes logits z (T, E) of this rank's tokens. seq_of(t): the micro-batch sequence (0 .. B-1) token
 // t belongs to (seq_aux_loss), group_size: ranks in the TP x CP group. Calls sum exactly once when a
-// balancing loss is on, on every rank of the group alike. bias (E): the expert bias (o.expert_bias),
-// added to the sigmoid scores for the choice only.
+// balancing loss is on, on every rank of the group alike (global_aux_loss: its group is TP x DP x CP).
+// bias (E): the expert bias (o.expert_bias), added to the sigmoid scores for the choice only.
+// average (global_aux_loss): replaces the micro-batch's summed counts f (E) by the mean of the step's
+// so far (Megatron's global_tokens_per_expert / ga_steps).
 Routing route(const float* z, int64_t T, const RouterOptions& o, const std::function<int64_t(int64_t)>& seq_of,
-              int64_t B, int64_t group_size, const GroupSum& sum, const float* bias = nullptr);
+              int64_t B, int64_t group_size, const GroupSum& sum, const float* bias = nullptr,
+              const GroupSum& average = {});
 
 // The expert bias's update once per global batch (Megatron's get_updated_expert_bias): bias_e +=
 // rate * sign(mean - n_e) with n (E) the step's routed counts over TP x DP x CP.

@@ -32,9 +32,11 @@ MoEMetrics reduce_moe_metrics(const ModelConfig& m, const std::vector<MoEStats>&
   world.all_reduce(v.data(), int64_t(v.size()), ReduceOp::Sum);
   const double terms = std::max(1.0, v[2]);
   if (m.moe_aux_loss_coeff != 0 && m.moe_router_load_balancing_type != MoEBalancing::None) {
-    r.balancing_name = m.moe_router_load_balancing_type == MoEBalancing::SeqAuxLoss ? "seq_load_balancing_loss"
-                                                                                     : "load_balancing_loss";
-    r.balancing = v[0] / terms;  // the global aux is the same on every TP x CP rank: the mean over all terms
+    const MoEBalancing b = m.moe_router_load_balancing_type;
+    r.balancing_name = b == MoEBalancing::SeqAuxLoss      ? "seq_load_balancing_loss"
+                       : b == MoEBalancing::GlobalAuxLoss ? "global_load_balancing_loss"
+                                                          : "load_balancing_loss";
+    r.balancing = v[0] / terms;  // each rank's aux is its group's (TP x CP; global: x DP): the mean over all terms
   }
   r.has_z = m.moe_z_loss_coeff != 0;
   r.z = v[1] / terms;  // each rank's mean over its tokens; equal token counts: the mean of the means

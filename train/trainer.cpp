@@ -252,9 +252,10 @@ void Trainer::setup_pipeline() {
   StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   if (grid_.cp > 1) stage_options.cp = &grid_.device_cp();
-  if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (host groups), the EP all-to-all
+  if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (global_aux_loss: and DP), the EP all-to-all
     if (grid_.tp > 1) stage_options.tp_host = grid_.tp_group.get();
     if (grid_.cp > 1) stage_options.cp_host = grid_.cp_group.get();
+    if (grid_.dp > 1) stage_options.dp_host = grid_.dp_group.get();
     if (grid_.ep > 1) stage_options.ep = &grid_.device_ep(), stage_options.ep_host = grid_.ep_group.get();
   }
   // pipeline messages: a stage's output / input gradient, (B*S, C) or with sequence parallelism this

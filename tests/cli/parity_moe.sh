@@ -24,6 +24,8 @@
 # losses counted once), (v) TP 2 with a gated shared expert, (w) the expert bias on EP 2; Qwen3-MoE's
 # shape (RMSNorm, SwiGLU, RoPE, GQA 2, q/k norms: model.qk_layernorm, no biases, untied) (x) on one
 # rank, (y) on EP 2 x TP 2 with sequence parallelism, ETP 1 (the q/k norms' gradients summed over TP).
+# global_aux_loss (counts over TP x DP x CP, their running mean over the step): (z1) one rank, (z2) DP 2
+# x TP 2 (SP) x EP 2 with the z-loss, (z3) DP 2 x PP 2 with full recompute; the reference is told DP.
 # Capacity is not run on layouts: with sequence parallelism what is dropped depends on TP
 # (docs/MOE.md step 3), so only the one-rank cases define it.
 set -u -o pipefail
@@ -153,6 +155,15 @@ QWEN3=(model.normalization=RMSNorm model.swiglu=true model.position_embedding_ty
 run_case x_qwen3_moe          "${QWEN3[@]}"
 NP=4 run_case y_qwen3_moe_ep2_tp2_sp "${QWEN3[@]}" parallel.expert_model_parallel_size=2 \
   parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
+# global_aux_loss: counts over TP x DP x CP, their running mean over the step's micro-batches; DP is
+# part of the definition (which micro-batches are summed), so the reference is given it
+GLOBAL=("${AUX[@]}" model.moe_router_load_balancing_type=global_aux_loss)
+NP=1 run_case z1_global_aux   "${GLOBAL[@]}" parallel.data_parallel_size=1
+NP=4 run_case z2_global_aux_dp2_tp2_ep2 "${GLOBAL[@]}" "${Z[@]}" parallel.data_parallel_size=2 \
+  parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1 \
+  parallel.expert_model_parallel_size=2 training.micro_batch_size=2
+NP=4 run_case z3_global_aux_dp2_pp2_recompute "${GLOBAL[@]}" parallel.data_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 training.recompute=full
 
 # the capacity cases must drop something: in the reference, iteration 1's loss (the same weights)
 # differs from the dropless case's

@@ -7,7 +7,7 @@
 Checks: both files have the same set of iterations, at least --min-iters of them; for every
 iteration |lm_loss_A - lm_loss_B| <= loss-abs, |grad_norm_A - grad_norm_B| <= gradnorm-rel *
 max(|A|, |B|), |lr_A - lr_B| <= lr-rel * max(|A|, |B|), consumed_samples equal where both have it,
-and every value finite. The MoE balancing losses (docs/MOE.md: load_balancing_loss,
+and every value finite. The MoE balancing losses (docs/MOE.md: load_balancing_loss, global_load_balancing_loss,
 seq_load_balancing_loss, z_loss): where either file has one at an iteration, both must, within
 aux-abs; moe_max_imbalance within aux-abs where both have it. Prints a per-iteration table and the largest differences.
 Exit 0 if all pass, 1 on a mismatch, 2 if a file cannot be read.
@@ -17,7 +17,7 @@ import json
 import math
 import sys
 
-AUX_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "z_loss")  # both sides or neither
+AUX_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss")  # both sides or neither
 MOE_KEYS = AUX_KEYS + ("moe_max_imbalance",)                            # compared within --aux-abs
 
 

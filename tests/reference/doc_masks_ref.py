@@ -36,7 +36,9 @@ def train_step_doc(model, opt, micro_batches, lr, clip_grad, eod, reset_position
     counted = max(1.0, float(sum(m.sum() for m, _ in masks)))
     total = 0.0
     moe = moe_ref.StepStats(model.moe_layers())     # MoE balancing losses: 1 / M each (docs/MOE.md)
-    for mb, (mask, pos) in zip(micro_batches, masks):
+    for i, (mb, (mask, pos)) in enumerate(zip(micro_batches, masks)):
+        moe.prepare(i, len(micro_batches),
+                    lambda j: model(micro_batches[j][:, :-1], masks[j][1] if reset_position_ids else None))
         logits = model(mb[:, :-1], pos if reset_position_ids else None)
         V = logits.shape[-1]
         ce = F.cross_entropy(logits.reshape(-1, V), mb[:, 1:].reshape(-1), reduction="none")

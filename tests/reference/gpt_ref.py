@@ -612,7 +612,8 @@ def train_step(model, opt, micro_batches, lr, clip_grad):
     n = len(micro_batches)
     total = 0.0
     moe = moe_ref.StepStats(model.moe_layers())
-    for mb in micro_batches:
+    for i, mb in enumerate(micro_batches):
+        moe.prepare(i, n, lambda j: model.loss(micro_batches[j]))
         loss = model.loss(mb)
         ((loss + moe.objective_terms()) / n).backward()
         total += float(loss.detach())
@@ -640,6 +641,7 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
         print(f"gpt_ref: note: training.precision={t['precision']}; the reference computes in "
               f"{dtype} anyway", file=log)
     model = build_model(m, dtype)
+    moe_ref.set_data_parallel(model, cfg["parallel"], RefError)
     moe = init_path and hf_moe_ref.is_hf_moe(init_path)
     if init_path and (moe or hf_llama_ref.is_hf_llama(init_path)):  # an HF Llama / MoE directory / index / file
         try:

@@ -80,9 +80,7 @@ def check_config(m, p, error):
         if m[key] not in choices:
             raise error(f"model.{key} must be {'|'.join(choices)}, got {m[key]!r}")
     lb = m["moe_router_load_balancing_type"]
-    if lb == "global_aux_loss":
-        raise error("model.moe_router_load_balancing_type: global_aux_loss is not in the reference")
-    if lb not in ("aux_loss", "seq_aux_loss", "none"):
+    if lb not in ("aux_loss", "seq_aux_loss", "global_aux_loss", "none"):
         raise error(f"model.moe_router_load_balancing_type must be aux_loss|seq_aux_loss|global_aux_loss|none, "
                     f"got {lb!r}")
     if not 1 <= k <= E:
@@ -119,6 +117,17 @@ def check_config(m, p, error):
         raise error(f"parallel.expert_tensor_parallel_size must be 1 or tensor_model_parallel_size ({tp}), got {etp}")
 
 
+def set_data_parallel(model, parallel, error):
+    """global_aux_loss sums its counts over the DP ranks' simultaneous micro-batches: the reference
+    needs DP (parallel.data_parallel_size) to group its micro-batches as tptrain's ranks hold them."""
+    for lyr in model.moe_layers():
+        if lyr.moe["aux"] == "global_aux_loss":
+            if parallel.get("data_parallel_size") is None:
+                raise error("model.moe_router_load_balancing_type: global_aux_loss needs "
+                            "parallel.data_parallel_size in the reference (its micro-batches' DP groups)")
+            lyr.moe["dp"] = parallel["data_parallel_size"]
+
+
 def resolve_moe(m):
     """The MoE architecture of a (checked) model config, or None for a dense model."""
     E = m.get("num_moe_experts")
@@ -140,7 +149,7 @@ def resolve_moe(m):
             "bias_rate": get("moe_router_bias_update_rate", 1e-3),
             # Megatron's get_aux_loss_coeff: a balancing loss exists when its coefficient is > 0;
             # the z-loss when its coefficient is given (0 is tptrain's null: no z-loss)
-            "aux": lb if lb in ("aux_loss", "seq_aux_loss") and coeff > 0 else None, "aux_coeff": coeff,
+            "aux": lb if lb != "none" and coeff > 0 else None, "aux_coeff": coeff,
             "z_coeff": z if z > 0 else None,
             "Fs": get("moe_shared_expert_intermediate_size", None),
             "shared_gate": get("moe_shared_expert_gate", False),
@@ -237,13 +246,21 @@ def switch_aux(s, counts, T, k, E):
     return (s.sum(0) * counts).sum() * (E / (k * T * T))
 
 
-def balancing_losses(zb, moe):
+def balancing_losses(zb, moe, global_aux=None):
     """docs/MOE.md "Balancing losses" for one micro-batch and layer from logits zb (B, S, E): {name:
-    (the loss with its coefficient, as it enters the objective; the value logged)}."""
+    (the loss with its coefficient, as it enters the objective; the value logged)}. global_aux_loss:
+    global_aux = (the step's mean counts so far over TP x DP x CP (E,), that group's tokens T, DP), set
+    by StepStats.prepare; None (its counting forward): no global term."""
     B, S, E = zb.shape
     out = {}
     k = moe["k"]
-    if moe["aux"]:
+    if moe["aux"] == "global_aux_loss" and global_aux is not None:
+        s, _ = aux_scores(zb.reshape(B * S, E), moe)
+        f, T, dp = global_aux
+        plain = switch_aux(s, f.to(s.dtype), T, k, E)  # this micro-batch's part of its DP group's loss
+        # logged: the group's loss, the sum of its DP parts (Megatron's needs_dp_avg=False)
+        out["global_load_balancing_loss"] = (moe["aux_coeff"] * plain, dp * float(plain.detach()))
+    elif moe["aux"] in ("aux_loss", "seq_aux_loss"):
         s, fmap = aux_scores(zb.reshape(B * S, E), moe)
         if moe["aux"] == "aux_loss":
             plain = switch_aux(s, fmap.sum(0), B * S, k, E)
@@ -317,6 +334,7 @@ class MoEMLP(nn.Module):
                 self.shared_experts.gate = _Vector(1, C)
         self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32), persistent=False)
         self.terms, self.kept_counts, self.bias_counts = {}, None, None
+        self.global_aux, self.aux_map_counts = None, None  # global_aux_loss (StepStats.prepare)
 
     def forward(self, x):
         B, T, C = x.shape
@@ -337,7 +355,9 @@ class MoEMLP(nn.Module):
             if moe["shared_gate"]:
                 sh = sh * torch.sigmoid(xs @ self.shared_experts.gate.weight.t())
             y = y + sh
-        self.terms = balancing_losses(z.reshape(B, T, E), moe)
+        self.terms = balancing_losses(z.reshape(B, T, E), moe, self.global_aux)
+        if moe["aux"] == "global_aux_loss":  # the plain top-k map's counts, for StepStats.prepare
+            self.aux_map_counts = aux_scores(z.detach(), moe)[1].sum(0).to(torch.float64)
         self.kept_counts = kept.sum(0).to(torch.float64)
         # Megatron counts the routing map after token dropping for the bias, padded when padding
         self.bias_counts = torch.full((E,), float(min(cap, T * B)), dtype=torch.float64) \
@@ -355,8 +375,38 @@ class StepStats:
     def __init__(self, layers):
         self.layers = layers
         self.sums, self.count = {}, 0
+        self.global_sums, self.global_steps = [None] * len(layers), 0
         self.routed = [torch.zeros(lyr.moe["E"], dtype=torch.float64) for lyr in layers]
         self.bias = [torch.zeros(lyr.moe["E"], dtype=torch.float64) for lyr in layers]
+
+    def prepare(self, i, n, forward):
+        """Before micro-batch i of the step's n (forward(j) runs micro-batch j): for global_aux_loss,
+        at the first of each DP group -- micro-batches i .. i + DP - 1 are the DP ranks' micro-batch
+        i / DP, which Megatron's counts are summed over (with TP and CP: whole micro-batches here) --
+        count the group's routing with a forward without gradients (the same routing), add it to
+        the step's sums and give each layer the mean so far (Megatron's global_tokens_per_expert /
+        ga_steps) for the group's micro-batches."""
+        glob = [j for j, lyr in enumerate(self.layers) if lyr.moe["aux"] == "global_aux_loss"]
+        if not glob:
+            return
+        dp = self.layers[glob[0]].moe["dp"]
+        if n % dp:
+            raise ValueError(f"{n} micro-batches per step are not DP = {dp} groups")
+        if i % dp:
+            return
+        counts, tokens = [0.0] * len(self.layers), 0
+        with torch.no_grad():
+            for lyr in self.layers:
+                lyr.global_aux = None
+            for j in range(i, i + dp):
+                forward(j)
+                for g in glob:
+                    counts[g] = counts[g] + self.layers[g].aux_map_counts
+                tokens = float(self.layers[glob[0]].aux_map_counts.sum()) / self.layers[glob[0]].moe["k"] + tokens
+        self.global_steps += 1
+        for g in glob:
+            self.global_sums[g] = counts[g] if self.global_sums[g] is None else self.global_sums[g] + counts[g]
+            self.layers[g].global_aux = (self.global_sums[g] / self.global_steps, tokens, dp)
 
     def objective_terms(self):
         """After a micro-batch's forward: sum over MoE layers of (aux + z), as it enters the objective;
@@ -374,6 +424,8 @@ class StepStats:
     def finish(self):
         """The logged values (means over MoE layers and micro-batches; moe_max_imbalance), then the
         expert bias update bias += rate * sign(mean_e(count) - count)."""
+        for lyr in self.layers:
+            lyr.global_aux = None
         out = {n: v / (self.count * len(self.layers)) for n, v in self.sums.items()}
         out["moe_max_imbalance"] = max(float(r.max() / r.mean()) if r.sum() > 0 else 0.0 for r in self.routed)
         for lyr, counts in zip(self.layers, self.bias):

@@ -78,7 +78,6 @@ TEST(ConfigMoE, BadCombinationsNameTheirKeys) {
              "model.moe_router_topk: is only used by Mixture-of-Experts models (model.num_moe_experts is null)");
   // not built yet: a clear refusal, never a silent dense model
   EXPECT_HAS(moe_error({"model.moe_shared_expert_gate=true"}), "model.moe_shared_expert_gate: gates the shared expert");
-  EXPECT_HAS(moe_error({"model.moe_router_load_balancing_type=global_aux_loss"}), "global_aux_loss is not supported yet");
   EXPECT_HAS(moe_error({"model.moe_token_dispatcher_type=allgather"}), "allgather is not supported yet");
 }
 
