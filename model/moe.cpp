@@ -25,6 +25,11 @@ int64_t moe_rows_bound(const MoEDims& m, int64_t Nt) {
 
 namespace {
 int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }
+// the all-to-all's element counts of row counts of width C
+std::vector<int64_t> elems(int64_t C, std::vector<int64_t> rows) {
+  for (int64_t& n : rows) n *= C;
+  return rows;
+}
 // allocations of the CPU (64 B) and GPU (256 B) allocators are counted rounded; the plan's sums
 // equal the allocations when each tensor's bytes are multiples of 256 (docs/PLAN.md)
 }  // namespace
@@ -325,11 +330,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
       s.act = alloc(s.cap * m.Fe, t_);
     }
     ops_.gather_rows(send_, x, perm_, nullptr, o.n_send, C);
-    auto elems = [&](std::vector<int64_t> v) {
-      for (int64_t& n : v) n *= C;
-      return v;
-    };
-    ep_->all_to_all_v(send_.p, elems(s.send_rows), bufA_.p, elems(s.recv_rows), t_);
+    ep_->all_to_all_v(send_.p, elems(C, s.send_rows), bufA_.p, elems(C, s.recv_rows), t_);
     // source-major (q, e) blocks -> expert-major (e, q)
     std::vector<int64_t> src(size_t(E) + 1, 0);  // start of block (q, e) in the received rows
     for (int64_t b = 0; b < E; ++b) src[size_t(b + 1)] = src[size_t(b)] + recv_counts[size_t(b)];
@@ -351,11 +352,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   moe_experts_forward(ops_, d_, w, s.expert_rows, s.xin, s.fc1, s.act, m.ep == 1 ? s.ret : bufB_);
   if (m.ep > 1) {  // back to the tokens' ranks, in their send order
     ops_.gather_rows(bufA_, bufB_, inverse_, nullptr, s.R, C);
-    auto elems = [&](std::vector<int64_t> v) {
-      for (int64_t& n : v) n *= C;
-      return v;
-    };
-    ep_->all_to_all_v(bufA_.p, elems(s.recv_rows), s.ret.p, elems(s.send_rows), t_);
+    ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), s.ret.p, elems(C, s.send_rows), t_);
   }
   // y (T, C) = sum over each token's kept choices of weight x expert output (+ the shared expert)
   ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
@@ -421,15 +418,11 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   ops_.to_host(dprob.data(), dprob_, T * k);
   // d expert outputs in send order: weight x dy of the row's token
   ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
-  auto elems = [&](std::vector<int64_t> v) {
-    for (int64_t& n : v) n *= C;
-    return v;
-  };
   Buf dout = send_;
   if (m.ep > 1) {
     ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
     ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
-    ep_->all_to_all_v(send_.p, elems(s.send_rows), bufA_.p, elems(s.recv_rows), t_);
+    ep_->all_to_all_v(send_.p, elems(C, s.send_rows), bufA_.p, elems(C, s.recv_rows), t_);
     ops_.gather_rows(bufB_, bufA_, regroup_, nullptr, s.R, C);
     dout = bufB_;
   }
@@ -448,13 +441,13 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   Buf drows = bufA_;  // d input rows in send order
   if (m.ep > 1) {
     ops_.gather_rows(bufB_, bufA_, inverse_, nullptr, s.R, C);
-    ep_->all_to_all_v(bufB_.p, elems(s.recv_rows), send_.p, elems(s.send_rows), t_);
+    ep_->all_to_all_v(bufB_.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
     drows = send_;
   }
   // dx (T, C) = sum of the token's rows' input gradients, then the router's
   ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
   std::vector<float> dlogits(static_cast<size_t>(T * E));
-  routing_backward(s.routing, nullptr, dprob.data(), m.router, loss_scale_, dlogits.data());
+  routing_backward(s.routing, dprob.data(), m.router, loss_scale_, dlogits.data());
   ops_.to_device(logits_, dlogits.data(), T * E);
   const float* x32 = router_input(x);
   const float* w32 = router_weight(w.router);

@@ -258,8 +258,7 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
   return r;
 }
 
-void routing_backward(const Routing& r, const float* z, const float* dprob, const RouterOptions& o, float loss_scale,
-                      float* dlogits) {
+void routing_backward(const Routing& r, const float* dprob, const RouterOptions& o, float loss_scale, float* dlogits) {
   const int64_t E = o.E, k = o.k, T = r.T;
   std::fill(dlogits, dlogits + T * E, 0.0f);
   std::vector<float> dp(static_cast<size_t>(k));
@@ -294,7 +293,6 @@ void routing_backward(const Routing& r, const float* z, const float* dprob, cons
       for (int64_t j = 0; j < k; ++j) dz[ch[j]] += dq[size_t(j)] * s[ch[j]] * (1 - s[ch[j]]);
     }
   }
-  (void)z;
   if (!r.dlogits_aux.empty())
     for (int64_t i = 0; i < T * E; ++i) dlogits[i] += loss_scale * r.dlogits_aux[size_t(i)];
 }

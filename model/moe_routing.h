@@ -69,7 +69,6 @@ void update_expert_bias(std::vector<float>& bias, const std::vector<double>& cou
 void add_bias_counts(const Routing& r, const RouterOptions& o, std::vector<double>& counts);
 
 // d logits (T, E) from d prob (T, k), plus loss_scale x the balancing losses' d logits.
-void routing_backward(const Routing& r, const float* z, const float* dprob, const RouterOptions& o, float loss_scale,
-                      float* dlogits);
+void routing_backward(const Routing& r, const float* dprob, const RouterOptions& o, float loss_scale, float* dlogits);
 
 }  // namespace tpt
