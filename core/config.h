@@ -121,6 +121,9 @@ struct ModelConfig {
   MoEDropPolicy moe_token_drop_policy = MoEDropPolicy::Probs;
   bool moe_pad_expert_input_to_capacity = false;
   MoEDispatcher moe_token_dispatcher_type = MoEDispatcher::AllToAll;
+  // dropless with EP > 1: the rows an EP rank's experts take per micro-batch before its dispatch
+  // buffers grow (once, with a warning), as a multiple (>= 1) of the balanced load (docs/MOE.md)
+  double moe_dispatch_bound_factor = 2.0;
   std::string moe_router_dtype = "fp32";
   bool is_moe() const { return num_moe_experts > 0; }
   // whether layer l (0-based) is an MoE layer (moe_layer_freq); false for every layer of a dense model

@@ -20,7 +20,7 @@ namespace tpt {
 int64_t moe_rows_bound(const MoEDims& m, int64_t Nt) {
   const int64_t balanced = Nt * m.router.k;
   if (m.ep == 1) return balanced;
-  return int64_t(std::ceil(double(balanced) * kMoEDispatchFactor));
+  return int64_t(std::ceil(double(balanced) * m.dispatch_factor));
 }
 
 namespace {
@@ -241,7 +241,7 @@ void MoEMLP::grow(int64_t rows, int64_t layer) {
   if (rows <= rows_cap_) return;
   spdlog::warn("WARNING: MoE layer {}: this rank's experts received {} rows, more than the planned {} ({}x the balanced "
                "load of {}); growing its dispatch buffers (one allocation now, not in the plan)",
-               layer, rows, rows_cap_, kMoEDispatchFactor, Nt_ * d_.moe.router.k);
+               layer, rows, rows_cap_, d_.moe.dispatch_factor, Nt_ * d_.moe.router.k);
   rows_cap_ = rows;
   alloc_rows_scratch();  // the old scratch stays owned (freed with the stage): nothing in it is live
 }

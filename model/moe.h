@@ -34,13 +34,13 @@ struct MoEDims {
   // rank, its fc1's output width, and its sigmoid gate (model.moe_shared_expert_gate)
   int64_t Fs = 0, Fsl = 0, shared_fc1_width = 0;
   bool shared_gate = false;
+  double dispatch_factor = 2;  // model.moe_dispatch_bound_factor (moe_rows_bound)
   bool any() const { return E > 0; }
   bool is_moe(int64_t layer) const { return E > 0 && layers.at(size_t(layer)) != 0; }
 };
 
 // Rows an EP rank's experts can take per micro-batch of Nt tokens before its dispatch buffers grow:
-// exactly Nt k with EP 1, else kMoEDispatchFactor x that (the balanced load), rounded up.
-inline constexpr double kMoEDispatchFactor = 2.0;
+// exactly Nt k with EP 1, else dispatch_factor x that (the balanced load), rounded up.
 int64_t moe_rows_bound(const MoEDims& m, int64_t Nt);
 // Bytes one MoE layer keeps per micro-batch of Nt tokens (its experts' inputs, fc1 outputs and
 // activations on the bound's rows, the returned rows) and the stage's MoE scratch, in dtype t:

@@ -121,7 +121,7 @@ void check_plannable(const Config& c) {
   if (m.is_moe()) {  // every layer's E / EP experts (3 C Fe each at most) and their k rows per token
     const double Fe = m.moe_ffn_hidden_size, k = m.moe_router_topk;
     const double experts = double(m.num_moe_experts) / std::max(1, c.parallel.expert_model_parallel_size);
-    bytes += std::ceil(L / pp) * (20 * experts * 3 * C * Fe + 4 * B * S * k * (C + 3 * Fe) * kMoEDispatchFactor * std::min(pp, 64.0));
+    bytes += std::ceil(L / pp) * (20 * experts * 3 * C * Fe + 4 * B * S * k * (C + 3 * Fe) * m.moe_dispatch_bound_factor * std::min(pp, 64.0));
   }
   if (!(bytes < std::ldexp(1.0, 50)))
     input_error("the model needs about " + std::to_string(int64_t(bytes / std::ldexp(1.0, 40))) +

@@ -137,6 +137,9 @@ run_case n_shared_expert_gate model.moe_shared_expert_intermediate_size=48 model
 run_case o_layer_freq_01      "model.moe_layer_freq=[0, 1]"
 # layouts: dropless, with the balancing losses whose counts and means cross ranks
 NP=2 run_case p_ep2_dp2       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2
+# the dispatch buffers planned for the balanced load only: routing past it grows them (a warning),
+# the same bits as p
+NP=2 run_case p1_ep2_bound_1  "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 model.moe_dispatch_bound_factor=1
 NP=4 run_case q_ep4_dp4       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=4 training.micro_batch_size=2
 NP=4 run_case r_ep2_tp2_sp_etp1 "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
@@ -164,6 +167,18 @@ NP=4 run_case z2_global_aux_dp2_tp2_ep2 "${GLOBAL[@]}" "${Z[@]}" parallel.data_p
   parallel.expert_model_parallel_size=2 training.micro_batch_size=2
 NP=4 run_case z3_global_aux_dp2_pp2_recompute "${GLOBAL[@]}" parallel.data_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 training.recompute=full
+
+if [ -s p_ep2_dp2.tptrain.jsonl ] && [ -s p1_ep2_bound_1.tptrain.jsonl ]; then
+  grows=$(cat p1_ep2_bound_1.tptrain.out p1_ep2_bound_1.tptrain.err | grep -c "growing its dispatch buffers")
+  if [ "$grows" -gt 0 ] && "$PY" - p_ep2_dp2.tptrain.jsonl p1_ep2_bound_1.tptrain.jsonl <<'PYEOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+keys = ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss", "moe_max_imbalance")
+sys.exit(0 if len(a) == len(b) > 0 and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)
+PYEOF
+  then pass "dispatch_bound_1_grows_bitwise ($grows warnings, e.g. $(grep -m1 -o "layer [0-9]*: this rank's experts received [0-9]* rows, more than the planned [0-9]*" p1_ep2_bound_1.tptrain.out))"
+  else fail dispatch_bound_1_grows_bitwise "factor 1: $grows growth warnings, or metrics not bitwise those of factor 2 (p_ep2_dp2)"; fi
+fi
 
 # the capacity cases must drop something: in the reference, iteration 1's loss (the same weights)
 # differs from the dropless case's

@@ -308,6 +308,9 @@ compare moe_shared_gate_pp2_zb_bf16 2 1 2 "${MOE[@]}" model.moe_shared_expert_in
 compare moe_pp2_zb_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1
 compare moe_pp2_full_fp32 2 1 2 "${MOE[@]}" training.recompute=full "model.moe_layer_freq=[0, 1, 0, 1]"
 compare moe_dp2_distopt_bf16 2 1 1 "${MOE[@]}" training.precision=bf16 parallel.distributed_optimizer=true
+# EP 4 with the dispatch bound at 4x the balanced load: the most an EP rank of 4 can receive, so it never grows
+compare moe_ep4_bound4_bf16 4 1 1 "${MOE[@]}" training.precision=bf16 parallel.expert_model_parallel_size=4 \
+  model.moe_dispatch_bound_factor=4
 compare moe_pp2_dp2_distopt_freq01_fp32 4 1 2 "${MOE[@]}" "model.moe_layer_freq=[0, 1, 0, 1]" \
   parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
 compare moe_pp2_interleaved_freq01_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]" \

@@ -41,6 +41,7 @@ MODEL_KEYS = {
     "moe_token_drop_policy": ("str", "probs", None, False),
     "moe_pad_expert_input_to_capacity": ("bool", False, None, False),
     "moe_token_dispatcher_type": ("str", "alltoall", None, False),  # where tokens travel: no math
+    "moe_dispatch_bound_factor": ("float", 2.0, None, False),       # buffer sizes: no math
     "moe_router_dtype": ("str", "fp32", None, False),
 }
 # parallel.* keys: the expert layout (no math on one process)
