@@ -1,6 +1,7 @@
 // Internals of the config loader shared by its files, not an API (include only from core/config*.cpp):
 // the scalar readers and writers (core/config_values.cpp), model.rope_scaling's value and the model
-// keys' rules (core/config_model.cpp), the fp8 keys' (core/config_fp8.cpp), used by the key table in core/config.cpp.
+// keys' rules (core/config_model.cpp), the fp8 keys' rules (core/config_fp8.cpp), used by the key
+// table in core/config.cpp.
 #pragma once
 #include <yaml-cpp/yaml.h>
 

@@ -68,10 +68,13 @@ TPT_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float previous, Fp8
   return fp8_finite(s) ? s : FLT_MAX;
 }
 
-// The amax a tensor contributes: max |x|, a NaN if any element is one (fmaxf would drop it).
+// The amax a tensor contributes: max |x| as the larger bit pattern of |x| (for values >= 0 the order of
+// the bits is the order of the values, and a NaN's bits are above inf's), so a NaN anywhere makes the
+// amax a NaN, and the CUDA kernel's atomicMax on the bits gives the same amax bit for bit. amax >= 0.
+TPT_HOST_DEVICE inline uint32_t fp8_abs_bits(float x) { return float_to_bits(x) & 0x7FFFFFFFu; }
 TPT_HOST_DEVICE inline float fp8_amax_step(float amax, float x) {
-  const float a = fabsf(x);
-  return (a != a || amax != amax) ? NAN : fmaxf(amax, a);
+  const uint32_t a = fp8_abs_bits(amax), b = fp8_abs_bits(x);
+  return bits_to_float(a > b ? a : b);
 }
 
 // Delayed scaling's state of one GEMM input (Transformer Engine's order): the step quantizes with

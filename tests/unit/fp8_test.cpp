@@ -13,6 +13,7 @@
 
 #include "config_test_util.h"
 #include "core/fp8.h"
+#include "core/ops.h"
 
 namespace tpt {
 namespace {
@@ -60,6 +61,46 @@ TEST(Fp8, QuantizationBitwiseAsTheReference) {
   }
   EXPECT_EQ(cases, 36);  // 2 formats x 3 margins x 6 cases: the file is there and whole
   EXPECT_GT(checked, 5000);
+}
+
+// The CPU backend's fused quantize + amax (Ops::fp8_quantize) on the reference's inputs, in fp32 and as
+// bf16 (the reference's inputs rounded, then its rule on those values), with a running amax.
+TEST(Fp8, OpsQuantizeAsTheReference) {
+  auto ops = make_cpu_ops(2);
+  int cases = 0;
+  for (const std::string& line : reference_lines()) {
+    std::istringstream is(line);
+    std::string kind, fmt, prev, amax, scale;
+    int margin = 0, n = 0;
+    is >> kind >> fmt >> margin >> prev >> amax >> scale >> n;
+    if (kind != "q") continue;
+    const Fp8Type t = type_of(fmt);
+    std::vector<float> xs;
+    std::vector<uint16_t> b16;
+    std::vector<int> codes;
+    for (int i = 0; i < n; ++i) {
+      std::string x, c;
+      is >> x >> c;
+      xs.push_back(from_hex(x)), codes.push_back(std::stoi(c, nullptr, 16)), b16.push_back(fp32_to_bf16(xs.back()));
+    }
+    const float s = from_hex(scale);
+    std::vector<uint8_t> out(xs.size());
+    float a = 0.0f;
+    ops->fp8_quantize(out.data(), xs.data(), n, t, &s, &a);
+    EXPECT_TRUE(same(a, from_hex(amax))) << line.substr(0, 60);
+    for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(int(out[i]), codes[i]) << fmt << " x " << xs[i];
+    float a16 = 0.5f;  // a running amax: max(0.5, the tensor's)
+    ops->fp8_quantize(out.data(), CBuf(b16.data(), DType::BF16), n, t, &s, &a16);
+    float want = 0.5f;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const float v = bf16_to_fp32(b16[i]);
+      want = fp8_amax_step(want, v);
+      ASSERT_EQ(int(out[i]), int(fp32_to_fp8(v * s, t))) << fmt << " bf16 " << v;
+    }
+    EXPECT_TRUE(same(a16, want));
+    ++cases;
+  }
+  EXPECT_EQ(cases, 36);
 }
 
 TEST(Fp8, DelayedScalingHistoryAsTheReference) {
