@@ -35,7 +35,7 @@ using namespace config_detail;  // the scalar readers and writers, the model key
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
                               DataPath*, RopeScaling*, PipelineSchedule*, Precision*, Recompute*, Device*,
                               LrDecayStyle*, Normalization*, PositionEmbedding*, LayerFreq*, MoEScore*,
-                              MoEBalancing*, MoEDropPolicy*, MoEDispatcher*>;
+                              MoEBalancing*, MoEDropPolicy*, MoEDispatcher*, Fp8Format*, Fp8Recipe*>;
 
 enum class Presence {
   kDefault,   // has a default value; null is a type error
@@ -146,6 +146,15 @@ const std::vector<Field>& fields() {
       TPT_FIELD(training, cpu_threads, kNull),
       TPT_FIELD(training, nan_iteration_limit),
       TPT_FIELD(training, deterministic),
+      TPT_FIELD(training, fp8_format, kNull, names<Fp8Format>()),
+      TPT_FIELD(training, fp8_recipe, kDef, names<Fp8Recipe>()),
+      TPT_FIELD(training, fp8_margin),
+      TPT_FIELD(training, fp8_amax_history_len),
+      TPT_FIELD(training, fp8_amax_compute_algo, kDef, {"max", "most_recent"}),
+      TPT_FIELD(training, fp8_wgrad),
+      TPT_FIELD(training, first_last_layers_bf16),
+      TPT_FIELD(training, num_layers_at_start_in_bf16),
+      TPT_FIELD(training, num_layers_at_end_in_bf16),
       TPT_FIELD(optimizer, lr),
       TPT_FIELD(optimizer, min_lr),
       TPT_FIELD(optimizer, lr_warmup_iters),
@@ -425,7 +434,8 @@ void validate(Config& c, const Ctx& ctx) {
     int64_t x = as_int(cref(f, c));
     if (name == "data.eod_token_id") {
       if (ctx.given(name) && x < 0) ctx.fail(name, "must be >= 0, got " + std::to_string(x));
-    } else if (name == "data.eval_iters" || name == "optimizer.lr_warmup_iters") {
+    } else if (name == "data.eval_iters" || name == "optimizer.lr_warmup_iters" || name == "training.fp8_margin" ||
+               name.find("_in_bf16") != std::string::npos) {
       if (x < 0) ctx.fail(name, "must be >= 0, got " + std::to_string(x));
     } else if ((f.presence != Presence::kNullable || ctx.given(name)) && x < 1) {
       ctx.fail(name, "must be >= 1, got " + std::to_string(x) +
@@ -443,7 +453,8 @@ void validate(Config& c, const Ctx& ctx) {
         {"parallel.tensor_model_parallel_size", 1024}, {"parallel.pipeline_model_parallel_size", 1024},
         {"parallel.virtual_pipeline_model_parallel_size", 1024},
         {"parallel.data_parallel_size", 1 << 20}, {"parallel.context_parallel_size", 1024},
-        {"model.make_vocab_size_divisible_by", 1 << 24}, {"parallel.ddp_bucket_size", int64_t(1) << 40}};
+        {"model.make_vocab_size_divisible_by", 1 << 24}, {"parallel.ddp_bucket_size", int64_t(1) << 40},
+        {"training.fp8_margin", 64}, {"training.fp8_amax_history_len", 1 << 16}};
     auto bound = kMax.find(name);
     if (bound != kMax.end() && x > bound->second)
       ctx.fail(name, "must be <= " + std::to_string(bound->second) + ", got " + std::to_string(x));
@@ -474,6 +485,7 @@ void validate(Config& c, const Ctx& ctx) {
                              }};
   resolve_model(m, model_keys);
   resolve_moe(m, model_keys);
+  resolve_fp8(c, model_keys);
   if (m.seq_length > m.max_position_embeddings)
     ctx.fail("model.seq_length", "model.max_position_embeddings", std::to_string(m.seq_length) +
                                      " is longer than model.max_position_embeddings (" +

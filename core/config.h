@@ -33,6 +33,9 @@ enum class MoEScore { Softmax, Sigmoid };
 enum class MoEBalancing { AuxLoss, SeqAuxLoss, GlobalAuxLoss, None };
 enum class MoEDropPolicy { Probs, Position };
 enum class MoEDispatcher { AllToAll, AllGather };
+// FP8 (docs/FP8.md): training.fp8_format (null: none, bf16 as without it), training.fp8_recipe
+enum class Fp8Format { None, E4M3, Hybrid };
+enum class Fp8Recipe { Delayed, Tensorwise, Blockwise };
 
 // The names of an enum's values as the config spells them (index = value).
 std::span<const std::string_view> enum_names(PipelineSchedule);
@@ -46,6 +49,8 @@ std::span<const std::string_view> enum_names(MoEScore);           // softmax, si
 std::span<const std::string_view> enum_names(MoEBalancing);       // aux_loss, seq_aux_loss, global_aux_loss, none
 std::span<const std::string_view> enum_names(MoEDropPolicy);      // probs, position
 std::span<const std::string_view> enum_names(MoEDispatcher);      // alltoall, allgather
+std::span<const std::string_view> enum_names(Fp8Format);          // null, e4m3, hybrid
+std::span<const std::string_view> enum_names(Fp8Recipe);          // delayed, tensorwise, blockwise
 template <class E>
 std::string name_of(E value) {
   return std::string(enum_names(E{})[size_t(value)]);
@@ -177,6 +182,16 @@ struct TrainingConfig {
   // cuDNN's attention backward with its deterministic algorithm (bitwise reproducible; a B H T T
   // 16-bit workspace); false: dQ summed with atomics (an fp32 B H T D workspace, faster)
   bool deterministic = true;
+  // FP8 (Megatron's names and defaults; docs/FP8.md): the transformer layers' linear GEMM inputs in FP8
+  Fp8Format fp8_format = Fp8Format::None;     // null | e4m3 | hybrid (E4M3 forward, E5M2 gradients)
+  Fp8Recipe fp8_recipe = Fp8Recipe::Delayed;  // delayed | tensorwise | blockwise
+  int fp8_margin = 0;                         // scale = (fp8_max / amax) / 2^margin
+  int fp8_amax_history_len = 1;               // delayed: amaxes kept per tensor
+  std::string fp8_amax_compute_algo = "most_recent";  // delayed: max | most_recent of the history
+  bool fp8_wgrad = true;                      // false: weight-gradient GEMMs in bf16
+  bool first_last_layers_bf16 = false;        // the first / last layers' GEMMs in bf16
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
 };
 
 struct OptimizerConfig {

@@ -1,6 +1,7 @@
 // Internals of the config loader shared by its files, not an API (include only from core/config*.cpp):
 // the scalar readers and writers (core/config_values.cpp), model.rope_scaling's value and the model
-// keys' rules (core/config_model.cpp), used by the key table in core/config.cpp.
+// keys' rules (core/config_model.cpp), the fp8 keys' rules (core/config_fp8.cpp), used by the key
+// table in core/config.cpp.
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -77,5 +78,7 @@ struct ModelKeys {
 void resolve_model(ModelConfig& m, const ModelKeys& keys);
 // The Mixture-of-Experts keys' rules and derived values (moe_ffn_hidden_size; core/config_moe.cpp).
 void resolve_moe(ModelConfig& m, const ModelKeys& keys);
+// The training.fp8_* keys' rules (core/config_fp8.cpp), after resolve_model and resolve_moe.
+void resolve_fp8(const Config& c, const ModelKeys& keys);
 
 }  // namespace tpt::config_detail

@@ -59,6 +59,14 @@ std::span<const std::string_view> enum_names(MoEDispatcher) {
   static constexpr std::string_view n[] = {"alltoall", "allgather"};
   return n;
 }
+std::span<const std::string_view> enum_names(Fp8Format) {
+  static constexpr std::string_view n[] = {"null", "e4m3", "hybrid"};
+  return n;
+}
+std::span<const std::string_view> enum_names(Fp8Recipe) {
+  static constexpr std::string_view n[] = {"delayed", "tensorwise", "blockwise"};
+  return n;
+}
 
 std::string split_weights_error(const std::vector<double>& w) {
   if (w.size() != 3) return "expected 3 weights (train, valid, test), got " + std::to_string(w.size());

@@ -262,6 +262,9 @@ class ProfiledOps final : public Ops {
   void scale(float* x, float s, int64_t n) override {
     timed("scale gradients", 0, 8.0 * double(n), [&] { in_.scale(x, s, n); });
   }
+  void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
+    timed("fp8 quantize", 0, double(dtype_size(n, inp.t) + n), [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
+  }
 
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
     timed("moe permute", 0, 2.0 * double(dtype_size(R * C, out.t)), [&] { in_.gather_rows(out, inp, idx, scale, R, C); });

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/fp8.h"
 #include "core/math.h"
 
 namespace tpt {
@@ -242,6 +243,10 @@ class Ops {
   // and rounded once: the 16-bit tensor-parallel sum (parallel/tensor_parallel.h).
   virtual void sum_parts(Buf out, CBuf parts, int k, int64_t n) = 0;
   virtual void scale(float* x, float s, int64_t n) = 0;
+  // FP8 (docs/FP8.md): out (n) = the E4M3 / E5M2 codes of fp32(in * *scale) (core/fp8.h: nearest even,
+  // saturated), and *amax = max(*amax, max |in|) (core/fp8.h fp8_amax_step: a NaN in in makes it a NaN);
+  // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device.
+  virtual void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) = 0;
 
   // ---- Mixture-of-Experts token movement (model/moe.h): rows moved by index lists on the device, in
   // fp32 with one rounding per stored element, each output row written by one pass in a fixed order

@@ -312,6 +312,17 @@ class CpuOps final : public Ops {
     store(out, y, n);
   }
   void scale(float* x, float s, int64_t n) override { scale_f32(x, s, n); }
+  void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
+    const float* x = in(inp, n, 0);
+    const float s = *scale;
+    uint32_t m = fp8_abs_bits(*amax);
+#pragma omp parallel for reduction(max : m) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = fp32_to_fp8(x[i] * s, t);
+      m = std::max(m, fp8_abs_bits(x[i]));
+    }
+    *amax = bits_to_float(m);
+  }
 
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
     int64_t rows = 0;  // the input rows read: up to the largest index

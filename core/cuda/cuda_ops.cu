@@ -414,6 +414,9 @@ class CudaOps final : public Ops {
   void accumulate(Buf y, CBuf x, int64_t n) override { cuda::accumulate(y, x, n, stream_); }
   void sum_parts(Buf out, CBuf parts, int k, int64_t n) override { cuda::sum_parts(out, parts, k, n, stream_); }
   void scale(float* x, float s, int64_t n) override { cuda::scale(x, s, n, stream_); }
+  void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) override {
+    cuda::fp8_quantize(out, in, n, t, scale, amax, stream_);
+  }
 
   void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
                          float eps) override {

@@ -25,6 +25,8 @@ void add(Buf out, CBuf a, CBuf b, int64_t n, cudaStream_t s);
 void accumulate(Buf y, CBuf x, int64_t n, cudaStream_t s);
 void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s);
 void scale(float* x, float a, int64_t n, cudaStream_t s);
+// Ops::fp8_quantize (core/cuda/fp8_kernels.cu)
+void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s);
 // dst = src converted (any pair of dtypes; equal dtypes are a copy)
 void convert(Buf dst, CBuf src, int64_t n, cudaStream_t s);
 // out (N, C) = row (C) in every row.

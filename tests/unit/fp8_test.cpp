@@ -1,0 +1,191 @@
+// FP8 numerics (core/fp8.h) bitwise against the exact reference tests/reference/fp8_ref.py (its output,
+// tests/reference/fp8_ref.txt): E4M3 / E5M2 codes of fp32(x * scale) with the clamp to +-max, ties,
+// subnormals, inf / nan, the scale from an amax (amax 0, inf, nan, margin, overflow) and delayed
+// scaling's amax history; and the training.fp8_* keys' rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config_test_util.h"
+#include "core/fp8.h"
+#include "core/ops.h"
+
+namespace tpt {
+namespace {
+
+float from_hex(const std::string& h) { return bits_to_float(uint32_t(std::stoul(h, nullptr, 16))); }
+bool same(float a, float b) { return (a != a && b != b) || float_to_bits(a) == float_to_bits(b); }
+Fp8Type type_of(const std::string& s) { return s == "e4m3" ? Fp8Type::E4M3 : Fp8Type::E5M2; }
+
+std::vector<std::string> reference_lines() {
+  std::ifstream in(std::string(TPTRAIN_SOURCE_DIR) + "/tests/reference/fp8_ref.txt");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+TEST(Fp8, QuantizationBitwiseAsTheReference) {
+  int64_t checked = 0, cases = 0;
+  for (const std::string& line : reference_lines()) {
+    std::istringstream is(line);
+    std::string kind, fmt, prev, amax, scale;
+    int margin = 0, n = 0;
+    is >> kind;
+    if (kind != "q") continue;
+    is >> fmt >> margin >> prev >> amax >> scale >> n;
+    const Fp8Type t = type_of(fmt);
+    std::vector<float> xs;
+    std::vector<int> codes;
+    for (int i = 0; i < n; ++i) {
+      std::string x, c;
+      is >> x >> c;
+      xs.push_back(from_hex(x)), codes.push_back(std::stoi(c, nullptr, 16));
+    }
+    float a = 0;
+    for (float x : xs) a = fp8_amax_step(a, x);
+    ASSERT_TRUE(same(a, from_hex(amax))) << line.substr(0, 80);
+    const float s = fp8_scale_from_amax(a, from_hex(prev), t, margin);
+    ASSERT_TRUE(same(s, from_hex(scale))) << fmt << " margin " << margin << " amax " << a << ": " << s;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const uint8_t got = fp32_to_fp8(xs[i] * s, t);
+      EXPECT_EQ(int(got), codes[i]) << fmt << " x " << xs[i] << " (bits " << std::hex << float_to_bits(xs[i])
+                                    << ") scale " << s;
+      ++checked;
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 36);  // 2 formats x 3 margins x 6 cases: the file is there and whole
+  EXPECT_GT(checked, 5000);
+}
+
+// The CPU backend's fused quantize + amax (Ops::fp8_quantize) on the reference's inputs, in fp32 and as
+// bf16 (the reference's inputs rounded, then its rule on those values), with a running amax.
+TEST(Fp8, OpsQuantizeAsTheReference) {
+  auto ops = make_cpu_ops(2);
+  int cases = 0;
+  for (const std::string& line : reference_lines()) {
+    std::istringstream is(line);
+    std::string kind, fmt, prev, amax, scale;
+    int margin = 0, n = 0;
+    is >> kind >> fmt >> margin >> prev >> amax >> scale >> n;
+    if (kind != "q") continue;
+    const Fp8Type t = type_of(fmt);
+    std::vector<float> xs;
+    std::vector<uint16_t> b16;
+    std::vector<int> codes;
+    for (int i = 0; i < n; ++i) {
+      std::string x, c;
+      is >> x >> c;
+      xs.push_back(from_hex(x)), codes.push_back(std::stoi(c, nullptr, 16)), b16.push_back(fp32_to_bf16(xs.back()));
+    }
+    const float s = from_hex(scale);
+    std::vector<uint8_t> out(xs.size());
+    float a = 0.0f;
+    ops->fp8_quantize(out.data(), xs.data(), n, t, &s, &a);
+    EXPECT_TRUE(same(a, from_hex(amax))) << line.substr(0, 60);
+    for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(int(out[i]), codes[i]) << fmt << " x " << xs[i];
+    float a16 = 0.5f;  // a running amax: max(0.5, the tensor's)
+    ops->fp8_quantize(out.data(), CBuf(b16.data(), DType::BF16), n, t, &s, &a16);
+    float want = 0.5f;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const float v = bf16_to_fp32(b16[i]);
+      want = fp8_amax_step(want, v);
+      ASSERT_EQ(int(out[i]), int(fp32_to_fp8(v * s, t))) << fmt << " bf16 " << v;
+    }
+    EXPECT_TRUE(same(a16, want));
+    ++cases;
+  }
+  EXPECT_EQ(cases, 36);
+}
+
+TEST(Fp8, DelayedScalingHistoryAsTheReference) {
+  int cases = 0;
+  for (const std::string& line : reference_lines()) {
+    std::istringstream is(line);
+    std::string kind, fmt, algo, sep;
+    int len = 0, margin = 0, k = 0;
+    is >> kind;
+    if (kind != "h") continue;
+    is >> fmt >> algo >> len >> margin >> k;
+    std::vector<std::string> amax(static_cast<size_t>(k)), scale(static_cast<size_t>(k));
+    for (auto& a : amax) is >> a;
+    is >> sep;
+    for (auto& s : scale) is >> s;
+    Fp8ScaleState st;
+    std::vector<float> history(size_t(len), 0.0f);
+    for (int i = 0; i < k; ++i) {
+      st.record(history.data(), from_hex(amax[size_t(i)]));
+      st.update(history.data(), len, algo == "max", type_of(fmt), margin);
+      EXPECT_TRUE(same(st.scale, from_hex(scale[size_t(i)]))) << fmt << " " << algo << " len " << len << " step " << i;
+      EXPECT_EQ(st.scale_inv, 1.0f / st.scale);
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 8);
+}
+
+TEST(Fp8, EveryCodeDecodesAndEncodesBack) {
+  for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2}) {
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_to_fp32(uint8_t(c), t);
+      if (std::isnan(v)) continue;
+      const int back = std::isinf(v) ? (c & 0x80) | fp8_max_code(t) : c;  // E5M2's infinities saturate
+      EXPECT_EQ(int(fp32_to_fp8(v, t)), back) << int(t) << " code " << c;
+    }
+    EXPECT_EQ(fp8_to_fp32(fp8_max_code(t), t), fp8_max(t));
+  }
+}
+
+using config_test::error_of_set;
+using config_test::kBase;
+
+TEST(Fp8Config, MegatronDefaultsAndResolvedYaml) {
+  const Config c = parse_config(kBase, "test.yaml", {"training.precision=bf16", "training.fp8_format=hybrid"});
+  EXPECT_EQ(c.training.fp8_format, Fp8Format::Hybrid);
+  EXPECT_EQ(c.training.fp8_recipe, Fp8Recipe::Delayed);
+  EXPECT_EQ(c.training.fp8_amax_history_len, 1);
+  EXPECT_EQ(c.training.fp8_amax_compute_algo, "most_recent");
+  EXPECT_EQ(c.training.fp8_margin, 0);
+  EXPECT_TRUE(c.training.fp8_wgrad);
+  const Config back = parse_config(config_to_yaml(c), "resolved.yaml");
+  EXPECT_EQ(back.training.fp8_format, Fp8Format::Hybrid);
+  EXPECT_EQ(parse_config(config_to_yaml(parse_config(kBase, "t")), "r").training.fp8_format, Fp8Format::None);
+}
+
+TEST(Fp8Config, BadCombinationsNameTheirKeys) {
+  auto err = [](std::vector<std::string> sets) { return config_test::error_of(kBase, sets); };
+  EXPECT_HAS(err({"training.fp8_format=e4m3"}), "training.fp8_format: FP8 training needs training.precision: bf16");
+  EXPECT_HAS(err({"training.fp8_format=hybrid", "training.precision=fp16"}), "got fp16");
+  EXPECT_HAS(error_of_set("training.fp8_format=e5m2"), "training.fp8_format: unknown value 'e5m2' (allowed: null | e4m3 | hybrid)");
+  EXPECT_HAS(error_of_set("training.fp8_recipe=mxfp8"), "(allowed: delayed | tensorwise | blockwise)");
+  EXPECT_HAS(error_of_set("training.fp8_amax_compute_algo=mean"), "(allowed: max | most_recent)");
+  EXPECT_HAS(error_of_set("training.fp8_margin=-1"), "training.fp8_margin: must be >= 0");
+  EXPECT_HAS(error_of_set("training.fp8_amax_history_len=0"), "training.fp8_amax_history_len: must be >= 1");
+  const std::vector<std::string> fp8 = {"training.precision=bf16", "training.fp8_format=e4m3"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), fp8.begin(), fp8.end());
+    return more;
+  };
+  EXPECT_HAS(err(with({"training.first_last_layers_bf16=true", "training.num_layers_at_end_in_bf16=2"})),
+             "training.num_layers_at_start_in_bf16: 1 + training.num_layers_at_end_in_bf16 (2) bf16 layers exceed "
+             "model.num_layers (2)");
+  // blockwise: hidden 64 is not a multiple of 128; hidden 256 (2 heads of 128, ffn 1024) is, and stays so
+  // under TP 2 until ffn 640 leaves 320 per rank
+  EXPECT_HAS(err(with({"training.fp8_recipe=blockwise"})), "training.fp8_recipe: blockwise scaling");
+  EXPECT_HAS(err(with({"training.fp8_recipe=blockwise"})), "model.hidden_size = 64 is not");
+  std::vector<std::string> big = with({"training.fp8_recipe=blockwise", "model.hidden_size=256",
+                                       "model.num_attention_heads=2", "parallel.tensor_model_parallel_size=2"});
+  EXPECT_NO_THROW(parse_config(kBase, "test.yaml", big));
+  big.push_back("model.ffn_hidden_size=640");
+  EXPECT_HAS(err(big), "model.ffn_hidden_size / TP = 320 is not");
+  // without fp8_format the recipe keys are not read (Megatron)
+  EXPECT_NO_THROW(parse_config(kBase, "test.yaml", {"training.fp8_recipe=blockwise"}));
+}
+
+}  // namespace
+}  // namespace tpt
