@@ -262,6 +262,13 @@ void Trainer::setup_pipeline() {
   const int64_t message = stage_message_elements(dims_, cfg_.training.micro_batch_size);
   act_in_.resize(size_t(v));
   grad_in_.resize(size_t(v));
+  // the chunks run one pass at a time: one scratch for the passes of all (the largest chunk's)
+  int64_t shared_scratch = 0;
+  for (const GPTDims& d : chunk_dims_)
+    shared_scratch = std::max(shared_scratch, shared_scratch_bytes(d, cfg_.training.micro_batch_size,
+                                                                   cfg_.training.recompute, dtype_));
+  shared_scratch_ = ops_->alloc_bytes(size_t(shared_scratch));
+  stage_options.shared_scratch = shared_scratch_;
   for (int c = 0; c < v; ++c) {
     slots_[size_t(c)] = std::max(1, slots_[size_t(c)]);  // evaluation runs forwards only
     stages_.push_back(std::make_unique<GPTStage>(chunk_dims_[size_t(c)], layout_, *ops_, comm(grid_.device_tp(), profiled_tp_),
@@ -369,6 +376,7 @@ Trainer::~Trainer() {
     for (const auto& chunk : grad_in_)
       for (Buf b : chunk) ops_->free(b.p);
     if (params_compute_.p != master_) ops_->free(params_compute_.p);
+    if (shared_scratch_) ops_->free(shared_scratch_);
   }
 }
 

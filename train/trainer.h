@@ -114,6 +114,7 @@ class Trainer {
   LossScaler scaler_;
   int consecutive_nan_ = 0;
   std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
+  void* shared_scratch_ = nullptr;  // the chunks' scratch within a pass (StageOptions::shared_scratch)
   std::unique_ptr<AdamW> adamw_;
   std::vector<TensorSegment> norm_segments_;  // the gradient norm's table (grad_norm_segments)
   std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums
