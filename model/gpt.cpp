@@ -55,26 +55,68 @@ namespace {
 int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }
 int64_t fb(int64_t n) { return 4 * n; }
 
-// the attention output and its log-sum-exp: what selective recompute rebuilds in backward
-int64_t attention_core_bytes(const GPTDims& d, int64_t B, DType t) { return tb(B * d.S * d.Cl, t) + fb(B * d.Hl * d.S); }
-
 // a norm's statistics on this rank's Nt tokens (LayerNorm: mean and rstd; RMSNorm: rstd)
 int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_per_token() * Nt); }
 
 // model.qk_layernorm: the rows of the q/k norms of N tokens (each local q and k head of each token)
 int64_t qk_norm_rows(const GPTDims& d, int64_t N) { return d.qk_norm ? N * (d.Hl + d.kv_heads) : 0; }
 
-// one layer's activations (LayerActs), with or without the attention core: the residual stream and
-// the norms on this rank's Nt tokens, the TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's
-// activation; GELU's is recomputed from fc1's output in backward, in the shared dact_). An MoE
-// layer's MLP keeps its rows in MoEMLP (moe_layer_bytes) instead of fc1's output.
-int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
-  const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  const int64_t mlp = moe ? 0 : N * d.fc1_width + (d.mlp.swiglu ? N * d.Fl : 0);
-  const int64_t qk = qk_norm_rows(d, N);  // the q/k norms' inputs and statistics
-  return tb(4 * Nt * d.C + N * d.qkv_width + mlp + qk * d.D, t) + 2 * norm_stats_bytes(d, Nt) +
-         norm_stats_bytes(d, qk) + (with_core ? attention_core_bytes(d, B, t) : 0);
+// one layer's activations (LayerActs), with or without the attention core, tensor by tensor in the
+// constructor's order (layer_acts): the residual stream and the norms on this rank's Nt tokens, the
+// TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's activation; GELU's is recomputed from fc1's
+// output in backward, in the shared dact_). An MoE layer's MLP keeps its rows in MoEMLP
+// (moe_layer_bytes) instead of fc1's output.
+std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
+  const int64_t N = B * d.S, Nt = d.local_tokens(N), qk = qk_norm_rows(d, N);
+  std::vector<int64_t> v;
+  auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
+    for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(rows));
+  };
+  v.push_back(tb(Nt * d.C, t));  // ln1
+  stats(Nt);
+  v.push_back(tb(N * d.qkv_width, t));
+  if (d.qk_norm) {  // the q/k norms' inputs and statistics
+    v.push_back(tb(qk * d.D, t));
+    stats(qk);
+  }
+  if (with_core) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));  // attention output, lse
+  v.push_back(tb(Nt * d.C, t));  // x_mid
+  v.push_back(tb(Nt * d.C, t));  // ln2
+  stats(Nt);
+  if (!moe) {
+    v.push_back(tb(N * d.fc1_width, t));
+    if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
+  }
+  v.push_back(tb(Nt * d.C, t));  // x_out
+  return v;
 }
+
+int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
+  int64_t n = 0;
+  for (int64_t b : layer_tensor_bytes(d, B, t, with_core, moe)) n += b;
+  return n;
+}
+
+// The stage's shared scratch (StageOptions::shared_scratch), tensor by tensor in the constructor's
+// order: dln, tmp (N, C); dqkv; datt and its row statistics; dfc; dact; qkv_tmp (grouped-query
+// attention); qk_din (q/k norms); the attention core selective recompute rebuilds, or the layer full
+// recompute rebuilds; the 16-bit TP sums' gather buffer.
+std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  const int64_t N = B * d.S;
+  std::vector<int64_t> v = {tb(N * d.C, t),         tb(N * d.C, t), tb(N * d.qkv_width, t), tb(N * d.Cl, t),
+                            fb(B * d.Hl * d.S),     tb(N * d.fc1_width, t), tb(N * d.Fl, t)};
+  if (d.grouped_qkv) v.push_back(tb(N * d.qkv_width, t));
+  if (d.qk_norm) v.push_back(tb(N * d.Cl, t));
+  if (r == Recompute::Selective) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));
+  if (r == Recompute::Full)
+    for (int64_t b : layer_tensor_bytes(d, B, t, true)) v.push_back(b);
+  v.push_back(tp_gather_bytes(N * d.C, t, d.tp));
+  return v;
+}
+
+// each shared tensor starts at a multiple of this (the GPU allocator's alignment)
+constexpr int64_t kScratchAlign = 256;
+int64_t carve_bytes(int64_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 // the stage's MoE layers
 int64_t moe_layer_count(const GPTDims& d) {
@@ -107,20 +149,20 @@ int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r
   return n;
 }
 
-int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
+int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  // dres (Nt, C); dln, tmp (N, C); dqkv, datt, dfc; the attention backward's row statistics
-  int64_t n = tb(Nt * d.C + 2 * N * d.C + N * d.qkv_width + N * d.Cl + N * d.fc1_width, t) + fb(B * d.Hl * d.S);
-  if (d.grouped_qkv) n += tb(N * d.qkv_width, t);  // qkv_tmp_: the grouped GEMM output / the heads' gradient
-  if (d.qk_norm) n += tb(N * d.Cl, t);              // qk_din_
-  n += tb(N * d.Fl, t);  // dact_: d SwiGLU output, or GELU's output (every layer's, one at a time)
-  if (d.rot) n += fb(d.rot / 2);              // RoPE's inverse frequencies
-  if (r == Recompute::Selective) n += attention_core_bytes(d, B, t);  // one layer's, rebuilt in backward
-  if (r == Recompute::Full) n += layer_bytes(d, B, t, true);          // one layer rebuilt at a time
-  if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);               // logits, cross-entropy rows
+  int64_t n = tb(Nt * d.C, t);                 // dres: the input gradient, sent after the backward
+  if (d.rot) n += fb(d.rot / 2);               // RoPE's inverse frequencies
+  if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);  // logits, cross-entropy rows (loss to backward)
   if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
   if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t);
-  return n + tp_gather_bytes(N * d.C, t, d.tp);
+  return n;
+}
+
+int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  int64_t n = 0;
+  for (int64_t b : shared_scratch_tensors(d, B, r, t)) n += carve_bytes(b);
+  return n;
 }
 
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
@@ -189,46 +231,74 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     input_error("training.recompute: full cannot be used with parallel.pipeline_schedule: zb-h1 (its split "
                 "backward computes the weight gradients after the input gradients, from activations that full "
                 "recompute does not keep); use none or selective");
-  // Allocation order and sizes are what activation_bytes_per_microbatch / scratch_bytes count.
-  auto norm_stats = [&](int64_t n) {  // norm_stats_bytes
+  // Allocation order and sizes are what activation_bytes_per_microbatch / scratch_bytes count; the
+  // shared scratch is carved from one region in shared_scratch_tensors' order (shared_scratch_bytes):
+  // the caller's (StageOptions::shared_scratch), else the stage's own.
+  const int64_t shared_bytes = shared_scratch_bytes(d, B_, opt_.recompute, opt_.dtype);
+  char* shared = static_cast<char*>(opt_.shared_scratch);
+  if (!shared) {
+    shared = static_cast<char*>(ops_.alloc_bytes(size_t(shared_bytes)));
+    owned_.push_back(shared);
+  }
+  int64_t carved = 0;
+  auto carve = [&](int64_t bytes) {
+    void* q = shared + carved;
+    carved += carve_bytes(bytes);
+    return q;
+  };
+  // a compute-dtype / fp32 tensor of the slot's (false) or of the shared scratch (true)
+  auto buf = [&](bool sh, int64_t n) { return sh ? Buf(carve(tb(n, opt_.dtype)), opt_.dtype) : alloc(n); };
+  auto f32 = [&](bool sh, int64_t n) { return sh ? static_cast<float*>(carve(fb(n))) : alloc_f32(n); };
+  auto norm_stats = [&](int64_t n, bool sh) {  // norm_stats_bytes
     NormStats st;
-    if (!d.norm.rms) st.mean = alloc_f32(n);
-    st.rstd = alloc_f32(n);
+    if (!d.norm.rms) st.mean = f32(sh, n);
+    st.rstd = f32(sh, n);
     return st;
   };
-  auto attention_core = [&](LayerActs& la) {
-    la.atty = alloc(N * d.Cl);
-    la.lse = alloc_f32(B_ * d.Hl * d.S);
+  auto attention_core = [&](LayerActs& la, bool sh) {
+    la.atty = buf(sh, N * d.Cl);
+    la.lse = f32(sh, B_ * d.Hl * d.S);
   };
-  auto layer_acts = [&](const LayerActs* shared_core, bool moe) {
+  auto layer_acts = [&](const LayerActs* shared_core, bool moe, bool sh) {  // layer_tensor_bytes
     LayerActs la;
-    la.ln1 = alloc(Nt * d.C);
-    la.ln1_stats = norm_stats(Nt);
-    la.qkv = alloc(N * d.qkv_width);
+    la.ln1 = buf(sh, Nt * d.C);
+    la.ln1_stats = norm_stats(Nt, sh);
+    la.qkv = buf(sh, N * d.qkv_width);
     if (d.qk_norm) {
-      la.qk_in = alloc(qk_norm_rows(d, N) * d.D);
-      la.qk_stats = norm_stats(qk_norm_rows(d, N));
+      la.qk_in = buf(sh, qk_norm_rows(d, N) * d.D);
+      la.qk_stats = norm_stats(qk_norm_rows(d, N), sh);
     }
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
-    else attention_core(la);
-    la.x_mid = alloc(Nt * d.C);
-    la.ln2 = alloc(Nt * d.C);
-    la.ln2_stats = norm_stats(Nt);
+    else attention_core(la, sh);
+    la.x_mid = buf(sh, Nt * d.C);
+    la.ln2 = buf(sh, Nt * d.C);
+    la.ln2_stats = norm_stats(Nt, sh);
     if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
-      la.fc1 = alloc(N * d.fc1_width);
-      la.gelu = d.mlp.swiglu ? alloc(N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
+      la.fc1 = buf(sh, N * d.fc1_width);
+      la.gelu = d.mlp.swiglu ? buf(sh, N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
     }
-    la.x_out = alloc(Nt * d.C);
+    la.x_out = buf(sh, Nt * d.C);
     return la;
   };
-  dact_ = alloc(N * d.Fl);
+  // the shared scratch (shared_scratch_tensors)
+  dln_ = buf(true, N * d.C);
+  tmp_ = buf(true, N * d.C);
+  dqkv_ = buf(true, N * d.qkv_width);
+  datt_ = buf(true, N * d.Cl);
+  datt_stats_ = f32(true, B_ * d.Hl * d.S);
+  dfc_ = buf(true, N * d.fc1_width);
+  dact_ = buf(true, N * d.Fl);
+  if (d.grouped_qkv) qkv_tmp_ = buf(true, N * d.qkv_width);
+  if (d.qk_norm) qk_din_ = buf(true, N * d.Cl);
+  LayerActs shared_core{};
+  if (opt_.recompute == Recompute::Selective) attention_core(shared_core, true);
+  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false, true));
+  if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(carve(bytes), opt_.dtype)};
+  TPT_CHECK(carved == shared_bytes);
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
     ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.kv_heads, d.D, opt_.dtype);
   }
-  LayerActs shared_core{};
-  if (opt_.recompute == Recompute::Selective) attention_core(shared_core);
-  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false));
   for (int s = 0; s < slots; ++s) {
     auto* a = new SlotActs;
     slots_.push_back(a);
@@ -243,12 +313,12 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
         la.x_out = alloc(Nt * d.C);
         a->layers.push_back(la);
       } else {
-        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, d.moe.is_moe(l)));
+        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, d.moe.is_moe(l), false));
       }
     }
     if (d.last_stage()) {
       a->lnf = alloc(Nt * d.C);
-      a->lnf_stats = norm_stats(Nt);
+      a->lnf_stats = norm_stats(Nt, false);
     }
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
@@ -257,19 +327,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
           st.dy.push_back(part.is_linear && stashed(part.linear) ? alloc(N * part.linear.out) : Buf{});
       }
   }
-  if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) {
-    wire_ = TPWire{&ops_, Buf(ops_.alloc_bytes(size_t(bytes)), opt_.dtype)};
-    owned_.push_back(wire_.gather.p);
-  }
   dres_ = alloc(Nt * d.C);
-  dln_ = alloc(N * d.C);
-  tmp_ = alloc(N * d.C);
-  dqkv_ = alloc(N * d.qkv_width);
-  datt_ = alloc(N * d.Cl);
-  datt_stats_ = alloc_f32(B_ * d.Hl * d.S);
-  dfc_ = alloc(N * d.fc1_width);
-  if (d.grouped_qkv) qkv_tmp_ = alloc(N * d.qkv_width);
-  if (d.qk_norm) qk_din_ = alloc(N * d.Cl);
   if (d.rot) {
     TPT_CHECK(int64_t(d.inv_freq.size()) == d.rot / 2);
     inv_freq_ = alloc_f32(d.rot / 2);

@@ -127,18 +127,27 @@ struct StageOptions {
   // Context parallelism (d.cp > 1): the CP group the ring attention runs over.
   Comm* cp = nullptr;
   // Mixture-of-Experts (model/moe.h MoEMLP): the EP group (device; null with EP 1) and the host
-  // groups of the routing's counts (EP, TP, CP; null: one rank).
+  // groups of the routing's counts (EP, TP, CP, DP for global_aux_loss; null: one rank).
   Comm *ep = nullptr, *ep_host = nullptr, *tp_host = nullptr, *cp_host = nullptr, *dp_host = nullptr;
+  // The scratch that lives only within one forward, backward or weight pass (shared_scratch_bytes of
+  // the stage, zeroed or not): the model chunks of a rank run one pass at a time and share one
+  // (train/trainer.cpp). Null: the stage allocates its own.
+  void* shared_scratch = nullptr;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
-// backward on this stage, and of the scratch shared by all micro-batches (the 16-bit TP sums'
-// gather buffer included), for compute dtype t. The planner and GPTStage's allocations both use
-// these: they are equal whenever each tensor's bytes are a multiple of the allocator's alignment.
+// backward on this stage, and of the scratch shared by all its micro-batches, for compute dtype t:
+// scratch_bytes the stage's own (the input gradient it sends, the logits between loss and backward,
+// RoPE's frequencies, the CP ring's and MoE's buffers), shared_scratch_bytes what lives only within
+// one pass (the backward's gradients, the rebuilt attention core or layer, the 16-bit TP sums'
+// gather buffer), which a rank's model chunks share (StageOptions::shared_scratch; each tensor of it
+// starts at a multiple of 256 bytes). The planner and GPTStage's allocations both use these: they are
+// equal whenever each tensor's bytes are a multiple of the allocator's alignment.
 // With sequence parallelism the residual stream, the LayerNorm outputs and statistics, the stage
 // input and the final LayerNorm are counted on this rank's local_tokens(B*S) tokens.
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
-int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
+int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t);
+int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
 // whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
 // layers (d.layer's linears: N*out each), which a split backward's B stashes for its W, in the

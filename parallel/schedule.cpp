@@ -284,6 +284,28 @@ std::vector<int> max_in_flight_per_chunk(const std::vector<Action>& actions) {
   return peak;
 }
 
+ReceiveBuffers receive_buffers(const std::vector<Action>& actions, int chunks) {
+  ReceiveBuffers r;
+  r.activations.assign(size_t(chunks), 0);
+  r.gradients.assign(size_t(chunks), 0);
+  // per chunk the received, not yet consumed micro-batches of each stream
+  std::vector<std::set<int>> act(static_cast<size_t>(chunks)), grad(static_cast<size_t>(chunks));
+  auto span = [](const std::set<int>& s) { return s.empty() ? 0 : *s.rbegin() - *s.begin() + 1; };
+  for (const Action& a : actions) {
+    if (a.kind == K::Comm) {
+      if (a.recv_fwd >= 0) act.at(size_t(a.recv_fwd_chunk)).insert(a.recv_fwd);
+      if (a.recv_bwd >= 0) grad.at(size_t(a.recv_bwd_chunk)).insert(a.recv_bwd);
+      for (size_t c = 0; c < size_t(chunks); ++c) {
+        r.activations[c] = std::max(r.activations[c], span(act[c]));
+        r.gradients[c] = std::max(r.gradients[c], span(grad[c]));
+      }
+    }
+    if (a.kind == K::Forward) act.at(size_t(a.chunk)).erase(a.mb);
+    if (a.kind == K::Backward) grad.at(size_t(a.chunk)).erase(a.mb);
+  }
+  return r;
+}
+
 namespace {
 
 int peak_until(const std::vector<Action>& actions, K end) {

@@ -87,6 +87,15 @@ std::vector<Action> make_schedule(ScheduleKind kind, int stages, int stage, int 
 int max_in_flight(const std::vector<Action>& actions);
 // The same per chunk (activation slots per chunk; its size is 1 + the largest chunk in the list).
 std::vector<int> max_in_flight_per_chunk(const std::vector<Action>& actions);
+// The pipeline's receive buffers a list needs per chunk (its size `chunks`): a received activation
+// lives until its micro-batch's Forward of the chunk, a received gradient until its Backward, and
+// the buffer of micro-batch mb is mb mod the count -- so the count is the widest span of micro-batch
+// indices received and not yet consumed at once (0 where the chunk receives nothing: the first
+// virtual stage's activations, the last one's gradients).
+struct ReceiveBuffers {
+  std::vector<int> activations, gradients;
+};
+ReceiveBuffers receive_buffers(const std::vector<Action>& actions, int chunks);
 // Micro-batches between forward and Backward (B), all chunks together: the activations a split
 // backward has not yet released in part (for lists without BackwardWeight equal to max_in_flight).
 int max_awaiting_backward(const std::vector<Action>& actions);

@@ -16,14 +16,18 @@ namespace tpt {
 
 // The sums of f and g on a tensor x of n elements of the compute dtype x.t, in place. fp32: an
 // all-reduce. bf16/fp16: the partial sums travel as 16-bit values (half the bytes of an fp32
-// all-reduce) -- an all-gather of every rank's values into wire->gather, then a sum in fp32 in rank
-// order on wire->ops (identical on every rank), rounded once to x.t.
+// all-reduce) as a reduce-scatter and an all-gather: x cut into tp blocks of ceil(n / tp), an
+// all-to-all brings every rank's partial of block `rank` into wire->gather, summed there in fp32 in
+// rank order on wire->ops and rounded once to x.t, then the rounded blocks are all-gathered -- each
+// element the same bits on every rank as one sum of all the partials in rank order.
 struct TPWire {
   Ops* ops;
   Buf gather;  // tp_gather_bytes(n, x.t, tp) bytes
 };
 void tp_sum(Comm& tp, Buf x, int64_t n, const TPWire* wire = nullptr);
-// Bytes of the gather buffer of tp_sum for n elements of t on `tp` ranks (0 when none is needed).
+// Bytes of the gather buffer of tp_sum for n elements of t on `tp` ranks (0 when none is needed):
+// tp blocks of ceil(n / tp) elements -- about the tensor's own size, whatever tp. The same buffer
+// serves sp_reduce_scatter of a full tensor of n elements.
 int64_t tp_gather_bytes(int64_t n, DType t, int tp);
 
 // f backward: sum the input gradients of a column-parallel layer over the TP group.
@@ -39,11 +43,10 @@ inline void reduce_from_tp_region_forward(Comm& tp, Buf x, int64_t n, const TPWi
 // Sequence parallelism: the (N, C) activations of the LayerNorm / residual regions are split by
 // tokens (rows) into tp contiguous blocks, TP rank r holding rows [r N/tp, (r+1) N/tp). `n` is the
 // number of elements of one block (N/tp * C); the full tensor holds tp * n, blocks in rank order.
-// fp32: Comm::all_gather / Comm::reduce_scatter. bf16/fp16 (wire given): the all-gather moves the
-// 16-bit values as 4-byte words (an odd n goes through wire->gather: each block padded to whole
-// words, then packed), and the reduce-scatter, like tp_sum, gathers every rank's 16-bit partials of
-// the whole tensor into wire->gather (tp_gather_bytes(tp * n, t, tp) bytes) and sums only this rank's
-// block in fp32 in rank order, rounded once -- the same bits on every layout's rank that holds them.
+// fp32: Comm::all_gather / Comm::reduce_scatter. bf16/fp16: the all-gather moves the 16-bit values
+// as they are, and the reduce-scatter, like tp_sum, brings every rank's 16-bit partial of this rank's
+// block into wire->gather (an all-to-all; tp_gather_bytes(tp * n, t, tp) bytes) and sums them in fp32
+// in rank order, rounded once -- the same bits on every layout's rank that holds them.
 // full (tp * n) = every rank's shard (n), in rank order.
 void sp_all_gather(Comm& tp, Buf full, CBuf shard, int64_t n, const TPWire* wire = nullptr);
 // shard (n) = block `rank` of full (tp * n) summed over the ranks.

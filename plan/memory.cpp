@@ -84,6 +84,7 @@ std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
 struct InFlight {
   std::vector<int> per_chunk;
   int all = 0;
+  std::vector<int> receive_buffers;  // per chunk: activations + gradients (receive_buffers, training and evaluation)
 };
 const InFlight& stage_in_flight(const Config& c, int pp_rank) {
   thread_local std::map<std::tuple<int, int, int, int, int>, InFlight> memo;
@@ -93,7 +94,12 @@ const InFlight& stage_in_flight(const Config& c, int pp_rank) {
   auto [it, added] = memo.try_emplace(std::make_tuple(int(kind), P, M, v, pp_rank));
   if (added) {
     const std::vector<Action> schedule = make_schedule(kind, P, pp_rank, M, v);
-    it->second = {max_in_flight_per_chunk(schedule), max_in_flight(schedule)};
+    it->second = {max_in_flight_per_chunk(schedule), max_in_flight(schedule), {}};
+    const ReceiveBuffers train = receive_buffers(schedule, v);
+    const ReceiveBuffers eval = receive_buffers(make_schedule(ScheduleKind::ForwardOnly, P, pp_rank, M, v), v);
+    for (size_t c = 0; c < size_t(v); ++c)
+      it->second.receive_buffers.push_back(std::max(train.activations[c], eval.activations[c]) +
+                                           std::max(train.gradients[c], eval.gradients[c]));
   }
   return it->second;
 }
@@ -196,19 +202,25 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   m.optimizer_bytes = owned * 8;
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
   // gradients the deferred weight gradients read) and its own scratch.
+  // The chunks share one scratch for what lives within a pass: the largest chunk's (StageOptions::shared_scratch).
   const Recompute mode = cfg.training.recompute;
+  int64_t shared_by_mode[3] = {0, 0, 0};
   for (size_t c = 0; c < chunks.size(); ++c) {
     const GPTDims& d = chunks[c];
     const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
-    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       m.activation_and_workspace_by_mode[int(r)] +=
-          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, r, dtype);
+          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, dtype);
+      shared_by_mode[int(r)] = std::max(shared_by_mode[int(r)], shared_scratch_bytes(d, B, r, dtype));
+    }
     m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * slots[c];
-    m.workspace_bytes += scratch_bytes(d, B, mode, dtype);
-    // The trainer's buffers: per slot a received activation and a received gradient (B*S*C, or this
-    // TP rank's B*S*C/tp with sequence parallelism).
-    if (pp > 1) m.buffer_bytes += 2 * slots[c] * dtype_size(stage_message_elements(d, B), dtype);
+    m.workspace_bytes += scratch_bytes(d, B, dtype);
+    // The trainer's buffers: the received activations and gradients the schedules hold at once (B*S*C,
+    // or this TP rank's B*S*C/tp with sequence parallelism).
+    m.buffer_bytes += in_flight.receive_buffers.at(c) * dtype_size(stage_message_elements(d, B), dtype);
   }
+  for (int r = 0; r < 3; ++r) m.activation_and_workspace_by_mode[r] += shared_by_mode[r];
+  m.workspace_bytes += shared_by_mode[int(mode)];
   // the trainer's staging of a micro-batch: tokens, targets (int32), and with data.reset_position_ids /
   // data.eod_mask_loss its positions (int32) / loss weights (fp32); positions with context parallelism too
   const int64_t staged = 2 + int64_t(chunks.front().position_ids) + int64_t(cfg.data.eod_mask_loss);

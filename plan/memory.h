@@ -11,9 +11,11 @@
 //   activations per model chunk (model/chunks.h; one without interleaving):
 //               activation_bytes_per_microbatch(...) (+ weight_grad_stash_bytes with zb-h1) x the
 //               chunk's in-flight micro-batches (max_in_flight_per_chunk of the stage's list)
-//   workspace   scratch_bytes(...) per chunk (shared by its micro-batches)
-//   buffers     pipeline receive buffers (activation + gradient per slot of each chunk when PP > 1,
-//               in the compute dtype) and the micro-batch's tokens and targets (int32)
+//   workspace   scratch_bytes(...) per chunk (shared by its micro-batches) + the largest chunk's
+//               shared_scratch_bytes(...) (shared by the chunks: they run one pass at a time)
+//   buffers     pipeline receive buffers (the activations and gradients each chunk's schedules
+//               hold received at once: receive_buffers, in the compute dtype) and the
+//               micro-batch's tokens and targets (int32)
 //   backend     the GPU backend's own buffers (gpu_backend_workspace): cuBLASLt's workspace, cuDNN's
 //               attention workspace (training.deterministic chooses which), the reductions'
 //               scratch, the bias-gradient epilogue's output. None on CPU ranks.

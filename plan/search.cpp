@@ -42,6 +42,7 @@ Config apply(const Config& base, const SearchEntry& e) {
   p.distributed_optimizer = e.distributed_optimizer;
   p.overlap_grad_reduce = e.dp * e.cp > 1;
   p.overlap_param_gather = e.distributed_optimizer;
+  if (e.etp > 0) p.expert_model_parallel_size = e.ep, p.expert_tensor_parallel_size = e.etp;
   c.training.micro_batch_size = e.micro_batch_size;
   c.training.recompute = e.recompute;
   return c;
@@ -49,7 +50,11 @@ Config apply(const Config& base, const SearchEntry& e) {
 
 std::vector<std::string> set_arguments(const SearchEntry& e) {
   auto b = [](bool x) { return std::string(x ? "true" : "false"); };
-  return {"parallel.tensor_model_parallel_size=" + std::to_string(e.tp),
+  std::vector<std::string> experts;
+  if (e.etp > 0)
+    experts = {"parallel.expert_model_parallel_size=" + std::to_string(e.ep),
+               "parallel.expert_tensor_parallel_size=" + std::to_string(e.etp)};
+  std::vector<std::string> sets = {"parallel.tensor_model_parallel_size=" + std::to_string(e.tp),
           "parallel.pipeline_model_parallel_size=" + std::to_string(e.pp),
           "parallel.data_parallel_size=" + std::to_string(e.dp),
           "parallel.context_parallel_size=" + std::to_string(e.cp),
@@ -61,6 +66,20 @@ std::vector<std::string> set_arguments(const SearchEntry& e) {
           "parallel.overlap_param_gather=" + b(e.distributed_optimizer),
           "training.micro_batch_size=" + std::to_string(e.micro_batch_size),
           "training.recompute=" + name_of(e.recompute)};
+  sets.insert(sets.begin() + 1, experts.begin(), experts.end());
+  return sets;
+}
+
+// (EP, ETP) of an MoE model on a stage of tp x cp x dp ranks: EP dividing the experts, ETP 1 or TP,
+// ETP x EP dividing the ranks; (1, 0) for a dense model.
+std::vector<std::pair<int, int>> expert_grids(const ModelConfig& m, int tp, int cp, int dp) {
+  if (!m.is_moe()) return {{1, 0}};
+  std::vector<std::pair<int, int>> out;
+  const std::vector<int> etps = tp > 1 ? std::vector<int>{1, tp} : std::vector<int>{1};
+  for (int ep : divisors(m.num_moe_experts))
+    for (int etp : etps)
+      if ((int64_t(tp) * cp * dp) % (int64_t(etp) * ep) == 0) out.push_back({ep, etp});
+  return out;
 }
 
 // Sort key: the step time, then the layout's text, so that equal estimates keep one order.
@@ -72,8 +91,10 @@ bool faster(const SearchEntry& a, const SearchEntry& b) {
 }  // namespace
 
 std::string SearchEntry::layout() const {
-  std::string s = "TP" + std::to_string(tp) + (cp > 1 ? " CP" + std::to_string(cp) : std::string()) + " PP" +
-                  std::to_string(pp) + " DP" + std::to_string(dp);
+  std::string s = "TP" + std::to_string(tp) +
+                  (etp > 0 ? " EP" + std::to_string(ep) + " ETP" + std::to_string(etp) : std::string()) +
+                  (cp > 1 ? " CP" + std::to_string(cp) : std::string()) + " PP" + std::to_string(pp) + " DP" +
+                  std::to_string(dp);
   if (v > 1) s += " v" + std::to_string(v);
   s += " mbs" + std::to_string(micro_batch_size) + " " + name_of(schedule) + " " + name_of(recompute);
   if (sequence_parallel) s += " SP";
@@ -108,6 +129,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
         ++r.dp_not_dividing_batch;
         continue;
       }
+      for (const auto& [ep, etp] : expert_grids(m, tp, cp, dp))
       for (int mbs : divisors(G / dp)) {
         if (mbs > 16) break;
         const int M = G / dp / mbs;
@@ -127,6 +149,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               if (dist && dp * cp == 1) continue;
               SearchEntry e;
               e.tp = tp, e.pp = pp, e.dp = dp, e.cp = cp, e.v = v, e.micro_batch_size = mbs, e.num_microbatches = M;
+              e.ep = ep, e.etp = etp;
               e.schedule = schedule, e.sequence_parallel = sp, e.distributed_optimizer = dist;
               e.recompute = Recompute::Selective;  // valid with every schedule; the memory holds all three modes
               Config c = apply(cfg, e);
@@ -217,7 +240,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"layout", e.layout()},
                        {"tp", e.tp},
                        {"pp", e.pp},
-                       {"dp", e.dp}, {"cp", e.cp},
+                       {"dp", e.dp}, {"cp", e.cp}, {"ep", e.ep}, {"etp", e.etp > 0 ? e.etp : e.tp},
                        {"virtual_stages", e.v},
                        {"micro_batch_size", e.micro_batch_size},
                        {"num_microbatches", e.num_microbatches},

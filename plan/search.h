@@ -17,6 +17,8 @@ namespace tpt {
 // One layout that fits, with its memory and time.
 struct SearchEntry {
   int tp = 1, pp = 1, dp = 1, cp = 1, v = 1, micro_batch_size = 1, num_microbatches = 1;
+  // Mixture-of-Experts: EP and ETP (0 for a dense model: neither is set nor shown)
+  int ep = 1, etp = 0;
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false, distributed_optimizer = false;
@@ -24,7 +26,7 @@ struct SearchEntry {
   int64_t peak_bytes = 0;
   StepTime time;
   std::vector<std::string> sets;     // the --set arguments that select it ("section.key=value")
-  std::string layout() const;        // "TP4 PP6 DP8 v2 mbs1 1f1b selective SP DO"
+  std::string layout() const;        // "TP4 PP6 DP8 v2 mbs1 1f1b selective SP DO"; MoE "TP2 EP8 ETP1 PP4 DP8 ..."
 };
 
 struct SearchResult {
@@ -42,7 +44,9 @@ struct SearchResult {
 // Every layout of cfg's model on `gpus` GPUs at its global batch: TP dividing the heads (the key/value
 // groups with GQA) and the FFN within a node, PP dividing the layers, DP the rest, every micro-batch
 // size dividing the batch per DP rank (up to 16), virtual stages (interleaved 1F1B), zb-h1, recompute
-// none / selective / full, sequence parallelism, the distributed optimizer (DP overlaps on). InputError
+// none / selective / full, sequence parallelism, the distributed optimizer (DP overlaps on); for a
+// Mixture-of-Experts model EP dividing the experts and ETP 1 or TP, with ETP x EP dividing the stage's
+// TP x CP x DP ranks (Megatron's folding; resolve_parallel's rules decide which are valid). InputError
 // when the config has no global batch or nothing is a valid layout.
 SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus);
 nlohmann::json search_json(const SearchResult& r, int top);  // top 0: all

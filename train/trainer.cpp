@@ -263,15 +263,25 @@ void Trainer::setup_pipeline() {
   const int64_t message = stage_message_elements(dims_, cfg_.training.micro_batch_size);
   act_in_.resize(size_t(v));
   grad_in_.resize(size_t(v));
+  // the chunks run one pass at a time: one scratch for the passes of all (the largest chunk's)
+  int64_t shared_scratch = 0;
+  for (const GPTDims& d : chunk_dims_)
+    shared_scratch = std::max(shared_scratch, shared_scratch_bytes(d, cfg_.training.micro_batch_size,
+                                                                   cfg_.training.recompute, dtype_));
+  shared_scratch_ = ops_->alloc_bytes(size_t(shared_scratch));
+  stage_options.shared_scratch = shared_scratch_;
+  // received messages: as many per chunk as the training and the evaluation schedules hold at once
+  const ReceiveBuffers train_rx = receive_buffers(train_schedule_, v), eval_rx = receive_buffers(eval_schedule_, v);
   for (int c = 0; c < v; ++c) {
     slots_[size_t(c)] = std::max(1, slots_[size_t(c)]);  // evaluation runs forwards only
     stages_.push_back(std::make_unique<GPTStage>(chunk_dims_[size_t(c)], layout_, *ops_, comm(grid_.device_tp(), profiled_tp_),
                                                  params_compute_, grads_, cfg_.training.micro_batch_size,
                                                  slots_[size_t(c)], stage_options));
-    for (int i = 0; i < slots_[size_t(c)] && grid_.pp > 1; ++i) {
-      act_in_[size_t(c)].push_back(ops_->alloc(message, dtype_));
-      grad_in_[size_t(c)].push_back(ops_->alloc(message, dtype_));
-    }
+    const size_t ci = size_t(c);
+    for (int i = 0; i < std::max(train_rx.activations[ci], eval_rx.activations[ci]); ++i)
+      act_in_[ci].push_back(ops_->alloc(message, dtype_));
+    for (int i = 0; i < std::max(train_rx.gradients[ci], eval_rx.gradients[ci]); ++i)
+      grad_in_[ci].push_back(ops_->alloc(message, dtype_));
   }
   // the micro-batch's tokens (B, S) on the host; on the device this CP rank's (B, S / CP)
   const size_t n = size_t(cfg_.training.micro_batch_size) * size_t(cfg_.model.seq_length);
@@ -370,6 +380,7 @@ Trainer::~Trainer() {
     for (const auto& chunk : grad_in_)
       for (Buf b : chunk) ops_->free(b.p);
     if (params_compute_.p != master_) ops_->free(params_compute_.p);
+    if (shared_scratch_) ops_->free(shared_scratch_);
   }
 }
 
@@ -447,6 +458,9 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   StageHooks h;
   const int64_t n = stage_message_elements(dims_, B);  // elements of one message, in the compute dtype
   auto slot = [&](int mb, int chunk) { return mb % slots_[size_t(chunk)]; };
+  // micro-batch mb's received activation / gradient of a chunk (receive_buffers)
+  auto act_in = [&](int mb, int chunk) { return act_in_[size_t(chunk)].at(size_t(mb) % act_in_[size_t(chunk)].size()); };
+  auto grad_in = [&](int mb, int chunk) { return grad_in_[size_t(chunk)].at(size_t(mb) % grad_in_[size_t(chunk)].size()); };
   auto fault = [&](int mb) {
     if (fault_in_step_ && mb == num_micro_ - 1)
       internal_error("injected fault (TPTRAIN_FAULT) in the backward of micro-batch " + std::to_string(mb) +
@@ -456,7 +470,7 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
     const bool embed = first_input && chunk == 0, head = last_output && chunk == last_chunk;
     // RoPE with data.reset_position_ids: every stage rotates by the micro-batch's positions
     if (embed || head || (dims_.rot && dev_positions_)) load_microbatch(ds, base, mb);
-    stages_[size_t(chunk)]->forward(slot(mb, chunk), dev_tokens_, embed ? CBuf{} : CBuf(act_in_[size_t(chunk)][size_t(slot(mb, chunk))]),
+    stages_[size_t(chunk)]->forward(slot(mb, chunk), dev_tokens_, embed ? CBuf{} : CBuf(act_in(mb, chunk)),
                                     dev_positions_,
                                     mb == 0 && want_grad && grad_sync_->overlapping_param_gather() ? wait_params
                                                                                                   : std::function<void(int64_t)>{});
@@ -465,7 +479,7 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   h.backward = [&](int mb, int chunk) {
     if (chunk == 0) fault(mb);
     const bool head = last_output && chunk == last_chunk, last = mb == num_micro_ - 1 && grad_sync_->overlapping();
-    stages_[size_t(chunk)]->backward(slot(mb, chunk), head ? CBuf{} : CBuf(grad_in_[size_t(chunk)][size_t(slot(mb, chunk))]),
+    stages_[size_t(chunk)]->backward(slot(mb, chunk), head ? CBuf{} : CBuf(grad_in(mb, chunk)),
                                      last && !split ? layer_done : std::function<void(int64_t)>{},
                                      split ? GPTStage::BackwardPart::Input : GPTStage::BackwardPart::Full);
   };
@@ -476,9 +490,9 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   // messages are the stored tensors themselves, counted in 4-byte words
   auto words = [](CBuf b) { return static_cast<const float*>(b.p); };
   h.activation_out = [&](int mb, int chunk) { return words(stages_[size_t(chunk)]->output(slot(mb, chunk))); };
-  h.activation_in = [&](int mb, int chunk) { return static_cast<float*>(act_in_[size_t(chunk)][size_t(slot(mb, chunk))].p); };
+  h.activation_in = [&](int mb, int chunk) { return static_cast<float*>(act_in(mb, chunk).p); };
   h.grad_out = [&](int, int chunk) { return words(stages_[size_t(chunk)]->input_grad()); };
-  h.grad_in = [&](int mb, int chunk) { return static_cast<float*>(grad_in_[size_t(chunk)][size_t(slot(mb, chunk))].p); };
+  h.grad_in = [&](int mb, int chunk) { return static_cast<float*>(grad_in(mb, chunk).p); };
   if (trace_->enabled() && want_grad)
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
   execute_schedule(actions, comm(grid_.device_pp(), profiled_pp_), words_of(n, dtype_), h);

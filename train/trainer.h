@@ -114,6 +114,7 @@ class Trainer {
   LossScaler scaler_;
   int consecutive_nan_ = 0;
   std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
+  void* shared_scratch_ = nullptr;  // the chunks' scratch within a pass (StageOptions::shared_scratch)
   std::unique_ptr<AdamW> adamw_;
   std::vector<TensorSegment> norm_segments_;  // the gradient norm's table (grad_norm_segments)
   std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums
@@ -130,8 +131,9 @@ class Trainer {
   int64_t batch_counted_ = 0;  // counted_tokens() of the last forward_backward's global batch
   int num_micro_ = 1;
   std::vector<Action> train_schedule_, eval_schedule_;
-  // per chunk, per activation slot: received activations / gradients, in the compute dtype (the
-  // pipeline's messages travel as they are stored: 16-bit values in bf16/fp16 runs)
+  // per chunk: received activations / gradients, as many as the schedules hold at once
+  // (receive_buffers; micro-batch mb's is mb mod their count), in the compute dtype (the pipeline's
+  // messages travel as they are stored: 16-bit values in bf16/fp16 runs)
   std::vector<std::vector<Buf>> act_in_, grad_in_;
   std::vector<int> slots_;  // activation slots per chunk (max_in_flight_per_chunk of the schedule)
   // the local chunk's layer hooks' argument for the DP sync (model/chunks.h local_layer_index)

@@ -3,7 +3,7 @@
 # ranks first, selected with its --set arguments, gets the same step time and peak memory from a plain
 # `tptrain plan`; configs/gpt96.yaml is the fastest TP 4 x PP 6 layout the search finds for 192 GPUs
 # and fits 80 GiB; a 1024-GPU search of GPT-3 175B finishes (its time is printed; the bound is
-# generous); --calibrate finds the efficiencies that make the estimate equal a measured time, and
+# generous); an MoE model's search covers EP and ETP; --calibrate finds the efficiencies that make the estimate equal a measured time, and
 # `tptrain plan` with them agrees; bad input exits 2.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -128,6 +128,47 @@ assert cpu < 5 and rss < 1024, f"{cpu:.2f} s of CPU, {rss:.0f} MiB ({layouts})"
 print(f"{layouts.split(';')[0]}: {cpu:.2f} s of CPU, {rss:.0f} MiB")
 PY
 ); then ok "128 layers, 25M-token batch, 512 GPUs: $out"; else bad "the 512-GPU search's cost: $out"; fi
+
+# --- Mixture-of-Experts: EP and ETP searched (issue 39 part 5). configs/moe-tiny.yaml (8 experts) on 16
+# GPUs: every EP that divides the experts with ETP x EP dividing TP x CP x DP (ETP 1, or TP where the
+# config allows it: with TP > 1 it needs ETP 1), in the layout's name and its --set lines; the first
+# layout of each EP through plain `tptrain plan` gets the same step time and stage bytes; with the
+# median peak as the usable memory the search keeps exactly the unlimited search's layouts under it ---
+MOE=$TPTRAIN_SRC/configs/moe-tiny.yaml
+"$TPTRAIN" plan --config "$MOE" --search --gpus 16 --json --top 0 > "$W/moe.json" 2> "$W/moe.err" || bad "MoE search exit $?"
+peak=$($PYTHON -c "import json; p = sorted(x['peak_bytes'] for x in json.load(open('$W/moe.json'))['layouts']); print(p[len(p) // 2] / 0.95 / 2**30)")
+"$TPTRAIN" plan --config "$MOE" --search --gpus 16 --json --top 0 --device-memory-gib "$peak" > "$W/moe_small.json" 2>&1 || bad "MoE search with $peak GiB"
+if out=$($PYTHON - "$TPTRAIN" "$MOE" "$W/moe.json" "$W/moe_small.json" "$peak" <<'PY'
+import json, subprocess, sys
+tptrain, cfg, full, small, gib = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), json.load(open(sys.argv[4])), float(sys.argv[5])
+errors = []
+def check(cond, what):
+    if not cond: errors.append(what)
+L = full["layouts"]
+grids = sorted({(x["ep"], x["etp"]) for x in L})
+check({ep for ep, _ in grids} == {1, 2, 4, 8}, "EP values %r" % grids)
+for x in L:
+    check(8 % x["ep"] == 0 and x["etp"] in (1, x["tp"]) and (x["tp"] * x["cp"] * x["dp"]) % (x["ep"] * x["etp"]) == 0,
+          "grid %s" % x["layout"])
+    check(x["tp"] == 1 or x["etp"] == 1, "ETP = TP > 1 listed: %s" % x["layout"])
+    check(x["layout"].startswith("TP%d EP%d ETP%d " % (x["tp"], x["ep"], x["etp"])), "name %s" % x["layout"])
+    check("parallel.expert_model_parallel_size=%d" % x["ep"] in x["set"] and
+          "parallel.expert_tensor_parallel_size=%d" % x["etp"] in x["set"], "--set lines of %s" % x["layout"])
+for ep in (1, 2, 4, 8):
+    x = next(y for y in L if y["ep"] == ep)
+    sets = [a for kv in x["set"] for a in ("--set", kv)]
+    p = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--world-size", "16", "--json"] + sets,
+                                  capture_output=True, text=True, check=True).stdout)
+    check(abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12, "EP %d: step %r vs plan %r" % (ep, x["time"]["step_time_s"], p["step_time_s"]))
+    check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"], "EP %d: stage bytes differ from the plan's" % ep)
+limit = small["usable_memory_fraction"] * gib * 2**30
+want = sorted(x["layout"] for x in L if x["peak_bytes"] <= limit)
+got = sorted(x["layout"] for x in small["layouts"])
+check(0 < len(got) < len(L) and got == want, "pruned: %d layouts, %d of the full search's under the limit" % (len(got), len(want)))
+print("; ".join(errors) if errors else "%d layouts over (EP, ETP) %s; %d of them under %.3g GiB" % (len(L), grids, len(got), gib))
+sys.exit(1 if errors else 0)
+PY
+); then ok "MoE search over EP and ETP ($out)"; else bad "MoE search: $out"; fi
 
 # --- --calibrate: a measured time twice the estimate ------------------------------------------------
 cat > "$W/small.yaml" <<YAML

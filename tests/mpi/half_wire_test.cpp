@@ -19,7 +19,7 @@ TEST(MpiHalfWire, SumOfRoundedValuesInRankOrder) {
   Grid g = make_grid(runtime_world_size(), 1, 1);  // one TP group of the whole world
   auto ops = make_cpu_ops(1);
   for (DType t : {DType::BF16, DType::F16})
-    for (int64_t n : {1001, 1000}) {  // odd: the last 16-bit word is half used
+    for (int64_t n : {1001, 1000, 3}) {  // uneven blocks (and, for 3 on 4 ranks, an empty one)
       // every rank computes every rank's values with the same code (so vectorised and scalar sinf
       // cannot disagree between ranks), keeps its own row as input
       std::vector<std::vector<float>> v(size_t(g.tp), std::vector<float>(static_cast<size_t>(n)));

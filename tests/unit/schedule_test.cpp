@@ -2,6 +2,8 @@
 // 1F1B keeps at most min(PP - stage, M) micro-batches in flight; broken lists are caught.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "parallel/schedule.h"
 
 namespace tpt {
@@ -58,6 +60,64 @@ TEST(Schedule, InFlightEquivalentMicrobatchesHoldTheSameCounts) {
           EXPECT_EQ(max_in_flight(shorter), max_in_flight(whole)) << where;
           EXPECT_EQ(max_in_flight_per_chunk(shorter), max_in_flight_per_chunk(whole)) << where;
           EXPECT_EQ(max_awaiting_backward(shorter), max_awaiting_backward(whole)) << where;
+          auto same = [&](const ReceiveBuffers& a, const ReceiveBuffers& b) {
+            EXPECT_EQ(a.activations, b.activations) << where;
+            EXPECT_EQ(a.gradients, b.gradients) << where;
+          };
+          same(receive_buffers(shorter, v), receive_buffers(whole, v));
+          same(receive_buffers(make_schedule(ScheduleKind::ForwardOnly, P, s, E, v), v),
+               receive_buffers(make_schedule(ScheduleKind::ForwardOnly, P, s, M, v), v));
+        }
+      }
+}
+
+// receive_buffers: with its count R of buffers per chunk and stream, micro-batch mb's message in buffer
+// mb mod R never lands on one still waiting for its Forward / Backward; with R - 1 one does. (Every
+// schedule here posts a receive just before the pass that reads it: R is 0 or 1.)
+TEST(Schedule, ReceiveBuffersAreTheFewestThatNeverCollide) {
+  // whether receiving into buffers mb mod R of each chunk ever overwrites an unconsumed message
+  auto collides = [](const std::vector<Action>& l, int v, bool forward, const std::vector<int>& R) {
+    std::vector<std::map<int, int>> held(static_cast<size_t>(v));  // chunk: buffer -> micro-batch waiting in it
+    for (const Action& a : l) {
+      const int mb = forward ? a.recv_fwd : a.recv_bwd, c = forward ? a.recv_fwd_chunk : a.recv_bwd_chunk;
+      if (a.kind == Action::Kind::Comm && mb >= 0) {
+        if (R[size_t(c)] <= 0) return true;
+        if (!held[size_t(c)].emplace(mb % R[size_t(c)], mb).second) return true;
+      }
+      if (a.kind == (forward ? Action::Kind::Forward : Action::Kind::Backward) && a.chunk >= 0)
+        for (auto it = held[size_t(a.chunk)].begin(); it != held[size_t(a.chunk)].end(); ++it)
+          if (it->second == a.mb) {
+            held[size_t(a.chunk)].erase(it);
+            break;
+          }
+    }
+    return false;
+  };
+  const std::vector<std::pair<ScheduleKind, int>> kinds = {{ScheduleKind::OneFOneB, 1}, {ScheduleKind::ZeroBubbleH1, 1},
+      {ScheduleKind::GPipe, 1}, {ScheduleKind::Interleaved1F1B, 2}, {ScheduleKind::Interleaved1F1B, 3},
+      {ScheduleKind::ForwardOnly, 1}, {ScheduleKind::ForwardOnly, 2}};
+  for (const auto& [kind, v] : kinds)
+    for (int P = 2; P <= 6; ++P)
+      for (int M = 1; M <= 3 * (v + 1) * P; ++M) {
+        if (!check_schedule(kind, P, M, v).empty()) continue;
+        for (int s = 0; s < P; ++s) {
+          const std::vector<Action> l = make_schedule(kind, P, s, M, v);
+          const ReceiveBuffers r = receive_buffers(l, v);
+          const std::string where = "kind " + std::to_string(int(kind)) + " v " + std::to_string(v) + " P " +
+                                    std::to_string(P) + " M " + std::to_string(M) + " stage " + std::to_string(s);
+          for (bool fwd : {true, false}) {
+            const std::vector<int>& R = fwd ? r.activations : r.gradients;
+            EXPECT_FALSE(collides(l, v, fwd, R)) << where;
+            for (size_t c = 0; c < size_t(v); ++c) {
+              if (R[c] == 0) continue;
+              std::vector<int> fewer = R;
+              fewer[c] -= 1;
+              EXPECT_TRUE(collides(l, v, fwd, fewer)) << where << " chunk " << c;
+            }
+          }
+          if (s == 0) {  // stage 0's first chunk: the embeddings
+            EXPECT_EQ(r.activations[0], 0) << where;
+          }
         }
       }
 }
