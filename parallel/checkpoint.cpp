@@ -412,14 +412,10 @@ std::string test_hook(const char* env, int rank, int64_t iteration) {
   return spec.empty() ? "1" : spec;
 }
 
-void kill_point(const char* point, int64_t iteration, int rank) {
-  if (test_hook("TPTRAIN_TEST_KILL", rank, iteration) == point) ::raise(SIGKILL);
-}
-
 }  // namespace
 
 void checkpoint_detail::test_kill_point(const char* point, int64_t iteration, int rank) {
-  kill_point(point, iteration, rank);
+  if (test_hook("TPTRAIN_TEST_KILL", rank, iteration) == point) ::raise(SIGKILL);
 }
 
 namespace {
@@ -492,7 +488,7 @@ void CheckpointWriter::sync_files() {
 
 uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
   sync_files();
-  kill_point("shards", iteration_, world_.rank());
+  test_kill_point("shards", iteration_, world_.rank());
   // Every rank's files are written and fsynced once this returns anywhere.
   double totals[2] = {double(files_written_), double(bytes_written_)};
   world_.all_reduce(totals, 2, ReduceOp::Sum);
@@ -519,7 +515,7 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     write_text(partial_dir_ + "/meta.json", format_meta(meta));
     for (const std::string& s : sidecars) ::unlink(s.c_str());
     fsync_dir(partial_dir_);
-    kill_point("meta", iteration_, 0);
+    test_kill_point("meta", iteration_, 0);
     // A complete checkpoint of the same iteration (from an earlier run) is replaced: moved aside
     // under a .partial name first, so that at no moment does a half-deleted iter_N exist.
     std::error_code ec;
@@ -528,9 +524,9 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     if (existed) rename_or_fail(final_dir_, replaced);
     rename_or_fail(partial_dir_, final_dir_);
     fsync_dir(save_dir_);
-    kill_point("rename", iteration_, 0);
+    test_kill_point("rename", iteration_, 0);
     write_text_atomic(save_dir_, kLatestFile, std::to_string(iteration_) + "\n");
-    kill_point("latest", iteration_, 0);
+    test_kill_point("latest", iteration_, 0);
     if (existed) remove_tree(replaced);
     if (keep_last > 0) {
       std::vector<int64_t> done = scan_save_dir(save_dir_).complete;

@@ -158,7 +158,8 @@ class Trainer {
 
   // checkpoint: train/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
  public:
-  // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save.
+  // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save; with
+  // checkpoint.async_save starts writing it in the background (checkpoint_and_check_exit completes it).
   void save_checkpoint();
   // Collective. Resumes from checkpoint.load; false (a warning) when it holds no checkpoint.
   bool load_checkpoint();

@@ -213,9 +213,9 @@ double Trainer::agreed_save_failure() {
 bool Trainer::settle_async_save(bool failed) {
   const bool rank0 = grid_.world_rank == 0;
   const int64_t n = pending_save_->iteration();
-  if (failed) {  // abandoned on every rank: writers still running stop at their next write
-    pending_save_->cancel();
-    pending_save_->wait();
+  if (failed) pending_save_->cancel();  // abandoned on every rank: writers still running stop at their next write
+  pending_save_->wait();
+  if (failed) {
     const std::string error = pending_save_->error();
     const std::string path = pending_save_->path();
     pending_save_.reset();  // removes iter_N.partial
@@ -246,7 +246,7 @@ bool Trainer::settle_async_save(bool failed) {
 
 void Trainer::finish_async_save() {
   if (!pending_save_) return;
-  pending_save_->wait();
+  pending_save_->wait();  // before agreed_save_failure: every writer's outcome is known
   const std::string error = pending_save_->error();
   const int64_t n = pending_save_->iteration();
   if (settle_async_save(agreed_save_failure() > 0)) return;
@@ -366,11 +366,7 @@ bool Trainer::checkpoint_and_check_exit(int64_t k) {
   const bool exiting = stop[0] > 0 || stop[1] > 0;
   const bool last = exiting || k == cfg_.training.train_iters;
   // every writer done (or one failed: the others are stopped): commit or abandon, collectively
-  if (pending_save_ && (stop[2] == 0 || stop[3] > 0)) {
-    if (stop[3] > 0) pending_save_->cancel();
-    pending_save_->wait();
-    settle_async_save(stop[3] > 0);
-  }
+  if (pending_save_ && (stop[2] == 0 || stop[3] > 0)) settle_async_save(stop[3] > 0);
   if (!ck.save.empty() && (k % ck.save_interval == 0 || last)) save_checkpoint();
   if (last) finish_async_save();  // nothing left in the background at exit
   if (exiting && grid_.world_rank == 0) {
