@@ -107,6 +107,7 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
                       {"activation_bytes", m.activation_bytes},
                       {"workspace_bytes", m.workspace_bytes},
                       {"buffer_bytes", m.buffer_bytes},
+                      {"host_checkpoint_staging_bytes", m.checkpoint_staging_bytes},
                       {"tensor_bytes", m.tensor_bytes()},
                       {"backend_bytes", m.backend.total()},
                       {"backend", {{"gemm_workspace_bytes", m.backend.gemm},
@@ -225,6 +226,11 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                 u(double(s.gradient_bytes)), u(double(s.optimizer_bytes)), u(double(s.activation_bytes)),
                 u(double(s.workspace_bytes)), u(double(s.buffer_bytes)), u(double(s.backend.total())),
                 u(double(s.total_bytes())), verdict(double(s.total_bytes())));
+  if (c.checkpoint.async_save)
+    for (const StageMemory& s : p.stages)
+      std::printf("host memory: stage %d: %.3f %s per writing rank of checkpoint.async_save staging (%lld bytes; "
+                  "not device memory, page-locked on a GPU)\n",
+                  s.stage, u(double(s.checkpoint_staging_bytes)), unit, (long long)s.checkpoint_staging_bytes);
   if (m.is_moe())
     for (const StageMemory& s : p.stages)
       std::printf("experts: stage %d holds %s expert parameters per rank of its %s (their buffer %.3f %s, over EDP %d)\n",

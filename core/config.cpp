@@ -182,6 +182,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(checkpoint, keep_last, kNull),
       TPT_FIELD(checkpoint, exit_signal, kDef, {"SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"}),
       TPT_FIELD(checkpoint, exit_duration_mins, kNull),
+      TPT_FIELD(checkpoint, async_save),
       TPT_FIELD(logging, log_interval),
       TPT_FIELD(logging, metrics_file, kNull),
       TPT_FIELD(logging, trace_file, kNull),

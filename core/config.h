@@ -240,6 +240,7 @@ struct CheckpointConfig {
   int keep_last = 0;                    // 0 = null: keep all
   std::string exit_signal = "SIGTERM";
   double exit_duration_mins = 0;        // 0 = null
+  bool async_save = false;              // write in the background (train/trainer_checkpoint.cpp)
 };
 
 struct LoggingConfig {

@@ -126,6 +126,8 @@ class ProfiledOps final : public Ops {
   std::string name() const override { return in_.name(); }
   void* alloc_bytes(size_t bytes) override { return in_.alloc_bytes(bytes); }
   void free(void* p) override { in_.free(p); }
+  void* alloc_host(size_t bytes) override { return in_.alloc_host(bytes); }
+  void free_host(void* p) override { in_.free_host(p); }
   int64_t allocated_bytes() const override { return in_.allocated_bytes(); }
   int64_t peak_allocated_bytes() const override { return in_.peak_allocated_bytes(); }
   BackendWorkspace reserve_workspace(const BackendWorkspace& planned, const AttentionShape& attention) override {

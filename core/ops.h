@@ -14,8 +14,10 @@
 // have the same dtype. A `float*` converts implicitly to a Buf / CBuf of dtype F32.
 // Shapes in comments: N = rows (tokens), C = features. Gradients marked "+=" accumulate.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -135,6 +137,11 @@ class Ops {
   virtual void free(void* p) = 0;
   float* alloc(size_t n) { return static_cast<float*>(alloc_bytes(n * sizeof(float))); }  // n floats
   Buf alloc(int64_t n, DType t) { return {alloc_bytes(size_t(dtype_size(n, t))), t}; }
+  // `bytes` zeroed bytes of host memory that to_host / to_device copy to and from directly (the CUDA
+  // backend's is page-locked), for buffers that live on the host (checkpoint staging). Not device
+  // memory: neither allocated_bytes() nor allocator_calls() counts it.
+  virtual void* alloc_host(size_t bytes) { return std::calloc(std::max<size_t>(bytes, 1), 1); }
+  virtual void free_host(void* p) { std::free(p); }
   // n elements (of dst.t == src.t); device to device, device to host, host to device.
   virtual void zero(Buf p, int64_t n) = 0;
   virtual void copy(Buf dst, CBuf src, int64_t n) = 0;

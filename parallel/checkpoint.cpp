@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -16,6 +17,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>
@@ -190,7 +193,8 @@ namespace {
 
 class FileSink {
  public:
-  explicit FileSink(std::string path) : path_(std::move(path)) {
+  explicit FileSink(std::string path, CheckpointWriter::WriteControl* control = nullptr)
+      : path_(std::move(path)), control_(control) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) input_error(path_ + ": cannot create: " + std::strerror(errno));
     buf_.resize(size_t{4} << 20);
@@ -202,6 +206,15 @@ class FileSink {
   FileSink& operator=(const FileSink&) = delete;
 
   void append(const void* data, size_t n) {
+    if (control_ && control_->kill_after_bytes >= 0) {  // the test hook: die with part of the file on disk
+      const int64_t left = std::exchange(control_->kill_after_bytes, -1);
+      if (int64_t(n) >= left) {
+        append(data, size_t(left));
+        flush();
+        ::raise(SIGKILL);
+      }
+      control_->kill_after_bytes = left - int64_t(n);
+    }
     crc_ = crc32c(crc_, data, n);
     part_crc_ = crc32c(part_crc_, data, n);
     bytes_ += n;
@@ -236,6 +249,7 @@ class FileSink {
     used_ = 0;
   }
   void raw_write(const char* p, size_t n) {
+    if (control_ && control_->cancel && control_->cancel->load()) input_error(path_ + ": save abandoned");
     while (n > 0) {
       ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
       if (w < 0 && errno == EINTR) continue;
@@ -245,6 +259,7 @@ class FileSink {
     }
   }
   std::string path_;
+  CheckpointWriter::WriteControl* control_;
   int fd_ = -1;
   std::vector<char> buf_;
   size_t used_ = 0;
@@ -336,7 +351,8 @@ void write_box(FileSink& f, const CkptTensor& t) {
                    [&](int64_t local, int64_t, int64_t n) { f.append(t.data + local, 4 * size_t(n)); });
 }
 
-ShardSummary write_shard(const std::string& path, const std::vector<CkptTensor>& tensors) {
+ShardSummary write_shard(const std::string& path, const std::vector<CkptTensor>& tensors,
+                         CheckpointWriter::WriteControl& control) {
   ShardSummary s;
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
@@ -359,7 +375,7 @@ ShardSummary write_shard(const std::string& path, const std::vector<CkptTensor>&
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_len = text.size();
 
-  FileSink f(path);
+  FileSink f(path, &control);
   f.append(&header_len, 8);
   f.append(text.data(), text.size());
   for (const CkptTensor* t : kept) {
@@ -373,12 +389,36 @@ ShardSummary write_shard(const std::string& path, const std::vector<CkptTensor>&
   return s;
 }
 
-// Test hook for tests/cli/checkpoint_faults.sh: TPTRAIN_TEST_KILL=<point>@<iteration> ends the
-// process with SIGKILL at that point of that iteration's save (a crash at a chosen moment).
-void kill_point(const char* point, int64_t iteration) {
-  static const char* spec = std::getenv("TPTRAIN_TEST_KILL");
-  if (spec && std::string(spec) == std::string(point) + "@" + std::to_string(iteration)) ::raise(SIGKILL);
+// Test hooks (tests/cli/checkpoint_faults.sh, checkpoint_async.sh), each [R/]WHAT@N: on world rank R
+// (all ranks without R/) in the save of iteration N.
+//   TPTRAIN_TEST_KILL=<point>@N       SIGKILL at that point: shards, meta, rename, latest (commit),
+//                                     written (a background writer done), bytes:B (after B bytes of
+//                                     this rank's shard files, part of them flushed)
+//   TPTRAIN_TEST_WRITE_ERROR=@N       every shard file's write fails (an injected I/O error)
+//   TPTRAIN_TEST_WRITE_DELAY_MS=D     (no R/, no @N) every shard file's write starts D ms late: a slow disk
+// The value of hook `env` for this rank and iteration ("" when it does not apply).
+std::string test_hook(const char* env, int rank, int64_t iteration) {
+  const char* v = std::getenv(env);
+  if (!v) return "";
+  std::string spec = v;
+  const size_t at = spec.rfind('@'), slash = spec.find('/');
+  if (at == std::string::npos || spec.substr(at + 1) != std::to_string(iteration)) return "";
+  if (slash != std::string::npos && slash < at) {
+    if (spec.substr(0, slash) != std::to_string(rank)) return "";
+    spec = spec.substr(slash + 1, at - slash - 1);
+  } else {
+    spec = spec.substr(0, at);
+  }
+  return spec.empty() ? "1" : spec;
 }
+
+}  // namespace
+
+void checkpoint_detail::test_kill_point(const char* point, int64_t iteration, int rank) {
+  if (test_hook("TPTRAIN_TEST_KILL", rank, iteration) == point) ::raise(SIGKILL);
+}
+
+namespace {
 
 void remove_tree(const std::string& path) {
   std::error_code ec;
@@ -418,6 +458,8 @@ CheckpointWriter::CheckpointWriter(Comm& world, std::string save_dir, int64_t it
       input_error("checkpoint.save: cannot create " + partial_dir_ + ": " + std::strerror(errno));
   }
   world_.barrier();  // the directory exists before anyone writes into it
+  const std::string kill = test_hook("TPTRAIN_TEST_KILL", world_.rank(), iteration_);
+  if (kill.starts_with("bytes:")) control_.kill_after_bytes = std::stoll(kill.substr(6));
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -428,16 +470,25 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::write_file(const std::string& file_name, const std::vector<CkptTensor>& tensors) {
   TPT_CHECK(file_name.find('/') == std::string::npos && file_name.ends_with(".safetensors"));
-  ShardSummary s = write_shard(partial_dir_ + "/" + file_name, tensors);
+  if (const char* delay = std::getenv("TPTRAIN_TEST_WRITE_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+  if (!test_hook("TPTRAIN_TEST_WRITE_ERROR", world_.rank(), iteration_).empty())
+    input_error(partial_dir_ + "/" + file_name + ": write failed: injected error (TPTRAIN_TEST_WRITE_ERROR)");
+  ShardSummary s = write_shard(partial_dir_ + "/" + file_name, tensors, control_);
   nlohmann::json side = {{"file", file_name}, {"bytes", s.bytes}, {"crc32c", hex32(s.crc)}, {"tensors", s.tensors}};
   write_text(partial_dir_ + "/" + file_name + ".index.json", side.dump());
   ++files_written_;
   bytes_written_ += s.bytes;
 }
 
+void CheckpointWriter::sync_files() {
+  if (files_written_ > files_synced_) fsync_dir(partial_dir_);
+  files_synced_ = files_written_;
+}
+
 uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
-  if (files_written_ > 0) fsync_dir(partial_dir_);
-  kill_point("shards", iteration_);
+  sync_files();
+  test_kill_point("shards", iteration_, world_.rank());
   // Every rank's files are written and fsynced once this returns anywhere.
   double totals[2] = {double(files_written_), double(bytes_written_)};
   world_.all_reduce(totals, 2, ReduceOp::Sum);
@@ -464,7 +515,7 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     write_text(partial_dir_ + "/meta.json", format_meta(meta));
     for (const std::string& s : sidecars) ::unlink(s.c_str());
     fsync_dir(partial_dir_);
-    kill_point("meta", iteration_);
+    test_kill_point("meta", iteration_, 0);
     // A complete checkpoint of the same iteration (from an earlier run) is replaced: moved aside
     // under a .partial name first, so that at no moment does a half-deleted iter_N exist.
     std::error_code ec;
@@ -473,9 +524,9 @@ uint64_t CheckpointWriter::commit(nlohmann::json meta, int keep_last) {
     if (existed) rename_or_fail(final_dir_, replaced);
     rename_or_fail(partial_dir_, final_dir_);
     fsync_dir(save_dir_);
-    kill_point("rename", iteration_);
+    test_kill_point("rename", iteration_, 0);
     write_text_atomic(save_dir_, kLatestFile, std::to_string(iteration_) + "\n");
-    kill_point("latest", iteration_);
+    test_kill_point("latest", iteration_, 0);
     if (existed) remove_tree(replaced);
     if (keep_last > 0) {
       std::vector<int64_t> done = scan_save_dir(save_dir_).complete;

@@ -11,6 +11,7 @@
 // tensor's name, global shape, box offset and box size). A reader verifies the checksum of each
 // file it reads; the ranks agree on one checkpoint, falling back to older ones past a bad file.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -90,14 +91,30 @@ class CheckpointWriter {
   // deletes all but the newest keep_last (> 0) complete checkpoints. Returns the bytes of all files.
   uint64_t commit(nlohmann::json meta, int keep_last);
   const std::string& path() const { return final_dir_; }
+  // Makes the names of the files written so far durable (fsync of iter_N.partial); commit does it
+  // too, here for a background writer to do it off the main thread.
+  void sync_files();
+  int64_t iteration() const { return iteration_; }
+  int rank() const { return world_.rank(); }
+  uint64_t bytes_written() const { return bytes_written_; }  // this rank's shard files so far
+  // Makes write_file stop with an InputError at its next write once *flag is true (another thread
+  // abandoning a background save, parallel/checkpoint_async.h).
+  void set_cancel_flag(const std::atomic<bool>* flag) { control_.cancel = flag; }
+
+  // What a file write checks on the way (also the test hooks' state, parallel/checkpoint.cpp).
+  struct WriteControl {
+    const std::atomic<bool>* cancel = nullptr;
+    int64_t kill_after_bytes = -1;  // TPTRAIN_TEST_KILL=[R/]bytes:B@N: SIGKILL after B bytes of shards
+  };
 
  private:
   Comm& world_;
   std::string save_dir_, partial_dir_, final_dir_;
   int64_t iteration_;
-  int files_written_ = 0;
+  int files_written_ = 0, files_synced_ = 0;
   uint64_t bytes_written_ = 0;
   bool committed_ = false;
+  WriteControl control_;
 };
 
 // What a rank asks of a checkpoint directory.
@@ -130,6 +147,8 @@ class CheckpointReader {
 
   // Fills t.data: zeros, then the intersection of t's box with every saved box of t.name.
   void read(const CkptTensor& t);
+  // read() of every tensor (their data disjoint) on `threads` threads; the first error is rethrown.
+  void read_all(const std::vector<CkptTensor>& tensors, int threads);
 
   const nlohmann::json& meta() const { return meta_; }
   int64_t iteration() const { return iteration_; }
@@ -146,6 +165,7 @@ class CheckpointReader {
 
  private:
   CheckpointReader() = default;
+  uint64_t read_one(const CkptTensor& t) const;  // read(); returns the bytes read
   nlohmann::json meta_;
   int64_t iteration_ = 0;
   std::string path_;
@@ -163,6 +183,8 @@ struct DirScan {
 };
 DirScan scan_save_dir(const std::string& dir);
 std::string read_text(const std::string& path);  // InputError naming the path if unreadable
+// TPTRAIN_TEST_KILL's SIGKILL at `point` of the save of `iteration` on world rank `rank` (checkpoint.cpp)
+void test_kill_point(const char* point, int64_t iteration, int rank);
 }  // namespace checkpoint_detail
 
 }  // namespace tpt

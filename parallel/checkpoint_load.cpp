@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -442,12 +444,37 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
   }
 }
 
-void CheckpointReader::read(const CkptTensor& t) {
+void CheckpointReader::read(const CkptTensor& t) { bytes_read_ += read_one(t); }
+
+void CheckpointReader::read_all(const std::vector<CkptTensor>& tensors, int threads) {
+  threads = std::max(1, std::min(threads, int(tensors.size())));
+  const size_t n_threads = size_t(threads);
+  std::vector<uint64_t> bytes(n_threads, 0);
+  std::vector<std::exception_ptr> errors(n_threads);
+  auto work = [&](int w) {  // tensors w, w + threads, ...: the big and the small ones mixed
+    try {
+      for (size_t i = size_t(w); i < tensors.size(); i += size_t(threads)) bytes[size_t(w)] += read_one(tensors[i]);
+    } catch (...) {
+      errors[size_t(w)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < threads; ++w) pool.emplace_back(work, w);
+  work(0);
+  for (std::thread& t : pool) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (uint64_t b : bytes) bytes_read_ += b;
+}
+
+uint64_t CheckpointReader::read_one(const CkptTensor& t) const {
   const size_t nd = t.local_shape.size();
   TPT_CHECK(t.data && t.global_shape.size() == nd && t.box_offset.size() == nd && t.box_size.size() == nd);
   std::fill(t.data, t.data + volume(t.local_shape), 0.0f);
   auto it = boxes_.find(t.name);
-  if (it == boxes_.end() || shapes_[t.name] != t.global_shape)
+  const auto shape = shapes_.find(t.name);
+  uint64_t bytes = 0;
+  if (it == boxes_.end() || shape == shapes_.end() || shape->second != t.global_shape)
     input_error("checkpoint " + path_ + ": no tensor '" + t.name + "' of global shape " + shape_string(t.global_shape));
   for (const SavedBox& b : it->second) {
     if (!boxes_intersect(t, b)) continue;
@@ -461,9 +488,10 @@ void CheckpointReader::read(const CkptTensor& t) {
       src[d] = lo - b.offset[d];
       dst[d] = lo - t.box_offset[d];
     }
-    bytes_read_ += uint64_t(volume(size)) * 4;
+    bytes += uint64_t(volume(size)) * 4;
     f->second->read_box(b.key, src, size, t.data, t.local_shape, dst);
   }
+  return bytes;
 }
 
 }  // namespace tpt

@@ -225,6 +225,14 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   // data.eod_mask_loss its positions (int32) / loss weights (fp32); positions with context parallelism too
   const int64_t staged = 2 + int64_t(chunks.front().position_ids) + int64_t(cfg.data.eod_mask_loss);
   m.buffer_bytes += staged * B * chunks.front().S * 4;
+  // checkpoint.async_save: the host staging of a rank that writes shards (train/trainer.h staging_):
+  // master weights, exp_avg and exp_avg_sq over the layout, and the MoE expert biases' copy
+  if (cfg.checkpoint.async_save) {
+    m.checkpoint_staging_bytes = 3 * layout.total * 4;
+    if (cfg.model.moe_router_enable_expert_bias)
+      for (int64_t l : rank_layers(chunks))
+        if (cfg.model.is_moe_layer(l)) m.checkpoint_staging_bytes += cfg.model.num_moe_experts * 4;
+  }
   if (gpu_backend) {
     const int64_t tensors = int64_t(layout.params.size());
     const BackendWorkspace det = gpu_backend_workspace(chunks, B, dtype, buffer, tensors, true),

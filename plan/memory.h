@@ -16,6 +16,7 @@
 //   buffers     pipeline receive buffers (the activations and gradients each chunk's schedules
 //               hold received at once: receive_buffers, in the compute dtype) and the
 //               micro-batch's tokens and targets (int32)
+//   host        (not device memory) checkpoint.async_save's staging: 12 B per element of the layout
 //   backend     the GPU backend's own buffers (gpu_backend_workspace): cuBLASLt's workspace, cuDNN's
 //               attention workspace (training.deterministic chooses which), the reductions'
 //               scratch, the bias-gradient epilogue's output. None on CPU ranks.
@@ -57,6 +58,9 @@ struct StageMemory {
   int64_t workspace_bytes = 0;
   int64_t buffer_bytes = 0;
   BackendWorkspace backend;            // the GPU backend's own buffers (zeros on CPU ranks)
+  // checkpoint.async_save: host memory (page-locked with CUDA), not device memory and not in
+  // total_bytes(): the staging copy of a writing rank's shards (3 x 4 B per element of ParamLayout::total)
+  int64_t checkpoint_staging_bytes = 0;
   // cuDNN's attention workspace with training.deterministic true / false (backend.attention is one of them)
   int64_t attention_workspace_by_mode[2] = {0, 0};
   // activations + workspace for recompute none / selective / full (index = int(Recompute))

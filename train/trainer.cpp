@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 #include <thread>
+#include <utility>
 #include <unistd.h>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -366,6 +367,7 @@ void Trainer::log_setup() {
 }
 
 Trainer::~Trainer() {
+  if (ops_) free_checkpoint_staging();
   stages_.clear();
   adamw_.reset();
   if (ops_) {
@@ -632,6 +634,11 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
       v.emplace_back("lm loss validation", float(*val_loss));
       v.emplace_back("lm loss validation ppl", float(std::exp(std::min(*val_loss, 20.0))));
     }
+    if (save_report_.stall_s) v.emplace_back("save-checkpoint-time", float(*save_report_.stall_s));
+    if (save_report_.write_s) {
+      v.emplace_back("save-checkpoint-write-time", float(*save_report_.write_s));
+      v.emplace_back("save-checkpoint-write-throughput", float(*save_report_.write_gbps));
+    }
     if (c.logging.log_timers_to_tensorboard) {  // this rank's host time per iteration, seconds
       const double n = double(std::max<int64_t>(1, n_iters));
       v.emplace_back("forward-backward-time", float(timer_fwd_bwd_s_ / n));
@@ -641,6 +648,7 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
     if (!tensorboard_->add_scalars(k, v)) tensorboard_.reset();  // warned once; training goes on
   }
   timer_fwd_bwd_s_ = timer_reduce_s_ = timer_optimizer_s_ = 0;
+  const SaveReport save = std::exchange(save_report_, SaveReport{});
   if (grid_.world_rank != 0) return;
   spdlog::info(
       "iteration {:>8}/{:>8} | consumed samples {:>12} | elapsed time per iteration (ms): {:.1f} | "
@@ -668,6 +676,12 @@ void Trainer::log_iteration(int64_t k, const StepResult& r, double lr, double el
                         {"tflops_per_device", tflops},
                         {"mfu", nullptr}};
     if (val_loss) j["val_lm_loss"] = *val_loss;
+    if (save.stall_s) j["save_checkpoint_time"] = *save.stall_s;
+    if (save.write_s) {
+      j["save_checkpoint_iteration"] = save.iteration;
+      j["save_checkpoint_write_time"] = *save.write_s;
+      j["save_checkpoint_write_gbps"] = *save.write_gbps;
+    }
     for (const auto& [name, value] : r.moe.values()) j[name] = value;
     if (!metrics_->append(j.dump() + "\n")) metrics_.reset();  // a whole line or none; warned once
   }
@@ -715,10 +729,15 @@ int Trainer::train() {
     if (!r.skipped && !r.nan) window_loss += r.lm_loss, ++window_counted;  // Megatron averages updated steps
     std::optional<double> val;
     const bool eval_now = valid_data_ && c.data.eval_iters > 0 && k % c.data.eval_interval == 0;
+    // The window's time ends before a checkpoint's save (Megatron's iteration time leaves it out
+    // too); the save comes before the log line, which has its numbers.
+    const auto save_start = clock::now();
+    double ms = std::chrono::duration<double, std::milli>(save_start - window_start).count();
+    const bool stop = checkpoint_and_check_exit(k);  // checkpoint: save_interval / last iteration / exit signal
     // iteration 1 too: the loss where it starts (the first point of the metrics and the plots)
-    const bool log_now = k == 1 || k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now;
+    const bool log_now = k == 1 || k % c.logging.log_interval == 0 || k == c.training.train_iters || eval_now || stop;
+    if (!log_now) window_start += clock::now() - save_start;
     if (log_now) {
-      double ms = std::chrono::duration<double, std::milli>(clock::now() - window_start).count();
       // the slowest rank's time (as Megatron's timers): the same number in the log line, the metrics
       // and the TensorBoard file, whichever rank writes them (one double, only on logged iterations)
       if (grid_.world_size > 1) grid_.world->all_reduce(&ms, 1, ReduceOp::Max);
@@ -737,7 +756,7 @@ int Trainer::train() {
       window_skipped = window_nan = 0;
       window_loss = 0;
     }
-    if (checkpoint_and_check_exit(k)) {  // checkpoint: save_interval / last iteration / exit signal
+    if (stop) {
       grad_sync_->wait_params(INT_MAX);
       report_profile();
       report_allocator_calls(first);

@@ -18,6 +18,7 @@
 #include "model/optimizer.h"
 #include "parallel/grad_sync.h"
 #include "parallel/checkpoint.h"
+#include "parallel/checkpoint_async.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
 #include "train/aux_output.h"
@@ -159,7 +160,8 @@ class Trainer {
 
   // checkpoint: train/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")
  public:
-  // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save.
+  // Collective. Writes iteration_ (model shards, Adam moments, meta.json) to checkpoint.save; with
+  // checkpoint.async_save starts writing it in the background (checkpoint_and_check_exit completes it).
   void save_checkpoint();
   // Collective. Resumes from checkpoint.load; false (a warning) when it holds no checkpoint.
   bool load_checkpoint();
@@ -172,6 +174,35 @@ class Trainer {
   bool checkpoint_and_check_exit(int64_t k);
   std::chrono::steady_clock::time_point start_time_;
   std::shared_ptr<void> exit_signal_guard_;  // restores the previous handler
+  // This rank's shard files of a checkpoint: the master weights, exp_avg and exp_avg_sq copied into
+  // host[0..2] (layout_.total floats each; only the owned ranges are written), and meta.json's content.
+  std::vector<CheckpointFile> stage_checkpoint(float* const host[3]);
+  nlohmann::json checkpoint_meta() const;
+  // checkpoint.async_save (collective): waits for a pending save and completes it, copies the
+  // shards into staging_ and starts a BackgroundSave.
+  void start_async_save();
+  // Collective, once every rank's writer is done (wait()ed): commits the pending save, or (failed
+  // on some rank) abandons it with a warning. True when committed.
+  bool settle_async_save(bool failed);
+  double agreed_save_failure();  // collective: 1 if the pending save failed on any rank
+  // Collective: waits for the pending save and settles it; InputError if it failed (at exit).
+  void finish_async_save();
+  void free_checkpoint_staging();
+  // checkpoint.async_save's staging: host copies of the master weights, exp_avg and exp_avg_sq
+  // (layout_.total floats each, Ops::alloc_host: page-locked with CUDA; the plan's
+  // checkpoint_staging_bytes), made at the first save and reused; the MoE expert biases' copy
+  float* staging_[3] = {nullptr, nullptr, nullptr};
+  std::vector<float> expert_bias_staging_;
+  bool staged_once_ = false;
+  std::unique_ptr<BackgroundSave> pending_save_;
+  double pending_stall_s_ = 0;
+  // A save's numbers for the next log line's metrics and TensorBoard scalars (the iteration that
+  // started it: stall_s; the one that completed it: write_s, write_gbps of the save of `iteration`)
+  struct SaveReport {
+    std::optional<double> stall_s, write_s, write_gbps;
+    int64_t iteration = 0;
+  };
+  SaveReport save_report_;
 };
 
 }  // namespace tpt

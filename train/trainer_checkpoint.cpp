@@ -19,12 +19,16 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "core/error.h"
 #include "parallel/checkpoint.h"
+#include "parallel/checkpoint_async.h"
+#include "plan/memory.h"
 #include "train/trainer.h"
 
 namespace tpt {
@@ -88,29 +92,39 @@ void Trainer::setup_checkpointing() {
   if (!ck.load.empty()) load_checkpoint();
 }
 
-void Trainer::save_checkpoint() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t n = iteration_, G = cfg_.training.global_batch_size;
-  CheckpointWriter writer(*grid_.world, cfg_.checkpoint.save, n);
+std::vector<CheckpointFile> Trainer::stage_checkpoint(float* const host[3]) {
+  const std::vector<GradRange> unique = grad_sync_->unique_ranges();  // what this rank answers for
+  if (unique.empty()) return {};
   const bool distributed = grad_sync_->distributed();  // every replica saves the blocks it owns
   const int replica = grid_.dp_cp_rank();  // DP rank, or with context parallelism the DP x CP rank
-  const std::vector<GradRange> unique = grad_sync_->unique_ranges();  // what this rank answers for
-  if (!unique.empty()) {
-    const size_t total = size_t(layout_.total);
-    std::vector<float> a(total, 0.0f), b(total, 0.0f);
-    owned_to_host(a.data(), master_, master_sharded_);
-    std::vector<CkptTensor> model = rank_tensors(layout_, a.data(), "", true, unique);
-    for (CkptTensor& t : expert_bias_tensors(true)) model.push_back(std::move(t));  // MoE: not parameters
-    writer.write_file(distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
-                                                  : model_shard_name(grid_.tp_rank, grid_.pp_rank),
-                      model);
-    owned_to_host(a.data(), adamw_->exp_avg(), true);
-    owned_to_host(b.data(), adamw_->exp_avg_sq(), true);
-    std::vector<CkptTensor> moments = rank_tensors(layout_, a.data(), kExpAvg, true, unique);
-    for (CkptTensor& t : rank_tensors(layout_, b.data(), kExpAvgSq, true, unique)) moments.push_back(std::move(t));
-    writer.write_file(optim_shard_name(grid_.tp_rank, grid_.pp_rank, replica), moments);
+  owned_to_host(host[0], master_, master_sharded_);
+  owned_to_host(host[1], adamw_->exp_avg(), true);
+  owned_to_host(host[2], adamw_->exp_avg_sq(), true);
+  std::vector<CkptTensor> model = rank_tensors(layout_, host[0], "", true, unique);
+  const std::vector<CkptTensor> biases = expert_bias_tensors(true);  // MoE: not parameters
+  size_t bias_floats = 0;
+  for (const CkptTensor& t : biases) bias_floats += size_t(volume(t.local_shape));
+  expert_bias_staging_.resize(bias_floats);  // the same size at every save: allocated once
+  float* b = expert_bias_staging_.data();
+  for (CkptTensor t : biases) {  // copied: training updates them while a background writer runs
+    std::copy(t.data, t.data + volume(t.local_shape), b);
+    t.data = b;
+    b += volume(t.local_shape);
+    model.push_back(std::move(t));
   }
-  nlohmann::json meta = {
+  std::vector<CheckpointFile> files(2);
+  files[0].name = distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
+                                              : model_shard_name(grid_.tp_rank, grid_.pp_rank);
+  files[0].tensors = std::move(model);
+  files[1].name = optim_shard_name(grid_.tp_rank, grid_.pp_rank, replica);
+  files[1].tensors = rank_tensors(layout_, host[1], kExpAvg, true, unique);
+  for (CkptTensor& t : rank_tensors(layout_, host[2], kExpAvgSq, true, unique)) files[1].tensors.push_back(std::move(t));
+  return files;
+}
+
+nlohmann::json Trainer::checkpoint_meta() const {
+  const int64_t n = iteration_, G = cfg_.training.global_batch_size;
+  return {
       {"consumed_samples", n * G},
       {"config", config_to_json(cfg_)},
       {"grid", {{"tensor_model_parallel_size", grid_.tp}, {"pipeline_model_parallel_size", grid_.pp},
@@ -118,7 +132,7 @@ void Trainer::save_checkpoint() {
                 {"expert_model_parallel_size", grid_.ep}, {"world_size", grid_.world_size}}},
       {"scheduler", {{"iteration", n}, {"lr", learning_rate(cfg_.optimizer, n)}}},
       {"optimizer", {{"type", "adamw"}, {"step", n}, {"state", {"exp_avg", "exp_avg_sq"}},
-                     {"distributed", distributed}}},
+                     {"distributed", grad_sync_->distributed()}}},
       // fp16's dynamic loss scaler (null for fp32 / bf16, which do not scale)
       {"loss_scaler", dtype_ != DType::F16 ? nlohmann::json(nullptr)
                                            : nlohmann::json{{"scale", scaler_.scale},
@@ -130,11 +144,123 @@ void Trainer::save_checkpoint() {
                    {"seed", cfg_.training.seed},
                    // data/run_data.h: the blend's per-component counts at this position (a shortcut on resume)
                    {"blend", blend_state_json(*data_.train, n * G)}}}};
-  const uint64_t bytes = writer.commit(std::move(meta), cfg_.checkpoint.keep_last);
+}
+
+void Trainer::save_checkpoint() {
+  if (cfg_.checkpoint.async_save) {
+    start_async_save();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = iteration_;
+  CheckpointWriter writer(*grid_.world, cfg_.checkpoint.save, n);
+  std::vector<float> host[3];
+  if (!grad_sync_->unique_ranges().empty())
+    for (auto& h : host) h.assign(size_t(layout_.total), 0.0f);
+  float* const bufs[3] = {host[0].data(), host[1].data(), host[2].data()};
+  for (const CheckpointFile& f : stage_checkpoint(bufs)) writer.write_file(f.name, f.tensors);
+  const uint64_t bytes = writer.commit(checkpoint_meta(), cfg_.checkpoint.keep_last);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  save_report_.stall_s = s;
   if (grid_.world_rank == 0)
     spdlog::info("saved checkpoint at iteration {} to {} ({:.1f} MB in {:.3f} s, {:.0f} MB/s)", n, writer.path(),
                  megabytes(double(bytes)), s, megabytes(double(bytes)) / std::max(s, 1e-9));
+}
+
+// checkpoint.async_save: the copy into the staging buffers is the training loop's stall; a writer
+// thread writes the files (parallel/checkpoint_async.h) and a later iteration boundary completes it.
+void Trainer::start_async_save() {
+  const bool rank0 = grid_.world_rank == 0;
+  if (pending_save_) {  // one save at a time: the previous one finishes first
+    const int64_t before = pending_save_->iteration();
+    double waited = pending_save_->wait();
+    grid_.world->all_reduce(&waited, 1, ReduceOp::Max);
+    if (rank0)
+      spdlog::info("checkpoint: waited {:.3f} s for the background save of iteration {} before saving iteration {}",
+                   waited, before, iteration_);
+    settle_async_save(agreed_save_failure());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!staging_[0] && !grad_sync_->unique_ranges().empty())  // the first save: sized once, reused
+    for (float*& h : staging_) h = static_cast<float*>(ops_->alloc_host(size_t(layout_.total) * sizeof(float)));
+  auto writer = std::make_unique<CheckpointWriter>(*grid_.world, cfg_.checkpoint.save, iteration_);
+  const bool first = !staged_once_;
+  std::vector<CheckpointFile> files = stage_checkpoint(staging_);
+  if (first && staging_[0]) {  // plan = allocation (plan/memory.cpp checkpoint_staging_bytes)
+    staged_once_ = true;
+    const int64_t held = 3 * layout_.total * 4 + int64_t(expert_bias_staging_.size()) * 4;
+    const int64_t planned = stage_memory(cfg_, grid_.pp_rank, on_gpu_).checkpoint_staging_bytes;
+    if (held != planned)
+      internal_error("checkpoint staging: " + std::to_string(held) + " bytes held, the plan counts " +
+                     std::to_string(planned));
+  }
+  pending_save_ = std::make_unique<BackgroundSave>(std::move(writer), std::move(files), checkpoint_meta());
+  double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  grid_.world->all_reduce(&stall, 1, ReduceOp::Max);  // the slowest rank's copy holds everyone up
+  pending_stall_s_ = stall;
+  save_report_.stall_s = stall;
+  if (rank0)
+    spdlog::info("saving checkpoint at iteration {} to {} in the background: copied to host memory in {:.3f} s",
+                 iteration_, pending_save_->path(), stall);
+}
+
+double Trainer::agreed_save_failure() {
+  double failed = pending_save_->error().empty() ? 0.0 : 1.0;
+  grid_.world->all_reduce(&failed, 1, ReduceOp::Max);
+  return failed;
+}
+
+bool Trainer::settle_async_save(bool failed) {
+  const bool rank0 = grid_.world_rank == 0;
+  const int64_t n = pending_save_->iteration();
+  if (failed) pending_save_->cancel();  // abandoned on every rank: writers still running stop at their next write
+  pending_save_->wait();
+  if (failed) {
+    const std::string error = pending_save_->error();
+    const std::string path = pending_save_->path();
+    pending_save_.reset();  // removes iter_N.partial
+    grid_.world->barrier();
+    if (!error.empty() && error.find("save abandoned") == std::string::npos)
+      spdlog::warn("WARNING: checkpoint: rank {}: the background save of iteration {} failed: {}", grid_.world_rank,
+                   n, error);
+    if (rank0)
+      spdlog::warn("WARNING: checkpoint: the save of iteration {} is abandoned ({}.partial removed); the latest "
+                   "checkpoint in {} is as it was; the next save tries again",
+                   n, path, cfg_.checkpoint.save);
+    return false;
+  }
+  const uint64_t bytes = pending_save_->commit(cfg_.checkpoint.keep_last);
+  double write_s = pending_save_->write_seconds();
+  grid_.world->all_reduce(&write_s, 1, ReduceOp::Max);  // the slowest rank's writer
+  const double gbps = double(bytes) / 1e9 / std::max(write_s, 1e-9);
+  save_report_.write_s = write_s;
+  save_report_.write_gbps = gbps;
+  save_report_.iteration = n;
+  if (rank0)
+    spdlog::info("saved checkpoint at iteration {} to {} ({:.1f} MB; stall {:.3f} s, background write {:.3f} s, "
+                 "{:.3f} GB/s; completed at iteration {})",
+                 n, pending_save_->path(), megabytes(double(bytes)), pending_stall_s_, write_s, gbps, iteration_);
+  pending_save_.reset();
+  return true;
+}
+
+void Trainer::finish_async_save() {
+  if (!pending_save_) return;
+  pending_save_->wait();  // before agreed_save_failure: every writer's outcome is known
+  const std::string error = pending_save_->error();
+  const int64_t n = pending_save_->iteration();
+  if (settle_async_save(agreed_save_failure() > 0)) return;
+  input_error("checkpoint.save: the save of iteration " + std::to_string(n) + " failed" +
+              (error.empty() ? std::string(" on another rank") : ": " + error) +
+              "; the latest checkpoint is the one before it");
+}
+
+void Trainer::free_checkpoint_staging() {
+  pending_save_.reset();  // a writer still running is stopped before its memory goes
+  for (float*& h : staging_) {
+    if (h) ops_->free_host(h);
+    h = nullptr;
+  }
 }
 
 bool Trainer::load_checkpoint() {
@@ -170,11 +296,15 @@ bool Trainer::load_checkpoint() {
     if (rank0) spdlog::warn("WARNING: checkpoint.load: no checkpoint in {}; training from scratch", dir);
     return false;
   }
+  // the tensors of a group are disjoint parts of `host`: read on this rank's share of the host's cores
+  const int threads = int(std::max(1u, std::min(8u, std::thread::hardware_concurrency() / unsigned(std::max(1, grid_.local_size)))));
+  const auto t_read = std::chrono::steady_clock::now();
   for (int g = 0; g < 3; ++g) {
-    for (const CkptTensor& t : groups[g]) reader->read(t);
+    reader->read_all(groups[g], threads);
     owned_from_host(targets[g], host.data(), sharded[g]);  // this rank's part (all of it, or its blocks)
   }
-  for (const CkptTensor& t : biases) reader->read(t);
+  reader->read_all(biases, 1);
+  double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count();
   refresh_compute_params();  // the compute copy of the loaded fp32 master weights, all-gathered
   iteration_ = reader->iteration();
   {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match
@@ -196,15 +326,16 @@ bool Trainer::load_checkpoint() {
   }
   double io[2] = {double(reader->bytes_read()), double(reader->bytes_verified())};
   grid_.world->all_reduce(io, 2, ReduceOp::Sum);
+  grid_.world->all_reduce(&read_s, 1, ReduceOp::Max);  // the slowest rank's reads
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank0) {
     const nlohmann::json& m = reader->meta();
     const int64_t G = cfg_.training.global_batch_size;
     const int64_t consumed = m.value("consumed_samples", int64_t(-1));
     spdlog::info("loaded checkpoint {} at iteration {} (consumed samples {}; saved on {}): "
-                 "{:.1f} MB read, {:.1f} MB checksummed, in {:.3f} s",
+                 "{:.1f} MB read ({:.2f} GB/s on {} threads per rank), {:.1f} MB checksummed, in {:.3f} s",
                  reader->path(), iteration_, consumed, describe_saved_grid(m.value("grid", nlohmann::json::object())),
-                 megabytes(io[0]), megabytes(io[1]), s);
+                 megabytes(io[0]), io[0] / 1e9 / std::max(read_s, 1e-9), threads, megabytes(io[1]), s);
     if (consumed != iteration_ * G)
       spdlog::warn("WARNING: checkpoint {}: consumed samples {} != iteration {} x global batch size {}: training "
                    "continues at data position {} (the data position follows the iteration)",
@@ -220,14 +351,24 @@ bool Trainer::load_checkpoint() {
 
 bool Trainer::checkpoint_and_check_exit(int64_t k) {
   const CheckpointConfig& ck = cfg_.checkpoint;
-  double stop[2] = {g_exit_signal ? 1.0 : 0.0, 0.0};
+  // the exit signal, exit_duration_mins, and a background save's writers: still writing, failed
+  double stop[4] = {g_exit_signal ? 1.0 : 0.0, 0.0, 0.0, 0.0};
   if (ck.exit_duration_mins > 0) {
     const double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60;
     stop[1] = mins >= ck.exit_duration_mins ? 1.0 : 0.0;
   }
-  grid_.world->all_reduce(stop, 2, ReduceOp::Max);  // every rank stops at the same iteration
+  if (pending_save_) {
+    const bool done = pending_save_->done();
+    stop[2] = done ? 0.0 : 1.0;
+    stop[3] = done && !pending_save_->error().empty() ? 1.0 : 0.0;
+  }
+  grid_.world->all_reduce(stop, 4, ReduceOp::Max);  // every rank stops (and completes a save) at the same iteration
   const bool exiting = stop[0] > 0 || stop[1] > 0;
-  if (!ck.save.empty() && (k % ck.save_interval == 0 || k == cfg_.training.train_iters || exiting)) save_checkpoint();
+  const bool last = exiting || k == cfg_.training.train_iters;
+  // every writer done (or one failed: the others are stopped): commit or abandon, collectively
+  if (pending_save_ && (stop[2] == 0 || stop[3] > 0)) settle_async_save(stop[3] > 0);
+  if (!ck.save.empty() && (k % ck.save_interval == 0 || last)) save_checkpoint();
+  if (last) finish_async_save();  // nothing left in the background at exit
   if (exiting && grid_.world_rank == 0) {
     if (stop[0] > 0) spdlog::info("exiting program after receiving {} at iteration {}", ck.exit_signal, k);
     else spdlog::info("exiting program after {} minutes (checkpoint.exit_duration_mins) at iteration {}",

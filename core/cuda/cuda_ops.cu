@@ -235,6 +235,19 @@ class CudaOps final : public Ops {
     TPT_CUDA_CHECK(cudaFree(p));
     ++allocator_calls_;
   }
+  // page-locked, so that to_host / to_device copy at the link's speed
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      internal_error("cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory (cudaMallocHost)");
+    }
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void free_host(void* p) override {
+    if (p) TPT_CUDA_CHECK(cudaFreeHost(p));
+  }
   // alloc_bytes()'s device memory only (the backend's own buffers: reserve_workspace)
   int64_t allocated_bytes() const override { return allocated_; }
   int64_t peak_allocated_bytes() const override { return peak_; }
