@@ -98,7 +98,7 @@ void Trainer::save_checkpoint() {
   if (!unique.empty()) {
     const size_t total = size_t(layout_.total);
     std::vector<float> a(total, 0.0f), b(total, 0.0f);
-    owned_to_host(a.data(), master_, master_sharded_);
+    master_to_host(a.data());
     std::vector<CkptTensor> model = rank_tensors(layout_, a.data(), "", true, unique);
     for (CkptTensor& t : expert_bias_tensors(true)) model.push_back(std::move(t));  // MoE: not parameters
     writer.write_file(distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
@@ -146,8 +146,7 @@ bool Trainer::load_checkpoint() {
   const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, host.data(), "", false),
                                              rank_tensors(layout_, host.data(), kExpAvg, false),
                                              rank_tensors(layout_, host.data(), kExpAvgSq, false)};
-  float* const targets[3] = {master_, adamw_->exp_avg(), adamw_->exp_avg_sq()};
-  const bool sharded[3] = {master_sharded_, true, true};  // indexed by the owned ranges' local offsets
+  float* const targets[3] = {nullptr, adamw_->exp_avg(), adamw_->exp_avg_sq()};  // 0: master_from_host
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
@@ -172,10 +171,11 @@ bool Trainer::load_checkpoint() {
   }
   for (int g = 0; g < 3; ++g) {
     for (const CkptTensor& t : groups[g]) reader->read(t);
-    owned_from_host(targets[g], host.data(), sharded[g]);  // this rank's part (all of it, or its blocks)
+    // this rank's part (all of it, or its blocks); the master weights with their compute copy, all-gathered
+    if (g == 0) master_from_host(host.data());
+    else owned_from_host(targets[g], host.data(), true);
   }
   for (const CkptTensor& t : biases) reader->read(t);
-  refresh_compute_params();  // the compute copy of the loaded fp32 master weights, all-gathered
   iteration_ = reader->iteration();
   {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match
     const nlohmann::json sampler = reader->meta().value("sampler", nlohmann::json::object());
