@@ -124,8 +124,6 @@ void Trainer::setup_backend() {
 // The backend's own buffers as the plan counts them (the GPU's; the CPU backend keeps none), and
 // cuDNN's attention plans for this run's shape built now: iterations then allocate nothing.
 void Trainer::reserve_backend_workspace() {
-  if (remainders_)  // (the fp32 master weights, exact, in 2 bytes each besides the parameter)
-    spdlog::info("master weights: the bf16 parameters + 16-bit remainders (optimizer.store_param_remainders)");
   const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);
   workspace_ = ops_->reserve_workspace(plan.backend, attention_shape(dims_, cfg_.training.micro_batch_size, dtype_));
   allocator_calls_reserved_ = ops_->allocator_calls();
