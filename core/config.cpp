@@ -166,6 +166,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(optimizer, adam_eps),
       TPT_FIELD(optimizer, clip_grad),
       TPT_FIELD(optimizer, initial_loss_scale),
+      TPT_FIELD(optimizer, store_param_remainders),
       TPT_FIELD(data, path, kReq),
       TPT_FIELD(data, eod_mask_loss),
       TPT_FIELD(data, reset_position_ids),
@@ -514,6 +515,10 @@ void validate(Config& c, const Ctx& ctx) {
   check("optimizer.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0");
   check("optimizer.clip_grad", o.clip_grad, o.clip_grad >= 0, ">= 0 (0 disables clipping)");
   check("optimizer.initial_loss_scale", o.initial_loss_scale, o.initial_loss_scale > 0, "> 0");
+  if (o.store_param_remainders && c.training.precision != Precision::BF16)
+    ctx.fail("optimizer.store_param_remainders", "training.precision",
+             "needs training.precision bf16 (the master weight is the bf16 parameter plus a 16-bit remainder), got " +
+                 name_of(c.training.precision));
 
   const CheckpointConfig& ck = c.checkpoint;
   if (ctx.given("checkpoint.exit_duration_mins"))

@@ -206,6 +206,9 @@ struct OptimizerConfig {
   double adam_eps = 1.0e-8;
   double clip_grad = 1.0;               // 0 disables clipping
   double initial_loss_scale = 4294967296.0;
+  // NeMo / Apex distributed Adam's store_param_remainders (bf16 only): the fp32 master weight held as
+  // the bf16 compute copy plus a 16-bit remainder (core/dtype.h), 2 bytes instead of 4, exact
+  bool store_param_remainders = false;
 };
 
 // data.path / data.valid_path: one path (a Megatron prefix, an llm.c .bin shard or a glob of

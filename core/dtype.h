@@ -1,6 +1,7 @@
 // Per-element conversions between fp32 and the 16-bit float formats (bf16, fp16), shared by the
 // CPU and CUDA backends (docs/ARCHITECTURE.md "Backends and communicators": per-element math in __host__ __device__ inline
-// functions). All conversions from fp32 round to nearest, ties to even; infinities keep their
+// functions). All conversions from fp32 round to nearest, ties to even (but the master weights'
+// bf16 compute copy, master_to_bf16: ties away from zero); infinities keep their
 // sign, NaNs stay (quiet) NaNs with their sign, and subnormals are produced and read exactly.
 // The 16-bit values travel as their raw bit patterns (uint16_t).
 #pragma once
@@ -50,6 +51,27 @@ TPT_HOST_DEVICE inline uint16_t fp32_to_bf16(float f) {
 }
 
 TPT_HOST_DEVICE inline float bf16_to_fp32(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+// ---- an fp32 master weight as its bf16 compute copy plus a 16-bit remainder ----
+// (optimizer.store_param_remainders, Apex's param remainders.) The compute copy is the master's top
+// half rounded to nearest, ties away from zero (+1 when the low half is >= 0x8000); the remainder
+// is the low half. A 16-bit remainder can invert only a rounding whose every bf16 value has
+// exactly 2^16 fp32 preimages, which ties-to-even is not (an even value has 2^16 + 1), so the
+// bf16 compute copy of the master weights rounds this way in every bf16 run (core/ops.h
+// "master copy"): with or without remainders the weights compute uses are the same. Exact for
+// every finite value and infinity (the largest finite values round to infinity, as to even); a NaN
+// master gives a NaN of its sign (quiet bit forced) and merges back to a NaN of that sign.
+TPT_HOST_DEVICE inline uint16_t master_to_bf16(float f) {
+  const uint32_t u = float_to_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u >> 16) + ((u >> 15) & 1u));
+}
+TPT_HOST_DEVICE inline uint16_t master_remainder(float f) { return static_cast<uint16_t>(float_to_bits(f) & 0xFFFFu); }
+// The master weight of (master_to_bf16(f), master_remainder(f)): f itself (NaN: a NaN).
+TPT_HOST_DEVICE inline float master_from_remainder(uint16_t bf16, uint16_t remainder) {
+  const uint32_t top = static_cast<uint16_t>(bf16 - (remainder >> 15));  // undo the round-up
+  return bits_to_float((top << 16) | remainder);
+}
 
 // ---- fp16 (IEEE binary16): 1 sign, 5 exponent, 10 mantissa bits; max 65504, min subnormal 2^-24 ----
 
@@ -120,6 +142,11 @@ inline int dtype_bytes(DType t) {
 // gives inf); F32 (and the non-storage types) leave x as it is.
 TPT_HOST_DEVICE inline float round_to(float x, DType t) {
   return t == DType::BF16 ? round_to_bf16(x) : t == DType::F16 ? round_to_fp16(x) : x;
+}
+
+// The bits of master weight f's 16-bit compute copy: bf16 as master_to_bf16, fp16 to nearest even.
+TPT_HOST_DEVICE inline uint16_t master_copy_bits(float f, DType t) {
+  return t == DType::BF16 ? master_to_bf16(f) : fp32_to_fp16(f);
 }
 
 }  // namespace tpt

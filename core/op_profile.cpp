@@ -34,6 +34,7 @@ GradStats Ops::grad_stats(const float* grads, const std::vector<TensorSegment>& 
 
 void Ops::adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                          float grad_scale) {
+  TPT_CHECK(!b.remainders);  // the backends that hold them step them (core/cpu, core/cuda)
   for (const TensorSegment& t : segments)
     adamw(b.master + (b.master_sharded ? t.local : t.offset), b.grads + t.offset, b.m + t.local, b.v + t.local, t.n,
           a, t.flag, b.compute ? b.compute + t.offset : Buf{}, grad_scale);
@@ -348,7 +349,9 @@ class ProfiledOps final : public Ops {
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
     const double n = double(segments_numel(segments));
-    const double bytes = 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0);
+    // remainders: the master's 2 + 2 bytes read and written in place of 4 + 4, the compute copy read too
+    const double bytes = b.remainders ? 28.0 * n
+                                      : 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0);
     timed("adamw", 0, bytes, [&] { in_.adamw_segments(b, segments, a, grad_scale); });
   }
 

@@ -117,13 +117,16 @@ struct AttentionShape {
 
 // The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by
 // offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
-// bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype).
+// bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype: master_copy_bits,
+// core/dtype.h). With remainders (optimizer.store_param_remainders; compute is bf16, master null)
+// the fp32 master weight is master_from_remainder(compute, remainder), remainders indexed as master.
 struct AdamWBuffers {
   float* master = nullptr;
   bool master_sharded = false;
   const float* grads = nullptr;
   float *m = nullptr, *v = nullptr;
   Buf compute;
+  uint16_t* remainders = nullptr;
 };
 
 class Ops {
@@ -313,7 +316,8 @@ class Ops {
   // sum of squares of x (n), in double.
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // AdamW over a contiguous range; decay applies weight decay to the whole range. compute (n), if
-  // given, receives the updated p in its dtype: the compute copy of bf16/fp16 runs, in the same pass.
+  // given, receives the updated p in its dtype: the compute copy of bf16/fp16 runs, in the same pass
+  // (master_copy_bits: bf16 ties away from zero, core/dtype.h).
   // Each gradient is multiplied by grad_scale (the gradient clip, rounded to fp32) before the update,
   // exactly as scale() would have left it in the buffer.
   virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
@@ -321,7 +325,8 @@ class Ops {
   // The optimizer step as multi-tensor work (model/optimizer.h; the GPU runs each as one launch with
   // the table as its argument, and grad_stats with one read to the host). The defaults go segment by
   // segment through the calls above: grad_stats adds the flagged segments' sum_squares in table
-  // order, and checks every segment with has_nonfinite; adamw_segments runs adamw on each segment.
+  // order, and checks every segment with has_nonfinite; adamw_segments runs adamw on each segment
+  // (a backend steps master weights held as remainders itself: the default refuses them).
   virtual GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments);
   virtual void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
                               const AdamWParams& a, float grad_scale);

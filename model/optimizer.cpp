@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/config.h"
+#include "core/error.h"
 
 namespace tpt {
 
@@ -63,8 +64,9 @@ void LossScaler::update(bool found_inf) {
 }
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
-             float* master, bool master_sharded, const float* grads, Buf compute)
+             float* master, bool master_sharded, const float* grads, Buf compute, uint16_t* remainders)
     : ops_(ops) {
+  TPT_CHECK(!remainders || (compute.t == DType::BF16 && !master));
   struct Span {
     int64_t offset, n;
     bool decay;
@@ -81,7 +83,8 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>&
       const int64_t lo = std::max(s.offset, r.offset), hi = std::min(s.offset + s.n, r.offset + r.n);
       if (lo < hi) segments_.push_back({lo, r.local + (lo - r.offset), hi - lo, s.decay});
     }
-  buffers_ = {master, master_sharded, grads, ops_.alloc(size_t(owned_size)), ops_.alloc(size_t(owned_size)), compute};
+  buffers_ = {master, master_sharded, grads, ops_.alloc(size_t(owned_size)), ops_.alloc(size_t(owned_size)), compute,
+              remainders};
 }
 
 AdamW::~AdamW() {

@@ -50,8 +50,10 @@ class AdamW {
   // master_sharded an array of owned_size (indexed by local). grads: the fp32 gradient buffer.
   // compute: null, or (bf16/fp16 runs) the compute copy of the weights in its dtype, a buffer of
   // the layout whose owned ranges each step refreshes as the updated weights rounded to that dtype.
+  // remainders (optimizer.store_param_remainders; compute bf16, master null): the master weights are
+  // compute's bits plus these low halves (core/dtype.h), indexed as master would be.
   AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size, float* master,
-        bool master_sharded, const float* grads, Buf compute = {});
+        bool master_sharded, const float* grads, Buf compute = {}, uint16_t* remainders = nullptr);
   // Over the whole layout (no distributed optimizer): master = params, a buffer of the layout.
   AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute = {})
       : AdamW(layout, ops, {{0, layout.total, 0}}, layout.total, params, false, grads, compute) {}

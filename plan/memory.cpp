@@ -197,7 +197,10 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   const int64_t buffer = rb.total, owned = rb.owned;
   m.parameter_buffer = buffer;
   m.expert_buffer = rb.expert_span;
-  m.weight_bytes = dtype == DType::F32 ? buffer * 4 : dtype_size(buffer, dtype) + owned * 4;
+  // store_param_remainders (bf16): the master weight is the compute copy plus a 2-byte remainder
+  m.weight_bytes = dtype == DType::F32 ? buffer * 4
+                   : dtype_size(buffer, dtype) +
+                         (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16) : owned * 4);
   m.gradient_bytes = buffer * 4;
   m.optimizer_bytes = owned * 8;
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output

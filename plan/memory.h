@@ -5,7 +5,8 @@
 // Memory of one rank of pipeline stage s (every TP and DP rank of a stage holds the same amount):
 //   weights     fp32 master (the parameter buffer, ParamLayout::total floats) + for bf16/fp16 the
 //               compute copy (2 B/element); with the distributed optimizer the buffer is padded to
-//               its blocks and a bf16/fp16 run keeps fp32 master weights for 1/DP of it only
+//               its blocks and a bf16/fp16 run keeps fp32 master weights for 1/DP of it only;
+//               optimizer.store_param_remainders (bf16): a 2 B remainder instead of each fp32 master
 //   gradients   fp32, the parameter buffer's elements
 //   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element; of 1/DP with the distributed optimizer)
 //   activations per model chunk (model/chunks.h; one without interleaving):

@@ -227,15 +227,20 @@ void Trainer::setup_model() {
                                           tied.n > 0 ? &comm(*grid_.device_embedding(), profiled_embedding_) : nullptr,
                                           tied, sync);
   // fp32 master weights: the whole buffer (fp32 runs: the weights compute uses; without the
-  // distributed optimizer), else only the owned blocks next to a full compute copy in bf16 / fp16
+  // distributed optimizer), else only the owned blocks next to a full compute copy in bf16 / fp16;
+  // with store_param_remainders (bf16) their 16-bit remainders instead
   master_sharded_ = distributed_optimizer && dtype_ != DType::F32;
-  master_ = ops_->alloc(size_t(master_sharded_ ? grad_sync_->owned_size() : buffer_total_));
+  const int64_t master_size = master_sharded_ ? grad_sync_->owned_size() : buffer_total_;
+  if (cfg_.optimizer.store_param_remainders)
+    remainders_ = static_cast<uint16_t*>(ops_->alloc(master_size, DType::BF16).p);
+  else
+    master_ = ops_->alloc(size_t(master_size));
   params_compute_ = dtype_ == DType::F32 ? Buf(master_) : ops_->alloc(buffer_total_, dtype_);
-  owned_from_host(master_, host.data(), master_sharded_);
-  refresh_compute_params();
+  master_from_host(host.data());
   scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
-                                   master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{});
+                                   master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{},
+                                   remainders_);
   norm_segments_ = grad_norm_segments(layout_, grad_sync_->owned(), grad_sync_->unique_ranges());
 }
 
@@ -319,6 +324,8 @@ void Trainer::log_setup() {
                  master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
                  buffer_total_, grad_sync_->num_buckets(),
                  cfg_.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
+  if (remainders_)  // (the fp32 master weights, exact, in 2 bytes each besides the parameter)
+    spdlog::info("master weights: the bf16 parameters + 16-bit remainders (optimizer.store_param_remainders)");
   const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);
   const std::string chunks = stages_.size() > 1 ? fmt::format(" (interleaved: {} model chunks per rank, {} layers each)",
                                                               stages_.size(), dims_.layer_end - dims_.layer_begin)
@@ -372,6 +379,7 @@ Trainer::~Trainer() {
   adamw_.reset();
   if (ops_) {
     ops_->free(master_);
+    if (remainders_) ops_->free(reinterpret_cast<float*>(remainders_));
     ops_->free(grads_);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
     ops_->free(reinterpret_cast<float*>(dev_targets_));
@@ -501,26 +509,58 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   return loss_sum;
 }
 
-void Trainer::refresh_compute_params() {
-  if (params_compute_.p != master_)
-    for (const ShardRange& r : grad_sync_->owned())
-      ops_->convert(params_compute_ + r.offset, master_ + (master_sharded_ ? r.local : r.offset), r.n);
+namespace {
+// f(range, n) for each owned range with n > 0 elements inside the layout (the padding after the
+// last tensor left out: the host buffers hold layout.total)
+template <class F>
+void for_each_owned(const std::vector<ShardRange>& owned, int64_t total, F&& f) {
+  for (const ShardRange& r : owned) {
+    const int64_t n = std::max<int64_t>(0, std::min(r.n, total - r.offset));
+    if (n > 0) f(r, n);
+  }
+}
+}  // namespace
+
+void Trainer::master_from_host(const float* host) {
+  if (master_) owned_from_host(master_, host, master_sharded_);
+  if (params_compute_.p != master_) {
+    std::vector<uint16_t> bits, low;
+    for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+      bits.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = master_copy_bits(host[r.offset + i], dtype_);
+      ops_->to_device(params_compute_ + r.offset, bits.data(), n);
+      if (!remainders_) return;
+      low.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) low[size_t(i)] = master_remainder(host[r.offset + i]);
+      ops_->to_device(Buf(remainders_ + (master_sharded_ ? r.local : r.offset), DType::BF16), low.data(), n);
+    });
+  }
   grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: every block to every DP rank
   grad_sync_->wait_params(INT_MAX);
 }
 
+void Trainer::master_to_host(float* host) const {
+  if (master_) return owned_to_host(host, master_, master_sharded_);
+  std::vector<uint16_t> bits, low;
+  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    bits.resize(size_t(n));
+    low.resize(size_t(n));
+    ops_->to_host(bits.data(), params_compute_ + r.offset, n);
+    ops_->to_host(low.data(), CBuf(remainders_ + (master_sharded_ ? r.local : r.offset), DType::BF16), n);
+    for (int64_t i = 0; i < n; ++i) host[r.offset + i] = master_from_remainder(bits[size_t(i)], low[size_t(i)]);
+  });
+}
+
 void Trainer::owned_to_host(float* host, const float* state, bool sharded) const {
-  for (const ShardRange& r : grad_sync_->owned()) {
-    const int64_t n = std::max<int64_t>(0, std::min(r.n, layout_.total - r.offset));
-    if (n > 0) ops_->to_host(host + r.offset, state + (sharded ? r.local : r.offset), n);
-  }
+  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    ops_->to_host(host + r.offset, state + (sharded ? r.local : r.offset), n);
+  });
 }
 
 void Trainer::owned_from_host(float* state, const float* host, bool sharded) {
-  for (const ShardRange& r : grad_sync_->owned()) {
-    const int64_t n = std::max<int64_t>(0, std::min(r.n, layout_.total - r.offset));
-    if (n > 0) ops_->to_device(state + (sharded ? r.local : r.offset), host + r.offset, n);
-  }
+  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    ops_->to_device(state + (sharded ? r.local : r.offset), host + r.offset, n);
+  });
 }
 
 Trainer::StepResult Trainer::train_step(int64_t k) {

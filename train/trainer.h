@@ -62,9 +62,12 @@ class Trainer {
   // data.eod_mask_loss: target tokens of the global batch at `base` that count in the loss (on
   // every DP rank alike, so the mean is over the whole batch whatever the layout); else G * S.
   int64_t counted_tokens(const BlendedDataset& ds, int64_t base) const;
-  // The compute copy of the parameters = master rounded to the compute dtype (the owned blocks,
-  // then the distributed optimizer's all-gather).
-  void refresh_compute_params();
+  // The master weights of a host buffer of the layout (layout_.total floats): the owned ranges of
+  // master_, their compute copy (master_copy_bits; with remainders that and remainders_), then the
+  // distributed optimizer's all-gather of the compute copy. master_to_host: the fp32 master
+  // weights of the owned ranges into such a buffer (with remainders, merged on the host).
+  void master_from_host(const float* host);
+  void master_to_host(float* host) const;
   // A state indexed like the master weights (sharded: by the owned ranges' local offsets; else a
   // buffer of the layout) to / from a host buffer of the layout (layout_.total floats; only the
   // owned ranges are touched).
@@ -109,6 +112,9 @@ class Trainer {
   int64_t buffer_total_ = 0;  // elements of the parameter / gradient buffers (GradSync::buffer_size)
   float* master_ = nullptr;   // fp32 master weights: the buffer, or (master_sharded_) the owned blocks
   bool master_sharded_ = false;
+  // optimizer.store_param_remainders: no master_; the master weights are params_compute_'s bf16
+  // bits plus these low halves (indexed like master_)
+  uint16_t* remainders_ = nullptr;
   float* grads_ = nullptr;    // fp32, buffer_total_
   DType dtype_ = DType::F32;
   Buf params_compute_;  // the weights compute uses: master_ in fp32, else their bf16/fp16 copy

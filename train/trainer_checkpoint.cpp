@@ -97,7 +97,7 @@ std::vector<CheckpointFile> Trainer::stage_checkpoint(float* const host[3]) {
   if (unique.empty()) return {};
   const bool distributed = grad_sync_->distributed();  // every replica saves the blocks it owns
   const int replica = grid_.dp_cp_rank();  // DP rank, or with context parallelism the DP x CP rank
-  owned_to_host(host[0], master_, master_sharded_);
+  master_to_host(host[0]);  // the fp32 master weights (with remainders: merged)
   owned_to_host(host[1], adamw_->exp_avg(), true);
   owned_to_host(host[2], adamw_->exp_avg_sq(), true);
   std::vector<CkptTensor> model = rank_tensors(layout_, host[0], "", true, unique);
@@ -272,8 +272,7 @@ bool Trainer::load_checkpoint() {
   const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, host.data(), "", false),
                                              rank_tensors(layout_, host.data(), kExpAvg, false),
                                              rank_tensors(layout_, host.data(), kExpAvgSq, false)};
-  float* const targets[3] = {master_, adamw_->exp_avg(), adamw_->exp_avg_sq()};
-  const bool sharded[3] = {master_sharded_, true, true};  // indexed by the owned ranges' local offsets
+  float* const targets[3] = {nullptr, adamw_->exp_avg(), adamw_->exp_avg_sq()};  // 0: master_from_host
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
@@ -301,11 +300,12 @@ bool Trainer::load_checkpoint() {
   const auto t_read = std::chrono::steady_clock::now();
   for (int g = 0; g < 3; ++g) {
     reader->read_all(groups[g], threads);
-    owned_from_host(targets[g], host.data(), sharded[g]);  // this rank's part (all of it, or its blocks)
+    // this rank's part (all of it, or its blocks); the master weights with their compute copy, all-gathered
+    if (g == 0) master_from_host(host.data());
+    else owned_from_host(targets[g], host.data(), true);
   }
   reader->read_all(biases, 1);
   double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count();
-  refresh_compute_params();  // the compute copy of the loaded fp32 master weights, all-gathered
   iteration_ = reader->iteration();
   {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match
     const nlohmann::json sampler = reader->meta().value("sampler", nlohmann::json::object());

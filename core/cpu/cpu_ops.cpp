@@ -470,7 +470,26 @@ class CpuOps final : public Ops {
       adamw_update(p[i], g[i] * grad_scale, m[i], v[i], a, decay);  // g * 1 is g: no clip, no change
       if (!compute) continue;
       if (t == DType::F32) c32[i] = p[i];
-      else c16[i] = t == DType::BF16 ? fp32_to_bf16(p[i]) : fp32_to_fp16(p[i]);
+      else c16[i] = master_copy_bits(p[i], t);
+    }
+  }
+  void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                      float grad_scale) override {
+    if (!b.remainders) return Ops::adamw_segments(b, segments, a, grad_scale);
+    TPT_CHECK(b.compute.t == DType::BF16 && !b.master);
+    uint16_t* c = static_cast<uint16_t*>(b.compute.p);
+    for (const TensorSegment& t : segments) {
+      uint16_t* r = b.remainders + (b.master_sharded ? t.local : t.offset);
+      uint16_t* ct = c + t.offset;
+      const float* g = b.grads + t.offset;
+      float *m = b.m + t.local, *v = b.v + t.local;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < t.n; ++i) {
+        float p = master_from_remainder(ct[i], r[i]);
+        adamw_update(p, g[i] * grad_scale, m[i], v[i], a, t.flag);
+        ct[i] = master_to_bf16(p);
+        r[i] = master_remainder(p);
+      }
     }
   }
 

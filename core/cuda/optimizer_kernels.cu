@@ -7,6 +7,7 @@
 // search and steps through the following ones. grad_stats adds the blocks' partial sums in block
 // order (deterministic) and reads the squared norm and the nan/inf flag to the host in one copy.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda/device_util.h"
 #include "core/cuda/kernels.h"
@@ -52,26 +53,42 @@ __device__ inline void for_each_chunk_element(const SegmentTable& t, F&& f) {
   }
 }
 
+// The compute copy of a master weight (core/dtype.h master_copy_bits: bf16 ties away from zero).
+__device__ __forceinline__ void store_master_copy(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_master_copy(bf16* p, float v) { p->bits = master_to_bf16(v); }
+__device__ __forceinline__ void store_master_copy(fp16* p, float v) { p->bits = fp32_to_fp16(v); }
+
 template <class T>
 struct AdamWArgs {
-  float* master;
+  float* master;  // null with remainders
   bool master_sharded;
   const float* g;
   float *m, *v;
   T* compute;  // may be null
+  uint16_t* remainders;  // optimizer.store_param_remainders (T = bf16): the master's low halves
 };
 
 template <class T>
 __global__ void adamw_segments_kernel(SegmentTable t, AdamWArgs<T> b, AdamWParams a, float grad_scale) {
   for_each_chunk_element(t, [&](int seg, int64_t i) {
-    const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i;
-    float* p = b.master + (b.master_sharded ? loc : off);
-    float pv = *p, mv = b.m[loc], vv = b.v[loc];
+    const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i, at = b.master_sharded ? loc : off;
+    float pv, mv = b.m[loc], vv = b.v[loc];
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (b.remainders) pv = master_from_remainder(b.compute[off].bits, b.remainders[at]);
+      else pv = b.master[at];
+    } else {
+      pv = b.master[at];
+    }
     adamw_update(pv, b.g[off] * grad_scale, mv, vv, a, t.flag[seg]);
-    *p = pv;
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (b.remainders) b.remainders[at] = master_remainder(pv);
+      else b.master[at] = pv;
+    } else {
+      b.master[at] = pv;
+    }
     b.m[loc] = mv;
     b.v[loc] = vv;
-    if (b.compute) st(b.compute, off, pv);
+    if (b.compute) store_master_copy(b.compute + off, pv);
   });
 }
 
@@ -155,7 +172,9 @@ struct AdamWF {
     store_vec<W>(p + i, pp);
     store_vec<W>(m + i, mm);
     store_vec<W>(v + i, vv);
-    if (compute) store_vec<W>(compute + i, pp);
+    if (compute)
+#pragma unroll
+      for (int k = 0; k < W; ++k) store_master_copy(compute + i + k, pp[k]);
   }
 };
 
@@ -194,7 +213,8 @@ void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count,
                     float grad_scale, cudaStream_t s) {
   dispatch(b.compute.t, [&](auto tag) {
     using T = decltype(tag);
-    const AdamWArgs<T> args{b.master, b.master_sharded, b.grads, b.m, b.v, typed<T>(b.compute)};
+    TPT_CHECK(!b.remainders || (std::is_same_v<T, bf16> && !b.master));
+    const AdamWArgs<T> args{b.master, b.master_sharded, b.grads, b.m, b.v, typed<T>(b.compute), b.remainders};
     for_each_table(segs, count, [&](const SegmentTable& t, int64_t blocks, int64_t) {
       adamw_segments_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(t, args, a, grad_scale);
       TPT_CUDA_LAUNCHED();

@@ -253,6 +253,9 @@ compare tp2_pp2_bf16_selective 4 2 2 training.precision=bf16 training.recompute=
 compare pp2_gpipe_bf16_full 2 1 2 training.precision=bf16 training.recompute=full parallel.pipeline_schedule=gpipe
 compare tp2_dp2_fp16 4 2 1 training.precision=fp16
 compare dp4_distopt_bf16 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true
+# optimizer.store_param_remainders: the bf16 parameters + 2-byte remainders (whole, or the owned blocks)
+compare single_bf16_remainders 1 1 1 training.precision=bf16 optimizer.store_param_remainders=true
+compare dp4_distopt_bf16_remainders 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true
 compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
 # the schedules beyond 1F1B: 2 model chunks per rank (each its slots, scratch and receive
 # buffers), and zb-h1's stash of the GEMMs' output gradients per slot

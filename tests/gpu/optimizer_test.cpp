@@ -71,6 +71,69 @@ TEST(GpuOptimizer, AdamWSegmentsMatchCpu) {
   }
 }
 
+// optimizer.store_param_remainders: the kernel over remainders (master = bf16 compute bits + low
+// half) moves the weights bit for bit as the kernel over fp32 master weights with a bf16 compute
+// copy, whole and sharded, and as the CPU backend's remainders within rounding.
+TEST(GpuOptimizer, AdamWSegmentsWithRemaindersBitwiseAsFp32Master) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  std::vector<TensorSegment> segs;
+  const int64_t total = make_table(segs, 700, 11);
+  const int64_t owned = segs.back().local + segs.back().n;
+  for (const bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded" : "whole");
+    const int64_t master_n = sharded ? owned : total;
+    VecF master = randn(size_t(master_n), 151, 0.05f);
+    for (size_t i = 0; i < master.size(); i += 3)  // exact ties of the bf16 rounding
+      master[i] = bits_to_float((float_to_bits(master[i]) & 0xFFFF0000u) | 0x8000u);
+    // the compute copy (by offset) of each owned element, and its remainder (indexed as master)
+    std::vector<uint16_t> bits(static_cast<size_t>(total), 0), low(static_cast<size_t>(master_n), 0);
+    for (const TensorSegment& t : segs)
+      for (int64_t i = 0; i < t.n; ++i) {
+        const float x = master[size_t((sharded ? t.local : t.offset) + i)];
+        bits[size_t(t.offset + i)] = master_to_bf16(x);
+        low[size_t((sharded ? t.local : t.offset) + i)] = master_remainder(x);
+      }
+    Pair p(*cpu, *gpu, master), g(*cpu, *gpu, randn(size_t(total), 152)), m(*cpu, *gpu, VecF(size_t(owned))),
+        v(*cpu, *gpu, VecF(size_t(owned))), m2(*cpu, *gpu, VecF(size_t(owned))), v2(*cpu, *gpu, VecF(size_t(owned)));
+    Dev c32(*gpu, size_t(total), DType::BF16), c16(*gpu, size_t(total), DType::BF16), c16c(*cpu, size_t(total), DType::BF16);
+    Dev rem(*gpu, size_t(master_n), DType::BF16), remc(*cpu, size_t(master_n), DType::BF16);
+    for (const Dev* d : {&c32, &c16}) gpu->to_device(d->buf(), bits.data(), total);
+    cpu->to_device(c16c.buf(), bits.data(), total);
+    gpu->to_device(rem.buf(), low.data(), master_n);
+    cpu->to_device(remc.buf(), low.data(), master_n);
+    auto* r = static_cast<uint16_t*>(rem.buf().p);
+    auto* rc = static_cast<uint16_t*>(remc.buf().p);
+    for (int step = 1; step <= 3; ++step) {
+      const float clip = step == 1 ? 0.37f : 1.0f;
+      const AdamWParams a = adamw_params(step);
+      gpu->adamw_segments({p.gpu.f32(), sharded, g.gpu.f32(), m.gpu.f32(), v.gpu.f32(), c32.buf()}, segs, a, clip);
+      gpu->adamw_segments({nullptr, sharded, g.gpu.f32(), m2.gpu.f32(), v2.gpu.f32(), c16.buf(), r}, segs, a, clip);
+      cpu->adamw_segments({nullptr, sharded, g.cpu.f32(), m2.cpu.f32(), v2.cpu.f32(), c16c.buf(), rc}, segs, a, clip);
+    }
+    EXPECT_TRUE(bitwise(c16.host(), c32.host()));
+    EXPECT_TRUE(bitwise(m2.gpu.host(), m.gpu.host()));
+    EXPECT_TRUE(bitwise(v2.gpu.host(), v.gpu.host()));
+    const size_t nt = size_t(total), nm = size_t(master_n);
+    std::vector<uint16_t> b16(nt), l16(nm), b16c(nt), l16c(nm);
+    gpu->to_host(b16.data(), c16.buf(), total);
+    gpu->to_host(l16.data(), rem.buf(), master_n);
+    cpu->to_host(b16c.data(), c16c.buf(), total);
+    cpu->to_host(l16c.data(), remc.buf(), master_n);
+    const VecF want = p.gpu.host();
+    VecF merged(nm, 0.0f), merged_cpu(nm, 0.0f), want_owned(nm, 0.0f);
+    for (const TensorSegment& t : segs)
+      for (int64_t i = 0; i < t.n; ++i) {
+        const size_t at = size_t((sharded ? t.local : t.offset) + i), off = size_t(t.offset + i);
+        merged[at] = master_from_remainder(b16[off], l16[at]);
+        merged_cpu[at] = master_from_remainder(b16c[off], l16c[at]);
+        want_owned[at] = want[at];
+      }
+    EXPECT_TRUE(bitwise(merged, want_owned)) << "the merged master weights are the fp32 ones";
+    EXPECT_TRUE(close(merged, merged_cpu, 1e-6, 1e-7));
+  }
+}
+
 TEST(GpuReductions, GradStatsMatchCpu) {
   auto cpu = cpu_ops();
   auto gpu = gpu_ops();

@@ -113,6 +113,7 @@ SCHEMA = {
         "adam_eps": ("float", EXPLICIT, 1.0e-8, False),
         "clip_grad": ("float", EXPLICIT, 1.0, False),
         "initial_loss_scale": ("float", 4294967296.0, None, False),
+        "store_param_remainders": ("bool", False, False, False),  # storage only: the same numerics
     },
     "data": {
         "path": ("str", REQUIRED, None, False),

@@ -552,7 +552,7 @@ TEST(GradCheck, AdamWMatchesTorchSteps) {
         const double want = decay ? torch_decay[s - 1][i] : torch_nodecay[s - 1][i];
         EXPECT_NEAR(p[size_t(i)], want, 3e-6) << "step " << s << " element " << i;
         EXPECT_EQ(p1[size_t(i)], p[size_t(i)]);
-        EXPECT_EQ(c[size_t(i)], fp32_to_bf16(p[size_t(i)]));  // the compute copy, in the same pass
+        EXPECT_EQ(c[size_t(i)], master_to_bf16(p[size_t(i)]));  // the compute copy, in the same pass
       }
     }
     for (int i = 0; i < 4; ++i) {

@@ -87,6 +87,28 @@ TEST(Memory, SC21ModelStateIs18BytesPerParameter) {
   EXPECT_NEAR(double(state) / 64 / 1e9, 41.2, 0.1);
 }
 
+// optimizer.store_param_remainders: 2 B per owned element instead of the fp32 master's 4 (SC21 on
+// 1536 GPUs: 16 B per parameter, and with the distributed optimizer over DP 24 4 + 10/24).
+TEST(Memory, ParamRemaindersHalveTheMasterWeights) {
+  for (const bool distributed : {false, true}) {
+    Config c = sc21_145b();
+    c.parallel.distributed_optimizer = distributed;
+    Config r = c;
+    r.optimizer.store_param_remainders = true;
+    for (int stage : {0, 7}) {
+      const StageMemory m = stage_memory(c, stage), mr = stage_memory(r, stage);
+      const int64_t owned = distributed ? m.parameter_buffer / 24 : m.parameter_buffer;
+      EXPECT_EQ(m.weight_bytes - mr.weight_bytes, 2 * owned) << distributed << " stage " << stage;
+      EXPECT_EQ(mr.weight_bytes, 2 * m.parameter_buffer + 2 * owned);
+      EXPECT_EQ(mr.gradient_bytes, m.gradient_bytes);
+      EXPECT_EQ(mr.optimizer_bytes, m.optimizer_bytes);
+      if (!distributed) {
+        EXPECT_EQ(mr.model_state_bytes(), 16 * m.parameter_buffer);
+      }
+    }
+  }
+}
+
 TEST(Memory, GPT2SmallParameters) {
   // GPT-2 124M: 12 layers, hidden 768, 12 heads, 1024 positions, vocab 50257
   const std::string shape =
