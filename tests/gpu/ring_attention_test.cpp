@@ -72,7 +72,8 @@ TEST(GpuRingAttention, BlocksMatchCpu) {
     for (int64_t D : {8, 64, 80})
       for (int cp = 1; cp <= 4; ++cp) {
         SCOPED_TRACE(std::string(dtype_name(t)) + " D " + std::to_string(D) + " cp " + std::to_string(cp));
-        for (int r = 0; r < cp; ++r) check_ring_blocks(*cpu, *gpu, t, 2, 5, 4, 2, D, cp, r, t == DType::F32 ? 1e-5 : 1e-2);
+        for (int r = 0; r < cp; ++r)
+          check_ring_blocks(*cpu, *gpu, t, 2, 5, 4, 2, D, cp, r, t == DType::F32 ? 1e-5 : 1e-2);
       }
 }
 

@@ -371,7 +371,8 @@ bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T
   const bool usable = (t == DType::BF16 || t == DType::F16) && out.t == t && lse && D % 8 == 0 && B > 0 &&
                       T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) && aligned16(out.p) &&
                       aligned16(lse) && impl_->ready();
-  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward), int(Mode::Whole)}) : nullptr;
+  fe::graph::Graph* g =
+      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward), int(Mode::Whole)}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
@@ -392,7 +393,8 @@ bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const flo
   const bool usable = (t == DType::BF16 || t == DType::F16) && dqkv.t == t && dout.t == t && out.t == t && lse &&
                       D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) &&
                       aligned16(dqkv.p) && aligned16(dout.p) && aligned16(out.p) && aligned16(lse) && impl_->ready();
-  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward), int(Mode::Whole)}) : nullptr;
+  fe::graph::Graph* g =
+      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward), int(Mode::Whole)}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;

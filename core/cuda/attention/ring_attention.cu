@@ -3,9 +3,9 @@
 // registers, as the CPU backend's row loop (core/cpu/ring_kernels.cpp) does. Simple and exact rather
 // than fast: the ring's test fixture and the fallback where cuDNN does not run a block
 // (core/cuda/attention/cudnn_attention.h ring_forward: fp32, shapes it refuses, no cuDNN); the
-// cuDNN path's fp32 merge and gradient sums are here too. The backward's warps of one block share its keys, so they add their dK/dV into the fp32
-// block gradient with atomicAdd: the backend's one kernel with atomics, not bitwise reproducible
-// (the CPU backend adds in a fixed order).
+// cuDNN path's fp32 merge and gradient sums are here too. The backward's warps of one block share
+// its keys, so they add their dK/dV into the fp32 block gradient with atomicAdd: the backend's one
+// kernel with atomics, not bitwise reproducible (the CPU backend adds in a fixed order).
 #include <cmath>
 #include <string>
 
