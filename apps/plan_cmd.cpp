@@ -137,6 +137,7 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
           {"dp", p.dp},
           {"cp", p.cp},
           {"cp_comm_bytes", p.cp_comm_bytes},
+          {"cp_attention_kernel", p.cp_attention_kernel},
           {"num_microbatches", p.num_microbatches},
           {"micro_batch_size", c.training.micro_batch_size},
           {"global_batch_size", c.training.global_batch_size},
@@ -191,9 +192,12 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   if (p.cp > 1)
     std::printf("context parallel: CP %d: each CP rank holds %lld of a "
                 "sequence's %d tokens (2 of %d chunks); the attention ring sends %s per rank per iteration; "
-                "gradients reduced over DP x CP = %d\n",
+                "gradients reduced over DP x CP = %d; on GPUs its blocks run %s\n",
                 p.cp, (long long)(m.seq_length / p.cp), m.seq_length, 2 * p.cp, bytes(double(p.cp_comm_bytes)).c_str(),
-                p.dp * p.cp);
+                p.dp * p.cp,
+                p.cp_attention_kernel == "cudnn"
+                    ? "cuDNN's SDPA per pair of token chunks (where libcudnn.so.9 loads)"
+                    : "the fallback kernel (a warp per query row, dK/dV by atomics)");
   if (m.is_moe())
     std::printf("mixture of experts: %d experts (width %d) per MoE layer, top-%d: %s expert parameters, %s active per "
                 "token; EP %d (each rank holds %d experts per layer), expert data-parallel EDP %d (the experts' "

@@ -49,6 +49,14 @@ inline int64_t embedding_sort_temp_bound(int64_t N);
 // queries the built graphs at start-up and warns if they ask for more than this.
 inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t D, bool deterministic);
 
+// Context parallelism's ring blocks through cuDNN (CudnnAttention::ring_*): each block is up to four
+// (query chunk, key chunk) pairs of c = T / 2 tokens, each one SDPA call whose results are staged
+// and then merged / added in fp32 by our kernels. The staging buffer, 256-byte aligned parts, holds
+// the larger of the forward's (the pair's O (B, c, H D) 16-bit and stats (B, H, c) fp32) and the
+// backward's (dQ (B, c, H D) and dK|dV (B, c, 2 KV D), 16-bit). cuDNN's own workspace for a pair is
+// cudnn_attention_workspace_bytes(B, H, c, D, deterministic) (the unmasked pairs' as the causal's).
+inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D);
+
 // ---- definitions
 
 inline int64_t column_sum_chunks(int64_t N, int64_t C) {
@@ -81,6 +89,13 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, 
   if (!deterministic) return softmax_sum + B * H * T * D * 4;
   const int64_t tq = (T + 63) / 64 * 64, tk = (T + 127) / 128 * 128;
   return softmax_sum + B * H * tq * tk * 2;
+}
+
+inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D) {
+  if (B <= 0 || c <= 0 || H <= 0) return 0;
+  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  const int64_t o = up(B * c * H * D * 2);
+  return std::max(o + up(B * H * c * 4), o + up(B * c * 2 * KV * D * 2));
 }
 
 }  // namespace tpt

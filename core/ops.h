@@ -108,11 +108,11 @@ struct BackendWorkspace {
   int64_t attention_forward_asked = -1, attention_backward_asked = -1;
 };
 // A run's attention calls (every layer's the same shape): B sequences of T tokens, H query and KV
-// key / value heads of D channels, in dtype t. B == 0: none through the fused attention (context
-// parallelism's ring computes its own blocks).
+// key / value heads of D channels, in dtype t. B == 0: none through the fused attention.
 struct AttentionShape {
   int64_t B = 0, T = 0, H = 0, KV = 0, D = 0;
   DType t = DType::F32;
+  bool ring = false;  // context parallelism: the ring blocks' (attention_block_*), T the rank's 2 chunks
 };
 
 // The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by

@@ -248,8 +248,11 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
 }
 
 AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtype) {
-  if (d.cp > 1) return {};  // the CP ring: attention_block_* on the backend's own kernels
-  return {micro_batch, d.S, d.Hl, d.kv_heads, d.D, dtype};
+  return {micro_batch, d.S, d.Hl, d.kv_heads, d.D, dtype, d.cp > 1};
+}
+
+std::string cp_attention_kernel(const GPTDims& d, DType dtype) {
+  return dtype != DType::F32 && d.D % 8 == 0 && d.S % 8 == 0 ? "cudnn" : "fallback";
 }
 
 BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64_t micro_batch, DType dtype,
@@ -259,12 +262,17 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
   // the gradient norm's reduction over the parameter buffer: its segments are the tensors cut by
   // the owned ranges (the distributed optimizer's, at most one per tensor more)
   w.scratch = std::max(grad_stats_scratch_bytes(parameter_buffer, 2 * parameter_tensors), sum_squares_scratch_bytes());
+  int64_t ring_staging = 0;
   for (const GPTDims& d : chunks) {
     const int64_t N = micro_batch * d.S, Nt = d.local_tokens(N);
     // cuDNN's attention (bf16 / fp16, head dimension a multiple of 8): one shape for every layer
     const AttentionShape a = attention_shape(d, micro_batch, dtype);
-    if (a.B > 0 && dtype != DType::F32 && d.D % 8 == 0)
-      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, a.T, a.D, deterministic));
+    // (CP: per pair of the ring's c = T / 2 token chunks, and the pairs' staging, its own buffer)
+    if (a.B > 0 && dtype != DType::F32 && d.D % 8 == 0) {
+      const int64_t T = a.ring ? a.T / 2 : a.T;
+      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, T, a.D, deterministic));
+      if (a.ring) ring_staging = std::max(ring_staging, cudnn_ring_staging_bytes(a.B, T, a.H, a.KV, a.D));
+    }
     // column sums: the norms' weight (and LayerNorm bias) gradients over this rank's rows; bias
     // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel
     // bias) over the GEMM's rows
@@ -291,7 +299,7 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
   // as the backend's buffers hold them (at least 1 MiB each); cuDNN's workspace is one too
   w.scratch = device_buffer_bytes(w.scratch);
   w.bias_grad = device_buffer_bytes(w.bias_grad);
-  w.attention = device_buffer_bytes(w.attention);
+  w.attention = device_buffer_bytes(w.attention) + device_buffer_bytes(ring_staging);
   return w;
 }
 
@@ -621,6 +629,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
   // a pipeline message: the stage output (B*S*C; this TP rank's B*S*C/TP with sequence parallelism)
   const int64_t message =
       dtype_size(stage_message_elements(make_chunk_dims_cp(cfg, plan.tp, P, 0), cfg.training.micro_batch_size), dtype);
+  if (plan.cp > 1) plan.cp_attention_kernel = cp_attention_kernel(make_chunk_dims_cp(cfg, plan.tp, P, 0), dtype);
   for (int s = 0; s < P; ++s) {
     plan.stages.push_back(stage_memory(cfg, s));
     const StageMemory& m = plan.stages.back();

@@ -108,9 +108,14 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
 // stage's word-embedding sort; the widest bias-gradient epilogue output.
 BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64_t micro_batch, DType dtype,
                                        int64_t parameter_buffer, int64_t parameter_tensors, bool deterministic);
-// The attention calls of a rank holding those chunks, for Ops::reserve_workspace (B 0 with context
-// parallelism: the ring's own block kernels).
+// The attention calls of a rank holding those chunks, for Ops::reserve_workspace (with context
+// parallelism the ring blocks': ring, T the rank's tokens).
 AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtype);
+// The kernel CudaOps runs a CP ring block with: "cudnn" (cuDNN's SDPA per pair of token chunks:
+// bf16 / fp16, head dimension a multiple of 8, chunks a multiple of 4 tokens -- where libcudnn.so.9
+// loads and builds the graphs, else the fallback), "fallback" (core/cuda/attention/ring_attention.cu,
+// a warp per query row, dK/dV by atomics).
+std::string cp_attention_kernel(const GPTDims& d, DType dtype);
 // One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,
 // workspace .., buffers .., backend .. MiB" (the trainer's start-up log uses it; no backend part on
 // CPU ranks).
@@ -181,6 +186,8 @@ struct Plan {
   // per rank per iteration: all-reduce payloads (TP, DP incl. the tied embedding) and bytes sent p2p
   int64_t tp_comm_bytes = 0, pp_comm_bytes = 0, dp_comm_bytes = 0;
   int64_t cp_comm_bytes = 0;           // context parallelism: the ring's K/V blocks and their gradients sent
+  // context parallelism: what the CUDA backend runs the ring's blocks with (cp_attention_kernel)
+  std::string cp_attention_kernel;
   int64_t ep_comm_bytes = 0;           // expert parallelism: the MoE dispatch's all-to-alls sent (rows, gradients)
   double pipeline_time_s = 0, dp_time_s = 0, optimizer_time_s = 0;  // dp_time_s: the exposed part
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;

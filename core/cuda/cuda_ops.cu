@@ -263,7 +263,8 @@ class CudaOps final : public Ops {
     if (cudnn_) {
       // cuDNN's graphs for the shape built now; the workspace as they ask (the plan's count is the
       // fit check's; the trainer reports both)
-      const auto p = cudnn_->prepare(a.B, a.T, a.H, a.KV, a.D, a.t, 0);
+      const auto p = a.ring ? cudnn_->prepare_ring(a.B, a.T, a.H, a.KV, a.D, a.t)
+                            : cudnn_->prepare(a.B, a.T, a.H, a.KV, a.D, a.t, 0);
       held.attention = p.held;
       held.attention_forward_asked = p.forward;
       held.attention_backward_asked = p.backward;
@@ -390,13 +391,18 @@ class CudaOps final : public Ops {
       internal_error("attention: " + std::to_string(KV) + " key / value heads for " + std::to_string(H) +
                      " query heads (it must divide them)");
   }
-  // context parallelism's ring blocks (core/cuda/attention/ring_attention.cu)
+  // context parallelism's ring blocks: cuDNN's SDPA per pair of chunks where it runs the shape
+  // (core/cuda/attention/cudnn_attention.h ring_forward), else core/cuda/attention/ring_attention.cu
   void attention_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
                                int64_t D, const RingBlock& blk) override {
+    if (cudnn_ && qkv.t != DType::F32 && cudnn_->ring_forward(out, lse, qkv, kv, B, T, H, KV, D, blk)) return;
     cuda::ring_block_forward(out, lse, qkv, kv, B, T, H, KV, D, blk, stream_);
   }
   void attention_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv, CBuf kv,
                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) override {
+    if (cudnn_ && qkv.t != DType::F32 &&
+        cudnn_->ring_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, H, KV, D, blk))
+      return;
     cuda::ring_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, H, KV, D, blk, stream_);
   }
   void copy_rows(Buf dst, int64_t dst_stride, CBuf src, int64_t src_stride, int64_t rows, int64_t cols) override {

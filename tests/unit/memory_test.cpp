@@ -294,8 +294,9 @@ TEST(Memory, PlanBoundsCountModelChunksAndTheWorld) {
 // llm.c's micro-batch 16, T 1024: cuDNN's backward workspace as cudnn-frontend sizes it -- softmax
 // sums B H T fp32, plus the deterministic algorithm's dP (B H T T 16-bit values: ~384 MiB, the number
 // a first GPU run must not discover mid-iteration) or the non-deterministic dQ accumulator (B H T D
-// fp32) --, cuBLASLt's 32 MiB; none for fp32 (no cuDNN), with context parallelism (the ring's own
-// kernels) or on CPU ranks (tensor bytes only).
+// fp32) --, cuBLASLt's 32 MiB; none for fp32 (no cuDNN) or on CPU ranks (tensor bytes only). With
+// context parallelism the ring's pairs of c = T / (2 CP) token chunks: their workspace, and their
+// staging (O and dQ (B, c, H D) 16-bit, plus the larger of stats (B, H, c) fp32 and dK|dV (B, c, 2 H D)).
 TEST(Memory, GpuBackendWorkspaceCountsCudnnAttentionByMode) {
   const std::string gpt2 = "num_layers: 12, hidden_size: 768, num_attention_heads: 12, seq_length: 1024, vocab_size: 50257";
   const std::string train = "training: {micro_batch_size: 16, global_batch_size: 16, train_iters: 1, precision: bf16";
@@ -319,9 +320,12 @@ TEST(Memory, GpuBackendWorkspaceCountsCudnnAttentionByMode) {
   const StageMemory tp2 = stage_memory(
       config(gpt2, "parallel: {tensor_model_parallel_size: 2}\n" + train + "}", 2), 0);
   EXPECT_EQ(tp2.backend.attention, B * (H / 2) * T * 4 + B * (H / 2) * T * T * 2);
-  // none for fp32, context parallelism, CPU ranks
+  // CP 2: c = 256, every term over 1 MiB
+  const int64_t c = T / 4;
+  EXPECT_EQ(stage_memory(config(gpt2, "parallel: {context_parallel_size: 2}\n" + train + "}", 2), 0).backend.attention,
+            B * H * c * 4 + B * H * c * c * 2 + B * c * H * D * 2 + B * c * 2 * H * D * 2);
+  // none for fp32, CPU ranks
   EXPECT_EQ(stage_memory(config(gpt2, "training: {micro_batch_size: 16, train_iters: 1}", 1), 0).backend.attention, 0);
-  EXPECT_EQ(stage_memory(config(gpt2, "parallel: {context_parallel_size: 2}\n" + train + "}", 2), 0).backend.attention, 0);
   const StageMemory cpu = stage_memory(config(gpt2, train + "}", 1), 0, /*gpu_backend=*/false);
   EXPECT_EQ(cpu.backend.total(), 0);
   EXPECT_EQ(cpu.total_bytes(), det.tensor_bytes());

@@ -7,6 +7,9 @@
 // without them it warns once and runs its own attention kernels.
 #include "core/cuda/attention/cudnn_attention.h"
 
+#include "core/cuda/attention/ring_attention.h"
+#include "core/gpu_workspace.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -42,11 +45,13 @@
 namespace tpt::cuda {
 
 namespace {
-std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fell_back{0};
+std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fell_back{0}, g_ring_forward{0}, g_ring_backward{0},
+    g_ring_fell_back{0};
 }  // namespace
 
 CudnnAttentionStats cudnn_attention_stats() {
-  return {g_forward.load(), g_backward.load(), g_fell_back.load()};
+  return {g_forward.load(),      g_backward.load(),      g_fell_back.load(),
+          g_ring_forward.load(), g_ring_backward.load(), g_ring_fell_back.load()};
 }
 
 #ifdef TPTRAIN_HAVE_CUDNN
@@ -120,7 +125,15 @@ std::string last_cudnn_error() {
 }
 
 enum class Dir : int { Forward = 0, Backward = 1 };
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;  // B, T, H, KV, D, dtype, direction
+// the whole causal sequence (attention_forward / backward), or a ring block's pair of chunks
+enum class Mode : int { Whole = 0, RingCausal = 1, RingFull = 2 };
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;  // B, T, H, KV, D, dtype, Dir, Mode
+
+// The shapes every graph needs: 16-bit, head dimension a multiple of 8 (the engines' 16-byte rows).
+bool shape_ok(DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  return (t == DType::BF16 || t == DType::F16) && D > 0 && D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 &&
+         H % KV == 0;
+}
 
 }  // namespace
 
@@ -145,8 +158,9 @@ struct CudnnAttention::Impl {
   // the built graphs; null where cuDNN refused the shape (asked once)
   std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
   DeviceBuffer workspace;
+  DeviceBuffer staging;  // the ring pairs' results (core/gpu_workspace.h cudnn_ring_staging_bytes)
 
-  Impl(cudaStream_t s, bool det, int64_t* calls) : stream(s), deterministic(det), workspace(calls) {}
+  Impl(cudaStream_t s, bool det, int64_t* calls) : stream(s), deterministic(det), workspace(calls), staging(calls) {}
   ~Impl() {
     graphs.clear();  // the plans before the handle they were built with
     if (handle) fe::detail::destroy_handle(handle);
@@ -178,19 +192,22 @@ struct CudnnAttention::Impl {
   fe::graph::Graph* graph(const Key& key) {
     auto it = graphs.find(key);
     if (it != graphs.end()) return it->second.get();
-    const auto [B, T, H, KV, D, dt, dir] = key;
+    const auto [B, T, H, KV, D, dt, dir, mode] = key;
     const DType t = DType(dt);
+    const Layout L = Mode(mode) == Mode::Whole ? Layout::whole(B, T, H, KV, D) : Layout::ring(B, T, H, KV, D);
+    const bool causal = Mode(mode) != Mode::RingFull;
     std::shared_ptr<fe::graph::Graph> g;
     last_build_error = "unsupported";
     try {
-      g = Dir(dir) == Dir::Forward ? build_forward(B, T, H, KV, D, t) : build_backward(B, T, H, KV, D, t);
+      g = Dir(dir) == Dir::Forward ? build_forward(L, t, causal) : build_backward(L, t, causal);
     } catch (const std::exception& e) {  // the frontend's older parts throw
       g = nullptr;
       last_build_error = e.what();
     }
     if (!g) {
       (void)cudaGetLastError();  // what a failed build may leave behind is no later kernel's error
-      spdlog::warn("WARNING: cuDNN attention {} ({}): no cuDNN graph: {}; the own attention kernels run it",
+      spdlog::warn("WARNING: cuDNN attention {}{} ({}): no cuDNN graph: {}; the own attention kernels run it",
+                   Mode(mode) == Mode::Whole ? "" : Mode(mode) == Mode::RingCausal ? "ring causal pair " : "ring pair ",
                    Dir(dir) == Dir::Forward ? "forward" : "backward", shape_text(B, T, H, KV, D, t),
                    last_build_error);
     }
@@ -225,21 +242,29 @@ struct CudnnAttention::Impl {
     return g;
   }
 
-  // Every 16-bit operand is a (B, heads, T, D) view -- H heads for q, out, dout, KV for k and v --,
-  // element (b, h, t, d) at
-  //   qkv (B, T, (H + 2 KV) D), R = (H + 2 KV) D:  b*T*R + t*R + c + h*D + d  -> strides (T*R, D, R, 1),
-  //       the part's column c going into the pointer (q 0, k H*D, v (H + KV)*D);
-  //   out / dout (B, T, H*D):  b*T*HD + t*HD + h*D + d                        -> strides (T*HD, D, HD, 1);
-  // dq, dk, dv are written into dqkv with qkv's strides. stats (B, H, T) fp32 is (B, H, T, 1) packed.
+  // Every 16-bit operand is a (B, heads, tokens, D) view -- H heads for q, out, dout, KV for k and v
+  // --, element (b, h, t, d) of a (B, T, W) array (W = heads' columns and more) at b*T*W + t*W + c +
+  // h*D + d: strides (T*W, D, W, 1), the part's column c going into the pointer. Whole sequence:
+  // q, k, v and dq, dk, dv in qkv / dqkv (W = (H + 2 KV) D; columns 0, H*D, (H + KV)*D), out and
+  // dout (W = H*D); stats (B, H, T) fp32 is (B, H, T, 1) packed. A ring pair: c = T / 2 tokens of
+  // one query chunk (of qkv, out, dout, lse) against one key chunk of kv (W = 2 KV D; k at column
+  // 0, v at KV*D), the chunk's first row going into the pointer; the forward's O and stats and the
+  // backward's dQ, dK|dV in the staging buffer, packed (B, c, H D), (B, H, c), (B, c, 2 KV D).
   struct Layout {
-    std::vector<int64_t> dim, kv_dim, qkv_stride, o_stride, stats_dim, stats_stride;
-    Layout(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
-        : dim{B, H, T, D},
-          kv_dim{B, KV, T, D},
-          qkv_stride{T * (H + 2 * KV) * D, D, (H + 2 * KV) * D, 1},
-          o_stride{T * H * D, D, H * D, 1},
-          stats_dim{B, H, T, 1},
-          stats_stride{H * T, T, 1, 1} {}
+    std::vector<int64_t> dim, kv_dim, q, kv, o, stats_dim, stats, out, lse, dq, dkv;
+    static std::vector<int64_t> rows(int64_t T, int64_t W, int64_t D) { return {T * W, D, W, 1}; }
+    static Layout whole(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+      const int64_t R = (H + 2 * KV) * D;
+      const auto x = rows(T, R, D), o = rows(T, H * D, D);
+      const std::vector<int64_t> st{H * T, T, 1, 1};
+      return {{B, H, T, D}, {B, KV, T, D}, x, x, o, {B, H, T, 1}, st, o, st, x, x};
+    }
+    static Layout ring(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+      const int64_t c = T / 2, R = (H + 2 * KV) * D;
+      return {{B, H, c, D},         {B, KV, c, D},        rows(T, R, D),        rows(T, 2 * KV * D, D),
+              rows(c, H * D, D),    {B, H, c, 1},         {H * c, c, 1, 1},     rows(T, H * D, D),
+              {H * T, T, 1, 1},     rows(c, H * D, D),    rows(c, 2 * KV * D, D)};
+    }
   };
 
   static std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
@@ -250,47 +275,46 @@ struct CudnnAttention::Impl {
   // the scores' scale, 1 / sqrt(D): a constant of the graph (D is part of its key)
   static float scale_of(int64_t D) { return 1.0f / std::sqrt(float(D)); }
 
-  std::shared_ptr<fe::graph::Graph> build_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t) {
-    const Layout L(B, T, H, KV, D);
+  // causal: cuDNN's top-left diagonal, query t sees keys 0..t (the whole sequence, a ring block's
+  // own chunk); else every key
+  std::shared_ptr<fe::graph::Graph> build_forward(const Layout& L, DType t, bool causal) {
     auto g = new_graph(t);
-    auto q = input(*g, "Q", kQ, L.dim, L.qkv_stride);
-    auto k = input(*g, "K", kK, L.kv_dim, L.qkv_stride);
-    auto v = input(*g, "V", kV, L.kv_dim, L.qkv_stride);
+    auto q = input(*g, "Q", kQ, L.dim, L.q);
+    auto k = input(*g, "K", kK, L.kv_dim, L.kv);
+    auto v = input(*g, "V", kV, L.kv_dim, L.kv);
     auto opt = fe::graph::SDPA_attributes()
                    .set_name("attention_forward")
                    .set_generate_stats(true)  // the lse backward needs
-                   .set_causal_mask(true)     // top-left diagonal: query t sees keys 0..t
-                   .set_attn_scale(scale_of(D));
+                   .set_causal_mask(causal)
+                   .set_attn_scale(scale_of(L.dim[3]));
     auto [o, stats] = g->sdpa(q, k, v, opt);
     if (!o || !stats) return nullptr;
-    o->set_output(true).set_uid(kO).set_dim(L.dim).set_stride(L.o_stride);
+    o->set_output(true).set_uid(kO).set_dim(L.dim).set_stride(L.o);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(L.stats_dim).set_stride(
-        L.stats_stride);
+        L.stats);
     return finish(std::move(g));
   }
 
-  std::shared_ptr<fe::graph::Graph> build_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                                   DType t) {
-    const Layout L(B, T, H, KV, D);
+  std::shared_ptr<fe::graph::Graph> build_backward(const Layout& L, DType t, bool causal) {
     auto g = new_graph(t);
-    auto q = input(*g, "Q", kQ, L.dim, L.qkv_stride);
-    auto k = input(*g, "K", kK, L.kv_dim, L.qkv_stride);
-    auto v = input(*g, "V", kV, L.kv_dim, L.qkv_stride);
-    auto o = input(*g, "O", kO, L.dim, L.o_stride);
-    auto dout = input(*g, "dO", kdO, L.dim, L.o_stride);
-    auto stats = input(*g, "Stats", kStats, L.stats_dim, L.stats_stride);
+    auto q = input(*g, "Q", kQ, L.dim, L.q);
+    auto k = input(*g, "K", kK, L.kv_dim, L.kv);
+    auto v = input(*g, "V", kV, L.kv_dim, L.kv);
+    auto o = input(*g, "O", kO, L.dim, L.out);
+    auto dout = input(*g, "dO", kdO, L.dim, L.out);
+    auto stats = input(*g, "Stats", kStats, L.stats_dim, L.lse);
     stats->set_data_type(fe::DataType_t::FLOAT);
     auto opt = fe::graph::SDPA_backward_attributes()
                    .set_name("attention_backward")
-                   .set_causal_mask(true)
-                   .set_attn_scale(scale_of(D))
+                   .set_causal_mask(causal)
+                   .set_attn_scale(scale_of(L.dim[3]))
                    .set_deterministic_algorithm(deterministic);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opt);
     if (!dq || !dk || !dv) return nullptr;
-    dq->set_output(true).set_uid(kdQ).set_dim(L.dim).set_stride(L.qkv_stride);
+    dq->set_output(true).set_uid(kdQ).set_dim(L.dim).set_stride(L.dq);
     // a key / value head's gradient: cuDNN sums it over the H / KV query heads that share it
-    dk->set_output(true).set_uid(kdK).set_dim(L.kv_dim).set_stride(L.qkv_stride);
-    dv->set_output(true).set_uid(kdV).set_dim(L.kv_dim).set_stride(L.qkv_stride);
+    dk->set_output(true).set_uid(kdK).set_dim(L.kv_dim).set_stride(L.dkv);
+    dv->set_output(true).set_uid(kdV).set_dim(L.kv_dim).set_stride(L.dkv);
     return finish(std::move(g));
   }
 
@@ -332,7 +356,7 @@ CudnnAttention::Prepared CudnnAttention::prepare(int64_t B, int64_t T, int64_t H
   const bool usable = (t == DType::BF16 || t == DType::F16) && D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 &&
                       H % KV == 0 && impl_->ready();
   for (Dir dir : {Dir::Forward, Dir::Backward}) {
-    fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir)}) : nullptr;
+    fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir), int(Mode::Whole)}) : nullptr;
     int64_t ws = 0;
     if (g && g->get_workspace_size(ws).is_good()) (dir == Dir::Forward ? r.forward : r.backward) = ws;
   }
@@ -347,7 +371,8 @@ bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T
   const bool usable = (t == DType::BF16 || t == DType::F16) && out.t == t && lse && D % 8 == 0 && B > 0 &&
                       T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) && aligned16(out.p) &&
                       aligned16(lse) && impl_->ready();
-  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward)}) : nullptr;
+  fe::graph::Graph* g =
+      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward), int(Mode::Whole)}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
@@ -368,7 +393,8 @@ bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const flo
   const bool usable = (t == DType::BF16 || t == DType::F16) && dqkv.t == t && dout.t == t && out.t == t && lse &&
                       D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) &&
                       aligned16(dqkv.p) && aligned16(dout.p) && aligned16(out.p) && aligned16(lse) && impl_->ready();
-  fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward)}) : nullptr;
+  fe::graph::Graph* g =
+      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward), int(Mode::Whole)}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
@@ -393,6 +419,133 @@ bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const flo
   return true;
 }
 
+namespace {
+
+// A ring block's (query chunk, key chunk) pairs that see anything, in a fixed order: a query chunk
+// sees an earlier key chunk whole and its own causally (RingBlock: chunk positions q_chunks,
+// k_chunks).
+struct RingPair {
+  int qi, kj;
+  Mode mode;
+};
+std::vector<RingPair> ring_pairs(const RingBlock& blk) {
+  std::vector<RingPair> p;
+  for (int qi = 0; qi < 2; ++qi)
+    for (int kj = 0; kj < 2; ++kj)
+      if (blk.q_chunks[qi] >= blk.k_chunks[kj])
+        p.push_back({qi, kj, blk.q_chunks[qi] == blk.k_chunks[kj] ? Mode::RingCausal : Mode::RingFull});
+  return p;
+}
+
+int64_t up256(int64_t n) { return (n + 255) / 256 * 256; }
+
+// The graphs of the pairs in direction dir; none (the call handed back, counted) when the call cannot
+// run (usable false) or cuDNN refuses a pair's shape.
+std::vector<fe::graph::Graph*> ring_graphs(CudnnAttention::Impl& impl, bool usable, const std::vector<RingPair>& pairs,
+                                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t, Dir dir) {
+  std::vector<fe::graph::Graph*> g;
+  for (const RingPair& p : pairs) {
+    fe::graph::Graph* x = usable ? impl.graph(Key{B, T, H, KV, D, int(t), int(dir), int(p.mode)}) : nullptr;
+    usable = usable && x;
+    g.push_back(x);
+  }
+  if (usable) return g;
+  ++g_ring_fell_back;
+  return {};
+}
+
+}  // namespace
+
+CudnnAttention::Prepared CudnnAttention::prepare_ring(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                      DType t) {
+  Prepared r;
+  const bool usable = T % 2 == 0 && shape_ok(t, B, T / 2, H, KV, D) && impl_->ready();
+  int64_t most = 0;
+  for (Dir dir : {Dir::Forward, Dir::Backward}) {
+    int64_t asked = 0;
+    for (Mode mode : {Mode::RingCausal, Mode::RingFull}) {
+      fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir), int(mode)}) : nullptr;
+      int64_t ws = 0;
+      if (!g || g->get_workspace_size(ws).is_bad()) asked = -1;
+      if (asked >= 0) asked = std::max(asked, ws);
+      most = std::max(most, ws);
+    }
+    (dir == Dir::Forward ? r.forward : r.backward) = asked;
+  }
+  if (usable) {
+    impl_->workspace.reserve(size_t(most));
+    impl_->staging.reserve(size_t(cudnn_ring_staging_bytes(B, T / 2, H, KV, D)));
+  }
+  r.held = int64_t(impl_->workspace.capacity() + impl_->staging.capacity());
+  return r;
+}
+
+bool CudnnAttention::ring_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H,
+                                  int64_t KV, int64_t D, const RingBlock& blk) {
+  const DType t = qkv.t;
+  const int64_t c = T / 2, HD = H * D, KD = KV * D, R = HD + 2 * KD, e = dtype_bytes(t);
+  // every pair's pointers 16-byte aligned: the chunks' first rows (c tokens on)
+  bool usable = T == 2 * blk.c && kv.t == t && shape_ok(t, B, c, H, KV, D) && aligned16(qkv.p) && aligned16(kv.p) &&
+                impl_->ready();
+  const std::vector<RingPair> pairs = ring_pairs(blk);
+  const std::vector<fe::graph::Graph*> g = ring_graphs(*impl_, usable, pairs, B, T, H, KV, D, t, Dir::Forward);
+  if (g.empty()) return false;
+  auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
+  auto* y = static_cast<char*>(const_cast<void*>(kv.p));
+  auto* o = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, c, H, KV, D))));
+  auto* stats = reinterpret_cast<float*>(o + up256(B * c * HD * e));
+  bool written[2] = {!blk.first, !blk.first};  // first: a query chunk's first pair writes out and lse
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const RingPair& p = pairs[i];
+    char* k = y + p.kj * c * 2 * KD * e;
+    std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
+        {kQ, x + p.qi * c * R * e}, {kK, k}, {kV, k + KD * e}, {kO, o}, {kStats, stats}};
+    impl_->execute(*g[i], pack, "ring forward", B, c, H, KV, D, t);
+    ring_merge_pair(out, lse, CBuf{o, t}, stats, B, T, H, D, p.qi * c, !written[p.qi], impl_->stream);
+    written[p.qi] = true;
+  }
+  ++g_ring_forward;
+  return true;
+}
+
+bool CudnnAttention::ring_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv, CBuf kv,
+                                   int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) {
+  const DType t = qkv.t;
+  const int64_t c = T / 2, HD = H * D, KD = KV * D, R = HD + 2 * KD, e = dtype_bytes(t);
+  // lse's second chunk starts c floats on: c a multiple of 4 keeps it 16-byte aligned
+  bool usable = T == 2 * blk.c && kv.t == t && dout.t == t && out.t == t && lse && shape_ok(t, B, c, H, KV, D) &&
+                c % 4 == 0 && aligned16(qkv.p) && aligned16(kv.p) && aligned16(dout.p) && aligned16(out.p) &&
+                aligned16(lse) && impl_->ready();
+  const std::vector<RingPair> pairs = ring_pairs(blk);
+  const std::vector<fe::graph::Graph*> g = ring_graphs(*impl_, usable, pairs, B, T, H, KV, D, t, Dir::Backward);
+  if (g.empty()) return false;
+  auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
+  auto* y = static_cast<char*>(const_cast<void*>(kv.p));
+  auto* o = static_cast<char*>(const_cast<void*>(out.p));
+  auto* dy = static_cast<char*>(const_cast<void*>(dout.p));
+  auto* gq = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, c, H, KV, D))));
+  char* gkv = gq + up256(B * c * HD * e);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const RingPair& p = pairs[i];
+    char* k = y + p.kj * c * 2 * KD * e;
+    std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
+        {kQ, x + p.qi * c * R * e},
+        {kK, k},
+        {kV, k + KD * e},
+        {kO, o + p.qi * c * HD * e},
+        {kdO, dy + p.qi * c * HD * e},
+        {kStats, const_cast<float*>(lse) + p.qi * c},
+        {kdQ, gq},
+        {kdK, gkv},
+        {kdV, gkv + KD * e}};
+    impl_->execute(*g[i], pack, "ring backward", B, c, H, KV, D, t);
+    ring_add_rows(dq + p.qi * c * HD, T * HD, CBuf{gq, t}, B, c * HD, impl_->stream);
+    ring_add_rows(dkv + p.kj * c * 2 * KD, T * 2 * KD, CBuf{gkv, t}, B, c * 2 * KD, impl_->stream);
+  }
+  ++g_ring_backward;
+  return true;
+}
+
 #else  // ---- built without cuDNN: every call falls back
 
 bool cudnn_attention_built() { return false; }
@@ -411,6 +564,17 @@ bool CudnnAttention::forward(Buf, float*, CBuf, int64_t, int64_t, int64_t, int64
 }
 bool CudnnAttention::backward(Buf, CBuf, CBuf, CBuf, const float*, int64_t, int64_t, int64_t, int64_t, int64_t) {
   ++g_fell_back;
+  return false;
+}
+CudnnAttention::Prepared CudnnAttention::prepare_ring(int64_t, int64_t, int64_t, int64_t, int64_t, DType) { return {}; }
+bool CudnnAttention::ring_forward(float*, float*, CBuf, CBuf, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                  const RingBlock&) {
+  ++g_ring_fell_back;
+  return false;
+}
+bool CudnnAttention::ring_backward(float*, float*, CBuf, CBuf, const float*, CBuf, CBuf, int64_t, int64_t, int64_t,
+                                   int64_t, int64_t, const RingBlock&) {
+  ++g_ring_fell_back;
   return false;
 }
 

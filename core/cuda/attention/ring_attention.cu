@@ -1,10 +1,11 @@
 // Ring attention blocks on the GPU (core/cuda/attention/ring_attention.h): a warp per (query row,
 // head), the keys the row sees (RingBlock::visible) visited in order with the online softmax in
 // registers, as the CPU backend's row loop (core/cpu/ring_kernels.cpp) does. Simple and exact rather
-// than fast: the ring's test fixture and a fallback; cuDNN / the tiled kernels are the paths for
-// speed. The backward's warps of one block share its keys, so they add their dK/dV into the fp32
-// block gradient with atomicAdd: the backend's one kernel with atomics, not bitwise reproducible
-// (the CPU backend adds in a fixed order).
+// than fast: the ring's test fixture and the fallback where cuDNN does not run a block
+// (core/cuda/attention/cudnn_attention.h ring_forward: fp32, shapes it refuses, no cuDNN); the
+// cuDNN path's fp32 merge and gradient sums are here too. The backward's warps of one block share
+// its keys, so they add their dK/dV into the fp32 block gradient with atomicAdd: the backend's one
+// kernel with atomics, not bitwise reproducible (the CPU backend adds in a fixed order).
 #include <cmath>
 #include <string>
 
@@ -152,6 +153,40 @@ __global__ void ring_backward_kernel(float* dq, float* dkv, const T* dout, const
   }
 }
 
+// the merged lse of a row that held `old` and a pair's `add`
+__device__ inline float lse_merge(float old, float add) { return fmaxf(old, add) + log1pf(expf(-fabsf(old - add))); }
+
+// a block per (pair row i, sequence b): every head's channels, then (after all have read the old lse)
+// every head's lse
+template <class X>
+__global__ void ring_merge_kernel(float* out, float* lse, const X* o, const float* stats, int64_t T, int64_t H,
+                                  int64_t D, int64_t t0, bool write) {
+  const int64_t i = blockIdx.x, b = blockIdx.y, c = T / 2, HD = H * D;
+  float* y = out + (b * T + t0 + i) * HD;
+  const X* op = o + (b * c + i) * HD;
+  for (int64_t e = threadIdx.x; e < HD; e += blockDim.x) {
+    const int64_t h = e / D;
+    const float add = stats[(b * H + h) * c + i];
+    if (write) {
+      y[e] = ld(op, e);
+    } else {
+      const float old = lse[(b * H + h) * T + t0 + i], m = lse_merge(old, add);
+      y[e] = y[e] * expf(old - m) + ld(op, e) * expf(add - m);
+    }
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float* l = lse + (b * H + h) * T + t0 + i;
+    const float add = stats[(b * H + h) * c + i];
+    *l = write ? add : lse_merge(*l, add);
+  }
+}
+
+template <class X>
+__global__ void add_rows_kernel(float* dst, int64_t dst_batch, const X* src, int64_t B, int64_t n) {
+  TPT_GRID_LOOP(i, B * n) { dst[(i / n) * dst_batch + i % n] += ld(src, i); }
+}
+
 template <class TD, class TS>
 __global__ void copy_rows_kernel(TD* dst, int64_t ds, const TS* src, int64_t ss, int64_t rows, int64_t cols) {
   TPT_GRID_LOOP(i, rows * cols) {
@@ -192,6 +227,26 @@ void ring_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float
     using X = decltype(tag);
     ring_backward_kernel<X><<<dim3(unsigned(T), unsigned(H), unsigned(B)), kLanes, 0, s>>>(
         dq, dkv, typed<X>(dout), typed<X>(out), lse, typed<X>(qkv), typed<X>(kv), T, H, KV, D, blk);
+    TPT_CUDA_LAUNCHED();
+  });
+}
+
+void ring_merge_pair(float* out, float* lse, CBuf o, const float* stats, int64_t B, int64_t T, int64_t H, int64_t D,
+                     int64_t t0, bool write, cudaStream_t s) {
+  if (B * T * H * D == 0) return;
+  dispatch(o.t, [&](auto tag) {
+    using X = decltype(tag);
+    ring_merge_kernel<X><<<dim3(unsigned(T / 2), unsigned(B)), kThreads, 0, s>>>(out, lse, typed<X>(o), stats, T, H,
+                                                                                 D, t0, write);
+    TPT_CUDA_LAUNCHED();
+  });
+}
+
+void ring_add_rows(float* dst, int64_t dst_batch, CBuf src, int64_t B, int64_t n, cudaStream_t s) {
+  if (B * n == 0) return;
+  dispatch(src.t, [&](auto tag) {
+    using X = decltype(tag);
+    add_rows_kernel<X><<<blocks_for(B * n), kThreads, 0, s>>>(dst, dst_batch, typed<X>(src), B, n);
     TPT_CUDA_LAUNCHED();
   });
 }
