@@ -209,9 +209,16 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               "recompute %s\n",
               c.training.global_batch_size, c.training.micro_batch_size, p.num_microbatches, p.dp,
               schedule_that_runs(c.parallel).c_str(), name_of(c.training.precision).c_str(), name_of(c.training.recompute).c_str());
+  const OptimizerConfig& opt = c.optimizer;
+  const std::string masters = opt.store_param_remainders ? "master weights as the bf16 weights + 2-byte remainders"
+                                                       : "master weights in fp32";
+  const std::string moments = opt.exp_avg_dtype == StateDType::FP32 && opt.exp_avg_sq_dtype == StateDType::FP32
+                                  ? "Adam moments in fp32"
+                                  : "Adam moments in " + name_of(opt.exp_avg_dtype) + " / " + name_of(opt.exp_avg_sq_dtype);
   std::printf("storage: every tensor in its own dtype -- activations, workspace, pipeline messages and the "
-              "compute copy of the weights in the compute dtype; master weights, gradients and Adam state in "
-              "fp32 (what tptrain's backends allocate)\n\n");
+              "compute copy of the weights in the compute dtype; %s, gradients in fp32, %s (what tptrain's "
+              "backends allocate)\n\n",
+              masters.c_str(), moments.c_str());
   // GiB for real models, MiB for the small CPU configs
   int64_t largest = 0;
   for (const StageMemory& s : p.stages) largest = std::max(largest, s.total_bytes());
@@ -345,7 +352,8 @@ void print_search(const SearchResult& r, int top, const std::string& path) {
   std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
               "messages of the busiest stage, share of the pipeline time (as tptrain plan); exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
               "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
-              "overlaps the gradient reduction. Select one with:\n");
+              "overlaps the gradient reduction. +R: needs optimizer.store_param_remainders to fit (exact), +R+M16: "
+              "also bf16 Adam moments (the precision-aware optimizer: rounds them each step). Select one with:\n");
   for (size_t i = 0; i < n; ++i) {
     std::printf("%4zu ", i + 1);
     for (const std::string& s : r.entries[i].sets) std::printf(" --set %s", s.c_str());

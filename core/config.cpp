@@ -35,7 +35,7 @@ using namespace config_detail;  // the scalar readers and writers, the model key
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
                               DataPath*, RopeScaling*, PipelineSchedule*, Precision*, Recompute*, Device*,
                               LrDecayStyle*, Normalization*, PositionEmbedding*, LayerFreq*, MoEScore*,
-                              MoEBalancing*, MoEDropPolicy*, MoEDispatcher*, Fp8Format*, Fp8Recipe*>;
+                              MoEBalancing*, MoEDropPolicy*, MoEDispatcher*, Fp8Format*, Fp8Recipe*, StateDType*>;
 
 enum class Presence {
   kDefault,   // has a default value; null is a type error
@@ -131,6 +131,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(parallel, sequence_parallel),
       TPT_FIELD(parallel, distributed_optimizer),
       TPT_FIELD(parallel, overlap_param_gather),
+      TPT_FIELD(parallel, grad_reduce_in_bf16),
       TPT_FIELD(parallel, overlap_grad_reduce),
       TPT_FIELD(parallel, ddp_bucket_size),
       TPT_FIELD(parallel, expert_model_parallel_size),
@@ -167,6 +168,11 @@ const std::vector<Field>& fields() {
       TPT_FIELD(optimizer, clip_grad),
       TPT_FIELD(optimizer, initial_loss_scale),
       TPT_FIELD(optimizer, store_param_remainders),
+      TPT_FIELD(optimizer, use_precision_aware_optimizer),
+      TPT_FIELD(optimizer, main_grads_dtype, kDef, names<StateDType>()),
+      TPT_FIELD(optimizer, main_params_dtype, kDef, names<StateDType>()),
+      TPT_FIELD(optimizer, exp_avg_dtype, kDef, names<StateDType>()),
+      TPT_FIELD(optimizer, exp_avg_sq_dtype, kDef, names<StateDType>()),
       TPT_FIELD(data, path, kReq),
       TPT_FIELD(data, eod_mask_loss),
       TPT_FIELD(data, reset_position_ids),
@@ -519,6 +525,32 @@ void validate(Config& c, const Ctx& ctx) {
     ctx.fail("optimizer.store_param_remainders", "training.precision",
              "needs training.precision bf16 (the master weight is the bf16 parameter plus a 16-bit remainder), got " +
                  name_of(c.training.precision));
+  // the precision-aware optimizer (Megatron's rules: a state dtype other than fp32 needs the flag)
+  const std::pair<const char*, StateDType> state_dtypes[] = {{"optimizer.main_grads_dtype", o.main_grads_dtype},
+                                                             {"optimizer.main_params_dtype", o.main_params_dtype},
+                                                             {"optimizer.exp_avg_dtype", o.exp_avg_dtype},
+                                                             {"optimizer.exp_avg_sq_dtype", o.exp_avg_sq_dtype}};
+  for (const auto& [key, t] : state_dtypes)
+    if (t != StateDType::FP32 && !o.use_precision_aware_optimizer)
+      ctx.fail(key, "optimizer.use_precision_aware_optimizer",
+               name_of(t) + " needs optimizer.use_precision_aware_optimizer: true (without it every optimizer state is fp32)");
+  for (const auto& [key, t] : {state_dtypes[2], state_dtypes[3]})
+    if (t == StateDType::FP16)
+      ctx.fail(key, "fp16 (Transformer Engine's per-tensor scaled moments) is not built in this version of tptrain; "
+                    "use bf16 or fp32");
+  if (o.main_grads_dtype != StateDType::FP32)
+    ctx.fail("optimizer.main_grads_dtype", name_of(o.main_grads_dtype) +
+                                               ": 16-bit gradient buffers are not built in this version of tptrain "
+                                               "(the gradients are fp32); use fp32");
+  if (o.main_params_dtype != StateDType::FP32)
+    ctx.fail("optimizer.main_params_dtype",
+             name_of(o.main_params_dtype) +
+                 ": only fp32 master weights are built (optimizer.store_param_remainders holds them exactly in 2 "
+                 "bytes with bf16); use fp32");
+  if (c.parallel.grad_reduce_in_bf16)
+    ctx.fail("parallel.grad_reduce_in_bf16",
+             "16-bit gradient buffers and their reduction are not built in this version of tptrain (the gradients "
+             "are fp32 and reduced in fp32); use false");
 
   const CheckpointConfig& ck = c.checkpoint;
   if (ctx.given("checkpoint.exit_duration_mins"))

@@ -36,6 +36,9 @@ enum class MoEDispatcher { AllToAll, AllGather };
 // FP8 (docs/FP8.md): training.fp8_format (null: none, bf16 as without it), training.fp8_recipe
 enum class Fp8Format { None, E4M3, Hybrid };
 enum class Fp8Recipe { Delayed, Tensorwise, Blockwise };
+// optimizer.main_grads_dtype / main_params_dtype / exp_avg_dtype / exp_avg_sq_dtype (Megatron's
+// precision-aware optimizer): the storage of an optimizer state; its math is fp32 whatever this is
+enum class StateDType { FP32, BF16, FP16 };
 
 // The names of an enum's values as the config spells them (index = value).
 std::span<const std::string_view> enum_names(PipelineSchedule);
@@ -51,6 +54,7 @@ std::span<const std::string_view> enum_names(MoEDropPolicy);      // probs, posi
 std::span<const std::string_view> enum_names(MoEDispatcher);      // alltoall, allgather
 std::span<const std::string_view> enum_names(Fp8Format);          // null, e4m3, hybrid
 std::span<const std::string_view> enum_names(Fp8Recipe);          // delayed, tensorwise, blockwise
+std::span<const std::string_view> enum_names(StateDType);         // fp32, bf16, fp16
 template <class E>
 std::string name_of(E value) {
   return std::string(enum_names(E{})[size_t(value)]);
@@ -157,6 +161,7 @@ struct ParallelConfig {
   // (parallel/grad_sync.h); overlap_param_gather: per bucket, waited for by the next forward.
   bool distributed_optimizer = false;
   bool overlap_param_gather = false;
+  bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16: refused (not built yet)
   // DP gradient all-reduce in buckets of layers, each started as soon as the last micro-batch's
   // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
   bool overlap_grad_reduce = false;
@@ -209,6 +214,16 @@ struct OptimizerConfig {
   // NeMo / Apex distributed Adam's store_param_remainders (bf16 only): the fp32 master weight held as
   // the bf16 compute copy plus a 16-bit remainder (core/dtype.h), 2 bytes instead of 4, exact
   bool store_param_remainders = false;
+  // Megatron's precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's
+  // FusedAdam): the dtypes its states are stored in (fp32 without it). The Adam moments: bf16 a
+  // rounding (nearest even) of the fp32 result, fp16 scaled per tensor (TE: absmax maps to
+  // fp16_max / 2); docs/PLAN.md "Optimizer state dtypes". main_grads_dtype bf16 and main_params_dtype
+  // fp16 are refused (not built yet).
+  bool use_precision_aware_optimizer = false;
+  StateDType main_grads_dtype = StateDType::FP32;   // fp32 | bf16
+  StateDType main_params_dtype = StateDType::FP32;  // fp32 | fp16
+  StateDType exp_avg_dtype = StateDType::FP32;      // fp32 | bf16 | fp16
+  StateDType exp_avg_sq_dtype = StateDType::FP32;   // fp32 | bf16 | fp16
 };
 
 // data.path / data.valid_path: one path (a Megatron prefix, an llm.c .bin shard or a glob of

@@ -67,6 +67,10 @@ std::span<const std::string_view> enum_names(Fp8Recipe) {
   static constexpr std::string_view n[] = {"delayed", "tensorwise", "blockwise"};
   return n;
 }
+std::span<const std::string_view> enum_names(StateDType) {
+  static constexpr std::string_view n[] = {"fp32", "bf16", "fp16"};
+  return n;
+}
 
 std::string split_weights_error(const std::vector<double>& w) {
   if (w.size() != 3) return "expected 3 weights (train, valid, test), got " + std::to_string(w.size());

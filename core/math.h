@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 #ifndef TPT_HOST_DEVICE
 #ifdef __CUDACC__
 #define TPT_HOST_DEVICE __host__ __device__
@@ -94,6 +96,17 @@ TPT_HOST_DEVICE inline void adamw_update(float& p, float g, float& m, float& v, 
   v = a.beta2 * v + a.one_minus_beta2 * g * g;
   float denom = sqrtf(v) / sqrtf(a.bias_correction2) + a.eps;
   p -= (a.lr / a.bias_correction1) * m / denom;
+}
+
+// An Adam moment stored in fp32 or, with the precision-aware optimizer (optimizer.exp_avg_dtype /
+// exp_avg_sq_dtype: bf16), in bf16: read as fp32, updated in fp32, written back rounded to nearest
+// even (Transformer Engine's FusedAdam with bf16 states; torch's .bfloat16()).
+TPT_HOST_DEVICE inline float load_moment(const void* p, bool bf16, int64_t i) {
+  return bf16 ? bf16_to_fp32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+TPT_HOST_DEVICE inline void store_moment(void* p, bool bf16, int64_t i, float x) {
+  if (bf16) static_cast<uint16_t*>(p)[i] = fp32_to_bf16(x);
+  else static_cast<float*>(p)[i] = x;
 }
 
 }  // namespace tpt

@@ -34,9 +34,11 @@ GradStats Ops::grad_stats(const float* grads, const std::vector<TensorSegment>& 
 
 void Ops::adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                          float grad_scale) {
-  TPT_CHECK(!b.remainders);  // the backends that hold them step them (core/cpu, core/cuda)
+  // the backends step remainders and 16-bit moments themselves (core/cpu, core/cuda)
+  TPT_CHECK(!b.remainders && b.m.f32() && b.v.f32());
   for (const TensorSegment& t : segments)
-    adamw(b.master + (b.master_sharded ? t.local : t.offset), b.grads + t.offset, b.m + t.local, b.v + t.local, t.n,
+    adamw(b.master + (b.master_sharded ? t.local : t.offset), b.grads + t.offset, b.m.f32() + t.local,
+          b.v.f32() + t.local, t.n,
           a, t.flag, b.compute ? b.compute + t.offset : Buf{}, grad_scale);
 }
 
@@ -349,9 +351,12 @@ class ProfiledOps final : public Ops {
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
     const double n = double(segments_numel(segments));
-    // remainders: the master's 2 + 2 bytes read and written in place of 4 + 4, the compute copy read too
-    const double bytes = b.remainders ? 28.0 * n
-                                      : 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0);
+    // remainders: the master's 2 + 2 bytes read and written in place of 4 + 4, the compute copy read
+    // too; 16-bit moments: 2 + 2 bytes each instead of 4 + 4
+    const double moments = 2.0 * double(dtype_size(1, b.m.t) + dtype_size(1, b.v.t)) - 16.0;
+    const double bytes = (b.remainders ? 28.0 * n
+                                       : 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0)) +
+                         moments * n;
     timed("adamw", 0, bytes, [&] { in_.adamw_segments(b, segments, a, grad_scale); });
   }
 

@@ -120,11 +120,12 @@ struct AttentionShape {
 // bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype: master_copy_bits,
 // core/dtype.h). With remainders (optimizer.store_param_remainders; compute is bf16, master null)
 // the fp32 master weight is master_from_remainder(compute, remainder), remainders indexed as master.
+// m and v: fp32, or bf16 with the precision-aware optimizer (core/math.h load_moment / store_moment).
 struct AdamWBuffers {
   float* master = nullptr;
   bool master_sharded = false;
   const float* grads = nullptr;
-  float *m = nullptr, *v = nullptr;
+  Buf m, v;
   Buf compute;
   uint16_t* remainders = nullptr;
 };
@@ -326,7 +327,8 @@ class Ops {
   // the table as its argument, and grad_stats with one read to the host). The defaults go segment by
   // segment through the calls above: grad_stats adds the flagged segments' sum_squares in table
   // order, and checks every segment with has_nonfinite; adamw_segments runs adamw on each segment
-  // (a backend steps master weights held as remainders itself: the default refuses them).
+  // (a backend steps master weights held as remainders, and 16-bit moments, itself: the default
+  // refuses them).
   virtual GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments);
   virtual void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
                               const AdamWParams& a, float grad_scale);

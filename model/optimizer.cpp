@@ -64,9 +64,11 @@ void LossScaler::update(bool found_inf) {
 }
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
-             float* master, bool master_sharded, const float* grads, Buf compute, uint16_t* remainders)
+             float* master, bool master_sharded, const float* grads, Buf compute, uint16_t* remainders,
+             MomentDTypes moments)
     : ops_(ops) {
   TPT_CHECK(!remainders || (compute.t == DType::BF16 && !master));
+  for (DType t : {moments.exp_avg, moments.exp_avg_sq}) TPT_CHECK(t == DType::F32 || t == DType::BF16);
   struct Span {
     int64_t offset, n;
     bool decay;
@@ -83,13 +85,27 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>&
       const int64_t lo = std::max(s.offset, r.offset), hi = std::min(s.offset + s.n, r.offset + r.n);
       if (lo < hi) segments_.push_back({lo, r.local + (lo - r.offset), hi - lo, s.decay});
     }
-  buffers_ = {master, master_sharded, grads, ops_.alloc(size_t(owned_size)), ops_.alloc(size_t(owned_size)), compute,
+  buffers_ = {master,
+              master_sharded,
+              grads,
+              ops_.alloc(owned_size, moments.exp_avg),
+              ops_.alloc(owned_size, moments.exp_avg_sq),
+              compute,
               remainders};
 }
 
 AdamW::~AdamW() {
-  ops_.free(buffers_.m);
-  ops_.free(buffers_.v);
+  ops_.free(buffers_.m.p);
+  ops_.free(buffers_.v.p);
+}
+
+MomentDTypes moment_dtypes(const OptimizerConfig& o) {
+  auto dtype = [](StateDType t) -> DType {
+    if (t == StateDType::FP32) return DType::F32;
+    if (t == StateDType::BF16) return DType::BF16;
+    internal_error("optimizer: moments stored as " + name_of(t) + " are not built (the config refuses them)");
+  };
+  return {dtype(o.exp_avg_dtype), dtype(o.exp_avg_sq_dtype)};
 }
 
 void AdamW::step(const OptimizerConfig& o, double lr, int64_t step, float grad_scale) {

@@ -41,9 +41,15 @@ struct LossScaler {
   void update(bool found_inf);
 };
 
+// The Adam moments' storage: F32, or BF16 with the precision-aware optimizer.
+struct MomentDTypes {
+  DType exp_avg = DType::F32, exp_avg_sq = DType::F32;
+};
+
 // AdamW over the parts of the parameter buffer this rank owns (parallel/grad_sync.h: the whole
 // buffer, or with the distributed optimizer its block of each DP bucket). The moments exp_avg and
-// exp_avg_sq are fp32 arrays of owned_size elements (owned range r at [r.local, r.local + r.n)).
+// exp_avg_sq are arrays of owned_size elements (owned range r at [r.local, r.local + r.n)) in fp32
+// or, with the precision-aware optimizer, bf16 (moments: their dtypes); the math is fp32 either way.
 class AdamW {
  public:
   // master: the fp32 weights it updates: a buffer of the layout (indexed by offset), or with
@@ -53,7 +59,8 @@ class AdamW {
   // remainders (optimizer.store_param_remainders; compute bf16, master null): the master weights are
   // compute's bits plus these low halves (core/dtype.h), indexed as master would be.
   AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size, float* master,
-        bool master_sharded, const float* grads, Buf compute = {}, uint16_t* remainders = nullptr);
+        bool master_sharded, const float* grads, Buf compute = {}, uint16_t* remainders = nullptr,
+        MomentDTypes moments = {});
   // Over the whole layout (no distributed optimizer): master = params, a buffer of the layout.
   AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute = {})
       : AdamW(layout, ops, {{0, layout.total, 0}}, layout.total, params, false, grads, compute) {}
@@ -64,8 +71,8 @@ class AdamW {
   // multiplied by grad_scale (the clip factor; the gradient buffer itself is left as it is). One
   // Ops::adamw_segments call: a single launch on the GPU.
   void step(const OptimizerConfig& o, double lr, int64_t step, float grad_scale = 1.0f);
-  float* exp_avg() { return buffers_.m; }
-  float* exp_avg_sq() { return buffers_.v; }
+  Buf exp_avg() const { return buffers_.m; }
+  Buf exp_avg_sq() const { return buffers_.v; }
 
  private:
   Ops& ops_;
@@ -74,5 +81,8 @@ class AdamW {
   // (flag; the alignment padding between tensors is zero everywhere and stays zero)
   std::vector<TensorSegment> segments_;
 };
+
+// The moments' storage for a config (optimizer.exp_avg_dtype / exp_avg_sq_dtype; the plan counts the same).
+MomentDTypes moment_dtypes(const OptimizerConfig& o);
 
 }  // namespace tpt

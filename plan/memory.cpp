@@ -12,6 +12,7 @@
 #include "core/gpu_workspace.h"
 #include "model/chunks.h"
 #include "model/moe.h"
+#include "model/optimizer.h"
 #include "model/param_group.h"
 #include "parallel/grad_sync.h"
 #include "plan/stage_work.h"
@@ -202,7 +203,8 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
                    : dtype_size(buffer, dtype) +
                          (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16) : owned * 4);
   m.gradient_bytes = buffer * 4;
-  m.optimizer_bytes = owned * 8;
+  const MomentDTypes moments = moment_dtypes(cfg.optimizer);  // fp32, or bf16 (precision-aware)
+  m.optimizer_bytes = dtype_size(owned, moments.exp_avg) + dtype_size(owned, moments.exp_avg_sq);
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
   // gradients the deferred weight gradients read) and its own scratch.
   // The chunks share one scratch for what lives within a pass: the largest chunk's (StageOptions::shared_scratch).

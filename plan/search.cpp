@@ -45,7 +45,21 @@ Config apply(const Config& base, const SearchEntry& e) {
   if (e.etp > 0) p.expert_model_parallel_size = e.ep, p.expert_tensor_parallel_size = e.etp;
   c.training.micro_batch_size = e.micro_batch_size;
   c.training.recompute = e.recompute;
+  if (e.memory_options >= 1) c.optimizer.store_param_remainders = true;
+  if (e.memory_options >= 2) {
+    c.optimizer.use_precision_aware_optimizer = true;
+    c.optimizer.exp_avg_dtype = c.optimizer.exp_avg_sq_dtype = StateDType::BF16;
+  }
   return c;
+}
+
+// The memory options a bf16 config can still take (SearchEntry::memory_options), 0 if none: each level
+// adds what the config does not already set.
+int max_memory_options(const Config& c) {
+  if (c.training.precision != Precision::BF16) return 0;
+  const OptimizerConfig& o = c.optimizer;
+  return o.exp_avg_dtype == StateDType::BF16 && o.exp_avg_sq_dtype == StateDType::BF16 ? (o.store_param_remainders ? 0 : 1)
+                                                                                       : 2;
 }
 
 std::vector<std::string> set_arguments(const SearchEntry& e) {
@@ -67,6 +81,11 @@ std::vector<std::string> set_arguments(const SearchEntry& e) {
           "training.micro_batch_size=" + std::to_string(e.micro_batch_size),
           "training.recompute=" + name_of(e.recompute)};
   sets.insert(sets.begin() + 1, experts.begin(), experts.end());
+  if (e.memory_options >= 1) sets.push_back("optimizer.store_param_remainders=true");
+  if (e.memory_options >= 2)
+    for (const char* s : {"optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
+                          "optimizer.exp_avg_sq_dtype=bf16"})
+      sets.push_back(s);
   return sets;
 }
 
@@ -99,6 +118,8 @@ std::string SearchEntry::layout() const {
   s += " mbs" + std::to_string(micro_batch_size) + " " + name_of(schedule) + " " + name_of(recompute);
   if (sequence_parallel) s += " SP";
   if (distributed_optimizer) s += " DO";
+  if (memory_options >= 1) s += " +R";
+  if (memory_options >= 2) s += "+M16";
   return s;
 }
 
@@ -112,6 +133,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
   if (G <= 0) input_error("tptrain plan --search: training.global_batch_size is null (the search keeps the global batch: give it)");
   const double limit = options.usable_memory_fraction * options.device_memory_gib * kGiB;
   const int gpn = options.gpus_per_node;
+  const int max_level = max_memory_options(cfg);
   ScheduleCache cache;
   RankLayoutCache layouts;
   for (int tp : divisors(query_groups(m))) {
@@ -160,20 +182,35 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               } catch (const InputError&) {
                 continue;
               }
-              std::vector<StageMemory> stages;
-              for (int s = 0; s < pp; ++s) stages.push_back(stage_memory(c, s, true, &layouts));
+              // the stages' memory per memory-option level, planned when a mode first needs that level
+              std::vector<std::vector<StageMemory>> stages_by_level(size_t(max_level + 1));
+              auto stages_at = [&](int level) -> const std::vector<StageMemory>& {
+                std::vector<StageMemory>& st = stages_by_level[size_t(level)];
+                if (st.empty()) {
+                  SearchEntry y = e;
+                  y.memory_options = level;
+                  const Config cl = apply(c, y);
+                  for (int s = 0; s < pp; ++s) st.push_back(stage_memory(cl, s, true, &layouts));
+                }
+                return st;
+              };
               for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
                 if (mode == Recompute::Full && schedule == PipelineSchedule::ZeroBubbleH1) continue;
                 ++r.valid;
                 SearchEntry x = e;
                 x.recompute = mode;
-                for (const StageMemory& st : stages)
-                  x.stage_bytes.push_back(st.total_bytes() - st.activation_bytes - st.workspace_bytes +
-                                          st.activation_and_workspace_by_mode[int(mode)]);
-                x.peak_bytes = *std::max_element(x.stage_bytes.begin(), x.stage_bytes.end());
+                for (int level = 0; level <= max_level; ++level) {  // the cheapest options that fit
+                  x.memory_options = level;
+                  x.stage_bytes.clear();
+                  for (const StageMemory& st : stages_at(level))
+                    x.stage_bytes.push_back(st.total_bytes() - st.activation_bytes - st.workspace_bytes +
+                                            st.activation_and_workspace_by_mode[int(mode)]);
+                  x.peak_bytes = *std::max_element(x.stage_bytes.begin(), x.stage_bytes.end());
+                  if (double(x.peak_bytes) <= limit) break;
+                }
                 if (double(x.peak_bytes) > limit) continue;
-                c.training.recompute = mode;
-                x.time = estimate_step_time(c, options.hw, gpn, stages, cache);
+                Config cx = apply(c, x);
+                x.time = estimate_step_time(cx, options.hw, gpn, stages_at(x.memory_options), cache);
                 x.sets = set_arguments(x);
                 r.entries.push_back(std::move(x));
               }
@@ -248,6 +285,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"recompute", name_of(e.recompute)},
                        {"sequence_parallel", e.sequence_parallel},
                        {"distributed_optimizer", e.distributed_optimizer},
+                       {"memory_options", e.memory_options},
                        {"stage_bytes", e.stage_bytes},
                        {"peak_bytes", e.peak_bytes},
                        {"bubble_fraction", e.time.bubble_s / e.time.pipeline_s},

@@ -240,7 +240,7 @@ void Trainer::setup_model() {
   scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
                                    master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{},
-                                   remainders_);
+                                   remainders_, moment_dtypes(cfg_.optimizer));
   norm_segments_ = grad_norm_segments(layout_, grad_sync_->owned(), grad_sync_->unique_ranges());
 }
 
@@ -324,6 +324,10 @@ void Trainer::log_setup() {
                  master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
                  buffer_total_, grad_sync_->num_buckets(),
                  cfg_.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
+  if (cfg_.optimizer.use_precision_aware_optimizer)
+    spdlog::info("optimizer: Adam moments stored as exp_avg {}, exp_avg_sq {} (the update in fp32; "
+                 "optimizer.use_precision_aware_optimizer)",
+                 name_of(cfg_.optimizer.exp_avg_dtype), name_of(cfg_.optimizer.exp_avg_sq_dtype));
   if (remainders_)  // (the fp32 master weights, exact, in 2 bytes each besides the parameter)
     spdlog::info("master weights: the bf16 parameters + 16-bit remainders (optimizer.store_param_remainders)");
   const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);
@@ -551,15 +555,27 @@ void Trainer::master_to_host(float* host) const {
   });
 }
 
-void Trainer::owned_to_host(float* host, const float* state, bool sharded) const {
+void Trainer::owned_to_host(float* host, CBuf state, bool sharded) const {
+  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
+  std::vector<uint16_t> bits;
   for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    ops_->to_host(host + r.offset, state + (sharded ? r.local : r.offset), n);
+    const CBuf from = state + (sharded ? r.local : r.offset);
+    if (state.t == DType::F32) return ops_->to_host(host + r.offset, from, n);
+    bits.resize(size_t(n));
+    ops_->to_host(bits.data(), from, n);
+    for (int64_t i = 0; i < n; ++i) host[r.offset + i] = bf16_to_fp32(bits[size_t(i)]);
   });
 }
 
-void Trainer::owned_from_host(float* state, const float* host, bool sharded) {
+void Trainer::owned_from_host(Buf state, const float* host, bool sharded) {
+  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
+  std::vector<uint16_t> bits;
   for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    ops_->to_device(state + (sharded ? r.local : r.offset), host + r.offset, n);
+    const Buf to = state + (sharded ? r.local : r.offset);
+    if (state.t == DType::F32) return ops_->to_device(to, host + r.offset, n);
+    bits.resize(size_t(n));  // a checkpoint's fp32 moment rounded as the optimizer stores it
+    for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = fp32_to_bf16(host[r.offset + i]);
+    ops_->to_device(to, bits.data(), n);
   });
 }
 

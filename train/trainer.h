@@ -71,8 +71,9 @@ class Trainer {
   // A state indexed like the master weights (sharded: by the owned ranges' local offsets; else a
   // buffer of the layout) to / from a host buffer of the layout (layout_.total floats; only the
   // owned ranges are touched).
-  void owned_to_host(float* host, const float* state, bool sharded) const;
-  void owned_from_host(float* state, const float* host, bool sharded);
+  // (state: fp32, or the precision-aware optimizer's bf16 moments, converted: a checkpoint holds fp32)
+  void owned_to_host(float* host, CBuf state, bool sharded) const;
+  void owned_from_host(Buf state, const float* host, bool sharded);
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
                      int skipped, int nans, std::optional<double> val_loss);
   // Mixture-of-Experts (train/trainer_moe.cpp): the expert biases' update once per global batch, and

@@ -272,7 +272,7 @@ bool Trainer::load_checkpoint() {
   const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, host.data(), "", false),
                                              rank_tensors(layout_, host.data(), kExpAvg, false),
                                              rank_tensors(layout_, host.data(), kExpAvgSq, false)};
-  float* const targets[3] = {nullptr, adamw_->exp_avg(), adamw_->exp_avg_sq()};  // 0: master_from_host
+  const Buf targets[3] = {Buf{}, adamw_->exp_avg(), adamw_->exp_avg_sq()};  // 0: master_from_host
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());

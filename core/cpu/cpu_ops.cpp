@@ -475,20 +475,30 @@ class CpuOps final : public Ops {
   }
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
-    if (!b.remainders) return Ops::adamw_segments(b, segments, a, grad_scale);
-    TPT_CHECK(b.compute.t == DType::BF16 && !b.master);
-    uint16_t* c = static_cast<uint16_t*>(b.compute.p);
+    const bool m16 = b.m.t == DType::BF16, v16 = b.v.t == DType::BF16;
+    if (!b.remainders && !m16 && !v16) return Ops::adamw_segments(b, segments, a, grad_scale);
+    TPT_CHECK(!b.remainders || (b.compute.t == DType::BF16 && !b.master));
+    TPT_CHECK((b.m.t == DType::F32 || m16) && (b.v.t == DType::F32 || v16));
     for (const TensorSegment& t : segments) {
-      uint16_t* r = b.remainders + (b.master_sharded ? t.local : t.offset);
-      uint16_t* ct = c + t.offset;
+      const int64_t at = b.master_sharded ? t.local : t.offset;
       const float* g = b.grads + t.offset;
-      float *m = b.m + t.local, *v = b.v + t.local;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < t.n; ++i) {
-        float p = master_from_remainder(ct[i], r[i]);
-        adamw_update(p, g[i] * grad_scale, m[i], v[i], a, t.flag);
-        ct[i] = master_to_bf16(p);
-        r[i] = master_remainder(p);
+        uint16_t* c16 = b.compute && b.compute.t != DType::F32 ? static_cast<uint16_t*>(b.compute.p) + t.offset + i
+                                                                : nullptr;
+        float p = b.remainders ? master_from_remainder(*c16, b.remainders[at + i]) : b.master[at + i];
+        float m = load_moment(b.m.p, m16, t.local + i), v = load_moment(b.v.p, v16, t.local + i);
+        adamw_update(p, g[i] * grad_scale, m, v, a, t.flag);
+        store_moment(b.m.p, m16, t.local + i, m);
+        store_moment(b.v.p, v16, t.local + i, v);
+        if (b.remainders) {
+          *c16 = master_to_bf16(p);
+          b.remainders[at + i] = master_remainder(p);
+          continue;
+        }
+        b.master[at + i] = p;
+        if (c16) *c16 = master_copy_bits(p, b.compute.t);
+        else if (b.compute) b.compute.f32()[t.offset + i] = p;
       }
     }
   }

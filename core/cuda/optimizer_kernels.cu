@@ -63,7 +63,8 @@ struct AdamWArgs {
   float* master;  // null with remainders
   bool master_sharded;
   const float* g;
-  float *m, *v;
+  void *m, *v;    // fp32, or bf16 where m16 / v16 (the precision-aware optimizer's moments)
+  bool m16, v16;
   T* compute;  // may be null
   uint16_t* remainders;  // optimizer.store_param_remainders (T = bf16): the master's low halves
 };
@@ -72,7 +73,7 @@ template <class T>
 __global__ void adamw_segments_kernel(SegmentTable t, AdamWArgs<T> b, AdamWParams a, float grad_scale) {
   for_each_chunk_element(t, [&](int seg, int64_t i) {
     const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i, at = b.master_sharded ? loc : off;
-    float pv, mv = b.m[loc], vv = b.v[loc];
+    float pv, mv = load_moment(b.m, b.m16, loc), vv = load_moment(b.v, b.v16, loc);
     if constexpr (std::is_same_v<T, bf16>) {
       if (b.remainders) pv = master_from_remainder(b.compute[off].bits, b.remainders[at]);
       else pv = b.master[at];
@@ -86,8 +87,8 @@ __global__ void adamw_segments_kernel(SegmentTable t, AdamWArgs<T> b, AdamWParam
     } else {
       b.master[at] = pv;
     }
-    b.m[loc] = mv;
-    b.v[loc] = vv;
+    store_moment(b.m, b.m16, loc, mv);
+    store_moment(b.v, b.v16, loc, vv);
     if (b.compute) store_master_copy(b.compute + off, pv);
   });
 }
@@ -214,7 +215,16 @@ void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count,
   dispatch(b.compute.t, [&](auto tag) {
     using T = decltype(tag);
     TPT_CHECK(!b.remainders || (std::is_same_v<T, bf16> && !b.master));
-    const AdamWArgs<T> args{b.master, b.master_sharded, b.grads, b.m, b.v, typed<T>(b.compute), b.remainders};
+    TPT_CHECK((b.m.t == DType::F32 || b.m.t == DType::BF16) && (b.v.t == DType::F32 || b.v.t == DType::BF16));
+    const AdamWArgs<T> args{b.master,
+                            b.master_sharded,
+                            b.grads,
+                            b.m.p,
+                            b.v.p,
+                            b.m.t == DType::BF16,
+                            b.v.t == DType::BF16,
+                            typed<T>(b.compute),
+                            b.remainders};
     for_each_table(segs, count, [&](const SegmentTable& t, int64_t blocks, int64_t) {
       adamw_segments_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(t, args, a, grad_scale);
       TPT_CUDA_LAUNCHED();

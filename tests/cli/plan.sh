@@ -256,6 +256,9 @@ compare dp4_distopt_bf16 4 1 1 training.precision=bf16 parallel.distributed_opti
 # optimizer.store_param_remainders: the bf16 parameters + 2-byte remainders (whole, or the owned blocks)
 compare single_bf16_remainders 1 1 1 training.precision=bf16 optimizer.store_param_remainders=true
 compare dp4_distopt_bf16_remainders 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true
+# the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
+compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
+  optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16
 compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
 # the schedules beyond 1F1B: 2 model chunks per rank (each its slots, scratch and receive
 # buffers), and zb-h1's stash of the GEMMs' output gradients per slot

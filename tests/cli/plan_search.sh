@@ -44,12 +44,13 @@ PY
 ); then ok "first layout via --set: plan agrees ($out)"
 else bad "first layout via --set: ${out:-}"; cat "$W/first.err"; fi
 
-# --- configs/gpt96.yaml: the fastest TP 4 x PP 6 layout on 192 GPUs, and it fits 80 GiB ------------------
+# --- configs/gpt96.yaml: the fastest TP 4 x PP 6 layout on 192 GPUs without memory options, and it fits 80 GiB
 "$TPTRAIN" plan --config "$GPT96" --json > "$W/gpt96.json" 2>&1
 if out=$($PYTHON - "$W/s1.json" "$W/gpt96.json" <<'PY'
 import json, sys
 s, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-grid = [x for x in s["layouts"] if (x["tp"], x["pp"]) == (4, 6)][0]
+# (among the layouts that need no memory option: gpt96.yaml sets none)
+grid = [x for x in s["layouts"] if (x["tp"], x["pp"]) == (4, 6) and x["memory_options"] == 0][0]
 mine = (p["tp"], p["pp"], p["micro_batch_size"], p["pipeline_schedule"], p["recompute"])
 want = (grid["tp"], grid["pp"], grid["micro_batch_size"], grid["pipeline_schedule"], grid["recompute"])
 ok = p["fits"] and p["device_memory_bytes"] == 80 * 2**30 and mine == want and abs(grid["time"]["step_time_s"] / p["step_time_s"] - 1) < 1e-12
@@ -219,6 +220,33 @@ expect2 "--calibrate missing file" "cannot open" --config "$W/small.yaml" --cali
 expect2 "--gpus without --search" "--gpus goes with --search" --config "$W/small.yaml" --gpus 8
 expect2 "--gpu unknown" "--gpu" --config "$W/small.yaml" --gpu v100
 printf 'model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97}\ntraining: {train_iters: 1}\ndata: {path: none}\n' > "$W/nobatch.yaml"
+# --- memory options (issue 41): Nemotron-4 340B's published layout (NeMo on 128 H100s, 80 GB) fits
+# only with master-weight remainders and bf16 moments, and the search lists it with both --------
+NEMOTRON=(--set model.num_layers=96 --set model.hidden_size=18432 --set model.num_attention_heads=96
+  --set model.group_query_attention=true --set model.num_query_groups=8 --set model.ffn_hidden_size=73728
+  --set model.vocab_size=256000 --set model.seq_length=4096 --set model.max_position_embeddings=4096
+  --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false
+  --set model.position_embedding_type=rope --set training.global_batch_size=32)
+"$TPTRAIN" plan --config "$GPT96" "${NEMOTRON[@]}" --search --gpus 128 --top 0 --json > "$W/nemotron.json" 2> "$W/nemotron.err" ||
+  bad "Nemotron-4 340B search: exit $? $(tail -2 "$W/nemotron.err")"
+$PYTHON - "$W/nemotron.json" <<'PY' && ok "Nemotron-4 340B on 128 GPUs: the published TP8 PP8 DP2 v12 layout is listed with +R+M16 (and not without)" ||
+import json, sys
+r = json.load(open(sys.argv[1]))
+by = {l["layout"]: l for l in r["layouts"]}
+name = "TP8 PP8 DP2 v12 mbs1 1f1b selective SP DO"
+assert name + " +R+M16" in by and name not in by and name + " +R" not in by, [n for n in by if n.startswith("TP8 PP8 DP2 v12")]
+l = by[name + " +R+M16"]
+assert l["memory_options"] == 2 and "optimizer.exp_avg_dtype=bf16" in l["set"] and "optimizer.store_param_remainders=true" in l["set"]
+print(f"  {len(by)} layouts fit; the published one needs {l['peak_bytes'] / 2**30:.2f} GiB")
+PY
+  bad "Nemotron-4 340B search does not list the published layout as expected"
+# ... and selected with its --set lines a plain plan agrees that it fits
+sets=$($PYTHON -c "import json; print(' '.join('--set ' + l for x in json.load(open('$W/nemotron.json'))['layouts'] if x['layout'] == 'TP8 PP8 DP2 v12 mbs1 1f1b selective SP DO +R+M16' for l in x['set']))")
+# shellcheck disable=SC2086
+"$TPTRAIN" plan --config "$GPT96" "${NEMOTRON[@]}" --world-size 128 $sets > "$W/nemotron_plan.txt" 2>&1 &&
+  grep -q "^    0 .* yes" "$W/nemotron_plan.txt" && grep -q "Adam moments in bf16 / bf16" "$W/nemotron_plan.txt" &&
+  ok "its --set lines: a plain plan fits it on 80 GiB" || { bad "plain plan of the Nemotron layout"; head -12 "$W/nemotron_plan.txt"; }
+
 "$TPTRAIN" plan --config "$GPT96" --search --gpus 7 > "$W/gpus7.txt" 2>&1
 if grep -q "no layout on 7 GPUs: .* 11 do not divide 7 GPUs and 1 leave a DP that does not divide the global batch of 1536" "$W/gpus7.txt"
 then ok "--gpus 7: the search says divisibility is the cause"; else bad "--gpus 7's message"; tail -2 "$W/gpus7.txt"; fi

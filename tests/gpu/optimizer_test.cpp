@@ -4,6 +4,7 @@
 // segments of every size around the kernels' chunk, mixed flags and a sharded master.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -68,6 +69,38 @@ TEST(GpuOptimizer, AdamWSegmentsMatchCpu) {
     EXPECT_TRUE(close(cg, c.cpu.host(), 1e-6 + ulp(t), 1e-7));
     EXPECT_EQ(cg[size_t(total - 1)], 7.0f) << "the gaps of the table stay as they were";
     EXPECT_TRUE(bitwise(g.gpu.host(), g.cpu.host())) << "the gradients are read, never written";
+  }
+}
+
+// The precision-aware optimizer's bf16 moments (optimizer.exp_avg_dtype / exp_avg_sq_dtype): the
+// kernel reads them as fp32 and stores them rounded, as the CPU backend does -- alone, one of the
+// two, and with remainders; within a bf16 step of the CPU where the fp32 math differs in its last bit.
+TEST(GpuOptimizer, AdamWSegmentsWithBf16MomentsMatchCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  std::vector<TensorSegment> segs;
+  const int64_t total = make_table(segs, 600, 13);
+  const int64_t owned = segs.back().local + segs.back().n;
+  for (int variant = 0; variant < 3; ++variant) {  // both bf16; only exp_avg; only exp_avg_sq
+    const DType tm = variant == 2 ? DType::F32 : DType::BF16, tv = variant == 1 ? DType::F32 : DType::BF16;
+    SCOPED_TRACE("exp_avg " + std::string(dtype_name(tm)) + ", exp_avg_sq " + dtype_name(tv));
+    Pair p(*cpu, *gpu, randn(size_t(owned), 161, 0.05f)), g(*cpu, *gpu, randn(size_t(total), 162)),
+        m(*cpu, *gpu, VecF(size_t(owned)), tm), v(*cpu, *gpu, VecF(size_t(owned)), tv),
+        c(*cpu, *gpu, VecF(size_t(total), 7.0f), DType::BF16);
+    for (int step = 1; step <= 3; ++step) {
+      const float clip = step == 1 ? 0.37f : 1.0f;
+      const AdamWParams a = adamw_params(step);
+      cpu->adamw_segments({p.cpu.f32(), true, g.cpu.f32(), m.cpu.buf(), v.cpu.buf(), c.cpu.buf()}, segs, a, clip);
+      gpu->adamw_segments({p.gpu.f32(), true, g.gpu.f32(), m.gpu.buf(), v.gpu.buf(), c.gpu.buf()}, segs, a, clip);
+    }
+    EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), 1e-5, 1e-7));
+    EXPECT_TRUE(close(m.gpu.host(), m.cpu.host(), std::max(ulp(tm), 1e-6), 1e-9));
+    EXPECT_TRUE(close(v.gpu.host(), v.cpu.host(), std::max(ulp(tv), 1e-6), 1e-12));
+    const VecF mh = m.cpu.host();
+    bool rounded = true;  // what is stored is a bf16 value (also seen through the fp32 view of the CPU)
+    for (float x : mh) rounded = rounded && (tm == DType::F32 || (float_to_bits(x) & 0xFFFFu) == 0);
+    EXPECT_TRUE(rounded);
+    EXPECT_EQ(c.gpu.host()[size_t(total - 1)], 7.0f) << "the gaps of the table stay as they were";
   }
 }
 

@@ -114,6 +114,12 @@ SCHEMA = {
         "clip_grad": ("float", EXPLICIT, 1.0, False),
         "initial_loss_scale": ("float", 4294967296.0, None, False),
         "store_param_remainders": ("bool", False, False, False),  # storage only: the same numerics
+        # the precision-aware optimizer (Megatron's names): the moments kept in bf16 between steps
+        "use_precision_aware_optimizer": ("bool", False, False, False),
+        "exp_avg_dtype": ("str", "fp32", None, False),
+        "exp_avg_sq_dtype": ("str", "fp32", None, False),
+        "main_grads_dtype": ("str", "fp32", None, False),
+        "main_params_dtype": ("str", "fp32", None, False),
     },
     "data": {
         "path": ("str", REQUIRED, None, False),
@@ -288,6 +294,14 @@ def _check_and_resolve(cfg):
         raise RefError("optimizer.lr_warmup_iters and optimizer.lr_decay_iters must be >= 0")
     if o["clip_grad"] < 0:
         raise RefError("optimizer.clip_grad must be >= 0 (0 disables clipping)")
+    for k in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        if o[k] not in ("fp32", "bf16"):
+            raise RefError(f"optimizer.{k} must be fp32|bf16 in the reference, got {o[k]!r}")
+        if o[k] != "fp32" and not o["use_precision_aware_optimizer"]:
+            raise RefError(f"optimizer.{k}: {o[k]} needs optimizer.use_precision_aware_optimizer")
+    for k in ("main_grads_dtype", "main_params_dtype"):
+        if o[k] != "fp32":
+            raise RefError(f"optimizer.{k} must be fp32 in the reference, got {o[k]!r}")
     if d["shuffle"]:
         raise RefError("the reference supports only data.shuffle: false")
     if cfg["checkpoint"]["load"] is not None:
@@ -597,8 +611,20 @@ def make_optimizer(model, o):
     no_decay = [p for n, p in model.named_parameters() if not is_decayed(n)]
     groups = [{"params": decay, "weight_decay": o["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
-                             eps=o["adam_eps"], foreach=False)
+    opt = torch.optim.AdamW(groups, lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
+                            eps=o["adam_eps"], foreach=False)
+    # the precision-aware optimizer's bf16 moments: the step's math in fp32 from the stored values,
+    # the result stored rounded to nearest even (round_moments after each step)
+    opt.bf16_moments = [name for name, key in (("exp_avg", "exp_avg_dtype"), ("exp_avg_sq", "exp_avg_sq_dtype"))
+                        if o.get(key, "fp32") == "bf16"]
+    return opt
+
+
+def round_moments(opt):
+    """Stores the moments named in opt.bf16_moments as bf16 (kept in fp32 tensors, rounded)."""
+    for name in getattr(opt, "bf16_moments", []):
+        for state in opt.state.values():
+            state[name].copy_(state[name].to(torch.bfloat16).to(state[name].dtype))
 
 
 def train_step(model, opt, micro_batches, lr, clip_grad):
@@ -631,6 +657,7 @@ def clip_and_step(model, opt, clip_grad):
     else:
         gn = torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2)
     opt.step()
+    round_moments(opt)
     return float(gn)
 
 

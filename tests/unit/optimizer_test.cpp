@@ -230,7 +230,7 @@ TEST(OptimizerAdamW, FoldedClipIsBitwiseTheScaledGradients) {
   }
   EXPECT_EQ(std::memcmp(p.data(), p2.data(), p.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(copy.data(), copy2.data(), p.size() * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(folded.exp_avg_sq(), scaled.exp_avg_sq(), p.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(folded.exp_avg_sq().p, scaled.exp_avg_sq().p, p.size() * sizeof(float)), 0);
   EXPECT_EQ(g, g_before);
 }
 
