@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <thread>
 #include <utility>
 #include <unistd.h>
@@ -557,13 +558,18 @@ void Trainer::master_to_host(float* host) const {
 
 void Trainer::owned_to_host(float* host, CBuf state, bool sharded) const {
   TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
-  std::vector<uint16_t> bits;
   for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
     const CBuf from = state + (sharded ? r.local : r.offset);
     if (state.t == DType::F32) return ops_->to_host(host + r.offset, from, n);
-    bits.resize(size_t(n));
-    ops_->to_host(bits.data(), from, n);
-    for (int64_t i = 0; i < n; ++i) host[r.offset + i] = bf16_to_fp32(bits[size_t(i)]);
+    // bf16: copied into the first half of the range, widened in place from the end (element i's 4
+    // bytes never cover an unread 2-byte element j < i): no host allocation per save
+    auto* raw = reinterpret_cast<unsigned char*>(host + r.offset);
+    ops_->to_host(raw, from, n);
+    for (int64_t i = n - 1; i >= 0; --i) {
+      uint16_t bits;
+      std::memcpy(&bits, raw + 2 * i, sizeof bits);
+      host[r.offset + i] = bf16_to_fp32(bits);
+    }
   });
 }
 
