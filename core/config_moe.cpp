@@ -153,10 +153,12 @@ void check_moe_parallel(const Config& cfg) {
   if (!p.sequence_parallel)
     input_error("parallel.sequence_parallel: model.num_moe_experts with tensor_model_parallel_size " + tp +
                 " needs sequence parallelism (Megatron's rule: each TP rank routes its own tokens)");
-  if (p.expert_tensor_parallel_size != 1)
-    input_error("parallel.expert_tensor_parallel_size: " + std::to_string(p.expert_tensor_parallel_size) +
-                " (experts split over TP) is not supported yet; use 1 (each expert whole on its rank, Megatron's "
-                "recommended MoE layout with TP)");
+  // ETP = TP (resolved from null by now): each expert's width split over TP
+  const int64_t Fe = cfg.model.moe_ffn_hidden_size, etp = p.expert_tensor_parallel_size;
+  if (etp > 1 && Fe % etp != 0)
+    input_error("model.moe_ffn_hidden_size: " + std::to_string(Fe) + " is not divisible by "
+                "parallel.expert_tensor_parallel_size (" + std::to_string(etp) +
+                ": each expert's fc1 / fc2 split over TP); set expert_tensor_parallel_size: 1 or change the width");
 }
 
 }  // namespace tpt

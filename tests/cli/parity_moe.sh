@@ -19,7 +19,7 @@
 # (k) by position, (l) padded to capacity; (m) SwiGLU experts; (n) a shared expert with its gate;
 # (o) moe_layer_freq [0, 1] (layer 0 dense); then layouts with aux_loss + z-loss, each against the
 # one-process reference: (p) EP 2 on DP 2, (q) EP 4 on DP 4 (micro-batches of 2), (r) EP 2 with TP 2
-# and sequence parallelism, ETP 1 (4 ranks), (s) EP 2 with PP 2 and the distributed optimizer, (t) PP 2
+# and sequence parallelism, ETP 1 (4 ranks), (r2, r3, r4) ETP = TP 2 (below), (s) EP 2 with PP 2 and the distributed optimizer, (t) PP 2
 # with ZB-H1 (the MoE layers' weight gradients in B), (u) full recompute (the routing rerun, its
 # losses counted once), (v) TP 2 with a gated shared expert, (w) the expert bias on EP 2; Qwen3-MoE's
 # shape (RMSNorm, SwiGLU, RoPE, GQA 2, q/k norms: model.qk_layernorm, no biases, untied) (x) on one
@@ -143,6 +143,16 @@ NP=2 run_case p1_ep2_bound_1  "${AUX[@]}" "${Z[@]}" parallel.expert_model_parall
 NP=4 run_case q_ep4_dp4       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=4 training.micro_batch_size=2
 NP=4 run_case r_ep2_tp2_sp_etp1 "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
+# experts split over TP (ETP = TP: fc1 column-, fc2 row-parallel; the rows all-gathered over TP after
+# the all-to-all and the outputs reduce-scattered before the way back): EP 2 x TP 2 on 4 ranks; EP 1
+# x TP 2 x DP 2 (EDP 2) with SwiGLU experts, a gated shared expert and the distributed optimizer;
+# EP 2 x TP 2 x PP 2 x DP 2 (8 ranks, EDP 1) with the distributed optimizer
+ETP2=(parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2)
+NP=4 run_case r2_ep2_tp2_sp_etp2 "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case r3_tp2_etp2_dp2_swiglu_shared_distopt "${AUX[@]}" "${ETP2[@]}" model.swiglu=true \
+  model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true parallel.distributed_optimizer=true
+NP=8 run_case r4_ep2_tp2_pp2_dp2_etp2_distopt "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
 NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
 NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
