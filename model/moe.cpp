@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tpt {
 
@@ -304,7 +305,10 @@ Buf MoEMLP::tp_reduce(const LayerState& s, CBuf in) {
   if (s.Rmax == 0) return own;
   const int64_t C = d_.C;
   ops_.gather_rows(xg_, in, tp_scatter_, nullptr, d_.moe.etp * s.Rmax, C);  // zeros on the padding
-  etp_->reduce_scatter(own.p, xg_.p, s.Rmax * C, t_);
+  // `in` (bufB_) is spent now: it stages the 16-bit partials, summed in fp32 in rank order
+  TPT_CHECK(in.p == bufB_.p);
+  const TPWire wire{&ops_, bufB_};
+  sp_reduce_scatter(*etp_, own, xg_, s.Rmax * C, &wire);
   return own;
 }
 

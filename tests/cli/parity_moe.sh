@@ -146,13 +146,17 @@ NP=4 run_case r_ep2_tp2_sp_etp1 "${AUX[@]}" "${Z[@]}" parallel.expert_model_para
 # experts split over TP (ETP = TP: fc1 column-, fc2 row-parallel; the rows all-gathered over TP after
 # the all-to-all and the outputs reduce-scattered before the way back): EP 2 x TP 2 on 4 ranks; EP 1
 # x TP 2 x DP 2 (EDP 2) with SwiGLU experts, a gated shared expert and the distributed optimizer;
-# EP 2 x TP 2 x PP 2 x DP 2 (8 ranks, EDP 1) with the distributed optimizer
+# EP 2 x TP 2 x PP 2 x DP 2 (8 ranks, EDP 1) with the distributed optimizer; EP 2 x TP 2 in bf16
 ETP2=(parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2)
 NP=4 run_case r2_ep2_tp2_sp_etp2 "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2
 NP=4 run_case r3_tp2_etp2_dp2_swiglu_shared_distopt "${AUX[@]}" "${ETP2[@]}" model.swiglu=true \
   model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true parallel.distributed_optimizer=true
 NP=8 run_case r4_ep2_tp2_pp2_dp2_etp2_distopt "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
+# in bf16 (the TP reduce-scatter of the experts' 16-bit partial outputs summed in fp32), against the
+# fp32 reference within the bf16 tolerances
+TOLS=bf16 NP=4 run_case r5_ep2_tp2_sp_etp2_bf16 "${AUX[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2 \
+  training.precision=bf16
 NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
 NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
