@@ -139,9 +139,6 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
   if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size == 0)
     fail("model.moe_shared_expert_gate", "model.moe_shared_expert_intermediate_size",
          "gates the shared expert: set model.moe_shared_expert_intermediate_size");
-  if (m.moe_token_dispatcher_type == MoEDispatcher::AllGather)
-    fail("model.moe_token_dispatcher_type", "",
-         "allgather is not supported yet (a follow-up of issue 38); use alltoall");
 }
 
 }  // namespace config_detail

@@ -10,6 +10,11 @@
 // partial outputs are reduce-scattered back to the rows' rank before the way back (Megatron's alltoall
 // dispatcher with expert TP). The backward mirrors it: output gradients all-gathered, input
 // gradients reduce-scattered.
+// The allgather dispatcher (model.moe_token_dispatcher_type: allgather, EP > 1; Megatron's
+// MoEAllGatherTokenDispatcher) instead all-gathers every EP rank's tokens and routing; each rank takes
+// the group's assignments to its own experts (expert-major, the group's token order within: the same
+// rows, in the same order, as the all-to-all brings), weighs its experts' outputs into partial outputs
+// of all the group's tokens, and reduce-scatters them over EP back to the tokens' ranks.
 #include "model/moe.h"
 
 #include <spdlog/spdlog.h>
@@ -49,8 +54,9 @@ int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ?
 int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt);
-  // xin, fc1, act on the expert-TP group's rows; ret
-  int64_t n = tb(m.etp * cap * (d.C + m.fc1_width + m.Fel) + Nt * m.router.k * d.C, t);
+  // xin, fc1, act on the expert-TP group's rows; ret (allgather: the experts' output rows)
+  const int64_t ret = m.gathers_tokens() ? cap : Nt * m.router.k;
+  int64_t n = tb(m.etp * cap * (d.C + m.fc1_width + m.Fel) + ret * d.C, t);
   if (m.Fs) n += tb(N * (m.shared_fc1_width + m.Fsl) + Nt * d.C, t) + (m.shared_gate ? 4 * Nt : 0);  // fc1, act, y; gate
   return n;
 }
@@ -65,6 +71,10 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
   if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                 // bufB
   if (m.ep > 1) n += 4 * 2 * cap;                                   // regroup, inverse
   if (m.etp > 1) n += tb(xcap * C, t) + 4 * 2 * xcap;              // the padded gather, its maps
+  if (m.gathers_tokens()) {  // the EP group's tokens, their 16-bit staging, its assignments' maps
+    const int64_t Tg = m.ep * Nt;
+    n += tb(Tg * C, t) * (t == DType::F32 ? 1 : 2) + 4 * 5 * Tg * k;
+  }
   n += tb(Nt * C, t);                                        // dx
   if (m.Fs) {  // the shared expert's d fc1, d act, partial sums (N); d y x gate (Nt); gate logits, identity
     const int64_t N = gemm_tokens(d, Nt);
@@ -133,6 +143,7 @@ struct MoEMLP::LayerState {
   // it (tp_regroup, expert-major over the group) and back (tp_scatter, -1 on the padding)
   int64_t Rmax = 0, Rx = 0;
   std::vector<int32_t> tp_regroup, tp_scatter;
+  MoESendOrder group_order;  // allgather: the EP group's assignments to this rank's experts
   std::vector<double> global_f;  // global_aux_loss: the mean counts the forward used (full recompute reuses them)
 };
 
@@ -160,7 +171,7 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     for (size_t i = 0; i < moe_layers_.size(); ++i) {
       auto* s = new LayerState;
       grow_state(*s);
-      s->ret = alloc(Nt * k * C, t);
+      if (!m.gathers_tokens()) s->ret = alloc(Nt * k * C, t);
       if (m.Fs) {
         const int64_t N = gemm_tokens(d, Nt);
         s->sh_fc1 = alloc(N * m.shared_fc1_width, t);
@@ -184,6 +195,16 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   }
   send_ = alloc(Nt * k * C, t);
   alloc_rows_scratch();
+  if (m.gathers_tokens()) {
+    const int64_t Tg = m.ep * Nt;
+    tokens_ = alloc(Tg * C, t);
+    if (t != DType::F32) wire_ = alloc(Tg * C, t);
+    perm_g_ = static_cast<int32_t*>(alloc(Tg * k, DType::I32).p);
+    comb_g_ = static_cast<int32_t*>(alloc(Tg * k, DType::I32).p);
+    row_w_g_ = alloc(Tg * k, DType::F32).f32();
+    comb_w_g_ = alloc(Tg * k, DType::F32).f32();
+    dprob_g_ = alloc(Tg * k, DType::F32).f32();
+  }
   dx_ = alloc(Nt * C, t);
   if (m.Fs) {
     const int64_t N = gemm_tokens(d, Nt);
@@ -253,6 +274,14 @@ void MoEMLP::grow_state(LayerState& s) {
   s.xin = alloc(xcap * d_.C, t_);
   s.fc1 = alloc(xcap * m.fc1_width, t_);
   s.act = alloc(xcap * m.Fel, t_);
+  if (m.gathers_tokens()) s.ret = alloc(rows_cap_ * d_.C, t_);  // the experts' output rows
+}
+
+// the EP group's partial sums of every group token (EP x Nt, C) -> this rank's tokens' sums (Nt, C), in
+// fp32 in rank order (16-bit: staged in wire_)
+void MoEMLP::ep_reduce_scatter(Buf out, CBuf group_tokens) {
+  const TPWire wire{&ops_, wire_};
+  sp_reduce_scatter(*ep_, out, group_tokens, Nt_ * d_.C, &wire);
 }
 
 // ETP > 1: every group rank's per-expert rows (host all-gather), the largest rank's total Rmax (the
@@ -392,12 +421,34 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
 
   // dispatch: the rows to their experts' owners, expert-major in s.xin (with ETP > 1 this rank's in
   // the padded gather's own block first, then gathered over the expert-TP group)
-  const bool etp = m.etp > 1;
+  const bool etp = m.etp > 1, ag = m.gathers_tokens();
+  const int64_t Tg = m.ep * T;  // allgather: the EP group's tokens
   if (m.ep == 1) {
     s.R = o.n_send;
     s.expert_rows = per_expert;
     if (etp) tp_plan(s, per_expert, layer), tp_upload(s);
     ops_.gather_rows(etp ? tp_own_block(s) : s.xin, x, perm_, nullptr, o.n_send, C);  // R <= T k = the state's rows
+  } else if (ag) {  // every EP rank's tokens and routing; the group's rows for this rank's experts
+    ep_->all_gather(tokens_.p, x.p, T * C, t_);
+    std::vector<int32_t> experts(static_cast<size_t>(Tg * k));
+    Routing group;
+    group.T = Tg, group.k = k;
+    group.prob.resize(size_t(Tg * k));
+    ep_host_->all_gather(experts.data(), r.expert.data(), T * k, DType::I32);
+    ep_host_->all_gather(group.prob.data(), r.prob.data(), T * k, DType::F32);
+    for (int32_t& e : experts) e = e >= m.expert_begin && e < m.expert_begin + El ? int32_t(e - m.expert_begin) : -1;
+    group.expert = std::move(experts);
+    s.group_order = moe_send_order(group, El);
+    const MoESendOrder& g = s.group_order;
+    s.R = g.n_send;
+    s.expert_rows = g.per_expert;
+    grow(s.R, layer);
+    grow_state(s);
+    if (etp) tp_plan(s, std::vector<int64_t>(s.expert_rows), layer), tp_upload(s);
+    ops_.to_device(Buf(perm_g_, DType::I32), g.perm.data(), g.n_send);
+    ops_.to_device(Buf(comb_g_, DType::I32), g.comb.data(), Tg * k);
+    ops_.to_device(comb_w_g_, g.comb_w.data(), Tg * k);
+    ops_.gather_rows(etp ? tp_own_block(s) : s.xin, tokens_, perm_g_, nullptr, s.R, C);
   } else {
     const int P = m.ep;
     std::vector<int64_t> recv_counts(static_cast<size_t>(E));  // (P, El): from peer q, rows for my local expert e
@@ -441,18 +492,25 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   // partial sums over the group; fc2's bias added by etp rank 0 alone)
   MoEParams<CBuf> ws = w;
   if (m.etp_rank != 0) ws.fc2_bias = CBuf{};
-  const Buf out = m.ep == 1 && !etp ? s.ret : bufB_;
+  const Buf out = (m.ep == 1 || ag) && !etp ? s.ret : bufB_;
   moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, s.act, out);
   const Buf own = etp ? tp_reduce(s, out) : out;  // this rank's rows, expert-major
-  if (m.ep > 1) {  // back to the tokens' ranks, in their send order
-    ops_.gather_rows(bufA_, own, inverse_, nullptr, s.R, C);
-    ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), s.ret.p, elems(C, s.send_rows), t_);
-  } else if (etp) {
-    ops_.copy(s.ret, own, o.n_send * C);
+  if (ag) {
+    // the group's tokens' weighted sums of this rank's experts' rows, summed over EP to their ranks
+    if (etp) ops_.copy(s.ret, own, s.R * C);
+    ops_.combine_rows(tokens_, s.ret, comb_g_, comb_w_g_, Tg, k, C, false);
+    ep_reduce_scatter(y, tokens_);
+  } else {
+    if (m.ep > 1) {  // back to the tokens' ranks, in their send order
+      ops_.gather_rows(bufA_, own, inverse_, nullptr, s.R, C);
+      ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), s.ret.p, elems(C, s.send_rows), t_);
+    } else if (etp) {
+      ops_.copy(s.ret, own, o.n_send * C);
+    }
+    // y (T, C) = sum over each token's kept choices of weight x expert output
+    ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
   }
-  // y (T, C) = sum over each token's kept choices of weight x expert output (+ the shared expert)
-  ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
-  if (m.Fs) shared_forward(s, w, x, y, tp);
+  if (m.Fs) shared_forward(s, w, x, y, tp);  // + the shared expert
 }
 
 // The shared expert: a dense MLP of width Fs on every token, TP-split as the dense MLP (its mappings
@@ -503,27 +561,39 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   const MoEDims& m = d_.moe;
   LayerState& s = *state_.at(size_t(slot)).at(size_t(moe_index(layer)));
   const int64_t T = Nt_, C = d_.C, E = m.E, k = m.router.k, El = m.El;
-  // the forward's maps again (the scratch served other layers since)
-  const MoESendOrder& o = s.order;
-  ops_.to_device(Buf(perm_, DType::I32), o.perm.data(), o.n_send);
-  ops_.to_device(Buf(comb_, DType::I32), o.comb.data(), T * k);
-  ops_.to_device(row_w_, o.row_w.data(), o.n_send);
-  // d weights: dy of each token against its choices' expert outputs
-  ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
-  std::vector<float> dprob(static_cast<size_t>(T * k));
-  ops_.to_host(dprob.data(), dprob_, T * k);
-  // d expert outputs in send order: weight x dy of the row's token
-  ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
-  // this rank's rows expert-major (with ETP > 1 in the padded gather's own block), then the group's
-  const bool etp = m.etp > 1;
+  const bool etp = m.etp > 1, ag = m.gathers_tokens();
+  const int64_t Tg = m.ep * T;  // allgather: the EP group's tokens
   if (etp) tp_upload(s);
+  // the forward's maps again (the scratch served other layers since)
+  const MoESendOrder& o = ag ? s.group_order : s.order;
+  ops_.to_device(Buf(ag ? perm_g_ : perm_, DType::I32), o.perm.data(), o.n_send);
+  ops_.to_device(Buf(ag ? comb_g_ : comb_, DType::I32), o.comb.data(), ag ? Tg * k : T * k);
+  ops_.to_device(ag ? row_w_g_ : row_w_, o.row_w.data(), o.n_send);
+  std::vector<float> dprob(static_cast<size_t>(T * k));
+  // this rank's rows' d outputs expert-major (with ETP > 1 in the padded gather's own block), then the group's
   Buf dout = etp ? tp_own_block(s) : m.ep > 1 ? bufB_ : send_;
-  if (m.ep > 1) {
+  if (ag) {
+    // the EP group's dy; d weights of the group's assignments to this rank's experts (0 elsewhere),
+    // summed over EP to the tokens' ranks; d expert outputs: weight x dy of the row's token
+    ep_->all_gather(tokens_.p, dy.p, T * C, t_);
+    ops_.row_dots(dprob_g_, tokens_, s.ret, comb_g_, Tg, k, C);
+    std::vector<float> group(static_cast<size_t>(Tg * k));
+    ops_.to_host(group.data(), dprob_g_, Tg * k);
+    ep_host_->reduce_scatter(dprob.data(), group.data(), T * k);
+    ops_.gather_rows(dout, tokens_, perm_g_, row_w_g_, s.R, C);
+  } else {
+    // d weights: dy of each token against its choices' expert outputs
+    ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
+    ops_.to_host(dprob.data(), dprob_, T * k);
+    // d expert outputs in send order: weight x dy of the row's token
+    ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
+  }
+  if (m.ep > 1 && !ag) {
     ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
     ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
     ep_->all_to_all_v(send_.p, elems(C, s.send_rows), bufA_.p, elems(C, s.recv_rows), t_);
     ops_.gather_rows(dout, bufA_, regroup_, nullptr, s.R, C);
-  } else if (etp) {
+  } else if (etp && !ag) {
     ops_.copy(dout, send_, o.n_send * C);
   }
   if (etp) {
@@ -547,14 +617,20 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
     off += n;
   }
   Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1
-  if (m.ep > 1) {
-    const Buf back = etp ? bufA_ : bufB_;  // free by now
-    ops_.gather_rows(back, drows, inverse_, nullptr, s.R, C);
-    ep_->all_to_all_v(back.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
-    drows = send_;
+  if (ag) {  // the group's tokens' partial d inputs, summed over EP to their ranks
+    ops_.combine_rows(tokens_, drows, comb_g_, nullptr, Tg, k, C, false);
+    ep_reduce_scatter(dx, tokens_);
+  } else {
+    if (m.ep > 1) {
+      const Buf back = etp ? bufA_ : bufB_;  // free by now
+      ops_.gather_rows(back, drows, inverse_, nullptr, s.R, C);
+      ep_->all_to_all_v(back.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
+      drows = send_;
+    }
+    // dx (T, C) = sum of the token's rows' input gradients
+    ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
   }
-  // dx (T, C) = sum of the token's rows' input gradients, then the router's
-  ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
+  // + the router's
   std::vector<float> dlogits(static_cast<size_t>(T * E));
   routing_backward(s.routing, dprob.data(), m.router, loss_scale_, dlogits.data());
   ops_.to_device(logits_, dlogits.data(), T * E);

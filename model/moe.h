@@ -31,6 +31,10 @@ struct MoEDims {
   // the expert-TP group (parallel.expert_tensor_parallel_size: 1, or TP): each expert's fc1
   // column-parallel and fc2 row-parallel over it, its rows all-gathered over it (docs/MOE.md)
   int etp = 1, etp_rank = 0;
+  // model.moe_token_dispatcher_type: allgather (Megatron's MoEAllGatherTokenDispatcher; with EP 1 the
+  // same steps as alltoall)
+  bool allgather = false;
+  bool gathers_tokens() const { return allgather && ep > 1; }
   std::vector<uint8_t> layers;  // per global layer: whether it is an MoE layer
   RouterOptions router;
   bool bias = false;         // experts' fc1 / fc2 biases (model.add_bias_linear)
@@ -166,6 +170,13 @@ class MoEMLP {
   // the maps between it and the experts' rows (expert-major over the group)
   Buf xg_;
   int32_t *tp_regroup_ = nullptr, *tp_scatter_ = nullptr;
+  // the allgather dispatcher (EP > 1): the EP group's tokens (their inputs, d outputs, partial
+  // outputs and d inputs in turn), the 16-bit reduce-scatter's staging, and the maps of the group's
+  // assignments to this rank's experts (model/moe.cpp)
+  Buf tokens_, wire_;
+  int32_t *perm_g_ = nullptr, *comb_g_ = nullptr;
+  float *row_w_g_ = nullptr, *comb_w_g_ = nullptr, *dprob_g_ = nullptr;
+  void ep_reduce_scatter(Buf out, CBuf group_tokens);
   // the shared expert's scratch: d fc1 output, d activation (N), d output x gate, gate logits (Nt)
   Buf sh_dfc_, sh_dact_, sh_dy_, sh_part_, gate_logit_;
   float *gate_f32_ = nullptr;

@@ -157,6 +157,17 @@ NP=8 run_case r4_ep2_tp2_pp2_dp2_etp2_distopt "${AUX[@]}" "${Z[@]}" "${ETP2[@]}"
 # fp32 reference within the bf16 tolerances
 TOLS=bf16 NP=4 run_case r5_ep2_tp2_sp_etp2_bf16 "${AUX[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2 \
   training.precision=bf16
+# the allgather dispatcher (every EP rank's tokens and routing gathered, partial outputs
+# reduce-scattered back): EP 2 on DP 2; EP 2 x TP 2 with ETP 2 and with ETP 1; EP 2 x PP 2 with the
+# distributed optimizer; EP 2 in bf16
+AG=(model.moe_token_dispatcher_type=allgather)
+NP=2 run_case ag1_ep2_dp2     "${AG[@]}" "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case ag2_ep2_tp2_sp_etp2 "${AG[@]}" "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case ag3_ep2_tp2_sp_etp1 "${AG[@]}" "${AUX[@]}" "${ETP2[@]}" parallel.expert_tensor_parallel_size=1 \
+  parallel.expert_model_parallel_size=2
+NP=4 run_case ag4_ep2_pp2_distopt "${AG[@]}" "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
+TOLS=bf16 NP=2 run_case ag5_ep2_bf16 "${AG[@]}" "${AUX[@]}" parallel.expert_model_parallel_size=2 training.precision=bf16
 NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
 NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \

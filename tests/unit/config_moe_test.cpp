@@ -77,9 +77,8 @@ TEST(ConfigMoE, BadCombinationsNameTheirKeys) {
   EXPECT_HAS(moe_error({"model.moe_router_score_function=relu"}), "unknown value 'relu' (allowed: softmax | sigmoid)");
   EXPECT_HAS(error_of_set("model.moe_router_topk=4"),
              "model.moe_router_topk: is only used by Mixture-of-Experts models (model.num_moe_experts is null)");
-  // not built yet: a clear refusal, never a silent dense model
   EXPECT_HAS(moe_error({"model.moe_shared_expert_gate=true"}), "model.moe_shared_expert_gate: gates the shared expert");
-  EXPECT_HAS(moe_error({"model.moe_token_dispatcher_type=allgather"}), "allgather is not supported yet");
+  EXPECT_EQ(moe({"model.moe_token_dispatcher_type=allgather"}).model.moe_token_dispatcher_type, MoEDispatcher::AllGather);
 }
 
 TEST(ConfigMoE, TensorParallelNeedsSequenceParallelAndEtpDividingTheExpertWidth) {
