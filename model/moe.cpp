@@ -67,9 +67,10 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
   int64_t n = 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
   const int64_t xcap = m.etp * cap;  // the rows of the experts' GEMMs (the expert-TP group's)
-  n += tb(Nt * k * C + cap * C + xcap * (m.Fel + m.fc1_width), t);  // send, bufA, dact, dfc
-  if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                 // bufB
-  if (m.ep > 1) n += 4 * 2 * cap;                                   // regroup, inverse
+  const bool ag = m.gathers_tokens();
+  n += tb((ag ? 0 : Nt * k * C) + cap * C + xcap * (m.Fel + m.fc1_width), t);  // send (alltoall), bufA, dact, dfc
+  if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                             // bufB
+  if (m.ep > 1 && !ag) n += 4 * 2 * cap;                                        // regroup, inverse
   if (m.etp > 1) n += tb(xcap * C, t) + 4 * 2 * xcap;              // the padded gather, its maps
   if (m.gathers_tokens()) {  // the EP group's tokens, their 16-bit staging, its assignments' maps
     const int64_t Tg = m.ep * Nt;
@@ -193,7 +194,7 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     w32_ = alloc(m.E * C, DType::F32).f32();
     tmp_ = alloc(Nt * C, t);
   }
-  send_ = alloc(Nt * k * C, t);
+  if (!m.gathers_tokens()) send_ = alloc(Nt * k * C, t);
   alloc_rows_scratch();
   if (m.gathers_tokens()) {
     const int64_t Tg = m.ep * Nt;
@@ -246,7 +247,8 @@ void MoEMLP::discard_step() {
 }
 
 // the scratch whose size is the rows bound: bufA, dact, dfc (the expert-TP group's rows), with EP > 1
-// or ETP > 1 bufB, with EP > 1 the regroup maps, with ETP > 1 the padded gather and its maps
+// or ETP > 1 bufB, with the all-to-all over EP > 1 its regroup maps, with ETP > 1 the padded gather
+// and its maps
 void MoEMLP::alloc_rows_scratch() {
   const MoEDims& m = d_.moe;
   const int64_t xcap = m.etp * rows_cap_;
@@ -254,7 +256,7 @@ void MoEMLP::alloc_rows_scratch() {
   dact_ = alloc(xcap * m.Fel, t_);
   dfc_ = alloc(xcap * m.fc1_width, t_);
   if (m.ep > 1 || m.etp > 1) bufB_ = alloc(xcap * d_.C, t_);
-  if (m.ep > 1) {
+  if (m.ep > 1 && !m.gathers_tokens()) {
     regroup_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
     inverse_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
   }
