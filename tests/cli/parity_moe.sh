@@ -26,6 +26,8 @@
 # rank, (y) on EP 2 x TP 2 with sequence parallelism, ETP 1 (the q/k norms' gradients summed over TP).
 # global_aux_loss (counts over TP x DP x CP, their running mean over the step): (z1) one rank, (z2) DP 2
 # x TP 2 (SP) x EP 2 with the z-loss, (z3) DP 2 x PP 2 with full recompute; the reference is told DP.
+# The allgather dispatcher (ag1-ag5) on EP 2 with DP, TP (ETP 2 and 1), PP and bf16. Experts split
+# over TP (ETP = TP 2): (r2-r5) on EP 2 x TP 2, TP 2 x DP 2, EP 2 x TP 2 x PP 2 x DP 2 and in bf16.
 # Capacity is not run on layouts: with sequence parallelism what is dropped depends on TP
 # (docs/MOE.md step 3), so only the one-rank cases define it.
 set -u -o pipefail
