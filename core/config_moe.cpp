@@ -139,9 +139,6 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
   if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size == 0)
     fail("model.moe_shared_expert_gate", "model.moe_shared_expert_intermediate_size",
          "gates the shared expert: set model.moe_shared_expert_intermediate_size");
-  if (m.moe_token_dispatcher_type == MoEDispatcher::AllGather)
-    fail("model.moe_token_dispatcher_type", "",
-         "allgather is not supported yet (a follow-up of issue 38); use alltoall");
 }
 
 }  // namespace config_detail
@@ -153,10 +150,12 @@ void check_moe_parallel(const Config& cfg) {
   if (!p.sequence_parallel)
     input_error("parallel.sequence_parallel: model.num_moe_experts with tensor_model_parallel_size " + tp +
                 " needs sequence parallelism (Megatron's rule: each TP rank routes its own tokens)");
-  if (p.expert_tensor_parallel_size != 1)
-    input_error("parallel.expert_tensor_parallel_size: " + std::to_string(p.expert_tensor_parallel_size) +
-                " (experts split over TP) is not supported yet; use 1 (each expert whole on its rank, Megatron's "
-                "recommended MoE layout with TP)");
+  // ETP = TP (resolved from null by now): each expert's width split over TP
+  const int64_t Fe = cfg.model.moe_ffn_hidden_size, etp = p.expert_tensor_parallel_size;
+  if (etp > 1 && Fe % etp != 0)
+    input_error("model.moe_ffn_hidden_size: " + std::to_string(Fe) + " is not divisible by "
+                "parallel.expert_tensor_parallel_size (" + std::to_string(etp) +
+                ": each expert's fc1 / fc2 split over TP); set expert_tensor_parallel_size: 1 or change the width");
 }
 
 }  // namespace tpt

@@ -81,9 +81,10 @@ struct GPTDims {
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
 // d as CP rank cp_rank of parallel.context_parallel_size sees it (unchanged with CP 1).
 void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank);
-// d as EP rank ep_rank of parallel.expert_model_parallel_size sees it: its experts (unchanged for a
-// dense model).
-void apply_expert_parallel(GPTDims& d, int ep, int ep_rank);
+// d as EP rank ep_rank of parallel.expert_model_parallel_size and expert-TP rank etp_rank of etp
+// (parallel.expert_tensor_parallel_size: 1 or TP) sees it: its experts and its part of each expert's
+// width (unchanged for a dense model).
+void apply_expert_parallel(GPTDims& d, int ep, int ep_rank, int etp = 1, int etp_rank = 0);
 
 // One parameter tensor of this rank: its shard of the global tensor (core/sharded_tensor.h; only
 // the word embedding's local shape is larger than its box: padded vocabulary rows, kept at zero)

@@ -171,7 +171,7 @@ void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
   float* xin = fit(moe_xin_, n * k * C);
   float* out = fit(moe_out_, n * k * C);
   ops_.gather_rows(xin, ln2, o.perm.data(), nullptr, o.n_send, C);
-  moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, n * k * m.fc1_width), fit(moe_act_, n * k * m.Fe),
+  moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, n * k * m.fc1_width), fit(moe_act_, n * k * m.Fel),
                       out);
   ops_.combine_rows(y, out, o.comb.data(), o.comb_w.data(), n, k, C, false);
   if (!m.Fs) return;

@@ -3,7 +3,18 @@
 // assignments (t, j); the send order lists them by expert (token order within an expert), which is
 // also the experts' row order with EP 1. With EP > 1 the rows go to each expert's owner in one
 // all-to-all (per-expert counts exchanged first), arrive source-major (from rank 0's rows for my first
-// expert ... ) and are regrouped expert-major, so every expert's rows are contiguous for its GEMMs.
+// expert ... ) and are regrouped expert-major, so every expert's rows are contiguous for its GEMMs. With
+// ETP > 1 (= TP: each expert's fc1 column-parallel, fc2 row-parallel over the TP group) every
+// expert-TP rank's expert-major rows are all-gathered over that group (padded to the largest rank's)
+// and regrouped expert-major again, so each shard of an expert sees all of its rows; the shards'
+// partial outputs are reduce-scattered back to the rows' rank before the way back (Megatron's alltoall
+// dispatcher with expert TP). The backward mirrors it: output gradients all-gathered, input
+// gradients reduce-scattered.
+// The allgather dispatcher (model.moe_token_dispatcher_type: allgather, EP > 1; Megatron's
+// MoEAllGatherTokenDispatcher) instead all-gathers every EP rank's tokens and routing; each rank takes
+// the group's assignments to its own experts (expert-major, the group's token order within: the same
+// rows, in the same order, as the all-to-all brings), weighs its experts' outputs into partial outputs
+// of all the group's tokens, and reduce-scatters them over EP back to the tokens' ranks.
 #include "model/moe.h"
 
 #include <spdlog/spdlog.h>
@@ -14,6 +25,7 @@
 #include "core/error.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tpt {
 
@@ -42,7 +54,9 @@ int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ?
 int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt);
-  int64_t n = tb(cap * (d.C + m.fc1_width + m.Fe) + Nt * m.router.k * d.C, t);  // xin, fc1, act; ret
+  // xin, fc1, act on the expert-TP group's rows; ret (allgather: the experts' output rows)
+  const int64_t ret = m.gathers_tokens() ? cap : Nt * m.router.k;
+  int64_t n = tb(m.etp * cap * (d.C + m.fc1_width + m.Fel) + ret * d.C, t);
   if (m.Fs) n += tb(N * (m.shared_fc1_width + m.Fsl) + Nt * d.C, t) + (m.shared_gate ? 4 * Nt : 0);  // fc1, act, y; gate
   return n;
 }
@@ -52,8 +66,16 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
   const int64_t cap = moe_rows_bound(m, Nt), k = m.router.k, C = d.C, E = m.E;
   int64_t n = 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
-  n += tb(Nt * k * C + cap * (C + m.Fe + m.fc1_width), t);  // send, bufA, dact, dfc
-  if (m.ep > 1) n += tb(cap * C, t) + 4 * 2 * cap;          // bufB, regroup, inverse
+  const int64_t xcap = m.etp * cap;  // the rows of the experts' GEMMs (the expert-TP group's)
+  const bool ag = m.gathers_tokens();
+  n += tb((ag ? 0 : Nt * k * C) + cap * C + xcap * (m.Fel + m.fc1_width), t);  // send (alltoall), bufA, dact, dfc
+  if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                             // bufB
+  if (m.ep > 1 && !ag) n += 4 * 2 * cap;                                        // regroup, inverse
+  if (m.etp > 1) n += tb(xcap * C, t) + 4 * 2 * xcap;              // the padded gather, its maps
+  if (m.gathers_tokens()) {  // the EP group's tokens, their 16-bit staging, its assignments' maps
+    const int64_t Tg = m.ep * Nt;
+    n += tb(Tg * C, t) * (t == DType::F32 ? 1 : 2) + 4 * 5 * Tg * k;
+  }
   n += tb(Nt * C, t);                                        // dx
   if (m.Fs) {  // the shared expert's d fc1, d act, partial sums (N); d y x gate (Nt); gate logits, identity
     const int64_t N = gemm_tokens(d, Nt);
@@ -97,10 +119,10 @@ void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, c
   for (int64_t e = 0; e < int64_t(rows.size()); ++e) {
     const int64_t n = rows[size_t(e)];
     if (n == 0) continue;
-    d.mlp.forward(ops, act + off * m.Fe, fc1 + off * m.fc1_width, xin + off * C, w.fc1 + e * m.fc1_width * C,
-                  w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fe);
-    ops.linear_forward(out + off * C, act + off * m.Fe, w.fc2 + e * C * m.Fe, w.fc2_bias ? w.fc2_bias + e * C : CBuf{},
-                       n, m.Fe, C);
+    d.mlp.forward(ops, act + off * m.Fel, fc1 + off * m.fc1_width, xin + off * C, w.fc1 + e * m.fc1_width * C,
+                  w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fel);
+    ops.linear_forward(out + off * C, act + off * m.Fel, w.fc2 + e * C * m.Fel, w.fc2_bias ? w.fc2_bias + e * C : CBuf{},
+                       n, m.Fel, C);
     off += n;
   }
 }
@@ -115,9 +137,14 @@ struct MoEMLP::LayerState {
   // the dispatch of the last forward: send order, per-expert counts, the regroup permutations
   MoESendOrder order;
   std::vector<int64_t> send_rows, recv_rows;  // per EP peer
-  std::vector<int64_t> expert_rows;           // (El) rows of each local expert
+  std::vector<int64_t> expert_rows;           // (El) rows of each local expert's GEMMs (over the expert-TP group)
   std::vector<int32_t> regroup, inverse;      // expert-major <- source-major, and back (EP > 1)
-  int64_t R = 0;
+  int64_t R = 0;                              // the rows this rank's experts received (its own)
+  // ETP > 1: each group rank's block in the padded gather (Rmax rows each), the experts' rows from
+  // it (tp_regroup, expert-major over the group) and back (tp_scatter, -1 on the padding)
+  int64_t Rmax = 0, Rx = 0;
+  std::vector<int32_t> tp_regroup, tp_scatter;
+  MoESendOrder group_order;  // allgather: the EP group's assignments to this rank's experts
   std::vector<double> global_f;  // global_aux_loss: the mean counts the forward used (full recompute reuses them)
 };
 
@@ -128,11 +155,13 @@ Buf MoEMLP::alloc(int64_t n, DType t) {
 }
 
 MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-               Comm* ep_host, Comm* tp_host, Comm* cp_host, Comm* dp_host)
-    : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host),
+               Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host)
+    : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host), etp_(etp),
       tp_host_(tp_host), cp_host_(cp_host), dp_host_(dp_host) {
   const MoEDims& m = d.moe;
   TPT_CHECK(m.any() && (m.ep == 1 || (ep && ep_host && ep->size() == m.ep && ep_host->size() == m.ep)));
+  TPT_CHECK(m.etp == 1 || (etp && tp_host && etp->size() == m.etp && tp_host->size() == m.etp &&
+                           etp->rank() == m.etp_rank && tp_host->rank() == m.etp_rank));
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
     if (m.is_moe(l)) moe_layers_.push_back(l);
   rows_cap_ = moe_rows_bound(m, Nt);
@@ -142,11 +171,8 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   for (auto& slot : state_)
     for (size_t i = 0; i < moe_layers_.size(); ++i) {
       auto* s = new LayerState;
-      s->cap = rows_cap_;
-      s->xin = alloc(rows_cap_ * C, t);
-      s->fc1 = alloc(rows_cap_ * m.fc1_width, t);
-      s->act = alloc(rows_cap_ * m.Fe, t);
-      s->ret = alloc(Nt * k * C, t);
+      grow_state(*s);
+      if (!m.gathers_tokens()) s->ret = alloc(Nt * k * C, t);
       if (m.Fs) {
         const int64_t N = gemm_tokens(d, Nt);
         s->sh_fc1 = alloc(N * m.shared_fc1_width, t);
@@ -168,8 +194,18 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     w32_ = alloc(m.E * C, DType::F32).f32();
     tmp_ = alloc(Nt * C, t);
   }
-  send_ = alloc(Nt * k * C, t);
+  if (!m.gathers_tokens()) send_ = alloc(Nt * k * C, t);
   alloc_rows_scratch();
+  if (m.gathers_tokens()) {
+    const int64_t Tg = m.ep * Nt;
+    tokens_ = alloc(Tg * C, t);
+    if (t != DType::F32) wire_ = alloc(Tg * C, t);
+    perm_g_ = static_cast<int32_t*>(alloc(Tg * k, DType::I32).p);
+    comb_g_ = static_cast<int32_t*>(alloc(Tg * k, DType::I32).p);
+    row_w_g_ = alloc(Tg * k, DType::F32).f32();
+    comb_w_g_ = alloc(Tg * k, DType::F32).f32();
+    dprob_g_ = alloc(Tg * k, DType::F32).f32();
+  }
   dx_ = alloc(Nt * C, t);
   if (m.Fs) {
     const int64_t N = gemm_tokens(d, Nt);
@@ -210,17 +246,101 @@ void MoEMLP::discard_step() {
   for (auto& c : bias_counts_) std::fill(c.begin(), c.end(), 0.0);
 }
 
-// the scratch whose size is the rows bound: bufA, dact, dfc, and with EP > 1 bufB and the regroup maps
+// the scratch whose size is the rows bound: bufA, dact, dfc (the expert-TP group's rows), with EP > 1
+// or ETP > 1 bufB, with the all-to-all over EP > 1 its regroup maps, with ETP > 1 the padded gather
+// and its maps
 void MoEMLP::alloc_rows_scratch() {
   const MoEDims& m = d_.moe;
+  const int64_t xcap = m.etp * rows_cap_;
   bufA_ = alloc(rows_cap_ * d_.C, t_);
-  dact_ = alloc(rows_cap_ * m.Fe, t_);
-  dfc_ = alloc(rows_cap_ * m.fc1_width, t_);
-  if (m.ep > 1) {
-    bufB_ = alloc(rows_cap_ * d_.C, t_);
+  dact_ = alloc(xcap * m.Fel, t_);
+  dfc_ = alloc(xcap * m.fc1_width, t_);
+  if (m.ep > 1 || m.etp > 1) bufB_ = alloc(xcap * d_.C, t_);
+  if (m.ep > 1 && !m.gathers_tokens()) {
     regroup_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
     inverse_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
   }
+  if (m.etp > 1) {
+    xg_ = alloc(xcap * d_.C, t_);
+    tp_regroup_ = static_cast<int32_t*>(alloc(xcap, DType::I32).p);
+    tp_scatter_ = static_cast<int32_t*>(alloc(xcap, DType::I32).p);
+  }
+}
+
+// a layer state's kept rows (xin, fc1, act) for the rows bound, over the expert-TP group
+void MoEMLP::grow_state(LayerState& s) {
+  if (s.cap == rows_cap_ && s.xin) return;
+  const MoEDims& m = d_.moe;
+  const int64_t xcap = m.etp * rows_cap_;
+  s.cap = rows_cap_;
+  s.xin = alloc(xcap * d_.C, t_);
+  s.fc1 = alloc(xcap * m.fc1_width, t_);
+  s.act = alloc(xcap * m.Fel, t_);
+  if (m.gathers_tokens()) s.ret = alloc(rows_cap_ * d_.C, t_);  // the experts' output rows
+}
+
+// the EP group's partial sums of every group token (EP x Nt, C) -> this rank's tokens' sums (Nt, C), in
+// fp32 in rank order (16-bit: staged in wire_)
+void MoEMLP::ep_reduce_scatter(Buf out, CBuf group_tokens) {
+  const TPWire wire{&ops_, wire_};
+  sp_reduce_scatter(*ep_, out, group_tokens, Nt_ * d_.C, &wire);
+}
+
+// ETP > 1: every group rank's per-expert rows (host all-gather), the largest rank's total Rmax (the
+// padded block; the buffers grow to it), and the maps between the padded blocks and the experts' rows,
+// expert-major over the group (expert e: rank 0's rows, rank 1's, ...)
+void MoEMLP::tp_plan(LayerState& s, const std::vector<int64_t>& own_rows, int64_t layer) {
+  const int P = d_.moe.etp;
+  const int64_t El = d_.moe.El;
+  std::vector<int64_t> rows(size_t(P * El));  // (P, El)
+  tp_host_->all_gather(rows.data(), own_rows.data(), El, DType::I64);
+  s.Rmax = 0;
+  for (int r = 0; r < P; ++r) {
+    int64_t n = 0;
+    for (int64_t e = 0; e < El; ++e) n += rows[size_t(r * El + e)];
+    s.Rmax = std::max(s.Rmax, n);
+  }
+  grow(s.Rmax, layer);
+  grow_state(s);
+  std::vector<int64_t> at(static_cast<size_t>(P));  // the next row of rank r's block
+  for (int r = 0; r < P; ++r) at[size_t(r)] = r * s.Rmax;
+  s.expert_rows.assign(size_t(El), 0);
+  s.tp_regroup.clear();
+  s.tp_scatter.assign(size_t(P * s.Rmax), -1);
+  for (int64_t e = 0; e < El; ++e)
+    for (int r = 0; r < P; ++r)
+      for (int64_t n = 0; n < rows[size_t(r * El + e)]; ++n) {
+        s.tp_scatter[size_t(at[size_t(r)])] = int32_t(s.tp_regroup.size());
+        s.tp_regroup.push_back(int32_t(at[size_t(r)]++));
+        s.expert_rows[size_t(e)] += 1;
+      }
+  s.Rx = int64_t(s.tp_regroup.size());
+}
+
+void MoEMLP::tp_upload(const LayerState& s) {
+  ops_.to_device(Buf(tp_regroup_, DType::I32), s.tp_regroup.data(), s.Rx);
+  ops_.to_device(Buf(tp_scatter_, DType::I32), s.tp_scatter.data(), d_.moe.etp * s.Rmax);
+}
+
+Buf MoEMLP::tp_own_block(const LayerState& s) const { return xg_ + d_.moe.etp_rank * s.Rmax * d_.C; }
+
+void MoEMLP::tp_gather(const LayerState& s, Buf out) {
+  if (s.Rmax == 0) return;
+  const int64_t C = d_.C;
+  etp_->all_gather(xg_.p, tp_own_block(s).p, s.Rmax * C, t_);
+  ops_.gather_rows(out, xg_, tp_regroup_, nullptr, s.Rx, C);
+}
+
+Buf MoEMLP::tp_reduce(const LayerState& s, CBuf in) {
+  const Buf own = tp_own_block(s);
+  if (s.Rmax == 0) return own;
+  const int64_t C = d_.C;
+  ops_.gather_rows(xg_, in, tp_scatter_, nullptr, d_.moe.etp * s.Rmax, C);  // zeros on the padding
+  // `in` (bufB_) is spent now: it stages the 16-bit partials, summed in fp32 in rank order
+  TPT_CHECK(in.p == bufB_.p);
+  const TPWire wire{&ops_, bufB_};
+  sp_reduce_scatter(*etp_, own, xg_, s.Rmax * C, &wire);
+  return own;
 }
 
 MoEMLP::~MoEMLP() {
@@ -301,11 +421,36 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   ops_.to_device(Buf(comb_, DType::I32), o.comb.data(), T * k);
   ops_.to_device(comb_w_, o.comb_w.data(), T * k);
 
-  // dispatch: the rows to their experts' owners, expert-major in s.xin
+  // dispatch: the rows to their experts' owners, expert-major in s.xin (with ETP > 1 this rank's in
+  // the padded gather's own block first, then gathered over the expert-TP group)
+  const bool etp = m.etp > 1, ag = m.gathers_tokens();
+  const int64_t Tg = m.ep * T;  // allgather: the EP group's tokens
   if (m.ep == 1) {
     s.R = o.n_send;
     s.expert_rows = per_expert;
-    ops_.gather_rows(s.xin, x, perm_, nullptr, o.n_send, C);  // R <= T k = the state's rows
+    if (etp) tp_plan(s, per_expert, layer), tp_upload(s);
+    ops_.gather_rows(etp ? tp_own_block(s) : s.xin, x, perm_, nullptr, o.n_send, C);  // R <= T k = the state's rows
+  } else if (ag) {  // every EP rank's tokens and routing; the group's rows for this rank's experts
+    ep_->all_gather(tokens_.p, x.p, T * C, t_);
+    std::vector<int32_t> experts(static_cast<size_t>(Tg * k));
+    Routing group;
+    group.T = Tg, group.k = k;
+    group.prob.resize(size_t(Tg * k));
+    ep_host_->all_gather(experts.data(), r.expert.data(), T * k, DType::I32);
+    ep_host_->all_gather(group.prob.data(), r.prob.data(), T * k, DType::F32);
+    for (int32_t& e : experts) e = e >= m.expert_begin && e < m.expert_begin + El ? int32_t(e - m.expert_begin) : -1;
+    group.expert = std::move(experts);
+    s.group_order = moe_send_order(group, El);
+    const MoESendOrder& g = s.group_order;
+    s.R = g.n_send;
+    s.expert_rows = g.per_expert;
+    grow(s.R, layer);
+    grow_state(s);
+    if (etp) tp_plan(s, std::vector<int64_t>(s.expert_rows), layer), tp_upload(s);
+    ops_.to_device(Buf(perm_g_, DType::I32), g.perm.data(), g.n_send);
+    ops_.to_device(Buf(comb_g_, DType::I32), g.comb.data(), Tg * k);
+    ops_.to_device(comb_w_g_, g.comb_w.data(), Tg * k);
+    ops_.gather_rows(etp ? tp_own_block(s) : s.xin, tokens_, perm_g_, nullptr, s.R, C);
   } else {
     const int P = m.ep;
     std::vector<int64_t> recv_counts(static_cast<size_t>(E));  // (P, El): from peer q, rows for my local expert e
@@ -323,12 +468,8 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     s.R = 0;
     for (int64_t n : s.recv_rows) s.R += n;
     grow(s.R, layer);
-    if (s.R > s.cap) {  // this state's kept rows grow with the scratch
-      s.cap = s.R;
-      s.xin = alloc(s.cap * C, t_);
-      s.fc1 = alloc(s.cap * m.fc1_width, t_);
-      s.act = alloc(s.cap * m.Fe, t_);
-    }
+    grow_state(s);  // this state's kept rows grow with the scratch
+    if (etp) tp_plan(s, std::vector<int64_t>(s.expert_rows), layer), tp_upload(s);
     ops_.gather_rows(send_, x, perm_, nullptr, o.n_send, C);
     ep_->all_to_all_v(send_.p, elems(C, s.send_rows), bufA_.p, elems(C, s.recv_rows), t_);
     // source-major (q, e) blocks -> expert-major (e, q)
@@ -346,17 +487,32 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
         }
     ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
     ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
-    ops_.gather_rows(s.xin, bufA_, regroup_, nullptr, s.R, C);
+    ops_.gather_rows(etp ? tp_own_block(s) : s.xin, bufA_, regroup_, nullptr, s.R, C);
   }
-  // the experts: fc1 with its activation, fc2, on each local expert's contiguous rows
-  moe_experts_forward(ops_, d_, w, s.expert_rows, s.xin, s.fc1, s.act, m.ep == 1 ? s.ret : bufB_);
-  if (m.ep > 1) {  // back to the tokens' ranks, in their send order
-    ops_.gather_rows(bufA_, bufB_, inverse_, nullptr, s.R, C);
-    ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), s.ret.p, elems(C, s.send_rows), t_);
+  if (etp) tp_gather(s, s.xin);
+  // the experts: fc1 with its activation, fc2, on each local expert's contiguous rows (with ETP > 1
+  // partial sums over the group; fc2's bias added by etp rank 0 alone)
+  MoEParams<CBuf> ws = w;
+  if (m.etp_rank != 0) ws.fc2_bias = CBuf{};
+  const Buf out = (m.ep == 1 || ag) && !etp ? s.ret : bufB_;
+  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, s.act, out);
+  const Buf own = etp ? tp_reduce(s, out) : out;  // this rank's rows, expert-major
+  if (ag) {
+    // the group's tokens' weighted sums of this rank's experts' rows, summed over EP to their ranks
+    if (etp) ops_.copy(s.ret, own, s.R * C);
+    ops_.combine_rows(tokens_, s.ret, comb_g_, comb_w_g_, Tg, k, C, false);
+    ep_reduce_scatter(y, tokens_);
+  } else {
+    if (m.ep > 1) {  // back to the tokens' ranks, in their send order
+      ops_.gather_rows(bufA_, own, inverse_, nullptr, s.R, C);
+      ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), s.ret.p, elems(C, s.send_rows), t_);
+    } else if (etp) {
+      ops_.copy(s.ret, own, o.n_send * C);
+    }
+    // y (T, C) = sum over each token's kept choices of weight x expert output
+    ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
   }
-  // y (T, C) = sum over each token's kept choices of weight x expert output (+ the shared expert)
-  ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
-  if (m.Fs) shared_forward(s, w, x, y, tp);
+  if (m.Fs) shared_forward(s, w, x, y, tp);  // + the shared expert
 }
 
 // The shared expert: a dense MLP of width Fs on every token, TP-split as the dense MLP (its mappings
@@ -407,45 +563,76 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   const MoEDims& m = d_.moe;
   LayerState& s = *state_.at(size_t(slot)).at(size_t(moe_index(layer)));
   const int64_t T = Nt_, C = d_.C, E = m.E, k = m.router.k, El = m.El;
+  const bool etp = m.etp > 1, ag = m.gathers_tokens();
+  const int64_t Tg = m.ep * T;  // allgather: the EP group's tokens
+  if (etp) tp_upload(s);
   // the forward's maps again (the scratch served other layers since)
-  const MoESendOrder& o = s.order;
-  ops_.to_device(Buf(perm_, DType::I32), o.perm.data(), o.n_send);
-  ops_.to_device(Buf(comb_, DType::I32), o.comb.data(), T * k);
-  ops_.to_device(row_w_, o.row_w.data(), o.n_send);
-  // d weights: dy of each token against its choices' expert outputs
-  ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
+  const MoESendOrder& o = ag ? s.group_order : s.order;
+  ops_.to_device(Buf(ag ? perm_g_ : perm_, DType::I32), o.perm.data(), o.n_send);
+  ops_.to_device(Buf(ag ? comb_g_ : comb_, DType::I32), o.comb.data(), ag ? Tg * k : T * k);
+  ops_.to_device(ag ? row_w_g_ : row_w_, o.row_w.data(), o.n_send);
   std::vector<float> dprob(static_cast<size_t>(T * k));
-  ops_.to_host(dprob.data(), dprob_, T * k);
-  // d expert outputs in send order: weight x dy of the row's token
-  ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
-  Buf dout = send_;
-  if (m.ep > 1) {
+  // this rank's rows' d outputs expert-major (with ETP > 1 in the padded gather's own block), then the group's
+  Buf dout = etp ? tp_own_block(s) : m.ep > 1 ? bufB_ : send_;
+  if (ag) {
+    // the EP group's dy; d weights of the group's assignments to this rank's experts (0 elsewhere),
+    // summed over EP to the tokens' ranks; d expert outputs: weight x dy of the row's token
+    ep_->all_gather(tokens_.p, dy.p, T * C, t_);
+    ops_.row_dots(dprob_g_, tokens_, s.ret, comb_g_, Tg, k, C);
+    std::vector<float> group(static_cast<size_t>(Tg * k));
+    ops_.to_host(group.data(), dprob_g_, Tg * k);
+    ep_host_->reduce_scatter(dprob.data(), group.data(), T * k);
+    ops_.gather_rows(dout, tokens_, perm_g_, row_w_g_, s.R, C);
+  } else {
+    // d weights: dy of each token against its choices' expert outputs
+    ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
+    ops_.to_host(dprob.data(), dprob_, T * k);
+    // d expert outputs in send order: weight x dy of the row's token
+    ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
+  }
+  if (m.ep > 1 && !ag) {
     ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
     ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
     ep_->all_to_all_v(send_.p, elems(C, s.send_rows), bufA_.p, elems(C, s.recv_rows), t_);
-    ops_.gather_rows(bufB_, bufA_, regroup_, nullptr, s.R, C);
+    ops_.gather_rows(dout, bufA_, regroup_, nullptr, s.R, C);
+  } else if (etp && !ag) {
+    ops_.copy(dout, send_, o.n_send * C);
+  }
+  if (etp) {
+    tp_gather(s, bufB_);
     dout = bufB_;
   }
-  // the experts' backward: fc2 and the activation (dfc), fc1 (d input rows into bufA)
+  // the experts' backward: fc2 and the activation (dfc), fc1 (d input rows: into bufA, or with ETP > 1
+  // over each expert's d output rows in bufB, partial sums over the group); fc2's bias gradient on etp
+  // rank 0 alone (summed over TP with the other TP-replicated tensors')
+  const Buf dxin = etp ? bufB_ : bufA_;
+  float* fc2_bias = m.etp_rank == 0 ? g.fc2_bias : nullptr;
   int64_t off = 0;
   for (int64_t e = 0; e < El; ++e) {
     const int64_t n = s.expert_rows[size_t(e)];
     if (n == 0) continue;
-    d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fe, g.fc2 + e * C * m.Fe,
-                    g.fc2_bias ? g.fc2_bias + e * C : nullptr, dout + off * C, s.act + off * m.Fe,
-                    w.fc2 + e * C * m.Fe, s.fc1 + off * m.fc1_width, n, m.Fe, C);
-    ops_.linear_backward(bufA_ + off * C, g.fc1 + e * m.fc1_width * C, g.fc1_bias ? g.fc1_bias + e * m.fc1_width : nullptr,
+    d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fel, g.fc2 + e * C * m.Fel,
+                    fc2_bias ? fc2_bias + e * C : nullptr, dout + off * C, s.act + off * m.Fel,
+                    w.fc2 + e * C * m.Fel, s.fc1 + off * m.fc1_width, n, m.Fel, C);
+    ops_.linear_backward(dxin + off * C, g.fc1 + e * m.fc1_width * C, g.fc1_bias ? g.fc1_bias + e * m.fc1_width : nullptr,
                          dfc_ + off * m.fc1_width, s.xin + off * C, w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
     off += n;
   }
-  Buf drows = bufA_;  // d input rows in send order
-  if (m.ep > 1) {
-    ops_.gather_rows(bufB_, bufA_, inverse_, nullptr, s.R, C);
-    ep_->all_to_all_v(bufB_.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
-    drows = send_;
+  Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1
+  if (ag) {  // the group's tokens' partial d inputs, summed over EP to their ranks
+    ops_.combine_rows(tokens_, drows, comb_g_, nullptr, Tg, k, C, false);
+    ep_reduce_scatter(dx, tokens_);
+  } else {
+    if (m.ep > 1) {
+      const Buf back = etp ? bufA_ : bufB_;  // free by now
+      ops_.gather_rows(back, drows, inverse_, nullptr, s.R, C);
+      ep_->all_to_all_v(back.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
+      drows = send_;
+    }
+    // dx (T, C) = sum of the token's rows' input gradients
+    ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
   }
-  // dx (T, C) = sum of the token's rows' input gradients, then the router's
-  ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
+  // + the router's
   std::vector<float> dlogits(static_cast<size_t>(T * E));
   routing_backward(s.routing, dprob.data(), m.router, loss_scale_, dlogits.data());
   ops_.to_device(logits_, dlogits.data(), T * E);

@@ -24,9 +24,17 @@ struct GPTDims;
 struct MoEDims {
   int64_t E = 0;             // experts per MoE layer; 0: a dense model
   int64_t Fe = 0;            // each expert's MLP width (model.moe_ffn_hidden_size)
-  int64_t fc1_width = 0;     // an expert's fc1 output: Fe, or 2 Fe with SwiGLU ([gate; up])
+  int64_t Fel = 0;           // this rank's part of it: Fe / etp
+  int64_t fc1_width = 0;     // this rank's part of an expert's fc1 output: Fel, or 2 Fel with SwiGLU ([gate; up])
   int ep = 1, ep_rank = 0;   // the EP group; this rank holds experts [expert_begin, expert_begin + El)
   int64_t El = 0, expert_begin = 0;
+  // the expert-TP group (parallel.expert_tensor_parallel_size: 1, or TP): each expert's fc1
+  // column-parallel and fc2 row-parallel over it, its rows all-gathered over it (docs/MOE.md)
+  int etp = 1, etp_rank = 0;
+  // model.moe_token_dispatcher_type: allgather (Megatron's MoEAllGatherTokenDispatcher; with EP 1 the
+  // same steps as alltoall)
+  bool allgather = false;
+  bool gathers_tokens() const { return allgather && ep > 1; }
   std::vector<uint8_t> layers;  // per global layer: whether it is an MoE layer
   RouterOptions router;
   bool bias = false;         // experts' fc1 / fc2 biases (model.add_bias_linear)
@@ -100,13 +108,14 @@ struct MoEStats {
 class MoEMLP {
  public:
   // Buffers for `slots` micro-batches of Nt tokens on each of the stage's MoE layers. ep: the EP
-  // group's device communicator (null with EP 1), ep_host its host twin; tp_host / cp_host the host
+  // group's device communicator (null with EP 1), ep_host its host twin; etp the expert-TP group's
+  // device communicator (the TP group's; null with ETP 1: d.moe.etp), its host twin tp_host; tp_host / cp_host the host
   // TP and CP groups (null: one rank) the balancing losses' counts are summed over, dp_host the DP
   // group (global_aux_loss's counts are summed over TP x DP x CP). B, S: the
   // micro-batch's sequences and this rank's tokens of each (seq_aux_loss), token_begin: the rank's first
   // token of the flattened (B, S) micro-batch (sequence parallelism).
   MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-         Comm* ep_host, Comm* tp_host, Comm* cp_host, Comm* dp_host);
+         Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host);
   ~MoEMLP();
   MoEMLP(const MoEMLP&) = delete;
   MoEMLP& operator=(const MoEMLP&) = delete;
@@ -140,7 +149,7 @@ class MoEMLP {
   Ops& ops_;
   DType t_;
   int64_t Nt_, B_, token_begin_;
-  Comm *ep_, *ep_host_, *tp_host_, *cp_host_, *dp_host_;
+  Comm *ep_, *ep_host_, *etp_, *tp_host_, *cp_host_, *dp_host_;
   float loss_scale_ = 0;
   int64_t rows_cap_ = 0;  // the bound's rows (grows once past it, with a warning)
   std::vector<int64_t> moe_layers_;  // the stage's MoE layers (global indices)
@@ -157,6 +166,17 @@ class MoEMLP {
   float* dprob_ = nullptr;
   int32_t *perm_ = nullptr, *comb_ = nullptr, *regroup_ = nullptr, *inverse_ = nullptr;
   Buf send_, bufA_, bufB_, dact_, dfc_, tmp_, dx_;
+  // ETP > 1: the padded all-gather / reduce-scatter buffer (etp blocks of the largest rank's rows) and
+  // the maps between it and the experts' rows (expert-major over the group)
+  Buf xg_;
+  int32_t *tp_regroup_ = nullptr, *tp_scatter_ = nullptr;
+  // the allgather dispatcher (EP > 1): the EP group's tokens (their inputs, d outputs, partial
+  // outputs and d inputs in turn), the 16-bit reduce-scatter's staging, and the maps of the group's
+  // assignments to this rank's experts (model/moe.cpp)
+  Buf tokens_, wire_;
+  int32_t *perm_g_ = nullptr, *comb_g_ = nullptr;
+  float *row_w_g_ = nullptr, *comb_w_g_ = nullptr, *dprob_g_ = nullptr;
+  void ep_reduce_scatter(Buf out, CBuf group_tokens);
   // the shared expert's scratch: d fc1 output, d activation (N), d output x gate, gate logits (Nt)
   Buf sh_dfc_, sh_dact_, sh_dy_, sh_part_, gate_logit_;
   float *gate_f32_ = nullptr;
@@ -168,6 +188,15 @@ class MoEMLP {
   Buf alloc(int64_t n, DType t);
   void alloc_rows_scratch();
   void grow(int64_t rows, int64_t layer);
+  void grow_state(LayerState& s);
+  // ETP > 1: the expert-TP group's per-expert rows and the maps (LayerState); the rows of this rank in
+  // xg_'s own block gathered over the group into expert-major `out`; partial sums `in` (expert-major
+  // over the group) summed back to this rank's rows (returned: xg_'s own block)
+  void tp_plan(LayerState& s, const std::vector<int64_t>& own_rows, int64_t layer);
+  void tp_upload(const LayerState& s);
+  Buf tp_own_block(const LayerState& s) const;
+  void tp_gather(const LayerState& s, Buf out);
+  Buf tp_reduce(const LayerState& s, CBuf in);
   int moe_index(int64_t layer) const;
   // the router's fp32 operands: x and the weight converted (or the fp32 buffers themselves)
   const float* router_input(CBuf x);

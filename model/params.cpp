@@ -60,7 +60,8 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     MoEDims& e = d.moe;
     e.E = m.num_moe_experts;
     e.Fe = m.moe_ffn_hidden_size;
-    e.fc1_width = d.mlp.fc1_width(e.Fe);
+    e.Fel = e.Fe;
+    e.fc1_width = d.mlp.fc1_width(e.Fel);
     e.El = e.E;
     e.router = router_options(m);
     e.bias = m.add_bias_linear;
@@ -71,18 +72,26 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     e.shared_fc1_width = d.mlp.fc1_width(e.Fsl);
     e.shared_gate = m.moe_shared_expert_gate;
     e.dispatch_factor = m.moe_dispatch_bound_factor;
+    e.allgather = m.moe_token_dispatcher_type == MoEDispatcher::AllGather;
     d.moe_layer = make_moe_layer_spec(d);
   }
   return d;
 }
 
-void apply_expert_parallel(GPTDims& d, int ep, int ep_rank) {
+void apply_expert_parallel(GPTDims& d, int ep, int ep_rank, int etp, int etp_rank) {
   if (!d.moe.any()) return;
-  if (ep < 1 || d.moe.E % ep || ep_rank < 0 || ep_rank >= ep) internal_error("apply_expert_parallel: unchecked EP");
-  d.moe.ep = ep;
-  d.moe.ep_rank = ep_rank;
-  d.moe.El = d.moe.E / ep;
-  d.moe.expert_begin = d.moe.El * ep_rank;
+  MoEDims& m = d.moe;
+  if (ep < 1 || m.E % ep || ep_rank < 0 || ep_rank >= ep) internal_error("apply_expert_parallel: unchecked EP");
+  if (etp < 1 || m.Fe % etp || etp_rank < 0 || etp_rank >= etp || (etp > 1 && etp != d.tp))
+    internal_error("apply_expert_parallel: unchecked ETP");
+  m.ep = ep;
+  m.ep_rank = ep_rank;
+  m.El = m.E / ep;
+  m.expert_begin = m.El * ep_rank;
+  m.etp = etp;
+  m.etp_rank = etp_rank;
+  m.Fel = m.Fe / etp;
+  m.fc1_width = d.mlp.fc1_width(m.Fel);
 }
 
 void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank) {
@@ -223,7 +232,9 @@ ParamLayout make_param_layout(const GPTDims& d) {
     else if (!d.first_stage()) b.add(word_embedding(d, "wte.weight", true));
   }
   // the MoE layers' experts, after every dense tensor (their own replica group, contiguous): global
-  // (E, ...) tensors, this rank's El experts the box along dimension 0 (docs/MOE.md "Parameters")
+  // (E, ...) tensors, this rank's El experts the box along dimension 0 (docs/MOE.md "Parameters"); with
+  // ETP > 1 also its part of each expert's width: fc1 (and its bias) column-parallel, fc2
+  // row-parallel with its bias on every expert-TP rank (added and its gradient taken on etp rank 0)
   const MoEDims& m = d.moe;
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
     if (!m.is_moe(l)) continue;
@@ -231,8 +242,18 @@ ParamLayout make_param_layout(const GPTDims& d) {
       b.layout.total = (b.layout.total + kShardAlign - 1) / kShardAlign * kShardAlign;
     const std::string pre = "h." + std::to_string(l) + ".mlp.experts.";
     const float out_std = d.init_std / std::sqrt(2.0f * float(d.L));
-    auto expert = [&](const std::string& name, std::vector<int64_t> shape, ParamInfo::Init init, float std) {
+    // width_dim: the dimension split over ETP (-1: none, the tensor is on every expert-TP rank)
+    auto expert = [&](const std::string& name, std::vector<int64_t> shape, int width_dim, ParamInfo::Init init,
+                      float std) {
       ParamInfo p = sharded(pre + name, shape, 0, m.ep, m.ep_rank);
+      if (width_dim >= 0) {
+        p.box_size[size_t(width_dim)] = shape[size_t(width_dim)] / m.etp;
+        p.box_offset[size_t(width_dim)] = p.box_size[size_t(width_dim)] * m.etp_rank;
+        p.local_shape = p.box_size;
+      } else if (m.etp > 1) {
+        p.group.copy = ModelCopy::TensorParallel;
+        p.group.partial_over_tp = true;  // etp rank 0's gradient, summed over TP
+      }
       p.group.replicas = ReplicaGroup::ExpertData;
       p.init = init;
       p.init_std = std;
@@ -240,10 +261,11 @@ ParamLayout make_param_layout(const GPTDims& d) {
       b.add(std::move(p));
     };
     const std::vector<int64_t> fc1 = d.mlp.swiglu ? std::vector<int64_t>{m.E, 2, m.Fe, d.C} : std::vector<int64_t>{m.E, m.Fe, d.C};
-    expert("fc1.weight", fc1, I::Normal, d.init_std);
-    if (m.bias) expert("fc1.bias", {fc1.begin(), fc1.end() - 1}, I::Zeros, 0);
-    expert("fc2.weight", {m.E, d.C, m.Fe}, I::Normal, out_std);
-    if (m.bias) expert("fc2.bias", {m.E, d.C}, I::Zeros, 0);
+    const int fe_dim = d.mlp.swiglu ? 2 : 1;  // fc1's Fe dimension
+    expert("fc1.weight", fc1, fe_dim, I::Normal, d.init_std);
+    if (m.bias) expert("fc1.bias", {fc1.begin(), fc1.end() - 1}, fe_dim, I::Zeros, 0);
+    expert("fc2.weight", {m.E, d.C, m.Fe}, 2, I::Normal, out_std);
+    if (m.bias) expert("fc2.bias", {m.E, d.C}, -1, I::Zeros, 0);
   }
   return b.layout;
 }

@@ -163,7 +163,8 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend, RankL
   std::vector<GPTDims> chunks = make_chunk_dims(cfg, tp, 0, pp, pp_rank);
   for (GPTDims& d : chunks) {
     apply_context_parallel(d, cfg, 0);  // every CP rank holds the same sizes
-    apply_expert_parallel(d, cfg.parallel.expert_model_parallel_size, 0);  // every EP rank E / EP experts
+    // every EP rank E / EP experts, every ETP rank Fe / ETP of each
+    apply_expert_parallel(d, cfg.parallel.expert_model_parallel_size, 0, expert_tp_size(cfg), 0);
   }
   return stage_memory(cfg, pp_rank, chunks, gpu_backend, layouts);
 }
@@ -290,7 +291,7 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
       for (const LinearSpec* l : spec ? spec->linears() : std::vector<const LinearSpec*>{})
         if (l->bias) biased.push_back({N, l->out});
     if (moe_layers && d.moe.bias)
-      for (int64_t O : {d.moe.fc1_width, d.C}) biased.push_back({moe_rows_bound(d.moe, Nt), O});
+      for (int64_t O : {d.moe.fc1_width, d.C}) biased.push_back({d.moe.etp * moe_rows_bound(d.moe, Nt), O});
     for (const auto& [rows, O] : biased) {
       w.scratch = std::max(w.scratch, column_sums_scratch_bytes(rows, O, 1));
       w.bias_grad = std::max(w.bias_grad, O * 4);
@@ -322,10 +323,15 @@ std::string describe_memory(const StageMemory& m) {
   return s;
 }
 
+int expert_tp_size(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  return p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : p.tensor_model_parallel_size;
+}
+
 int expert_data_parallel_size(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   if (!cfg.model.is_moe()) return 1;
-  const int64_t etp = p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : p.tensor_model_parallel_size;
+  const int64_t etp = expert_tp_size(cfg);
   const int64_t folded = int64_t(p.tensor_model_parallel_size) * p.context_parallel_size * std::max(1, p.data_parallel_size);
   if (folded % (etp * p.expert_model_parallel_size) != 0)
     input_error("parallel.expert_model_parallel_size (" + std::to_string(p.expert_model_parallel_size) +
@@ -336,7 +342,7 @@ int expert_data_parallel_size(const Config& cfg) {
 
 int64_t expert_parameters(const GPTDims& d) {
   const MoEDims& m = d.moe;
-  const int64_t per_expert = m.fc1_width * d.C + d.C * m.Fe + (m.bias ? m.fc1_width + d.C : 0);
+  const int64_t per_expert = m.fc1_width * d.C + d.C * m.Fel + (m.bias ? m.fc1_width + d.C : 0);
   return moe_layers_of(d) * m.El * per_expert;
 }
 

@@ -126,6 +126,8 @@ std::string describe_memory(const StageMemory& m);
 // distributed optimizer shards: TP x CP x DP / (ETP x EP) (Megatron's parallel folding; ETP null =
 // TP). 1 for a dense model.
 int expert_data_parallel_size(const Config& cfg);
+// ETP: parallel.expert_tensor_parallel_size, null = TP.
+int expert_tp_size(const Config& cfg);
 // Elements of this rank's experts in chunk d, counted from the MoE sizes alone (not from the layout):
 // per MoE layer of the chunk E / EP experts x (fc1 fc1_width x C + fc2 C x Fe [+ their biases
 // fc1_width + C]). 0 for a dense model.

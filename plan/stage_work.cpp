@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "model/chunks.h"
+#include "plan/memory.h"
 
 namespace tpt {
 
@@ -75,7 +76,7 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
     w.moe.fc1_width = double(d.moe.fc1_width);
     w.moe.ffn = double(d.moe.Fe);
     w.moe.ep = d.moe.ep;
-    w.moe.etp = c.parallel.expert_tensor_parallel_size > 0 ? c.parallel.expert_tensor_parallel_size : d.tp;
+    w.moe.etp = d.moe.etp;
   }
   w.attention_flops = 2.0 * B * S * double(c.model.seq_length) * double(d.Hl) * double(d.D);
   w.ffn_local = double(d.Fl);
@@ -91,7 +92,8 @@ std::vector<ChunkWork> stage_chunk_work(const Config& c, int stage) {
   std::vector<ChunkWork> out;
   for (GPTDims d : make_chunk_dims(c, tp, 0, pp, stage)) {
     apply_context_parallel(d, c, 0);  // CP rank 0's tokens (every CP rank holds as many)
-    apply_expert_parallel(d, c.parallel.expert_model_parallel_size, 0);  // EP rank 0's experts (as many)
+    // EP / ETP rank 0's experts (as many)
+    apply_expert_parallel(d, c.parallel.expert_model_parallel_size, 0, expert_tp_size(c), 0);
     out.push_back(chunk_work(c, d));
   }
   return out;

@@ -181,7 +181,7 @@ void Trainer::setup_model() {
   chunk_dims_ = make_chunk_dims(cfg_, grid_.tp, grid_.tp_rank, grid_.pp, grid_.pp_rank);
   for (GPTDims& d : chunk_dims_) {
     apply_context_parallel(d, cfg_, grid_.cp_rank);   // this CP rank's tokens
-    apply_expert_parallel(d, grid_.ep, grid_.ep_rank);  // its experts (MoE)
+    apply_expert_parallel(d, grid_.ep, grid_.ep_rank, grid_.etp, grid_.etp_rank);  // its experts (MoE)
   }
   dims_ = chunk_dims_.front();
   layers_ = rank_layers(chunk_dims_);

@@ -14,6 +14,7 @@
 // Megatron's top-k of the logits then softmax over the k (moe_router_pre_softmax: false); without
 // renormalising (norm_topk_prob: false) Megatron's moe_router_pre_softmax: true.
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "interop/hf/llama_detail.h"
@@ -177,18 +178,25 @@ bool load_hf_moe_param(HFArch a, const HFShards& hf, const ModelConfig& m, const
   } else if (rest == "mlp.shared_experts.gate.weight") {
     hf.rows(p + "shared_expert_gate.weight", {1, C}, 0, 1, out);
   } else if (rest == "mlp.experts.fc1.weight" || rest == "mlp.experts.fc2.weight") {
-    // this rank's experts: a box of whole experts along dimension 0 (ETP 1)
+    // this rank's experts: a box along dimension 0, and with ETP > 1 along the width (dimension 2 of
+    // both: (E, 2, Fe, C) and (E, C, Fe)), columns [f0, f0 + Fl) of each expert's width
     const bool fc1 = rest == "mlp.experts.fc1.weight";
     for (size_t k = 1; k < pi.global_shape.size(); ++k)
-      if (pi.box_offset[k] != 0 || pi.box_size[k] != pi.global_shape[k])
-        internal_error("load_hf_moe_param: " + pi.name + " is split inside an expert");
+      if (k != 2 && (pi.box_offset[k] != 0 || pi.box_size[k] != pi.global_shape[k]))
+        internal_error("load_hf_moe_param: " + pi.name + " is split along dimension " + std::to_string(k));
+    const int64_t f0 = pi.box_offset[2], Fl = pi.box_size[2];
+    std::vector<float> down(fc1 || Fl == Fe ? 0 : size_t(C * Fe));
     for (int64_t el = 0; el < pi.box_size[0]; ++el) {
       const std::string x = p + "experts." + std::to_string(pi.box_offset[0] + el) + ".";
       if (fc1) {  // [gate; up]
-        hf.rows(x + expert_names(a, 0) + ".weight", {Fe, C}, 0, Fe, out + (2 * el) * Fe * C);
-        hf.rows(x + expert_names(a, 1) + ".weight", {Fe, C}, 0, Fe, out + (2 * el + 1) * Fe * C);
-      } else {
+        hf.rows(x + expert_names(a, 0) + ".weight", {Fe, C}, f0, Fl, out + (2 * el) * Fl * C);
+        hf.rows(x + expert_names(a, 1) + ".weight", {Fe, C}, f0, Fl, out + (2 * el + 1) * Fl * C);
+      } else if (Fl == Fe) {
         hf.rows(x + expert_names(a, 2) + ".weight", {C, Fe}, 0, C, out + el * C * Fe);
+      } else {  // the columns of the rank's width
+        hf.rows(x + expert_names(a, 2) + ".weight", {C, Fe}, 0, C, down.data());
+        for (int64_t c = 0; c < C; ++c)
+          std::copy_n(down.data() + c * Fe + f0, Fl, out + (el * C + c) * Fl);
       }
     }
   } else if (rest == "attn.q_layernorm.weight" || rest == "attn.k_layernorm.weight") {  // Qwen3-MoE (model.qk_layernorm)

@@ -128,6 +128,10 @@ check llama_rope_scaling_factors "model.rope_scaling.high_freq_factor|model.rope
   --set "model.rope_scaling={factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 8192}"
 check llama_groups_not_dividing_tp "model.num_query_groups (2)|parallel.tensor_model_parallel_size (4)" -- \
   plan --config "$LLAMA" --world-size 4 --set parallel.tensor_model_parallel_size=4
+# experts split over TP (ETP = TP, the default with TP > 1): their width must divide by TP
+check moe_width_not_dividing_etp "model.moe_ffn_hidden_size: 33|parallel.expert_tensor_parallel_size (2" -- \
+  plan --config "$BASE" --world-size 2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true \
+  --set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=33
 check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
 check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
 check no_config "--config" --

@@ -2,8 +2,9 @@
 # Checkpoints of a Mixture-of-Experts model (docs/MOE.md "Parameters"): the experts are saved by their
 # global expert index, so 8 + a resume of 8 iterations is bitwise equal to 16 straight on the same
 # layout (EP 2 x DP 4 with the distributed optimizer, the expert bias's state included), and a checkpoint saved at EP 2 resumes at
-# EP 1 (1 rank), EP 4 (DP 4) and EP 2 x TP 2 (sequence parallelism, ETP 1) within 1e-6 of the
-# uninterrupted run, the distributed optimizer's shards included.
+# EP 1 (1 rank), EP 4 (DP 4) and EP 2 x TP 2 (sequence parallelism, ETP 1 and ETP 2) within 1e-6 of
+# the uninterrupted run, the distributed optimizer's shards included; one saved at EP 2 x TP 2 with ETP
+# 2 (experts split over TP) resumes on one rank within 1e-6.
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -64,4 +65,13 @@ run 4 ep4 --set checkpoint.load="$W/ck" --set parallel.expert_model_parallel_siz
 run 4 tp2 --set checkpoint.load="$W/ck" --set parallel.expert_model_parallel_size=2 --set parallel.tensor_model_parallel_size=2 \
   --set parallel.sequence_parallel=true --set parallel.expert_tensor_parallel_size=1 &&
   compare "$W/straight.jsonl" "$W/tp2.jsonl" 1e-6 "EP 2 checkpoint resumed at EP 2 x TP 2 (SP, ETP 1)"
+# experts split over TP (ETP = TP 2): each rank's box of an expert is also a box along its width; an
+# ETP 1 checkpoint resumes there, and one saved there resumes with whole experts on one rank
+ETP2=(--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
+      --set parallel.expert_tensor_parallel_size=2)
+run 4 etp2 --set checkpoint.load="$W/ck" "${EP2[@]}" "${ETP2[@]}" &&
+  compare "$W/straight.jsonl" "$W/etp2.jsonl" 1e-6 "EP 2 checkpoint (ETP 1) resumed at EP 2 x TP 2 with ETP 2"
+run 4 first_etp2 "${EP2[@]}" "${ETP2[@]}" --set training.train_iters=8 --set checkpoint.save="$W/ck_etp2" &&
+  run 1 from_etp2 --set checkpoint.load="$W/ck_etp2" &&
+  compare "$W/straight.jsonl" "$W/from_etp2.jsonl" 1e-6 "EP 2 x TP 2 ETP 2 checkpoint resumed at EP 1 (1 rank, ETP 1)"
 finish

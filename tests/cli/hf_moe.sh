@@ -12,9 +12,10 @@
 # They must
 #  (a) train from model.init_from with the per-step losses (within 1e-5, fp32) of the PyTorch reference
 #      initialised from the same files (gpt_ref.py --init; its own loader hf_moe_ref.py) on 1 rank and
-#      on TP2 (sequence parallel) x EP2 x PP2 x DP2; Qwen3-MoE with rotary_interleaved (q/k rows and
+#      on TP2 (sequence parallel) x EP2 x PP2 x DP2 (Mixtral also with ETP 2); Qwen3-MoE with rotary_interleaved (q/k rows and
 #      norm weights permuted at import) = its rotate-half run;
-#  (b) round trip: imported on TP2 x EP2 x PP2 x DP2 (each rank reading only its experts), one step at
+#  (b) round trip: imported on TP2 x EP2 x PP2 x DP2 (each rank reading only its experts; Mixtral also
+#      with ETP 2, each rank reading its part of their width), one step at
 #      lr 0, exported with --max-shard-size (several shards + index): every tensor's bytes and dtype
 #      equal the input's, config.json's MoE keys equal;
 #  (c) tptrain generate on the imported-then-trained Qwen2-MoE and Qwen3-MoE: every greedy token the argmax
@@ -71,6 +72,9 @@ sed -e "s|init_from: $W/mx,|init_from: $W/q3n, qk_layernorm: true,|" -e 's/moe_f
 GRID=(--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
       --set parallel.pipeline_model_parallel_size=2 --set parallel.expert_model_parallel_size=2
       --set parallel.expert_tensor_parallel_size=1 --set training.micro_batch_size=2)
+# the same with the experts split over TP (ETP = TP 2): each rank reads its rows of w1 / w3 and its
+# columns of w2
+GRID_ETP2=("${GRID[@]/expert_tensor_parallel_size=1/expert_tensor_parallel_size=2}")
 
 # --- (a) training from init_from = the reference from the same files --------------------------------
 for n in mx qw qn q3 q3n; do
@@ -82,6 +86,7 @@ tptrain mx1 1 && compare mx1 ref_mx "Mixtral (bf16, 3 shards), 1 rank = referenc
 grep -q "init_from: Hugging Face Mixtral $W/mx/model.safetensors.index.json (3 shards, BF16; .*4 experts top-2)" \
   "$W/mx1.log" && ok "the start-up log names Mixtral, the index, 3 shards, 4 experts top-2" || { bad "start-up log"; grep init_from "$W/mx1.log"; }
 tptrain mxg 8 "${GRID[@]}" && compare mxg ref_mx "Mixtral on TP2 (SP) x EP2 x PP2 x DP2 = reference" "${TOL[@]}"
+tptrain mxe 8 "${GRID_ETP2[@]}" && compare mxe ref_mx "Mixtral on TP2 (SP) x EP2 x PP2 x DP2, ETP 2 = reference" "${TOL[@]}"
 CFG=$W/cfg_qw.yaml tptrain qw1 1 --set checkpoint.save="$W/ck_qw1" &&
   compare qw1 ref_qw "Qwen2-MoE (dense + MoE layer, gated shared expert, q/k/v biases, norm_topk_prob false), 1 rank = reference" "${TOL[@]}"
 CFG=$W/cfg_qw.yaml tptrain qwg 8 "${GRID[@]}" && compare qwg ref_qw "Qwen2-MoE on TP2 (SP) x EP2 x PP2 x DP2 = reference" "${TOL[@]}"
@@ -96,6 +101,8 @@ CFG=$W/cfg_q3n.yaml tptrain q3n1 1 && compare q3n1 ref_q3n "Qwen3-MoE norm_topk_
 # --- (b) round trips from TP2 x EP2 x PP2 x DP2 -----------------------------------------------------
 tptrain rt_mx 8 "${GRID[@]}" --set training.precision=bf16 --set checkpoint.save="$W/ck_mx" "${ZERO[@]}" &&
   RT_KEYS=num_local_experts,num_experts_per_tok,router_jitter_noise,sliding_window roundtrip mx "$W/mx" --max-shard-size 60KB
+tptrain rt_mxe 8 "${GRID_ETP2[@]}" --set training.precision=bf16 --set checkpoint.save="$W/ck_mxe" "${ZERO[@]}" &&
+  RT_KEYS=num_local_experts,num_experts_per_tok,router_jitter_noise,sliding_window roundtrip mxe "$W/mx" --max-shard-size 60KB
 QK=num_experts,num_experts_per_tok,moe_intermediate_size,shared_expert_intermediate_size,norm_topk_prob,decoder_sparse_step,mlp_only_layers,qkv_bias,use_sliding_window
 CFG=$W/cfg_qw.yaml tptrain rt_qw 8 "${GRID[@]}" --set checkpoint.save="$W/ck_qw" "${ZERO[@]}" &&
   RT_KEYS=$QK roundtrip qw "$W/qw" --max-shard-size 100KB

@@ -19,13 +19,15 @@
 # (k) by position, (l) padded to capacity; (m) SwiGLU experts; (n) a shared expert with its gate;
 # (o) moe_layer_freq [0, 1] (layer 0 dense); then layouts with aux_loss + z-loss, each against the
 # one-process reference: (p) EP 2 on DP 2, (q) EP 4 on DP 4 (micro-batches of 2), (r) EP 2 with TP 2
-# and sequence parallelism, ETP 1 (4 ranks), (s) EP 2 with PP 2 and the distributed optimizer, (t) PP 2
+# and sequence parallelism, ETP 1 (4 ranks), (r2, r3, r4) ETP = TP 2 (below), (s) EP 2 with PP 2 and the distributed optimizer, (t) PP 2
 # with ZB-H1 (the MoE layers' weight gradients in B), (u) full recompute (the routing rerun, its
 # losses counted once), (v) TP 2 with a gated shared expert, (w) the expert bias on EP 2; Qwen3-MoE's
 # shape (RMSNorm, SwiGLU, RoPE, GQA 2, q/k norms: model.qk_layernorm, no biases, untied) (x) on one
 # rank, (y) on EP 2 x TP 2 with sequence parallelism, ETP 1 (the q/k norms' gradients summed over TP).
 # global_aux_loss (counts over TP x DP x CP, their running mean over the step): (z1) one rank, (z2) DP 2
 # x TP 2 (SP) x EP 2 with the z-loss, (z3) DP 2 x PP 2 with full recompute; the reference is told DP.
+# The allgather dispatcher (ag1-ag5) on EP 2 with DP, TP (ETP 2 and 1), PP and bf16. Experts split
+# over TP (ETP = TP 2): (r2-r5) on EP 2 x TP 2, TP 2 x DP 2, EP 2 x TP 2 x PP 2 x DP 2 and in bf16.
 # Capacity is not run on layouts: with sequence parallelism what is dropped depends on TP
 # (docs/MOE.md step 3), so only the one-rank cases define it.
 set -u -o pipefail
@@ -143,6 +145,31 @@ NP=2 run_case p1_ep2_bound_1  "${AUX[@]}" "${Z[@]}" parallel.expert_model_parall
 NP=4 run_case q_ep4_dp4       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=4 training.micro_batch_size=2
 NP=4 run_case r_ep2_tp2_sp_etp1 "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
+# experts split over TP (ETP = TP: fc1 column-, fc2 row-parallel; the rows all-gathered over TP after
+# the all-to-all and the outputs reduce-scattered before the way back): EP 2 x TP 2 on 4 ranks; EP 1
+# x TP 2 x DP 2 (EDP 2) with SwiGLU experts, a gated shared expert and the distributed optimizer;
+# EP 2 x TP 2 x PP 2 x DP 2 (8 ranks, EDP 1) with the distributed optimizer; EP 2 x TP 2 in bf16
+ETP2=(parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2)
+NP=4 run_case r2_ep2_tp2_sp_etp2 "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case r3_tp2_etp2_dp2_swiglu_shared_distopt "${AUX[@]}" "${ETP2[@]}" model.swiglu=true \
+  model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true parallel.distributed_optimizer=true
+NP=8 run_case r4_ep2_tp2_pp2_dp2_etp2_distopt "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
+# in bf16 (the TP reduce-scatter of the experts' 16-bit partial outputs summed in fp32), against the
+# fp32 reference within the bf16 tolerances
+TOLS=bf16 NP=4 run_case r5_ep2_tp2_sp_etp2_bf16 "${AUX[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2 \
+  training.precision=bf16
+# the allgather dispatcher (every EP rank's tokens and routing gathered, partial outputs
+# reduce-scattered back): EP 2 on DP 2; EP 2 x TP 2 with ETP 2 and with ETP 1; EP 2 x PP 2 with the
+# distributed optimizer; EP 2 in bf16
+AG=(model.moe_token_dispatcher_type=allgather)
+NP=2 run_case ag1_ep2_dp2     "${AG[@]}" "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case ag2_ep2_tp2_sp_etp2 "${AG[@]}" "${AUX[@]}" "${Z[@]}" "${ETP2[@]}" parallel.expert_model_parallel_size=2
+NP=4 run_case ag3_ep2_tp2_sp_etp1 "${AG[@]}" "${AUX[@]}" "${ETP2[@]}" parallel.expert_tensor_parallel_size=1 \
+  parallel.expert_model_parallel_size=2
+NP=4 run_case ag4_ep2_pp2_distopt "${AG[@]}" "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
+TOLS=bf16 NP=2 run_case ag5_ep2_bf16 "${AG[@]}" "${AUX[@]}" parallel.expert_model_parallel_size=2 training.precision=bf16
 NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
 NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \

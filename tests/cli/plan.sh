@@ -319,6 +319,17 @@ compare moe_ep4_bound4_bf16 4 1 1 "${MOE[@]}" training.precision=bf16 parallel.e
   model.moe_dispatch_bound_factor=4
 compare moe_pp2_dp2_distopt_freq01_fp32 4 1 2 "${MOE[@]}" "model.moe_layer_freq=[0, 1, 0, 1]" \
   parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
+# experts split over TP (ETP = TP 2, sequence parallelism): each expert's width 24 on a rank; the rows
+# of its GEMMs, the padded TP gather and its maps are the TP group's (2 x the rank's bound)
+compare moe_tp2_sp_ep2_etp2_bf16 4 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
+  parallel.expert_model_parallel_size=2 parallel.expert_tensor_parallel_size=2
+# the allgather dispatcher: the EP group's tokens (and their 16-bit staging), its assignments' maps,
+# the experts' output rows at the bound
+compare moe_allgather_ep2_etp2_bf16 4 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
+  parallel.expert_model_parallel_size=2 parallel.expert_tensor_parallel_size=2 model.moe_token_dispatcher_type=allgather
+compare moe_allgather_ep4_fp32 4 1 1 "${MOE[@]}" parallel.expert_model_parallel_size=4 model.moe_token_dispatcher_type=allgather
+compare moe_tp2_sp_etp2_swiglu_fp32 2 2 1 "${MOE[@]}" model.swiglu=true model.ffn_hidden_size=96 \
+  parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2
 compare moe_pp2_interleaved_freq01_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]" \
   parallel.virtual_pipeline_model_parallel_size=2
 cfg=$W/llama.yaml

@@ -131,8 +131,8 @@ PY
 ); then ok "128 layers, 25M-token batch, 512 GPUs: $out"; else bad "the 512-GPU search's cost: $out"; fi
 
 # --- Mixture-of-Experts: EP and ETP searched (issue 39 part 5). configs/moe-tiny.yaml (8 experts) on 16
-# GPUs: every EP that divides the experts with ETP x EP dividing TP x CP x DP (ETP 1, or TP where the
-# config allows it: with TP > 1 it needs ETP 1), in the layout's name and its --set lines; the first
+# GPUs: every EP that divides the experts with ETP x EP dividing TP x CP x DP (ETP 1, or TP: with TP > 1
+# both are listed), in the layout's name and its --set lines; the first
 # layout of each EP through plain `tptrain plan` gets the same step time and stage bytes; with the
 # median peak as the usable memory the search keeps exactly the unlimited search's layouts under it ---
 MOE=$TPTRAIN_SRC/configs/moe-tiny.yaml
@@ -151,10 +151,11 @@ check({ep for ep, _ in grids} == {1, 2, 4, 8}, "EP values %r" % grids)
 for x in L:
     check(8 % x["ep"] == 0 and x["etp"] in (1, x["tp"]) and (x["tp"] * x["cp"] * x["dp"]) % (x["ep"] * x["etp"]) == 0,
           "grid %s" % x["layout"])
-    check(x["tp"] == 1 or x["etp"] == 1, "ETP = TP > 1 listed: %s" % x["layout"])
     check(x["layout"].startswith("TP%d EP%d ETP%d " % (x["tp"], x["ep"], x["etp"])), "name %s" % x["layout"])
     check("parallel.expert_model_parallel_size=%d" % x["ep"] in x["set"] and
           "parallel.expert_tensor_parallel_size=%d" % x["etp"] in x["set"], "--set lines of %s" % x["layout"])
+for etp in ("1", "TP"):  # with TP > 1 both expert grids: whole experts and experts split over TP
+    check(any(x["tp"] > 1 and x["etp"] == (1 if etp == "1" else x["tp"]) for x in L), "no TP > 1 layout with ETP %s" % etp)
 for ep in (1, 2, 4, 8):
     x = next(y for y in L if y["ep"] == ep)
     sets = [a for kv in x["set"] for a in ("--set", kv)]

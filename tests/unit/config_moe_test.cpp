@@ -77,12 +77,11 @@ TEST(ConfigMoE, BadCombinationsNameTheirKeys) {
   EXPECT_HAS(moe_error({"model.moe_router_score_function=relu"}), "unknown value 'relu' (allowed: softmax | sigmoid)");
   EXPECT_HAS(error_of_set("model.moe_router_topk=4"),
              "model.moe_router_topk: is only used by Mixture-of-Experts models (model.num_moe_experts is null)");
-  // not built yet: a clear refusal, never a silent dense model
   EXPECT_HAS(moe_error({"model.moe_shared_expert_gate=true"}), "model.moe_shared_expert_gate: gates the shared expert");
-  EXPECT_HAS(moe_error({"model.moe_token_dispatcher_type=allgather"}), "allgather is not supported yet");
+  EXPECT_EQ(moe({"model.moe_token_dispatcher_type=allgather"}).model.moe_token_dispatcher_type, MoEDispatcher::AllGather);
 }
 
-TEST(ConfigMoE, TensorParallelNeedsSequenceParallelAndEtp1) {
+TEST(ConfigMoE, TensorParallelNeedsSequenceParallelAndEtpDividingTheExpertWidth) {
   auto parallel_error = [](Config c, int world) {
     try {
       resolve_parallel(c, world);
@@ -94,8 +93,20 @@ TEST(ConfigMoE, TensorParallelNeedsSequenceParallelAndEtp1) {
   EXPECT_HAS(parallel_error(moe({"parallel.tensor_model_parallel_size=2"}), 2),
              "parallel.sequence_parallel: model.num_moe_experts with tensor_model_parallel_size 2 needs sequence "
              "parallelism");
-  EXPECT_HAS(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"}), 2),
-             "parallel.expert_tensor_parallel_size: 2 (experts split over TP) is not supported yet");
+  // ETP null = TP 2: each expert's width split over TP
+  EXPECT_EQ(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"}), 2), "");
+  EXPECT_EQ(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                                "parallel.expert_tensor_parallel_size=2", "parallel.expert_model_parallel_size=2"}),
+                           4),
+            "");
+  EXPECT_HAS(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                                 "model.moe_ffn_hidden_size=33"}),
+                            2),
+             "model.moe_ffn_hidden_size: 33 is not divisible by parallel.expert_tensor_parallel_size (2");
+  EXPECT_EQ(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                                "parallel.expert_tensor_parallel_size=1", "model.moe_ffn_hidden_size=33"}),
+                           2),
+            "");
   EXPECT_EQ(parallel_error(moe({"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                                 "parallel.expert_tensor_parallel_size=1", "parallel.expert_model_parallel_size=2"}),
                            4),

@@ -5,6 +5,7 @@
 // active FLOPs (Megatron's num_floating_point_operations) and the work model's per-layer FLOPs by hand.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 
 #include "core/config.h"
@@ -59,6 +60,51 @@ struct SizedComm final : Comm {
 const char* kFreqs[] = {"", ", moe_layer_freq: [0, 1, 0, 1]", ", moe_layer_freq: [0, 1, 1, 1]"};
 // a shared expert of width 32 with its sigmoid gate (dense parameters of the MoE layer)
 const char* kShared = ", moe_shared_expert_intermediate_size: 32, moe_shared_expert_gate: true";
+
+// With the experts split over TP (ETP = TP 2): on every (EP, ETP) rank expert_parameters equals the
+// layout's expert tensors, each a box of E / EP experts and Fe / 2 of their width (fc1 rows, fc2
+// columns), fc2's bias whole on both TP ranks (a TP copy, tp rank 0's primary, its gradient summed
+// over TP); over the ranks every element of every expert tensor is in exactly one primary box.
+TEST(MemoryMoE, ExpertTensorParallelBoxesCoverEveryExpertOnce) {
+  for (const char* mlp : {"", ", swiglu: true, ffn_hidden_size: 96"}) {
+    const Config c = moe_config(mlp, "tensor_model_parallel_size: 2, sequence_parallel: true", "", 2);
+    ASSERT_EQ(c.parallel.expert_tensor_parallel_size, 2);
+    const int64_t C = 32, Fe = 48, E = 4, F1 = c.model.swiglu ? 2 * Fe : Fe;
+    for (int ep : {1, 2}) {
+      std::map<std::string, int64_t> covered;  // expert tensor -> elements in primary boxes
+      for (int r = 0; r < ep; ++r)
+        for (int t = 0; t < 2; ++t) {
+          const std::string where = std::string(mlp) + " ep " + std::to_string(ep) + "/" + std::to_string(r) + " etp " +
+                                    std::to_string(t);
+          GPTDims d = make_chunk_dims(c, 2, t, 1, 0).front();
+          apply_expert_parallel(d, ep, r, 2, t);
+          EXPECT_EQ(d.moe.Fel, Fe / 2) << where;
+          const ParamLayout l = make_param_layout(d);
+          EXPECT_EQ(expert_parameters(d), expert_elements(l)) << where;
+          EXPECT_EQ(expert_elements(l), 4 * E / ep * (F1 / 2 * C + C * Fe / 2 + F1 / 2 + C)) << where;
+          for (const ParamInfo& p : l.params) {
+            if (p.group.replicas != ReplicaGroup::ExpertData) continue;
+            const bool fc2_bias = p.name.find("fc2.bias") != std::string::npos;
+            EXPECT_EQ(p.box_offset.front(), r * E / ep) << where << " " << p.name;
+            EXPECT_EQ(p.group.copy, fc2_bias ? ModelCopy::TensorParallel : ModelCopy::None) << where << " " << p.name;
+            EXPECT_EQ(p.group.primary, !fc2_bias || t == 0) << where << " " << p.name;
+            if (p.group.primary) covered[p.name] += p.numel;
+            bool summed = false;  // over TP even without sequence parallelism (etp rank 0's gradient)
+            for (const GradRange& g : tp_replicated_ranges(l, false))
+              summed = summed || (g.offset <= p.offset && p.offset + p.numel <= g.offset + g.n);
+            EXPECT_EQ(summed, fc2_bias) << where << " " << p.name;
+          }
+        }
+      for (const auto& [name, n] : covered) {
+        int64_t global = 1;
+        for (const ParamInfo& p : make_param_layout(make_chunk_dims(c, 1, 0, 1, 0).front()).params)
+          if (p.name == name)
+            for (int64_t x : p.global_shape) global *= x;
+        EXPECT_EQ(n, global) << mlp << " ep " << ep << " " << name;
+      }
+    }
+  }
+}
 
 // expert_parameters (from the MoE sizes: E / EP experts x (fc1 + fc2 [+ biases]) per MoE layer)
 // equals the layout's expert tensors on every EP rank, stage and model chunk; the boxes are the EP
