@@ -196,7 +196,8 @@ void Trainer::setup_model() {
   // the distributed optimizer's blocks (parallel/grad_sync.h). The dense group: DP, or DP x CP with
   // context parallelism (its ranks hold the same weights), averaged; the experts': EDP.
   const int replicas = grid_.dp_cp_size();
-  const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && replicas > 1;
+  // (the expert weights' replicas, EDP, can be more than one where DP x CP is one: TP folded into EDP)
+  const bool distributed_optimizer = cfg_.parallel.distributed_optimizer && (replicas > 1 || grid_.edp > 1);
   auto replica_comm = [&](ReplicaGroup g) -> ReplicaComm {
     switch (g) {
       case ReplicaGroup::Dense:
@@ -316,7 +317,7 @@ void Trainer::log_setup() {
                cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.ffn_hidden_size, cfg_.model.seq_length, cfg_.model.vocab_size, dims_.Vp,
                total_parameters(cfg_) / 1e6, local / 1e6, describe_architecture(cfg_.model));
-  if (cfg_.parallel.distributed_optimizer && grid_.dp_cp_size() == 1)
+  if (cfg_.parallel.distributed_optimizer && !grad_sync_->distributed())
     spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
                  "optimizer runs as without it");
   if (grad_sync_->distributed())

@@ -177,6 +177,13 @@ NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=
 NP=1 run_case u_full_recompute "${AUX[@]}" "${Z[@]}" training.recompute=full
 NP=4 run_case v_tp2_sp_shared_gate "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
   parallel.expert_tensor_parallel_size=1 model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
+# the distributed optimizer where DP x CP is 1 but the experts have EDP = 2 replicas (TP 2, ETP 1):
+# the expert weights sharded over EDP, the dense ones whole
+NP=2 run_case v2_tp2_sp_edp2_distopt "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
+  parallel.expert_tensor_parallel_size=1 parallel.distributed_optimizer=true
+# interleaved 1F1B: 2 model chunks of one MoE layer per rank
+NP=2 run_case y_pp2_interleaved "${AUX[@]}" "${Z[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
+  parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2
 NP=2 run_case w_ep2_expert_bias model.moe_router_score_function=sigmoid model.moe_router_enable_expert_bias=true \
   model.moe_router_bias_update_rate=1.0e-2 parallel.expert_model_parallel_size=2
 QWEN3=(model.normalization=RMSNorm model.swiglu=true model.position_embedding_type=rope

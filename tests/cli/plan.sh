@@ -332,6 +332,9 @@ compare moe_tp2_sp_etp2_swiglu_fp32 2 2 1 "${MOE[@]}" model.swiglu=true model.ff
   parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2
 compare moe_pp2_interleaved_freq01_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]" \
   parallel.virtual_pipeline_model_parallel_size=2
+# the distributed optimizer with DP 1 but EDP 2 (TP 2, ETP 1): the expert weights' states sharded over EDP
+compare moe_tp2_sp_etp1_edp2_distopt_bf16 2 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
+  parallel.expert_tensor_parallel_size=1 parallel.distributed_optimizer=true
 cfg=$W/llama.yaml
 compare moe_llama_pp2_zb_dp2_distopt_bf16 4 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1 \
   parallel.distributed_optimizer=true "model.moe_layer_freq=[0, 1, 1, 1]"

@@ -82,6 +82,7 @@ SCHEMA = {
     "parallel": {
         "tensor_model_parallel_size": ("int", 1, None, False),
         "pipeline_model_parallel_size": ("int", 1, None, False),
+        "virtual_pipeline_model_parallel_size": ("int", None, None, True),  # interleaved chunks: no math
         "data_parallel_size": ("int", None, None, True),
         "pipeline_schedule": ("str", "1f1b", None, False),
         "sequence_parallel": ("bool", False, None, False),
