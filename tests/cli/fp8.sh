@@ -22,7 +22,8 @@
 #  - Layout: TP 2 with sequence parallelism against 1 rank, hybrid, margins 0 and 18 (the amaxes
 #    reduced over TP, so both use the same scales): within 4e-3 (measured 1.1e-3 / 1.8e-3; without the
 #    reduction 3.1e-3 / 7.8e-3; tests/unit/fp8_linear_test.cpp checks the reduction itself tightly);
-#    PP 2 (1F1B, zb-h1) and full recompute bit for bit, DP 2 within 2e-4, CP 2 within 4e-3 (margin 18).
+#    PP 2 (1F1B, zb-h1) and full recompute bit for bit, DP 2 within 2e-4, CP 2 within 4e-3 (margin 18);
+#    resume from a checkpoint bit for bit.
 set -u
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
 cd "$W" || exit 1
@@ -153,4 +154,17 @@ tpt dp2 2 "${M18[@]}" --set parallel.data_parallel_size=2
 if within dp2 b_tpt 2e-4; then ok "DP 2, margin 18: 1 rank's losses (2e-4)"; else bad "DP 2, margin 18"; fi
 tpt cp2 2 "${M18[@]}" --set parallel.context_parallel_size=2
 if within cp2 b_tpt 4e-3; then ok "CP 2, margin 18: 1 rank's losses (4e-3)"; else bad "CP 2, margin 18"; fi
+# resume: current scaling keeps no state between steps, so a run saved at step 4 and resumed gives
+# the uninterrupted run's losses bit for bit (lr_decay_iters fixed: both runs have the same schedule)
+R=("${M18[@]}" --set training.train_iters=8 --set optimizer.lr_decay_iters=8)
+tpt full8 1 "${R[@]}"
+tpt first4 1 "${R[@]}" --set training.train_iters=4 --set checkpoint.save="$W/ck" --set checkpoint.save_interval=4
+tpt resumed 1 "${R[@]}" --set checkpoint.load="$W/ck"
+if "$PY" - "$W/full8.jsonl" "$W/resumed.jsonl" <<'PYEOF'
+import json, sys
+a, b = ({json.loads(l)["iteration"]: json.loads(l)["lm_loss"] for l in open(p)} for p in sys.argv[1:])
+print(f"  resumed iterations {sorted(b)}")
+sys.exit(0 if sorted(b) == [5, 6, 7, 8] and all(a[k] == b[k] for k in b) else 1)
+PYEOF
+then ok "resume at step 4: the uninterrupted run's losses bit for bit"; else bad "resume"; fi
 finish
