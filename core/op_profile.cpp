@@ -271,6 +271,19 @@ class ProfiledOps final : public Ops {
     timed("fp8 quantize", 0, double(dtype_size(n, inp.t) + n), [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
   }
 
+  void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                          Buf gelu_pre) override {
+    timed("fp8 linear fwd " + linear_name_(I, O) + (gelu_pre ? " +GELU" : ""), 2.0 * N * I * O, 0,
+          [&] { in_.fp8_linear_forward(out, inp, w, bias, N, I, O, gelu_pre); });
+  }
+  void fp8_linear_backward(Buf dinp, float* dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
+                           int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
+    const std::string name = "fp8 linear bwd " + linear_name_(I, O) + (gelu_pre && dinp ? " +dGELU" : "") +
+                             (!dw ? " dX" : !dinp ? " dW" : "");
+    timed(name, ((dinp ? 2.0 : 0.0) + (dw ? 2.0 : 0.0)) * N * I * O, 0,
+          [&] { in_.fp8_linear_backward(dinp, dw, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre); });
+  }
+
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
     timed("moe permute", 0, 2.0 * double(dtype_size(R * C, out.t)), [&] { in_.gather_rows(out, inp, idx, scale, R, C); });
   }

@@ -80,6 +80,15 @@ struct RingBlock {
   }
 };
 
+// One FP8 operand of Ops::fp8_linear_*: codes (rows, cols) of format t, each read as its fp32 value times
+// *scale_inv (one fp32 on the device: 1 / the scale it was quantized with, core/fp8.h).
+struct Fp8Operand {
+  const uint8_t* codes = nullptr;
+  Fp8Type t = Fp8Type::E4M3;
+  const float* scale_inv = nullptr;
+  explicit operator bool() const { return codes != nullptr; }
+};
+
 // One entry of the multi-tensor optimizer calls (Ops::grad_stats, Ops::adamw_segments): n fp32
 // elements at `offset` in the buffers laid out as the parameters (gradients, compute copy, unsharded
 // master weights) and at `local` in the owned arrays (moments, sharded master weights). flag: counted
@@ -258,6 +267,18 @@ class Ops {
   // saturated), and *amax = max(*amax, max |in|) (core/fp8.h fp8_amax_step: a NaN in in makes it a NaN);
   // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device.
   virtual void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) = 0;
+  // FP8 GEMMs (docs/FP8.md "GEMM path"): linear_forward / linear_backward with FP8 operands, fp32
+  // accumulation, outputs as there (out, gelu_pre, dinp in their dtype, rounded once; dw fp32 +=).
+  // CPU: exact emulation -- each operand decoded and multiplied by its scale_inv in fp32, then the fp32
+  // GEMM; CUDA: cuBLASLt's FP8 matmul (not built yet: the backend refuses).
+  // out (N, O) = inp (N, I) @ w (O, I)^T + bias (O) [bias may be null; gelu_pre as linear_forward].
+  virtual void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                                  Buf gelu_pre = {}) = 0;
+  // dinp (N, I) = / += dout (N, O) @ w (O, I) [with gelu_pre: times gelu'(gelu_pre), accumulate_dinp false];
+  // dw (O, I) += dout^T @ inp. dinp or dw may be null (then w, or inp, is not read). Bias gradients come
+  // from the unquantized output gradient: linear_backward with dbias only.
+  virtual void fp8_linear_backward(Buf dinp, float* dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N,
+                                   int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {}) = 0;
 
   // ---- Mixture-of-Experts token movement (model/moe.h): rows moved by index lists on the device, in
   // fp32 with one rounding per stored element, each output row written by one pass in a fixed order

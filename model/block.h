@@ -78,6 +78,8 @@ struct BlockMappings {
   bool bias_in_gemm = true;                                       // row-parallel biases added in the GEMM
   // an MoE layer's MLP (model/moe.h): y (Nt, C) from ln_2's output (Nt, C), in place of fc1 / fc2
   std::function<CBuf(CBuf ln2)> mlp;
+  // FP8 training (model/fp8_linear.h): the layer's linear GEMMs in FP8; null: in the compute dtype
+  Fp8Linear* fp8 = nullptr;
 };
 
 // x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, qkv_width) scratch for the QKV GEMM's

@@ -295,6 +295,12 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false, true));
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(carve(bytes), opt_.dtype)};
   TPT_CHECK(carved == shared_bytes);
+  if (opt_.fp8) {  // the codes of the largest input, weight and output gradient of the four linear GEMMs
+    const int64_t in = std::max({d.C, d.Cl, d.Fl}), out = std::max({d.qkv_width, d.C, d.fc1_width});
+    fp8_ = std::make_unique<Fp8Linear>(ops_, opt_.fp8_options, N * in, std::max({d.qkv_width * d.C, d.C * d.Cl,
+                                                                                   d.fc1_width * d.C, d.C * d.Fl}),
+                                       N * out);
+  }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
     ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.kv_heads, d.D, opt_.dtype);
@@ -488,6 +494,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   tp.gather_tokens = [&](CBuf ln) { return gather_tokens(ln, tmp_); };
   tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   tp.bias_in_gemm = row_bias_in_gemm();
+  tp.fp8 = fp8_for(layer);
   if (d_.moe.is_moe(layer))  // the MoE MLP on this rank's tokens (x_out holds y until the residual add)
     tp.mlp = [&](CBuf ln2) {
       moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(), recording_);
@@ -503,10 +510,11 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   auto gather = [&](CBuf ln) { return tp ? tp->gather_tokens(ln) : ln; };
   auto row_output = [&](Buf partial, CBuf bias) { return tp ? tp->row_parallel_output(partial, bias) : CBuf(partial); };
   const bool bias_in_gemm = !tp || tp->bias_in_gemm;
+  Fp8Linear* fp8 = tp ? tp->fp8 : nullptr;
   // attention: QKV (column-parallel by heads or groups) in the attention's heads layout, q and k rotated
   s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], s.Nt, s.C);
   const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
-  ops.linear_forward(qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
+  linear_forward(ops, fp8, qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
   s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
   if (s.qk_norm) {  // each head's q and k normalised over its D channels (a.atty: scratch until the attention)
     TPT_CHECK(w.q_norm >= 0 && w.k_norm >= 0);
@@ -515,7 +523,7 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   }
   s.rope.forward(ops, a.qkv, s.positions, s.N, s.S, s.qkv);
   attention_core(a);
-  ops.linear_forward(tmp, a.atty, w.weight[kProj], bias_in_gemm ? w.bias[kProj] : nullptr, s.N, s.Cl, s.C);  // row-parallel
+  linear_forward(ops, fp8, tmp, a.atty, w.weight[kProj], bias_in_gemm ? w.bias[kProj] : nullptr, s.N, s.Cl, s.C);  // row-parallel
   CBuf y = row_output(tmp, w.bias[kProj]);  // (Nt, C)
   // residual, then the MLP's norm in the same pass
   s.norm.residual_forward(ops, a.x_mid, a.ln2, a.ln2_stats, x_in, y, w.weight[kLn2], w.bias[kLn2], s.Nt, s.C);
@@ -523,8 +531,8 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   if (tp && tp->mlp) {
     y = tp->mlp(a.ln2);
   } else {
-    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl);
-    ops.linear_forward(tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
+    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8);
+    linear_forward(ops, fp8, tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
     y = row_output(tmp, w.bias[kFc2]);
   }
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
@@ -550,6 +558,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
+  Fp8Linear* fp8 = fp8_for(layer);
   // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
   // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
   // changes below)
@@ -561,8 +570,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   };
   // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called)
   auto gemm_backward = [&](Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I, int64_t O) {
-    if (split) ops_.linear_backward(dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
-    else ops_.linear_backward(dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
+    if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
+    else linear_backward(ops_, fp8, dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
   };
   CBuf dln2;  // (Nt, C)
   if (d.moe.is_moe(layer)) {  // the MoE MLP: its whole backward here (also in a split backward's B)
@@ -573,7 +582,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
     if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
     s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu,
-                   w.weight[kFc2], a.fc1, N, d.Fl, d.C);
+                   w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8);
     gemm_backward(dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
                   w.weight[kFc1], d.C, d.fc1_width);
     dln2 = input_grad_to_tokens(dln_, tmp_);
@@ -611,21 +620,22 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool sp = d.sequence_parallel;
+  Fp8Linear* fp8 = fp8_for(layer);
   // MLP (an MoE layer's finished in B)
   if (!d.moe.is_moe(layer)) {
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
-    ops_.linear_backward(Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
+    linear_backward(ops_, fp8, Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
                          d.Fl, d.C, false);
     CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
-    ops_.linear_backward(Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
+    linear_backward(ops_, fp8, Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
                          false);
   }
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  ops_.linear_backward(Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
+  linear_backward(ops_, fp8, Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
   CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  ops_.linear_backward(Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
+  linear_backward(ops_, fp8, Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,

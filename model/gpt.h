@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "core/sharded_tensor.h"
 #include "model/layer_spec.h"
+#include "model/fp8_linear.h"
 #include "model/layers.h"
 #include "model/moe.h"
 #include "model/param_group.h"
@@ -134,6 +135,11 @@ struct StageOptions {
   // the stage, zeroed or not): the model chunks of a rank run one pass at a time and share one
   // (train/trainer.cpp). Null: the stage allocates its own.
   void* shared_scratch = nullptr;
+  // FP8 training (training.fp8_format, docs/FP8.md): the linear GEMMs of the transformer layers with
+  // global index in [fp8_layer_begin, fp8_layer_end) in FP8 (model/fp8_linear.h); fp8 false: none.
+  bool fp8 = false;
+  Fp8LinearOptions fp8_options{};
+  int64_t fp8_layer_begin = 0, fp8_layer_end = 0;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
@@ -311,6 +317,11 @@ class GPTStage {
   MoEParams<float*> moe_grads(int64_t layer) const;
   MoETPMappings moe_mappings();
   std::vector<void*> owned_;
+  // FP8 training: the linear GEMMs' quantization (null without it), and the one of a layer (null: bf16)
+  std::unique_ptr<Fp8Linear> fp8_;
+  Fp8Linear* fp8_for(int64_t layer) const {
+    return fp8_ && layer >= opt_.fp8_layer_begin && layer < opt_.fp8_layer_end ? fp8_.get() : nullptr;
+  }
   Buf alloc(int64_t n);    // n elements of the compute dtype
   float* alloc_f32(int64_t n);
 };

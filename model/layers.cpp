@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/fp8_linear.h"
 
 namespace tpt {
 
@@ -24,17 +25,17 @@ void Norm::backward(Ops& ops, Buf dx, float* dw, float* db, CBuf dout, CBuf x, C
   else ops.layernorm_backward(dx, dw, db, dout, x, w, st.mean, st.rstd, N, C);
 }
 
-void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C,
-                            int64_t Fl) const {
-  if (!swiglu) return ops.linear_forward(act, x, w, b, N, C, Fl, /*gelu_pre=*/pre);  // GELU in the GEMM's epilogue
-  ops.linear_forward(pre, x, w, b, N, C, 2 * Fl);
+void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C, int64_t Fl,
+                            Fp8Linear* fp8) const {
+  if (!swiglu) return linear_forward(ops, fp8, act, x, w, b, N, C, Fl, /*gelu_pre=*/pre);  // GELU in the GEMM's epilogue
+  linear_forward(ops, fp8, pre, x, w, b, N, C, 2 * Fl);
   ops.swiglu_forward(act, pre, N, Fl);
 }
 
 void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, float* dw2, float* db2, CBuf dout, CBuf act, CBuf w2,
-                             CBuf pre, int64_t N, int64_t Fl, int64_t C) const {
-  if (!swiglu) return ops.linear_backward(dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre);
-  ops.linear_backward(dact, dw2, db2, dout, act, w2, N, Fl, C, false);
+                             CBuf pre, int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8) const {
+  if (!swiglu) return linear_backward(ops, fp8, dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre);
+  linear_backward(ops, fp8, dact, dw2, db2, dout, act, w2, N, Fl, C, false);
   ops.swiglu_backward(dpre, dact, pre, N, Fl);
 }
 

@@ -87,6 +87,17 @@ inline void vocab_parallel_sum(Comm& tp, float* x, int64_t n) {
   if (tp.size() > 1) tp.all_reduce(x, n, ReduceOp::Sum);
 }
 
+// FP8 (docs/FP8.md "Amax reduction"): n amaxes (fp32 >= 0 or NaN, host-readable memory of the group)
+// made the maximum over each given group in turn (null: none), so that the ranks holding parts of one
+// tensor scale it alike. The maximum of the bit patterns (an I32 MAX: for values >= 0 the order of the
+// bits is the order of the values, and a NaN's bits are above every other's), which is core/fp8.h's
+// fp8_amax_step bit for bit: a NaN on any rank makes the amax a NaN everywhere.
+inline void fp8_amax_reduce(float* amax, int n, Comm* const* groups, int num_groups) {
+  static_assert(sizeof(float) == sizeof(int32_t));
+  for (int g = 0; g < num_groups; ++g)
+    if (groups[g] && groups[g]->size() > 1) groups[g]->all_reduce(amax, n, DType::I32, ReduceOp::Max);
+}
+
 // Column-parallel gather_output: local (N, Ol) on each rank -> full (N, Ol * tp), columns in rank
 // order. scratch holds tp * N * Ol floats. Buffers of `ops` (host or device: rows move by Ops::copy).
 void gather_from_tp_region_forward(Ops& ops, Comm& tp, float* full, const float* local, float* scratch,

@@ -104,6 +104,10 @@ void Trainer::setup_backend() {
     const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
     cuda_options.tf32 = tf32 && std::string(tf32) == "1";
     cuda_options.cudnn_deterministic = cfg_.training.deterministic;
+    if (cfg_.training.fp8_format != Fp8Format::None)  // every rank alike (device: auto found GPUs)
+      input_error("training.fp8_format with training.device: " + name_of(cfg_.training.device) +
+                  " on a GPU: FP8 training on the CUDA backend (cuBLASLt FP8 GEMMs) is not implemented in this "
+                  "version of tptrain; run it with training.device: cpu");
     ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
     on_gpu_ = true;
 #else
@@ -260,6 +264,17 @@ void Trainer::setup_pipeline() {
   StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   if (grid_.cp > 1) stage_options.cp = &grid_.device_cp();
+  if (cfg_.training.fp8_format != Fp8Format::None) {  // docs/FP8.md: current scaling, amaxes over TP, then CP
+    const TrainingConfig& t = cfg_.training;
+    stage_options.fp8 = true;
+    stage_options.fp8_options.hybrid = t.fp8_format == Fp8Format::Hybrid;
+    stage_options.fp8_options.wgrad = t.fp8_wgrad;
+    stage_options.fp8_options.margin = t.fp8_margin;
+    stage_options.fp8_options.amax_groups[0] = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
+    stage_options.fp8_options.amax_groups[1] = grid_.cp > 1 ? grid_.cp_group.get() : nullptr;
+    stage_options.fp8_layer_begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
+    stage_options.fp8_layer_end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+  }
   if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (global_aux_loss: and DP), the EP all-to-all
     if (grid_.tp > 1) stage_options.tp_host = grid_.tp_group.get();
     if (grid_.cp > 1) stage_options.cp_host = grid_.cp_group.get();
@@ -360,6 +375,17 @@ void Trainer::log_setup() {
                "({} storage, recompute {})",
                double(plan.activation_bytes) / 1048576.0, plan.in_flight, double(plan.workspace_bytes) / 1048576.0,
                name_of(cfg_.training.precision), name_of(cfg_.training.recompute));
+  if (cfg_.training.fp8_format != Fp8Format::None) {
+    const TrainingConfig& t = cfg_.training;
+    const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
+    const int64_t end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+    spdlog::info("FP8: {} ({}), recipe tensorwise (current scaling: each GEMM input's own amax, maximum over TP x CP), "
+                 "margin {}; the linear GEMMs of layers {}..{} in FP8{}, weight gradients {}; the plan does not count "
+                 "the FP8 codes' scratch",
+                 name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",
+                 t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
+                 t.fp8_wgrad ? "from FP8 inputs" : "in bf16 (fp8_wgrad: false)");
+  }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)
   const int64_t allocated = ops_->allocated_bytes() + workspace_.total();

@@ -148,39 +148,14 @@ class CpuOps final : public Ops {
 
   void linear_forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O,
                       Buf gelu_pre) override {
-    const float* x = in(inp, N * I, 0);
-    const float* wf = in(w, O * I, 1);
-    const float* bf = bias ? in(bias, O, 2) : nullptr;
-    if (!gelu_pre) {
-      float* y = out_f32(out, N * O, 3);
-      linear_forward_f32(y, x, wf, bf, N, I, O);
-      store(out, y, N * O);
-      return;
-    }
-    float* pre = out_f32(gelu_pre, N * O, 3);  // the fp32 pre-activation: GELU reads it before it is rounded
-    linear_forward_f32(pre, x, wf, bf, N, I, O);
-    float* y = out_f32(out, N * O, 4);
-    gelu_forward_f32(y, pre, N * O);
-    store(gelu_pre, pre, N * O);
-    store(out, y, N * O);
+    linear_forward_staged(out, in(inp, N * I, 0), in(w, O * I, 1), bias, N, I, O, gelu_pre);
   }
 
   void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                        int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     const float* dy = in(dout, N * O, 0);
-    if (dinp) {
-      const float* wf = in(w, O * I, 2);
-      float* dx = accumulate_dinp ? load(dinp, N * I, 3) : out_f32(dinp, N * I, 3);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.0f, dy, O, wf, I,
-                  accumulate_dinp ? 1.0f : 0.0f, dx, I);
-      if (gelu_pre) {
-        const float* pre = in(gelu_pre, N * I, 4);
-#pragma omp parallel for simd schedule(static)
-        for (int64_t i = 0; i < N * I; ++i) dx[i] *= gelu_grad(pre[i]);
-      }
-      store(dinp, dx, N * I);
-    }
+    if (dinp) input_grad_staged(dinp, dy, in(w, O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
     if (dw)
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, in(inp, N * I, 1), I, 1.0f, dw, I);
     if (dbias) add_column_sums(dbias, dy, N, O);
@@ -322,6 +297,23 @@ class CpuOps final : public Ops {
       m = std::max(m, fp8_abs_bits(x[i]));
     }
     *amax = bits_to_float(m);
+  }
+
+  // FP8 GEMMs, emulated exactly: the operands decoded (a table of the 256 codes) and multiplied by their
+  // scale_inv in fp32, then linear_forward / linear_backward's fp32 GEMMs and roundings.
+  void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                          Buf gelu_pre) override {
+    linear_forward_staged(out, dequantize(inp, N * I, 0), dequantize(w, O * I, 1), bias, N, I, O, gelu_pre);
+  }
+
+  void fp8_linear_backward(Buf dinp, float* dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
+                           int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
+    TPT_CHECK(!(gelu_pre && accumulate_dinp));
+    const float* dy = dequantize(dout, N * O, 0);
+    if (dinp) input_grad_staged(dinp, dy, dequantize(w, O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
+    if (dw)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, dequantize(inp, N * I, 1), I, 1.0f,
+                  dw, I);
   }
 
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
@@ -520,6 +512,18 @@ class CpuOps final : public Ops {
     load_f32(s, x.p, x.t, n);
     return s;
   }
+  // an FP8 operand's n values as fp32 in staging slot `slot`: fp8_to_fp32(code) * scale_inv
+  const float* dequantize(const Fp8Operand& x, int64_t n, int slot) {
+    TPT_CHECK(x.codes && x.scale_inv);
+    float table[256];
+    for (int c = 0; c < 256; ++c) table[c] = fp8_to_fp32(uint8_t(c), x.t);
+    const float s = *x.scale_inv;
+    float* f = stage(slot, n);
+    const uint8_t* q = x.codes;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) f[i] = table[q[i]] * s;
+    return f;
+  }
   // where a kernel writes y's fp32 result: y itself, or staging that store() then rounds into y
   float* out_f32(Buf y, int64_t n, int slot) { return y.t == DType::F32 ? y.f32() : stage(slot, n); }
   // the same for read-modify-write results (+=): staging starts as y's values
@@ -531,6 +535,38 @@ class CpuOps final : public Ops {
   }
   void store(Buf y, const float* f, int64_t n) {
     if (y.t != DType::F32) store_f32(y.p, y.t, f, n);
+  }
+
+  // The GEMMs on fp32 operands x (staging slot 0 or the caller's) and w (slot 1), as linear_forward:
+  // out = x @ w^T + bias (slot 2), with GELU's epilogue (slots 3, 4), each result rounded once.
+  void linear_forward_staged(Buf out, const float* x, const float* wf, CBuf bias, int64_t N, int64_t I, int64_t O,
+                             Buf gelu_pre) {
+    const float* bf = bias ? in(bias, O, 2) : nullptr;
+    if (!gelu_pre) {
+      float* y = out_f32(out, N * O, 3);
+      linear_forward_f32(y, x, wf, bf, N, I, O);
+      store(out, y, N * O);
+      return;
+    }
+    float* pre = out_f32(gelu_pre, N * O, 3);  // the fp32 pre-activation: GELU reads it before it is rounded
+    linear_forward_f32(pre, x, wf, bf, N, I, O);
+    float* y = out_f32(out, N * O, 4);
+    gelu_forward_f32(y, pre, N * O);
+    store(gelu_pre, pre, N * O);
+    store(out, y, N * O);
+  }
+  // dinp (N, I) = / += dy @ w (fp32 operands; dinp in slot 3, gelu_pre in slot 4), times gelu'(gelu_pre)
+  void input_grad_staged(Buf dinp, const float* dy, const float* wf, int64_t N, int64_t I, int64_t O,
+                         bool accumulate_dinp, CBuf gelu_pre) {
+    float* dx = accumulate_dinp ? load(dinp, N * I, 3) : out_f32(dinp, N * I, 3);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.0f, dy, O, wf, I, accumulate_dinp ? 1.0f : 0.0f,
+                dx, I);
+    if (gelu_pre) {
+      const float* pre = in(gelu_pre, N * I, 4);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < N * I; ++i) dx[i] *= gelu_grad(pre[i]);
+    }
+    store(dinp, dx, N * I);
   }
 
   // ---- the fp32 kernels

@@ -436,6 +436,15 @@ class CudaOps final : public Ops {
   void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cuda::fp8_quantize(out, in, n, t, scale, amax, stream_);
   }
+  // cuBLASLt's FP8 matmul is not built yet; training refuses FP8 on this backend at start-up
+  // (apps/train.cpp), so nothing reaches these
+  void fp8_linear_forward(Buf, Fp8Operand, Fp8Operand, CBuf, int64_t, int64_t, int64_t, Buf) override {
+    internal_error("Ops::fp8_linear_forward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
+  }
+  void fp8_linear_backward(Buf, float*, Fp8Operand, Fp8Operand, Fp8Operand, int64_t, int64_t, int64_t, bool,
+                           CBuf) override {
+    internal_error("Ops::fp8_linear_backward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
+  }
 
   void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
                          float eps) override {

@@ -30,6 +30,7 @@ import yaml
 # The model (model_ref.py, next to this file); gpt_ref.build_model stays the name other scripts use.
 import hf_llama_ref  # HF Llama checkpoints (tests/reference/hf_llama_ref.py)
 import hf_moe_ref  # HF Mixtral / Qwen2-MoE / Qwen3-MoE checkpoints (tests/reference/hf_moe_ref.py)
+import fp8_train_ref  # FP8 training's GEMMs, emulated (tests/reference/fp8_train_ref.py, docs/FP8.md)
 import moe_ref  # Mixture-of-Experts keys and bookkeeping (tests/reference/moe_ref.py, docs/MOE.md)
 from model_ref import GPT, build_model, is_decayed, is_gpt2, tptrain_init_state
 
@@ -101,6 +102,16 @@ SCHEMA = {
         "seed": ("int", 1234, None, False),
         "device": ("str", "auto", None, False),
         "cpu_threads": ("int", None, None, True),
+        # FP8 (docs/FP8.md; tests/reference/fp8_train_ref.py emulates the GEMM path)
+        "fp8_format": ("str", None, None, True),                  # null | e4m3 | hybrid
+        "fp8_recipe": ("str", "delayed", None, False),
+        "fp8_margin": ("int", 0, None, False),
+        "fp8_amax_history_len": ("int", 1, None, False),
+        "fp8_amax_compute_algo": ("str", "most_recent", None, False),
+        "fp8_wgrad": ("bool", True, None, False),
+        "first_last_layers_bf16": ("bool", False, None, False),
+        "num_layers_at_start_in_bf16": ("int", 1, None, False),
+        "num_layers_at_end_in_bf16": ("int", 1, None, False),
     },
     "optimizer": {
         "lr": ("float", EXPLICIT, 6.0e-4, False),
@@ -285,6 +296,13 @@ def _check_and_resolve(cfg):
         raise RefError("training.global_batch_size must be a multiple of training.micro_batch_size")
     if t["precision"] not in ("fp32", "bf16", "fp16"):
         raise RefError(f"training.precision must be fp32|bf16|fp16, got {t['precision']!r}")
+    if t["fp8_format"] is not None:
+        if t["fp8_format"] not in ("e4m3", "hybrid"):
+            raise RefError(f"training.fp8_format must be null|e4m3|hybrid, got {t['fp8_format']!r}")
+        if t["fp8_recipe"] != "tensorwise":
+            raise RefError(f"the reference emulates training.fp8_recipe: tensorwise only, got {t['fp8_recipe']!r}")
+        if m.get("num_moe_experts"):
+            raise RefError("the reference emulates FP8 for dense layers only (model.num_moe_experts)")
     if t["recompute"] not in ("none", "selective", "full"):
         raise RefError(f"training.recompute must be none|selective|full, got {t['recompute']!r}")
     if o["lr_decay_style"] not in ("cosine", "linear", "constant"):
@@ -670,6 +688,10 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
         print(f"gpt_ref: note: training.precision={t['precision']}; the reference computes in "
               f"{dtype} anyway", file=log)
     model = build_model(m, dtype)
+    if t["fp8_format"] is not None:
+        layers = fp8_train_ref.enable_fp8(model, t)
+        print(f"gpt_ref: FP8 {t['fp8_format']} {t['fp8_recipe']} (emulated) in layers {layers}, "
+              f"margin {t['fp8_margin']}, fp8_wgrad {t['fp8_wgrad']}", file=log)
     moe_ref.set_data_parallel(model, cfg["parallel"], RefError)
     moe = init_path and hf_moe_ref.is_hf_moe(init_path)
     if init_path and (moe or hf_llama_ref.is_hf_llama(init_path)):  # an HF Llama / MoE directory / index / file

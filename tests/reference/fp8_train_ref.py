@@ -1,0 +1,136 @@
+"""FP8 training in the PyTorch reference (docs/FP8.md "GEMM path"), emulated: the CI's torch (1.13)
+has no float8 dtypes, so each GEMM input is quantized to the E4M3 / E5M2 grid and decoded in float64
+with fp8_ref.py's numerics, vectorised: clamp to +-max (inf too), the quantum 2^(max(floor(log2 |x|),
+1 - bias) - mantissa bits), round half to even (torch.round), the sign kept (signed zeros), NaN stays
+NaN. Independent of core/fp8.h and of tptrain's code.
+
+Current scaling (training.fp8_recipe: tensorwise), per GEMM call and tensor:
+  amax = max |x| over the whole tensor (a micro-batch's activations or output gradients, the whole
+  weight: what tptrain's amax reduction over TP and CP makes of its parts),
+  scale = (fp8_max / amax) / 2^margin in fp32 (FLT_MAX if that overflows; amax 0 / inf / nan: 1),
+  x is read as decode(q(fp32(x * scale))) * fp32(1 / scale) (fp32 products).
+The GEMMs of attn.qkv, attn.proj, mlp.fc1 and mlp.fc2 of the FP8 layers:
+  forward  y  = dq(x) @ dq(W)^T + b
+  backward dx = dq(dy) @ dq(W),  dW = dq(dy)^T @ dq(x) (fp8_wgrad: false -> dy^T @ x),  db = sum dy
+with dy quantized to E5M2 under fp8_format: hybrid, E4M3 under e4m3. Everything else in fp32 (the
+reference computes in fp32 whatever training.precision says), except that with training.precision:
+bf16 each GEMM input (activation, weight, output gradient) is rounded to bf16 before it is quantized,
+as tptrain's bf16 run stores them: the same rounding of nearly the same values, so the FP8 codes of
+the two differ only where their bf16 values do."""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FORMATS = {"e4m3": (3, 7, 448.0), "e5m2": (2, 15, 57344.0)}  # mantissa bits, bias, max (fp8_ref.py)
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def scale_from_amax(amax, fmt, margin):
+    """fp8_ref.py's scale_from_amax with previous scale 1 (a tensor's own)."""
+    amax = np.float32(amax)
+    if not (amax > 0) or not np.isfinite(amax):
+        return np.float32(1.0)
+    with np.errstate(over="ignore", divide="ignore"):
+        s = (np.float32(FORMATS[fmt][2]) / amax) / np.float32(2.0 ** margin)
+    return np.float32(FLT_MAX) if np.isinf(s) else s
+
+
+def fp8_grid(y, fmt):
+    """The fp8 value (float64) of each fp32 element of y: nearest even, saturated, NaN kept."""
+    M, B, mx = FORMATS[fmt]
+    y = y.double()
+    a = y.abs().clamp(max=mx)
+    _, e = torch.frexp(a)                         # a = m 2^e, m in [0.5, 1): floor(log2 a) = e - 1
+    e = torch.clamp(e - 1, min=1 - B)
+    q = torch.ldexp(torch.ones_like(a), e - M)    # the quantum, a power of two: a / q is exact
+    r = torch.round(a / q) * q                    # half to even
+    r = torch.copysign(r, y)                      # signed zeros kept
+    return torch.where(torch.isnan(y), y, r)
+
+
+def qdq(x, fmt, margin, bf16=False):
+    """x (fp32) as the FP8 GEMM reads it: decode(q(x * scale)) * scale_inv, fp32. bf16: x is first
+    rounded to bf16 (nearest even), as a bf16 run stores every GEMM input."""
+    x = x.detach().float()
+    if bf16:
+        x = x.to(torch.bfloat16).float()
+    amax = x.abs().max()
+    amax = float("nan") if torch.isnan(amax) else float(amax)
+    s = scale_from_amax(amax, fmt, margin)
+    s_inv = np.float32(1.0) / s
+    y = x * torch.tensor(s, dtype=torch.float32)  # fp32 product
+    return fp8_grid(y, fmt).float() * torch.tensor(s_inv, dtype=torch.float32)
+
+
+class Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, opts):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq, wq = qdq(x2, "e4m3", opts["margin"], opts["bf16"]), qdq(w, "e4m3", opts["margin"], opts["bf16"])
+        ctx.save_for_backward(x2, w, xq, wq)
+        ctx.opts, ctx.has_bias, ctx.shape = opts, b is not None, shape
+        y = xq @ wq.t()
+        if b is not None:
+            y = y + b
+        return y.reshape(*shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w, xq, wq = ctx.saved_tensors
+        o = ctx.opts
+        dy2 = dy.reshape(-1, w.shape[0]).float()
+        dyq = qdq(dy2, o["dy_format"], o["margin"], o["bf16"])
+        dx = (dyq @ wq).reshape(ctx.shape)
+        if o["wgrad"]:
+            dw = dyq.t() @ xq
+        else:  # the GEMM on the (bf16-stored) unquantized inputs
+            r = (lambda t: t.to(torch.bfloat16).float()) if o["bf16"] else (lambda t: t)
+            dw = r(dy2).t() @ r(x2)
+        db = dy2.sum(0) if ctx.has_bias else None
+        return dx, dw, db, None
+
+
+def _fp8_forward(linear, opts):
+    def forward(x):
+        return Fp8LinearFn.apply(x, linear.weight, linear.bias, opts)
+    return forward
+
+
+def enable_fp8(model, t):
+    """Makes the FP8 layers' four linear GEMMs FP8 (training keys t); returns the FP8 layers' indices."""
+    if t.get("fp8_format") is None:
+        return []
+    if t["fp8_recipe"] != "tensorwise":
+        raise ValueError(f"the reference emulates training.fp8_recipe: tensorwise only, got {t['fp8_recipe']!r}")
+    opts = {"dy_format": "e5m2" if t["fp8_format"] == "hybrid" else "e4m3", "wgrad": t["fp8_wgrad"],
+            "margin": t["fp8_margin"], "bf16": t["precision"] == "bf16"}
+    L = len(model.h)
+    begin, end = 0, L
+    if t["first_last_layers_bf16"]:
+        begin, end = t["num_layers_at_start_in_bf16"], L - t["num_layers_at_end_in_bf16"]
+    for i in range(begin, end):
+        blk = model.h[i]
+        mods = [blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
+        for lin in mods:
+            lin.forward = _fp8_forward(lin, opts)
+    return list(range(begin, end))
+
+
+def _selftest():
+    """A few grid points against fp8_ref.py's scalar quantize (run: python3 fp8_train_ref.py)."""
+    import math
+    import fp8_ref
+    rng = np.random.default_rng(3)
+    for fmt in FORMATS:
+        xs = np.concatenate([rng.standard_normal(2000) * 10.0 ** rng.uniform(-8, 6, 2000),
+                             [0.0, -0.0, 1e30, -1e30, FORMATS[fmt][2] * 1.03]]).astype(np.float32)
+        got = fp8_grid(torch.from_numpy(xs), fmt).numpy()
+        for x, g in zip(xs.tolist(), got.tolist()):
+            want = fp8_ref.decode(fp8_ref.quantize(x, fmt), fmt)
+            assert g == want and math.copysign(1, g) == math.copysign(1, want), (fmt, x, g, want)
+    print("fp8_train_ref: fp8_grid equals fp8_ref.quantize on 2005 values per format")
+
+
+if __name__ == "__main__":
+    _selftest()

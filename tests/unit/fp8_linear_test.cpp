@@ -1,0 +1,193 @@
+// FP8 GEMM path (model/fp8_linear.h, Ops::fp8_linear_* on the CPU backend): forward, input gradient
+// (through GELU's derivative too), weight gradient (FP8 and, with fp8_wgrad false, bf16-path) and bias
+// gradient against the same GEMMs written out here in double from core/fp8.h's scalar quantization with
+// each tensor's own scale; and far from the unquantized GEMM, so the quantization is really there.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/fp8.h"
+#include "core/ops.h"
+#include "model/fp8_linear.h"
+#include "parallel/grid.h"
+#include "parallel/thread_comm.h"
+
+namespace tpt {
+namespace {
+
+// x as the FP8 GEMM reads it: decode(fp8(x * s)) * (1 / s), s from x's own amax (core/fp8.h)
+std::vector<double> dequantized(const std::vector<float>& x, Fp8Type t, int margin) {
+  float amax = 0.0f;
+  for (float v : x) amax = fp8_amax_step(amax, v);
+  const float s = fp8_scale_from_amax(amax, 1.0f, t, margin), s_inv = 1.0f / s;
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = double(fp8_to_fp32(fp32_to_fp8(x[i] * s, t), t) * s_inv);
+  return out;
+}
+
+std::vector<float> random(size_t n, uint32_t seed, float scale) {
+  std::vector<float> v(n);
+  uint32_t s = seed;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = scale * (float(s >> 8) / float(1 << 24) - 0.5f) * (1.0f + float((s >> 3) & 7));
+  }
+  return v;
+}
+
+double max_rel(const float* got, const std::vector<double>& want) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::fabs(double(got[i]) - want[i]));
+    ref = std::max(ref, std::fabs(want[i]));
+  }
+  return err / ref;
+}
+
+struct Case {
+  bool hybrid, wgrad, gelu;
+  int margin;
+};
+
+class Fp8LinearTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Fp8LinearTest, AsTheDequantizedGemms) {
+  const Case c = GetParam();
+  const int64_t N = 24, I = 40, O = 56;
+  auto ops = make_cpu_ops(2);
+  Fp8LinearOptions o;
+  o.hybrid = c.hybrid, o.wgrad = c.wgrad, o.margin = c.margin;
+  Fp8Linear lin(*ops, o, N * I, O * I, N * O);
+  const std::vector<float> x = random(size_t(N * I), 1, 3.0f), w = random(size_t(O * I), 2, 0.05f),
+                           b = random(size_t(O), 3, 0.1f), dy = random(size_t(N * O), 4, 1e-3f);
+  const std::vector<double> xq = dequantized(x, Fp8Type::E4M3, c.margin), wq = dequantized(w, Fp8Type::E4M3, c.margin),
+                            dyq = dequantized(dy, c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3, c.margin);
+  // forward (fp32 storage: the GEMM's own error, no rounding of the output)
+  std::vector<float> y(size_t(N * O)), pre(size_t(N * O));
+  lin.forward(y.data(), x.data(), w.data(), b.data(), N, I, O, c.gelu ? Buf(pre.data()) : Buf{});
+  std::vector<double> want(size_t(N * O)), plain(size_t(N * O));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < O; ++j) {
+      double s = b[size_t(j)], p = b[size_t(j)];
+      for (int64_t i = 0; i < I; ++i) {
+        s += xq[size_t(n * I + i)] * wq[size_t(j * I + i)];
+        p += double(x[size_t(n * I + i)]) * double(w[size_t(j * I + i)]);
+      }
+      want[size_t(n * O + j)] = s, plain[size_t(n * O + j)] = p;
+    }
+  EXPECT_LT(max_rel(c.gelu ? pre.data() : y.data(), want), 1e-5);
+  EXPECT_GT(max_rel(c.gelu ? pre.data() : y.data(), plain), 1e-3) << "the GEMM did not quantize";
+  if (c.gelu) {
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], gelu(pre[i]));
+  }
+  // backward: dinp = dy @ W (times gelu'(pre) of a layer whose GELU produced x), dw += dy^T x, db += sums
+  std::vector<float> dx(size_t(N * I)), dw(size_t(O * I), 0.5f), db(static_cast<size_t>(O), 0.25f), gpre = random(size_t(N * I), 5, 2.0f);
+  lin.backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, I, O, false,
+               c.gelu ? CBuf(gpre.data()) : CBuf{});
+  std::vector<double> wdx(size_t(N * I)), wdw(size_t(O * I)), wdb(static_cast<size_t>(O));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < I; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < O; ++j) s += dyq[size_t(n * O + j)] * wq[size_t(j * I + i)];
+      wdx[size_t(n * I + i)] = c.gelu ? s * double(gelu_grad(gpre[size_t(n * I + i)])) : s;
+    }
+  for (int64_t j = 0; j < O; ++j) {
+    double sb = 0;
+    for (int64_t n = 0; n < N; ++n) sb += dy[size_t(n * O + j)];
+    wdb[size_t(j)] = 0.25 + sb;
+    for (int64_t i = 0; i < I; ++i) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n)
+        s += c.wgrad ? dyq[size_t(n * O + j)] * xq[size_t(n * I + i)] : double(dy[size_t(n * O + j)]) * double(x[size_t(n * I + i)]);
+      wdw[size_t(j * I + i)] = s;
+    }
+  }
+  EXPECT_LT(max_rel(dx.data(), wdx), 1e-5);
+  for (float& v : dw) v -= 0.5f;  // += into the gradient
+  EXPECT_LT(max_rel(dw.data(), wdw), 1e-5);
+  EXPECT_LT(max_rel(db.data(), wdb), 1e-6);  // the bias gradient: from the unquantized dy
+  // the scales the last call used: dy's own
+  float amax = 0.0f;
+  for (float v : dy) amax = fp8_amax_step(amax, v);
+  EXPECT_EQ(lin.last_scales()[2], fp8_scale_from_amax(amax, 1.0f, c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3, c.margin));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Fp8LinearTest,
+                         ::testing::Values(Case{false, true, false, 0}, Case{true, true, false, 0},
+                                           Case{true, false, true, 0}, Case{false, true, true, 2},
+                                           Case{true, true, false, 12}));  // 12: E4M3 subnormals
+
+// A split backward (input gradient, later the weight gradient) adds what one call adds, bit for bit.
+TEST(Fp8Linear, SplitBackwardBitwise) {
+  const int64_t N = 16, I = 32, O = 24;
+  auto ops = make_cpu_ops(1);
+  Fp8LinearOptions o;
+  o.hybrid = true;
+  Fp8Linear lin(*ops, o, N * I, O * I, N * O);
+  const std::vector<float> x = random(size_t(N * I), 7, 1.0f), w = random(size_t(O * I), 8, 0.1f),
+                           dy = random(size_t(N * O), 9, 0.01f);
+  std::vector<float> dx1(size_t(N * I)), dw1(size_t(O * I)), db1(static_cast<size_t>(O)), dx2 = dx1, dw2 = dw1, db2 = db1;
+  lin.backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, I, O, false);
+  lin.backward(dx2.data(), nullptr, nullptr, dy.data(), CBuf{}, w.data(), N, I, O, false);
+  lin.backward(Buf{}, dw2.data(), db2.data(), dy.data(), x.data(), CBuf{}, N, I, O, false);
+  EXPECT_EQ(dx1, dx2);
+  EXPECT_EQ(dw1, dw2);
+  EXPECT_EQ(db1, db2);
+}
+
+// Tensor parallelism: a column-parallel GEMM (the weight's rows split over 2 thread ranks) and a
+// row-parallel one (the input's columns and the weight's columns split), with shards of very different
+// magnitudes. The amaxes reduced over the TP group give every rank the whole tensor's scales, so each
+// rank's output columns (column-parallel) and the sum of the partial outputs (row-parallel) are one
+// rank's to fp32 rounding; a shard scaled by its own amax (no reduction) is far off.
+TEST(Fp8Linear, TensorParallelAmaxReduction) {
+  const int64_t N = 8, I = 32, O = 16;
+  std::vector<float> x = random(size_t(N * I), 11, 2.0f), w = random(size_t(O * I), 12, 0.1f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = I / 2; i < I; ++i) x[size_t(n * I + i)] *= 37.0f;  // the second half of the columns larger
+  for (int64_t j = O / 2; j < O; ++j)
+    for (int64_t i = 0; i < I; ++i) w[size_t(j * I + i)] *= 0.013f;  // the second half of the rows smaller
+  auto ops = make_cpu_ops(1);
+  std::vector<float> y1(size_t(N * O));
+  {
+    Fp8Linear one(*ops, Fp8LinearOptions{}, N * I, O * I, N * O);
+    one.forward(y1.data(), x.data(), w.data(), nullptr, N, I, O);
+  }
+  for (bool reduce : {true, false}) {
+    std::vector<float> col(size_t(N * O)), row(size_t(2 * N * O));
+    run_thread_ranks(2, 1, 1, false, [&](Grid& g) {
+      auto rops = make_cpu_ops(1);
+      Fp8LinearOptions o;
+      if (reduce) o.amax_groups[0] = g.tp_group.get();
+      Fp8Linear lin(*rops, o, N * I, O * I, N * O);
+      const int r = g.tp_rank;
+      // column-parallel: rows [r O/2, (r+1) O/2) of w; this rank's output columns
+      std::vector<float> yc(size_t(N * O / 2));
+      lin.forward(yc.data(), x.data(), w.data() + r * (O / 2) * I, nullptr, N, I, O / 2);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < O / 2; ++j) col[size_t(n * O + r * (O / 2) + j)] = yc[size_t(n * (O / 2) + j)];
+      // row-parallel: columns [r I/2, (r+1) I/2) of x and of w; partial outputs, summed below
+      std::vector<float> xs(size_t(N * I / 2)), ws(size_t(O * I / 2));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < I / 2; ++i) xs[size_t(n * (I / 2) + i)] = x[size_t(n * I + r * (I / 2) + i)];
+      for (int64_t j = 0; j < O; ++j)
+        for (int64_t i = 0; i < I / 2; ++i) ws[size_t(j * (I / 2) + i)] = w[size_t(j * I + r * (I / 2) + i)];
+      lin.forward(row.data() + r * N * O, xs.data(), ws.data(), nullptr, N, I / 2, O);
+    });
+    std::vector<double> want(y1.begin(), y1.end());
+    std::vector<float> sum(size_t(N * O));
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = row[i] + row[i + size_t(N * O)];
+    if (reduce) {
+      EXPECT_LT(max_rel(col.data(), want), 1e-6);
+      EXPECT_LT(max_rel(sum.data(), want), 1e-6);
+    } else {  // each shard's own scale: other codes
+      EXPECT_GT(max_rel(col.data(), want), 1e-4);
+      EXPECT_GT(max_rel(sum.data(), want), 1e-4);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tpt
