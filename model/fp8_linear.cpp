@@ -16,7 +16,8 @@ Fp8Linear::Fp8Linear(Ops& ops, const Fp8LinearOptions& options, int64_t max_inp,
     cap_[i] = caps[i];
     codes_[i] = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(std::max<int64_t>(caps[i], 1))));
   }
-  state_ = ops_.alloc(3 * kTensors + 1);
+  static_assert(kStateFloats >= 3 * kTensors + 1);
+  state_ = ops_.alloc(kStateFloats);
   const float one = 1.0f;
   ops_.to_device(state_ + 3 * kTensors, &one, 1);
 }

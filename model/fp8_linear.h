@@ -45,6 +45,9 @@ class Fp8Linear {
 
   // The scales (host copies) of the last call's inputs: activation, weight, output gradient (tests).
   const float* last_scales() const { return host_scale_; }
+  // the device floats it keeps: amax, scale and scale_inv of each input, and a 1 (10), padded to 256
+  // bytes, a multiple of both backends' allocation alignment (the plan counts what is allocated)
+  static constexpr int64_t kStateFloats = 64;
 
  private:
   enum { kInp, kW, kDout, kTensors };

@@ -159,6 +159,19 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t) {
   return n;
 }
 
+Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
+  const int64_t N = B * d.S;
+  return {N * std::max({d.C, d.Cl, d.Fl}),
+          std::max({d.qkv_width * d.C, d.C * d.Cl, d.fc1_width * d.C, d.C * d.Fl}),
+          N * std::max({d.qkv_width, d.C, d.fc1_width})};
+}
+
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B) {
+  const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
+  return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
+         fb(Fp8Linear::kStateFloats);
+}
+
 int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   int64_t n = 0;
   for (int64_t b : shared_scratch_tensors(d, B, r, t)) n += carve_bytes(b);
@@ -296,10 +309,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(carve(bytes), opt_.dtype)};
   TPT_CHECK(carved == shared_bytes);
   if (opt_.fp8) {  // the codes of the largest input, weight and output gradient of the four linear GEMMs
-    const int64_t in = std::max({d.C, d.Cl, d.Fl}), out = std::max({d.qkv_width, d.C, d.fc1_width});
-    fp8_ = std::make_unique<Fp8Linear>(ops_, opt_.fp8_options, N * in, std::max({d.qkv_width * d.C, d.C * d.Cl,
-                                                                                   d.fc1_width * d.C, d.C * d.Fl}),
-                                       N * out);
+    const Fp8ScratchSizes f = fp8_scratch_sizes(d, B_);
+    fp8_ = std::make_unique<Fp8Linear>(ops_, opt_.fp8_options, f.inp, f.w, f.dout);
   }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);

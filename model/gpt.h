@@ -155,6 +155,14 @@ struct StageOptions {
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
 int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t);
 int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
+// FP8 training (StageOptions::fp8): the codes of the largest input, weight and output gradient of
+// the four linear GEMMs (model/fp8_linear.h), elements each, and the bytes Fp8Linear allocates for
+// them and its scales (plan/memory.cpp counts them in the workspace).
+struct Fp8ScratchSizes {
+  int64_t inp = 0, w = 0, dout = 0;
+};
+Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B);
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B);
 // Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
 // whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
 // layers (d.layer's linears: N*out each), which a split backward's B stashes for its W, in the

@@ -221,6 +221,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     }
     m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * slots[c];
     m.workspace_bytes += scratch_bytes(d, B, dtype);
+    if (cfg.training.fp8_format != Fp8Format::None) m.workspace_bytes += fp8_scratch_bytes(d, B);  // model/fp8_linear.h
     // The trainer's buffers: the received activations and gradients the schedules hold at once (B*S*C,
     // or this TP rank's B*S*C/tp with sequence parallelism).
     m.buffer_bytes += in_flight.receive_buffers.at(c) * dtype_size(stage_message_elements(d, B), dtype);

@@ -256,6 +256,10 @@ compare dp4_distopt_bf16 4 1 1 training.precision=bf16 parallel.distributed_opti
 # optimizer.store_param_remainders: the bf16 parameters + 2-byte remainders (whole, or the owned blocks)
 compare single_bf16_remainders 1 1 1 training.precision=bf16 optimizer.store_param_remainders=true
 compare dp4_distopt_bf16_remainders 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true
+# FP8 training (tensorwise, CPU): each chunk's scratch for the codes of the largest GEMM input, weight and
+# output gradient, and its scales
+compare fp8_tp2_sp_hybrid 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=tensorwise \
+  parallel.sequence_parallel=true
 # the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16
