@@ -169,6 +169,18 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend, RankL
   return stage_memory(cfg, pp_rank, chunks, gpu_backend, layouts);
 }
 
+void set_model_state_bytes(const Config& cfg, StageMemory& m) {
+  const DType dtype = compute_dtype(cfg);
+  const int64_t buffer = m.parameter_buffer, owned = m.owned_elements;
+  // store_param_remainders (bf16): the master weight is the compute copy plus a 2-byte remainder
+  m.weight_bytes = dtype == DType::F32 ? buffer * 4
+                   : dtype_size(buffer, dtype) +
+                         (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16) : owned * 4);
+  m.gradient_bytes = buffer * 4;
+  const MomentDTypes moments = moment_dtypes(cfg.optimizer);  // fp32, or bf16 (precision-aware)
+  m.optimizer_bytes = dtype_size(owned, moments.exp_avg) + dtype_size(owned, moments.exp_avg_sq);
+}
+
 StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend,
                          RankLayoutCache* layouts) {
   const int pp = cfg.parallel.pipeline_model_parallel_size;
@@ -198,14 +210,9 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   const ReplicaBuffers rb = replica_buffers(layout, dp, edp, distributed);
   const int64_t buffer = rb.total, owned = rb.owned;
   m.parameter_buffer = buffer;
+  m.owned_elements = owned;
   m.expert_buffer = rb.expert_span;
-  // store_param_remainders (bf16): the master weight is the compute copy plus a 2-byte remainder
-  m.weight_bytes = dtype == DType::F32 ? buffer * 4
-                   : dtype_size(buffer, dtype) +
-                         (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16) : owned * 4);
-  m.gradient_bytes = buffer * 4;
-  const MomentDTypes moments = moment_dtypes(cfg.optimizer);  // fp32, or bf16 (precision-aware)
-  m.optimizer_bytes = dtype_size(owned, moments.exp_avg) + dtype_size(owned, moments.exp_avg_sq);
+  set_model_state_bytes(cfg, m);
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
   // gradients the deferred weight gradients read) and its own scratch.
   // The chunks share one scratch for what lives within a pass: the largest chunk's (StageOptions::shared_scratch).

@@ -54,6 +54,7 @@ struct StageMemory {
   // optimizer's blocks over EDP ranks, the experts' data-parallel group)
   int64_t expert_parameters_per_rank = 0;
   int64_t expert_buffer = 0;
+  int64_t owned_elements = 0;          // of parameter_buffer, what this rank's optimizer steps (1/DP: distributed)
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   int64_t activation_bytes = 0;        // for the configured recompute mode
   int64_t workspace_bytes = 0;
@@ -94,6 +95,9 @@ class RankLayoutCache {
   std::map<std::array<int64_t, 9>, ParamLayout> layouts_;
 };
 
+// weight_bytes, gradient_bytes and optimizer_bytes of m (parameter_buffer, owned_elements) as cfg's
+// precision and optimizer options store them (the search's memory options change only these).
+void set_model_state_bytes(const Config& cfg, StageMemory& m);
 // Memory of one rank of stage `pp_rank` for a resolved config (resolve_parallel done), on a GPU
 // (gpu_backend: the backend's own buffers counted) or on CPU ranks; `layouts`: the search's cache.
 StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend = true, RankLayoutCache* layouts = nullptr);

@@ -182,15 +182,18 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               } catch (const InputError&) {
                 continue;
               }
-              // the stages' memory per memory-option level, planned when a mode first needs that level
+              // the stages' memory per memory-option level: level 0 planned in full, the others (which
+              // change only the model state's bytes) from it when a mode first needs them
               std::vector<std::vector<StageMemory>> stages_by_level(size_t(max_level + 1));
+              for (int s = 0; s < pp; ++s) stages_by_level[0].push_back(stage_memory(c, s, true, &layouts));
               auto stages_at = [&](int level) -> const std::vector<StageMemory>& {
                 std::vector<StageMemory>& st = stages_by_level[size_t(level)];
                 if (st.empty()) {
                   SearchEntry y = e;
                   y.memory_options = level;
                   const Config cl = apply(c, y);
-                  for (int s = 0; s < pp; ++s) st.push_back(stage_memory(cl, s, true, &layouts));
+                  st = stages_by_level[0];
+                  for (StageMemory& m : st) set_model_state_bytes(cl, m);
                 }
                 return st;
               };

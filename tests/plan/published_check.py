@@ -36,10 +36,11 @@ def run(args):
 
 
 def listed(s, lay, cp, sp, dist, ep):
-    """The search's layouts that are the row's published one."""
+    """The search's layouts that are the row's published one (an MoE row's with ETP 1, as it is planned here)."""
     return [x for x in s["layouts"] if (x["tp"], x["cp"], x["pp"], x["virtual_stages"], x["micro_batch_size"], x["recompute"],
             x["sequence_parallel"], x["distributed_optimizer"], x["pipeline_schedule"], x.get("ep", 1)) ==
-            (lay["tp"], cp, lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b", ep)]
+            (lay["tp"], cp, lay["pp"], lay["v"], lay["micro_batch_size"], lay["recompute"], sp, dist, "1f1b", ep)
+            and (ep == 1 or x.get("etp") == 1)]
 
 
 for row in rows:
