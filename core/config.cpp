@@ -270,63 +270,6 @@ std::string join(const std::vector<std::string_view>& xs, std::string_view sep) 
   return out;
 }
 
-// The split as Megatron writes it: a list [949, 50, 1] or a string "949,50,1".
-std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
-  std::vector<double> out;
-  if (v.IsSequence()) {
-    for (const YAML::Node& e : v) {
-      auto x = parse_double(e);
-      if (!x) return std::nullopt;
-      out.push_back(*x);
-    }
-  } else if (v.IsScalar()) {
-    std::stringstream ss(v.Scalar());
-    std::string part;
-    while (std::getline(ss, part, ',')) {
-      part.erase(0, part.find_first_not_of(" \t"));
-      part.erase(part.find_last_not_of(" \t") + 1);
-      auto x = parse_double(part);
-      if (!x) return std::nullopt;
-      out.push_back(*x);
-    }
-  }
-  if (out.size() != 3) return std::nullopt;
-  return out;
-}
-
-// data.path / data.valid_path: a string, or Megatron's blend [w1, prefix1, w2, prefix2, ...]. Errors
-// name the list item (1-based) and what it should be.
-DataPath parse_data_path(const YAML::Node& v, const std::string& what) {
-  DataPath out;
-  if (v.IsScalar() && v.Scalar().empty()) input_error(what + ": empty path");
-  if (v.IsScalar()) return {{v.Scalar()}, {}};
-  if (!v.IsSequence()) input_error(what + ": expected a path or a blend [weight, path, ...], got " + describe(v));
-  const size_t n = v.size();
-  const std::string form = " (a blend is Megatron's list [weight1, prefix1, weight2, prefix2, ...])";
-  if (n == 0 || n / 2 > 32767) input_error(what + (n ? ": more than 32767 components" : ": empty blend") + form);
-  double sum = 0;
-  if (n % 2 != 0)
-    input_error(what + ": the blend has " + std::to_string(n) + " items, an odd number: item " + std::to_string(n) +
-                " (" + describe(v[n - 1]) + ") has no " + (parse_double(v[n - 1]) ? "prefix after it" : "weight") + form);
-  for (size_t i = 0; i < n; i += 2) {
-    const std::string item = "blend item " + std::to_string(i + 1), comp = " (component " + std::to_string(i / 2 + 1) + ")";
-    const auto w = parse_double(v[i]);
-    if (!w) input_error(what + ": " + item + comp + " must be a weight (a number), got " + describe(v[i]) + form);
-    if (!(*w > 0) || !std::isfinite(*w))
-      input_error(what + ": " + item + comp + ": the weight " + v[i].Scalar() + " must be positive and finite");
-    const YAML::Node& pv = v[i + 1];
-    if (!pv.IsScalar() || pv.Scalar().empty() || parse_double(pv))
-      input_error(what + ": blend item " + std::to_string(i + 2) + comp + " must be a path (a prefix), got " +
-                  describe(pv) + form);
-    out.weights.push_back(*w), out.paths.push_back(pv.Scalar());
-    sum += *w;
-    if (!std::isfinite(sum))  // two weights of 1e308: normalised, every weight would be 0
-      input_error(what + ": " + item + comp + ": the weight " + v[i].Scalar() +
-                  " makes the weights' sum overflow a double: scale the weights down");
-  }
-  return out;
-}
-
 // Sets field `f` from YAML value `v`; `where` names the file or the --set that gave it.
 void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const std::string& where) {
   const std::string name = f.name();
@@ -521,36 +464,7 @@ void validate(Config& c, const Ctx& ctx) {
   check("optimizer.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0");
   check("optimizer.clip_grad", o.clip_grad, o.clip_grad >= 0, ">= 0 (0 disables clipping)");
   check("optimizer.initial_loss_scale", o.initial_loss_scale, o.initial_loss_scale > 0, "> 0");
-  if (o.store_param_remainders && c.training.precision != Precision::BF16)
-    ctx.fail("optimizer.store_param_remainders", "training.precision",
-             "needs training.precision bf16 (the master weight is the bf16 parameter plus a 16-bit remainder), got " +
-                 name_of(c.training.precision));
-  // the precision-aware optimizer (Megatron's rules: a state dtype other than fp32 needs the flag)
-  const std::pair<const char*, StateDType> state_dtypes[] = {{"optimizer.main_grads_dtype", o.main_grads_dtype},
-                                                             {"optimizer.main_params_dtype", o.main_params_dtype},
-                                                             {"optimizer.exp_avg_dtype", o.exp_avg_dtype},
-                                                             {"optimizer.exp_avg_sq_dtype", o.exp_avg_sq_dtype}};
-  for (const auto& [key, t] : state_dtypes)
-    if (t != StateDType::FP32 && !o.use_precision_aware_optimizer)
-      ctx.fail(key, "optimizer.use_precision_aware_optimizer",
-               name_of(t) + " needs optimizer.use_precision_aware_optimizer: true (without it every optimizer state is fp32)");
-  for (const auto& [key, t] : {state_dtypes[2], state_dtypes[3]})
-    if (t == StateDType::FP16)
-      ctx.fail(key, "fp16 (Transformer Engine's per-tensor scaled moments) is not built in this version of tptrain; "
-                    "use bf16 or fp32");
-  if (o.main_grads_dtype != StateDType::FP32)
-    ctx.fail("optimizer.main_grads_dtype", name_of(o.main_grads_dtype) +
-                                               ": 16-bit gradient buffers are not built in this version of tptrain "
-                                               "(the gradients are fp32); use fp32");
-  if (o.main_params_dtype != StateDType::FP32)
-    ctx.fail("optimizer.main_params_dtype",
-             name_of(o.main_params_dtype) +
-                 ": only fp32 master weights are built (optimizer.store_param_remainders holds them exactly in 2 "
-                 "bytes with bf16); use fp32");
-  if (c.parallel.grad_reduce_in_bf16)
-    ctx.fail("parallel.grad_reduce_in_bf16",
-             "16-bit gradient buffers and their reduction are not built in this version of tptrain (the gradients "
-             "are fp32 and reduced in fp32); use false");
+  resolve_optimizer_storage(c, model_keys);
 
   const CheckpointConfig& ck = c.checkpoint;
   if (ctx.given("checkpoint.exit_duration_mins"))

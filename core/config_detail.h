@@ -57,6 +57,11 @@ std::string format_double(double x);
 
 // ---- The model keys (core/config_model.cpp) ----
 
+// data.split as Megatron writes it (a list [949, 50, 1] or a string "949,50,1"); nullopt if not 3 numbers.
+std::optional<std::vector<double>> parse_split(const YAML::Node& v);
+// data.path / data.valid_path: a path, or Megatron's blend [w1, prefix1, ...]; `what` names the key.
+DataPath parse_data_path(const YAML::Node& v, const std::string& what);
+
 // model.rope_scaling from a YAML map (not null); `what` is "<where>: model.rope_scaling".
 RopeScaling parse_rope_scaling(const YAML::Node& v, const std::string& what);
 std::string rope_scaling_yaml(const RopeScaling& r);     // a flow map, or null
@@ -80,5 +85,7 @@ void resolve_model(ModelConfig& m, const ModelKeys& keys);
 void resolve_moe(ModelConfig& m, const ModelKeys& keys);
 // The training.fp8_* keys' rules (core/config_fp8.cpp), after resolve_model and resolve_moe.
 void resolve_fp8(const Config& c, const ModelKeys& keys);
+// optimizer.store_param_remainders and the precision-aware optimizer's keys' rules (core/config_optimizer.cpp).
+void resolve_optimizer_storage(const Config& c, const ModelKeys& keys);
 
 }  // namespace tpt::config_detail

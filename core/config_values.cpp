@@ -202,5 +202,62 @@ std::string format_double(double x) {
   return s;
 }
 
+// The split as Megatron writes it: a list [949, 50, 1] or a string "949,50,1".
+std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
+  std::vector<double> out;
+  if (v.IsSequence()) {
+    for (const YAML::Node& e : v) {
+      auto x = parse_double(e);
+      if (!x) return std::nullopt;
+      out.push_back(*x);
+    }
+  } else if (v.IsScalar()) {
+    std::stringstream ss(v.Scalar());
+    std::string part;
+    while (std::getline(ss, part, ',')) {
+      part.erase(0, part.find_first_not_of(" \t"));
+      part.erase(part.find_last_not_of(" \t") + 1);
+      auto x = parse_double(part);
+      if (!x) return std::nullopt;
+      out.push_back(*x);
+    }
+  }
+  if (out.size() != 3) return std::nullopt;
+  return out;
+}
+
+// data.path / data.valid_path: a string, or Megatron's blend [w1, prefix1, w2, prefix2, ...]. Errors
+// name the list item (1-based) and what it should be.
+DataPath parse_data_path(const YAML::Node& v, const std::string& what) {
+  DataPath out;
+  if (v.IsScalar() && v.Scalar().empty()) input_error(what + ": empty path");
+  if (v.IsScalar()) return {{v.Scalar()}, {}};
+  if (!v.IsSequence()) input_error(what + ": expected a path or a blend [weight, path, ...], got " + describe(v));
+  const size_t n = v.size();
+  const std::string form = " (a blend is Megatron's list [weight1, prefix1, weight2, prefix2, ...])";
+  if (n == 0 || n / 2 > 32767) input_error(what + (n ? ": more than 32767 components" : ": empty blend") + form);
+  double sum = 0;
+  if (n % 2 != 0)
+    input_error(what + ": the blend has " + std::to_string(n) + " items, an odd number: item " + std::to_string(n) +
+                " (" + describe(v[n - 1]) + ") has no " + (parse_double(v[n - 1]) ? "prefix after it" : "weight") + form);
+  for (size_t i = 0; i < n; i += 2) {
+    const std::string item = "blend item " + std::to_string(i + 1), comp = " (component " + std::to_string(i / 2 + 1) + ")";
+    const auto w = parse_double(v[i]);
+    if (!w) input_error(what + ": " + item + comp + " must be a weight (a number), got " + describe(v[i]) + form);
+    if (!(*w > 0) || !std::isfinite(*w))
+      input_error(what + ": " + item + comp + ": the weight " + v[i].Scalar() + " must be positive and finite");
+    const YAML::Node& pv = v[i + 1];
+    if (!pv.IsScalar() || pv.Scalar().empty() || parse_double(pv))
+      input_error(what + ": blend item " + std::to_string(i + 2) + comp + " must be a path (a prefix), got " +
+                  describe(pv) + form);
+    out.weights.push_back(*w), out.paths.push_back(pv.Scalar());
+    sum += *w;
+    if (!std::isfinite(sum))  // two weights of 1e308: normalised, every weight would be 0
+      input_error(what + ": " + item + comp + ": the weight " + v[i].Scalar() +
+                  " makes the weights' sum overflow a double: scale the weights down");
+  }
+  return out;
+}
+
 }  // namespace config_detail
 }  // namespace tpt

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/fp8.h"
+#include "model/gpt.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
@@ -77,6 +78,20 @@ void Fp8Linear::backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp,
   // the bf16 weight gradient (fp8_wgrad: false) and the bias gradient from the unquantized dout
   if ((dw && !fp8_dw) || dbias)
     ops_.linear_backward(Buf{}, fp8_dw ? nullptr : dw, dbias, dout, fp8_dw ? CBuf{} : inp, CBuf{}, N, I, O, false);
+}
+
+// (declared in model/gpt.h: GPTStage allocates these, plan/memory.cpp counts them)
+Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
+  const int64_t N = B * d.S;
+  return {N * std::max({d.C, d.Cl, d.Fl}),
+          std::max({d.qkv_width * d.C, d.C * d.Cl, d.fc1_width * d.C, d.C * d.Fl}),
+          N * std::max({d.qkv_width, d.C, d.fc1_width})};
+}
+
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B) {
+  const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
+  return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
+         4 * Fp8Linear::kStateFloats;
 }
 
 }  // namespace tpt

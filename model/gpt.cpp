@@ -159,19 +159,6 @@ int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t) {
   return n;
 }
 
-Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
-  const int64_t N = B * d.S;
-  return {N * std::max({d.C, d.Cl, d.Fl}),
-          std::max({d.qkv_width * d.C, d.C * d.Cl, d.fc1_width * d.C, d.C * d.Fl}),
-          N * std::max({d.qkv_width, d.C, d.fc1_width})};
-}
-
-int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B) {
-  const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
-  return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
-         fb(Fp8Linear::kStateFloats);
-}
-
 int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   int64_t n = 0;
   for (int64_t b : shared_scratch_tensors(d, B, r, t)) n += carve_bytes(b);

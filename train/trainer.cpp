@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstring>
 #include <thread>
 #include <utility>
 #include <unistd.h>
@@ -38,31 +37,6 @@ std::string hms(double seconds) {
 }
 
 }  // namespace
-
-// The plan's bytes for this rank's stage against the memory it may use: on a GPU the device's free
-// memory, on the CPU the host's physical memory shared by its ranks. Exit 2 with the plan's numbers
-// when it cannot fit (allocation would fail later, or the OOM killer would end the job).
-void Trainer::check_memory(const Config& cfg, const Grid& grid) const {
-  const StageMemory plan = stage_memory(cfg, grid.pp_rank, on_gpu_);
-  int64_t have = -1;
-  std::string where;
-#ifdef TPTRAIN_HAVE_CUDA
-  if (on_gpu_) {
-    have = cuda_free_memory();
-    where = "free on GPU " + std::to_string(grid.cuda_device);
-  }
-#endif
-  if (where.empty()) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0) have = int64_t(pages) * page / std::max(1, grid.local_size);
-    where = "of host memory per rank (" + std::to_string(grid.local_size) + " ranks on this host)";
-  }
-  if (have >= 0 && plan.total_bytes() > have)
-    input_error("this rank's stage needs " + describe_memory(plan) + " by the plan, but has " +
-                std::to_string(have / 1048576) + " MiB " + where +
-                ": lower training.micro_batch_size, set training.recompute, or use more TP / PP "
-                "(tptrain plan --config ... lists what would fit)");
-}
 
 Trainer::Trainer(const Config& cfg, Grid& grid) : cfg_(cfg), grid_(grid) {
   setup_backend();
@@ -125,35 +99,6 @@ void Trainer::setup_backend() {
     profiled_dp_ = make_profiled_comm(grid_.device_dp_cp(), *profile_, "dp");  // DP x CP with context parallelism
     if (grid_.device_embedding()) profiled_embedding_ = make_profiled_comm(*grid_.device_embedding(), *profile_, "embedding");
   }
-}
-
-// The backend's own buffers as the plan counts them (the GPU's; the CPU backend keeps none), and
-// cuDNN's attention plans for this run's shape built now: iterations then allocate nothing.
-void Trainer::reserve_backend_workspace() {
-  const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);
-  workspace_ = ops_->reserve_workspace(plan.backend, attention_shape(dims_, cfg_.training.micro_batch_size, dtype_));
-  allocator_calls_reserved_ = ops_->allocator_calls();
-  if (on_gpu_ && plan.backend.attention > 0 &&
-      std::max(workspace_.attention_forward_asked, workspace_.attention_backward_asked) > plan.backend.attention)
-    spdlog::warn("WARNING: rank {}: cuDNN's attention plans ask for {:.1f} MiB of workspace (forward {:.1f}, "
-                 "backward {:.1f} MiB), more than the plan's {:.1f} MiB",
-                 grid_.world_rank, double(workspace_.attention) / 1048576.0,
-                 double(workspace_.attention_forward_asked) / 1048576.0,
-                 double(workspace_.attention_backward_asked) / 1048576.0, double(plan.backend.attention) / 1048576.0);
-}
-
-void Trainer::report_allocator_calls(int64_t first_iteration) {
-  double later = double(allocator_calls_later_);
-  if (grid_.world_size > 1) grid_.world->all_reduce(&later, 1, ReduceOp::Max);
-  if (grid_.world_rank != 0 || iteration_ <= first_iteration) return;
-  if (later == 0)
-    spdlog::info("memory: no device allocation or free in iterations {}..{} (after the first); on rank 0 {} "
-                 "allocator calls at start-up, {} in the first iteration",
-                 first_iteration + 1, iteration_, allocator_calls_reserved_, allocator_calls_first_);
-  else
-    spdlog::warn("WARNING: memory: iterations after the first called the device allocator ({} times on the "
-                 "busiest rank): a buffer the start-up did not size",
-                 int64_t(later));
 }
 
 // The training and validation data: one path or a blend (data/run_data.h).
@@ -539,77 +484,6 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
     h.on_action = [&](const Action& a, double t0, double t1) { trace_->record(iteration_ + 1, a, t0, t1); };
   execute_schedule(actions, comm(grid_.device_pp(), profiled_pp_), words_of(n, dtype_), h);
   return loss_sum;
-}
-
-namespace {
-// f(range, n) for each owned range with n > 0 elements inside the layout (the padding after the
-// last tensor left out: the host buffers hold layout.total)
-template <class F>
-void for_each_owned(const std::vector<ShardRange>& owned, int64_t total, F&& f) {
-  for (const ShardRange& r : owned) {
-    const int64_t n = std::max<int64_t>(0, std::min(r.n, total - r.offset));
-    if (n > 0) f(r, n);
-  }
-}
-}  // namespace
-
-void Trainer::master_from_host(const float* host) {
-  if (master_) owned_from_host(master_, host, master_sharded_);
-  if (params_compute_.p != master_) {
-    std::vector<uint16_t> bits, low;
-    for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-      bits.resize(size_t(n));
-      for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = master_copy_bits(host[r.offset + i], dtype_);
-      ops_->to_device(params_compute_ + r.offset, bits.data(), n);
-      if (!remainders_) return;
-      low.resize(size_t(n));
-      for (int64_t i = 0; i < n; ++i) low[size_t(i)] = master_remainder(host[r.offset + i]);
-      ops_->to_device(Buf(remainders_ + (master_sharded_ ? r.local : r.offset), DType::BF16), low.data(), n);
-    });
-  }
-  grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: every block to every DP rank
-  grad_sync_->wait_params(INT_MAX);
-}
-
-void Trainer::master_to_host(float* host) const {
-  if (master_) return owned_to_host(host, master_, master_sharded_);
-  std::vector<uint16_t> bits, low;
-  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    bits.resize(size_t(n));
-    low.resize(size_t(n));
-    ops_->to_host(bits.data(), params_compute_ + r.offset, n);
-    ops_->to_host(low.data(), CBuf(remainders_ + (master_sharded_ ? r.local : r.offset), DType::BF16), n);
-    for (int64_t i = 0; i < n; ++i) host[r.offset + i] = master_from_remainder(bits[size_t(i)], low[size_t(i)]);
-  });
-}
-
-void Trainer::owned_to_host(float* host, CBuf state, bool sharded) const {
-  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
-  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    const CBuf from = state + (sharded ? r.local : r.offset);
-    if (state.t == DType::F32) return ops_->to_host(host + r.offset, from, n);
-    // bf16: copied into the first half of the range, widened in place from the end (element i's 4
-    // bytes never cover an unread 2-byte element j < i): no host allocation per save
-    auto* raw = reinterpret_cast<unsigned char*>(host + r.offset);
-    ops_->to_host(raw, from, n);
-    for (int64_t i = n - 1; i >= 0; --i) {
-      uint16_t bits;
-      std::memcpy(&bits, raw + 2 * i, sizeof bits);
-      host[r.offset + i] = bf16_to_fp32(bits);
-    }
-  });
-}
-
-void Trainer::owned_from_host(Buf state, const float* host, bool sharded) {
-  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
-  std::vector<uint16_t> bits;
-  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    const Buf to = state + (sharded ? r.local : r.offset);
-    if (state.t == DType::F32) return ops_->to_device(to, host + r.offset, n);
-    bits.resize(size_t(n));  // a checkpoint's fp32 moment rounded as the optimizer stores it
-    for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = fp32_to_bf16(host[r.offset + i]);
-    ops_->to_device(to, bits.data(), n);
-  });
 }
 
 Trainer::StepResult Trainer::train_step(int64_t k) {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -376,6 +377,79 @@ bool Trainer::checkpoint_and_check_exit(int64_t k) {
     if (ck.save.empty()) spdlog::warn("WARNING: checkpoint.save is not set: nothing was saved");
   }
   return exiting;
+}
+
+// ---- the optimizer's state between the device and host buffers (load, save, init_from)
+
+namespace {
+// f(range, n) for each owned range with n > 0 elements inside the layout (the padding after the
+// last tensor left out: the host buffers hold layout.total)
+template <class F>
+void for_each_owned(const std::vector<ShardRange>& owned, int64_t total, F&& f) {
+  for (const ShardRange& r : owned) {
+    const int64_t n = std::max<int64_t>(0, std::min(r.n, total - r.offset));
+    if (n > 0) f(r, n);
+  }
+}
+}  // namespace
+
+void Trainer::master_from_host(const float* host) {
+  if (master_) owned_from_host(master_, host, master_sharded_);
+  if (params_compute_.p != master_) {
+    std::vector<uint16_t> bits, low;
+    for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+      bits.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = master_copy_bits(host[r.offset + i], dtype_);
+      ops_->to_device(params_compute_ + r.offset, bits.data(), n);
+      if (!remainders_) return;
+      low.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) low[size_t(i)] = master_remainder(host[r.offset + i]);
+      ops_->to_device(Buf(remainders_ + (master_sharded_ ? r.local : r.offset), DType::BF16), low.data(), n);
+    });
+  }
+  grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: every block to every DP rank
+  grad_sync_->wait_params(INT_MAX);
+}
+
+void Trainer::master_to_host(float* host) const {
+  if (master_) return owned_to_host(host, master_, master_sharded_);
+  std::vector<uint16_t> bits, low;
+  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    bits.resize(size_t(n));
+    low.resize(size_t(n));
+    ops_->to_host(bits.data(), params_compute_ + r.offset, n);
+    ops_->to_host(low.data(), CBuf(remainders_ + (master_sharded_ ? r.local : r.offset), DType::BF16), n);
+    for (int64_t i = 0; i < n; ++i) host[r.offset + i] = master_from_remainder(bits[size_t(i)], low[size_t(i)]);
+  });
+}
+
+void Trainer::owned_to_host(float* host, CBuf state, bool sharded) const {
+  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
+  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    const CBuf from = state + (sharded ? r.local : r.offset);
+    if (state.t == DType::F32) return ops_->to_host(host + r.offset, from, n);
+    // bf16: copied into the first half of the range, widened in place from the end (element i's 4
+    // bytes never cover an unread 2-byte element j < i): no host allocation per save
+    auto* raw = reinterpret_cast<unsigned char*>(host + r.offset);
+    ops_->to_host(raw, from, n);
+    for (int64_t i = n - 1; i >= 0; --i) {
+      uint16_t bits;
+      std::memcpy(&bits, raw + 2 * i, sizeof bits);
+      host[r.offset + i] = bf16_to_fp32(bits);
+    }
+  });
+}
+
+void Trainer::owned_from_host(Buf state, const float* host, bool sharded) {
+  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
+  std::vector<uint16_t> bits;
+  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    const Buf to = state + (sharded ? r.local : r.offset);
+    if (state.t == DType::F32) return ops_->to_device(to, host + r.offset, n);
+    bits.resize(size_t(n));  // a checkpoint's fp32 moment rounded as the optimizer stores it
+    for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = fp32_to_bf16(host[r.offset + i]);
+    ops_->to_device(to, bits.data(), n);
+  });
 }
 
 }  // namespace tpt

@@ -4,8 +4,25 @@
 // does for every kernel. The ring-attention blocks are ring_kernels.h's.
 #pragma once
 #include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
 
 namespace tpt::cpu {
+
+// Column sums of x (N, C) added into out (C), parallel over column blocks (convert_kernels.cpp).
+void add_column_sums(float* out, const float* x, int64_t N, int64_t C);
+// n elements of src (dtype t) as fp32 into dst, and back (rounded to t) (convert_kernels.cpp).
+void load_f32(float* dst, const void* src, DType t, int64_t n);
+void store_f32(void* dst, DType t, const float* src, int64_t n);
+// One row of a tensor of dtype t as fp32 (the cross-entropy's row loops).
+inline void row_to_f32(float* dst, const void* src, DType t, int64_t off, int64_t n) {
+  if (t == DType::F32) std::memcpy(dst, static_cast<const float*>(src) + off, size_t(n) * sizeof(float));
+  else if (t == DType::BF16)
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(static_cast<const uint16_t*>(src)[off + i]);
+  else
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(static_cast<const uint16_t*>(src)[off + i]);
+}
 
 // out (N, C) = inp * rstd * w; rstd (N)
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps,

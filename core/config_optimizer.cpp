@@ -1,0 +1,52 @@
+// The optimizer's storage keys' rules (resolve_optimizer_storage, called by the loader in
+// core/config.cpp): master-weight remainders with bf16 only; Megatron's precision-aware optimizer
+// (a state dtype other than fp32 needs the flag); the storage tptrain does not build is refused.
+#include <string>
+#include <utility>
+
+#include "core/config.h"
+#include "core/config_detail.h"
+#include "core/error.h"
+
+namespace tpt::config_detail {
+
+void resolve_optimizer_storage(const Config& c, const ModelKeys& keys) {
+  const OptimizerConfig& o = c.optimizer;
+  auto fail = [&](const std::string& key, const std::string& other_or_reason, const std::string& reason = "") {
+    if (reason.empty()) keys.fail(key, "", other_or_reason);
+    else keys.fail(key, other_or_reason, reason);
+    internal_error("config: ModelKeys::fail returned");
+  };
+  if (o.store_param_remainders && c.training.precision != Precision::BF16)
+    fail("optimizer.store_param_remainders", "training.precision",
+             "needs training.precision bf16 (the master weight is the bf16 parameter plus a 16-bit remainder), got " +
+                 name_of(c.training.precision));
+  // the precision-aware optimizer (Megatron's rules: a state dtype other than fp32 needs the flag)
+  const std::pair<const char*, StateDType> state_dtypes[] = {{"optimizer.main_grads_dtype", o.main_grads_dtype},
+                                                             {"optimizer.main_params_dtype", o.main_params_dtype},
+                                                             {"optimizer.exp_avg_dtype", o.exp_avg_dtype},
+                                                             {"optimizer.exp_avg_sq_dtype", o.exp_avg_sq_dtype}};
+  for (const auto& [key, t] : state_dtypes)
+    if (t != StateDType::FP32 && !o.use_precision_aware_optimizer)
+      fail(key, "optimizer.use_precision_aware_optimizer",
+               name_of(t) + " needs optimizer.use_precision_aware_optimizer: true (without it every optimizer state is fp32)");
+  for (const auto& [key, t] : {state_dtypes[2], state_dtypes[3]})
+    if (t == StateDType::FP16)
+      fail(key, "fp16 (Transformer Engine's per-tensor scaled moments) is not built in this version of tptrain; "
+                    "use bf16 or fp32");
+  if (o.main_grads_dtype != StateDType::FP32)
+    fail("optimizer.main_grads_dtype", name_of(o.main_grads_dtype) +
+                                               ": 16-bit gradient buffers are not built in this version of tptrain "
+                                               "(the gradients are fp32); use fp32");
+  if (o.main_params_dtype != StateDType::FP32)
+    fail("optimizer.main_params_dtype",
+             name_of(o.main_params_dtype) +
+                 ": only fp32 master weights are built (optimizer.store_param_remainders holds them exactly in 2 "
+                 "bytes with bf16); use fp32");
+  if (c.parallel.grad_reduce_in_bf16)
+    fail("parallel.grad_reduce_in_bf16",
+             "16-bit gradient buffers and their reduction are not built in this version of tptrain (the gradients "
+             "are fp32 and reduced in fp32); use false");
+}
+
+}  // namespace tpt::config_detail
