@@ -79,7 +79,7 @@ struct BlockMappings {
   // an MoE layer's MLP (model/moe.h): y (Nt, C) from ln_2's output (Nt, C), in place of fc1 / fc2
   std::function<CBuf(CBuf ln2)> mlp;
   // FP8 training (model/fp8_linear.h): the layer's linear GEMMs in FP8; null: in the compute dtype
-  Fp8Linear* fp8 = nullptr;
+  Fp8Linear* fp8[kDenseParts] = {};  // by DensePart (kQkv, kProj, kFc1, kFc2)
 };
 
 // x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, qkv_width) scratch for the QKV GEMM's

@@ -1,68 +1,108 @@
 // FP8 training's GEMM path (docs/FP8.md "GEMM path"): the linear layers' GEMMs of a transformer layer
-// (attn.qkv, attn.proj, mlp.fc1, mlp.fc2) with FP8 inputs, Transformer Engine's current scaling
-// (training.fp8_recipe: tensorwise). Each GEMM input -- the activation, the weight, the output gradient --
-// is quantized with the scale of its own amax: one pass for the amaxes (Ops::fp8_quantize), their
-// maximum over the ranks holding parts of the same tensor (TP, CP: parallel/tensor_parallel.h
-// fp8_amax_reduce, one collective per group per GEMM call), the scale (core/fp8.h
-// fp8_scale_from_amax), the cast (Ops::fp8_quantize), then Ops::fp8_linear_forward / backward. Outputs,
-// input gradients and bias gradients as the bf16 path (the bias gradient from the unquantized output
-// gradient); weight gradients in fp32 from FP8 inputs, or with training.fp8_wgrad: false from the bf16
-// ones (Ops::linear_backward).
+// (attn.qkv, attn.proj, mlp.fc1, mlp.fc2) with FP8 inputs, as Transformer Engine does them. Each GEMM
+// input -- the activation, the weight, the output gradient -- is quantized (Ops::fp8_quantize) with a
+// scale, then Ops::fp8_linear_forward / backward run the GEMM. The scale (core/fp8.h):
+//  - current scaling (training.fp8_recipe: tensorwise): from the tensor's own amax, per call: one pass
+//    for the amaxes, their maximum over the ranks holding parts of the same tensor (TP, CP:
+//    parallel/tensor_parallel.h fp8_amax_reduce, one collective per group per GEMM call), the scale,
+//    the cast;
+//  - delayed scaling (fp8_recipe: delayed): each GEMM input keeps a scale and an amax history
+//    (Fp8State); a step quantizes with the scale of the last update and records the amaxes on the
+//    device; after the step the trainer reduces them over TP x DP x CP (Trainer::fp8_update) and
+//    Fp8State::update rolls the histories and sets the next step's scales.
+// Outputs, input gradients and bias gradients as the bf16 path (the bias gradient from the unquantized
+// output gradient); weight gradients in fp32 from FP8 inputs, or with training.fp8_wgrad: false from the
+// bf16 ones (Ops::linear_backward).
 // Formats: activations and weights E4M3; output gradients E4M3 (fp8_format: e4m3) or E5M2 (hybrid).
 // Every call quantizes what it reads again (the weight in each micro-batch's forward and backward, the
-// activation again for the weight gradient): the same values give the same codes and scales, so a
-// split backward (ZB-H1) and recompute give what one backward gives.
+// activation again for the weight gradient): the same values and scale give the same codes, so a split
+// backward (ZB-H1) and recompute give what one backward gives.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/ops.h"
 
 namespace tpt {
 
 class Comm;
+class Fp8State;
 
 struct Fp8LinearOptions {
   bool hybrid = false;  // E5M2 output gradients (else E4M3)
   bool wgrad = true;    // weight-gradient GEMMs in FP8 (false: bf16)
   int margin = 0;       // scale = (fp8_max / amax) / 2^margin
-  // the amax reductions (max), in this order; null: none. The tensor-parallel and the context-parallel
-  // group: the ranks holding parts of one GEMM input.
+  // current scaling: the amax reductions (max), in this order; null: none. The tensor-parallel and the
+  // context-parallel group: the ranks holding parts of one GEMM input.
   Comm* amax_groups[2] = {nullptr, nullptr};
+  // delayed scaling: the history's length and its amax (max of the history, else its newest entry)
+  bool delayed = false;
+  int history_len = 1;
+  bool history_max = false;
 };
 
+// One GEMM of one layer (Fp8State::gemm): Ops::linear_forward / linear_backward's contract in FP8.
 class Fp8Linear {
  public:
-  // Scratch for the codes of the largest input (elements), weight and output gradient of the GEMMs it runs.
-  Fp8Linear(Ops& ops, const Fp8LinearOptions& options, int64_t max_inp, int64_t max_w, int64_t max_dout);
-  ~Fp8Linear();
-  Fp8Linear(const Fp8Linear&) = delete;
-  Fp8Linear& operator=(const Fp8Linear&) = delete;
-
-  // Ops::linear_forward / linear_backward's contract, the GEMMs in FP8.
   void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {});
   void backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
                 bool accumulate_dinp, CBuf gelu_pre = {});
 
-  // The scales (host copies) of the last call's inputs: activation, weight, output gradient (tests).
-  const float* last_scales() const { return host_scale_; }
-  // the device floats it keeps: amax, scale and scale_inv of each input, and a 1 (10), padded to 256
-  // bytes, a multiple of both backends' allocation alignment (the plan counts what is allocated)
-  static constexpr int64_t kStateFloats = 64;
+ private:
+  friend class Fp8State;
+  Fp8State* state_ = nullptr;
+  int64_t index_ = 0;
+};
+
+// The FP8 GEMMs of a stage: the codes' scratch they share and each GEMM's scaling state.
+class Fp8State {
+ public:
+  enum { kInp, kW, kDout, kTensors };  // a GEMM's inputs
+  // Scratch for the codes of the largest input (elements), weight and output gradient of the GEMMs;
+  // `gemms` GEMMs (4 per FP8 layer).
+  Fp8State(Ops& ops, const Fp8LinearOptions& options, int64_t max_inp, int64_t max_w, int64_t max_dout, int64_t gemms);
+  ~Fp8State();
+  Fp8State(const Fp8State&) = delete;
+  Fp8State& operator=(const Fp8State&) = delete;
+
+  Fp8Linear* gemm(int64_t i) { return &gemms_[size_t(i)]; }
+  int64_t gemms() const { return int64_t(gemms_.size()); }
+  const Fp8LinearOptions& options() const { return o_; }
+  Fp8Type type(int i) const { return i == kDout && o_.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3; }
+
+  // Delayed scaling. begin_step zeroes the recorded amaxes (so an evaluation's forwards between two
+  // steps, which quantize with the current scales, leave no trace); read_amaxes gives this rank's amaxes
+  // of the step, kTensors per GEMM (max over its quantizations); update takes them reduced over the
+  // ranks of a step's tensors, records each in its history, and sets the scales of the next step.
+  void begin_step();
+  void read_amaxes(float* amax);
+  void update(const float* amax);
+  // the host copies (checkpoints): kTensors scales, kTensors x history_len amaxes of GEMM g;
+  // after writing them, scales_loaded() puts the scales on the device
+  float* scales(int64_t g) { return scale_.data() + g * kTensors; }
+  float* history(int64_t g) { return history_.data() + g * kTensors * o_.history_len; }
+  void scales_loaded();
+
+  // The scales (host copies) of the last quantization of each input of a GEMM (tests).
+  const float* last_scales(int64_t g) const { return last_scale_.data() + g * kTensors; }
+
+  // the device floats it allocates: current scaling: amax, scale, scale_inv of each input and a 1;
+  // delayed: amax, scale and scale_inv of each GEMM input; padded to 256 bytes, a multiple of both
+  // backends' allocation alignment (the plan counts what is allocated)
+  static int64_t state_floats(bool delayed, int64_t gemms);
 
  private:
-  enum { kInp, kW, kDout, kTensors };
-  // quantizes x[i] (n[i] elements; n[i] == 0: none) into codes_[i] with its own scale, the amaxes
-  // reduced together (one collective per group), and returns the operands
-  void quantize(const CBuf* x, const int64_t* n, Fp8Operand* q);
-  Fp8Type type(int i) const { return i == kDout && o_.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3; }
+  friend class Fp8Linear;
+  // quantizes x[i] (n[i] elements; n[i] == 0: none) into codes_[i] and returns the operands
+  void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q);
 
   Ops& ops_;
   Fp8LinearOptions o_;
+  std::vector<Fp8Linear> gemms_;
   uint8_t* codes_[kTensors] = {};
   int64_t cap_[kTensors] = {};
-  // on the device: amax[3], scale[3], scale_inv[3], one
-  float* state_ = nullptr;
-  float host_scale_[kTensors] = {1.0f, 1.0f, 1.0f};
+  float* state_ = nullptr;  // on the device, state_floats
+  std::vector<float> scale_, history_, last_scale_;  // host
 };
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.

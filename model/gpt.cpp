@@ -296,8 +296,13 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(carve(bytes), opt_.dtype)};
   TPT_CHECK(carved == shared_bytes);
   if (opt_.fp8) {  // the codes of the largest input, weight and output gradient of the four linear GEMMs
-    const Fp8ScratchSizes f = fp8_scratch_sizes(d, B_);
-    fp8_ = std::make_unique<Fp8Linear>(ops_, opt_.fp8_options, f.inp, f.w, f.dout);
+    fp8_begin_ = std::max(d.layer_begin, opt_.fp8_layer_begin);
+    fp8_end_ = std::max(fp8_begin_, std::min(d.layer_end, opt_.fp8_layer_end));
+    if (fp8_end_ > fp8_begin_) {
+      const Fp8ScratchSizes f = fp8_scratch_sizes(d, B_);
+      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f.inp, f.w, f.dout,
+                                        kFp8GemmsPerLayer * (fp8_end_ - fp8_begin_));
+    }
   }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
@@ -485,6 +490,13 @@ BlockShape GPTStage::block_shape(const int32_t* positions) const {
 }
 
 // Every tensor is stored in the compute dtype by the op that writes it (rounded once).
+Fp8Linear* GPTStage::fp8_for(int64_t layer, DensePart part) const {
+  if (!fp8_ || layer < fp8_begin_ || layer >= fp8_end_) return nullptr;
+  const int64_t i = part == kQkv ? 0 : part == kProj ? 1 : part == kFc1 ? 2 : 3;  // fp8_state_name's order
+  TPT_CHECK(part == kQkv || part == kProj || part == kFc1 || part == kFc2);
+  return fp8_->gemm((layer - fp8_begin_) * kFp8GemmsPerLayer + i);
+}
+
 void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, const int32_t* positions) {
   // the TP mappings; row-parallel biases: added once (tp_rank 0) before the all-reduce, or with
   // sequence parallelism on every rank after the reduce-scatter (row_parallel_output)
@@ -492,7 +504,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   tp.gather_tokens = [&](CBuf ln) { return gather_tokens(ln, tmp_); };
   tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   tp.bias_in_gemm = row_bias_in_gemm();
-  tp.fp8 = fp8_for(layer);
+  for (DensePart p : {kQkv, kProj, kFc1, kFc2}) tp.fp8[p] = fp8_for(layer, p);
   if (d_.moe.is_moe(layer))  // the MoE MLP on this rank's tokens (x_out holds y until the residual add)
     tp.mlp = [&](CBuf ln2) {
       moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(), recording_);
@@ -508,11 +520,11 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   auto gather = [&](CBuf ln) { return tp ? tp->gather_tokens(ln) : ln; };
   auto row_output = [&](Buf partial, CBuf bias) { return tp ? tp->row_parallel_output(partial, bias) : CBuf(partial); };
   const bool bias_in_gemm = !tp || tp->bias_in_gemm;
-  Fp8Linear* fp8 = tp ? tp->fp8 : nullptr;
+  auto fp8 = [&](DensePart p) { return tp ? tp->fp8[p] : nullptr; };
   // attention: QKV (column-parallel by heads or groups) in the attention's heads layout, q and k rotated
   s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], s.Nt, s.C);
   const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
-  linear_forward(ops, fp8, qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
+  linear_forward(ops, fp8(kQkv), qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
   s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
   if (s.qk_norm) {  // each head's q and k normalised over its D channels (a.atty: scratch until the attention)
     TPT_CHECK(w.q_norm >= 0 && w.k_norm >= 0);
@@ -521,7 +533,7 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   }
   s.rope.forward(ops, a.qkv, s.positions, s.N, s.S, s.qkv);
   attention_core(a);
-  linear_forward(ops, fp8, tmp, a.atty, w.weight[kProj], bias_in_gemm ? w.bias[kProj] : nullptr, s.N, s.Cl, s.C);  // row-parallel
+  linear_forward(ops, fp8(kProj), tmp, a.atty, w.weight[kProj], bias_in_gemm ? w.bias[kProj] : nullptr, s.N, s.Cl, s.C);  // row-parallel
   CBuf y = row_output(tmp, w.bias[kProj]);  // (Nt, C)
   // residual, then the MLP's norm in the same pass
   s.norm.residual_forward(ops, a.x_mid, a.ln2, a.ln2_stats, x_in, y, w.weight[kLn2], w.bias[kLn2], s.Nt, s.C);
@@ -529,8 +541,8 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   if (tp && tp->mlp) {
     y = tp->mlp(a.ln2);
   } else {
-    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8);
-    linear_forward(ops, fp8, tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
+    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8(kFc1));
+    linear_forward(ops, fp8(kFc2), tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
     y = row_output(tmp, w.bias[kFc2]);
   }
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
@@ -556,7 +568,6 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
-  Fp8Linear* fp8 = fp8_for(layer);
   // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
   // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
   // changes below)
@@ -567,7 +578,9 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     return RowGrad{stashed, dy.dbias};
   };
   // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called)
-  auto gemm_backward = [&](Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I, int64_t O) {
+  auto gemm_backward = [&](DensePart p, Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I,
+                           int64_t O) {
+    Fp8Linear* fp8 = fp8_for(layer, p);
     if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
     else linear_backward(ops_, fp8, dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
   };
@@ -580,8 +593,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
     if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
     s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu,
-                   w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8);
-    gemm_backward(dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
+                   w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2));
+    gemm_backward(kFc1, dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
                   w.weight[kFc1], d.C, d.fc1_width);
     dln2 = input_grad_to_tokens(dln_, tmp_);
   }
@@ -590,7 +603,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   RowGrad dy{};
   dy = row_grad(gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
-  gemm_backward(datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C);
+  gemm_backward(kProj, datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C);
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
   const Buf dqkv = split ? stash->dy[kQkv] : dqkv_;
   const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
@@ -602,7 +615,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
                        gw.bias[size_t(gw.k_norm)], a.qk_in, w.weight[size_t(w.q_norm)], w.weight[size_t(w.k_norm)],
                        a.qk_stats, datt_, qk_din_, s.qkv, N);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
-  gemm_backward(dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.qkv_width);
+  gemm_backward(kQkv, dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.qkv_width);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
   s.norm.backward(ops_, dres, gw.weight[kLn1], gw.bias[kLn1], dln1, x_in, w.weight[kLn1], a.ln1_stats, Nt, d.C);
 }
@@ -618,22 +631,21 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool sp = d.sequence_parallel;
-  Fp8Linear* fp8 = fp8_for(layer);
   // MLP (an MoE layer's finished in B)
   if (!d.moe.is_moe(layer)) {
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
-    linear_backward(ops_, fp8, Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
+    linear_backward(ops_, fp8_for(layer, kFc2), Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
                          d.Fl, d.C, false);
     CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
-    linear_backward(ops_, fp8, Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
+    linear_backward(ops_, fp8_for(layer, kFc1), Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
                          false);
   }
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  linear_backward(ops_, fp8, Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
+  linear_backward(ops_, fp8_for(layer, kProj), Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
   CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  linear_backward(ops_, fp8, Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
+  linear_backward(ops_, fp8_for(layer, kQkv), Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,

@@ -156,13 +156,19 @@ int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r
 int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t);
 int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // FP8 training (StageOptions::fp8): the codes of the largest input, weight and output gradient of
-// the four linear GEMMs (model/fp8_linear.h), elements each, and the bytes Fp8Linear allocates for
-// them and its scales (plan/memory.cpp counts them in the workspace).
+// the four linear GEMMs (model/fp8_linear.h), elements each, and the bytes Fp8State allocates for
+// them and its scales (delayed: of the chunk's fp8_layers FP8 layers' GEMMs; plan/memory.cpp counts
+// them in the workspace).
 struct Fp8ScratchSizes {
   int64_t inp = 0, w = 0, dout = 0;
 };
 Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B);
-int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B);
+constexpr int64_t kFp8GemmsPerLayer = 4;  // attn.qkv, attn.proj, mlp.fc1, mlp.fc2
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, bool delayed, int64_t fp8_layers);
+// Delayed scaling's state in checkpoints: "h.<layer>.<attn.qkv | attn.proj | mlp.fc1 | mlp.fc2>.fp8_<what>"
+// for GEMM 0..3 of a layer (what: scale [3], amax_history [3, history_len]; inputs, weights, output gradients).
+std::string fp8_state_name(int64_t layer, int64_t gemm, const char* what);
+bool is_fp8_state_name(const std::string& tensor);  // one of those (optional in a checkpoint)
 // Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
 // whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
 // layers (d.layer's linears: N*out each), which a split backward's B stashes for its W, in the
@@ -241,6 +247,10 @@ class GPTStage {
     if (moe_) moe_->set_loss_scale(s);
   }
   MoEMLP* moe() const { return moe_.get(); }
+  // FP8 training: the scaling state of the stage's FP8 layers' GEMMs (null: none); GEMM g is
+  // fp8_state_name(fp8_first_layer() + g / 4, g % 4)'s
+  Fp8State* fp8_state() const { return fp8_.get(); }
+  int64_t fp8_first_layer() const { return fp8_begin_; }
 
  private:
   struct LayerActs;
@@ -325,11 +335,11 @@ class GPTStage {
   MoEParams<float*> moe_grads(int64_t layer) const;
   MoETPMappings moe_mappings();
   std::vector<void*> owned_;
-  // FP8 training: the linear GEMMs' quantization (null without it), and the one of a layer (null: bf16)
-  std::unique_ptr<Fp8Linear> fp8_;
-  Fp8Linear* fp8_for(int64_t layer) const {
-    return fp8_ && layer >= opt_.fp8_layer_begin && layer < opt_.fp8_layer_end ? fp8_.get() : nullptr;
-  }
+  // FP8 training: the linear GEMMs' quantization (null without it) of this stage's FP8 layers
+  // [fp8_begin_, fp8_end_), and one GEMM of a layer (null: bf16)
+  std::unique_ptr<Fp8State> fp8_;
+  int64_t fp8_begin_ = 0, fp8_end_ = 0;
+  Fp8Linear* fp8_for(int64_t layer, DensePart part) const;
   Buf alloc(int64_t n);    // n elements of the compute dtype
   float* alloc_f32(int64_t n);
 };

@@ -124,6 +124,10 @@ struct LoadRequest {
   std::string dir;
   std::vector<CkptTensor> wanted;   // this rank's tensors (their data pointers are not used by open)
   std::vector<GlobalTensor> model;  // every tensor of the whole model; empty: no shape check
+  // Tensors of `model` the checkpoint may lack, and tensors of the checkpoint `model` may lack (state
+  // that a run keeps only with some settings: FP8's delayed scaling); null: none. Present in both,
+  // their shapes must agree.
+  std::function<bool(const std::string& tensor)> optional;
   bool verify_all_files = false;    // verify every file, not just those `wanted` intersects
   // Readers of whole tensors by name (export): also verify and open every file holding a tensor
   // whose name this accepts (null: none), as if wanted.

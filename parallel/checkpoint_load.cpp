@@ -297,7 +297,8 @@ Candidates find_candidates(const std::string& dir) {
 }
 
 // Rank 0: checks the model against the tensor index; throws InputError (fatal, no fallback).
-void check_model(const std::string& path, const ParsedMeta& p, const std::vector<GlobalTensor>& model) {
+void check_model(const std::string& path, const ParsedMeta& p, const std::vector<GlobalTensor>& model,
+                 const std::function<bool(const std::string&)>& optional) {
   if (model.empty()) return;
   std::map<std::string, std::vector<int64_t>> saved;
   for (const IndexedFile& f : p.files)
@@ -307,6 +308,7 @@ void check_model(const std::string& path, const ParsedMeta& p, const std::vector
   const std::string pre = "checkpoint " + path + " does not match the model: ";
   for (const GlobalTensor& g : model) {
     auto it = saved.find(g.name);
+    if (it == saved.end() && optional && optional(g.name)) continue;
     if (it == saved.end())
       input_error(pre + "tensor '" + g.name + "' " + shape_string(g.shape) + " of the model is not in the checkpoint");
     if (it->second != g.shape)
@@ -314,7 +316,7 @@ void check_model(const std::string& path, const ParsedMeta& p, const std::vector
                   " in the checkpoint and " + shape_string(g.shape) + " in the model");
   }
   for (const auto& [name, shape] : saved)
-    if (!want.count(name))
+    if (!want.count(name) && !(optional && optional(name)))
       input_error(pre + "the checkpoint has tensor '" + name + "' " + shape_string(shape) +
                   " that the model does not have");
 }
@@ -353,7 +355,7 @@ Proposal propose(Candidates& cand, size_t& next, const LoadRequest& req, std::un
       cand.problems.push_back(label + ": " + e.what());
       continue;
     }
-    check_model(path, *parsed, req.model);  // a mismatch is an error, not a reason to fall back
+    check_model(path, *parsed, req.model, req.optional);  // a mismatch is an error, not a reason to fall back
     mine.status = Proposal::Status::Load;
     mine.iteration = parsed->iteration;
   }
@@ -404,6 +406,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(Comm& world, const Load
       std::map<std::string, std::set<std::string>> touched;
       for (const CkptTensor& t : req.wanted) {
         auto it = r->boxes_.find(t.name);
+        if (it == r->boxes_.end() && req.optional && req.optional(t.name)) continue;  // not read (tensors())
         if (it == r->boxes_.end() || r->shapes_[t.name] != t.global_shape)
           internal_error("checkpoint: wanted tensor '" + t.name + "' " + shape_string(t.global_shape) +
                          " is not in " + path + " (the model check should have caught it)");

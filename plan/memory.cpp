@@ -30,6 +30,15 @@ DType compute_dtype(const Config& c) {
 
 namespace {
 
+// FP8 training: the chunk's layers with FP8 GEMMs (without first_last_layers_bf16's), as GPTStage's
+int64_t fp8_layers(const Config& c, const GPTDims& d) {
+  const TrainingConfig& t = c.training;
+  if (t.fp8_format == Fp8Format::None) return 0;
+  const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
+  const int64_t end = c.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+  return std::max<int64_t>(0, std::min(end, d.layer_end) - std::max(begin, d.layer_begin));
+}
+
 // Stage s's dims as CP rank 0 sees them (every CP rank holds the same sizes).
 GPTDims make_chunk_dims_cp(const Config& c, int tp, int pp, int s) {
   GPTDims d = make_dims(c, tp, 0, pp, s);
@@ -228,7 +237,9 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     }
     m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * slots[c];
     m.workspace_bytes += scratch_bytes(d, B, dtype);
-    if (cfg.training.fp8_format != Fp8Format::None) m.workspace_bytes += fp8_scratch_bytes(d, B);  // model/fp8_linear.h
+    if (const int64_t f = fp8_layers(cfg, d)) {  // model/fp8_linear.h
+      m.workspace_bytes += fp8_scratch_bytes(d, B, cfg.training.fp8_recipe == Fp8Recipe::Delayed, f);
+    }
     // The trainer's buffers: the received activations and gradients the schedules hold at once (B*S*C,
     // or this TP rank's B*S*C/tp with sequence parallelism).
     m.buffer_bytes += in_flight.receive_buffers.at(c) * dtype_size(stage_message_elements(d, B), dtype);
@@ -240,12 +251,16 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   const int64_t staged = 2 + int64_t(chunks.front().position_ids) + int64_t(cfg.data.eod_mask_loss);
   m.buffer_bytes += staged * B * chunks.front().S * 4;
   // checkpoint.async_save: the host staging of a rank that writes shards (train/trainer.h staging_):
-  // master weights, exp_avg and exp_avg_sq over the layout, and the MoE expert biases' copy
+  // master weights, exp_avg and exp_avg_sq over the layout, and the MoE expert biases' and FP8 state's copy
   if (cfg.checkpoint.async_save) {
     m.checkpoint_staging_bytes = 3 * layout.total * 4;
     if (cfg.model.moe_router_enable_expert_bias)
       for (int64_t l : rank_layers(chunks))
         if (cfg.model.is_moe_layer(l)) m.checkpoint_staging_bytes += cfg.model.num_moe_experts * 4;
+    if (cfg.training.fp8_format != Fp8Format::None && cfg.training.fp8_recipe == Fp8Recipe::Delayed)
+      for (const GPTDims& d : chunks)  // each FP8 GEMM's 3 scales and 3 x history_len amaxes
+        m.checkpoint_staging_bytes +=
+            fp8_layers(cfg, d) * kFp8GemmsPerLayer * 3 * (1 + cfg.training.fp8_amax_history_len) * 4;
   }
   if (gpu_backend) {
     const int64_t tensors = int64_t(layout.params.size());

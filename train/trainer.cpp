@@ -209,14 +209,20 @@ void Trainer::setup_pipeline() {
   StageOptions stage_options{dtype_, cfg_.training.recompute};
   stage_options.split_backward = kind == ScheduleKind::ZeroBubbleH1;  // B and W apart
   if (grid_.cp > 1) stage_options.cp = &grid_.device_cp();
-  if (cfg_.training.fp8_format != Fp8Format::None) {  // docs/FP8.md: current scaling, amaxes over TP, then CP
+  if (cfg_.training.fp8_format != Fp8Format::None) {  // docs/FP8.md
     const TrainingConfig& t = cfg_.training;
+    Fp8LinearOptions& o = stage_options.fp8_options;
     stage_options.fp8 = true;
-    stage_options.fp8_options.hybrid = t.fp8_format == Fp8Format::Hybrid;
-    stage_options.fp8_options.wgrad = t.fp8_wgrad;
-    stage_options.fp8_options.margin = t.fp8_margin;
-    stage_options.fp8_options.amax_groups[0] = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
-    stage_options.fp8_options.amax_groups[1] = grid_.cp > 1 ? grid_.cp_group.get() : nullptr;
+    o.hybrid = t.fp8_format == Fp8Format::Hybrid;
+    o.wgrad = t.fp8_wgrad;
+    o.margin = t.fp8_margin;
+    o.delayed = t.fp8_recipe == Fp8Recipe::Delayed;  // amaxes over TP x DP x CP after each step (fp8_update)
+    o.history_len = t.fp8_amax_history_len;
+    o.history_max = t.fp8_amax_compute_algo == "max";
+    if (!o.delayed) {  // current scaling: each GEMM call's amaxes over TP, then CP
+      o.amax_groups[0] = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
+      o.amax_groups[1] = grid_.cp > 1 ? grid_.cp_group.get() : nullptr;
+    }
     stage_options.fp8_layer_begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
     stage_options.fp8_layer_end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
   }
@@ -324,11 +330,14 @@ void Trainer::log_setup() {
     const TrainingConfig& t = cfg_.training;
     const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
     const int64_t end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
-    spdlog::info("FP8: {} ({}), recipe tensorwise (current scaling: each GEMM input's own amax, maximum over TP x CP), "
-                 "margin {}; the linear GEMMs of layers {}..{} in FP8{}, weight gradients {}; the plan does not count "
-                 "the FP8 codes' scratch",
+    const std::string recipe =
+        t.fp8_recipe == Fp8Recipe::Delayed
+            ? fmt::format("delayed (the last step's scales; amax history {}, {}; amaxes maximum over TP x DP x CP "
+                          "after each step)", t.fp8_amax_history_len, t.fp8_amax_compute_algo)
+            : std::string("tensorwise (current scaling: each GEMM input's own amax, maximum over TP x CP)");
+    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}, weight gradients {}",
                  name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",
-                 t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
+                 recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
                  t.fp8_wgrad ? "from FP8 inputs" : "in bf16 (fp8_wgrad: false)");
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
@@ -492,8 +501,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   r.loss_scale = scaler_.scale;
   ops_->zero(grads_, size_t(buffer_total_));
   const double t_fwd_bwd = schedule_clock_us();
+  if (fp8_delayed()) fp8_begin_step();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
   if (cfg_.model.moe_router_enable_expert_bias) update_expert_bias();
+  if (fp8_delayed()) fp8_update();
   // gradients averaged over DP (buckets already started during the last backward finish here;
   // reduce-scattered with the distributed optimizer), the tied word embedding's summed over the
   // embedding group

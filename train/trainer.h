@@ -80,7 +80,19 @@ class Trainer {
   // their checkpoint tensors h.<l>.mlp.router.expert_bias (E) -- written by TP rank 0 of replica 0 of
   // each stage (for_save), read by every rank -- with the whole model's names for the shape check.
   void update_expert_bias();
-  std::vector<CkptTensor> expert_bias_tensors(bool for_save);
+  // FP8's delayed scaling (docs/FP8.md): the step's amaxes zeroed before it, reduced over TP x DP x CP
+  // and turned into the next step's scales after it; the state in checkpoints (fp8_state_tensors)
+  bool fp8_delayed() const {
+    return cfg_.training.fp8_format != Fp8Format::None && cfg_.training.fp8_recipe == Fp8Recipe::Delayed;
+  }
+  void fp8_begin_step();
+  void fp8_update();
+  std::vector<CkptTensor> fp8_state_tensors();
+  void fp8_state_loaded(bool missing);  // after a load wrote fp8_state_tensors (missing: the checkpoint had none)
+  // expert_bias_tensors and fp8_state_tensors: this rank's, as checkpoints hold them
+  std::vector<CkptTensor> extra_state_tensors();
+  std::vector<GlobalTensor> fp8_state_model() const;
+  std::vector<CkptTensor> expert_bias_tensors();
   std::vector<GlobalTensor> expert_bias_model() const;
 
   const Config& cfg_;
@@ -199,7 +211,7 @@ class Trainer {
   // (layout_.total floats each, Ops::alloc_host: page-locked with CUDA; the plan's
   // checkpoint_staging_bytes), made at the first save and reused; the MoE expert biases' copy
   float* staging_[3] = {nullptr, nullptr, nullptr};
-  std::vector<float> expert_bias_staging_;
+  std::vector<float> extra_staging_;
   bool staged_once_ = false;
   std::unique_ptr<BackgroundSave> pending_save_;
   double pending_stall_s_ = 0;

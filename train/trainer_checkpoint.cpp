@@ -102,16 +102,20 @@ std::vector<CheckpointFile> Trainer::stage_checkpoint(float* const host[3]) {
   owned_to_host(host[1], adamw_->exp_avg(), true);
   owned_to_host(host[2], adamw_->exp_avg_sq(), true);
   std::vector<CkptTensor> model = rank_tensors(layout_, host[0], "", true, unique);
-  const std::vector<CkptTensor> biases = expert_bias_tensors(true);  // MoE: not parameters
-  size_t bias_floats = 0;
-  for (const CkptTensor& t : biases) bias_floats += size_t(volume(t.local_shape));
-  expert_bias_staging_.resize(bias_floats);  // the same size at every save: allocated once
-  float* b = expert_bias_staging_.data();
-  for (CkptTensor t : biases) {  // copied: training updates them while a background writer runs
+  // the state outside the parameters (MoE expert biases, FP8 scales and amax histories): every copy is
+  // the same, so TP rank 0 / DP x CP rank 0 saves it; copied (training updates it while a background
+  // writer runs) on every rank alike, as the plan counts it
+  const std::vector<CkptTensor> extra = extra_state_tensors();
+  const bool primary = grid_.tp_rank == 0 && grid_.dp_cp_rank() == 0;
+  size_t extra_floats = 0;
+  for (const CkptTensor& t : extra) extra_floats += size_t(volume(t.local_shape));
+  extra_staging_.resize(extra_floats);  // the same size at every save: allocated once
+  float* b = extra_staging_.data();
+  for (CkptTensor t : extra) {
     std::copy(t.data, t.data + volume(t.local_shape), b);
     t.data = b;
     b += volume(t.local_shape);
-    model.push_back(std::move(t));
+    if (primary) model.push_back(std::move(t));
   }
   std::vector<CheckpointFile> files(2);
   files[0].name = distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
@@ -189,7 +193,7 @@ void Trainer::start_async_save() {
   std::vector<CheckpointFile> files = stage_checkpoint(staging_);
   if (first && staging_[0]) {  // plan = allocation (plan/memory.cpp checkpoint_staging_bytes)
     staged_once_ = true;
-    const int64_t held = 3 * layout_.total * 4 + int64_t(expert_bias_staging_.size()) * 4;
+    const int64_t held = 3 * layout_.total * 4 + int64_t(extra_staging_.size()) * 4;
     const int64_t planned = stage_memory(cfg_, grid_.pp_rank, on_gpu_).checkpoint_staging_bytes;
     if (held != planned)
       internal_error("checkpoint staging: " + std::to_string(held) + " bytes held, the plan counts " +
@@ -277,13 +281,15 @@ bool Trainer::load_checkpoint() {
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
-  const std::vector<CkptTensor> biases = expert_bias_tensors(false);  // MoE's expert biases, into the stages
-  req.wanted.insert(req.wanted.end(), biases.begin(), biases.end());
+  const std::vector<CkptTensor> extra = extra_state_tensors();  // MoE's expert biases, FP8's state: into the stages
+  req.wanted.insert(req.wanted.end(), extra.begin(), extra.end());
   // The whole model (one stage, one TP rank): names and global shapes for the shape check.
   const ParamLayout whole = make_param_layout(make_dims(cfg_, 1, 0, 1, 0));
   for (const char* prefix : {"", kExpAvg, kExpAvgSq})
     for (const ParamInfo& p : whole.params) req.model.push_back({prefix + p.name, p.global_shape});
   for (const GlobalTensor& t : expert_bias_model()) req.model.push_back(t);
+  for (const GlobalTensor& t : fp8_state_model()) req.model.push_back(t);
+  req.optional = is_fp8_state_name;  // a run without delayed FP8 scaling reads or writes none
 
   {  // a missing directory is the first run of a requeued job; anything else but a directory is a mistake
     std::error_code ec;
@@ -305,7 +311,13 @@ bool Trainer::load_checkpoint() {
     if (g == 0) master_from_host(host.data());
     else owned_from_host(targets[g], host.data(), true);
   }
-  reader->read_all(biases, 1);
+  {  // what the checkpoint has of it: FP8 state saved without delayed scaling starts from scale 1
+    std::vector<CkptTensor> present;
+    for (const CkptTensor& t : extra)
+      if (reader->tensors().count(t.name)) present.push_back(t);
+    reader->read_all(present, 1);
+    fp8_state_loaded(present.size() < extra.size());
+  }
   double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count();
   iteration_ = reader->iteration();
   {  // the blend continues at iteration_ x G from the checkpoint's counts when the weights match

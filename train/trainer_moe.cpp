@@ -20,10 +20,9 @@ namespace {
 std::string bias_name(int64_t layer) { return "h." + std::to_string(layer) + ".mlp.router.expert_bias"; }
 }  // namespace
 
-std::vector<CkptTensor> Trainer::expert_bias_tensors(bool for_save) {
+std::vector<CkptTensor> Trainer::expert_bias_tensors() {
   std::vector<CkptTensor> out;
   if (!cfg_.model.moe_router_enable_expert_bias) return out;
-  if (for_save && (grid_.tp_rank != 0 || grid_.dp_cp_rank() != 0)) return out;  // every copy is the same
   const int64_t E = cfg_.model.num_moe_experts;
   for (auto& stage : stages_) {
     MoEMLP* moe = stage->moe();

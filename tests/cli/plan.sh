@@ -260,6 +260,12 @@ compare dp4_distopt_bf16_remainders 4 1 1 training.precision=bf16 parallel.distr
 # output gradient, and its scales
 compare fp8_tp2_sp_hybrid 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=tensorwise \
   parallel.sequence_parallel=true
+# delayed scaling: each chunk's scales and amaxes of its FP8 GEMM inputs on the device (2 chunks per
+# rank, layers 0 and 3 in bf16: rank 0's chunk of layer 0 has none), and with an asynchronous save the
+# host copy of the scales and histories (checked against the plan at the first save)
+compare fp8_delayed_vp2 2 1 2 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=delayed \
+  training.fp8_amax_history_len=16 training.first_last_layers_bf16=true parallel.virtual_pipeline_model_parallel_size=2 \
+  checkpoint.save="$W/fp8_delayed_ck" checkpoint.save_interval=2 checkpoint.async_save=true
 # the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16

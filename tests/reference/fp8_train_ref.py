@@ -25,11 +25,11 @@ FORMATS = {"e4m3": (3, 7, 448.0), "e5m2": (2, 15, 57344.0)}  # mantissa bits, bi
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-def scale_from_amax(amax, fmt, margin):
-    """fp8_ref.py's scale_from_amax with previous scale 1 (a tensor's own)."""
+def scale_from_amax(amax, fmt, margin, previous=np.float32(1.0)):
+    """fp8_ref.py's scale_from_amax (previous: 1 for a tensor's own scale, delayed: the last one)."""
     amax = np.float32(amax)
     if not (amax > 0) or not np.isfinite(amax):
-        return np.float32(1.0)
+        return np.float32(previous)
     with np.errstate(over="ignore", divide="ignore"):
         s = (np.float32(FORMATS[fmt][2]) / amax) / np.float32(2.0 ** margin)
     return np.float32(FLT_MAX) if np.isinf(s) else s
@@ -48,15 +48,49 @@ def fp8_grid(y, fmt):
     return torch.where(torch.isnan(y), y, r)
 
 
-def qdq(x, fmt, margin, bf16=False):
+def nan_max(a, b):
+    """max of two amaxes, a NaN winning (tptrain compares the bits of |x|)."""
+    return np.float32("nan") if np.isnan(a) or np.isnan(b) else np.float32(max(a, b))
+
+
+class DelayedScale:
+    """Delayed scaling of one GEMM input (Transformer Engine's order, docs/FP8.md): quantize with the
+    scale of the last update, keep the step's amax (max over its quantizations); after the step
+    (update) the amax goes into history[0], the scale comes from max(history) or history[0] (an amax
+    of 0 / inf / nan keeps the scale), the history rolls by one (numpy.roll(h, -1)) and history[0] is
+    zeroed."""
+
+    def __init__(self, fmt, margin, history_len, algo_max):
+        self.fmt, self.margin, self.algo_max = fmt, margin, algo_max
+        self.scale = np.float32(1.0)
+        self.history = np.zeros(history_len, dtype=np.float32)
+        self.step_amax = np.float32(0.0)
+
+    def update(self):
+        self.history[0] = nan_max(self.history[0], self.step_amax)
+        amax = self.history[0]
+        if self.algo_max:
+            amax = np.float32("nan") if np.isnan(self.history).any() else self.history.max()
+        self.scale = scale_from_amax(amax, self.fmt, self.margin, self.scale)
+        self.history = np.roll(self.history, -1)
+        self.history[0] = 0.0
+        self.step_amax = np.float32(0.0)
+
+
+def qdq(x, fmt, margin, bf16=False, state=None):
     """x (fp32) as the FP8 GEMM reads it: decode(q(x * scale)) * scale_inv, fp32. bf16: x is first
-    rounded to bf16 (nearest even), as a bf16 run stores every GEMM input."""
+    rounded to bf16 (nearest even), as a bf16 run stores every GEMM input. The scale: x's own amax's
+    (current scaling), or with a DelayedScale its scale (x's amax recorded for its update)."""
     x = x.detach().float()
     if bf16:
         x = x.to(torch.bfloat16).float()
     amax = x.abs().max()
-    amax = float("nan") if torch.isnan(amax) else float(amax)
-    s = scale_from_amax(amax, fmt, margin)
+    amax = np.float32("nan") if torch.isnan(amax) else np.float32(float(amax))
+    if state is not None:
+        state.step_amax = nan_max(state.step_amax, amax)
+        s = state.scale
+    else:
+        s = scale_from_amax(amax, fmt, margin)
     s_inv = np.float32(1.0) / s
     y = x * torch.tensor(s, dtype=torch.float32)  # fp32 product
     return fp8_grid(y, fmt).float() * torch.tensor(s_inv, dtype=torch.float32)
@@ -67,7 +101,8 @@ class Fp8LinearFn(torch.autograd.Function):
     def forward(ctx, x, w, b, opts):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq, wq = qdq(x2, "e4m3", opts["margin"], opts["bf16"]), qdq(w, "e4m3", opts["margin"], opts["bf16"])
+        st = opts.get("states") or (None, None, None)  # delayed: the input's, the weight's, the gradient's
+        xq, wq = qdq(x2, "e4m3", opts["margin"], opts["bf16"], st[0]), qdq(w, "e4m3", opts["margin"], opts["bf16"], st[1])
         ctx.save_for_backward(x2, w, xq, wq)
         ctx.opts, ctx.has_bias, ctx.shape = opts, b is not None, shape
         y = xq @ wq.t()
@@ -80,7 +115,7 @@ class Fp8LinearFn(torch.autograd.Function):
         x2, w, xq, wq = ctx.saved_tensors
         o = ctx.opts
         dy2 = dy.reshape(-1, w.shape[0]).float()
-        dyq = qdq(dy2, o["dy_format"], o["margin"], o["bf16"])
+        dyq = qdq(dy2, o["dy_format"], o["margin"], o["bf16"], (o.get("states") or (None, None, None))[2])
         dx = (dyq @ wq).reshape(ctx.shape)
         if o["wgrad"]:
             dw = dyq.t() @ xq
@@ -101,10 +136,12 @@ def enable_fp8(model, t):
     """Makes the FP8 layers' four linear GEMMs FP8 (training keys t); returns the FP8 layers' indices."""
     if t.get("fp8_format") is None:
         return []
-    if t["fp8_recipe"] != "tensorwise":
-        raise ValueError(f"the reference emulates training.fp8_recipe: tensorwise only, got {t['fp8_recipe']!r}")
-    opts = {"dy_format": "e5m2" if t["fp8_format"] == "hybrid" else "e4m3", "wgrad": t["fp8_wgrad"],
-            "margin": t["fp8_margin"], "bf16": t["precision"] == "bf16"}
+    if t["fp8_recipe"] not in ("tensorwise", "delayed"):
+        raise ValueError(f"the reference emulates training.fp8_recipe: tensorwise and delayed, got {t['fp8_recipe']!r}")
+    dy_format = "e5m2" if t["fp8_format"] == "hybrid" else "e4m3"
+    opts = {"dy_format": dy_format, "wgrad": t["fp8_wgrad"], "margin": t["fp8_margin"],
+            "bf16": t["precision"] == "bf16"}
+    model.fp8_states = []
     L = len(model.h)
     begin, end = 0, L
     if t["first_last_layers_bf16"]:
@@ -113,8 +150,20 @@ def enable_fp8(model, t):
         blk = model.h[i]
         mods = [blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
         for lin in mods:
-            lin.forward = _fp8_forward(lin, opts)
+            o = dict(opts)
+            if t["fp8_recipe"] == "delayed":
+                o["states"] = tuple(DelayedScale(f, t["fp8_margin"], t["fp8_amax_history_len"],
+                                                 t["fp8_amax_compute_algo"] == "max")
+                                    for f in ("e4m3", "e4m3", dy_format))
+                model.fp8_states.extend(o["states"])
+            lin.forward = _fp8_forward(lin, o)
     return list(range(begin, end))
+
+
+def end_step(model):
+    """After a training step's backward: delayed scaling's update of every GEMM input (no-op otherwise)."""
+    for st in getattr(model, "fp8_states", []):
+        st.update()
 
 
 def _selftest():

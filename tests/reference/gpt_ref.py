@@ -299,8 +299,8 @@ def _check_and_resolve(cfg):
     if t["fp8_format"] is not None:
         if t["fp8_format"] not in ("e4m3", "hybrid"):
             raise RefError(f"training.fp8_format must be null|e4m3|hybrid, got {t['fp8_format']!r}")
-        if t["fp8_recipe"] != "tensorwise":
-            raise RefError(f"the reference emulates training.fp8_recipe: tensorwise only, got {t['fp8_recipe']!r}")
+        if t["fp8_recipe"] not in ("tensorwise", "delayed"):
+            raise RefError(f"the reference emulates training.fp8_recipe: tensorwise and delayed, got {t['fp8_recipe']!r}")
         if m.get("num_moe_experts"):
             raise RefError("the reference emulates FP8 for dense layers only (model.num_moe_experts)")
     if t["recompute"] not in ("none", "selective", "full"):
@@ -691,7 +691,9 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
     if t["fp8_format"] is not None:
         layers = fp8_train_ref.enable_fp8(model, t)
         print(f"gpt_ref: FP8 {t['fp8_format']} {t['fp8_recipe']} (emulated) in layers {layers}, "
-              f"margin {t['fp8_margin']}, fp8_wgrad {t['fp8_wgrad']}", file=log)
+              f"margin {t['fp8_margin']}, fp8_wgrad {t['fp8_wgrad']}"
+              + (f", amax history {t['fp8_amax_history_len']} {t['fp8_amax_compute_algo']}"
+                 if t["fp8_recipe"] == "delayed" else ""), file=log)
     moe_ref.set_data_parallel(model, cfg["parallel"], RefError)
     moe = init_path and hf_moe_ref.is_hf_moe(init_path)
     if init_path and (moe or hf_llama_ref.is_hf_llama(init_path)):  # an HF Llama / MoE directory / index / file
@@ -731,6 +733,7 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
                                           d.get("reset_position_ids"), d.get("eod_mask_loss"))
             else:
                 loss, gn = train_step(model, opt, micro, lr, o["clip_grad"])
+            fp8_train_ref.end_step(model)  # delayed scaling: the next step's scales
             rec = {"iteration": k, "consumed_samples": k * G, "lm_loss": loss, "grad_norm": gn, "lr": lr}
             rec.update(model.moe_stats)
             print(f"gpt_ref: iteration {k}/{steps} | lm loss {loss:.6E} | grad norm {gn:.6f} | "

@@ -281,6 +281,15 @@ TEST_F(CheckpointTest, ModelMismatchNamesTensorAndShapes) {
   EXPECT_THROW(CheckpointReader::open(*comm_, req), InputError);  // C: not in the checkpoint
   req.model = {{"A", {6, 10}}, {"B", {3, 4, 5}}};
   EXPECT_TRUE(CheckpointReader::open(*comm_, req));
+  // optional tensors (FP8's delayed-scaling state): absent from either side is fine, a shape is still checked
+  req.optional = [](const std::string& name) { return name == "B" || name == "C"; };
+  req.model = {{"A", {6, 10}}, {"C", {2}}};  // B only in the checkpoint, C only in the model
+  EXPECT_TRUE(CheckpointReader::open(*comm_, req));
+  req.model = {{"A", {6, 10}}, {"B", {3, 4, 6}}};
+  EXPECT_THROW(CheckpointReader::open(*comm_, req), InputError);
+  req.model = {{"A", {6, 10}}};
+  req.optional = [](const std::string& name) { return name == "C"; };
+  EXPECT_THROW(CheckpointReader::open(*comm_, req), InputError);  // B is not optional
 }
 
 TEST_F(CheckpointTest, KeepLastAndReplacingAnIteration) {

@@ -17,11 +17,15 @@
 namespace tpt {
 namespace {
 
-// x as the FP8 GEMM reads it: decode(fp8(x * s)) * (1 / s), s from x's own amax (core/fp8.h)
-std::vector<double> dequantized(const std::vector<float>& x, Fp8Type t, int margin) {
+float amax_of(const std::vector<float>& x) {
   float amax = 0.0f;
   for (float v : x) amax = fp8_amax_step(amax, v);
-  const float s = fp8_scale_from_amax(amax, 1.0f, t, margin), s_inv = 1.0f / s;
+  return amax;
+}
+
+// x as the FP8 GEMM reads it: decode(fp8(x * s)) * (1 / s), s from x's own amax (core/fp8.h), or s given
+std::vector<double> dequantized(const std::vector<float>& x, Fp8Type t, int margin, float scale = 0.0f) {
+  const float s = scale > 0.0f ? scale : fp8_scale_from_amax(amax_of(x), 1.0f, t, margin), s_inv = 1.0f / s;
   std::vector<double> out(x.size());
   for (size_t i = 0; i < x.size(); ++i) out[i] = double(fp8_to_fp32(fp32_to_fp8(x[i] * s, t), t) * s_inv);
   return out;
@@ -59,7 +63,8 @@ TEST_P(Fp8LinearTest, AsTheDequantizedGemms) {
   auto ops = make_cpu_ops(2);
   Fp8LinearOptions o;
   o.hybrid = c.hybrid, o.wgrad = c.wgrad, o.margin = c.margin;
-  Fp8Linear lin(*ops, o, N * I, O * I, N * O);
+  Fp8State lin_state(*ops, o, N * I, O * I, N * O, 1);
+  Fp8Linear& lin = *lin_state.gemm(0);
   const std::vector<float> x = random(size_t(N * I), 1, 3.0f), w = random(size_t(O * I), 2, 0.05f),
                            b = random(size_t(O), 3, 0.1f), dy = random(size_t(N * O), 4, 1e-3f);
   const std::vector<double> xq = dequantized(x, Fp8Type::E4M3, c.margin), wq = dequantized(w, Fp8Type::E4M3, c.margin),
@@ -109,9 +114,8 @@ TEST_P(Fp8LinearTest, AsTheDequantizedGemms) {
   EXPECT_LT(max_rel(dw.data(), wdw), 1e-5);
   EXPECT_LT(max_rel(db.data(), wdb), 1e-6);  // the bias gradient: from the unquantized dy
   // the scales the last call used: dy's own
-  float amax = 0.0f;
-  for (float v : dy) amax = fp8_amax_step(amax, v);
-  EXPECT_EQ(lin.last_scales()[2], fp8_scale_from_amax(amax, 1.0f, c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3, c.margin));
+  const float amax = amax_of(dy);
+  EXPECT_EQ(lin_state.last_scales(0)[2], fp8_scale_from_amax(amax, 1.0f, c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3, c.margin));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Fp8LinearTest,
@@ -119,13 +123,66 @@ INSTANTIATE_TEST_SUITE_P(Cases, Fp8LinearTest,
                                            Case{true, false, true, 0}, Case{false, true, true, 2},
                                            Case{true, true, false, 12}));  // 12: E4M3 subnormals
 
+// Delayed scaling (two GEMMs, history 2, max): a step quantizes with the last update's scales (1 at
+// first) and records each input's amax (max over the step's calls); update() takes the amaxes reduced
+// elsewhere and sets the next step's scales from max(history); begin_step() forgets what was recorded
+// between two steps. Checked against the dequantized GEMM with the scales written out here.
+TEST(Fp8Linear, DelayedScaling) {
+  const int64_t N = 8, I = 16, O = 12;
+  auto ops = make_cpu_ops(1);
+  Fp8LinearOptions o;
+  o.delayed = true, o.history_len = 2, o.history_max = true, o.margin = 1;
+  Fp8State st(*ops, o, N * I, O * I, N * O, 2);
+  const std::vector<float> x1 = random(size_t(N * I), 21, 2.0f), x2 = random(size_t(N * I), 22, 5.0f),
+                           w = random(size_t(O * I), 23, 0.1f);
+  std::vector<float> y(size_t(N * O));
+  auto expect_forward = [&](Fp8Linear& g, const std::vector<float>& x, float sx, float sw) {
+    g.forward(y.data(), x.data(), w.data(), nullptr, N, I, O);
+    const std::vector<double> xq = dequantized(x, Fp8Type::E4M3, 0, sx), wq = dequantized(w, Fp8Type::E4M3, 0, sw);
+    std::vector<double> want(size_t(N * O));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < O; ++j)
+        for (int64_t i = 0; i < I; ++i) want[size_t(n * O + j)] += xq[size_t(n * I + i)] * wq[size_t(j * I + i)];
+    EXPECT_LT(max_rel(y.data(), want), 1e-6);
+  };
+  st.begin_step();
+  expect_forward(*st.gemm(0), x1, 1.0f, 1.0f);  // step 1: scale 1
+  expect_forward(*st.gemm(0), x2, 1.0f, 1.0f);
+  std::vector<float> amax(6);
+  st.read_amaxes(amax.data());
+  EXPECT_EQ(amax[0], std::max(amax_of(x1), amax_of(x2)));  // the step's maximum
+  EXPECT_EQ(amax[1], amax_of(w));
+  EXPECT_EQ(amax[2], 0.0f);  // no backward
+  EXPECT_EQ(amax[3], 0.0f);  // GEMM 1 not called
+  amax[0] *= 2.0f;           // as if another rank saw more
+  st.update(amax.data());
+  const float s_x = fp8_scale_from_amax(amax[0], 1.0f, Fp8Type::E4M3, 1), s_w = fp8_scale_from_amax(amax[1], 1.0f, Fp8Type::E4M3, 1);
+  EXPECT_EQ(st.scales(0)[0], s_x);
+  EXPECT_EQ(st.scales(0)[2], 1.0f);  // amax 0: kept
+  EXPECT_EQ(st.scales(1)[0], 1.0f);
+  EXPECT_EQ(st.history(0)[1], amax[0]);  // rolled: history[1] holds the step's amax, history[0] zeroed
+  EXPECT_EQ(st.history(0)[0], 0.0f);
+  expect_forward(*st.gemm(0), x1, s_x, s_w);  // recorded between steps (an evaluation) ...
+  st.begin_step();                            // ... and forgotten
+  expect_forward(*st.gemm(0), x1, s_x, s_w);  // step 2: the update's scales
+  st.read_amaxes(amax.data());
+  EXPECT_EQ(amax[0], amax_of(x1));
+  st.update(amax.data());  // history (x): [0, 2 amax(x1, x2)] + amax(x1): max is still step 1's
+  EXPECT_EQ(st.scales(0)[0], s_x);
+  std::fill(amax.begin(), amax.end(), 0.0f);
+  amax[0] = 1e-3f;
+  st.update(amax.data());  // step 1's amax has left the history of 2
+  EXPECT_EQ(st.scales(0)[0], fp8_scale_from_amax(std::max(amax_of(x1), 1e-3f), 1.0f, Fp8Type::E4M3, 1));
+}
+
 // A split backward (input gradient, later the weight gradient) adds what one call adds, bit for bit.
 TEST(Fp8Linear, SplitBackwardBitwise) {
   const int64_t N = 16, I = 32, O = 24;
   auto ops = make_cpu_ops(1);
   Fp8LinearOptions o;
   o.hybrid = true;
-  Fp8Linear lin(*ops, o, N * I, O * I, N * O);
+  Fp8State lin_state(*ops, o, N * I, O * I, N * O, 1);
+  Fp8Linear& lin = *lin_state.gemm(0);
   const std::vector<float> x = random(size_t(N * I), 7, 1.0f), w = random(size_t(O * I), 8, 0.1f),
                            dy = random(size_t(N * O), 9, 0.01f);
   std::vector<float> dx1(size_t(N * I)), dw1(size_t(O * I)), db1(static_cast<size_t>(O)), dx2 = dx1, dw2 = dw1, db2 = db1;
@@ -152,7 +209,8 @@ TEST(Fp8Linear, TensorParallelAmaxReduction) {
   auto ops = make_cpu_ops(1);
   std::vector<float> y1(size_t(N * O));
   {
-    Fp8Linear one(*ops, Fp8LinearOptions{}, N * I, O * I, N * O);
+    Fp8State one_state(*ops, Fp8LinearOptions{}, N * I, O * I, N * O, 1);
+    Fp8Linear& one = *one_state.gemm(0);
     one.forward(y1.data(), x.data(), w.data(), nullptr, N, I, O);
   }
   for (bool reduce : {true, false}) {
@@ -161,7 +219,8 @@ TEST(Fp8Linear, TensorParallelAmaxReduction) {
       auto rops = make_cpu_ops(1);
       Fp8LinearOptions o;
       if (reduce) o.amax_groups[0] = g.tp_group.get();
-      Fp8Linear lin(*rops, o, N * I, O * I, N * O);
+      Fp8State lin_state(*rops, o, N * I, O * I, N * O, 1);
+      Fp8Linear& lin = *lin_state.gemm(0);
       const int r = g.tp_rank;
       // column-parallel: rows [r O/2, (r+1) O/2) of w; this rank's output columns
       std::vector<float> yc(size_t(N * O / 2));
