@@ -30,7 +30,7 @@ struct PlanArgs {
   // the step-time model's hardware: --gpu's preset, then each option given (NaN: not given)
   std::string gpu = "h100";
   double device_memory_gib = NAN, peak_tflops = NAN, hbm_gbps = NAN, intra_gbps = NAN, inter_gbps = NAN;
-  double gemm_eff = NAN, attn_eff = NAN, hbm_eff = NAN, intra_lat = NAN, inter_lat = NAN, overhead = NAN, moe_imbalance = NAN;
+  double gemm_eff = NAN, fp8_gemm_eff = NAN, attn_eff = NAN, hbm_eff = NAN, intra_lat = NAN, inter_lat = NAN, overhead = NAN, moe_imbalance = NAN;
   // --search / --calibrate
   bool search = false;
   int gpus = 0, top = 10;
@@ -51,6 +51,7 @@ void resolve_hardware(PlanArgs& a) {
   set(h.nvlink_gbps, a.intra_gbps);
   set(h.network_gbps, a.inter_gbps);
   set(h.gemm_efficiency, a.gemm_eff);
+  set(h.fp8_gemm_efficiency, a.fp8_gemm_eff);
   set(h.attention_efficiency, a.attn_eff);
   set(h.hbm_efficiency, a.hbm_eff);
   set(h.nvlink_latency_us, a.intra_lat);
@@ -462,6 +463,8 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--inter-node-latency-us", a.inter_lat, "latency of a ring step across nodes, microseconds (> 0; 20)")->check(positive);
   cmd->add_option("--compute-efficiency", a.gemm_eff, "fraction of the peak a large GEMM reaches, in (0, 1] (h100/h200 0.78, a100 0.72)")
       ->check(fraction);
+  cmd->add_option("--fp8-compute-efficiency", a.fp8_gemm_eff, "FP8 training: fraction of the FP8 peak (2x the bf16 "
+                  "peak on h100/h200) a large FP8 GEMM reaches, in (0, 1] (0.55)")->check(fraction);
   cmd->add_option("--attention-efficiency", a.attn_eff, "fraction of the peak flash attention reaches, in (0, 1] (0.55)")->check(fraction);
   cmd->add_option("--hbm-efficiency", a.hbm_eff, "fraction of the HBM bandwidth elementwise kernels reach, in (0, 1] (0.8)")->check(fraction);
   cmd->add_option("--kernel-overhead-us", a.overhead, "time per kernel launch, microseconds (> 0; 4)")->check(positive);

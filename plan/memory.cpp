@@ -230,16 +230,15 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   for (size_t c = 0; c < chunks.size(); ++c) {
     const GPTDims& d = chunks[c];
     const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
+    const int64_t f = fp8_layers(cfg, d);  // FP8 training: the codes' scratch and the scales (model/fp8_linear.h)
+    const int64_t fp8 = f ? fp8_scratch_bytes(d, B, cfg.training.fp8_recipe == Fp8Recipe::Delayed, f) : 0;
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       m.activation_and_workspace_by_mode[int(r)] +=
-          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, dtype);
+          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, dtype) + fp8;
       shared_by_mode[int(r)] = std::max(shared_by_mode[int(r)], shared_scratch_bytes(d, B, r, dtype));
     }
     m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * slots[c];
-    m.workspace_bytes += scratch_bytes(d, B, dtype);
-    if (const int64_t f = fp8_layers(cfg, d)) {  // model/fp8_linear.h
-      m.workspace_bytes += fp8_scratch_bytes(d, B, cfg.training.fp8_recipe == Fp8Recipe::Delayed, f);
-    }
+    m.workspace_bytes += scratch_bytes(d, B, dtype) + fp8;
     // The trainer's buffers: the received activations and gradients the schedules hold at once (B*S*C,
     // or this TP rank's B*S*C/tp with sequence parallelism).
     m.buffer_bytes += in_flight.receive_buffers.at(c) * dtype_size(stage_message_elements(d, B), dtype);

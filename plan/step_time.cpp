@@ -28,6 +28,7 @@ Hardware hardware_preset(const std::string& gpu) {
     h.hbm_gbps = 2039;
     h.sms = 108;
     h.gemm_efficiency = 0.72;  // calibrated on the SC21 rows of tests/plan/published.yaml
+    h.fp8_peak_factor = 0;     // no FP8 tensor cores
     h.attention_efficiency = 0.55;
     h.nvlink_gbps = 230;
     h.network_gbps = 22;
@@ -187,6 +188,14 @@ class Model {
     const double compute = 2 * m * n * k / (hw_.peak_tflops * 1e12 * hw_.gemm_efficiency * shape);
     return std::max(compute, memory_bound((m * k + k * n + m * n) * cb_, 0)) + hw_.kernel_overhead_us * 1e-6;
   }
+  // The same GEMM with FP8 operands (1 byte each; the output in the compute dtype).
+  double gemm_fp8(double m, double n, double k) const {
+    const double tiles = std::ceil(m / 128) * std::ceil(n / 128), waves = std::ceil(tiles / hw_.sms);
+    const double shape = m * n / (waves * hw_.sms * 128.0 * 128.0) * k / (k + 256.0);
+    const double peak = hw_.peak_tflops * hw_.fp8_peak_factor * 1e12 * hw_.fp8_gemm_efficiency;
+    return std::max(2 * m * n * k / (peak * shape), memory_bound(m * k + k * n + m * n * cb_, 0)) +
+           hw_.kernel_overhead_us * 1e-6;
+  }
   // Elementwise kernels moving `bytes` in total.
   double memory_bound(double bytes, int kernels) const {
     return bytes / (hw_.hbm_gbps * 1e9 * hw_.hbm_efficiency) + kernels * hw_.kernel_overhead_us * 1e-6;
@@ -248,6 +257,26 @@ class Model {
     }
     // an MoE layer's: QKV, projection, the router on the rank's Nt tokens, and each local expert's
     // fc1 and fc2 on its share of the rows (the balanced load)
+    // an FP8 layer's (docs/FP8.md): the GEMMs on FP8 operands, and the casts of their inputs (FP8 codes
+    // and their transpose; the weights' once per step: over the step's M micro-batches)
+    double f8f = 0, f8b = 0, f8w = 0;
+    if (k.fp8_layers > 0) {
+      const TrainingConfig& t = c_.training;
+      const double amax_read = t.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0;
+      const double cast = cb_ + amax_read + 2.0;  // read (+ the amax pass), codes + transposed codes
+      const double M = double(c_.training.global_batch_size) /
+                       double(int64_t(c_.training.micro_batch_size) * c_.parallel.data_parallel_size);
+      double xf = 0, wb = 0, yb = 0;
+      for (const ChunkWork::Linear& l : k.linears) {
+        f8f += gemm_fp8(N, l.out, l.in);
+        f8b += gemm_fp8(N, l.in, l.out);
+        f8w += t.fp8_wgrad ? gemm_fp8(l.in, l.out, N) : gemm(l.in, l.out, N);
+        xf += N * l.in, wb += l.in * l.out, yb += N * l.out;
+      }
+      const double n = double(k.linears.size());
+      f8f += memory_bound(xf * cast + wb * cast / M, int(n));
+      f8b += memory_bound(yb * cast, int(n));
+    }
     double mgf = 0, mgb = 0, mgw = 0;
     for (const ChunkWork::Linear& l : k.moe.linears) {
       const double rows = l.split == LinearSplit::Replicated ? Nt : N;
@@ -284,10 +313,10 @@ class Model {
     const double epc = all_to_all(rows * C * cb_, k.moe.ep, k.moe.etp);
     const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;
     const double moe_f = k.moe_layers * (mgf + af + mef + k.moe_row_parallel() * tpc + cpf + 2 * epc);
-    const double dense = k.dense_layers(), moe = k.moe_layers;
-    w.gemm_f += dense * gf + moe * mgf;
-    w.gemm_b += dense * gb + moe * mgb;
-    w.gemm_w += dense * gw + moe * mgw;
+    const double dense = k.dense_layers(), moe = k.moe_layers, f8 = k.fp8_layers;
+    w.gemm_f += (dense - f8) * gf + moe * mgf + f8 * f8f;
+    w.gemm_b += (dense - f8) * gb + moe * mgb + f8 * f8b;
+    w.gemm_w += (dense - f8) * gw + moe * mgw + f8 * f8w;
     w.attn_f += layers * af;
     w.attn_b += layers * 2.5 * af;
     w.elem_f += dense * ef + moe * mef;
@@ -298,7 +327,7 @@ class Model {
     w.cp_b += layers * cpb;
     w.ep_f += moe * 2 * epc;
     w.ep_b += moe * 2 * epc;
-    if (rc == Recompute::Full) w.recompute += dense * layer_f + moe_f;
+    if (rc == Recompute::Full) w.recompute += dense * layer_f + f8 * (f8f - gf) + moe_f;
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
@@ -327,6 +356,9 @@ class Model {
 
 StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_node, const std::vector<StageMemory>& stages,
                             ScheduleCache& cache) {
+  if (c.training.fp8_format != Fp8Format::None && !(hw.fp8_peak_factor > 0))
+    input_error("training.fp8_format: the " + hw.name + " has no FP8 tensor cores (--gpu " + hw.name +
+                "); plan FP8 training on h100 or h200");
   const Model model(c, hw, gpus_per_node);
   const int tp = c.parallel.tensor_model_parallel_size, P = c.parallel.pipeline_model_parallel_size;
   const int dp = c.parallel.data_parallel_size, cp = c.parallel.context_parallel_size, world = tp * cp * P * dp;

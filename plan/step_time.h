@@ -16,6 +16,13 @@
 //   TP          per layer two all-reduces forward and two backward (with sequence parallelism the
 //               same bytes as all-gather + reduce-scatter), the vocabulary-parallel embedding's and
 //               LM head's; serialised with compute (tptrain does not overlap them).
+//   FP8         (training.fp8_format) an FP8 layer's linear GEMMs at fp8_peak_factor x peak x
+//               fp8_gemm_efficiency (the weight-gradient GEMM in bf16 with fp8_wgrad: false), their
+//               operands read at 1 byte; plus the casts Transformer Engine runs: each GEMM input read
+//               in the compute dtype and written as FP8 codes and their transpose (Hopper's FP8 GEMMs
+//               are TN only) -- activations forward and output gradients backward per micro-batch,
+//               the weights once per step -- and with current scaling (tensorwise) one more read of
+//               each for its amax.
 //   recompute   full: the layer's forward again before its backward; selective: the attention core.
 //   MoE layers  (docs/MOE.md) the router's GEMM on the rank's tokens and its fp32 softmax / top-k
 //               (memory bound, Nt x E); the local experts' fc1 and fc2 as one grouped GEMM each (the
@@ -58,6 +65,8 @@ struct Hardware {
   double hbm_gbps = 3350;            // peak HBM bandwidth
   int sms = 132;                     // streaming multiprocessors (wave quantisation)
   double gemm_efficiency = 0.78;     // fraction of peak a large GEMM reaches (calibrated: tests/plan/published.yaml)
+  double fp8_peak_factor = 2;        // the dense FP8 tensor-core peak over peak_tflops (0: no FP8)
+  double fp8_gemm_efficiency = 0.55;  // fraction of the FP8 peak a large FP8 GEMM reaches (calibrated: published.yaml)
   double attention_efficiency = 0.55;  // fraction of peak flash attention reaches
   double hbm_efficiency = 0.8;       // fraction of the HBM bandwidth elementwise kernels reach
   double kernel_overhead_us = 4;     // per kernel launch (and per small kernel's tail)

@@ -349,4 +349,25 @@ cfg=$W/llama.yaml
 compare moe_llama_pp2_zb_dp2_distopt_bf16 4 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1 \
   parallel.distributed_optimizer=true "model.moe_layer_freq=[0, 1, 1, 1]"
 compare moe_llama_full_bf16 1 1 1 "${MOE[@]}" training.precision=bf16 training.recompute=full
+
+# FP8 in the step-time model (plan/step_time.h "FP8"): configs/llama3-8b.yaml on its 64 H100s. Its FP8 GEMMs
+# take less time than bf16's and more than half (2x peak at 0.55 of it, plus the casts); fp8_wgrad:
+# false and first_last_layers_bf16 in between; current scaling's extra amax pass costs more than
+# delayed's; an A100 has no FP8 (exit 2).
+l8=("$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/llama3-8b.yaml" --world-size 64 --gpu h100 --json)
+F8P=(--set training.precision=bf16 --set training.fp8_format=hybrid)
+if "${l8[@]}" --set training.precision=bf16 > "$W/f8_bf16.json" && "${l8[@]}" "${F8P[@]}" > "$W/f8_delayed.json" &&
+   "${l8[@]}" "${F8P[@]}" --set training.fp8_recipe=tensorwise > "$W/f8_tw.json" &&
+   "${l8[@]}" "${F8P[@]}" --set training.fp8_wgrad=false > "$W/f8_nowgrad.json" &&
+   "${l8[@]}" "${F8P[@]}" --set training.first_last_layers_bf16=true > "$W/f8_firstlast.json" &&
+   f8out=$($PYTHON - "$W" <<'PY'
+import json, sys
+g = {n: json.load(open(f"{sys.argv[1]}/f8_{n}.json"))["time"]["gemm_s"] for n in ("bf16", "delayed", "tw", "nowgrad", "firstlast")}
+print(" ".join(f"{n} {v:.3f} s" for n, v in g.items()))
+sys.exit(not (g["bf16"] / 2 < g["delayed"] < g["tw"] < g["bf16"] and g["delayed"] < g["nowgrad"] < g["bf16"]
+              and g["delayed"] < g["firstlast"] < g["bf16"]))
+PY
+); then ok "FP8 step time, llama3-8b's GEMMs: $f8out"; else bad "FP8 step time: ${f8out:-plan failed}"; fi
+expect_exit2 fp8_a100 "training.fp8_format: the a100 has no FP8 tensor cores (--gpu a100)" \
+  "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/llama3-8b.yaml" --world-size 64 --gpu a100 "${F8P[@]}"
 finish

@@ -63,7 +63,8 @@ for row in rows:
                      "sequence_parallel": sp, "distributed_optimizer": dist,
                      "overlap_grad_reduce": overlap and dp * cp > 1, "overlap_param_gather": overlap and dist},
         "training": {"micro_batch_size": lay["micro_batch_size"], "global_batch_size": row["global_batch_size"],
-                     "train_iters": 1, "precision": lay["precision"], "recompute": lay["recompute"]},
+                     "train_iters": 1, "precision": lay["precision"], "recompute": lay["recompute"],
+                     **({"fp8_format": lay["fp8"], "fp8_recipe": "delayed"} if "fp8" in lay else {})},
         "data": {"path": "none"},  # the plan needs no data
     }
     path = os.path.join(work, name + ".yaml")
