@@ -21,14 +21,21 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "fuzz: building $BUILD (clang, ASan + UBSan, no MPI, no CUDA)"
-CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPTRAIN_SANITIZE=ON -DTPTRAIN_FUZZ=ON \
+echo "fuzz: building $BUILD (clang, ASan + UBSan, -O0 with line tables, no MPI, no CUDA)"
+# -O0 -gline-tables-only: half the compile time of -O2 -g (the build is most of this script's time on
+# 2 cores), stack traces keep their file:line; the programs run slower, which the fuzzers' fixed time
+# absorbs (fewer inputs) and the unit tests' one plan-heavy case below would not
+CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANITIZE="-O0 -gline-tables-only" \
+  -DCMAKE_C_FLAGS_SANITIZE="-O0 -gline-tables-only" -DTPTRAIN_SANITIZE=ON -DTPTRAIN_FUZZ=ON \
   -DTPTRAIN_CUDA=OFF -DTPTRAIN_MPI=OFF -DTPTRAIN_WERROR=OFF >/dev/null
 targets=(fuzz_config fuzz_safetensors fuzz_corpus fuzz_checkpoint fuzz_cli fuzz_tokenizer fuzz_index)
 cmake --build "$BUILD" -j"$(nproc)" --target tptrain_unit "${targets[@]}" 2>&1 | grep -E "error|warning: .*sanitize" || true
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "fuzz: unit tests under ASan + UBSan"
-"$BUILD/tests/tptrain_unit" --gtest_brief=1 >"$BUILD/unit_sanitized.log" 2>&1 || {
+# less Memory.PlanBoundsCountModelChunksAndTheWorld: 2^20-pass schedule simulations, 87 s of 127 s at
+# -O0 under the sanitizers, pure arithmetic on vectors the other cases cover (it runs in ctest)
+"$BUILD/tests/tptrain_unit" --gtest_brief=1 --gtest_filter=-Memory.PlanBoundsCountModelChunksAndTheWorld \
+  >"$BUILD/unit_sanitized.log" 2>&1 || {
   tail -40 "$BUILD/unit_sanitized.log"; echo "fuzz: unit tests under sanitizers FAILED"; echo "0 passed, 1 failed"; exit 1; }
 grep -E "^\[  PASSED  \]" "$BUILD/unit_sanitized.log"
 pass=1; fail=0
