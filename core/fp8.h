@@ -68,6 +68,13 @@ TPT_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float previous, Fp8
   return fp8_finite(s) ? s : FLT_MAX;
 }
 
+// Blockwise scaling's scale of one block (Transformer Engine's Float8BlockScaling, DeepSeek-V3): the
+// scale for its amax as above (an amax of 0, inf or nan: 1), then truncated to a power of two (the
+// mantissa bits zeroed: TE's default), so that x * scale and its inverse are exact; FLT_MAX -> 2^127.
+TPT_HOST_DEVICE inline float fp8_block_scale(float amax, Fp8Type t, int margin) {
+  return bits_to_float(float_to_bits(fp8_scale_from_amax(amax, 1.0f, t, margin)) & 0xFF800000u);
+}
+
 // The amax a tensor contributes: max |x| as the larger bit pattern of |x| (for values >= 0 the order of
 // the bits is the order of the values, and a NaN's bits are above inf's), so a NaN anywhere makes the
 // amax a NaN, and the CUDA kernel's atomicMax on the bits gives the same amax bit for bit. amax >= 0.

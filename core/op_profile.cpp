@@ -270,6 +270,11 @@ class ProfiledOps final : public Ops {
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     timed("fp8 quantize", 0, double(dtype_size(n, inp.t) + n), [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
   }
+  void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
+                           int margin, float* scale_inv) override {
+    timed("fp8 quantize blocks", 0, double(dtype_size(rows * cols, inp.t) + rows * cols),
+          [&] { in_.fp8_quantize_blocks(out, inp, rows, cols, br, bc, t, margin, scale_inv); });
+  }
 
   void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
                           Buf gelu_pre) override {

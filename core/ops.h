@@ -81,11 +81,14 @@ struct RingBlock {
 };
 
 // One FP8 operand of Ops::fp8_linear_*: codes (rows, cols) of format t, each read as its fp32 value times
-// *scale_inv (one fp32 on the device: 1 / the scale it was quantized with, core/fp8.h).
+// *scale_inv (one fp32 on the device: 1 / the scale it was quantized with, core/fp8.h); with blocks
+// (block_rows > 0, Ops::fp8_quantize_blocks) times the scale_inv of its block: element (r, c) of the
+// row-major (rows, cols) codes reads scale_inv[(r / block_rows) * ceil(cols / block_cols) + c / block_cols].
 struct Fp8Operand {
   const uint8_t* codes = nullptr;
   Fp8Type t = Fp8Type::E4M3;
   const float* scale_inv = nullptr;
+  int64_t block_rows = 0, block_cols = 0, cols = 0;
   explicit operator bool() const { return codes != nullptr; }
 };
 
@@ -267,6 +270,12 @@ class Ops {
   // saturated), and *amax = max(*amax, max |in|) (core/fp8.h fp8_amax_step: a NaN in in makes it a NaN);
   // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device.
   virtual void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) = 0;
+  // Blockwise (docs/FP8.md "Blockwise scaling"): in (rows, cols) in blocks of (block_rows, block_cols)
+  // (the last ones cut by the edges); each block's codes with its own scale core/fp8.h fp8_block_scale
+  // (its amax, margin, a power of two), scale_inv (one per block, row-major over the block grid) = 1 /
+  // that scale. No amax leaves the call: blocks never span ranks.
+  virtual void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows,
+                                   int64_t block_cols, Fp8Type t, int margin, float* scale_inv) = 0;
   // FP8 GEMMs (docs/FP8.md "GEMM path"): linear_forward / linear_backward with FP8 operands, fp32
   // accumulation, outputs as there (out, gelu_pre, dinp in their dtype, rounded once; dw fp32 +=).
   // CPU: exact emulation -- each operand decoded and multiplied by its scale_inv in fp32, then the fp32

@@ -14,23 +14,25 @@ namespace {
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 }  // namespace
 
-int64_t Fp8State::state_floats(bool delayed, int64_t gemms) {
-  return round_up(delayed ? 3 * kTensors * gemms : 3 * kTensors + 1, 64);
+int64_t Fp8State::state_floats(const Fp8LinearOptions& o, const Fp8ScratchSizes& f, int64_t gemms) {
+  if (o.blockwise) return round_up(f.inp_blocks + f.w_blocks + f.dout_blocks, 64);
+  return round_up(o.delayed ? 3 * kTensors * gemms : 3 * kTensors + 1, 64);
 }
 
-Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, int64_t max_inp, int64_t max_w, int64_t max_dout,
-                   int64_t gemms)
+Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSizes& f, int64_t gemms)
     : ops_(ops), o_(options), gemms_(size_t(gemms)) {
-  TPT_CHECK(gemms >= 1 && o_.history_len >= 1);
+  TPT_CHECK(gemms >= 1 && o_.history_len >= 1 && !(o_.delayed && o_.blockwise));
   for (int64_t g = 0; g < gemms; ++g) gemms_[size_t(g)].state_ = this, gemms_[size_t(g)].index_ = g;
-  const int64_t caps[kTensors] = {max_inp, max_w, max_dout};
+  const int64_t caps[kTensors] = {f.inp, f.w, f.dout}, blocks[kTensors] = {f.inp_blocks, f.w_blocks, f.dout_blocks};
   for (int i = 0; i < kTensors; ++i) {
     cap_[i] = caps[i];
+    block_cap_[i] = blocks[i];
     codes_[i] = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(std::max<int64_t>(caps[i], 1))));
   }
   const int64_t T = kTensors * gemms;
-  state_ = ops_.alloc(state_floats(o_.delayed, gemms));
+  state_ = ops_.alloc(state_floats(o_, f, gemms));
   last_scale_.assign(size_t(T), 1.0f);
+  if (o_.blockwise) return;  // the block scales: written by every quantization
   if (o_.delayed) {  // scales 1, empty histories (Transformer Engine's start)
     scale_.assign(size_t(T), 1.0f);
     history_.assign(size_t(T * o_.history_len), 0.0f);
@@ -78,9 +80,25 @@ void Fp8State::scales_loaded() {
   ops_.zero(state_, T);
 }
 
-void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q) {
+void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
+                        const int64_t* brows, const int64_t* bcols) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
   float* last = last_scale_.data() + g * kTensors;
+  if (o_.blockwise) {  // a scale per block, the blocks' scale_inv in state_ (inputs, weights, gradients)
+    TPT_CHECK(cols && brows && bcols);
+    float* scale_inv = state_;
+    for (int i = 0; i < kTensors; ++i) {
+      q[i] = Fp8Operand{};
+      if (n[i]) {
+        const int64_t rows = n[i] / cols[i], blocks = (rows + brows[i] - 1) / brows[i] * ((cols[i] + bcols[i] - 1) / bcols[i]);
+        TPT_CHECK(rows * cols[i] == n[i] && blocks <= block_cap_[i]);
+        ops_.fp8_quantize_blocks(codes_[i], x[i], rows, cols[i], brows[i], bcols[i], type(i), o_.margin, scale_inv);
+        q[i] = Fp8Operand{codes_[i], type(i), scale_inv, brows[i], bcols[i], cols[i]};
+      }
+      scale_inv += block_cap_[i];
+    }
+    return;
+  }
   if (o_.delayed) {  // the last update's scales; the amaxes recorded (max) on the device
     const int64_t T = kTensors * gemms();
     for (int i = 0; i < kTensors; ++i) {
@@ -118,11 +136,17 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
   }
 }
 
+namespace {
+constexpr int64_t B = kFp8Block;
+}  // namespace
+
 void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre) {
   const CBuf x[Fp8State::kTensors] = {inp, w, CBuf{}};
   const int64_t n[Fp8State::kTensors] = {N * I, O * I, 0};
+  // blockwise: the input 1 x 128 and the weight 128 x 128 along the reduction over I
+  const int64_t cols[Fp8State::kTensors] = {I, I, 1}, br[Fp8State::kTensors] = {1, B, 1}, bc[Fp8State::kTensors] = {B, B, 1};
   Fp8Operand q[Fp8State::kTensors];
-  state_->quantize(index_, x, n, q);
+  state_->quantize(index_, x, n, q, cols, br, bc);
   state_->ops_.fp8_linear_forward(out, q[Fp8State::kInp], q[Fp8State::kW], bias, N, I, O, gelu_pre);
 }
 
@@ -130,7 +154,23 @@ void Fp8Linear::backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp,
                          int64_t O, bool accumulate_dinp, CBuf gelu_pre) {
   Ops& ops = state_->ops_;
   const bool fp8_dw = dw && state_->o_.wgrad;
-  if (dinp || fp8_dw) {
+  if (state_->o_.blockwise) {  // two calls: each GEMM's operands in blocks along its own reduction
+    constexpr int kT = Fp8State::kTensors;
+    Fp8Operand q[kT];
+    if (dinp) {  // dinp = dout @ w: the output gradient 1 x 128 over O, the weight 128 x 128
+      const CBuf x[kT] = {CBuf{}, w, dout};
+      const int64_t n[kT] = {0, O * I, N * O}, cols[kT] = {1, I, O}, br[kT] = {1, B, 1}, bc[kT] = {1, B, B};
+      state_->quantize(index_, x, n, q, cols, br, bc);
+      ops.fp8_linear_backward(dinp, nullptr, q[Fp8State::kDout], Fp8Operand{}, q[Fp8State::kW], N, I, O, accumulate_dinp,
+                              gelu_pre);
+    }
+    if (fp8_dw) {  // dw += dout^T @ inp: both 128 x 1 over the tokens
+      const CBuf x[kT] = {inp, CBuf{}, dout};
+      const int64_t n[kT] = {N * I, 0, N * O}, cols[kT] = {I, 1, O}, br[kT] = {B, 1, B}, bc[kT] = {1, 1, 1};
+      state_->quantize(index_, x, n, q, cols, br, bc);
+      ops.fp8_linear_backward(Buf{}, dw, q[Fp8State::kDout], q[Fp8State::kInp], Fp8Operand{}, N, I, O, false, CBuf{});
+    }
+  } else if (dinp || fp8_dw) {
     const CBuf x[Fp8State::kTensors] = {fp8_dw ? inp : CBuf{}, dinp ? w : CBuf{}, dout};
     const int64_t n[Fp8State::kTensors] = {fp8_dw ? N * I : 0, dinp ? O * I : 0, N * O};
     Fp8Operand q[Fp8State::kTensors];
@@ -146,15 +186,27 @@ void Fp8Linear::backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp,
 // (declared in model/gpt.h: GPTStage allocates these, plan/memory.cpp counts them)
 Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
   const int64_t N = B * d.S;
-  return {N * std::max({d.C, d.Cl, d.Fl}),
-          std::max({d.qkv_width * d.C, d.C * d.Cl, d.fc1_width * d.C, d.C * d.Fl}),
-          N * std::max({d.qkv_width, d.C, d.fc1_width})};
+  auto blocks = [](int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+    return (rows + br - 1) / br * ((cols + bc - 1) / bc);
+  };
+  Fp8ScratchSizes f;
+  const int64_t gemms[kFp8GemmsPerLayer][2] = {{d.C, d.qkv_width}, {d.Cl, d.C}, {d.C, d.fc1_width}, {d.Fl, d.C}};  // (I, O)
+  for (const auto& [I, O] : gemms) {
+    f.inp = std::max(f.inp, N * I);
+    f.w = std::max(f.w, O * I);
+    f.dout = std::max(f.dout, N * O);
+    // blockwise: 1 x 128 for the forward / input gradient, 128 x 1 for the weight gradient
+    f.inp_blocks = std::max({f.inp_blocks, blocks(N, I, 1, kFp8Block), blocks(N, I, kFp8Block, 1)});
+    f.w_blocks = std::max(f.w_blocks, blocks(O, I, kFp8Block, kFp8Block));
+    f.dout_blocks = std::max({f.dout_blocks, blocks(N, O, 1, kFp8Block), blocks(N, O, kFp8Block, 1)});
+  }
+  return f;
 }
 
-int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, bool delayed, int64_t fp8_layers) {
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t fp8_layers) {
   const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
   return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
-         4 * Fp8State::state_floats(delayed, kFp8GemmsPerLayer * fp8_layers);
+         4 * Fp8State::state_floats(o, f, kFp8GemmsPerLayer * fp8_layers);
 }
 
 std::string fp8_state_name(int64_t layer, int64_t gemm, const char* what) {

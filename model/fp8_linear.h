@@ -9,7 +9,10 @@
 //  - delayed scaling (fp8_recipe: delayed): each GEMM input keeps a scale and an amax history
 //    (Fp8State); a step quantizes with the scale of the last update and records the amaxes on the
 //    device; after the step the trainer reduces them over TP x DP x CP (Trainer::fp8_update) and
-//    Fp8State::update rolls the histories and sets the next step's scales.
+//    Fp8State::update rolls the histories and sets the next step's scales;
+//  - blockwise scaling (fp8_recipe: blockwise, DeepSeek-V3 / TE's Float8BlockScaling): a power-of-two
+//    scale per block, 1 x 128 along each GEMM's reduction for activations and output gradients (so the
+//    weight-gradient GEMM quantizes them again, 128 x 1), 128 x 128 for weights (Ops::fp8_quantize_blocks).
 // Outputs, input gradients and bias gradients as the bf16 path (the bias gradient from the unquantized
 // output gradient); weight gradients in fp32 from FP8 inputs, or with training.fp8_wgrad: false from the
 // bf16 ones (Ops::linear_backward).
@@ -39,6 +42,18 @@ struct Fp8LinearOptions {
   bool delayed = false;
   int history_len = 1;
   bool history_max = false;
+  // blockwise scaling: a power-of-two scale per block of kFp8Block (1 x 128 activations and output
+  // gradients along the GEMM's reduction, 128 x 128 weights); no amax leaves a rank
+  bool blockwise = false;
+};
+
+constexpr int64_t kFp8Block = 128;
+
+// The codes' scratch of a stage's FP8 GEMMs (elements of the largest input, weight and output gradient),
+// and with blockwise scaling the scales of their blocks (the most any of the GEMMs' layouts needs).
+struct Fp8ScratchSizes {
+  int64_t inp = 0, w = 0, dout = 0;
+  int64_t inp_blocks = 0, w_blocks = 0, dout_blocks = 0;
 };
 
 // One GEMM of one layer (Fp8State::gemm): Ops::linear_forward / linear_backward's contract in FP8.
@@ -58,9 +73,8 @@ class Fp8Linear {
 class Fp8State {
  public:
   enum { kInp, kW, kDout, kTensors };  // a GEMM's inputs
-  // Scratch for the codes of the largest input (elements), weight and output gradient of the GEMMs;
-  // `gemms` GEMMs (4 per FP8 layer).
-  Fp8State(Ops& ops, const Fp8LinearOptions& options, int64_t max_inp, int64_t max_w, int64_t max_dout, int64_t gemms);
+  // Scratch for the codes (and block scales) of the GEMMs' inputs; `gemms` GEMMs (4 per FP8 layer).
+  Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSizes& sizes, int64_t gemms);
   ~Fp8State();
   Fp8State(const Fp8State&) = delete;
   Fp8State& operator=(const Fp8State&) = delete;
@@ -87,20 +101,23 @@ class Fp8State {
   const float* last_scales(int64_t g) const { return last_scale_.data() + g * kTensors; }
 
   // the device floats it allocates: current scaling: amax, scale, scale_inv of each input and a 1;
-  // delayed: amax, scale and scale_inv of each GEMM input; padded to 256 bytes, a multiple of both
-  // backends' allocation alignment (the plan counts what is allocated)
-  static int64_t state_floats(bool delayed, int64_t gemms);
+  // delayed: amax, scale and scale_inv of each GEMM input; blockwise: the scale_inv of each block of
+  // the three inputs; padded to 256 bytes, a multiple of both backends' allocation alignment (the plan
+  // counts what is allocated)
+  static int64_t state_floats(const Fp8LinearOptions& options, const Fp8ScratchSizes& sizes, int64_t gemms);
 
  private:
   friend class Fp8Linear;
-  // quantizes x[i] (n[i] elements; n[i] == 0: none) into codes_[i] and returns the operands
-  void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q);
+  // quantizes x[i] (n[i] elements; n[i] == 0: none) into codes_[i] and returns the operands;
+  // blockwise: x[i] is (n[i] / cols[i], cols[i]) in blocks of (brows[i], bcols[i])
+  void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols = nullptr,
+                const int64_t* brows = nullptr, const int64_t* bcols = nullptr);
 
   Ops& ops_;
   Fp8LinearOptions o_;
   std::vector<Fp8Linear> gemms_;
   uint8_t* codes_[kTensors] = {};
-  int64_t cap_[kTensors] = {};
+  int64_t cap_[kTensors] = {}, block_cap_[kTensors] = {};
   float* state_ = nullptr;  // on the device, state_floats
   std::vector<float> scale_, history_, last_scale_;  // host
 };

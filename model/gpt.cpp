@@ -300,8 +300,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     fp8_end_ = std::max(fp8_begin_, std::min(d.layer_end, opt_.fp8_layer_end));
     if (fp8_end_ > fp8_begin_) {
       const Fp8ScratchSizes f = fp8_scratch_sizes(d, B_);
-      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f.inp, f.w, f.dout,
-                                        kFp8GemmsPerLayer * (fp8_end_ - fp8_begin_));
+      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f, kFp8GemmsPerLayer * (fp8_end_ - fp8_begin_));
     }
   }
   if (d.cp > 1) {  // scratch_bytes counts its buffers

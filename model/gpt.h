@@ -159,12 +159,9 @@ int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // the four linear GEMMs (model/fp8_linear.h), elements each, and the bytes Fp8State allocates for
 // them and its scales (delayed: of the chunk's fp8_layers FP8 layers' GEMMs; plan/memory.cpp counts
 // them in the workspace).
-struct Fp8ScratchSizes {
-  int64_t inp = 0, w = 0, dout = 0;
-};
-Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B);
+Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B);  // (model/fp8_linear.h)
 constexpr int64_t kFp8GemmsPerLayer = 4;  // attn.qkv, attn.proj, mlp.fc1, mlp.fc2
-int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, bool delayed, int64_t fp8_layers);
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t fp8_layers);
 // Delayed scaling's state in checkpoints: "h.<layer>.<attn.qkv | attn.proj | mlp.fc1 | mlp.fc2>.fp8_<what>"
 // for GEMM 0..3 of a layer (what: scale [3], amax_history [3, history_len]; inputs, weights, output gradients).
 std::string fp8_state_name(int64_t layer, int64_t gemm, const char* what);

@@ -231,7 +231,10 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     const GPTDims& d = chunks[c];
     const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
     const int64_t f = fp8_layers(cfg, d);  // FP8 training: the codes' scratch and the scales (model/fp8_linear.h)
-    const int64_t fp8 = f ? fp8_scratch_bytes(d, B, cfg.training.fp8_recipe == Fp8Recipe::Delayed, f) : 0;
+    Fp8LinearOptions fo;
+    fo.delayed = cfg.training.fp8_recipe == Fp8Recipe::Delayed;
+    fo.blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
+    const int64_t fp8 = f ? fp8_scratch_bytes(d, B, fo, f) : 0;
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       m.activation_and_workspace_by_mode[int(r)] +=
           (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, dtype) + fp8;

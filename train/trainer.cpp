@@ -217,9 +217,10 @@ void Trainer::setup_pipeline() {
     o.wgrad = t.fp8_wgrad;
     o.margin = t.fp8_margin;
     o.delayed = t.fp8_recipe == Fp8Recipe::Delayed;  // amaxes over TP x DP x CP after each step (fp8_update)
+    o.blockwise = t.fp8_recipe == Fp8Recipe::Blockwise;  // no amax leaves a rank
     o.history_len = t.fp8_amax_history_len;
     o.history_max = t.fp8_amax_compute_algo == "max";
-    if (!o.delayed) {  // current scaling: each GEMM call's amaxes over TP, then CP
+    if (t.fp8_recipe == Fp8Recipe::Tensorwise) {  // current scaling: each GEMM call's amaxes over TP, then CP
       o.amax_groups[0] = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
       o.amax_groups[1] = grid_.cp > 1 ? grid_.cp_group.get() : nullptr;
     }
@@ -334,6 +335,9 @@ void Trainer::log_setup() {
         t.fp8_recipe == Fp8Recipe::Delayed
             ? fmt::format("delayed (the last step's scales; amax history {}, {}; amaxes maximum over TP x DP x CP "
                           "after each step)", t.fp8_amax_history_len, t.fp8_amax_compute_algo)
+        : t.fp8_recipe == Fp8Recipe::Blockwise
+            ? std::string("blockwise (a power-of-two scale per 1 x 128 block of activations and gradients, per 128 x 128 "
+                          "block of weights)")
             : std::string("tensorwise (current scaling: each GEMM input's own amax, maximum over TP x CP)");
     spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}, weight gradients {}",
                  name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",

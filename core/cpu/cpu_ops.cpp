@@ -238,15 +238,11 @@ class CpuOps final : public Ops {
   }
   void scale(float* x, float s, int64_t n) override { scale_f32(x, s, n); }
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
-    const float* x = in(inp, n, 0);
-    const float s = *scale;
-    uint32_t m = fp8_abs_bits(*amax);
-#pragma omp parallel for reduction(max : m) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      out[i] = fp32_to_fp8(x[i] * s, t);
-      m = std::max(m, fp8_abs_bits(x[i]));
-    }
-    *amax = bits_to_float(m);
+    cpu::fp8_quantize(out, in(inp, n, 0), n, t, *scale, amax);
+  }
+  void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
+                           int margin, float* scale_inv) override {
+    cpu::fp8_quantize_blocks(out, in(inp, rows * cols, 0), rows, cols, br, bc, t, margin, scale_inv);
   }
 
   // FP8 GEMMs, emulated exactly: the operands decoded (a table of the 256 codes) and multiplied by their
@@ -464,14 +460,8 @@ class CpuOps final : public Ops {
   }
   // an FP8 operand's n values as fp32 in staging slot `slot`: fp8_to_fp32(code) * scale_inv
   const float* dequantize(const Fp8Operand& x, int64_t n, int slot) {
-    TPT_CHECK(x.codes && x.scale_inv);
-    float table[256];
-    for (int c = 0; c < 256; ++c) table[c] = fp8_to_fp32(uint8_t(c), x.t);
-    const float s = *x.scale_inv;
     float* f = stage(slot, n);
-    const uint8_t* q = x.codes;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) f[i] = table[q[i]] * s;
+    cpu::fp8_dequantize(f, x, n);
     return f;
   }
   // where a kernel writes y's fp32 result: y itself, or staging that store() then rounds into y

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/ops.h"  // Fp8Operand
 
 namespace tpt::cpu {
 
@@ -44,5 +45,12 @@ void gather_rows(float* out, const float* in, const int32_t* idx, const float* s
 void combine_rows(float* out, const float* in, const int32_t* idx, const float* w, int64_t N, int64_t K, int64_t C,
                   bool accumulate);
 void row_dots(float* out, const float* a, const float* b, const int32_t* idx, int64_t N, int64_t K, int64_t C);
+
+// FP8 (fp8_kernels.cpp; core/ops.h fp8_quantize, fp8_quantize_blocks): x's codes with one scale (amax
+// = max(amax, max |x|)) or with a power-of-two scale per block; an operand decoded times its scale_inv(s)
+void fp8_quantize(uint8_t* out, const float* x, int64_t n, Fp8Type t, float scale, float* amax);
+void fp8_quantize_blocks(uint8_t* out, const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
+                         int margin, float* scale_inv);
+void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n);
 
 }  // namespace tpt::cpu

@@ -438,6 +438,9 @@ class CudaOps final : public Ops {
   }
   // cuBLASLt's FP8 matmul is not built yet; training refuses FP8 on this backend at start-up
   // (apps/train.cpp), so nothing reaches these
+  void fp8_quantize_blocks(uint8_t*, CBuf, int64_t, int64_t, int64_t, int64_t, Fp8Type, int, float*) override {
+    internal_error("Ops::fp8_quantize_blocks: blockwise FP8 is not implemented on the CUDA backend (docs/FP8.md)");
+  }
   void fp8_linear_forward(Buf, Fp8Operand, Fp8Operand, CBuf, int64_t, int64_t, int64_t, Buf) override {
     internal_error("Ops::fp8_linear_forward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
   }

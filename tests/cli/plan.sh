@@ -266,6 +266,10 @@ compare fp8_tp2_sp_hybrid 2 2 1 training.precision=bf16 training.fp8_format=hybr
 compare fp8_delayed_vp2 2 1 2 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=delayed \
   training.fp8_amax_history_len=16 training.first_last_layers_bf16=true parallel.virtual_pipeline_model_parallel_size=2 \
   checkpoint.save="$W/fp8_delayed_ck" checkpoint.save_interval=2 checkpoint.async_save=true
+# blockwise scaling: the block scales of the largest layouts (hidden 256: every TP 2 rank's dimension a
+# multiple of 128)
+compare fp8_blockwise_tp2_sp 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=blockwise \
+  parallel.sequence_parallel=true model.hidden_size=256
 # the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16

@@ -4,7 +4,9 @@ with fp8_ref.py's numerics, vectorised: clamp to +-max (inf too), the quantum 2^
 1 - bias) - mantissa bits), round half to even (torch.round), the sign kept (signed zeros), NaN stays
 NaN. Independent of core/fp8.h and of tptrain's code.
 
-Current scaling (training.fp8_recipe: tensorwise), per GEMM call and tensor:
+Blockwise scaling (fp8_recipe: blockwise): block_qdq / Fp8BlockLinearFn below. Delayed scaling
+(fp8_recipe: delayed): DelayedScale below. Current scaling (training.fp8_recipe: tensorwise), per GEMM
+call and tensor:
   amax = max |x| over the whole tensor (a micro-batch's activations or output gradients, the whole
   weight: what tptrain's amax reduction over TP and CP makes of its parts),
   scale = (fp8_max / amax) / 2^margin in fp32 (FLT_MAX if that overflows; amax 0 / inf / nan: 1),
@@ -96,6 +98,64 @@ def qdq(x, fmt, margin, bf16=False, state=None):
     return fp8_grid(y, fmt).float() * torch.tensor(s_inv, dtype=torch.float32)
 
 
+def block_qdq(x, fmt, margin, bf16, br, bc):
+    """Blockwise scaling (docs/FP8.md): x (rows, cols) in blocks of (br, bc), the edges' cut; each block
+    quantized with its own scale: scale_from_amax of its amax, truncated to a power of two (the fp32
+    mantissa bits zeroed), and read back times 1 / scale. Vectorised: x zero-padded to whole blocks
+    (a zero changes no amax)."""
+    x = x.detach().float()
+    if bf16:
+        x = x.to(torch.bfloat16).float()
+    rows, cols = x.shape
+    R, C = -(-rows // br) * br, -(-cols // bc) * bc
+    xp = torch.zeros(R, C, dtype=torch.float32)
+    xp[:rows, :cols] = x
+    blocks = xp.reshape(R // br, br, C // bc, bc)
+    amax = blocks.abs().amax(dim=(1, 3)).numpy().astype(np.float32)
+    amax[np.isnan(blocks.numpy()).any(axis=(1, 3))] = np.float32("nan")
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        sc = (np.float32(FORMATS[fmt][2]) / amax) / np.float32(2.0 ** margin)
+    sc = np.where(np.isinf(sc), np.float32(FLT_MAX), sc).astype(np.float32)
+    sc = np.where((amax > 0) & np.isfinite(amax), sc, np.float32(1.0)).astype(np.float32)
+    sc = (sc.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
+    inv = (np.float32(1.0) / sc).astype(np.float32)
+    s_t, inv_t = torch.from_numpy(sc)[:, None, :, None], torch.from_numpy(inv)[:, None, :, None]
+    q = fp8_grid(blocks * s_t, fmt).float() * inv_t  # fp32 products, as the quantization and the decoding
+    return q.reshape(R, C)[:rows, :cols]
+
+
+class Fp8BlockLinearFn(torch.autograd.Function):
+    """The blockwise recipe's GEMMs: x 1 x 128 and W 128 x 128 forward; dY 1 x 128 with W for dx; dY and
+    x 128 x 1 (along the tokens) for dW."""
+    @staticmethod
+    def forward(ctx, x, w, b, opts):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        m, bf = opts["margin"], opts["bf16"]
+        wq = block_qdq(w, "e4m3", m, bf, 128, 128)
+        ctx.save_for_backward(x2, w, wq)
+        ctx.opts, ctx.has_bias, ctx.shape = opts, b is not None, shape
+        y = block_qdq(x2, "e4m3", m, bf, 1, 128) @ wq.t()
+        if b is not None:
+            y = y + b
+        return y.reshape(*shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w, wq = ctx.saved_tensors
+        o = ctx.opts
+        m, bf, f = o["margin"], o["bf16"], o["dy_format"]
+        dy2 = dy.reshape(-1, w.shape[0]).float()
+        dx = (block_qdq(dy2, f, m, bf, 1, 128) @ wq).reshape(ctx.shape)
+        if o["wgrad"]:
+            dw = block_qdq(dy2, f, m, bf, 128, 1).t() @ block_qdq(x2, "e4m3", m, bf, 128, 1)
+        else:
+            r = (lambda t: t.to(torch.bfloat16).float()) if bf else (lambda t: t)
+            dw = r(dy2).t() @ r(x2)
+        db = dy2.sum(0) if ctx.has_bias else None
+        return dx, dw, db, None
+
+
 class Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, opts):
@@ -127,8 +187,9 @@ class Fp8LinearFn(torch.autograd.Function):
 
 
 def _fp8_forward(linear, opts):
+    fn = Fp8BlockLinearFn if opts.get("blockwise") else Fp8LinearFn
     def forward(x):
-        return Fp8LinearFn.apply(x, linear.weight, linear.bias, opts)
+        return fn.apply(x, linear.weight, linear.bias, opts)
     return forward
 
 
@@ -136,11 +197,11 @@ def enable_fp8(model, t):
     """Makes the FP8 layers' four linear GEMMs FP8 (training keys t); returns the FP8 layers' indices."""
     if t.get("fp8_format") is None:
         return []
-    if t["fp8_recipe"] not in ("tensorwise", "delayed"):
-        raise ValueError(f"the reference emulates training.fp8_recipe: tensorwise and delayed, got {t['fp8_recipe']!r}")
+    if t["fp8_recipe"] not in ("tensorwise", "delayed", "blockwise"):
+        raise ValueError(f"unknown training.fp8_recipe {t['fp8_recipe']!r}")
     dy_format = "e5m2" if t["fp8_format"] == "hybrid" else "e4m3"
     opts = {"dy_format": dy_format, "wgrad": t["fp8_wgrad"], "margin": t["fp8_margin"],
-            "bf16": t["precision"] == "bf16"}
+            "bf16": t["precision"] == "bf16", "blockwise": t["fp8_recipe"] == "blockwise"}
     model.fp8_states = []
     L = len(model.h)
     begin, end = 0, L

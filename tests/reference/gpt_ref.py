@@ -299,8 +299,8 @@ def _check_and_resolve(cfg):
     if t["fp8_format"] is not None:
         if t["fp8_format"] not in ("e4m3", "hybrid"):
             raise RefError(f"training.fp8_format must be null|e4m3|hybrid, got {t['fp8_format']!r}")
-        if t["fp8_recipe"] not in ("tensorwise", "delayed"):
-            raise RefError(f"the reference emulates training.fp8_recipe: tensorwise and delayed, got {t['fp8_recipe']!r}")
+        if t["fp8_recipe"] not in ("tensorwise", "delayed", "blockwise"):
+            raise RefError(f"training.fp8_recipe must be delayed|tensorwise|blockwise, got {t['fp8_recipe']!r}")
         if m.get("num_moe_experts"):
             raise RefError("the reference emulates FP8 for dense layers only (model.num_moe_experts)")
     if t["recompute"] not in ("none", "selective", "full"):

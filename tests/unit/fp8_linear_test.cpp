@@ -4,6 +4,7 @@
 // each tensor's own scale; and far from the unquantized GEMM, so the quantization is really there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -63,7 +64,7 @@ TEST_P(Fp8LinearTest, AsTheDequantizedGemms) {
   auto ops = make_cpu_ops(2);
   Fp8LinearOptions o;
   o.hybrid = c.hybrid, o.wgrad = c.wgrad, o.margin = c.margin;
-  Fp8State lin_state(*ops, o, N * I, O * I, N * O, 1);
+  Fp8State lin_state(*ops, o, Fp8ScratchSizes{N * I, O * I, N * O}, 1);
   Fp8Linear& lin = *lin_state.gemm(0);
   const std::vector<float> x = random(size_t(N * I), 1, 3.0f), w = random(size_t(O * I), 2, 0.05f),
                            b = random(size_t(O), 3, 0.1f), dy = random(size_t(N * O), 4, 1e-3f);
@@ -132,7 +133,7 @@ TEST(Fp8Linear, DelayedScaling) {
   auto ops = make_cpu_ops(1);
   Fp8LinearOptions o;
   o.delayed = true, o.history_len = 2, o.history_max = true, o.margin = 1;
-  Fp8State st(*ops, o, N * I, O * I, N * O, 2);
+  Fp8State st(*ops, o, Fp8ScratchSizes{N * I, O * I, N * O}, 2);
   const std::vector<float> x1 = random(size_t(N * I), 21, 2.0f), x2 = random(size_t(N * I), 22, 5.0f),
                            w = random(size_t(O * I), 23, 0.1f);
   std::vector<float> y(size_t(N * O));
@@ -175,13 +176,92 @@ TEST(Fp8Linear, DelayedScaling) {
   EXPECT_EQ(st.scales(0)[0], fp8_scale_from_amax(std::max(amax_of(x1), 1e-3f), 1.0f, Fp8Type::E4M3, 1));
 }
 
+// Blockwise scaling: x (N, I) read in 1 x 128 blocks along I for the forward, W in 128 x 128 blocks,
+// dY in 1 x 128 blocks along O for the input gradient, and dY and x in 128 x 1 blocks along the tokens
+// for the weight gradient; each block's scale a power of two from its own amax (written out here with
+// ilogb), the edges' blocks cut (N = 200 tokens: a block of 72). Against the GEMMs in double on values
+// dequantized that way; far from per-tensor scaling.
+std::vector<double> block_dequantized(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+                                      Fp8Type t) {
+  std::vector<double> out(x.size());
+  for (int64_t r0 = 0; r0 < rows; r0 += br)
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const int64_t r1 = std::min(rows, r0 + br), c1 = std::min(cols, c0 + bc);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[size_t(r * cols + c)]));
+      const float s = amax > 0.0f ? std::ldexp(1.0f, std::ilogb(fp8_max(t) / amax)) : 1.0f;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const size_t i = size_t(r * cols + c);
+          out[i] = double(fp8_to_fp32(fp32_to_fp8(x[i] * s, t), t)) / double(s);
+        }
+    }
+  return out;
+}
+
+TEST(Fp8Linear, BlockScaleIsAPowerOfTwo) {
+  const Fp8Type E4 = Fp8Type::E4M3, E5 = Fp8Type::E5M2;
+  EXPECT_EQ(fp8_block_scale(0.0f, E4, 0), 1.0f);  // no information: 1
+  EXPECT_EQ(fp8_block_scale(INFINITY, E4, 0), 1.0f);
+  EXPECT_EQ(fp8_block_scale(NAN, E5, 0), 1.0f);
+  EXPECT_EQ(fp8_block_scale(448.0f, E4, 0), 1.0f);
+  EXPECT_EQ(fp8_block_scale(300.0f, E4, 0), 1.0f);          // 1.49 -> 1
+  EXPECT_EQ(fp8_block_scale(1.0f, E4, 3), 32.0f);           // 448 / 8 = 56 -> 32
+  EXPECT_EQ(fp8_block_scale(1.0f, E5, 0), 32768.0f);        // 57344 -> 2^15
+  EXPECT_EQ(fp8_block_scale(1e-40f, E4, 0), std::ldexp(1.0f, 127));  // overflow: FLT_MAX -> 2^127
+}
+
+TEST(Fp8Linear, BlockwiseScaling) {
+  const int64_t N = 200, I = 256, O = 384;
+  auto ops = make_cpu_ops(2);
+  Fp8LinearOptions o;
+  o.blockwise = true, o.hybrid = true;
+  Fp8ScratchSizes f{N * I, O * I, N * O, std::max(N * 2, 2 * I), 6, std::max(N * 3, 2 * O)};
+  Fp8State st(*ops, o, f, 1);
+  Fp8Linear& lin = *st.gemm(0);
+  std::vector<float> x = random(size_t(N * I), 31, 1.0f), w = random(size_t(O * I), 32, 0.1f),
+                     dy = random(size_t(N * O), 33, 1e-3f);
+  // tokens of very different magnitudes: the first 64 rows of x 1e-3 times the others, of dY 1e3 times
+  // (both halves weigh alike in dW); a block along the tokens mixes them, a block along a row does not
+  for (int64_t n = 0; n < 64; ++n) {
+    for (int64_t i = 0; i < I; ++i) x[size_t(n * I + i)] *= 1e-3f;
+    for (int64_t j = 0; j < O; ++j) dy[size_t(n * O + j)] *= 1e3f;
+  }
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 30.0f;  // and outliers
+  const Fp8Type E4 = Fp8Type::E4M3, E5 = Fp8Type::E5M2;
+  auto gemm = [](const std::vector<double>& a, const std::vector<double>& b, int64_t M, int64_t K, int64_t Nn, bool at,
+                 bool bt) {  // (M, Nn) = op(a) (M, K) @ op(b) (K, Nn)
+    std::vector<double> c(size_t(M * Nn));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < Nn; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += a[size_t(at ? k * M + m : m * K + k)] * b[size_t(bt ? n * K + k : k * Nn + n)];
+        c[size_t(m * Nn + n)] = acc;
+      }
+    return c;
+  };
+  std::vector<float> y(size_t(N * O)), dx(size_t(N * I)), dw(size_t(O * I), 0.0f);
+  lin.forward(y.data(), x.data(), w.data(), nullptr, N, I, O);
+  const std::vector<double> wq = block_dequantized(w, O, I, 128, 128, E4);
+  EXPECT_LT(max_rel(y.data(), gemm(block_dequantized(x, N, I, 1, 128, E4), wq, N, I, O, false, true)), 1e-6);
+  EXPECT_GT(max_rel(y.data(), gemm(dequantized(x, E4, 0), dequantized(w, E4, 0), N, I, O, false, true)), 1e-3);
+  lin.backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, I, O, false);
+  EXPECT_LT(max_rel(dx.data(), gemm(block_dequantized(dy, N, O, 1, 128, E5), wq, N, O, I, false, false)), 1e-6);
+  EXPECT_LT(max_rel(dw.data(), gemm(block_dequantized(dy, N, O, 128, 1, E5), block_dequantized(x, N, I, 128, 1, E4), O,
+                                    N, I, true, false)), 1e-6);
+  EXPECT_GT(max_rel(dw.data(), gemm(block_dequantized(dy, N, O, 1, 128, E5), block_dequantized(x, N, I, 1, 128, E4), O,
+                                    N, I, true, false)), 1e-4)
+      << "the weight gradient read the rowwise blocks";
+}
+
 // A split backward (input gradient, later the weight gradient) adds what one call adds, bit for bit.
 TEST(Fp8Linear, SplitBackwardBitwise) {
   const int64_t N = 16, I = 32, O = 24;
   auto ops = make_cpu_ops(1);
   Fp8LinearOptions o;
   o.hybrid = true;
-  Fp8State lin_state(*ops, o, N * I, O * I, N * O, 1);
+  Fp8State lin_state(*ops, o, Fp8ScratchSizes{N * I, O * I, N * O}, 1);
   Fp8Linear& lin = *lin_state.gemm(0);
   const std::vector<float> x = random(size_t(N * I), 7, 1.0f), w = random(size_t(O * I), 8, 0.1f),
                            dy = random(size_t(N * O), 9, 0.01f);
@@ -209,7 +289,7 @@ TEST(Fp8Linear, TensorParallelAmaxReduction) {
   auto ops = make_cpu_ops(1);
   std::vector<float> y1(size_t(N * O));
   {
-    Fp8State one_state(*ops, Fp8LinearOptions{}, N * I, O * I, N * O, 1);
+    Fp8State one_state(*ops, Fp8LinearOptions{}, Fp8ScratchSizes{N * I, O * I, N * O}, 1);
     Fp8Linear& one = *one_state.gemm(0);
     one.forward(y1.data(), x.data(), w.data(), nullptr, N, I, O);
   }
@@ -219,7 +299,7 @@ TEST(Fp8Linear, TensorParallelAmaxReduction) {
       auto rops = make_cpu_ops(1);
       Fp8LinearOptions o;
       if (reduce) o.amax_groups[0] = g.tp_group.get();
-      Fp8State lin_state(*rops, o, N * I, O * I, N * O, 1);
+      Fp8State lin_state(*rops, o, Fp8ScratchSizes{N * I, O * I, N * O}, 1);
       Fp8Linear& lin = *lin_state.gemm(0);
       const int r = g.tp_rank;
       // column-parallel: rows [r O/2, (r+1) O/2) of w; this rank's output columns
