@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
-SECONDS_EACH=${FUZZ_SECONDS:-15}
+SECONDS_EACH=${FUZZ_SECONDS:-10}
 missing=()
 for p in clang libomp-dev libclang-rt-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
