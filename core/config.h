@@ -161,7 +161,9 @@ struct ParallelConfig {
   // (parallel/grad_sync.h); overlap_param_gather: per bucket, waited for by the next forward.
   bool distributed_optimizer = false;
   bool overlap_param_gather = false;
-  bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16: refused (not built yet)
+  // Megatron's --grad-reduce-in-bf16: the gradient buffer in bf16, accumulated and reduced in bf16
+  // (bf16_grads below; as optimizer.main_grads_dtype: bf16)
+  bool grad_reduce_in_bf16 = false;
   // DP gradient all-reduce in buckets of layers, each started as soon as the last micro-batch's
   // backward has finished its layers (Megatron's --overlap-grad-reduce, --ddp-bucket-size: elements).
   bool overlap_grad_reduce = false;
@@ -217,8 +219,8 @@ struct OptimizerConfig {
   // Megatron's precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's
   // FusedAdam): the dtypes its states are stored in (fp32 without it). The Adam moments: bf16 a
   // rounding (nearest even) of the fp32 result, fp16 scaled per tensor (TE: absmax maps to
-  // fp16_max / 2); docs/PLAN.md "Optimizer state dtypes". main_grads_dtype bf16 and main_params_dtype
-  // fp16 are refused (not built yet).
+  // fp16_max / 2); docs/PLAN.md "Optimizer state dtypes". main_grads_dtype bf16: the gradient
+  // buffer in bf16 (bf16_grads below). main_params_dtype fp16 is refused (not built yet).
   bool use_precision_aware_optimizer = false;
   StateDType main_grads_dtype = StateDType::FP32;   // fp32 | bf16
   StateDType main_params_dtype = StateDType::FP32;  // fp32 | fp16
@@ -324,6 +326,10 @@ std::string run_length_error(const Config& c, int64_t global_batch, std::string&
 // The resolved config as YAML (for the log) and as JSON (for checkpoints/metrics).
 std::string config_to_yaml(const Config& cfg);
 nlohmann::json config_to_json(const Config& cfg);
+
+// Whether the gradient buffer is bf16 (parallel.grad_reduce_in_bf16 or optimizer.main_grads_dtype: bf16,
+// Megatron's two ways to ask for it; docs/ARCHITECTURE.md "Numerics"), else fp32.
+bool bf16_grads(const Config& c);
 
 // Padded vocabulary: vocab_size rounded up to a multiple of make_vocab_size_divisible_by * TP.
 int padded_vocab_size(int vocab_size, int divisible_by, int tp);

@@ -1,6 +1,7 @@
 // The optimizer's storage keys' rules (resolve_optimizer_storage, called by the loader in
 // core/config.cpp): master-weight remainders with bf16 only; Megatron's precision-aware optimizer
-// (a state dtype other than fp32 needs the flag); the storage tptrain does not build is refused.
+// (a state dtype other than fp32 needs the flag); the bf16 gradient buffer not with fp16; the storage
+// tptrain does not build is refused.
 #include <string>
 #include <utility>
 
@@ -34,19 +35,24 @@ void resolve_optimizer_storage(const Config& c, const ModelKeys& keys) {
     if (t == StateDType::FP16)
       fail(key, "fp16 (Transformer Engine's per-tensor scaled moments) is not built in this version of tptrain; "
                     "use bf16 or fp32");
-  if (o.main_grads_dtype != StateDType::FP32)
-    fail("optimizer.main_grads_dtype", name_of(o.main_grads_dtype) +
-                                               ": 16-bit gradient buffers are not built in this version of tptrain "
-                                               "(the gradients are fp32); use fp32");
+  if (o.main_grads_dtype != StateDType::FP32 && o.main_grads_dtype != StateDType::BF16)
+    fail("optimizer.main_grads_dtype", name_of(o.main_grads_dtype) + ": the gradient buffer is fp32 or bf16");
+  // the bf16 gradient buffer (either key): not under fp16's loss scaling, whose inf / nan check and
+  // unscaling Megatron runs on fp32 main grads
+  if (bf16_grads(c) && c.training.precision == Precision::FP16)
+    fail(c.parallel.grad_reduce_in_bf16 ? "parallel.grad_reduce_in_bf16" : "optimizer.main_grads_dtype",
+         "training.precision", "a bf16 gradient buffer needs training.precision bf16 (or fp32), got fp16");
   if (o.main_params_dtype != StateDType::FP32)
     fail("optimizer.main_params_dtype",
              name_of(o.main_params_dtype) +
                  ": only fp32 master weights are built (optimizer.store_param_remainders holds them exactly in 2 "
                  "bytes with bf16); use fp32");
-  if (c.parallel.grad_reduce_in_bf16)
-    fail("parallel.grad_reduce_in_bf16",
-             "16-bit gradient buffers and their reduction are not built in this version of tptrain (the gradients "
-             "are fp32 and reduced in fp32); use false");
 }
 
 }  // namespace tpt::config_detail
+
+namespace tpt {
+bool bf16_grads(const Config& c) {
+  return c.parallel.grad_reduce_in_bf16 || c.optimizer.main_grads_dtype == StateDType::BF16;
+}
+}  // namespace tpt

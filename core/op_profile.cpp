@@ -23,7 +23,7 @@ double Ops::mark_ms(int64_t id) {
 
 void Ops::clear_marks() { wall_marks_.clear(); }
 
-GradStats Ops::grad_stats(const float* grads, const std::vector<TensorSegment>& segments) {
+GradStats Ops::grad_stats(CBuf grads, const std::vector<TensorSegment>& segments) {
   GradStats r;
   for (const TensorSegment& t : segments) {
     if (t.flag) r.sum_squares += sum_squares(grads + t.offset, t.n);
@@ -161,7 +161,7 @@ class ProfiledOps final : public Ops {
     const std::string name = "linear fwd " + linear_name_(I, O) + (gelu_pre ? " +GELU" : "");
     timed(name, 2.0 * N * I * O, 0, [&] { in_.linear_forward(out, inp, w, bias, N, I, O, gelu_pre); });
   }
-  void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
+  void linear_backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
                        bool accumulate_dinp, CBuf gelu_pre) override {
     // the split backward's halves (ZB-H1: B without dw, W without dinp) are named apart
     const std::string name = "linear bwd " + linear_name_(I, O) + (gelu_pre && dinp ? " +dGELU" : "") +
@@ -180,7 +180,7 @@ class ProfiledOps final : public Ops {
     timed("residual + layernorm fwd", 0, 4.0 * double(dtype_size(N * C, a.t)),
           [&] { in_.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps); });
   }
-  void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+  void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                           const float* rstd, int64_t N, int64_t C) override {
     timed("layernorm bwd", 0, 4.0 * double(dtype_size(N * C, inp.t)),
           [&] { in_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
@@ -195,7 +195,7 @@ class ProfiledOps final : public Ops {
     timed("residual + rmsnorm fwd", 0, 4.0 * double(dtype_size(N * C, a.t)),
           [&] { in_.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps); });
   }
-  void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+  void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
                         int64_t C) override {
     // reads dout, inp, dinp; writes dinp
     timed("rmsnorm bwd", 0, 4.0 * double(dtype_size(N * C, inp.t)),
@@ -264,8 +264,8 @@ class ProfiledOps final : public Ops {
     timed("tp sum (16-bit parts)", 0, double(k + 1) * double(dtype_size(n, parts.t)),
           [&] { in_.sum_parts(out, parts, k, n); });
   }
-  void scale(float* x, float s, int64_t n) override {
-    timed("scale gradients", 0, 8.0 * double(n), [&] { in_.scale(x, s, n); });
+  void scale(Buf x, float s, int64_t n) override {
+    timed("scale gradients", 0, 2.0 * double(dtype_size(n, x.t)), [&] { in_.scale(x, s, n); });
   }
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     timed("fp8 quantize", 0, double(dtype_size(n, inp.t) + n), [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
@@ -281,7 +281,7 @@ class ProfiledOps final : public Ops {
     timed("fp8 linear fwd " + linear_name_(I, O) + (gelu_pre ? " +GELU" : ""), 2.0 * N * I * O, 0,
           [&] { in_.fp8_linear_forward(out, inp, w, bias, N, I, O, gelu_pre); });
   }
-  void fp8_linear_backward(Buf dinp, float* dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
+  void fp8_linear_backward(Buf dinp, Buf dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
                            int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     const std::string name = "fp8 linear bwd " + linear_name_(I, O) + (gelu_pre && dinp ? " +dGELU" : "") +
                              (!dw ? " dX" : !dinp ? " dW" : "");
@@ -307,7 +307,7 @@ class ProfiledOps final : public Ops {
     timed("embedding fwd", 0, 2.0 * double(dtype_size(N * C, out.t)),
           [&] { in_.embedding_forward(out, tokens, wte, N, C, v0, rows); });
   }
-  void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+  void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                           int64_t rows) override {
     timed("embedding bwd", 0, double(dtype_size(N * C, dout.t)) + 8.0 * double(N * C),
           [&] { in_.embedding_backward(dwte, tokens, dout, N, C, v0, rows); });
@@ -316,11 +316,11 @@ class ProfiledOps final : public Ops {
     timed("position embedding fwd", 0, 2.0 * double(dtype_size(B * T * C, out.t)),
           [&] { in_.add_position_embedding(out, wpe, B, T, C); });
   }
-  void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
+  void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
     timed("position embedding bwd", 0, double(dtype_size(B * T * C, dout.t)),
           [&] { in_.position_embedding_backward(dwpe, dout, B, T, C); });
   }
-  void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) override {
+  void bias_backward(Buf dbias, CBuf dout, int64_t N, int64_t C) override {
     timed("bias bwd", 0, double(dtype_size(N * C, dout.t)), [&] { in_.bias_backward(dbias, dout, N, C); });
   }
 
@@ -344,25 +344,25 @@ class ProfiledOps final : public Ops {
           });
   }
 
-  bool has_nonfinite(const float* x, int64_t n) override {
+  bool has_nonfinite(CBuf x, int64_t n) override {
     bool r = false;
-    timed("nan/inf check", 0, 4.0 * double(n), [&] { r = in_.has_nonfinite(x, n); });
+    timed("nan/inf check", 0, double(dtype_size(n, x.t)), [&] { r = in_.has_nonfinite(x, n); });
     return r;
   }
-  double sum_squares(const float* x, int64_t n) override {
+  double sum_squares(CBuf x, int64_t n) override {
     double r = 0;
-    timed("gradient norm", 0, 4.0 * double(n), [&] { r = in_.sum_squares(x, n); });
+    timed("gradient norm", 0, double(dtype_size(n, x.t)), [&] { r = in_.sum_squares(x, n); });
     return r;
   }
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+  void adamw(float* p, CBuf g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
              Buf compute, float grad_scale) override {
     // reads p, g, m, v; writes p, m, v and the compute copy
-    const double bytes = 28.0 * double(n) + (compute ? double(dtype_size(n, compute.t)) : 0.0);
+    const double bytes = 24.0 * double(n) + double(dtype_size(n, g.t)) + (compute ? double(dtype_size(n, compute.t)) : 0.0);
     timed("adamw", 0, bytes, [&] { in_.adamw(p, g, m, v, n, a, decay, compute, grad_scale); });
   }
-  GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments) override {
+  GradStats grad_stats(CBuf grads, const std::vector<TensorSegment>& segments) override {
     GradStats r;
-    timed("gradient norm", 0, 4.0 * double(segments_numel(segments)),
+    timed("gradient norm", 0, double(dtype_size(segments_numel(segments), grads.t)),
           [&] { r = in_.grad_stats(grads, segments); });
     return r;
   }
@@ -370,8 +370,9 @@ class ProfiledOps final : public Ops {
                       float grad_scale) override {
     const double n = double(segments_numel(segments));
     // remainders: the master's 2 + 2 bytes read and written in place of 4 + 4, the compute copy read
-    // too; 16-bit moments: 2 + 2 bytes each instead of 4 + 4
-    const double moments = 2.0 * double(dtype_size(1, b.m.t) + dtype_size(1, b.v.t)) - 16.0;
+    // too; 16-bit moments: 2 + 2 bytes each instead of 4 + 4; bf16 gradients 2 bytes instead of 4
+    const double moments = 2.0 * double(dtype_size(1, b.m.t) + dtype_size(1, b.v.t)) - 16.0 +
+                           double(dtype_size(1, b.grads.t)) - 4.0;
     const double bytes = (b.remainders ? 28.0 * n
                                        : 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0)) +
                          moments * n;

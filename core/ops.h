@@ -6,9 +6,11 @@
 //   - the compute dtype of the run (fp32, bf16 or fp16): activations, activation gradients, the
 //     compute copy of the weights, logits, pipeline messages, TP sums. These arguments are `Buf`
 //     (written) / `CBuf` (read): a device pointer and the dtype of its elements.
-//   - fp32 always: master weights, gradients (the main-grad buffer), Adam moments, LayerNorm
-//     statistics, the attention log-sum-exp, losses and the cross-entropy's row statistics. These
-//     arguments are plain `float*`.
+//   - the gradient buffer's dtype (the main grads: fp32, or bf16 with parallel.grad_reduce_in_bf16):
+//     the weight gradients a call adds to ("+=" below: fp32 sum of the stored value and the call's
+//     contribution, rounded once), Buf / CBuf as above.
+//   - fp32 always: master weights, Adam moments, LayerNorm statistics, the attention log-sum-exp,
+//     losses and the cross-entropy's row statistics. These arguments are plain `float*`.
 // Every kernel computes in fp32: it converts 16-bit values as it loads them and rounds (nearest
 // even, core/dtype.h) once as it stores its result. The compute-dtype arguments of one call all
 // have the same dtype. A `float*` converts implicitly to a Buf / CBuf of dtype F32.
@@ -136,7 +138,7 @@ struct AttentionShape {
 struct AdamWBuffers {
   float* master = nullptr;
   bool master_sharded = false;
-  const float* grads = nullptr;
+  CBuf grads;
   Buf m, v;
   Buf compute;
   uint16_t* remainders = nullptr;
@@ -182,7 +184,7 @@ class Ops {
   // With gelu_pre (N, I), the pre-activation whose GELU was `inp` of the layer that produced
   // dout's input: dinp = (dout @ w) * gelu'(gelu_pre), the fp32 product rounded once (cuBLASLt's
   // DGELU epilogue); accumulate_dinp must then be false.
-  virtual void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N,
+  virtual void linear_backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N,
                                int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {}) = 0;
 
   // ---- rows
@@ -194,7 +196,7 @@ class Ops {
   virtual void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w,
                                           CBuf bias, int64_t N, int64_t C, float eps) = 0;
   // dinp (N, C) += ; dw, db (C) +=
-  virtual void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+  virtual void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                                   const float* rstd, int64_t N, int64_t C) = 0;
   // RMSNorm (model.normalization: RMSNorm): out (N, C) = inp * rstd * w with rstd (N) = 1 / sqrt(mean(inp^2) +
   // eps), in fp32; no bias. The residual form as residual_layernorm_forward (res may alias a).
@@ -202,7 +204,7 @@ class Ops {
   virtual void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C,
                                         float eps) = 0;
   // dinp (N, C) += ; dw (C) +=
-  virtual void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+  virtual void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
                                 int64_t C) = 0;
 
   // Causal attention, flash-style: nothing of size T x T outlives a call. qkv (B, T, (H + 2 KV) D): per
@@ -265,7 +267,7 @@ class Ops {
   // out (n) = sum over r < k of parts (k, n) row r, added in fp32 in the order r = 0, 1, ...
   // and rounded once: the 16-bit tensor-parallel sum (parallel/tensor_parallel.h).
   virtual void sum_parts(Buf out, CBuf parts, int k, int64_t n) = 0;
-  virtual void scale(float* x, float s, int64_t n) = 0;
+  virtual void scale(Buf x, float s, int64_t n) = 0;
   // FP8 (docs/FP8.md): out (n) = the E4M3 / E5M2 codes of fp32(in * *scale) (core/fp8.h: nearest even,
   // saturated), and *amax = max(*amax, max |in|) (core/fp8.h fp8_amax_step: a NaN in in makes it a NaN);
   // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device.
@@ -286,7 +288,7 @@ class Ops {
   // dinp (N, I) = / += dout (N, O) @ w (O, I) [with gelu_pre: times gelu'(gelu_pre), accumulate_dinp false];
   // dw (O, I) += dout^T @ inp. dinp or dw may be null (then w, or inp, is not read). Bias gradients come
   // from the unquantized output gradient: linear_backward with dbias only.
-  virtual void fp8_linear_backward(Buf dinp, float* dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N,
+  virtual void fp8_linear_backward(Buf dinp, Buf dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N,
                                    int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {}) = 0;
 
   // ---- Mixture-of-Experts token movement (model/moe.h): rows moved by index lists on the device, in
@@ -310,16 +312,16 @@ class Ops {
   virtual void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
                                  int64_t rows) = 0;
   // dwte (rows, C) += dout rows of tokens in range
-  virtual void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+  virtual void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                                   int64_t rows) = 0;
   // out (B, T, C) += wpe (T, C) broadcast over B
   virtual void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) = 0;
   // dwpe (T, C) += sum over B of dout (B, T, C)
-  virtual void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) = 0;
+  virtual void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) = 0;
   // dbias (C) += column sums of dout (N, C): a bias gradient outside a GEMM (the row-parallel
   // bias under sequence parallelism). CPU: the rows added in order, as position_embedding_backward
   // with T = 1; GPU: the fixed-order column-sum kernel of the GEMMs' bias gradients.
-  virtual void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) = 0;
+  virtual void bias_backward(Buf dbias, CBuf dout, int64_t N, int64_t C) = 0;
 
   // ---- vocab-parallel cross-entropy on a logits shard (N, Vl) whose column j is vocabulary id v0 + j;
   // ids >= valid_vocab are padding and masked out. Three passes over the logits, with the TP
@@ -343,15 +345,15 @@ class Ops {
 
   // ---- norms and the optimizer (fp32)
   // Whether x holds an inf or a nan.
-  virtual bool has_nonfinite(const float* x, int64_t n) = 0;
+  virtual bool has_nonfinite(CBuf x, int64_t n) = 0;
   // sum of squares of x (n), in double.
-  virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual double sum_squares(CBuf x, int64_t n) = 0;
   // AdamW over a contiguous range; decay applies weight decay to the whole range. compute (n), if
   // given, receives the updated p in its dtype: the compute copy of bf16/fp16 runs, in the same pass
   // (master_copy_bits: bf16 ties away from zero, core/dtype.h).
   // Each gradient is multiplied by grad_scale (the gradient clip, rounded to fp32) before the update,
   // exactly as scale() would have left it in the buffer.
-  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+  virtual void adamw(float* p, CBuf g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
                      Buf compute, float grad_scale = 1.0f) = 0;
   // The optimizer step as multi-tensor work (model/optimizer.h; the GPU runs each as one launch with
   // the table as its argument, and grad_stats with one read to the host). The defaults go segment by
@@ -359,7 +361,7 @@ class Ops {
   // order, and checks every segment with has_nonfinite; adamw_segments runs adamw on each segment
   // (a backend steps master weights held as remainders, and 16-bit moments, itself: the default
   // refuses them).
-  virtual GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments);
+  virtual GradStats grad_stats(CBuf grads, const std::vector<TensorSegment>& segments);
   virtual void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
                               const AdamWParams& a, float grad_scale);
 

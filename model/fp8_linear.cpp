@@ -150,7 +150,7 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
   state_->ops_.fp8_linear_forward(out, q[Fp8State::kInp], q[Fp8State::kW], bias, N, I, O, gelu_pre);
 }
 
-void Fp8Linear::backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
+void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                          int64_t O, bool accumulate_dinp, CBuf gelu_pre) {
   Ops& ops = state_->ops_;
   const bool fp8_dw = dw && state_->o_.wgrad;

@@ -60,7 +60,7 @@ struct Fp8ScratchSizes {
 class Fp8Linear {
  public:
   void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {});
-  void backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
+  void backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
                 bool accumulate_dinp, CBuf gelu_pre = {});
 
  private:
@@ -128,7 +128,7 @@ inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, 
   if (fp8) fp8->forward(out, inp, w, bias, N, I, O, gelu_pre);
   else ops.linear_forward(out, inp, w, bias, N, I, O, gelu_pre);
 }
-inline void linear_backward(Ops& ops, Fp8Linear* fp8, Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w,
+inline void linear_backward(Ops& ops, Fp8Linear* fp8, Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w,
                             int64_t N, int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {}) {
   if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
   else ops.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);

@@ -202,9 +202,9 @@ CBuf GPTStage::p_opt(const std::string& name) const {
   return info ? params_ + info->offset : CBuf{};
 }
 
-float* GPTStage::g_opt(const std::string& name) const {
+Buf GPTStage::g_opt(const std::string& name) const {
   const ParamInfo* info = layout_.find(name);
-  return info ? grads_ + info->offset : nullptr;
+  return info ? grads_ + info->offset : Buf{};
 }
 
 CBuf GPTStage::p(const std::string& name) const {
@@ -213,13 +213,13 @@ CBuf GPTStage::p(const std::string& name) const {
   return params_ + info->offset;
 }
 
-float* GPTStage::g(const std::string& name) const {
+Buf GPTStage::g(const std::string& name) const {
   const ParamInfo* info = layout_.find(name);
   TPT_CHECK(info != nullptr);
   return grads_ + info->offset;
 }
 
-GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, CBuf params, float* grads,
+GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, CBuf params, Buf grads,
                    int64_t micro_batch, int slots, StageOptions options)
     : d_(d), layout_(layout), ops_(ops), tp_(tp), params_(params), grads_(grads), B_(micro_batch), opt_(options) {
   TPT_CHECK(params.t == opt_.dtype);
@@ -364,7 +364,7 @@ MoEParams<CBuf> GPTStage::moe_params(int64_t layer) const {
           p_opt(pre + "shared_experts.gate.weight")};
 }
 
-MoEParams<float*> GPTStage::moe_grads(int64_t layer) const {
+MoEParams<Buf> GPTStage::moe_grads(int64_t layer) const {
   const std::string pre = "h." + std::to_string(layer) + ".mlp.";
   return {g(pre + "router.weight"),
           g(pre + "experts.fc1.weight"),
@@ -386,9 +386,9 @@ MoETPMappings GPTStage::moe_mappings() {
   m.bias_in_gemm = row_bias_in_gemm();
   m.gather_tokens = [this](CBuf x) { return gather_tokens(x, tmp_); };
   m.row_parallel_output = [this](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
-  m.row_parallel_output_grad = [this](CBuf dy, float* dbias) {
+  m.row_parallel_output_grad = [this](CBuf dy, Buf dbias) {
     const RowGrad r = row_parallel_output_grad(dy, tmp_, dbias);
-    return std::pair<CBuf, float*>{r.dout, r.dbias};
+    return std::pair<CBuf, Buf>{r.dout, r.dbias};
   };
   m.input_grad_to_tokens = [this](Buf dfull) { return input_grad_to_tokens(dfull, tmp_); };
   return m;
@@ -432,7 +432,7 @@ CBuf GPTStage::row_parallel_output(Buf partial, Buf shard, CBuf bias) {
   return shard;
 }
 
-GPTStage::RowGrad GPTStage::row_parallel_output_grad(CBuf dout, Buf full, float* dbias) {
+GPTStage::RowGrad GPTStage::row_parallel_output_grad(CBuf dout, Buf full, Buf dbias) {
   if (!d_.sequence_parallel) return {dout, dbias};
   const int64_t Nt = d_.local_tokens(B_ * d_.S);
   reduce_scatter_to_sequence_parallel_region_backward(tp_, full, dout, Nt * d_.C, wire());
@@ -473,7 +473,7 @@ void GPTStage::add_positions(Buf out) {
 
 void GPTStage::positions_backward(CBuf dout) {
   const int64_t N = B_ * d_.S, C = d_.C;
-  float* dwpe = g("wpe.weight");
+  Buf dwpe = g("wpe.weight");
   for_each_position_run(d_.local_token_begin(N), d_.local_tokens(N), d_.S,
                         [&](int64_t row, int64_t pos, int64_t seqs, int64_t len) {
                           ops_.position_embedding_backward(dwpe + pos * C, dout + row * C, seqs, len, C);
@@ -565,19 +565,19 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockShape s = block_shape(positions);
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
-  const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
+  const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
   // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
   // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
   // changes below)
-  auto row_grad = [&](float* dbias, Buf stashed) {
+  auto row_grad = [&](Buf dbias, Buf stashed) {
     if (!split) return row_parallel_output_grad(dres, tmp_, dbias);
     const RowGrad dy = row_parallel_output_grad(dres, stashed, dbias);
     if (!d.sequence_parallel) ops_.copy(stashed, dy.dout, N * d.C);
     return RowGrad{stashed, dy.dbias};
   };
   // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called)
-  auto gemm_backward = [&](DensePart p, Buf dinp, float* dw, float* dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I,
+  auto gemm_backward = [&](DensePart p, Buf dinp, Buf dw, Buf dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I,
                            int64_t O) {
     Fp8Linear* fp8 = fp8_for(layer, p);
     if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
@@ -628,7 +628,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S;
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
-  const BlockParams<float*> gw = block_params(layout_, d_.spec(layer), grads_, layer);
+  const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool sp = d.sequence_parallel;
   // MLP (an MoE layer's finished in B)
   if (!d.moe.is_moe(layer)) {

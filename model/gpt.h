@@ -185,10 +185,11 @@ std::string linear_name(const GPTDims& d, int64_t in, int64_t out);
 class GPTStage {
  public:
   // params: the weights used in compute, layout.total elements of options.dtype (the fp32 master
-  // weights in fp32 runs, else their compute copy); grads: the fp32 gradients, layout.total floats.
+  // weights in fp32 runs, else their compute copy); grads: the gradients, layout.total elements (fp32,
+  // or bf16 with parallel.grad_reduce_in_bf16).
   // tp: the tensor-parallel group. slots: how many micro-batches may be in flight between forward
   // and backward.
-  GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, CBuf params, float* grads,
+  GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& tp, CBuf params, Buf grads,
            int64_t micro_batch, int slots, StageOptions options = {});
   ~GPTStage();
   GPTStage(const GPTStage&) = delete;
@@ -283,9 +284,9 @@ class GPTStage {
   // TP with the other replicated gradients), is added to dbias here.
   struct RowGrad {
     CBuf dout;
-    float* dbias;
+    Buf dbias;
   };
-  RowGrad row_parallel_output_grad(CBuf dout, Buf full, float* dbias);
+  RowGrad row_parallel_output_grad(CBuf dout, Buf full, Buf dbias);
   // out (Nt, C) += wpe rows of this rank's tokens' positions 0..S-1 (without d.position_ids), and
   // its backward dwpe += dout at those positions.
   void add_positions(Buf out);
@@ -294,16 +295,16 @@ class GPTStage {
   // How the TP mappings' sums travel: 16-bit values in bf16/fp16 runs, else fp32 (null).
   const TPWire* wire() const { return wire_.ops ? &wire_ : nullptr; }
   CBuf p(const std::string& name) const;
-  float* g(const std::string& name) const;
+  Buf g(const std::string& name) const;
   CBuf p_opt(const std::string& name) const;  // null where the architecture has no such tensor
-  float* g_opt(const std::string& name) const;
+  Buf g_opt(const std::string& name) const;
 
   GPTDims d_;
   const ParamLayout& layout_;
   Ops& ops_;
   Comm& tp_;
   CBuf params_;
-  float* grads_;
+  Buf grads_;
   int64_t B_;
   StageOptions opt_;
   std::vector<SlotActs*> slots_;
@@ -329,7 +330,7 @@ class GPTStage {
   int slot_ = 0;
   bool recording_ = true;  // false while full recompute reruns a layer's forward
   MoEParams<CBuf> moe_params(int64_t layer) const;
-  MoEParams<float*> moe_grads(int64_t layer) const;
+  MoEParams<Buf> moe_grads(int64_t layer) const;
   MoETPMappings moe_mappings();
   std::vector<void*> owned_;
   // FP8 training: the linear GEMMs' quantization (null without it) of this stage's FP8 layers

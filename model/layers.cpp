@@ -19,7 +19,7 @@ void Norm::residual_forward(Ops& ops, Buf res, Buf out, NormStats st, CBuf a, CB
   else ops.residual_layernorm_forward(res, out, st.mean, st.rstd, a, y, w, b, N, C, eps);
 }
 
-void Norm::backward(Ops& ops, Buf dx, float* dw, float* db, CBuf dout, CBuf x, CBuf w, NormStats st, int64_t N,
+void Norm::backward(Ops& ops, Buf dx, Buf dw, Buf db, CBuf dout, CBuf x, CBuf w, NormStats st, int64_t N,
                     int64_t C) const {
   if (rms) ops.rmsnorm_backward(dx, dw, dout, x, w, st.rstd, N, C);
   else ops.layernorm_backward(dx, dw, db, dout, x, w, st.mean, st.rstd, N, C);
@@ -32,7 +32,7 @@ void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, 
   ops.swiglu_forward(act, pre, N, Fl);
 }
 
-void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, float* dw2, float* db2, CBuf dout, CBuf act, CBuf w2,
+void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, Buf dw2, Buf db2, CBuf dout, CBuf act, CBuf w2,
                              CBuf pre, int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8) const {
   if (!swiglu) return linear_backward(ops, fp8, dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre);
   linear_backward(ops, fp8, dact, dw2, db2, dout, act, w2, N, Fl, C, false);
@@ -71,7 +71,7 @@ void QKNorm::forward(Ops& ops, Buf qkv, Buf keep, NormStats st, CBuf wq, CBuf bq
   ops.copy_rows(qkv + q, W, scratch, k, N, k);
 }
 
-void QKNorm::backward(Ops& ops, Buf dqkv, float* dwq, float* dbq, float* dwk, float* dbk, CBuf keep, CBuf wq, CBuf wk,
+void QKNorm::backward(Ops& ops, Buf dqkv, Buf dwq, Buf dbq, Buf dwk, Buf dbk, CBuf keep, CBuf wq, CBuf wk,
                       NormStats st, Buf dout, Buf din, const QKVLayout& l, int64_t N) const {
   if (!on) return;
   const int64_t W = l.width(), q = l.H * l.D, k = l.KV * l.D;

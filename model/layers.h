@@ -36,7 +36,7 @@ struct Norm {
   void residual_forward(Ops& ops, Buf res, Buf out, NormStats st, CBuf a, CBuf y, CBuf w, CBuf b, int64_t N,
                         int64_t C) const;
   // dx (N, C) += ; dw (C) += ; db (C) += (LayerNorm)
-  void backward(Ops& ops, Buf dx, float* dw, float* db, CBuf dout, CBuf x, CBuf w, NormStats st, int64_t N,
+  void backward(Ops& ops, Buf dx, Buf dw, Buf db, CBuf dout, CBuf x, CBuf w, NormStats st, int64_t N,
                 int64_t C) const;
 };
 
@@ -50,7 +50,7 @@ struct MLPActivation {
                Fp8Linear* fp8 = nullptr) const;
   // fc2's backward through its input and the activation: dpre (N, fc1_width) = d pre from dout (N, C);
   // with dw2 (and db2) also fc2's weight (bias) gradient from act. dact (N, Fl): scratch for SwiGLU.
-  void backward(Ops& ops, Buf dpre, Buf dact, float* dw2, float* db2, CBuf dout, CBuf act, CBuf w2, CBuf pre,
+  void backward(Ops& ops, Buf dpre, Buf dact, Buf dw2, Buf db2, CBuf dout, CBuf act, CBuf w2, CBuf pre,
                 int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8 = nullptr) const;
   // GELU: act = gelu(pre) again from the kept pre-activation (as stored), before fc2's weight gradient
   // reads it: a layer keeps only pre, and act lives in one buffer the layers share (llm.c's
@@ -86,7 +86,7 @@ struct QKNorm {
                const QKVLayout& l, int64_t N) const;
   // dqkv: the q and k heads' gradients after the norm on entry, before it on exit (values untouched);
   // dw, db +=; dout, din: scratch (N H D) each
-  void backward(Ops& ops, Buf dqkv, float* dwq, float* dbq, float* dwk, float* dbk, CBuf keep, CBuf wq, CBuf wk,
+  void backward(Ops& ops, Buf dqkv, Buf dwq, Buf dbq, Buf dwk, Buf dbk, CBuf keep, CBuf wq, CBuf wk,
                 NormStats st, Buf dout, Buf din, const QKVLayout& l, int64_t N) const;
 };
 

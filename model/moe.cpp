@@ -534,7 +534,7 @@ void MoEMLP::shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf
   ops_.combine_rows(y, s.sh_y, identity_, s.gate, T, 1, C, true);
 }
 
-void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEParams<Buf>& g, CBuf x, CBuf dy,
                              const MoETPMappings& tp) {
   const MoEDims& m = d_.moe;
   const int64_t T = Nt_, C = d_.C, N = tp.N;
@@ -557,7 +557,7 @@ void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEP
   ops_.accumulate(dx_, tp.input_grad_to_tokens(sh_part_), T * C);
 }
 
-CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<Buf>& g, CBuf x, CBuf dy,
                       const MoETPMappings& tp) {
   const Buf dx = dx_;
   const MoEDims& m = d_.moe;
@@ -606,15 +606,15 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   // over each expert's d output rows in bufB, partial sums over the group); fc2's bias gradient on etp
   // rank 0 alone (summed over TP with the other TP-replicated tensors')
   const Buf dxin = etp ? bufB_ : bufA_;
-  float* fc2_bias = m.etp_rank == 0 ? g.fc2_bias : nullptr;
+  const Buf fc2_bias = m.etp_rank == 0 ? g.fc2_bias : Buf{};
   int64_t off = 0;
   for (int64_t e = 0; e < El; ++e) {
     const int64_t n = s.expert_rows[size_t(e)];
     if (n == 0) continue;
     d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fel, g.fc2 + e * C * m.Fel,
-                    fc2_bias ? fc2_bias + e * C : nullptr, dout + off * C, s.act + off * m.Fel,
+                    fc2_bias ? fc2_bias + e * C : Buf{}, dout + off * C, s.act + off * m.Fel,
                     w.fc2 + e * C * m.Fel, s.fc1 + off * m.fc1_width, n, m.Fel, C);
-    ops_.linear_backward(dxin + off * C, g.fc1 + e * m.fc1_width * C, g.fc1_bias ? g.fc1_bias + e * m.fc1_width : nullptr,
+    ops_.linear_backward(dxin + off * C, g.fc1 + e * m.fc1_width * C, g.fc1_bias ? g.fc1_bias + e * m.fc1_width : Buf{},
                          dfc_ + off * m.fc1_width, s.xin + off * C, w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
     off += n;
   }

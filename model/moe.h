@@ -71,7 +71,7 @@ struct MoETPMappings {
   std::function<CBuf(CBuf x)> gather_tokens;                        // (Nt, C) -> (N, C)
   std::function<CBuf(Buf partial, CBuf bias)> row_parallel_output;  // (N, C) partial sums -> (Nt, C)
   // d output (Nt, C) -> what fc2's backward reads (N, C) and the bias gradient it adds (null: added here)
-  std::function<std::pair<CBuf, float*>(CBuf dy, float* dbias)> row_parallel_output_grad;
+  std::function<std::pair<CBuf, Buf>(CBuf dy, Buf dbias)> row_parallel_output_grad;
   std::function<CBuf(Buf dfull)> input_grad_to_tokens;  // (N, C) partial d input -> (Nt, C)
   bool bias_in_gemm = true;
   int64_t N = 0;
@@ -128,7 +128,7 @@ class MoEMLP {
   // d x (Nt, C) from dy (Nt, C), in the MLP's own scratch (returned); the layer's gradients (router,
   // experts, shared expert) += into g. loss_scale multiplies the balancing losses' gradients
   // (set_loss_scale).
-  CBuf backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+  CBuf backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const MoEParams<Buf>& g, CBuf x, CBuf dy,
                 const MoETPMappings& tp);
   // The balancing losses' weight in this step's gradients: d objective / d (aux + z) of one micro-batch
   // (the trainer's: loss scale x CP / micro-batches).
@@ -182,7 +182,7 @@ class MoEMLP {
   float *gate_f32_ = nullptr;
   int32_t* identity_ = nullptr;  // (Nt) 0, 1, ...: the gate's per-token scaling through combine_rows
   void shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp);
-  void shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEParams<float*>& g, CBuf x, CBuf dy,
+  void shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEParams<Buf>& g, CBuf x, CBuf dy,
                        const MoETPMappings& tp);
   std::vector<void*> owned_;
   Buf alloc(int64_t n, DType t);

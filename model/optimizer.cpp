@@ -47,7 +47,7 @@ std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, const s
   return segments;
 }
 
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads,
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, CBuf grads,
                               const std::vector<ShardRange>& owned, const std::vector<GradRange>& unique) {
   return ops.grad_stats(grads, grad_norm_segments(layout, owned, unique)).sum_squares;
 }
@@ -64,7 +64,7 @@ void LossScaler::update(bool found_inf) {
 }
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
-             float* master, bool master_sharded, const float* grads, Buf compute, uint16_t* remainders,
+             float* master, bool master_sharded, CBuf grads, Buf compute, uint16_t* remainders,
              MomentDTypes moments)
     : ops_(ops) {
   TPT_CHECK(!remainders || (compute.t == DType::BF16 && !master));

@@ -23,7 +23,7 @@ double learning_rate(const OptimizerConfig& o, int64_t iteration);
 std::vector<TensorSegment> grad_norm_segments(const ParamLayout& layout, const std::vector<ShardRange>& owned,
                                               const std::vector<GradRange>& unique);
 // Sum of squares of this rank's gradients over grad_norm_segments (default: all owned, all unique).
-double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, const float* grads,
+double local_grad_sum_squares(const ParamLayout& layout, Ops& ops, CBuf grads,
                               const std::vector<ShardRange>& owned = {{0, INT64_MAX / 2, 0}},
                               const std::vector<GradRange>& unique = {{0, INT64_MAX / 2}});
 
@@ -53,16 +53,16 @@ struct MomentDTypes {
 class AdamW {
  public:
   // master: the fp32 weights it updates: a buffer of the layout (indexed by offset), or with
-  // master_sharded an array of owned_size (indexed by local). grads: the fp32 gradient buffer.
+  // master_sharded an array of owned_size (indexed by local). grads: the gradient buffer (fp32 or bf16).
   // compute: null, or (bf16/fp16 runs) the compute copy of the weights in its dtype, a buffer of
   // the layout whose owned ranges each step refreshes as the updated weights rounded to that dtype.
   // remainders (optimizer.store_param_remainders; compute bf16, master null): the master weights are
   // compute's bits plus these low halves (core/dtype.h), indexed as master would be.
   AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size, float* master,
-        bool master_sharded, const float* grads, Buf compute = {}, uint16_t* remainders = nullptr,
+        bool master_sharded, CBuf grads, Buf compute = {}, uint16_t* remainders = nullptr,
         MomentDTypes moments = {});
   // Over the whole layout (no distributed optimizer): master = params, a buffer of the layout.
-  AdamW(const ParamLayout& layout, Ops& ops, float* params, const float* grads, Buf compute = {})
+  AdamW(const ParamLayout& layout, Ops& ops, float* params, CBuf grads, Buf compute = {})
       : AdamW(layout, ops, {{0, layout.total, 0}}, layout.total, params, false, grads, compute) {}
   ~AdamW();
   AdamW(const AdamW&) = delete;

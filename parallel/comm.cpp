@@ -22,11 +22,13 @@ const char* type_name(DType t) {
   return "?";
 }
 
-// Reductions take the 32- and 64-bit types only (comm.h: no 16-bit sum is the same on every backend).
-void check_reducible(DType t, const char* what) {
-  if (t == DType::BF16 || t == DType::F16)
+// Reductions take the 32- and 64-bit types, and BF16 sums (comm.h: the bf16 gradient buffer's, rounded
+// at each addition in the backend's order).
+void check_reducible(DType t, const char* what, ReduceOp op = ReduceOp::Sum) {
+  if (t == DType::F16 || (t == DType::BF16 && op != ReduceOp::Sum))
     internal_error(std::string(what) + " of " + type_name(t) +
-                   " elements: 16-bit values are moved, never reduced, by a communicator (reduce them in fp32)");
+                   " elements: 16-bit values are moved, not reduced, by a communicator (but bf16 sums; reduce "
+                   "them in fp32)");
 }
 
 void check_count(int64_t n, const char* what) {
@@ -60,7 +62,7 @@ std::vector<Comm::Message> all_to_all_messages(const void* send, const std::vect
 }
 
 void Comm::all_reduce(void* buf, int64_t n, DType t, ReduceOp op) {
-  check_reducible(t, "all_reduce");
+  check_reducible(t, "all_reduce", op);
   check_count(n, "all_reduce");
   do_all_reduce(buf, n, t, op);
 }

@@ -4,10 +4,13 @@
 // (SelfComm) makes every collective a copy or a no-op.
 //
 // Element types: F32, F64, I32 and I64 move and reduce (Sum, Max). BF16 and F16 move (gather,
-// broadcast, all-to-all, messages) but are never reduced: a reduction of them is an internal_error
-// on every backend, as no 16-bit sum would be the same everywhere (MPI has no 16-bit float op;
-// NCCL's accumulates in an order and precision of its own). Gather them and sum in fp32, as the
-// TP wire formats do (parallel/tensor_parallel.h).
+// broadcast, all-to-all, messages); F16 is never reduced, BF16 only summed, and only for the bf16
+// gradient buffer (parallel.grad_reduce_in_bf16, Megatron's bf16 reduction through NCCL): each
+// addition of two values in fp32, rounded to bf16 (nearest even), in the backend's order -- NCCL's
+// ring, MPI's algorithm (a user op), the threads' rank order. So such a sum is not the same bits
+// on every backend or group size; any other 16-bit reduction is an internal_error. Where a sum must
+// be exact to one rounding, gather the values and sum in fp32, as the TP wire formats do
+// (parallel/tensor_parallel.h).
 //
 // The typed collectives check their arguments here, once for every backend, then call the
 // backend's do_* function; the float / double forms are thin wrappers of the typed ones.
@@ -101,7 +104,7 @@ class Comm {
   virtual void wait_all() {}
 
  protected:
-  // What a backend implements, with checked arguments: a reduction's type is not 16-bit; an
+  // What a backend implements, with checked arguments: a reduction is not of F16, of BF16 only a Sum; an
   // all-to-all's counts are one per rank, none negative.
   virtual void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) = 0;
   virtual void do_all_gather(void* out, const void* in, int64_t n, DType t) = 0;

@@ -11,13 +11,13 @@ int64_t round_up(int64_t x, int64_t u) { return (x + u - 1) / u * u; }
 int64_t round_down(int64_t x, int64_t u) { return x / u * u; }
 }  // namespace
 
-GradSync::GradSync(Ops& ops, float* grads, int64_t total, std::vector<GradRange> layers, Comm* dp, Comm* embedding,
+GradSync::GradSync(Ops& ops, Buf grads, int64_t total, std::vector<GradRange> layers, Comm* dp, Comm* embedding,
                    GradRange word_embedding, GradSyncOptions options)
     : GradSync(ops, grads,
                {GradGroup{dp, dp && dp->size() > 1 ? 1.0f / float(dp->size()) : 1.0f, {0, total}, std::move(layers)}},
                embedding, word_embedding, std::move(options)) {}
 
-GradSync::GradSync(Ops& ops, float* grads, std::vector<GradGroup> groups, Comm* embedding, GradRange word_embedding,
+GradSync::GradSync(Ops& ops, Buf grads, std::vector<GradGroup> groups, Comm* embedding, GradRange word_embedding,
                    GradSyncOptions options)
     : ops_(ops),
       grads_(grads),
@@ -119,10 +119,10 @@ void GradSync::start(Group& g, Bucket& b) {
   if (b.started) return;
   if (g.distributed) {
     const int64_t block = b.range.n / g.comm->size();
-    float* in = grads_ + b.range.offset;
-    g.comm->start_reduce_scatter(in + g.comm->rank() * block, in, block);
+    const Buf in = grads_ + b.range.offset;
+    g.comm->start_reduce_scatter((in + g.comm->rank() * block).p, in.p, block, grads_.t);
   } else {
-    g.comm->start_all_reduce(grads_ + b.range.offset, b.range.n);
+    g.comm->start_all_reduce((grads_ + b.range.offset).p, b.range.n, grads_.t);
   }
   b.started = true;
 }
@@ -142,14 +142,14 @@ void GradSync::finish() {
   for (const Group& g : groups_)
     if (word_embedding_.offset >= g.span.offset && word_embedding_.offset < g.span.offset + g.span.n)
       embedding_first = g.distributed;
-  if (embedding_ && embedding_first)
-    embedding_->all_reduce(grads_ + word_embedding_.offset, word_embedding_.n, ReduceOp::Sum);
+  auto sum = [&](Comm& c, int64_t offset, int64_t n) { c.all_reduce((grads_ + offset).p, n, grads_.t, ReduceOp::Sum); };
+  if (embedding_ && embedding_first) sum(*embedding_, word_embedding_.offset, word_embedding_.n);
   for (Group& g : groups_) {  // every group's collectives started before any is waited for
     if (!g.comm) continue;
     if (overlap_ || g.distributed) {
       for (Bucket& b : g.buckets) start(g, b);  // backward order, as on every peer
     } else {
-      g.comm->all_reduce(grads_ + g.span.offset, g.span.n, ReduceOp::Sum);
+      sum(*g.comm, g.span.offset, g.span.n);
     }
   }
   for (Group& g : groups_) {
@@ -160,8 +160,7 @@ void GradSync::finish() {
     if (g.scale != 1.0f)
       for (const ShardRange& r : g.owned) ops_.scale(grads_ + r.offset, g.scale, r.n);
   }
-  if (embedding_ && !embedding_first)
-    embedding_->all_reduce(grads_ + word_embedding_.offset, word_embedding_.n, ReduceOp::Sum);
+  if (embedding_ && !embedding_first) sum(*embedding_, word_embedding_.offset, word_embedding_.n);
   sum_over_tp();
 }
 
@@ -170,7 +169,7 @@ void GradSync::sum_over_tp() {
   for (const GradRange& t : tp_sum_)
     for (const ShardRange& r : owned_) {
       const int64_t lo = std::max(t.offset, r.offset), hi = std::min(t.offset + t.n, r.offset + r.n);
-      if (lo < hi) tp_->all_reduce(grads_ + lo, hi - lo, ReduceOp::Sum);
+      if (lo < hi) tp_->all_reduce((grads_ + lo).p, hi - lo, grads_.t, ReduceOp::Sum);
     }
 }
 

@@ -79,13 +79,14 @@ class GradSync {
     return distributed_optimizer && dp > 1 ? (total + unit - 1) / unit * unit : total;
   }
 
-  // grads: the buffer the groups' spans lie in. embedding: the embedding group (null when this
+  // grads: the buffer the groups' spans lie in (fp32, or bf16 with parallel.grad_reduce_in_bf16: then
+  // summed in bf16 as Megatron's NCCL does, parallel/comm.h). embedding: the embedding group (null when this
   // stage holds no tied copy) and word_embedding the tied tensor's range (inside one group's span).
-  GradSync(Ops& ops, float* grads, std::vector<GradGroup> groups, Comm* embedding, GradRange word_embedding,
+  GradSync(Ops& ops, Buf grads, std::vector<GradGroup> groups, Comm* embedding, GradRange word_embedding,
            GradSyncOptions options);
-  // One group, the dense one: grads of buffer_size(...) floats, all of it averaged over dp (null or
+  // One group, the dense one: grads of buffer_size(...) elements, all of it averaged over dp (null or
   // size 1: no sum); layers: the range of each of this stage's transformer layers in grads.
-  GradSync(Ops& ops, float* grads, int64_t total, std::vector<GradRange> layers, Comm* dp, Comm* embedding,
+  GradSync(Ops& ops, Buf grads, int64_t total, std::vector<GradRange> layers, Comm* dp, Comm* embedding,
            GradRange word_embedding, GradSyncOptions options);
 
   // Backward of the last micro-batch has finished layer `i` (index into layers): starts the bucket
@@ -142,7 +143,7 @@ class GradSync {
   void sum_over_tp();
 
   Ops& ops_;
-  float* grads_;
+  Buf grads_;
   std::vector<Group> groups_;  // ascending spans
   int num_layers_ = 0;
   Comm* embedding_;

@@ -26,7 +26,7 @@ void check(int rc, const char* what) {
   }
 }
 
-// The MPI type of an element type. 16-bit values travel as their bits (they are never reduced).
+// The MPI type of an element type. 16-bit values travel as their bits (bf16 sums: mpi_sum below).
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::F32: return MPI_FLOAT;
@@ -37,6 +37,23 @@ MPI_Datatype mpi_type(DType t) {
     case DType::F16: return MPI_UINT16_T;
   }
   return MPI_BYTE;
+}
+
+// The sum of bf16 values (parallel/comm.h): each addition in fp32, rounded to nearest even.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = fp32_to_bf16(bf16_to_fp32(a[i]) + bf16_to_fp32(b[i]));
+}
+// MPI's op for a sum of elements of t: MPI_SUM, or for bf16 the user op above (made once, commutative)
+MPI_Op mpi_sum(DType t) {
+  if (t != DType::BF16) return MPI_SUM;
+  static const MPI_Op op = [] {
+    MPI_Op o;
+    check(MPI_Op_create(&bf16_sum, 1, &o), "Op_create");
+    return o;
+  }();
+  return op;
 }
 
 // The tag of all_to_all_v's point-to-point messages (exchange's tags are the pipeline's 0 and 1).
@@ -83,7 +100,7 @@ class MpiComm final : public Comm {
     CommWait w("all_reduce", peers_);
     for (int64_t off = 0; off < n; off += max_count_)
       check(MPI_Allreduce(MPI_IN_PLACE, p + off * e, int(std::min(max_count_, n - off)), mpi_type(t),
-                          op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_),
+                          op == ReduceOp::Sum ? mpi_sum(t) : MPI_MAX, comm_),
             "Allreduce");
   }
   void do_broadcast(void* buf, int64_t n, DType t, int root) override {
@@ -130,7 +147,7 @@ class MpiComm final : public Comm {
     auto* b = static_cast<char*>(buf);
     for (int64_t off = 0; off < n; off += max_count_) {
       Pending& p = add();
-      check(MPI_Iallreduce(MPI_IN_PLACE, b + off * e, int(std::min(max_count_, n - off)), mpi_type(t), MPI_SUM, comm_,
+      check(MPI_Iallreduce(MPI_IN_PLACE, b + off * e, int(std::min(max_count_, n - off)), mpi_type(t), mpi_sum(t), comm_,
                            &p.req),
             "Iallreduce");
     }
@@ -146,7 +163,7 @@ class MpiComm final : public Comm {
       p.copy_to = out;
       out = p.tmp.data();
     }
-    check(MPI_Ireduce_scatter_block(in, out, int(n), mpi_type(t), MPI_SUM, comm_, &p.req), "Ireduce_scatter_block");
+    check(MPI_Ireduce_scatter_block(in, out, int(n), mpi_type(t), mpi_sum(t), comm_, &p.req), "Ireduce_scatter_block");
     return progress();
   }
   int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {

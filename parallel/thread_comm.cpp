@@ -152,10 +152,18 @@ void reduce_published(void* result, DType t, const Group& g, int64_t offset, int
     case DType::F64: return reduce_published(static_cast<double*>(result), g, offset, n, op);
     case DType::I32: return reduce_published(static_cast<int32_t*>(result), g, offset, n, op);
     case DType::I64: return reduce_published(static_cast<int64_t*>(result), g, offset, n, op);
-    case DType::BF16:
-    case DType::F16: break;  // never reduced (parallel/comm.h); Comm refuses them before
+    case DType::BF16: {  // sums only (parallel/comm.h): each addition in fp32, rounded
+      auto* out = static_cast<uint16_t*>(result);
+      std::copy_n(g.published<uint16_t>(0) + offset, n, out);
+      for (int r = 1; r < g.size(); ++r) {
+        const uint16_t* x = g.published<uint16_t>(r) + offset;
+        for (int64_t i = 0; i < n; ++i) out[i] = fp32_to_bf16(bf16_to_fp32(out[i]) + bf16_to_fp32(x[i]));
+      }
+      return;
+    }
+    case DType::F16: break;  // never reduced (parallel/comm.h); Comm refuses it before
   }
-  internal_error("threads as ranks: a reduction of 16-bit elements");
+  internal_error("threads as ranks: a reduction of f16 elements");
 }
 
 // What a member publishes for an all_to_all_v: its send buffer and counts.

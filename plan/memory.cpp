@@ -185,7 +185,7 @@ void set_model_state_bytes(const Config& cfg, StageMemory& m) {
   m.weight_bytes = dtype == DType::F32 ? buffer * 4
                    : dtype_size(buffer, dtype) +
                          (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16) : owned * 4);
-  m.gradient_bytes = buffer * 4;
+  m.gradient_bytes = buffer * (bf16_grads(cfg) ? 2 : 4);  // parallel.grad_reduce_in_bf16: bf16
   const MomentDTypes moments = moment_dtypes(cfg.optimizer);  // fp32, or bf16 (precision-aware)
   m.optimizer_bytes = dtype_size(owned, moments.exp_avg) + dtype_size(owned, moments.exp_avg_sq);
 }
@@ -674,17 +674,18 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     plan.ep_comm_bytes = std::max(plan.ep_comm_bytes, int64_t((w.fwd_ep_bytes + w.bwd_ep_bytes) * M));
     const int64_t sends = (s > 0 ? M : 0) + (s < P - 1 ? M : 0);  // gradients back, activations forward
     plan.pp_comm_bytes = std::max(plan.pp_comm_bytes, sends * message);
-    // DP: the fp32 gradient buffer's all-reduce, or with the distributed optimizer its
+    // DP: the gradient buffer's all-reduce (fp32, or bf16: gb), or with the distributed optimizer its
     // reduce-scatter and the all-gather of the parameters in the compute dtype; the tied word
     // embedding's gradient over {first, last stage}. The experts' span over their EDP group.
     const bool distributed = cfg.parallel.distributed_optimizer && (reps > 1 || plan.edp > 1);
     const int64_t dense = m.parameter_buffer - m.expert_buffer;
-    int64_t dp_bytes = reps > 1 ? dense * 4 : 0;
+    const int64_t gb = bf16_grads(cfg) ? 2 : 4;
+    int64_t dp_bytes = reps > 1 ? dense * gb : 0;
     if (distributed && reps > 1) dp_bytes += dtype_size(dense, compute_dtype(cfg));
-    if (plan.edp > 1) dp_bytes += m.expert_buffer * 4 + (distributed ? dtype_size(m.expert_buffer, compute_dtype(cfg)) : 0);
+    if (plan.edp > 1) dp_bytes += m.expert_buffer * gb + (distributed ? dtype_size(m.expert_buffer, compute_dtype(cfg)) : 0);
     if (P > 1 && (s == 0 || s == P - 1)) {
       const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);
-      if (!d.untied) dp_bytes += d.Vl * d.C * 4;
+      if (!d.untied) dp_bytes += d.Vl * d.C * gb;
     }
     plan.dp_comm_bytes = std::max(plan.dp_comm_bytes, dp_bytes);
   }

@@ -7,7 +7,8 @@
 //               compute copy (2 B/element); with the distributed optimizer the buffer is padded to
 //               its blocks and a bf16/fp16 run keeps fp32 master weights for 1/DP of it only;
 //               optimizer.store_param_remainders (bf16): a 2 B remainder instead of each fp32 master
-//   gradients   fp32, the parameter buffer's elements
+//   gradients   the parameter buffer's elements, fp32 (bf16 with parallel.grad_reduce_in_bf16 /
+//               optimizer.main_grads_dtype: bf16)
 //   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element; of 1/DP with the distributed optimizer)
 //   activations per model chunk (model/chunks.h; one without interleaving):
 //               activation_bytes_per_microbatch(...) (+ weight_grad_stash_bytes with zb-h1) x the

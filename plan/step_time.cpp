@@ -399,15 +399,16 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
   const int edp = expert_data_parallel_size(c), ep = c.parallel.expert_model_parallel_size;
   const int etp = c.parallel.expert_tensor_parallel_size > 0 ? c.parallel.expert_tensor_parallel_size : tp;
   const bool distributed = c.parallel.distributed_optimizer && (reps > 1 || edp > 1);
+  const double gb = bf16_grads(c) ? 2.0 : 4.0;  // the gradient buffer's bytes per element
   double tail = 0;
   for (int s = 0; s < P; ++s) {
     const double buffer = double(stages[size_t(s)].parameter_buffer);
     const double experts = double(stages[size_t(s)].expert_buffer), dense = buffer - experts;
     const double buckets = std::max(1.0, std::ceil(buffer / double(std::max<int64_t>(1, c.parallel.ddp_bucket_size))));
-    double grads = model.collective(dense * 4, reps, tp, distributed ? 1.0 : 2.0);
+    double grads = model.collective(dense * gb, reps, tp, distributed ? 1.0 : 2.0);
     double params = distributed ? model.collective(dense * cb, reps, tp, 1.0) : 0.0;
     if (experts > 0) {
-      grads += model.collective(experts * 4, edp, ep * etp, distributed ? 1.0 : 2.0);
+      grads += model.collective(experts * gb, edp, ep * etp, distributed ? 1.0 : 2.0);
       params += distributed ? model.collective(experts * cb, edp, ep * etp, 1.0) : 0.0;
     }
     const double backward = b[size_t(s)] + w[size_t(s)], slack = s * backward;
@@ -417,7 +418,7 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     exposed += c.parallel.overlap_param_gather ? std::max(params - (s + 1) * f[size_t(s)], params / buckets) : params;
     if (P > 1 && (s == 0 || s == P - 1)) {  // the tied word embedding's gradient over {first, last stage}
       const GPTDims d = make_dims(c, tp, 0, P, s);
-      if (!d.untied) exposed += model.collective(double(d.Vl * d.C) * 4, 2, tp * reps * P, 2.0);
+      if (!d.untied) exposed += model.collective(double(d.Vl * d.C) * gb, 2, tp * reps * P, 2.0);
     }
     const double owned = !distributed ? buffer : experts > 0 ? dense / reps + experts / edp : buffer / reps;
     const double optimizer = model.memory_bound(owned * 50.0, 0);

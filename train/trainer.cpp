@@ -82,6 +82,10 @@ void Trainer::setup_backend() {
       input_error("training.fp8_format with training.device: " + name_of(cfg_.training.device) +
                   " on a GPU: FP8 training on the CUDA backend (cuBLASLt FP8 GEMMs) is not implemented in this "
                   "version of tptrain; run it with training.device: cpu");
+    if (bf16_grads(cfg_))
+      input_error("parallel.grad_reduce_in_bf16 / optimizer.main_grads_dtype: bf16 with training.device: " +
+                  name_of(cfg_.training.device) + " on a GPU: the bf16 gradient buffer is built on the CPU backend "
+                  "only in this version of tptrain; run it with training.device: cpu");
     ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
     on_gpu_ = true;
 #else
@@ -159,7 +163,7 @@ void Trainer::setup_model() {
   };
   std::vector<GradGroup> groups = make_grad_groups(layout_, layers_, distributed_optimizer, replica_comm);
   buffer_total_ = grad_buffer_size(layout_, groups);
-  grads_ = ops_->alloc(size_t(buffer_total_));
+  grads_ = ops_->alloc(buffer_total_, bf16_grads(cfg_) ? DType::BF16 : DType::F32);
   GradSyncOptions sync;
   sync.overlap = cfg_.parallel.overlap_grad_reduce;
   sync.bucket_size = cfg_.parallel.ddp_bucket_size;
@@ -370,7 +374,7 @@ Trainer::~Trainer() {
   if (ops_) {
     ops_->free(master_);
     if (remainders_) ops_->free(reinterpret_cast<float*>(remainders_));
-    ops_->free(grads_);
+    ops_->free(grads_.p);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
     ops_->free(reinterpret_cast<float*>(dev_targets_));
     if (dev_positions_) ops_->free(reinterpret_cast<float*>(dev_positions_));
@@ -503,7 +507,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   const int64_t G = cfg_.training.global_batch_size;
   StepResult r;
   r.loss_scale = scaler_.scale;
-  ops_->zero(grads_, size_t(buffer_total_));
+  ops_->zero(grads_, buffer_total_);
   const double t_fwd_bwd = schedule_clock_us();
   if (fp8_delayed()) fp8_begin_step();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);

@@ -128,7 +128,7 @@ class Trainer {
   // optimizer.store_param_remainders: no master_; the master weights are params_compute_'s bf16
   // bits plus these low halves (indexed like master_)
   uint16_t* remainders_ = nullptr;
-  float* grads_ = nullptr;    // fp32, buffer_total_
+  Buf grads_;                 // buffer_total_ elements, fp32 or bf16 (bf16_grads)
   DType dtype_ = DType::F32;
   Buf params_compute_;  // the weights compute uses: master_ in fp32, else their bf16/fp16 copy
   LossScaler scaler_;

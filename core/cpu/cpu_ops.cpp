@@ -101,20 +101,23 @@ class CpuOps final : public Ops {
     linear_forward_staged(out, in(inp, N * I, 0), in(w, O * I, 1), bias, N, I, O, gelu_pre);
   }
 
-  void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
+  void linear_backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                        int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     const float* dy = in(dout, N * O, 0);
     if (dinp) input_grad_staged(dinp, dy, in(w, O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
-    if (dw)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, in(inp, N * I, 1), I, 1.0f, dw, I);
-    if (dbias) add_column_sums(dbias, dy, N, O);
+    if (dw) weight_grad(dw, dy, in(inp, N * I, 1), N, I, O);
+    if (dbias) {
+      float* g = grad_in(dbias, O);
+      add_column_sums(g, dy, N, O);
+      store(dbias, g, O);
+    }
   }
 
   void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
                          float eps) override {
     float* y = out_f32(out, N * C, 0);
-    layernorm_forward_f32(y, mean, rstd, in(inp, N * C, 1), in(w, C, 2), in(b, C, 3), N, C, eps);
+    cpu::layernorm_forward(y, mean, rstd, in(inp, N * C, 1), in(w, C, 2), in(b, C, 3), N, C, eps);
     store(out, y, N * C);
   }
   void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w, CBuf bias,
@@ -125,14 +128,18 @@ class CpuOps final : public Ops {
     store(res, r, n);
     const float* stored = in(res, n, 1);  // LayerNorm reads the residual as stored (rounded)
     float* y = out_f32(out, n, 2);
-    layernorm_forward_f32(y, mean, rstd, stored, in(w, C, 3), in(bias, C, 4), N, C, eps);
+    cpu::layernorm_forward(y, mean, rstd, stored, in(w, C, 3), in(bias, C, 4), N, C, eps);
     store(out, y, n);
   }
-  void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+  void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                           const float* rstd, int64_t N, int64_t C) override {
     float* dx = load(dinp, N * C, 0);
-    layernorm_backward_f32(dx, dw, db, in(dout, N * C, 1), in(inp, N * C, 2), in(w, C, 3), mean, rstd, N, C);
+    float *gw = grad_in(dw, C), *gb = grad_in(db, C, 1);
+    cpu::layernorm_backward(dx, gw, gb, in(dout, N * C, 1), in(inp, N * C, 2), in(w, C, 3), mean, rstd, N, C,
+                            threads_);
     store(dinp, dx, N * C);
+    store(dw, gw, C);
+    store(db, gb, C);
   }
 
   void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) override {
@@ -151,11 +158,12 @@ class CpuOps final : public Ops {
     cpu::rmsnorm_forward(y, rstd, stored, in(w, C, 3), N, C, eps, threads_);
     store(out, y, n);
   }
-  void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+  void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
                         int64_t C) override {
-    float* dx = load(dinp, N * C, 0);
-    cpu::rmsnorm_backward(dx, dw, in(dout, N * C, 1), in(inp, N * C, 2), in(w, C, 3), rstd, N, C, threads_);
+    float *dx = load(dinp, N * C, 0), *gw = grad_in(dw, C);
+    cpu::rmsnorm_backward(dx, gw, in(dout, N * C, 1), in(inp, N * C, 2), in(w, C, 3), rstd, N, C, threads_);
     store(dinp, dx, N * C);
+    store(dw, gw, C);
   }
 
   void attention_forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
@@ -236,7 +244,11 @@ class CpuOps final : public Ops {
     for (int r = 1; r < k; ++r) accumulate_f32(y, in(parts + int64_t(r) * n, n, 1), n);
     store(out, y, n);
   }
-  void scale(float* x, float s, int64_t n) override { scale_f32(x, s, n); }
+  void scale(Buf x, float s, int64_t n) override {
+    float* f = load(x, n, 0);
+    scale_f32(f, s, n);
+    store(x, f, n);
+  }
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cpu::fp8_quantize(out, in(inp, n, 0), n, t, *scale, amax);
   }
@@ -252,14 +264,12 @@ class CpuOps final : public Ops {
     linear_forward_staged(out, dequantize(inp, N * I, 0), dequantize(w, O * I, 1), bias, N, I, O, gelu_pre);
   }
 
-  void fp8_linear_backward(Buf dinp, float* dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
+  void fp8_linear_backward(Buf dinp, Buf dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
                            int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     const float* dy = dequantize(dout, N * O, 0);
     if (dinp) input_grad_staged(dinp, dy, dequantize(w, O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
-    if (dw)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, dequantize(inp, N * I, 1), I, 1.0f,
-                  dw, I);
+    if (dw) weight_grad(dw, dy, dequantize(inp, N * I, 1), N, I, O);
   }
 
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
@@ -298,19 +308,23 @@ class CpuOps final : public Ops {
       else std::memset(o + n * row, 0, row);
     }
   }
-  void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+  void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                           int64_t rows) override {
-    embedding_backward_f32(dwte, tokens, in(dout, N * C, 0), N, C, v0, rows);
+    float* g = grad_in(dwte, rows * C);
+    embedding_backward_f32(g, tokens, in(dout, N * C, 0), N, C, v0, rows);
+    store(dwte, g, rows * C);
   }
   void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) override {
     float* y = load(out, B * T * C, 0);
     add_position_embedding_f32(y, in(wpe, T * C, 1), B, T, C);
     store(out, y, B * T * C);
   }
-  void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
-    position_embedding_backward_f32(dwpe, in(dout, B * T * C, 0), B, T, C);
+  void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
+    float* g = grad_in(dwpe, T * C);
+    position_embedding_backward_f32(g, in(dout, B * T * C, 0), B, T, C);
+    store(dwpe, g, T * C);
   }
-  void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) override {
+  void bias_backward(Buf dbias, CBuf dout, int64_t N, int64_t C) override {
     position_embedding_backward(dbias, dout, N, 1, C);
   }
 
@@ -386,20 +400,23 @@ class CpuOps final : public Ops {
 
   // ---- norms, optimizer
 
-  bool has_nonfinite(const float* x, int64_t n) override {
+  bool has_nonfinite(CBuf g, int64_t n) override {
+    const float* x = in(g, n, 0);
     int bad = 0;
 #pragma omp parallel for reduction(| : bad) schedule(static)
     for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
     return bad != 0;
   }
-  double sum_squares(const float* x, int64_t n) override {
+  double sum_squares(CBuf g, int64_t n) override {
+    const float* x = in(g, n, 0);
     double s = 0;
 #pragma omp parallel for reduction(+ : s) schedule(static)
     for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
     return s;
   }
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+  void adamw(float* p, CBuf grads, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
              Buf compute, float grad_scale) override {
+    const float* g = in(grads, n, 0);
     const DType t = compute.t;
     float* c32 = compute.f32();
     uint16_t* c16 = static_cast<uint16_t*>(compute.p);
@@ -419,7 +436,7 @@ class CpuOps final : public Ops {
     TPT_CHECK((b.m.t == DType::F32 || m16) && (b.v.t == DType::F32 || v16));
     for (const TensorSegment& t : segments) {
       const int64_t at = b.master_sharded ? t.local : t.offset;
-      const float* g = b.grads + t.offset;
+      const float* g = in(b.grads + t.offset, t.n, 0);
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < t.n; ++i) {
         uint16_t* c16 = b.compute && b.compute.t != DType::F32 ? static_cast<uint16_t*>(b.compute.p) + t.offset + i
@@ -474,7 +491,16 @@ class CpuOps final : public Ops {
     return s;
   }
   void store(Buf y, const float* f, int64_t n) {
-    if (y.t != DType::F32) store_f32(y.p, y.t, f, n);
+    if (y && y.t != DType::F32) store_f32(y.p, y.t, f, n);
+  }
+  // a weight gradient (fp32, or bf16: parallel.grad_reduce_in_bf16) for a "+=": itself, or its values
+  // in a gradient slot of the staging (5, 6), which store() rounds back once; null stays null
+  float* grad_in(Buf g, int64_t n, int k = 0) { return g ? load(g, n, 5 + k) : nullptr; }
+  // dw (O, I) += dy^T (O, N) @ x (N, I), accumulated in fp32 and stored once
+  void weight_grad(Buf dw, const float* dy, const float* x, int64_t N, int64_t I, int64_t O) {
+    float* g = grad_in(dw, O * I);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dy, O, x, I, 1.0f, g, I);
+    store(dw, g, O * I);
   }
 
   // The GEMMs on fp32 operands x (staging slot 0 or the caller's) and w (slot 1), as linear_forward:
@@ -519,77 +545,6 @@ class CpuOps final : public Ops {
       beta = 1.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, O, I, 1.0f, inp, I, w, I, beta, out, O);
-  }
-
-  void linear_backward_f32(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t I, int64_t O, bool accumulate_dinp) {
-    if (dinp)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.0f, dout, O, w, I,
-                  accumulate_dinp ? 1.0f : 0.0f, dinp, I);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dout, O, inp, I, 1.0f, dw, I);
-    if (dbias) add_column_sums(dbias, dout, N, O);
-  }
-
-  void layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, int64_t N, int64_t C, float eps) {
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* x = inp + n * C;
-      double s = 0;
-      for (int64_t c = 0; c < C; ++c) s += x[c];
-      float m = float(s / C);
-      double v = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        float d = x[c] - m;
-        v += double(d) * d;
-      }
-      float r = float(1.0 / std::sqrt(v / C + eps));
-      float* y = out + n * C;
-      for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * r * w[c] + b[c];
-      mean[n] = m;
-      rstd[n] = r;
-    }
-  }
-
-  void layernorm_backward_f32(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int64_t N,
-                          int64_t C) {
-    int nt = threads_;
-    std::vector<float> part(size_t(nt) * 2 * C, 0.0f);
-#pragma omp parallel num_threads(nt)
-    {
-      float* pdw = part.data() + size_t(omp_get_thread_num()) * 2 * C;
-      float* pdb = pdw + C;
-#pragma omp for schedule(static)
-      for (int64_t n = 0; n < N; ++n) {
-        const float* x = inp + n * C;
-        const float* dy = dout + n * C;
-        float m = mean[n], r = rstd[n];
-        double sum_dn = 0, sum_dn_n = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          float nc = (x[c] - m) * r;
-          float dn = dy[c] * w[c];
-          sum_dn += dn;
-          sum_dn_n += double(dn) * nc;
-        }
-        float mean_dn = float(sum_dn / C), mean_dn_n = float(sum_dn_n / C);
-        float* dx = dinp + n * C;
-        for (int64_t c = 0; c < C; ++c) {
-          float nc = (x[c] - m) * r;
-          float dn = dy[c] * w[c];
-          dx[c] += (dn - mean_dn - nc * mean_dn_n) * r;
-          pdw[c] += dy[c] * nc;
-          pdb[c] += dy[c];
-        }
-      }
-    }
-    for (int t = 0; t < nt; ++t) {
-      const float* pdw = part.data() + size_t(t) * 2 * C;
-      for (int64_t c = 0; c < C; ++c) {
-        dw[c] += pdw[c];
-        db[c] += pdw[C + c];
-      }
-    }
   }
 
   // A query row at a time: its scores live in a row buffer of this thread, never a T x T matrix.
@@ -771,7 +726,7 @@ class CpuOps final : public Ops {
     std::unique_ptr<float[]> data;
     int64_t n = 0;
   };
-  Staging staging_[5];
+  Staging staging_[7];
   // allocation accounting: bytes of each live allocation (as rounded by alloc)
   mutable std::mutex alloc_mutex_;
   std::unordered_map<const void*, size_t> alloc_sizes_;

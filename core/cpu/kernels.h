@@ -1,5 +1,5 @@
-// The CPU backend's fp32 kernels that have files of their own (core/ops.h: RMSNorm in
-// rmsnorm_kernels.cpp, SwiGLU in swiglu_kernels.cpp, the grouped-query QKV regroup and RoPE in
+// The CPU backend's fp32 kernels that have files of their own (core/ops.h: LayerNorm and RMSNorm in
+// norm_kernels.cpp, SwiGLU in swiglu_kernels.cpp, the grouped-query QKV regroup and RoPE in
 // qkv_kernels.cpp, the MoE rows in moe_kernels.cpp), as OpenMP loops; CpuOps (cpu_ops.cpp) stages 16-bit operands around them as it
 // does for every kernel. The ring-attention blocks are ring_kernels.h's.
 #pragma once
@@ -25,6 +25,12 @@ inline void row_to_f32(float* dst, const void* src, DType t, int64_t off, int64_
     for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(static_cast<const uint16_t*>(src)[off + i]);
 }
 
+// out (N, C) = (inp - mean) * rstd * w + b; mean, rstd (N)
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
+                       int64_t C, float eps);
+// dinp (N, C) += ; dw, db (C) += (per-thread partials, summed in thread order)
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C, int threads);
 // out (N, C) = inp * rstd * w; rstd (N)
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps,
                      int threads);

@@ -160,6 +160,15 @@ using cuda::Epilogue;
 using cuda::EpilogueArgs;
 using cuda::Operand;
 
+// The weight gradients are fp32 on this backend: bf16 gradient buffers (parallel.grad_reduce_in_bf16) are
+// built on the CPU backend only so far, and training refuses them on CUDA at start-up (apps/train.cpp)
+float* grad_f32(Buf g) {
+  if (g && g.t != DType::F32)
+    internal_error("CUDA backend: a 16-bit gradient buffer (only fp32 is built here)");
+  return static_cast<float*>(g.p);
+}
+const float* grad_f32(CBuf g) { return grad_f32(Buf(const_cast<void*>(g.p), g.t)); }
+
 class CudaOps final : public Ops {
  public:
   CudaOps(int device, const CudaOptions& options) : device_(device), opt_(options) {
@@ -322,8 +331,9 @@ class CudaOps final : public Ops {
     cuda::bias_gelu_forward(out, gelu_pre, acc, bias, N, O, stream_);
   }
 
-  void linear_backward(Buf dinp, float* dw, float* dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
+  void linear_backward(Buf dinp, Buf dw_grad, Buf dbias_grad, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                        int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
+    float *dw = grad_f32(dw_grad), *dbias = grad_f32(dbias_grad);
     if (N <= 0) return;
     const DType t = dout.t;
     TPT_CHECK((!dw || inp.t == t) && (!dinp || (dinp.t == t && w.t == t)) && (!gelu_pre || gelu_pre.t == t));
@@ -432,7 +442,7 @@ class CudaOps final : public Ops {
   void add(Buf out, CBuf a, CBuf b, int64_t n) override { cuda::add(out, a, b, n, stream_); }
   void accumulate(Buf y, CBuf x, int64_t n) override { cuda::accumulate(y, x, n, stream_); }
   void sum_parts(Buf out, CBuf parts, int k, int64_t n) override { cuda::sum_parts(out, parts, k, n, stream_); }
-  void scale(float* x, float s, int64_t n) override { cuda::scale(x, s, n, stream_); }
+  void scale(Buf x, float s, int64_t n) override { cuda::scale(grad_f32(x), s, n, stream_); }
   void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cuda::fp8_quantize(out, in, n, t, scale, amax, stream_);
   }
@@ -444,7 +454,7 @@ class CudaOps final : public Ops {
   void fp8_linear_forward(Buf, Fp8Operand, Fp8Operand, CBuf, int64_t, int64_t, int64_t, Buf) override {
     internal_error("Ops::fp8_linear_forward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
   }
-  void fp8_linear_backward(Buf, float*, Fp8Operand, Fp8Operand, Fp8Operand, int64_t, int64_t, int64_t, bool,
+  void fp8_linear_backward(Buf, Buf, Fp8Operand, Fp8Operand, Fp8Operand, int64_t, int64_t, int64_t, bool,
                            CBuf) override {
     internal_error("Ops::fp8_linear_backward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
   }
@@ -457,9 +467,9 @@ class CudaOps final : public Ops {
                                   int64_t N, int64_t C, float eps) override {
     cuda::residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps, stream_);
   }
-  void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+  void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                           const float* rstd, int64_t N, int64_t C) override {
-    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch_, stream_);
+    cuda::layernorm_backward(dinp, grad_f32(dw), grad_f32(db), dout, inp, w, mean, rstd, N, C, scratch_, stream_);
   }
   void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) override {
     cuda::rmsnorm_forward(out, rstd, inp, w, N, C, eps, stream_);
@@ -468,18 +478,18 @@ class CudaOps final : public Ops {
                                 float eps) override {
     cuda::residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps, stream_);
   }
-  void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
+  void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
                         int64_t C) override {
-    cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, scratch_, stream_);
+    cuda::rmsnorm_backward(dinp, grad_f32(dw), dout, inp, w, rstd, N, C, scratch_, stream_);
   }
 
   void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
                          int64_t rows) override {
     cuda::embedding_forward(out, tokens, wte, N, C, v0, rows, stream_);
   }
-  void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+  void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                           int64_t rows) override {
-    cuda::embedding_backward(dwte, tokens, dout, N, C, v0, rows, scratch_, stream_);
+    cuda::embedding_backward(grad_f32(dwte), tokens, dout, N, C, v0, rows, scratch_, stream_);
   }
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
     cuda::gather_rows(out, inp, idx, scale, R, C, stream_);
@@ -494,11 +504,11 @@ class CudaOps final : public Ops {
   void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C) override {
     cuda::add_position_embedding(out, wpe, B, T, C, stream_);
   }
-  void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
-    cuda::position_embedding_backward(dwpe, dout, B, T, C, stream_);
+  void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
+    cuda::position_embedding_backward(grad_f32(dwpe), dout, B, T, C, stream_);
   }
-  void bias_backward(float* dbias, CBuf dout, int64_t N, int64_t C) override {
-    cuda::add_column_sums(dbias, dout, N, C, scratch_, stream_);
+  void bias_backward(Buf dbias, CBuf dout, int64_t N, int64_t C) override {
+    cuda::add_column_sums(grad_f32(dbias), dout, N, C, scratch_, stream_);
   }
 
   void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
@@ -518,22 +528,23 @@ class CudaOps final : public Ops {
 
   // ---- norms, optimizer (fp32)
 
-  bool has_nonfinite(const float* x, int64_t n) override {
-    return cuda::has_nonfinite(x, n, scratch_, static_cast<int*>(pinned_), stream_);
+  bool has_nonfinite(CBuf x, int64_t n) override {
+    return cuda::has_nonfinite(grad_f32(x), n, scratch_, static_cast<int*>(pinned_), stream_);
   }
-  double sum_squares(const float* x, int64_t n) override {
-    return cuda::sum_squares(x, n, scratch_, static_cast<double*>(pinned_), stream_);
+  double sum_squares(CBuf x, int64_t n) override {
+    return cuda::sum_squares(grad_f32(x), n, scratch_, static_cast<double*>(pinned_), stream_);
   }
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
+  void adamw(float* p, CBuf g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
              Buf compute, float grad_scale) override {
-    cuda::adamw(p, g, m, v, n, a, decay, compute, grad_scale, stream_);
+    cuda::adamw(p, grad_f32(g), m, v, n, a, decay, compute, grad_scale, stream_);
   }
-  GradStats grad_stats(const float* grads, const std::vector<TensorSegment>& segments) override {
-    return cuda::grad_stats(grads, segments.data(), int(segments.size()), scratch_, static_cast<double*>(pinned_),
+  GradStats grad_stats(CBuf grads, const std::vector<TensorSegment>& segments) override {
+    return cuda::grad_stats(grad_f32(grads), segments.data(), int(segments.size()), scratch_, static_cast<double*>(pinned_),
                             stream_);
   }
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
+    grad_f32(b.grads);
     cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, stream_);
   }
 

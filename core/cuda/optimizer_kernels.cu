@@ -218,7 +218,7 @@ void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count,
     TPT_CHECK((b.m.t == DType::F32 || b.m.t == DType::BF16) && (b.v.t == DType::F32 || b.v.t == DType::BF16));
     const AdamWArgs<T> args{b.master,
                             b.master_sharded,
-                            b.grads,
+                            static_cast<const float*>(b.grads.p),
                             b.m.p,
                             b.v.p,
                             b.m.t == DType::BF16,

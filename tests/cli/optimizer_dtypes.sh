@@ -102,12 +102,8 @@ expect_exit2 no_flag "optimizer.exp_avg_dtype: bf16 needs optimizer.use_precisio
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.exp_avg_dtype=bf16
 expect_exit2 fp16_moments "optimizer.exp_avg_sq_dtype: fp16 (Transformer Engine's per-tensor scaled moments) is not built" \
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.exp_avg_sq_dtype=fp16
-expect_exit2 grads_bf16 "optimizer.main_grads_dtype: bf16: 16-bit gradient buffers are not built" \
-  "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.main_grads_dtype=bf16
 expect_exit2 params_fp16 "optimizer.main_params_dtype: fp16: only fp32 master weights are built" \
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.main_params_dtype=fp16
-expect_exit2 reduce_bf16 "parallel.grad_reduce_in_bf16: 16-bit gradient buffers and their reduction are not built" \
-  "$TPTRAIN" --config "$W/cfg.yaml" --set parallel.grad_reduce_in_bf16=true
 expect_exit2 bad_name "optimizer.exp_avg_dtype" \
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.exp_avg_dtype=fp8
 finish

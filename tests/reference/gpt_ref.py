@@ -92,6 +92,8 @@ SCHEMA = {
         "overlap_param_gather": ("bool", False, None, False),
         "overlap_grad_reduce": ("bool", False, None, False),      # when the DP sums run: no math
         "ddp_bucket_size": ("int", 40000000, None, False),
+        # the bf16 gradient buffer (as optimizer.main_grads_dtype: bf16): train_step's bf16_grads
+        "grad_reduce_in_bf16": ("bool", False, None, False),
     },
     "training": {
         "micro_batch_size": ("int", EXPLICIT, 1, False),
@@ -318,9 +320,12 @@ def _check_and_resolve(cfg):
             raise RefError(f"optimizer.{k} must be fp32|bf16 in the reference, got {o[k]!r}")
         if o[k] != "fp32" and not o["use_precision_aware_optimizer"]:
             raise RefError(f"optimizer.{k}: {o[k]} needs optimizer.use_precision_aware_optimizer")
-    for k in ("main_grads_dtype", "main_params_dtype"):
-        if o[k] != "fp32":
-            raise RefError(f"optimizer.{k} must be fp32 in the reference, got {o[k]!r}")
+    if o["main_params_dtype"] != "fp32":
+        raise RefError(f"optimizer.main_params_dtype must be fp32 in the reference, got {o['main_params_dtype']!r}")
+    if o["main_grads_dtype"] not in ("fp32", "bf16"):
+        raise RefError(f"optimizer.main_grads_dtype must be fp32|bf16, got {o['main_grads_dtype']!r}")
+    if o["main_grads_dtype"] != "fp32" and not o["use_precision_aware_optimizer"]:
+        raise RefError("optimizer.main_grads_dtype: bf16 needs optimizer.use_precision_aware_optimizer")
     if d["shuffle"]:
         raise RefError("the reference supports only data.shuffle: false")
     if cfg["checkpoint"]["load"] is not None:
@@ -646,23 +651,64 @@ def round_moments(opt):
             state[name].copy_(state[name].to(torch.bfloat16).to(state[name].dtype))
 
 
-def train_step(model, opt, micro_batches, lr, clip_grad):
+def bf16_round(x):
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def train_step(model, opt, micro_batches, lr, clip_grad, bf16_grads=None):
     """One iteration: gradient of the mean loss over all tokens of the global batch (equal-sized
     micro-batches, each loss divided by their number) plus, with MoE layers, each micro-batch's
     balancing losses weighed as its loss (docs/MOE.md "Balancing losses"), pre-clip global norm,
     clip, AdamW. Returns (lm_loss, grad_norm) with the loss of the parameters before the update;
-    model.moe_stats: the logged MoE values (after the expert bias update)."""
+    model.moe_stats: the logged MoE values (after the expert bias update).
+    bf16_grads = (DP, PP) with DP > 0: the bf16 gradient buffer (parallel.grad_reduce_in_bf16) of DP
+    ranks, micro-batch i on rank i % DP: each rank's gradient stored in bf16, each micro-batch's added
+    in fp32 and rounded once (as one weight-gradient GEMM into the buffer does); a tied word
+    embedding's two gradients added apart, the output layer's first (PP > 1: in two buffers, the last
+    and the first stage's, summed over the embedding group, one rounding); then the ranks' buffers
+    summed in rank order, each addition rounded (DP <= 2: one rounding, whatever the reduction's
+    order)."""
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=False)
     n = len(micro_batches)
     total = 0.0
     moe = moe_ref.StepStats(model.moe_layers())
+    params = list(model.parameters())
+    dp, pp = bf16_grads or (0, 1)
+    tied = model.a["tied"] and dp > 0
+    # per DP rank: each parameter's buffer, and with PP > 1 the last stage's copy of the tied embedding
+    ranks = [[torch.zeros_like(p) for p in params] for _ in range(dp)]
+    heads = [torch.zeros_like(model.wte.weight) for _ in range(dp)] if tied and pp > 1 else None
+    model.tied_parts = {} if tied else None
     for i, mb in enumerate(micro_batches):
         moe.prepare(i, n, lambda j: model.loss(micro_batches[j]))
         loss = model.loss(mb)
         ((loss + moe.objective_terms()) / n).backward()
         total += float(loss.detach())
+        if dp:
+            with torch.no_grad():
+                for acc, p in zip(ranks[i % dp], params):
+                    if tied and p is model.wte.weight:
+                        head, emb = model.tied_parts["head"], model.tied_parts["embedding"]
+                        if heads is not None:
+                            heads[i % dp].copy_(bf16_round(heads[i % dp] + head))
+                            acc.copy_(bf16_round(acc + emb))
+                        else:
+                            acc.copy_(bf16_round(bf16_round(acc + head) + emb))
+                    else:
+                        acc.copy_(bf16_round(acc + p.grad))
+                    p.grad.zero_()
+    model.tied_parts = None
+    if dp:
+        with torch.no_grad():
+            for j, p in enumerate(params):
+                if heads is not None and p is model.wte.weight:
+                    for r in range(dp):
+                        ranks[r][j].copy_(bf16_round(ranks[r][j] + heads[r]))
+                p.grad.copy_(ranks[0][j])
+                for r in range(1, dp):
+                    p.grad.copy_(bf16_round(p.grad + ranks[r][j]))
     model.moe_stats = moe.finish() if moe.layers else {}
     gn = clip_and_step(model, opt, clip_grad)
     return total / n, gn
@@ -715,6 +761,17 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
     data = SequentialData(docs, rng[0], m["seq_length"])
     opt = make_optimizer(model, o)
     G, mb = t["global_batch_size"], t["micro_batch_size"]
+    bf16_grads = None
+    if cfg["parallel"]["grad_reduce_in_bf16"] or o["main_grads_dtype"] == "bf16":
+        par = cfg["parallel"]
+        if d.get("eod_mask_loss") or d.get("reset_position_ids"):
+            raise RefError("the reference's bf16 gradient buffer is not built with data.eod_mask_loss / reset_position_ids")
+        if par["sequence_parallel"] or par["context_parallel_size"] > 1 or m.get("num_moe_experts"):
+            raise RefError("the reference's bf16 gradient buffer does not emulate the partial sums of sequence or "
+                           "context parallelism, or MoE layers")
+        bf16_grads = (par["data_parallel_size"] or 1, par["pipeline_model_parallel_size"])
+        print(f"gpt_ref: bf16 gradient buffer over DP {bf16_grads[0]}, PP {bf16_grads[1]}"
+              + ("" if par["data_parallel_size"] else " (parallel.data_parallel_size null: 1)"), file=log)
     print(f"gpt_ref: {len(docs)} documents, train split {rng[0]}, {data.stream.size} tokens, "
           f"{data.num_samples} samples; G={G} micro={mb} ({G // mb} micro-batches); dtype {dtype}",
           file=log)
@@ -732,7 +789,7 @@ def run_training(cfg, init_path, steps, out_path, dtype=torch.float32, split_rul
                 loss, gn = train_step_doc(model, opt, micro, lr, o["clip_grad"], eod,
                                           d.get("reset_position_ids"), d.get("eod_mask_loss"))
             else:
-                loss, gn = train_step(model, opt, micro, lr, o["clip_grad"])
+                loss, gn = train_step(model, opt, micro, lr, o["clip_grad"], bf16_grads)
             fp8_train_ref.end_step(model)  # delayed scaling: the next step's scales
             rec = {"iteration": k, "consumed_samples": k * G, "lm_loss": loss, "grad_norm": gn, "lr": lr}
             rec.update(model.moe_stats)

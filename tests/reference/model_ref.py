@@ -182,7 +182,15 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if pos is None:                                   # pos: (B, T) per-token positions, or 0..T-1
             pos = torch.arange(T, device=idx.device)[None]
-        x = self.wte(idx)                                 # (B, T, C)
+        parts = getattr(self, "tied_parts", None)         # a dict: the tied weight's two gradients apart
+        wte = self.wte.weight
+        if parts is not None and self.a["tied"]:
+            w_in, w_out = wte.view_as(wte), wte.view_as(wte)
+            w_in.register_hook(lambda g: parts.__setitem__("embedding", g))
+            w_out.register_hook(lambda g: parts.__setitem__("head", g))
+        else:
+            w_in = w_out = wte
+        x = F.embedding(idx, w_in)                        # (B, T, C)
         angle = None
         if self.a["rope"]:                                # pos * inv_freq, in the model's dtype (fp32)
             dt = x.dtype
@@ -192,7 +200,7 @@ class GPT(nn.Module):
         for blk in self.h:
             x = blk(x, self.mask, angle)
         x = self.ln_f(x)
-        return F.linear(x, self.wte.weight if self.a["tied"] else self.lm_head.weight)  # (B, T, V)
+        return F.linear(x, w_out if self.a["tied"] else self.lm_head.weight)  # (B, T, V)
 
     def loss(self, tokens):                               # tokens: (B, S+1) -> mean CE over B*S
         logits = self(tokens[:, :-1])
