@@ -3,7 +3,7 @@
 // MPI_Alltoallv and with the point-to-point path of counts beyond one MPI call (a communicator
 // whose max_count is lowered to 3 elements); the counts exchange; exact integer and double
 // reductions, also in chunks; 16-bit values gathered, broadcast and sent bit for bit, and refused
-// by the reductions.
+// by the reductions but bf16 sums (the user op, each addition rounded).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -123,8 +123,28 @@ TEST(MpiTypedComm, SixteenBitValuesMoveBitForBitAndAreNotReduced) {
   c.exchange({{true, const_cast<uint16_t*>(mine.data()), 3, (r + 1) % n, 0, DType::BF16},
               {false, in.data(), 3, (r + n - 1) % n, 0, DType::BF16}});
   EXPECT_EQ(in[2], uint16_t(0x0001 + (r + n - 1) % n));
-  EXPECT_THROW(c.all_reduce(b.data(), 3, DType::BF16, ReduceOp::Sum), InternalError);
+  EXPECT_THROW(c.all_reduce(b.data(), 3, DType::F16, ReduceOp::Sum), InternalError);
+  EXPECT_THROW(c.all_reduce(b.data(), 3, DType::BF16, ReduceOp::Max), InternalError);
   EXPECT_THROW(c.reduce_scatter(b.data(), all.data(), 3, DType::F16), InternalError);
+}
+
+// bf16 sums (the bf16 gradient buffer; parallel/comm.h): MPI's user op adds in fp32 and rounds each
+// addition -- small integers exact in any order, blocking, started, in chunks and reduce-scattered;
+// 1 + 2^-8 (a tie) rounds to even, 1.
+TEST(MpiTypedComm, Bf16SumsThroughTheUserOp) {
+  const int n = runtime_world_size();
+  const int r = runtime_world_rank();
+  auto c = world_comm(3);
+  std::vector<uint16_t> x(7, fp32_to_bf16(float(r + 1)));
+  c->all_reduce(x.data(), 7, DType::BF16, ReduceOp::Sum);
+  for (uint16_t v : x) EXPECT_EQ(bf16_to_fp32(v), float(n * (n + 1) / 2));
+  std::vector<uint16_t> in(size_t(2 * n)), out(2);
+  for (int i = 0; i < 2 * n; ++i) in[size_t(i)] = fp32_to_bf16(float(i + r));
+  c->wait(c->start_reduce_scatter(out.data(), in.data(), 2, DType::BF16));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(bf16_to_fp32(out[size_t(i)]), float(n * (2 * r + i) + n * (n - 1) / 2));
+  uint16_t tie = fp32_to_bf16(r == 0 ? 1.0f : r == 1 ? 1.0f / 256 : 0.0f);
+  c->wait(c->start_all_reduce(&tie, 1, DType::BF16));
+  EXPECT_EQ(bf16_to_fp32(tie), 1.0f);
 }
 
 }  // namespace
