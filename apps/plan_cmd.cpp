@@ -217,9 +217,9 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                                   ? "Adam moments in fp32"
                                   : "Adam moments in " + name_of(opt.exp_avg_dtype) + " / " + name_of(opt.exp_avg_sq_dtype);
   std::printf("storage: every tensor in its own dtype -- activations, workspace, pipeline messages and the "
-              "compute copy of the weights in the compute dtype; %s, gradients in fp32, %s (what tptrain's "
+              "compute copy of the weights in the compute dtype; %s, gradients in %s, %s (what tptrain's "
               "backends allocate)\n\n",
-              masters.c_str(), moments.c_str());
+              masters.c_str(), bf16_grads(c) ? "bf16 (reduced in bf16)" : "fp32", moments.c_str());
   // GiB for real models, MiB for the small CPU configs
   int64_t largest = 0;
   for (const StageMemory& s : p.stages) largest = std::max(largest, s.total_bytes());
@@ -341,20 +341,25 @@ void print_search(const SearchResult& r, int top, const std::string& path) {
     std::printf("no layout fits: more GPUs, more device memory, or a smaller micro-batch / global batch\n");
     return;
   }
-  std::printf("%4s  %-44s %9s %9s %11s %6s %7s %9s\n", "#", "layout", "peak GiB", "step s", "tokens/s", "MFU", "bubble",
-              "exp.comm");
   const size_t n = top > 0 ? std::min(r.entries.size(), size_t(top)) : r.entries.size();
+  int width = 44;  // the layout column: as wide as the longest name shown
+  for (size_t i = 0; i < n; ++i) width = std::max(width, int(r.entries[i].layout().size()));
+  std::printf("%4s  %-*s %9s %9s %11s %6s %7s %9s\n", "#", width, "layout", "peak GiB", "step s", "tokens/s", "MFU",
+              "bubble", "exp.comm");
   for (size_t i = 0; i < n; ++i) {
     const SearchEntry& e = r.entries[i];
     const StepTime& t = e.time;
-    std::printf("%4zu  %-44s %9.2f %9.4g %11.0f %5.1f%% %6.1f%% %9.3g\n", i + 1, e.layout().c_str(), double(e.peak_bytes) / kGiB,
-                t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.pipeline_s, t.exposed_comm_s);
+    std::printf("%4zu  %-*s %9.2f %9.4g %11.0f %5.1f%% %6.1f%% %9.3g\n", i + 1, width, e.layout().c_str(),
+                double(e.peak_bytes) / kGiB, t.step_s, t.tokens_per_s, 100 * t.mfu, 100 * t.bubble_s / t.pipeline_s,
+                t.exposed_comm_s);
   }
   std::printf("\npeak GiB: the largest stage's total per rank (tptrain plan's memory); bubble: idle time and pipeline "
               "messages of the busiest stage, share of the pipeline time (as tptrain plan); exp.comm: TP communication + the CP ring + DP communication not hidden, seconds per step.\n"
               "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
-              "overlaps the gradient reduction. +R: needs optimizer.store_param_remainders to fit (exact), +R+M16: "
-              "also bf16 Adam moments (the precision-aware optimizer: rounds them each step). Select one with:\n");
+              "overlaps the gradient reduction. +R: needs optimizer.store_param_remainders to fit (exact), +R+G16: "
+              "also the bf16 gradient buffer (parallel.grad_reduce_in_bf16: rounds per micro-batch and reduction), "
+              "+R+G16+M16: also bf16 Adam moments (the precision-aware optimizer: rounds them each step). Select one "
+              "with:\n");
   for (size_t i = 0; i < n; ++i) {
     std::printf("%4zu ", i + 1);
     for (const std::string& s : r.entries[i].sets) std::printf(" --set %s", s.c_str());

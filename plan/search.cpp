@@ -46,20 +46,21 @@ Config apply(const Config& base, const SearchEntry& e) {
   c.training.micro_batch_size = e.micro_batch_size;
   c.training.recompute = e.recompute;
   if (e.memory_options >= 1) c.optimizer.store_param_remainders = true;
-  if (e.memory_options >= 2) {
+  if (e.memory_options >= 2) c.parallel.grad_reduce_in_bf16 = true;
+  if (e.memory_options >= 3) {
     c.optimizer.use_precision_aware_optimizer = true;
     c.optimizer.exp_avg_dtype = c.optimizer.exp_avg_sq_dtype = StateDType::BF16;
   }
   return c;
 }
 
-// The memory options a bf16 config can still take (SearchEntry::memory_options), 0 if none: each level
-// adds what the config does not already set.
+// The memory options a bf16 config can still take (SearchEntry::memory_options), 0 if none: the highest
+// level that adds something the config does not already set (a level adds its option to the lower ones').
 int max_memory_options(const Config& c) {
   if (c.training.precision != Precision::BF16) return 0;
   const OptimizerConfig& o = c.optimizer;
-  return o.exp_avg_dtype == StateDType::BF16 && o.exp_avg_sq_dtype == StateDType::BF16 ? (o.store_param_remainders ? 0 : 1)
-                                                                                       : 2;
+  if (o.exp_avg_dtype != StateDType::BF16 || o.exp_avg_sq_dtype != StateDType::BF16) return 3;
+  return !bf16_grads(c) ? 2 : !o.store_param_remainders ? 1 : 0;
 }
 
 std::vector<std::string> set_arguments(const SearchEntry& e) {
@@ -82,7 +83,8 @@ std::vector<std::string> set_arguments(const SearchEntry& e) {
           "training.recompute=" + name_of(e.recompute)};
   sets.insert(sets.begin() + 1, experts.begin(), experts.end());
   if (e.memory_options >= 1) sets.push_back("optimizer.store_param_remainders=true");
-  if (e.memory_options >= 2)
+  if (e.memory_options >= 2) sets.push_back("parallel.grad_reduce_in_bf16=true");
+  if (e.memory_options >= 3)
     for (const char* s : {"optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
                           "optimizer.exp_avg_sq_dtype=bf16"})
       sets.push_back(s);
@@ -119,7 +121,8 @@ std::string SearchEntry::layout() const {
   if (sequence_parallel) s += " SP";
   if (distributed_optimizer) s += " DO";
   if (memory_options >= 1) s += " +R";
-  if (memory_options >= 2) s += "+M16";
+  if (memory_options >= 2) s += "+G16";
+  if (memory_options >= 3) s += "+M16";
   return s;
 }
 

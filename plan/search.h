@@ -23,15 +23,18 @@ struct SearchEntry {
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false, distributed_optimizer = false;
   // The memory options the layout needs to fit, cheapest first (bf16 runs; none that the config
-  // already sets): 1 optimizer.store_param_remainders (exact, free); 2 also the precision-aware
-  // optimizer's bf16 Adam moments (rounded each step: costs accuracy). 0: as configured.
+  // already sets): 1 optimizer.store_param_remainders (exact, free); 2 also the bf16 gradient buffer
+  // (parallel.grad_reduce_in_bf16: rounded per micro-batch and reduction, costs accuracy; NeMo 24.09's
+  // choice with 1); 3 also the precision-aware optimizer's bf16 Adam moments (rounded each step).
+  // 0: as configured.
   int memory_options = 0;
   std::vector<int64_t> stage_bytes;  // total per rank of each stage
   int64_t peak_bytes = 0;
   StepTime time;
   std::vector<std::string> sets;     // the --set arguments that select it ("section.key=value")
   std::string layout() const;        // "TP4 PP6 DP8 v2 mbs1 1f1b selective SP DO"; MoE "TP2 EP8 ETP1 PP4 DP8 ...";
-                                     // memory options: " +R" (remainders), " +R+M16" (and bf16 moments)
+                                     // memory options: " +R" (remainders), " +R+G16" (and bf16
+                                     // gradients), " +R+G16+M16" (and bf16 moments)
 };
 
 struct SearchResult {

@@ -301,6 +301,9 @@ void Trainer::log_setup() {
     spdlog::info("optimizer: Adam moments stored as exp_avg {}, exp_avg_sq {} (the update in fp32; "
                  "optimizer.use_precision_aware_optimizer)",
                  name_of(cfg_.optimizer.exp_avg_dtype), name_of(cfg_.optimizer.exp_avg_sq_dtype));
+  if (grads_.t == DType::BF16)
+    spdlog::info("gradients: a bf16 buffer, each weight-gradient call and each reduction rounded to bf16 "
+                 "(parallel.grad_reduce_in_bf16 / optimizer.main_grads_dtype)");
   if (remainders_)  // (the fp32 master weights, exact, in 2 bytes each besides the parameter)
     spdlog::info("master weights: the bf16 parameters + 16-bit remainders (optimizer.store_param_remainders)");
   const StageMemory plan = stage_memory(cfg_, grid_.pp_rank, on_gpu_);

@@ -22,6 +22,8 @@ run() {  # NP NAME [args]: 12 iterations, metrics in $W/NAME.jsonl
 run 1 fp32
 run 1 g16 "${G[@]}" --set checkpoint.save="$W/g16_ck"
 run 1 g16_main --set optimizer.use_precision_aware_optimizer=true --set optimizer.main_grads_dtype=bf16
+grep -q "gradients: a bf16 buffer" "$W/g16.log" && ok "the start-up line names the bf16 gradient buffer" ||
+  bad "no start-up line for the bf16 gradients"
 why=$(TOL=1e-7 same_as "$W/fp32.jsonl" g16 1 12 2>&1) && bad "bf16 gradients changed nothing" ||
   ok "bf16 gradients change training ($why)"
 TOL=5e-3 same_as "$W/fp32.jsonl" g16 1 12 > /dev/null && ok "... and stay within 5e-3 of fp32 over 12 iterations" ||

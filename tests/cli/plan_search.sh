@@ -223,7 +223,8 @@ expect2 "--gpus without --search" "--gpus goes with --search" --config "$W/small
 expect2 "--gpu unknown" "--gpu" --config "$W/small.yaml" --gpu v100
 printf 'model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97}\ntraining: {train_iters: 1}\ndata: {path: none}\n' > "$W/nobatch.yaml"
 # --- memory options (issue 41): Nemotron-4 340B's published layout (NeMo on 128 H100s, 80 GB) fits
-# only with master-weight remainders and bf16 moments, and the search lists it with both --------
+# only with master-weight remainders and bf16 gradients (NeMo 24.09's options: Apex's distributed Adam),
+# and the search lists it with both --------------------------------------------------------------
 NEMOTRON=(--set model.num_layers=96 --set model.hidden_size=18432 --set model.num_attention_heads=96
   --set model.group_query_attention=true --set model.num_query_groups=8 --set model.ffn_hidden_size=73728
   --set model.vocab_size=256000 --set model.seq_length=4096 --set model.max_position_embeddings=4096
@@ -231,22 +232,23 @@ NEMOTRON=(--set model.num_layers=96 --set model.hidden_size=18432 --set model.nu
   --set model.position_embedding_type=rope --set training.global_batch_size=32)
 "$TPTRAIN" plan --config "$GPT96" "${NEMOTRON[@]}" --search --gpus 128 --top 0 --json > "$W/nemotron.json" 2> "$W/nemotron.err" ||
   bad "Nemotron-4 340B search: exit $? $(tail -2 "$W/nemotron.err")"
-$PYTHON - "$W/nemotron.json" <<'PY' && ok "Nemotron-4 340B on 128 GPUs: the published TP8 PP8 DP2 v12 layout is listed with +R+M16 (and not without)" ||
+$PYTHON - "$W/nemotron.json" <<'PY' && ok "Nemotron-4 340B on 128 GPUs: the published TP8 PP8 DP2 v12 layout is listed with +R+G16 (and not without)" ||
 import json, sys
 r = json.load(open(sys.argv[1]))
 by = {l["layout"]: l for l in r["layouts"]}
 name = "TP8 PP8 DP2 v12 mbs1 1f1b selective SP DO"
-assert name + " +R+M16" in by and name not in by and name + " +R" not in by, [n for n in by if n.startswith("TP8 PP8 DP2 v12")]
-l = by[name + " +R+M16"]
-assert l["memory_options"] == 2 and "optimizer.exp_avg_dtype=bf16" in l["set"] and "optimizer.store_param_remainders=true" in l["set"]
+assert name + " +R+G16" in by and name not in by and name + " +R" not in by, [n for n in by if n.startswith("TP8 PP8 DP2 v12")]
+l = by[name + " +R+G16"]
+assert l["memory_options"] == 2 and "parallel.grad_reduce_in_bf16=true" in l["set"] and "optimizer.store_param_remainders=true" in l["set"]
+assert not any("exp_avg" in x for x in l["set"]), l["set"]
 print(f"  {len(by)} layouts fit; the published one needs {l['peak_bytes'] / 2**30:.2f} GiB")
 PY
   bad "Nemotron-4 340B search does not list the published layout as expected"
 # ... and selected with its --set lines a plain plan agrees that it fits
-sets=$($PYTHON -c "import json; print(' '.join('--set ' + l for x in json.load(open('$W/nemotron.json'))['layouts'] if x['layout'] == 'TP8 PP8 DP2 v12 mbs1 1f1b selective SP DO +R+M16' for l in x['set']))")
+sets=$($PYTHON -c "import json; print(' '.join('--set ' + l for x in json.load(open('$W/nemotron.json'))['layouts'] if x['layout'] == 'TP8 PP8 DP2 v12 mbs1 1f1b selective SP DO +R+G16' for l in x['set']))")
 # shellcheck disable=SC2086
 "$TPTRAIN" plan --config "$GPT96" "${NEMOTRON[@]}" --world-size 128 $sets > "$W/nemotron_plan.txt" 2>&1 &&
-  grep -q "^    0 .* yes" "$W/nemotron_plan.txt" && grep -q "Adam moments in bf16 / bf16" "$W/nemotron_plan.txt" &&
+  grep -q "^    0 .* yes" "$W/nemotron_plan.txt" && grep -q "gradients in bf16 (reduced in bf16), Adam moments in fp32" "$W/nemotron_plan.txt" &&
   ok "its --set lines: a plain plan fits it on 80 GiB" || { bad "plain plan of the Nemotron layout"; head -12 "$W/nemotron_plan.txt"; }
 
 "$TPTRAIN" plan --config "$GPT96" --search --gpus 7 > "$W/gpus7.txt" 2>&1
