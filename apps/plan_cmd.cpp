@@ -177,9 +177,11 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
 void print_report(const Plan& p, const Config& c, const std::string& path) {
   const ModelConfig& m = c.model;
   const PlanOptions& o = p.options;
-  const char* dp_sync = c.parallel.distributed_optimizer && p.dp > 1
-                            ? "reduce-scatter of the fp32 gradients + all-gather of the parameters (distributed optimizer)"
-                            : "all-reduce of the fp32 gradients";
+  const std::string grads = bf16_grads(c) ? "bf16" : "fp32";
+  const std::string dp_sync = c.parallel.distributed_optimizer && p.dp > 1
+                                  ? "reduce-scatter of the " + grads +
+                                        " gradients + all-gather of the parameters (distributed optimizer)"
+                                  : "all-reduce of the " + grads + " gradients";
   std::printf("tptrain plan | config %s\n", path.c_str());
   std::printf("model: GPT %d layers, hidden %d, %d heads, ffn %d, seq %d, vocab %d (padded %lld): %s parameters; %s\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.seq_length, m.vocab_size,
@@ -291,7 +293,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
     std::printf("\n");
   }
   std::printf("communication per rank per iteration: TP all-reduce %s, PP send %s, DP %s %s (payloads)\n",
-              bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(), dp_sync,
+              bytes(double(p.tp_comm_bytes)).c_str(), bytes(double(p.pp_comm_bytes)).c_str(), dp_sync.c_str(),
               bytes(double(p.dp_comm_bytes)).c_str());
   std::printf("step time estimate: %.4g s (pipeline %.4g + exposed DP / embedding sync %.4g + optimizer %.4g): "
               "%.0f tokens/s, %.4g TFLOP/s per rank, MFU %.1f%%\n",

@@ -12,10 +12,13 @@
 
 #include "core/error.h"
 #include "model/block.h"
+#include "model/stage_bytes.h"
 #include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
+
+using namespace stage_bytes;
 
 // Compute-dtype tensors are Bufs; norm statistics and the log-sum-exp are fp32.
 // The LayerNorm outputs are kept as this rank's tokens (Nt, C); with sequence parallelism the GEMMs'
@@ -49,130 +52,6 @@ struct GPTStage::SlotActs {
   std::vector<LayerStash> stash;  // per layer, with StageOptions::split_backward
   bool weight_pending = false;    // B ran (BackwardPart::Input), W (backward_weight) not yet
 };
-
-namespace {
-// Bytes of n elements of the compute dtype t, and of n fp32 values.
-int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }
-int64_t fb(int64_t n) { return 4 * n; }
-
-// a norm's statistics on this rank's Nt tokens (LayerNorm: mean and rstd; RMSNorm: rstd)
-int64_t norm_stats_bytes(const GPTDims& d, int64_t Nt) { return fb(d.norm.stats_per_token() * Nt); }
-
-// model.qk_layernorm: the rows of the q/k norms of N tokens (each local q and k head of each token)
-int64_t qk_norm_rows(const GPTDims& d, int64_t N) { return d.qk_norm ? N * (d.Hl + d.kv_heads) : 0; }
-
-// one layer's activations (LayerActs), with or without the attention core, tensor by tensor in the
-// constructor's order (layer_acts): the residual stream and the norms on this rank's Nt tokens, the
-// TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's activation; GELU's is recomputed from fc1's
-// output in backward, in the shared dact_). An MoE layer's MLP keeps its rows in MoEMLP
-// (moe_layer_bytes) instead of fc1's output.
-std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
-  const int64_t N = B * d.S, Nt = d.local_tokens(N), qk = qk_norm_rows(d, N);
-  std::vector<int64_t> v;
-  auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
-    for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(rows));
-  };
-  v.push_back(tb(Nt * d.C, t));  // ln1
-  stats(Nt);
-  v.push_back(tb(N * d.qkv_width, t));
-  if (d.qk_norm) {  // the q/k norms' inputs and statistics
-    v.push_back(tb(qk * d.D, t));
-    stats(qk);
-  }
-  if (with_core) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));  // attention output, lse
-  v.push_back(tb(Nt * d.C, t));  // x_mid
-  v.push_back(tb(Nt * d.C, t));  // ln2
-  stats(Nt);
-  if (!moe) {
-    v.push_back(tb(N * d.fc1_width, t));
-    if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
-  }
-  v.push_back(tb(Nt * d.C, t));  // x_out
-  return v;
-}
-
-int64_t layer_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
-  int64_t n = 0;
-  for (int64_t b : layer_tensor_bytes(d, B, t, with_core, moe)) n += b;
-  return n;
-}
-
-// The stage's shared scratch (StageOptions::shared_scratch), tensor by tensor in the constructor's
-// order: dln, tmp (N, C); dqkv; datt and its row statistics; dfc; dact; qkv_tmp (grouped-query
-// attention); qk_din (q/k norms); the attention core selective recompute rebuilds, or the layer full
-// recompute rebuilds; the 16-bit TP sums' gather buffer.
-std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompute r, DType t) {
-  const int64_t N = B * d.S;
-  std::vector<int64_t> v = {tb(N * d.C, t),         tb(N * d.C, t), tb(N * d.qkv_width, t), tb(N * d.Cl, t),
-                            fb(B * d.Hl * d.S),     tb(N * d.fc1_width, t), tb(N * d.Fl, t)};
-  if (d.grouped_qkv) v.push_back(tb(N * d.qkv_width, t));
-  if (d.qk_norm) v.push_back(tb(N * d.Cl, t));
-  if (r == Recompute::Selective) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));
-  if (r == Recompute::Full)
-    for (int64_t b : layer_tensor_bytes(d, B, t, true)) v.push_back(b);
-  v.push_back(tp_gather_bytes(N * d.C, t, d.tp));
-  return v;
-}
-
-// each shared tensor starts at a multiple of this (the GPU allocator's alignment)
-constexpr int64_t kScratchAlign = 256;
-int64_t carve_bytes(int64_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-
-// the stage's MoE layers
-int64_t moe_layer_count(const GPTDims& d) {
-  int64_t n = 0;
-  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) n += d.moe.is_moe(l) ? 1 : 0;
-  return n;
-}
-
-// whether a split backward's B stashes a linear layer's dY for W: the attention's and the dense MLP's
-// (an MoE layer's MLP -- router, experts, shared expert -- finishes its weight gradients in B)
-bool stashed(const LinearSpec& l) { return l.name.starts_with("attn.") || l.name.starts_with("mlp.fc"); }
-
-// the slot's positions (data.reset_position_ids): this rank's Nt tokens' for learned positions on the
-// first stage, all N tokens' for RoPE (after the QKV GEMM every rank sees all tokens)
-int64_t positions_count(const GPTDims& d, int64_t N) {
-  if (!d.position_ids) return 0;
-  return d.learned_positions() ? d.local_tokens(N) : N;
-}
-}  // namespace
-
-int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t) {
-  const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  int64_t n = tb(Nt * d.C, t) + fb(2 * N);  // stage input, tokens, targets
-  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
-    n += r == Recompute::Full ? tb(Nt * d.C, t) : layer_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l));
-    if (d.moe.is_moe(l)) n += moe_layer_bytes(d, Nt, t);  // MoEMLP's per slot, whatever the recompute
-  }
-  n += fb(positions_count(d, N)) + fb(N) * int64_t(d.loss_mask);  // positions, loss weights
-  if (d.last_stage()) n += tb(Nt * d.C, t) + norm_stats_bytes(d, Nt);  // final norm
-  return n;
-}
-
-int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t) {
-  const int64_t N = B * d.S, Nt = d.local_tokens(N);
-  int64_t n = tb(Nt * d.C, t);                 // dres: the input gradient, sent after the backward
-  if (d.rot) n += fb(d.rot / 2);               // RoPE's inverse frequencies
-  if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);  // logits, cross-entropy rows (loss to backward)
-  if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
-  if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t);
-  return n;
-}
-
-int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
-  int64_t n = 0;
-  for (int64_t b : shared_scratch_tensors(d, B, r, t)) n += carve_bytes(b);
-  return n;
-}
-
-int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
-  const int64_t N = B * d.S;
-  int64_t n = 0;  // LayerStash: dY (N, out) of each stashed linear layer
-  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
-    for (const LinearSpec* lin : d.spec(l).linears())
-      if (stashed(*lin)) n += N * lin->out;
-  return tb(n, t);
-}
 
 std::string linear_name(const GPTDims& d, int64_t in, int64_t out) {
   std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> parts;
@@ -240,61 +119,66 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     shared = static_cast<char*>(ops_.alloc_bytes(size_t(shared_bytes)));
     owned_.push_back(shared);
   }
-  int64_t carved = 0;
-  auto carve = [&](int64_t bytes) {
-    void* q = shared + carved;
-    carved += carve_bytes(bytes);
-    return q;
+  // where a tensor comes from: carved from a region (the shared scratch, a pooled slot) or its own allocation
+  struct Region {
+    char* base = nullptr;
+    int64_t used = 0;
+    void* carve(int64_t bytes) {
+      void* q = base + used;
+      used += carve_bytes(bytes);
+      return q;
+    }
   };
-  // a compute-dtype / fp32 tensor of the slot's (false) or of the shared scratch (true)
-  auto buf = [&](bool sh, int64_t n) { return sh ? Buf(carve(tb(n, opt_.dtype)), opt_.dtype) : alloc(n); };
-  auto f32 = [&](bool sh, int64_t n) { return sh ? static_cast<float*>(carve(fb(n))) : alloc_f32(n); };
-  auto norm_stats = [&](int64_t n, bool sh) {  // norm_stats_bytes
+  Region sc{shared, 0};
+  // a compute-dtype / fp32 tensor of a region (null: allocated on its own)
+  auto buf = [&](Region* r, int64_t n) { return r ? Buf(r->carve(tb(n, opt_.dtype)), opt_.dtype) : alloc(n); };
+  auto f32 = [&](Region* r, int64_t n) { return r ? static_cast<float*>(r->carve(fb(n))) : alloc_f32(n); };
+  auto norm_stats = [&](int64_t n, Region* r) {  // stats_per_token fp32 rows
     NormStats st;
-    if (!d.norm.rms) st.mean = f32(sh, n);
-    st.rstd = f32(sh, n);
+    if (!d.norm.rms) st.mean = f32(r, n);
+    st.rstd = f32(r, n);
     return st;
   };
-  auto attention_core = [&](LayerActs& la, bool sh) {
-    la.atty = buf(sh, N * d.Cl);
-    la.lse = f32(sh, B_ * d.Hl * d.S);
+  auto attention_core = [&](LayerActs& la, Region* r) {
+    la.atty = buf(r, N * d.Cl);
+    la.lse = f32(r, B_ * d.Hl * d.S);
   };
-  auto layer_acts = [&](const LayerActs* shared_core, bool moe, bool sh) {  // layer_tensor_bytes
+  auto layer_acts = [&](const LayerActs* shared_core, bool moe, Region* r) {  // layer_tensor_bytes
     LayerActs la;
-    la.ln1 = buf(sh, Nt * d.C);
-    la.ln1_stats = norm_stats(Nt, sh);
-    la.qkv = buf(sh, N * d.qkv_width);
+    la.ln1 = buf(r, Nt * d.C);
+    la.ln1_stats = norm_stats(Nt, r);
+    la.qkv = buf(r, N * d.qkv_width);
     if (d.qk_norm) {
-      la.qk_in = buf(sh, qk_norm_rows(d, N) * d.D);
-      la.qk_stats = norm_stats(qk_norm_rows(d, N), sh);
+      la.qk_in = buf(r, qk_norm_rows(d, N) * d.D);
+      la.qk_stats = norm_stats(qk_norm_rows(d, N), r);
     }
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
-    else attention_core(la, sh);
-    la.x_mid = buf(sh, Nt * d.C);
-    la.ln2 = buf(sh, Nt * d.C);
-    la.ln2_stats = norm_stats(Nt, sh);
+    else attention_core(la, r);
+    la.x_mid = buf(r, Nt * d.C);
+    la.ln2 = buf(r, Nt * d.C);
+    la.ln2_stats = norm_stats(Nt, r);
     if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
-      la.fc1 = buf(sh, N * d.fc1_width);
-      la.gelu = d.mlp.swiglu ? buf(sh, N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
+      la.fc1 = buf(r, N * d.fc1_width);
+      la.gelu = d.mlp.swiglu ? buf(r, N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
     }
-    la.x_out = buf(sh, Nt * d.C);
+    la.x_out = buf(r, Nt * d.C);
     return la;
   };
   // the shared scratch (shared_scratch_tensors)
-  dln_ = buf(true, N * d.C);
-  tmp_ = buf(true, N * d.C);
-  dqkv_ = buf(true, N * d.qkv_width);
-  datt_ = buf(true, N * d.Cl);
-  datt_stats_ = f32(true, B_ * d.Hl * d.S);
-  dfc_ = buf(true, N * d.fc1_width);
-  dact_ = buf(true, N * d.Fl);
-  if (d.grouped_qkv) qkv_tmp_ = buf(true, N * d.qkv_width);
-  if (d.qk_norm) qk_din_ = buf(true, N * d.Cl);
+  dln_ = buf(&sc, N * d.C);
+  tmp_ = buf(&sc, N * d.C);
+  dqkv_ = buf(&sc, N * d.qkv_width);
+  datt_ = buf(&sc, N * d.Cl);
+  datt_stats_ = f32(&sc, B_ * d.Hl * d.S);
+  dfc_ = buf(&sc, N * d.fc1_width);
+  dact_ = buf(&sc, N * d.Fl);
+  if (d.grouped_qkv) qkv_tmp_ = buf(&sc, N * d.qkv_width);
+  if (d.qk_norm) qk_din_ = buf(&sc, N * d.Cl);
   LayerActs shared_core{};
-  if (opt_.recompute == Recompute::Selective) attention_core(shared_core, true);
-  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false, true));
-  if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(carve(bytes), opt_.dtype)};
-  TPT_CHECK(carved == shared_bytes);
+  if (opt_.recompute == Recompute::Selective) attention_core(shared_core, &sc);
+  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false, &sc));
+  if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(sc.carve(bytes), opt_.dtype)};
+  TPT_CHECK(sc.used == shared_bytes);
   if (opt_.fp8) {  // the codes of the largest input, weight and output gradient of the four linear GEMMs
     fp8_begin_ = std::max(d.layer_begin, opt_.fp8_layer_begin);
     fp8_end_ = std::max(fp8_begin_, std::min(d.layer_end, opt_.fp8_layer_end));
@@ -307,27 +191,34 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
     ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.kv_heads, d.D, opt_.dtype);
   }
+  // the slots (slot_tensor_bytes): each tensor its own allocation, or carved from the slot's part of the pool
+  const bool pooled = opt_.slot_pool != nullptr;
+  TPT_CHECK(!pooled || (opt_.slot_stride >= pooled_slot_bytes(d, B_, opt_.recompute, opt_.dtype) &&
+                        opt_.slot_stride % kScratchAlign == 0 && !opt_.split_backward));
   for (int s = 0; s < slots; ++s) {
     auto* a = new SlotActs;
     slots_.push_back(a);
-    a->tokens = reinterpret_cast<int32_t*>(alloc_f32(N));
-    a->targets = reinterpret_cast<int32_t*>(alloc_f32(N));
-    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(alloc_f32(positions_count(d, N)));
-    if (d.loss_mask) a->loss_weights = alloc_f32(N);
-    a->x_in = alloc(Nt * d.C);
+    Region pool{static_cast<char*>(opt_.slot_pool) + s * opt_.slot_stride, 0};
+    Region* r = pooled ? &pool : nullptr;
+    a->tokens = reinterpret_cast<int32_t*>(f32(r, N));
+    a->targets = reinterpret_cast<int32_t*>(f32(r, N));
+    if (d.position_ids) a->positions = reinterpret_cast<int32_t*>(f32(r, positions_count(d, N)));
+    if (d.loss_mask) a->loss_weights = f32(r, N);
+    a->x_in = buf(r, Nt * d.C);
     for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
       if (opt_.recompute == Recompute::Full) {  // only the layer's output (= next layer's input) is kept
         LayerActs la{};
-        la.x_out = alloc(Nt * d.C);
+        la.x_out = buf(r, Nt * d.C);
         a->layers.push_back(la);
       } else {
-        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, d.moe.is_moe(l), false));
+        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, d.moe.is_moe(l), r));
       }
     }
     if (d.last_stage()) {
-      a->lnf = alloc(Nt * d.C);
-      a->lnf_stats = norm_stats(Nt, false);
+      a->lnf = buf(r, Nt * d.C);
+      a->lnf_stats = norm_stats(Nt, r);
     }
+    TPT_CHECK(pool.used <= opt_.slot_stride);
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
         LayerStash& st = a->stash.emplace_back();

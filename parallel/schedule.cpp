@@ -325,6 +325,39 @@ int max_in_flight(const std::vector<Action>& actions) {
 
 int max_awaiting_backward(const std::vector<Action>& actions) { return peak_until(actions, K::Backward); }
 
+SlotPool pool_slots(const std::vector<Action>& actions, int chunks, int microbatches) {
+  const bool backward = std::any_of(actions.begin(), actions.end(), [](const Action& a) { return a.kind == K::Backward; });
+  const K end = splits_backward(actions) ? K::BackwardWeight : K::Backward;
+  SlotPool p;
+  p.slot.assign(size_t(chunks), std::vector<int>(size_t(microbatches), -1));
+  // forward only: which outputs are sent (the last virtual stage's are not: free after their forward)
+  std::vector<std::vector<bool>> sent(size_t(chunks), std::vector<bool>(size_t(microbatches), false));
+  for (const Action& a : actions)
+    if (a.kind == K::Comm && a.send_fwd >= 0) sent.at(size_t(a.send_fwd_chunk)).at(size_t(a.send_fwd)) = true;
+  std::vector<bool> used;
+  auto release = [&](int mb, int c) {
+    const int s = p.slot.at(size_t(c)).at(size_t(mb));
+    TPT_CHECK(s >= 0 && used[size_t(s)]);
+    used[size_t(s)] = false;
+  };
+  for (const Action& a : actions) {
+    if (a.kind == K::Forward) {
+      const size_t s = size_t(std::find(used.begin(), used.end(), false) - used.begin());  // the lowest free
+      if (s == used.size()) used.push_back(false);
+      used[s] = true;
+      p.slot.at(size_t(a.chunk)).at(size_t(a.mb)) = int(s);
+      p.slots = std::max(p.slots, int(used.size()));
+      if (!backward && !sent[size_t(a.chunk)][size_t(a.mb)]) release(a.mb, a.chunk);
+    } else if (backward && a.kind == end) {
+      release(a.mb, a.chunk);
+    } else if (!backward && a.kind == K::Comm && a.send_fwd >= 0) {
+      release(a.send_fwd, a.send_fwd_chunk);
+    }
+  }
+  p.slots = std::max(p.slots, 1);
+  return p;
+}
+
 namespace {
 
 // Runs all lists together: the checks of simulate() and, when asked, the timing of time_pipeline().

@@ -100,6 +100,17 @@ ReceiveBuffers receive_buffers(const std::vector<Action>& actions, int chunks);
 // backward has not yet released in part (for lists without BackwardWeight equal to max_in_flight).
 int max_awaiting_backward(const std::vector<Action>& actions);
 
+// Activation slots shared by a stage's model chunks (model/gpt.h StageOptions::slot_pool): each
+// micro-batch of each chunk takes the lowest free slot at its Forward and frees it at the end of its
+// backward (BackwardWeight where the list has any, else Backward) -- so `slots` is max_in_flight --
+// or, in a list without backward, once its output is sent (its send_fwd's Comm; the last virtual
+// stage's, which are not sent, after their Forward: the loss reads them there). slot[chunk][mb]; slots: how many the list uses.
+struct SlotPool {
+  std::vector<std::vector<int>> slot;
+  int slots = 0;
+};
+SlotPool pool_slots(const std::vector<Action>& actions, int chunks, int microbatches);
+
 // A micro-batch count whose schedule holds the same in-flight counts on every stage (max_in_flight,
 // max_in_flight_per_chunk, max_awaiting_backward) as `microbatches`: past the warm-up they stop
 // growing with M for every kind but GPipe (which holds all M), so above (chunks + 1) x stages that

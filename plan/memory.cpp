@@ -94,6 +94,7 @@ std::vector<Action> stage_schedule(const Config& c, int pp_rank) {
 struct InFlight {
   std::vector<int> per_chunk;
   int all = 0;
+  int pool = 0;  // the slots of a pool shared by the chunks (pool_slots: training and evaluation)
   std::vector<int> receive_buffers;  // per chunk: activations + gradients (receive_buffers, training and evaluation)
 };
 const InFlight& stage_in_flight(const Config& c, int pp_rank) {
@@ -104,9 +105,11 @@ const InFlight& stage_in_flight(const Config& c, int pp_rank) {
   auto [it, added] = memo.try_emplace(std::make_tuple(int(kind), P, M, v, pp_rank));
   if (added) {
     const std::vector<Action> schedule = make_schedule(kind, P, pp_rank, M, v);
-    it->second = {max_in_flight_per_chunk(schedule), max_in_flight(schedule), {}};
+    const std::vector<Action> eval_schedule = make_schedule(ScheduleKind::ForwardOnly, P, pp_rank, M, v);
+    it->second = {max_in_flight_per_chunk(schedule), max_in_flight(schedule),
+                  std::max(pool_slots(schedule, v, M).slots, pool_slots(eval_schedule, v, M).slots), {}};
     const ReceiveBuffers train = receive_buffers(schedule, v);
-    const ReceiveBuffers eval = receive_buffers(make_schedule(ScheduleKind::ForwardOnly, P, pp_rank, M, v), v);
+    const ReceiveBuffers eval = receive_buffers(eval_schedule, v);
     for (size_t c = 0; c < size_t(v); ++c)
       it->second.receive_buffers.push_back(std::max(train.activations[c], eval.activations[c]) +
                                            std::max(train.gradients[c], eval.gradients[c]));
@@ -227,6 +230,13 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   // The chunks share one scratch for what lives within a pass: the largest chunk's (StageOptions::shared_scratch).
   const Recompute mode = cfg.training.recompute;
   int64_t shared_by_mode[3] = {0, 0, 0};
+  // interleaved (pooled_slots): the chunks' slots in one pool of in_flight.pool slots of the largest
+  // chunk's pooled_slot_bytes; else each chunk its own peak of slots
+  const bool pooled = pooled_slots(chunks, split);
+  int64_t pool_by_mode[3] = {0, 0, 0};
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    for (const GPTDims& d : chunks)
+      if (pooled) pool_by_mode[int(r)] = std::max(pool_by_mode[int(r)], in_flight.pool * pooled_slot_bytes(d, B, r, dtype));
   for (size_t c = 0; c < chunks.size(); ++c) {
     const GPTDims& d = chunks[c];
     const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
@@ -235,18 +245,20 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     fo.delayed = cfg.training.fp8_recipe == Fp8Recipe::Delayed;
     fo.blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
     const int64_t fp8 = f ? fp8_scratch_bytes(d, B, fo, f) : 0;
+    const int64_t own_slots = pooled ? 0 : slots[c];
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       m.activation_and_workspace_by_mode[int(r)] +=
-          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * slots[c] + scratch_bytes(d, B, dtype) + fp8;
+          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * own_slots + scratch_bytes(d, B, dtype) + fp8;
       shared_by_mode[int(r)] = std::max(shared_by_mode[int(r)], shared_scratch_bytes(d, B, r, dtype));
     }
-    m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * slots[c];
+    m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * own_slots;
     m.workspace_bytes += scratch_bytes(d, B, dtype) + fp8;
     // The trainer's buffers: the received activations and gradients the schedules hold at once (B*S*C,
     // or this TP rank's B*S*C/tp with sequence parallelism).
     m.buffer_bytes += in_flight.receive_buffers.at(c) * dtype_size(stage_message_elements(d, B), dtype);
   }
-  for (int r = 0; r < 3; ++r) m.activation_and_workspace_by_mode[r] += shared_by_mode[r];
+  for (int r = 0; r < 3; ++r) m.activation_and_workspace_by_mode[r] += shared_by_mode[r] + pool_by_mode[r];
+  m.activation_bytes += pool_by_mode[int(mode)];
   m.workspace_bytes += shared_by_mode[int(mode)];
   // the trainer's staging of a micro-batch: tokens, targets (int32), and with data.reset_position_ids /
   // data.eod_mask_loss its positions (int32) / loss weights (fp32); positions with context parallelism too

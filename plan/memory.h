@@ -12,7 +12,9 @@
 //   optimizer   AdamW exp_avg + exp_avg_sq, fp32 (8 B/element; of 1/DP with the distributed optimizer)
 //   activations per model chunk (model/chunks.h; one without interleaving):
 //               activation_bytes_per_microbatch(...) (+ weight_grad_stash_bytes with zb-h1) x the
-//               chunk's in-flight micro-batches (max_in_flight_per_chunk of the stage's list)
+//               chunk's in-flight micro-batches (max_in_flight_per_chunk of the stage's list); with
+//               interleaving (pooled_slots) instead one pool for the chunks: pool_slots' count x the
+//               largest chunk's pooled_slot_bytes
 //   workspace   scratch_bytes(...) per chunk (shared by its micro-batches) + the largest chunk's
 //               shared_scratch_bytes(...) (shared by the chunks: they run one pass at a time)
 //   buffers     pipeline receive buffers (the activations and gradients each chunk's schedules

@@ -249,6 +249,20 @@ void Trainer::setup_pipeline() {
                                                                    cfg_.training.recompute, dtype_));
   shared_scratch_ = ops_->alloc_bytes(size_t(shared_scratch));
   stage_options.shared_scratch = shared_scratch_;
+  // interleaved: the chunks' activation slots in one pool, each micro-batch's slot assigned by the
+  // schedules (pool_slots), as many as the rank holds at once -- not each chunk's own peak
+  if (pooled_slots(chunk_dims_, stage_options.split_backward)) {
+    pool_[0] = pool_slots(eval_schedule_, v, num_micro_);
+    pool_[1] = pool_slots(train_schedule_, v, num_micro_);
+    const int R = std::max(pool_[0].slots, pool_[1].slots);
+    int64_t stride = 0;
+    for (const GPTDims& d : chunk_dims_)
+      stride = std::max(stride, pooled_slot_bytes(d, cfg_.training.micro_batch_size, cfg_.training.recompute, dtype_));
+    slot_pool_ = ops_->alloc_bytes(size_t(R * stride));
+    stage_options.slot_pool = slot_pool_;
+    stage_options.slot_stride = stride;
+    slots_.assign(size_t(v), R);
+  }
   // received messages: as many per chunk as the training and the evaluation schedules hold at once
   const ReceiveBuffers train_rx = receive_buffers(train_schedule_, v), eval_rx = receive_buffers(eval_schedule_, v);
   for (int c = 0; c < v; ++c) {
@@ -388,6 +402,7 @@ Trainer::~Trainer() {
       for (Buf b : chunk) ops_->free(b.p);
     if (params_compute_.p != master_) ops_->free(params_compute_.p);
     if (shared_scratch_) ops_->free(shared_scratch_);
+    if (slot_pool_) ops_->free(slot_pool_);
   }
 }
 
@@ -464,7 +479,9 @@ double Trainer::forward_backward(int64_t base, const BlendedDataset& ds, bool wa
   double loss_sum = 0;
   StageHooks h;
   const int64_t n = stage_message_elements(dims_, B);  // elements of one message, in the compute dtype
-  auto slot = [&](int mb, int chunk) { return mb % slots_[size_t(chunk)]; };
+  auto slot = [&](int mb, int chunk) {
+    return slot_pool_ ? pool_[want_grad].slot[size_t(chunk)][size_t(mb)] : mb % slots_[size_t(chunk)];
+  };
   // micro-batch mb's received activation / gradient of a chunk (receive_buffers)
   auto act_in = [&](int mb, int chunk) { return act_in_[size_t(chunk)].at(size_t(mb) % act_in_[size_t(chunk)].size()); };
   auto grad_in = [&](int mb, int chunk) { return grad_in_[size_t(chunk)].at(size_t(mb) % grad_in_[size_t(chunk)].size()); };

@@ -135,6 +135,8 @@ class Trainer {
   int consecutive_nan_ = 0;
   std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
   void* shared_scratch_ = nullptr;  // the chunks' scratch within a pass (StageOptions::shared_scratch)
+  void* slot_pool_ = nullptr;       // interleaved: the chunks' activation slots (StageOptions::slot_pool)
+  SlotPool pool_[2];                // ... each micro-batch's slot in evaluation [0] and training [1]
   std::unique_ptr<AdamW> adamw_;
   std::vector<TensorSegment> norm_segments_;  // the gradient norm's table (grad_norm_segments)
   std::unique_ptr<GradSync> grad_sync_;  // DP (and embedding group) gradient sums

@@ -251,6 +251,26 @@ sets=$($PYTHON -c "import json; print(' '.join('--set ' + l for x in json.load(o
   grep -q "^    0 .* yes" "$W/nemotron_plan.txt" && grep -q "gradients in bf16 (reduced in bf16), Adam moments in fp32" "$W/nemotron_plan.txt" &&
   ok "its --set lines: a plain plan fits it on 80 GiB" || { bad "plain plan of the Nemotron layout"; head -12 "$W/nemotron_plan.txt"; }
 
+# ... and Llama 3.1 405B's (NeMo on 576 H100s: TP8 PP9 CP2 VP7 DP4, no recompute) with the same two
+# options: it fits since the interleaved chunks share their activation slots (71 on stage 0, as many as
+# it holds at once, where each chunk's own peak added up to 98)
+L405=(--set model.num_layers=126 --set model.hidden_size=16384 --set model.num_attention_heads=128
+  --set model.group_query_attention=true --set model.num_query_groups=16 --set model.ffn_hidden_size=53248
+  --set model.vocab_size=128256 --set model.seq_length=8192 --set model.max_position_embeddings=8192
+  --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false
+  --set model.position_embedding_type=rope --set model.swiglu=true --set model.normalization=RMSNorm
+  --set training.global_batch_size=252)
+"$TPTRAIN" plan --config "$GPT96" "${L405[@]}" --search --gpus 576 --top 0 --json > "$W/l405.json" 2> "$W/l405.err" ||
+  bad "Llama 405B search: exit $? $(tail -2 "$W/l405.err")"
+$PYTHON - "$W/l405.json" <<'PY' && ok "Llama 3.1 405B on 576 GPUs: TP8 CP2 PP9 DP4 v7 without recompute is listed with +R+G16 (and not without)" ||
+import json, sys
+by = {l["layout"]: l for l in json.load(open(sys.argv[1]))["layouts"]}
+name = "TP8 CP2 PP9 DP4 v7 mbs1 1f1b none SP DO"
+assert name + " +R+G16" in by and name not in by and name + " +R" not in by, [n for n in by if n.startswith("TP8 CP2 PP9 DP4 v7")]
+print(f"  the published one needs {by[name + ' +R+G16']['peak_bytes'] / 2**30:.2f} GiB")
+PY
+  bad "Llama 405B search does not list the published layout as expected"
+
 "$TPTRAIN" plan --config "$GPT96" --search --gpus 7 > "$W/gpus7.txt" 2>&1
 if grep -q "no layout on 7 GPUs: .* 11 do not divide 7 GPUs and 1 leave a DP that does not divide the global batch of 1536" "$W/gpus7.txt"
 then ok "--gpus 7: the search says divisibility is the cause"; else bad "--gpus 7's message"; tail -2 "$W/gpus7.txt"; fi

@@ -67,8 +67,61 @@ TEST(Schedule, InFlightEquivalentMicrobatchesHoldTheSameCounts) {
           same(receive_buffers(shorter, v), receive_buffers(whole, v));
           same(receive_buffers(make_schedule(ScheduleKind::ForwardOnly, P, s, E, v), v),
                receive_buffers(make_schedule(ScheduleKind::ForwardOnly, P, s, M, v), v));
+          EXPECT_EQ(pool_slots(shorter, v, E).slots, pool_slots(whole, v, M).slots) << where;
+          EXPECT_EQ(pool_slots(make_schedule(ScheduleKind::ForwardOnly, P, s, E, v), v, E).slots,
+                    pool_slots(make_schedule(ScheduleKind::ForwardOnly, P, s, M, v), v, M).slots)
+              << where;
         }
       }
+}
+
+// pool_slots (the interleaved chunks' shared activation slots): replaying a list, no slot is taken by a
+// Forward while another micro-batch of any chunk still holds it (until its backward's end; without
+// backward until the Comm that sends it); with backward as many slots as max_in_flight -- fewer than
+// the chunks' own peaks added up, which is what the pool saves (Megatron's allocator sees the same
+// peak: its interleaved warm-up, (P - s - 1) * 2 + (v - 1) * P, plus one).
+TEST(Schedule, PooledSlotsNeverCollideAndNumberThePeak) {
+  bool saves = false;
+  for (const ScheduleKind kind : {ScheduleKind::Interleaved1F1B, ScheduleKind::ForwardOnly, ScheduleKind::OneFOneB,
+                                  ScheduleKind::ZeroBubbleH1})
+    for (int v : {1, 2, 3})
+      for (int P : {2, 3, 4})
+        for (int M : {P, 2 * P, 5 * P}) {
+          if ((kind == ScheduleKind::OneFOneB || kind == ScheduleKind::ZeroBubbleH1) && v > 1) continue;
+          if (!check_schedule(kind, P, M, v).empty()) continue;
+          for (int s = 0; s < P; ++s) {
+            const std::vector<Action> L = make_schedule(kind, P, s, M, v);
+            const SlotPool pool = pool_slots(L, v, M);
+            const bool backward = kind != ScheduleKind::ForwardOnly;
+            const Action::Kind end = kind == ScheduleKind::ZeroBubbleH1 ? Action::Kind::BackwardWeight : Action::Kind::Backward;
+            const std::string where = "kind " + std::to_string(int(kind)) + " v " + std::to_string(v) + " P " +
+                                      std::to_string(P) + " M " + std::to_string(M) + " stage " + std::to_string(s);
+            std::vector<int> holder(size_t(pool.slots), -1);  // which (mb, chunk) holds each slot
+            for (const Action& a : L) {
+              if (a.kind == Action::Kind::Forward) {
+                const int slot = pool.slot[size_t(a.chunk)][size_t(a.mb)];
+                ASSERT_TRUE(slot >= 0 && slot < pool.slots) << where;
+                EXPECT_EQ(holder[size_t(slot)], -1) << where << ": F" << a.mb << "c" << a.chunk;
+                const bool last_virtual = s == P - 1 && a.chunk == v - 1;
+                holder[size_t(slot)] = backward || !last_virtual ? a.chunk * M + a.mb : -1;
+              } else if (backward && a.kind == end) {
+                holder[size_t(pool.slot[size_t(a.chunk)][size_t(a.mb)])] = -1;
+              } else if (!backward && a.kind == Action::Kind::Comm && a.send_fwd >= 0) {
+                holder[size_t(pool.slot[size_t(a.send_fwd_chunk)][size_t(a.send_fwd)])] = -1;
+              }
+            }
+            if (backward) {
+              EXPECT_EQ(pool.slots, max_in_flight(L)) << where;
+              int sum = 0;
+              for (int n : max_in_flight_per_chunk(L)) sum += n;
+              saves = saves || sum > pool.slots;
+              if (kind == ScheduleKind::Interleaved1F1B && v > 1 && M >= (v + 1) * P) {
+                EXPECT_EQ(pool.slots, std::min(M * v, (P - s - 1) * 2 + (v - 1) * P + 1)) << where;
+              }
+            }
+          }
+        }
+  EXPECT_TRUE(saves);
 }
 
 // receive_buffers: with its count R of buffers per chunk and stream, micro-batch mb's message in buffer

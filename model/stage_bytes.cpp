@@ -1,0 +1,133 @@
+// The bytes a pipeline stage allocates (model/gpt.h: activation_bytes_per_microbatch, pooled_slot_bytes,
+// scratch_bytes, shared_scratch_bytes, weight_grad_stash_bytes), tensor by tensor in the order
+// GPTStage's constructor allocates them: the planner (plan/memory.cpp) and the allocation agree.
+#include "model/stage_bytes.h"
+
+#include <vector>
+
+#include "core/error.h"
+#include "model/moe.h"
+#include "parallel/context_parallel.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tpt {
+
+using namespace stage_bytes;
+
+namespace {
+// one layer's activations (LayerActs), with or without the attention core, tensor by tensor in the
+// constructor's order (layer_acts): the residual stream and the norms on this rank's Nt tokens, the
+// TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's activation; GELU's is recomputed from fc1's
+// output in backward, in the shared dact_). An MoE layer's MLP keeps its rows in MoEMLP
+// (moe_layer_bytes) instead of fc1's output.
+std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
+  const int64_t N = B * d.S, Nt = d.local_tokens(N), qk = qk_norm_rows(d, N);
+  std::vector<int64_t> v;
+  auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
+    for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(rows));
+  };
+  v.push_back(tb(Nt * d.C, t));  // ln1
+  stats(Nt);
+  v.push_back(tb(N * d.qkv_width, t));
+  if (d.qk_norm) {  // the q/k norms' inputs and statistics
+    v.push_back(tb(qk * d.D, t));
+    stats(qk);
+  }
+  if (with_core) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));  // attention output, lse
+  v.push_back(tb(Nt * d.C, t));  // x_mid
+  v.push_back(tb(Nt * d.C, t));  // ln2
+  stats(Nt);
+  if (!moe) {
+    v.push_back(tb(N * d.fc1_width, t));
+    if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
+  }
+  v.push_back(tb(Nt * d.C, t));  // x_out
+  return v;
+}
+
+// The stage's shared scratch (StageOptions::shared_scratch), tensor by tensor in the constructor's
+// order: dln, tmp (N, C); dqkv; datt and its row statistics; dfc; dact; qkv_tmp (grouped-query
+// attention); qk_din (q/k norms); the attention core selective recompute rebuilds, or the layer full
+// recompute rebuilds; the 16-bit TP sums' gather buffer.
+std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  const int64_t N = B * d.S;
+  std::vector<int64_t> v = {tb(N * d.C, t),         tb(N * d.C, t), tb(N * d.qkv_width, t), tb(N * d.Cl, t),
+                            fb(B * d.Hl * d.S),     tb(N * d.fc1_width, t), tb(N * d.Fl, t)};
+  if (d.grouped_qkv) v.push_back(tb(N * d.qkv_width, t));
+  if (d.qk_norm) v.push_back(tb(N * d.Cl, t));
+  if (r == Recompute::Selective) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));
+  if (r == Recompute::Full)
+    for (int64_t b : layer_tensor_bytes(d, B, t, true)) v.push_back(b);
+  v.push_back(tp_gather_bytes(N * d.C, t, d.tp));
+  return v;
+}
+
+// One slot's tensors (SlotActs) in the constructor's order: tokens, targets, positions, loss weights,
+// the stage input, each layer's (full recompute: its output only), the final norm's output and statistics
+std::vector<int64_t> slot_tensor_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  const int64_t N = B * d.S, Nt = d.local_tokens(N);
+  std::vector<int64_t> v = {fb(N), fb(N)};
+  if (d.position_ids) v.push_back(fb(positions_count(d, N)));
+  if (d.loss_mask) v.push_back(fb(N));
+  v.push_back(tb(Nt * d.C, t));
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+    if (r == Recompute::Full) v.push_back(tb(Nt * d.C, t));
+    else
+      for (int64_t b : layer_tensor_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l))) v.push_back(b);
+  }
+  if (d.last_stage()) {
+    v.push_back(tb(Nt * d.C, t));
+    for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(Nt));
+  }
+  return v;
+}
+}  // namespace
+
+int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  int64_t n = 0;
+  for (int64_t b : slot_tensor_bytes(d, B, r, t)) n += b;
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)  // MoEMLP's per slot, whatever the recompute
+    if (d.moe.is_moe(l)) n += moe_layer_bytes(d, d.local_tokens(B * d.S), t);
+  return n;
+}
+
+bool pooled_slots(const std::vector<GPTDims>& chunks, bool split_backward) {
+  if (chunks.size() < 2 || split_backward) return false;
+  for (const GPTDims& d : chunks)
+    if (moe_layer_count(d) > 0) return false;
+  return true;
+}
+
+int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  TPT_CHECK(moe_layer_count(d) == 0);
+  int64_t n = 0;
+  for (int64_t b : slot_tensor_bytes(d, B, r, t)) n += carve_bytes(b);
+  return n;
+}
+
+int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t) {
+  const int64_t N = B * d.S, Nt = d.local_tokens(N);
+  int64_t n = tb(Nt * d.C, t);                 // dres: the input gradient, sent after the backward
+  if (d.rot) n += fb(d.rot / 2);               // RoPE's inverse frequencies
+  if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);  // logits, cross-entropy rows (loss to backward)
+  if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
+  if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t);
+  return n;
+}
+
+int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  int64_t n = 0;
+  for (int64_t b : shared_scratch_tensors(d, B, r, t)) n += carve_bytes(b);
+  return n;
+}
+
+int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
+  const int64_t N = B * d.S;
+  int64_t n = 0;  // LayerStash: dY (N, out) of each stashed linear layer
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
+    for (const LinearSpec* lin : d.spec(l).linears())
+      if (stashed(*lin)) n += N * lin->out;
+  return tb(n, t);
+}
+
+}  // namespace tpt
