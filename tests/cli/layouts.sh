@@ -83,4 +83,15 @@ run tp2_pp2_dp2_zb 8 2 2 2 zb-h1 "parallel.overlap_grad_reduce=true parallel.ddp
 # parameter drift of the deeper model alone is 1.2e-5 after 10 steps, for 1F1B as for interleaved)
 REF=single8 run single8 1 1 1 2 1f1b model.num_layers=8
 REF=single8 run pp4_v2_8layers 4 1 4 2 1f1b "model.num_layers=8 parallel.virtual_pipeline_model_parallel_size=2"
+# evaluation on the interleaved schedule (its chunks' slots in one pool, assigned forward-only: a slot
+# is free once its output is sent) gives one rank's validation losses
+for v in single pp2_v2; do
+  args=(); np=1
+  [ $v = pp2_v2 ] && args=(--set parallel.pipeline_model_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=2) && np=2
+  timeout 120 mpirun -np $np "$TPTRAIN" --config "$W/cfg.yaml" --set training.train_iters=6 --set data.valid_path="$W/data" \
+    --set data.eval_interval=3 --set data.eval_iters=2 "${args[@]}" > "$W/eval_$v.log" 2>&1 || bad "eval_$v: exit $?"
+done
+a=$(grep "validation loss" "$W/eval_single.log"); b=$(grep "validation loss" "$W/eval_pp2_v2.log")
+[ "$(wc -l <<< "$a")" = 2 ] && [ "$a" = "$b" ] && ok "interleaved evaluation = one rank's ($(tail -1 <<< "$a" | cut -c1-70))" ||
+  bad "interleaved evaluation: '$b' vs '$a'"
 finish

@@ -274,9 +274,16 @@ compare fp8_blockwise_tp2_sp 2 2 1 training.precision=bf16 training.fp8_format=h
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16
 compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
-# the schedules beyond 1F1B: 2 model chunks per rank (each its slots, scratch and receive
-# buffers), and zb-h1's stash of the GEMMs' output gradients per slot
+# the bf16 gradient buffer (2 bytes per element), reduced in overlapped buckets
+compare pp2_dp2_distopt_bf16_grads 4 1 2 training.precision=bf16 parallel.grad_reduce_in_bf16=true \
+  parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
+# the schedules beyond 1F1B: 2 model chunks per rank (each its scratch and receive buffers, their
+# activation slots in one pool), and zb-h1's stash of the GEMMs' output gradients per slot
 compare pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
+# ... whose slots are one pool for the chunks (as many as the rank holds at once), also with 4 chunks
+# per rank under full recompute
+compare pp2_v4_bf16_full 2 1 2 training.precision=bf16 model.num_layers=8 parallel.virtual_pipeline_model_parallel_size=4 \
+  training.recompute=full
 compare tp2_pp2_zb_bf16_selective 4 2 2 training.precision=bf16 training.recompute=selective parallel.pipeline_schedule=zb-h1
 
 # The Llama shape (RMSNorm, SwiGLU, RoPE, GQA 4 heads / 2 groups, kv_channels 32 != 64 / 4, untied
@@ -303,6 +310,8 @@ compare llama_dp2_distopt_bf16 2 1 1 training.precision=bf16 parallel.distribute
 compare llama_bf16_selective 1 1 1 training.precision=bf16 training.recompute=selective
 compare llama_bf16_full 1 1 1 training.precision=bf16 training.recompute=full
 compare llama_pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
+compare llama_pp2_interleaved_doc_masks 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2 \
+  data.reset_position_ids=true data.eod_mask_loss=true
 compare llama_3d_sp_distopt_bf16_selective 8 2 2 training.precision=bf16 training.recompute=selective \
   parallel.sequence_parallel=true parallel.distributed_optimizer=true
 compare llama_pp2_tp2_doc_masks_bf16 4 2 2 training.precision=bf16 data.reset_position_ids=true data.eod_mask_loss=true
