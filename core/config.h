@@ -3,11 +3,13 @@
 // validates types and constraints, and throws InputError naming the key (and the closest valid key
 // for a misspelling).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -199,6 +201,18 @@ struct TrainingConfig {
   bool first_last_layers_bf16 = false;        // the first / last layers' GEMMs in bf16
   int num_layers_at_start_in_bf16 = 1;
   int num_layers_at_end_in_bf16 = 1;
+  // The global layers [first, second) of num_layers whose linear GEMMs run in FP8 (all but
+  // first_last_layers_bf16's); FP8 itself is fp8_format's to say.
+  std::pair<int64_t, int64_t> fp8_layer_range(int64_t num_layers) const {
+    if (!first_last_layers_bf16) return {0, num_layers};
+    return {num_layers_at_start_in_bf16, num_layers - num_layers_at_end_in_bf16};
+  }
+  // How many of the layers [begin, end) run in FP8 (0 without FP8).
+  int64_t fp8_layers_in(int64_t num_layers, int64_t begin, int64_t end) const {
+    if (fp8_format == Fp8Format::None) return 0;
+    const auto [b, e] = fp8_layer_range(num_layers);
+    return std::max<int64_t>(0, std::min(e, end) - std::max(b, begin));
+  }
 };
 
 struct OptimizerConfig {

@@ -32,11 +32,7 @@ namespace {
 
 // FP8 training: the chunk's layers with FP8 GEMMs (without first_last_layers_bf16's), as GPTStage's
 int64_t fp8_layers(const Config& c, const GPTDims& d) {
-  const TrainingConfig& t = c.training;
-  if (t.fp8_format == Fp8Format::None) return 0;
-  const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
-  const int64_t end = c.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
-  return std::max<int64_t>(0, std::min(end, d.layer_end) - std::max(begin, d.layer_begin));
+  return c.training.fp8_layers_in(c.model.num_layers, d.layer_begin, d.layer_end);
 }
 
 // Stage s's dims as CP rank 0 sees them (every CP rank holds the same sizes).

@@ -84,13 +84,9 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   w.rope_elems = d.rot > 0 ? 2.0 * w.N * double(d.Hl + d.kv_heads) * double(d.D) : 0.0;
   w.kv_block = d.cp > 1 ? w.N * 2.0 * double(d.kv_heads * d.D) : 0.0;
   w.vocab_rows = double(d.Vl);
-  const TrainingConfig& t = c.training;
-  if (t.fp8_format != Fp8Format::None) {  // GPTStage's FP8 layers (MoE layers: refused with FP8)
-    const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
-    const int64_t end = c.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
-    w.fp8_layers = double(std::max<int64_t>(0, std::min(end, d.layer_end) - std::max(begin, d.layer_begin)));
-    w.fp8_layers = std::min(w.fp8_layers, w.dense_layers());
-  }
+  // GPTStage's FP8 layers (MoE layers: refused with FP8)
+  w.fp8_layers = std::min(double(c.training.fp8_layers_in(c.model.num_layers, d.layer_begin, d.layer_end)),
+                          w.dense_layers());
   return w;
 }
 

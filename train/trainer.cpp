@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <unistd.h>
 #include <cmath>
@@ -228,8 +229,7 @@ void Trainer::setup_pipeline() {
       o.amax_groups[0] = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
       o.amax_groups[1] = grid_.cp > 1 ? grid_.cp_group.get() : nullptr;
     }
-    stage_options.fp8_layer_begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
-    stage_options.fp8_layer_end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+    std::tie(stage_options.fp8_layer_begin, stage_options.fp8_layer_end) = t.fp8_layer_range(cfg_.model.num_layers);
   }
   if (cfg_.model.is_moe()) {  // the routing's counts over TP x CP (global_aux_loss: and DP), the EP all-to-all
     if (grid_.tp > 1) stage_options.tp_host = grid_.tp_group.get();
@@ -350,8 +350,7 @@ void Trainer::log_setup() {
                name_of(cfg_.training.precision), name_of(cfg_.training.recompute));
   if (cfg_.training.fp8_format != Fp8Format::None) {
     const TrainingConfig& t = cfg_.training;
-    const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
-    const int64_t end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+    const auto [begin, end] = t.fp8_layer_range(cfg_.model.num_layers);
     const std::string recipe =
         t.fp8_recipe == Fp8Recipe::Delayed
             ? fmt::format("delayed (the last step's scales; amax history {}, {}; amaxes maximum over TP x DP x CP "

@@ -84,8 +84,7 @@ std::vector<GlobalTensor> Trainer::fp8_state_model() const {
   std::vector<GlobalTensor> out;
   if (!fp8_delayed()) return out;
   const TrainingConfig& t = cfg_.training;
-  const int64_t begin = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
-  const int64_t end = cfg_.model.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+  const auto [begin, end] = t.fp8_layer_range(cfg_.model.num_layers);
   for (int64_t l = begin; l < end; ++l)
     for (int64_t g = 0; g < kFp8GemmsPerLayer; ++g) {
       out.push_back({fp8_state_name(l, g, "scale"), {Fp8State::kTensors}});
