@@ -55,8 +55,8 @@ void expect_one_rounding(const std::vector<int64_t>& sizes, const std::function<
   op(*ops, b16);
   op(*ops, b32);
   for (size_t k = 0; k < sizes.size(); ++k) {
-    std::vector<uint16_t> got(size_t(sizes[k]));
-    std::vector<float> want(size_t(sizes[k]));
+    std::vector<uint16_t> got(static_cast<size_t>(sizes[k]));
+    std::vector<float> want(static_cast<size_t>(sizes[k]));
     ops->to_host(got.data(), b16[k], sizes[k]);
     ops->to_host(want.data(), b32[k], sizes[k]);
     EXPECT_EQ(got, to_bf16(want)) << "buffer " << k;
