@@ -584,6 +584,31 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   for (const auto& [what, cfg] : switches) fits = add(what, "", cfg, plan.world_size) || fits;
   if (!fits && !change.empty() && rc != Recompute::Full)
     add(change + " training.recompute=full", "", with_recompute(v, Recompute::Full), plan.world_size);
+  // bf16 runs: the optimizer's storage options (plan --search's memory levels), cheapest first, each
+  // with the ones before it
+  if (c.training.precision == Precision::BF16) {
+    Config m = c;
+    std::string keys;
+    auto level = [&](bool needed, const std::string& key, const std::string& note, auto&& set) {
+      if (!needed) return;
+      set(m);
+      keys += (keys.empty() ? "" : " ") + key;
+      add(keys, note, m, plan.world_size);
+    };
+    const OptimizerConfig& o = c.optimizer;
+    level(!o.store_param_remainders, "optimizer.store_param_remainders=true",
+          "the fp32 master weights as the bf16 weights + 2-byte remainders: exact",
+          [](Config& x) { x.optimizer.store_param_remainders = true; });
+    level(!bf16_grads(c), "parallel.grad_reduce_in_bf16=true",
+          "and the bf16 gradient buffer (NeMo 24.09's pair): rounds the gradients to bf16",
+          [](Config& x) { x.parallel.grad_reduce_in_bf16 = true; });
+    level(o.exp_avg_dtype != StateDType::BF16 || o.exp_avg_sq_dtype != StateDType::BF16,
+          "optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16",
+          "and bf16 Adam moments: rounded each step", [](Config& x) {
+            x.optimizer.use_precision_aware_optimizer = true;
+            x.optimizer.exp_avg_dtype = x.optimizer.exp_avg_sq_dtype = StateDType::BF16;
+          });
+  }
   return out;
 }
 

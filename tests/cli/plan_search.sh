@@ -251,6 +251,23 @@ sets=$($PYTHON -c "import json; print(' '.join('--set ' + l for x in json.load(o
   grep -q "^    0 .* yes" "$W/nemotron_plan.txt" && grep -q "gradients in bf16 (reduced in bf16), Adam moments in fp32" "$W/nemotron_plan.txt" &&
   ok "its --set lines: a plain plan fits it on 80 GiB" || { bad "plain plan of the Nemotron layout"; head -12 "$W/nemotron_plan.txt"; }
 
+# ... and a plain plan of that layout without the options suggests them, cumulatively, cheapest first
+sets0=$($PYTHON -c "import json; print(' '.join('--set ' + l for x in json.load(open('$W/nemotron.json'))['layouts'] if x['layout'] == 'TP8 PP8 DP2 v12 mbs1 1f1b selective SP DO +R+G16' for l in x['set'] if 'remainders' not in l and 'grad_reduce' not in l))")
+# shellcheck disable=SC2086
+"$TPTRAIN" plan --config "$GPT96" "${NEMOTRON[@]}" --world-size 128 $sets0 --json > "$W/nemotron_plain.json" 2>&1 &&
+  $PYTHON - "$W/nemotron_plain.json" <<'PY' && ok "without them a plain plan suggests remainders, then bf16 gradients, then bf16 moments" ||
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert not all(s["fits"] for s in j["stages"]), "fits without the options"
+sug = [s for s in j["suggestions"] if "store_param_remainders" in s["change"]]
+assert [s["change"].split()[:2] for s in sug] == [["optimizer.store_param_remainders=true"],
+    ["optimizer.store_param_remainders=true", "parallel.grad_reduce_in_bf16=true"],
+    ["optimizer.store_param_remainders=true", "parallel.grad_reduce_in_bf16=true"]], [s["change"] for s in sug]
+peaks = [s["peak_bytes"] for s in sug]
+assert peaks == sorted(peaks, reverse=True) and sug[1]["fits"], peaks
+PY
+  bad "the plain Nemotron plan's storage suggestions: $(head -c 300 "$W/nemotron_plain.json")"
+
 # ... and Llama 3.1 405B's (NeMo on 576 H100s: TP8 PP9 CP2 VP7 DP4, no recompute) with the same two
 # options: it fits since the interleaved chunks share their activation slots (71 on stage 0, as many as
 # it holds at once, where each chunk's own peak added up to 98)
