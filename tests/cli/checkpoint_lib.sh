@@ -53,3 +53,21 @@ resumes() {
   [ -z "$why" ] && { why=$(same_as "$ref" "$name" $((from + 1)) "$last") || true; }
   if [ -z "$why" ]; then ok "$name"; else bad "$name: $why"; grep -E "WARNING|rror|loaded" "$W/$name.log" | head -5; fi
 }
+# plan_halves FIELD WHAT SETS...: on 1 rank and on L1, `tptrain plan` with the --set arguments SETS gives
+# half the stage's FIELD bytes of the plan without them, and its tensor bytes are lower by that half
+plan_halves() {
+  local field=$1 what=$2 lay args; shift 2
+  for lay in "" L1; do
+    args=(); [ "$lay" = L1 ] && args=("${L1[@]}")
+    "$TPTRAIN" plan --config "$W/cfg.yaml" "$@" "${args[@]}" --json > "$W/plan_with$lay.json" 2> "$W/plan$lay.err" &&
+      "$TPTRAIN" plan --config "$W/cfg.yaml" "${args[@]}" --json > "$W/plan_without$lay.json" 2>> "$W/plan$lay.err" ||
+      bad "plan ${lay:-1 rank}: $(tail -2 "$W/plan$lay.err")"
+    $PY - "$W/plan_with$lay.json" "$W/plan_without$lay.json" "$field" <<'PY' && ok "plan ${lay:-1 rank}: $what" || bad "plan ${lay:-1 rank}: $field"
+import json, sys
+w, f = (json.load(open(p))["stages"][0] for p in sys.argv[1:3])
+k = sys.argv[3]
+assert w[k] * 2 == f[k] > 0, (w[k], f[k])
+assert f["tensor_bytes"] - w["tensor_bytes"] == w[k], (f["tensor_bytes"], w["tensor_bytes"])
+PY
+  done
+}

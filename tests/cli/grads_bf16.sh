@@ -58,18 +58,7 @@ for n in g16 g16_L1 g16_L3; do
   p=$(sed -E 's/.*\(plan: [0-9.]+ MiB \(([0-9]+) bytes\).*/\1/' <<< "$line")
   [ -n "$a" ] && [ "$a" = "$p" ] && ok "$n: plan = allocation ($a bytes)" || bad "$n: $line"
 done
-for lay in "" L1; do
-  args=(); [ "$lay" = L1 ] && args=("${L1[@]}")
-  "$TPTRAIN" plan --config "$W/cfg.yaml" "${G[@]}" "${args[@]}" --json > "$W/plan_g$lay.json" 2> "$W/plan_g$lay.err" &&
-    "$TPTRAIN" plan --config "$W/cfg.yaml" "${args[@]}" --json > "$W/plan_f$lay.json" 2>> "$W/plan_g$lay.err" ||
-    bad "plan ${lay:-1 rank}: $(tail -2 "$W/plan_g$lay.err")"
-  $PY - "$W/plan_g$lay.json" "$W/plan_f$lay.json" <<'PY' && ok "plan ${lay:-1 rank}: bf16 gradients are half the fp32 bytes" || bad "plan ${lay:-1 rank}: gradient bytes"
-import json, sys
-g, f = (json.load(open(p))["stages"][0] for p in sys.argv[1:])
-assert g["gradient_bytes"] * 2 == f["gradient_bytes"] > 0, (g["gradient_bytes"], f["gradient_bytes"])
-assert f["tensor_bytes"] - g["tensor_bytes"] == g["gradient_bytes"], (f["tensor_bytes"], g["tensor_bytes"])
-PY
-done
+plan_halves gradient_bytes "bf16 gradients are half the fp32 bytes" "${G[@]}"
 
 # --- checkpoints: no gradient in them; resume bitwise, and from fp32 gradients ----------------------
 resumes g16_resume 1 "$W/g16_ck/iter_0000008" 8 12 "" "$W/g16.jsonl" "${G[@]}"

@@ -84,18 +84,7 @@ TOL=2e-3 same_as "$W/bf16.jsonl" bf16_then_fp32 9 12 > /dev/null &&
   ok "a bf16-moment checkpoint resumes with fp32 moments" || bad "bf16 -> fp32 resume"
 
 # --- the plan: 2 + 2 bytes per owned element (plan = allocation: tests/cli/plan.sh) -------------
-for lay in "" L1; do
-  args=(); [ "$lay" = L1 ] && args=("${L1[@]}")
-  "$TPTRAIN" plan --config "$W/cfg.yaml" "${B[@]}" "${args[@]}" --json > "$W/plan_b$lay.json" 2> "$W/plan_b$lay.err" &&
-    "$TPTRAIN" plan --config "$W/cfg.yaml" "${args[@]}" --json > "$W/plan_f$lay.json" 2>> "$W/plan_b$lay.err" ||
-    bad "plan ${lay:-1 rank}: $(tail -2 "$W/plan_b$lay.err")"
-  $PY - "$W/plan_b$lay.json" "$W/plan_f$lay.json" <<'PY' && ok "plan ${lay:-1 rank}: bf16 moments are half the fp32 optimizer bytes" || bad "plan ${lay:-1 rank}: optimizer bytes"
-import json, sys
-b, f = (json.load(open(p))["stages"][0] for p in sys.argv[1:])
-assert b["optimizer_bytes"] * 2 == f["optimizer_bytes"] > 0, (b["optimizer_bytes"], f["optimizer_bytes"])
-assert f["tensor_bytes"] - b["tensor_bytes"] == b["optimizer_bytes"], (f["tensor_bytes"], b["tensor_bytes"])
-PY
-done
+plan_halves optimizer_bytes "bf16 moments are half the fp32 optimizer bytes" "${B[@]}"
 
 # --- refusals ---------------------------------------------------------------------------------
 expect_exit2 no_flag "optimizer.exp_avg_dtype: bf16 needs optimizer.use_precision_aware_optimizer: true" \
