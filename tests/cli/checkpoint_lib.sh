@@ -1,5 +1,5 @@
 # Sourced by checkpoint_faults.sh, checkpoint_async.sh and checkpoint_async_kill.sh (after lib.sh): the
-# data, the config of a tiny model, layouts, and the helpers tpt, same_as and resumes.
+# data, the config of a tiny model, layouts, and the helpers tpt, same_as, resumes and plan_halves.
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
 # lr_decay_iters fixed: the schedule (and so every loss) does not depend on train_iters.
