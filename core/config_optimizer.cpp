@@ -1,7 +1,7 @@
 // The optimizer's storage keys' rules (resolve_optimizer_storage, called by the loader in
 // core/config.cpp): master-weight remainders with bf16 only; Megatron's precision-aware optimizer
-// (a state dtype other than fp32 needs the flag); the bf16 gradient buffer not with fp16; the storage
-// tptrain does not build is refused.
+// (a state dtype other than fp32 needs the flag); the bf16 gradient buffer not with fp16; fp16
+// master weights not with remainders.
 #include <string>
 #include <utility>
 
@@ -31,10 +31,6 @@ void resolve_optimizer_storage(const Config& c, const ModelKeys& keys) {
     if (t != StateDType::FP32 && !o.use_precision_aware_optimizer)
       fail(key, "optimizer.use_precision_aware_optimizer",
                name_of(t) + " needs optimizer.use_precision_aware_optimizer: true (without it every optimizer state is fp32)");
-  for (const auto& [key, t] : {state_dtypes[2], state_dtypes[3]})
-    if (t == StateDType::FP16)
-      fail(key, "fp16 (Transformer Engine's per-tensor scaled moments) is not built in this version of tptrain; "
-                    "use bf16 or fp32");
   if (o.main_grads_dtype != StateDType::FP32 && o.main_grads_dtype != StateDType::BF16)
     fail("optimizer.main_grads_dtype", name_of(o.main_grads_dtype) + ": the gradient buffer is fp32 or bf16");
   // the bf16 gradient buffer (either key): not under fp16's loss scaling, whose inf / nan check and
@@ -42,11 +38,15 @@ void resolve_optimizer_storage(const Config& c, const ModelKeys& keys) {
   if (bf16_grads(c) && c.training.precision == Precision::FP16)
     fail(c.parallel.grad_reduce_in_bf16 ? "parallel.grad_reduce_in_bf16" : "optimizer.main_grads_dtype",
          "training.precision", "a bf16 gradient buffer needs training.precision bf16 (or fp32), got fp16");
-  if (o.main_params_dtype != StateDType::FP32)
-    fail("optimizer.main_params_dtype",
-             name_of(o.main_params_dtype) +
-                 ": only fp32 master weights are built (optimizer.store_param_remainders holds them exactly in 2 "
-                 "bytes with bf16); use fp32");
+  // fp16 master weights (Transformer Engine's, scaled per tensor), not as well as the remainders that
+  // hold fp32 ones (with training.precision fp32 beside an fp32 compute copy: no saving, but the
+  // storage's numerics alone, as tests/cli/parity_torch.sh checks them)
+  if (o.main_params_dtype == StateDType::BF16)
+    fail("optimizer.main_params_dtype", "bf16: the master weights are fp32 or fp16 (Megatron's choices)");
+  if (o.main_params_dtype == StateDType::FP16 && o.store_param_remainders)
+    fail("optimizer.main_params_dtype", "optimizer.store_param_remainders",
+         "fp16 master weights and optimizer.store_param_remainders (exact fp32 master weights in 2 bytes) are "
+         "two ways to store them: choose one");
 }
 
 }  // namespace tpt::config_detail

@@ -98,15 +98,84 @@ TPT_HOST_DEVICE inline void adamw_update(float& p, float g, float& m, float& v, 
   p -= (a.lr / a.bias_correction1) * m / denom;
 }
 
-// An Adam moment stored in fp32 or, with the precision-aware optimizer (optimizer.exp_avg_dtype /
-// exp_avg_sq_dtype: bf16), in bf16: read as fp32, updated in fp32, written back rounded to nearest
-// even (Transformer Engine's FusedAdam with bf16 states; torch's .bfloat16()).
-TPT_HOST_DEVICE inline float load_moment(const void* p, bool bf16, int64_t i) {
-  return bf16 ? bf16_to_fp32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+// An optimizer state (an Adam moment, or the master weight with optimizer.main_params_dtype)
+// stored as t: F32; BF16 (the precision-aware optimizer's bf16 moments: read as fp32, written back
+// rounded to nearest even, torch's .bfloat16()); or F16 scaled per tensor as Transformer Engine's
+// FusedAdam stores fp16 states: the value is fp16(code) * scale (an fp32 product), and a step writes
+// code = fp16(x * rscale) with scale = absmax / (65504 / 2) over the tensor's new values and
+// rscale = 1 / scale (0 for an all-zero tensor). Half the fp16 range is left as headroom.
+constexpr float kFp16StateRange = 65504.0f / 2.0f;
+TPT_HOST_DEVICE inline float fp16_state_scale(float absmax) { return absmax / kFp16StateRange; }
+TPT_HOST_DEVICE inline float fp16_state_rscale(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+TPT_HOST_DEVICE inline float load_state(const void* p, DType t, int64_t i, float scale) {
+  if (t == DType::F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return t == DType::BF16 ? bf16_to_fp32(h) : fp16_to_fp32(h) * scale;
 }
-TPT_HOST_DEVICE inline void store_moment(void* p, bool bf16, int64_t i, float x) {
-  if (bf16) static_cast<uint16_t*>(p)[i] = fp32_to_bf16(x);
-  else static_cast<float*>(p)[i] = x;
+TPT_HOST_DEVICE inline void store_state(void* p, DType t, int64_t i, float x, float rscale) {
+  if (t == DType::F32) static_cast<float*>(p)[i] = x;
+  else if (t == DType::BF16) static_cast<uint16_t*>(p)[i] = fp32_to_bf16(x);
+  else static_cast<uint16_t*>(p)[i] = fp32_to_fp16(x * rscale);
+}
+
+// One element of a pass of the optimizer step over stored states (core/ops.h adamw_segments and
+// adamw_store_scaled, the same on both backends): the master weight at `at` (remainders: with the
+// compute copy's bits), the moments at `loc`, the compute copy at `off`; g the gradient, already
+// multiplied by the clip. The fp32 update is the same in both passes. First pass (new_scales null):
+// folds the F16 states' |new value| into am / av / ap (all three with scaled states; only the F16
+// ones' are used) and writes every other state and the compute
+// copy unless the master is F16 (with scaled states the moments, which the store pass reads again,
+// neither). Store pass: writes the moments (F16 with the new scales) and an F16 master, and with an
+// F16 master the compute copy of the master as stored. The master, if not F16, may be the new one in
+// the store pass: that pass does not use it.
+struct AdamWStates {
+  void* master;  // null with remainders
+  DType master_t;
+  void *m, *v;
+  DType m_t, v_t;
+  void* compute;  // null, or the compute copy in compute_t
+  DType compute_t;
+  uint16_t* remainders;
+  const float* scales;      // 3 per tensor (m, v, master) with F16 states, else null
+  const float* new_scales;  // the store pass's, else null
+};
+TPT_HOST_DEVICE inline void adamw_state_step(const AdamWStates& b, const AdamWParams& a, float g, bool decay,
+                                             int64_t at, int64_t loc, int64_t off, int tensor, float& am, float& av,
+                                             float& ap) {
+  const float* sc = b.scales ? b.scales + 3 * tensor : nullptr;
+  uint16_t* c16 = b.compute && b.compute_t != DType::F32 ? static_cast<uint16_t*>(b.compute) + off : nullptr;
+  float p = b.remainders ? master_from_remainder(*c16, b.remainders[at]) : load_state(b.master, b.master_t, at, sc ? sc[2] : 1.0f);
+  float m = load_state(b.m, b.m_t, loc, sc ? sc[0] : 1.0f), v = load_state(b.v, b.v_t, loc, sc ? sc[1] : 1.0f);
+  adamw_update(p, g, m, v, a, decay);
+  const bool m16 = b.m_t == DType::F16, v16 = b.v_t == DType::F16, p16 = b.master_t == DType::F16;
+  if (b.new_scales) {
+    const float* ns = b.new_scales + 3 * tensor;
+    store_state(b.m, b.m_t, loc, m, m16 ? fp16_state_rscale(ns[0]) : 1.0f);
+    store_state(b.v, b.v_t, loc, v, v16 ? fp16_state_rscale(ns[1]) : 1.0f);
+    if (!p16) return;
+    store_state(b.master, DType::F16, at, p, fp16_state_rscale(ns[2]));
+    p = load_state(b.master, DType::F16, at, ns[2]);  // the weight as stored
+  } else {
+    if (sc) {  // scaled: the moments (which the store pass reads again) are written there
+      am = fmaxf(am, fabsf(m));
+      av = fmaxf(av, fabsf(v));
+    } else {
+      store_state(b.m, b.m_t, loc, m, 1.0f);
+      store_state(b.v, b.v_t, loc, v, 1.0f);
+    }
+    if (p16) {
+      ap = fmaxf(ap, fabsf(p));
+      return;
+    }
+    if (b.remainders) {
+      *c16 = master_to_bf16(p);
+      b.remainders[at] = master_remainder(p);
+      return;
+    }
+    store_state(b.master, DType::F32, at, p, 1.0f);
+  }
+  if (c16) *c16 = master_copy_bits(p, b.compute_t);
+  else if (b.compute) static_cast<float*>(b.compute)[off] = p;
 }
 
 }  // namespace tpt

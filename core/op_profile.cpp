@@ -34,12 +34,17 @@ GradStats Ops::grad_stats(CBuf grads, const std::vector<TensorSegment>& segments
 
 void Ops::adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                          float grad_scale) {
-  // the backends step remainders and 16-bit moments themselves (core/cpu, core/cuda)
-  TPT_CHECK(!b.remainders && b.m.f32() && b.v.f32());
+  // the backends step remainders and 16-bit states themselves (core/cpu, core/cuda)
+  TPT_CHECK(!b.remainders && b.master.f32() && b.m.f32() && b.v.f32());
   for (const TensorSegment& t : segments)
-    adamw(b.master + (b.master_sharded ? t.local : t.offset), b.grads + t.offset, b.m.f32() + t.local,
+    adamw(b.master.f32() + (b.master_sharded ? t.local : t.offset), b.grads + t.offset, b.m.f32() + t.local,
           b.v.f32() + t.local, t.n,
           a, t.flag, b.compute ? b.compute + t.offset : Buf{}, grad_scale);
+}
+
+void Ops::adamw_store_scaled(const AdamWBuffers&, const std::vector<TensorSegment>&, const AdamWParams&, float,
+                             const float*) {
+  internal_error(name() + " backend: fp16 optimizer states are not built");
 }
 
 BackendWorkspace Ops::reserve_workspace(const BackendWorkspace&, const AttentionShape&) { return {}; }
@@ -371,12 +376,24 @@ class ProfiledOps final : public Ops {
     const double n = double(segments_numel(segments));
     // remainders: the master's 2 + 2 bytes read and written in place of 4 + 4, the compute copy read
     // too; 16-bit moments: 2 + 2 bytes each instead of 4 + 4; bf16 gradients 2 bytes instead of 4
-    const double moments = 2.0 * double(dtype_size(1, b.m.t) + dtype_size(1, b.v.t)) - 16.0 +
-                           double(dtype_size(1, b.grads.t)) - 4.0;
+    // fp16 master weights: 2 + 2 bytes; scaled states: the moments only read here (written by the second pass)
+    const double moments = double((b.scaled() ? 1 : 2) * (dtype_size(1, b.m.t) + dtype_size(1, b.v.t))) - 16.0 +
+                           double(dtype_size(1, b.grads.t)) - 4.0 +
+                           (b.master.t == DType::F16 ? -4.0 : 0.0);
     const double bytes = (b.remainders ? 28.0 * n
                                        : 28.0 * n + (b.compute ? double(dtype_size(1, b.compute.t)) * n : 0.0)) +
                          moments * n;
     timed("adamw", 0, bytes, [&] { in_.adamw_segments(b, segments, a, grad_scale); });
+  }
+  void adamw_store_scaled(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                          float grad_scale, const float* new_scales) override {
+    // every state and the gradient read again, the moments (and an fp16 master with its compute copy) written
+    double per = double(dtype_size(1, b.grads.t) + dtype_size(1, b.m.t) + dtype_size(1, b.v.t));
+    per += b.remainders ? 4.0 : double(dtype_size(1, b.master.t));
+    per += double(dtype_size(1, b.m.t) + dtype_size(1, b.v.t));  // the moments written here
+    if (b.master.t == DType::F16) per += 2.0 + (b.compute ? double(dtype_size(1, b.compute.t)) : 0.0);
+    timed("adamw (fp16 states)", 0, per * double(segments_numel(segments)),
+          [&] { in_.adamw_store_scaled(b, segments, a, grad_scale, new_scales); });
   }
 
  private:

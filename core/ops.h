@@ -101,6 +101,7 @@ struct Fp8Operand {
 struct TensorSegment {
   int64_t offset = 0, local = 0, n = 0;
   bool flag = false;
+  int tensor = 0;  // adamw_segments with scaled states: the tensor's index in the scale tables
 };
 // The gradient-norm reduction's result: the squared sum over the flagged segments (in double) and
 // whether any segment, flagged or not, holds an inf or a nan.
@@ -129,19 +130,26 @@ struct AttentionShape {
   bool ring = false;  // context parallelism: the ring blocks' (attention_block_*), T the rank's 2 chunks
 };
 
-// The buffers of one AdamW step: master (fp32 weights, indexed by local when master_sharded, else by
-// offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
+// The buffers of one AdamW step: master (the master weights, indexed by local when master_sharded,
+// else by offset), grads (by offset), the moments m and v (by local), compute (by offset; null or the
 // bf16 / fp16 / fp32 compute copy that receives the updated weights in its dtype: master_copy_bits,
 // core/dtype.h). With remainders (optimizer.store_param_remainders; compute is bf16, master null)
 // the fp32 master weight is master_from_remainder(compute, remainder), remainders indexed as master.
-// m and v: fp32, or bf16 with the precision-aware optimizer (core/math.h load_moment / store_moment).
+// m, v and master are states in F32, BF16 (moments only) or F16 scaled per tensor (core/math.h
+// load_state / store_state; the precision-aware optimizer). With an F16 state, scales holds each
+// tensor's three decoding scales (3 t + 0: m, + 1: v, + 2: master; TensorSegment::tensor = t) and a
+// step is two passes (Ops::adamw_segments, then Ops::adamw_store_scaled) around a reduction of amax.
 struct AdamWBuffers {
-  float* master = nullptr;
+  Buf master;
   bool master_sharded = false;
   CBuf grads;
   Buf m, v;
   Buf compute;
   uint16_t* remainders = nullptr;
+  const float* scales = nullptr;  // device, 3 per tensor
+  float* amax = nullptr;          // device, 3 per tensor: written by adamw_segments
+  int tensors = 0;                // the tables' length / 3
+  bool scaled() const { return master.t == DType::F16 || m.t == DType::F16 || v.t == DType::F16; }
 };
 
 class Ops {
@@ -359,11 +367,20 @@ class Ops {
   // the table as its argument, and grad_stats with one read to the host). The defaults go segment by
   // segment through the calls above: grad_stats adds the flagged segments' sum_squares in table
   // order, and checks every segment with has_nonfinite; adamw_segments runs adamw on each segment
-  // (a backend steps master weights held as remainders, and 16-bit moments, itself: the default
+  // (a backend steps master weights held as remainders, and 16-bit states, itself: the default
   // refuses them).
+  // With scaled fp16 states (b.scaled()) a step is two passes over the same table, the second
+  // recomputing the first's fp32 values from the states as they were (the gradients are not
+  // touched in between): adamw_segments writes b.amax (zeroed first: per tensor and state, the
+  // largest |new value|) and a master that is not F16 with its compute copy; adamw_store_scaled
+  // the moments (F16 with new_scales, device, laid out as b.scales: fp16 codes of x *
+  // fp16_state_rscale), an F16 master and its compute copy of the master as stored (its code times
+  // its new scale), so that a resumed run computes with the same weights.
   virtual GradStats grad_stats(CBuf grads, const std::vector<TensorSegment>& segments);
   virtual void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
                               const AdamWParams& a, float grad_scale);
+  virtual void adamw_store_scaled(const AdamWBuffers& b, const std::vector<TensorSegment>& segments,
+                                  const AdamWParams& a, float grad_scale, const float* new_scales);
 
   // Allocation accounting (tptrain plan's check against plan/memory.h): bytes currently held by
   // alloc_bytes() as the allocator rounds them, and the most held at once since the backend was made.

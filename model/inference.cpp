@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "model/block.h"
 #include "model/checkpoint_model.h"
+#include "model/optimizer.h"  // is_optional_state_name
 #include "parallel/checkpoint.h"
 #include "parallel/comm.h"
 
@@ -61,7 +62,7 @@ InferenceWeights load_inference_weights(const std::string& dir) {
       req.model.push_back({t.name, t.global_shape});
     }
   }
-  req.optional = is_fp8_state_name;  // FP8 delayed scaling's state: not read (inference runs bf16)
+  req.optional = is_optional_state_name;  // FP8 delayed scaling's state, fp16 optimizer states' scales: not read
   req.warn_other_files = true;  // the optimizer shards are not read: a damaged one is only a warning
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::open(*self, req);
   if (!reader) input_error("no checkpoint in " + dir);

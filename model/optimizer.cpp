@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/math.h"
 
 namespace tpt {
 
@@ -63,49 +66,85 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
+namespace {
+constexpr const char* kScalePrefix = "optimizer.fp16_scale.";
+}  // namespace
+
+std::string optimizer_scale_name(int k, const std::string& tensor) {
+  static const char* const states[3] = {"exp_avg.", "exp_avg_sq.", "main_params."};
+  return kScalePrefix + std::string(states[k]) + tensor;
+}
+
+bool is_optional_state_name(const std::string& tensor) {
+  return is_fp8_state_name(tensor) || tensor.starts_with(kScalePrefix);
+}
+
+int64_t scale_table_floats(int64_t tensors) { return (3 * tensors + 63) / 64 * 64; }
+
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
-             float* master, bool master_sharded, CBuf grads, Buf compute, uint16_t* remainders,
-             MomentDTypes moments)
-    : ops_(ops) {
+             Buf master, bool master_sharded, CBuf grads, Buf compute, uint16_t* remainders, StateDTypes states,
+             ReduceMax reduce_max)
+    : ops_(ops), reduce_max_(std::move(reduce_max)), tensors_(int64_t(layout.params.size())) {
   TPT_CHECK(!remainders || (compute.t == DType::BF16 && !master));
-  for (DType t : {moments.exp_avg, moments.exp_avg_sq}) TPT_CHECK(t == DType::F32 || t == DType::BF16);
+  for (DType t : {states.exp_avg, states.exp_avg_sq}) TPT_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
+  TPT_CHECK(states.master == DType::F32 || (states.master == DType::F16 && master.t == DType::F16 && compute));
+  TPT_CHECK(!states.scaled() || reduce_max_);
+  const bool scaled = states.scaled();
   struct Span {
     int64_t offset, n;
     bool decay;
+    int tensor;
   };
-  std::vector<Span> spans;  // the layout in runs of the same weight-decay choice
-  for (const ParamInfo& p : layout.params) {
-    if (!spans.empty() && spans.back().decay == p.weight_decay && spans.back().offset + spans.back().n <= p.offset)
+  std::vector<Span> spans;  // the layout in runs of the same weight-decay choice (scaled: tensor by tensor)
+  for (size_t j = 0; j < layout.params.size(); ++j) {
+    const ParamInfo& p = layout.params[j];
+    if (!scaled && !spans.empty() && spans.back().decay == p.weight_decay &&
+        spans.back().offset + spans.back().n <= p.offset)
       spans.back().n = p.offset + p.numel - spans.back().offset;
     else
-      spans.push_back({p.offset, p.numel, p.weight_decay});
+      spans.push_back({p.offset, p.numel, p.weight_decay, int(j)});
   }
   for (const ShardRange& r : owned)
     for (const Span& s : spans) {
       const int64_t lo = std::max(s.offset, r.offset), hi = std::min(s.offset + s.n, r.offset + r.n);
-      if (lo < hi) segments_.push_back({lo, r.local + (lo - r.offset), hi - lo, s.decay});
+      if (lo < hi) segments_.push_back({lo, r.local + (lo - r.offset), hi - lo, s.decay, s.tensor});
     }
-  buffers_ = {master,
-              master_sharded,
-              grads,
-              ops_.alloc(owned_size, moments.exp_avg),
-              ops_.alloc(owned_size, moments.exp_avg_sq),
-              compute,
-              remainders};
+  buffers_.master = master;
+  buffers_.master_sharded = master_sharded;
+  buffers_.grads = grads;
+  buffers_.m = ops_.alloc(owned_size, states.exp_avg);
+  buffers_.v = ops_.alloc(owned_size, states.exp_avg_sq);
+  buffers_.compute = compute;
+  buffers_.remainders = remainders;
+  if (!scaled) return;
+  // the scales start at 1 (Transformer Engine's; zero moments decode as zeros whatever the scale)
+  const int64_t n = scale_table_floats(tensors_);
+  host_scales_.assign(size_t(n), 1.0f);
+  scales_ = ops_.alloc(size_t(n));
+  ops_.to_device(scales_, host_scales_.data(), n);
+  next_scales_ = ops_.alloc(size_t(n));
+  buffers_.scales = scales_;
+  buffers_.amax = next_scales_;
+  buffers_.tensors = int(tensors_);
 }
 
 AdamW::~AdamW() {
   ops_.free(buffers_.m.p);
   ops_.free(buffers_.v.p);
+  if (scales_) ops_.free(scales_);
+  if (next_scales_) ops_.free(next_scales_);
 }
 
-MomentDTypes moment_dtypes(const OptimizerConfig& o) {
+StateDTypes state_dtypes(const OptimizerConfig& o) {
   auto dtype = [](StateDType t) -> DType {
-    if (t == StateDType::FP32) return DType::F32;
-    if (t == StateDType::BF16) return DType::BF16;
-    internal_error("optimizer: moments stored as " + name_of(t) + " are not built (the config refuses them)");
+    switch (t) {
+      case StateDType::FP32: return DType::F32;
+      case StateDType::BF16: return DType::BF16;
+      case StateDType::FP16: return DType::F16;
+    }
+    internal_error("optimizer: unknown state dtype");
   };
-  return {dtype(o.exp_avg_dtype), dtype(o.exp_avg_sq_dtype)};
+  return {dtype(o.exp_avg_dtype), dtype(o.exp_avg_sq_dtype), dtype(o.main_params_dtype)};
 }
 
 void AdamW::step(const OptimizerConfig& o, double lr, int64_t step, float grad_scale) {
@@ -120,6 +159,83 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step, float grad_s
   a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));
   a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
   ops_.adamw_segments(buffers_, segments_, a, grad_scale);
+  if (!buffers_.scaled()) return;
+  // the tensors' amaxes over the stage, their new scales, the fp16 states written with them
+  const int64_t n = 3 * tensors_;
+  std::vector<float> next(static_cast<size_t>(n));
+  ops_.to_host(next.data(), CBuf(next_scales_), n);
+  reduce_max_(next.data(), n);
+  for (float& x : next) x = fp16_state_scale(x);
+  ops_.to_device(next_scales_, next.data(), n);
+  ops_.adamw_store_scaled(buffers_, segments_, a, grad_scale, next_scales_);
+  set_scales(next);
 }
+
+void AdamW::set_scales(const std::vector<float>& next) {
+  std::swap(scales_, next_scales_);  // the new scales decode from now on; the old table takes the next amaxes
+  buffers_.scales = scales_;
+  buffers_.amax = next_scales_;
+  std::copy(next.begin(), next.end(), host_scales_.begin());
+}
+
+std::vector<float> AdamW::scales(int k) const {
+  std::vector<float> out(size_t(tensors_), 0.0f);
+  if (state(k).t == DType::F16)
+    for (int64_t j = 0; j < tensors_; ++j) out[size_t(j)] = host_scales_[size_t(3 * j + k)];
+  return out;
+}
+
+namespace {
+// the owned elements of segments with state k's index (master: by offset unless sharded)
+int64_t state_index(const TensorSegment& t, int k, bool master_sharded) {
+  return k < 2 || master_sharded ? t.local : t.offset;
+}
+}  // namespace
+
+void AdamW::to_host(int k, float* host) const {
+  const Buf s = state(k);
+  for (const TensorSegment& t : segments_) {
+    const int64_t at = state_index(t, k, buffers_.master_sharded);
+    ops_.to_host(host + t.offset, CBuf(s + at), t.n);
+    if (s.t == DType::F32) continue;
+    // 16-bit: copied into the first half of the range, widened in place from the end (element i's 4
+    // bytes never cover an unread 2-byte element j < i): no host allocation per save
+    const auto* raw = reinterpret_cast<const unsigned char*>(host + t.offset);
+    const float scale = s.t == DType::F16 ? host_scales_[size_t(3 * t.tensor + k)] : 1.0f;
+    for (int64_t i = t.n - 1; i >= 0; --i) {
+      uint16_t bits;
+      std::memcpy(&bits, raw + 2 * i, sizeof bits);
+      host[t.offset + i] = load_state(&bits, s.t, 0, scale);
+    }
+  }
+}
+
+void AdamW::from_host(int k, const float* host, const float* scales) {
+  const Buf s = state(k);
+  if (s.t == DType::F16) {  // each tensor's scale: given, or its absmax over the stage
+    std::vector<float> amax(size_t(3 * tensors_), 0.0f);
+    for (const TensorSegment& t : segments_)
+      for (int64_t i = 0; i < t.n; ++i)
+        amax[size_t(3 * t.tensor + k)] = std::max(amax[size_t(3 * t.tensor + k)], std::fabs(host[t.offset + i]));
+    reduce_max_(amax.data(), int64_t(amax.size()));
+    for (int64_t j = 0; j < tensors_; ++j)
+      host_scales_[size_t(3 * j + k)] =
+          scales && scales[j] > 0.0f ? scales[j] : fp16_state_scale(amax[size_t(3 * j + k)]);
+    ops_.to_device(scales_, host_scales_.data(), int64_t(host_scales_.size()));
+  }
+  std::vector<uint16_t> bits;
+  for (const TensorSegment& t : segments_) {
+    const int64_t at = state_index(t, k, buffers_.master_sharded);
+    if (s.t == DType::F32) {
+      ops_.to_device(s + at, host + t.offset, t.n);
+      continue;
+    }
+    const float rscale = s.t == DType::F16 ? fp16_state_rscale(host_scales_[size_t(3 * t.tensor + k)]) : 1.0f;
+    bits.resize(size_t(t.n));
+    for (int64_t i = 0; i < t.n; ++i) store_state(bits.data(), s.t, i, host[t.offset + i], rscale);
+    ops_.to_device(s + at, bits.data(), t.n);
+  }
+}
+
 
 }  // namespace tpt

@@ -180,13 +180,17 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, bool gpu_backend, RankL
 void set_model_state_bytes(const Config& cfg, StageMemory& m) {
   const DType dtype = compute_dtype(cfg);
   const int64_t buffer = m.parameter_buffer, owned = m.owned_elements;
-  // store_param_remainders (bf16): the master weight is the compute copy plus a 2-byte remainder
-  m.weight_bytes = dtype == DType::F32 ? buffer * 4
+  // store_param_remainders (bf16): the master weight is the compute copy plus a 2-byte remainder;
+  // main_params_dtype fp16: 2-byte master weights
+  const StateDTypes states = state_dtypes(cfg.optimizer);  // fp32, or bf16 / fp16 (precision-aware)
+  m.weight_bytes = dtype == DType::F32 && states.master == DType::F32 ? buffer * 4
                    : dtype_size(buffer, dtype) +
-                         (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16) : owned * 4);
+                         (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16)
+                                                               : dtype_size(owned, states.master));
   m.gradient_bytes = buffer * (bf16_grads(cfg) ? 2 : 4);  // parallel.grad_reduce_in_bf16: bf16
-  const MomentDTypes moments = moment_dtypes(cfg.optimizer);  // fp32, or bf16 (precision-aware)
-  m.optimizer_bytes = dtype_size(owned, moments.exp_avg) + dtype_size(owned, moments.exp_avg_sq);
+  m.optimizer_bytes = dtype_size(owned, states.exp_avg) + dtype_size(owned, states.exp_avg_sq);
+  // scaled fp16 states: the optimizer's two scale tables (model/optimizer.h)
+  if (states.scaled()) m.optimizer_bytes += 2 * scale_table_floats(m.tensors) * 4;
 }
 
 StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDims>& chunks, bool gpu_backend,
@@ -219,6 +223,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   const int64_t buffer = rb.total, owned = rb.owned;
   m.parameter_buffer = buffer;
   m.owned_elements = owned;
+  m.tensors = int64_t(layout.params.size());
   m.expert_buffer = rb.expert_span;
   set_model_state_bytes(cfg, m);
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
@@ -261,12 +266,16 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   const int64_t staged = 2 + int64_t(chunks.front().position_ids) + int64_t(cfg.data.eod_mask_loss);
   m.buffer_bytes += staged * B * chunks.front().S * 4;
   // checkpoint.async_save: the host staging of a rank that writes shards (train/trainer.h staging_):
-  // master weights, exp_avg and exp_avg_sq over the layout, and the MoE expert biases' and FP8 state's copy
+  // master weights, exp_avg and exp_avg_sq over the layout, and the MoE expert biases', FP8 state's and
+  // fp16 optimizer states' scales' copy
   if (cfg.checkpoint.async_save) {
     m.checkpoint_staging_bytes = 3 * layout.total * 4;
     if (cfg.model.moe_router_enable_expert_bias)
       for (int64_t l : rank_layers(chunks))
         if (cfg.model.is_moe_layer(l)) m.checkpoint_staging_bytes += cfg.model.num_moe_experts * 4;
+    const StateDTypes st = state_dtypes(cfg.optimizer);  // fp16 optimizer states: a scale per tensor each
+    for (DType t : {st.exp_avg, st.exp_avg_sq, st.master})
+      if (t == DType::F16) m.checkpoint_staging_bytes += int64_t(layout.params.size()) * 4;
     if (cfg.training.fp8_format != Fp8Format::None && cfg.training.fp8_recipe == Fp8Recipe::Delayed)
       for (const GPTDims& d : chunks)  // each FP8 GEMM's 3 scales and 3 x history_len amaxes
         m.checkpoint_staging_bytes +=

@@ -58,6 +58,7 @@ struct StageMemory {
   int64_t expert_parameters_per_rank = 0;
   int64_t expert_buffer = 0;
   int64_t owned_elements = 0;          // of parameter_buffer, what this rank's optimizer steps (1/DP: distributed)
+  int64_t tensors = 0;                 // ParamLayout::params of the rank (fp16 optimizer states: a scale each)
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   int64_t activation_bytes = 0;        // for the configured recompute mode
   int64_t workspace_bytes = 0;

@@ -18,6 +18,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/profiled_comm.h"
+#include "parallel/tensor_parallel.h"  // fp8_amax_reduce: the scaled optimizer states' amaxes
 #include "plan/memory.h"  // plan: the memory line below
 #ifdef TPTRAIN_HAVE_CUDA
 #include <cstdlib>
@@ -185,18 +186,29 @@ void Trainer::setup_model() {
   // fp32 master weights: the whole buffer (fp32 runs: the weights compute uses; without the
   // distributed optimizer), else only the owned blocks next to a full compute copy in bf16 / fp16;
   // with store_param_remainders (bf16) their 16-bit remainders instead
-  master_sharded_ = distributed_optimizer && dtype_ != DType::F32;
+  // (fp16 master weights: beside a compute copy, in fp32 too)
+  const StateDTypes states = state_dtypes(cfg_.optimizer);
+  const bool copy = dtype_ != DType::F32 || states.master == DType::F16;
+  master_sharded_ = distributed_optimizer && copy;
   const int64_t master_size = master_sharded_ ? grad_sync_->owned_size() : buffer_total_;
   if (cfg_.optimizer.store_param_remainders)
     remainders_ = static_cast<uint16_t*>(ops_->alloc(master_size, DType::BF16).p);
   else
-    master_ = ops_->alloc(size_t(master_size));
-  params_compute_ = dtype_ == DType::F32 ? Buf(master_) : ops_->alloc(buffer_total_, dtype_);
-  master_from_host(host.data());
+    master_ = ops_->alloc(master_size, states.master);
+  params_compute_ = copy ? ops_->alloc(buffer_total_, dtype_) : master_;
   scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
+  // scaled fp16 states: a tensor's amax over every rank that holds a part of it (the stage's TP x DP x CP)
+  ReduceMax reduce_max;
+  if (states.scaled())
+    reduce_max = [this](float* v, int64_t n) {
+      Comm* groups[2] = {grid_.tp > 1 ? grid_.tp_group.get() : nullptr,
+                         grid_.dp_cp_size() > 1 ? &grid_.dp_cp() : nullptr};
+      fp8_amax_reduce(v, int(n), groups, 2);
+    };
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
-                                   master_sharded_, grads_, dtype_ != DType::F32 ? params_compute_ : Buf{},
-                                   remainders_, moment_dtypes(cfg_.optimizer));
+                                   master_sharded_, grads_, copy ? params_compute_ : Buf{},
+                                   remainders_, states, std::move(reduce_max));
+  master_from_host(host.data());
   norm_segments_ = grad_norm_segments(layout_, grad_sync_->owned(), grad_sync_->unique_ranges());
 }
 
@@ -306,15 +318,19 @@ void Trainer::log_setup() {
     spdlog::warn("WARNING: parallel.distributed_optimizer with data-parallel size 1: nothing to shard, the "
                  "optimizer runs as without it");
   if (grad_sync_->distributed())
-    spdlog::info("distributed optimizer: fp32 master weights{} and Adam moments of {} of the {} elements of "
-                 "rank 0's buffer ({} buckets; parameter all-gather {})",
+    spdlog::info("distributed optimizer: {} master weights{} and Adam moments of {} of the {} elements of "
+                 "rank 0's buffer ({} buckets; parameter all-gather {})", name_of(cfg_.optimizer.main_params_dtype),
                  master_sharded_ ? "" : " (the fp32 weights compute uses: whole)", grad_sync_->owned_size(),
                  buffer_total_, grad_sync_->num_buckets(),
                  cfg_.parallel.overlap_param_gather ? "overlapped with the next forward" : "after the step");
   if (cfg_.optimizer.use_precision_aware_optimizer)
-    spdlog::info("optimizer: Adam moments stored as exp_avg {}, exp_avg_sq {} (the update in fp32; "
-                 "optimizer.use_precision_aware_optimizer)",
-                 name_of(cfg_.optimizer.exp_avg_dtype), name_of(cfg_.optimizer.exp_avg_sq_dtype));
+    spdlog::info("optimizer: Adam moments stored as exp_avg {}, exp_avg_sq {}, master weights {} (the update in "
+                 "fp32; optimizer.use_precision_aware_optimizer){}",
+                 name_of(cfg_.optimizer.exp_avg_dtype), name_of(cfg_.optimizer.exp_avg_sq_dtype),
+                 name_of(cfg_.optimizer.main_params_dtype),
+                 state_dtypes(cfg_.optimizer).scaled()
+                     ? "; fp16 states scaled per tensor by absmax / 32752 over the whole tensor"
+                     : "");
   if (grads_.t == DType::BF16)
     spdlog::info("gradients: a bf16 buffer, each weight-gradient call and each reduction rounded to bf16 "
                  "(parallel.grad_reduce_in_bf16 / optimizer.main_grads_dtype)");
@@ -388,7 +404,7 @@ Trainer::~Trainer() {
   stages_.clear();
   adamw_.reset();
   if (ops_) {
-    ops_->free(master_);
+    ops_->free(master_.p);
     if (remainders_) ops_->free(reinterpret_cast<float*>(remainders_));
     ops_->free(grads_.p);
     ops_->free(reinterpret_cast<float*>(dev_tokens_));
@@ -399,7 +415,7 @@ Trainer::~Trainer() {
       for (Buf b : chunk) ops_->free(b.p);
     for (const auto& chunk : grad_in_)
       for (Buf b : chunk) ops_->free(b.p);
-    if (params_compute_.p != master_) ops_->free(params_compute_.p);
+    if (params_compute_.p != master_.p) ops_->free(params_compute_.p);
     if (shared_scratch_) ops_->free(shared_scratch_);
     if (slot_pool_) ops_->free(slot_pool_);
   }

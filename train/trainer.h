@@ -63,17 +63,17 @@ class Trainer {
   // every DP rank alike, so the mean is over the whole batch whatever the layout); else G * S.
   int64_t counted_tokens(const BlendedDataset& ds, int64_t base) const;
   // The master weights of a host buffer of the layout (layout_.total floats): the owned ranges of
-  // master_, their compute copy (master_copy_bits; with remainders that and remainders_), then the
-  // distributed optimizer's all-gather of the compute copy. master_to_host: the fp32 master
-  // weights of the owned ranges into such a buffer (with remainders, merged on the host).
-  void master_from_host(const float* host);
+  // master_ (fp16 master weights: encoded with `scales`, AdamW::from_host), their compute copy
+  // (master_copy_bits of the master as stored; with remainders that and remainders_), then the
+  // distributed optimizer's all-gather of the compute copy. master_to_host: the master weights of
+  // the owned ranges into such a buffer as fp32 (with remainders, merged on the host).
+  void master_from_host(const float* host, const float* scales = nullptr);
   void master_to_host(float* host) const;
-  // A state indexed like the master weights (sharded: by the owned ranges' local offsets; else a
-  // buffer of the layout) to / from a host buffer of the layout (layout_.total floats; only the
-  // owned ranges are touched).
-  // (state: fp32, or the precision-aware optimizer's bf16 moments, converted: a checkpoint holds fp32)
-  void owned_to_host(float* host, CBuf state, bool sharded) const;
-  void owned_from_host(Buf state, const float* host, bool sharded);
+  // Scaled fp16 optimizer states (model/optimizer.h): one checkpoint tensor [1] per fp16 state and
+  // layout tensor (optimizer_scale_name), state by state, each pointing into `values` (filled with
+  // the optimizer's scales; for a load, zeros: a tensor the checkpoint lacks keeps 0); keep[i]: the
+  // i-th is this rank's to save (its tensor's primary copy).
+  std::vector<CkptTensor> optimizer_scale_tensors(std::vector<float>& values, std::vector<bool>* keep = nullptr) const;
   void log_iteration(int64_t k, const StepResult& r, double lr, double elapsed_ms, int64_t n_iters,
                      int skipped, int nans, std::optional<double> val_loss);
   // Mixture-of-Experts (train/trainer_moe.cpp): the expert biases' update once per global batch, and
@@ -123,7 +123,9 @@ class Trainer {
   std::vector<int64_t> layers_;
   ParamLayout layout_;
   int64_t buffer_total_ = 0;  // elements of the parameter / gradient buffers (GradSync::buffer_size)
-  float* master_ = nullptr;   // fp32 master weights: the buffer, or (master_sharded_) the owned blocks
+  // master weights: the buffer, or (master_sharded_) the owned blocks; fp32, or with
+  // optimizer.main_params_dtype fp16 scaled fp16 codes (model/optimizer.h)
+  Buf master_;
   bool master_sharded_ = false;
   // optimizer.store_param_remainders: no master_; the master weights are params_compute_'s bf16
   // bits plus these low halves (indexed like master_)
@@ -214,6 +216,7 @@ class Trainer {
   // checkpoint_staging_bytes), made at the first save and reused; the MoE expert biases' copy
   float* staging_[3] = {nullptr, nullptr, nullptr};
   std::vector<float> extra_staging_;
+  std::vector<float> scale_values_;  // the fp16 optimizer states' scales a save stages (optimizer_scale_tensors)
   bool staged_once_ = false;
   std::unique_ptr<BackgroundSave> pending_save_;
   double pending_stall_s_ = 0;

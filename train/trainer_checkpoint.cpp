@@ -99,23 +99,27 @@ std::vector<CheckpointFile> Trainer::stage_checkpoint(float* const host[3]) {
   const bool distributed = grad_sync_->distributed();  // every replica saves the blocks it owns
   const int replica = grid_.dp_cp_rank();  // DP rank, or with context parallelism the DP x CP rank
   master_to_host(host[0]);  // the fp32 master weights (with remainders: merged)
-  owned_to_host(host[1], adamw_->exp_avg(), true);
-  owned_to_host(host[2], adamw_->exp_avg_sq(), true);
+  adamw_->to_host(0, host[1]);  // the moments as fp32
+  adamw_->to_host(1, host[2]);
   std::vector<CkptTensor> model = rank_tensors(layout_, host[0], "", true, unique);
   // the state outside the parameters (MoE expert biases, FP8 scales and amax histories): every copy is
   // the same, so TP rank 0 / DP x CP rank 0 saves it; copied (training updates it while a background
   // writer runs) on every rank alike, as the plan counts it
-  const std::vector<CkptTensor> extra = extra_state_tensors();
+  // (and the scaled fp16 optimizer states' scales: the same on every rank of the stage)
+  std::vector<CkptTensor> extra = extra_state_tensors();
+  std::vector<bool> keep(extra.size(), true);
+  for (CkptTensor& t : optimizer_scale_tensors(scale_values_, &keep)) extra.push_back(std::move(t));
   const bool primary = grid_.tp_rank == 0 && grid_.dp_cp_rank() == 0;
   size_t extra_floats = 0;
   for (const CkptTensor& t : extra) extra_floats += size_t(volume(t.local_shape));
   extra_staging_.resize(extra_floats);  // the same size at every save: allocated once
   float* b = extra_staging_.data();
-  for (CkptTensor t : extra) {
+  for (size_t i = 0; i < extra.size(); ++i) {
+    CkptTensor t = extra[i];
     std::copy(t.data, t.data + volume(t.local_shape), b);
     t.data = b;
     b += volume(t.local_shape);
-    if (primary) model.push_back(std::move(t));
+    if (primary && keep[i]) model.push_back(std::move(t));
   }
   std::vector<CheckpointFile> files(2);
   files[0].name = distributed || replica != 0 ? model_shard_name(grid_.tp_rank, grid_.pp_rank, replica)
@@ -277,19 +281,22 @@ bool Trainer::load_checkpoint() {
   const std::vector<CkptTensor> groups[3] = {rank_tensors(layout_, host.data(), "", false),
                                              rank_tensors(layout_, host.data(), kExpAvg, false),
                                              rank_tensors(layout_, host.data(), kExpAvgSq, false)};
-  const Buf targets[3] = {Buf{}, adamw_->exp_avg(), adamw_->exp_avg_sq()};  // 0: master_from_host
+  std::vector<float> scales;  // the scaled fp16 states' (0: not in the checkpoint)
+  const std::vector<CkptTensor> scale_tensors = optimizer_scale_tensors(scales);
   LoadRequest req;
   req.dir = dir;
   for (const auto& g : groups) req.wanted.insert(req.wanted.end(), g.begin(), g.end());
   const std::vector<CkptTensor> extra = extra_state_tensors();  // MoE's expert biases, FP8's state: into the stages
   req.wanted.insert(req.wanted.end(), extra.begin(), extra.end());
+  req.wanted.insert(req.wanted.end(), scale_tensors.begin(), scale_tensors.end());
   // The whole model (one stage, one TP rank): names and global shapes for the shape check.
   const ParamLayout whole = make_param_layout(make_dims(cfg_, 1, 0, 1, 0));
   for (const char* prefix : {"", kExpAvg, kExpAvgSq})
     for (const ParamInfo& p : whole.params) req.model.push_back({prefix + p.name, p.global_shape});
   for (const GlobalTensor& t : expert_bias_model()) req.model.push_back(t);
   for (const GlobalTensor& t : fp8_state_model()) req.model.push_back(t);
-  req.optional = is_fp8_state_name;  // a run without delayed FP8 scaling reads or writes none
+  for (const CkptTensor& t : scale_tensors) req.model.push_back({t.name, t.global_shape});
+  req.optional = is_optional_state_name;  // FP8's delayed scaling, fp16 optimizer states: with some settings only
 
   {  // a missing directory is the first run of a requeued job; anything else but a directory is a mistake
     std::error_code ec;
@@ -305,11 +312,25 @@ bool Trainer::load_checkpoint() {
   // the tensors of a group are disjoint parts of `host`: read on this rank's share of the host's cores
   const int threads = int(std::max(1u, std::min(8u, std::thread::hardware_concurrency() / unsigned(std::max(1, grid_.local_size)))));
   const auto t_read = std::chrono::steady_clock::now();
+  {  // the fp16 states' scales the checkpoint has (saved by an fp16-state run): the states encode with them
+    std::vector<CkptTensor> present;
+    for (const CkptTensor& t : scale_tensors)
+      if (reader->tensors().count(t.name)) present.push_back(t);
+    reader->read_all(present, 1);
+  }
+  const int64_t T = int64_t(layout_.params.size());
+  auto scales_of = [&](int k) -> const float* {  // state k's scales in `scales` (state by state, fp16 ones only)
+    const StateDTypes st = state_dtypes(cfg_.optimizer);
+    const DType types[3] = {st.exp_avg, st.exp_avg_sq, st.master};
+    int64_t at = 0;
+    for (int j = 0; j < k; ++j) at += types[j] == DType::F16 ? T : 0;
+    return types[k] == DType::F16 ? scales.data() + at : nullptr;
+  };
   for (int g = 0; g < 3; ++g) {
     reader->read_all(groups[g], threads);
     // this rank's part (all of it, or its blocks); the master weights with their compute copy, all-gathered
-    if (g == 0) master_from_host(host.data());
-    else owned_from_host(targets[g], host.data(), true);
+    if (g == 0) master_from_host(host.data(), scales_of(2));
+    else adamw_->from_host(g - 1, host.data(), scales_of(g - 1));
   }
   {  // what the checkpoint has of it: FP8 state saved without delayed scaling starts from scale 1
     std::vector<CkptTensor> present;
@@ -405,13 +426,20 @@ void for_each_owned(const std::vector<ShardRange>& owned, int64_t total, F&& f) 
 }
 }  // namespace
 
-void Trainer::master_from_host(const float* host) {
-  if (master_) owned_from_host(master_, host, master_sharded_);
-  if (params_compute_.p != master_) {
+void Trainer::master_from_host(const float* host, const float* scales) {
+  if (master_) adamw_->from_host(2, host, scales);
+  if (params_compute_.p != master_.p) {
+    std::vector<float> stored;  // fp16 master weights: the copy is of the master as stored
+    if (master_.t == DType::F16) {
+      stored.assign(size_t(layout_.total), 0.0f);
+      adamw_->to_host(2, stored.data());
+    }
+    const float* from = stored.empty() ? host : stored.data();
     std::vector<uint16_t> bits, low;
     for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+      if (dtype_ == DType::F32) return ops_->to_device(params_compute_ + r.offset, from + r.offset, n);
       bits.resize(size_t(n));
-      for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = master_copy_bits(host[r.offset + i], dtype_);
+      for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = master_copy_bits(from[r.offset + i], dtype_);
       ops_->to_device(params_compute_ + r.offset, bits.data(), n);
       if (!remainders_) return;
       low.resize(size_t(n));
@@ -424,7 +452,7 @@ void Trainer::master_from_host(const float* host) {
 }
 
 void Trainer::master_to_host(float* host) const {
-  if (master_) return owned_to_host(host, master_, master_sharded_);
+  if (master_) return adamw_->to_host(2, host);
   std::vector<uint16_t> bits, low;
   for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
     bits.resize(size_t(n));
@@ -435,33 +463,30 @@ void Trainer::master_to_host(float* host) const {
   });
 }
 
-void Trainer::owned_to_host(float* host, CBuf state, bool sharded) const {
-  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
-  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    const CBuf from = state + (sharded ? r.local : r.offset);
-    if (state.t == DType::F32) return ops_->to_host(host + r.offset, from, n);
-    // bf16: copied into the first half of the range, widened in place from the end (element i's 4
-    // bytes never cover an unread 2-byte element j < i): no host allocation per save
-    auto* raw = reinterpret_cast<unsigned char*>(host + r.offset);
-    ops_->to_host(raw, from, n);
-    for (int64_t i = n - 1; i >= 0; --i) {
-      uint16_t bits;
-      std::memcpy(&bits, raw + 2 * i, sizeof bits);
-      host[r.offset + i] = bf16_to_fp32(bits);
+std::vector<CkptTensor> Trainer::optimizer_scale_tensors(std::vector<float>& values, std::vector<bool>* keep) const {
+  const StateDTypes st = state_dtypes(cfg_.optimizer);
+  const DType types[3] = {st.exp_avg, st.exp_avg_sq, st.master};
+  values.clear();
+  for (int k = 0; k < 3; ++k)
+    if (types[k] == DType::F16) {
+      const std::vector<float> s = keep ? adamw_->scales(k) : std::vector<float>(layout_.params.size(), 0.0f);
+      values.insert(values.end(), s.begin(), s.end());
     }
-  });
-}
-
-void Trainer::owned_from_host(Buf state, const float* host, bool sharded) {
-  TPT_CHECK(state.t == DType::F32 || state.t == DType::BF16);
-  std::vector<uint16_t> bits;
-  for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
-    const Buf to = state + (sharded ? r.local : r.offset);
-    if (state.t == DType::F32) return ops_->to_device(to, host + r.offset, n);
-    bits.resize(size_t(n));  // a checkpoint's fp32 moment rounded as the optimizer stores it
-    for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = fp32_to_bf16(host[r.offset + i]);
-    ops_->to_device(to, bits.data(), n);
-  });
+  std::vector<CkptTensor> out;
+  size_t at = 0;
+  for (int k = 0; k < 3; ++k) {
+    if (types[k] != DType::F16) continue;
+    for (const ParamInfo& p : layout_.params) {
+      CkptTensor t;
+      t.name = optimizer_scale_name(k, p.name);
+      t.global_shape = t.box_size = t.local_shape = {1};
+      t.box_offset = {0};
+      t.data = values.data() + at++;
+      out.push_back(std::move(t));
+      if (keep) keep->push_back(p.group.primary);  // not the last stage's tied copy
+    }
+  }
+  return out;
 }
 
 }  // namespace tpt

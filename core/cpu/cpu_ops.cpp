@@ -430,35 +430,41 @@ class CpuOps final : public Ops {
   }
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
-    const bool m16 = b.m.t == DType::BF16, v16 = b.v.t == DType::BF16;
-    if (!b.remainders && !m16 && !v16) return Ops::adamw_segments(b, segments, a, grad_scale);
-    TPT_CHECK(!b.remainders || (b.compute.t == DType::BF16 && !b.master));
-    TPT_CHECK((b.m.t == DType::F32 || m16) && (b.v.t == DType::F32 || v16));
-    for (const TensorSegment& t : segments) {
-      const int64_t at = b.master_sharded ? t.local : t.offset;
-      const float* g = in(b.grads + t.offset, t.n, 0);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < t.n; ++i) {
-        uint16_t* c16 = b.compute && b.compute.t != DType::F32 ? static_cast<uint16_t*>(b.compute.p) + t.offset + i
-                                                                : nullptr;
-        float p = b.remainders ? master_from_remainder(*c16, b.remainders[at + i]) : b.master[at + i];
-        float m = load_moment(b.m.p, m16, t.local + i), v = load_moment(b.v.p, v16, t.local + i);
-        adamw_update(p, g[i] * grad_scale, m, v, a, t.flag);
-        store_moment(b.m.p, m16, t.local + i, m);
-        store_moment(b.v.p, v16, t.local + i, v);
-        if (b.remainders) {
-          *c16 = master_to_bf16(p);
-          b.remainders[at + i] = master_remainder(p);
-          continue;
-        }
-        b.master[at + i] = p;
-        if (c16) *c16 = master_copy_bits(p, b.compute.t);
-        else if (b.compute) b.compute.f32()[t.offset + i] = p;
-      }
-    }
+    if (!b.remainders && !b.scaled() && b.m.t == DType::F32 && b.v.t == DType::F32)
+      return Ops::adamw_segments(b, segments, a, grad_scale);
+    if (b.scaled()) std::fill(b.amax, b.amax + 3 * b.tensors, 0.0f);
+    adamw_pass(b, segments, a, grad_scale, nullptr);
+  }
+  void adamw_store_scaled(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                          float grad_scale, const float* new_scales) override {
+    TPT_CHECK(b.scaled() && new_scales);
+    adamw_pass(b, segments, a, grad_scale, new_scales);
   }
 
  private:
+  // One pass of the optimizer step over 16-bit states or remainders (Ops::adamw_segments,
+  // adamw_store_scaled; core/math.h adamw_state_step).
+  void adamw_pass(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                  float grad_scale, const float* new_scales) {
+    TPT_CHECK(!b.remainders || (b.compute.t == DType::BF16 && !b.master));
+    TPT_CHECK(b.master.t != DType::BF16 && (!b.scaled() || (b.scales && b.amax)));
+    const AdamWStates st{b.master.p, b.master.t, b.m.p, b.v.p, b.m.t, b.v.t, b.compute.p, b.compute.t,
+                         b.remainders, b.scaled() ? b.scales : nullptr, new_scales};
+    for (const TensorSegment& t : segments) {
+      const int64_t at = b.master_sharded ? t.local : t.offset;
+      const float* g = in(b.grads + t.offset, t.n, 0);
+      float am = 0.0f, av = 0.0f, ap = 0.0f;
+#pragma omp parallel for schedule(static) reduction(max : am, av, ap)
+      for (int64_t i = 0; i < t.n; ++i)
+        adamw_state_step(st, a, g[i] * grad_scale, t.flag, at + i, t.local + i, t.offset + i, t.tensor, am, av, ap);
+      if (new_scales || !b.scaled()) continue;
+      float* x = b.amax + 3 * t.tensor;
+      x[0] = std::max(x[0], am);
+      x[1] = std::max(x[1], av);
+      x[2] = std::max(x[2], ap);
+    }
+  }
+
   // ---- fp32 staging: a few grow-only buffers, reused by every call (slot k: a kernel's k-th operand)
   float* stage(int slot, int64_t n) {
     auto& s = staging_[size_t(slot)];

@@ -545,7 +545,13 @@ class CudaOps final : public Ops {
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
     grad_f32(b.grads);
-    cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, stream_);
+    cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, nullptr, stream_);
+  }
+  void adamw_store_scaled(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
+                          float grad_scale, const float* new_scales) override {
+    grad_f32(b.grads);
+    TPT_CHECK(b.scaled() && new_scales);
+    cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, new_scales, stream_);
   }
 
   // ---- op profile: events on the compute stream, from a pool reused after clear_marks()

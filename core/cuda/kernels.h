@@ -97,8 +97,9 @@ void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay, Buf compute,
            float grad_scale, cudaStream_t s);
 // Multi-tensor: one launch per table of up to 512 segments (the table is the kernel's argument).
+// new_scales: null for Ops::adamw_segments, the new scales for Ops::adamw_store_scaled.
 void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,
-                    float grad_scale, cudaStream_t s);
+                    float grad_scale, const float* new_scales, cudaStream_t s);
 // Reductions to the host (synchronize the stream); `pinned` is page-locked host memory for the
 // result (grad_stats: 2 doubles, read in one copy).
 GradStats grad_stats(const float* x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,

@@ -31,6 +31,7 @@ struct SegmentTable {
   int64_t begin[kTableSegments + 1];  // segment j: elements [begin[j], begin[j + 1]) of the concatenation
   int64_t offset[kTableSegments];
   int64_t local[kTableSegments];
+  int tensor[kTableSegments];  // adamw_segments with scaled states: the scale tables' index
   bool flag[kTableSegments];
 };
 static_assert(sizeof(SegmentTable) < (CUDART_VERSION >= 12010 ? 32000 : 4000), "kernel argument size");
@@ -58,39 +59,30 @@ __device__ __forceinline__ void store_master_copy(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_master_copy(bf16* p, float v) { p->bits = master_to_bf16(v); }
 __device__ __forceinline__ void store_master_copy(fp16* p, float v) { p->bits = fp32_to_fp16(v); }
 
-template <class T>
-struct AdamWArgs {
-  float* master;  // null with remainders
-  bool master_sharded;
-  const float* g;
-  void *m, *v;    // fp32, or bf16 where m16 / v16 (the precision-aware optimizer's moments)
-  bool m16, v16;
-  T* compute;  // may be null
-  uint16_t* remainders;  // optimizer.store_param_remainders (T = bf16): the master's low halves
-};
-
-template <class T>
-__global__ void adamw_segments_kernel(SegmentTable t, AdamWArgs<T> b, AdamWParams a, float grad_scale) {
+// The step's pass over a table (core/math.h adamw_state_step). First pass with scaled fp16 states:
+// each thread keeps the maxima of its run of elements in one segment and folds them into the
+// tensor's amax (an integer max of the bits: for values >= 0 their order) when the segment ends.
+__global__ void adamw_segments_kernel(SegmentTable t, AdamWStates b, bool sharded, const float* g, float* amax,
+                                      AdamWParams a, float grad_scale) {
+  float am = 0.0f, av = 0.0f, ap = 0.0f;
+  int cur = -1;
+  auto flush = [&] {
+    if (cur < 0 || !amax) return;
+    float* x = amax + 3 * t.tensor[cur];
+    atomicMax(reinterpret_cast<int*>(x), __float_as_int(am));
+    atomicMax(reinterpret_cast<int*>(x + 1), __float_as_int(av));
+    atomicMax(reinterpret_cast<int*>(x + 2), __float_as_int(ap));
+    am = av = ap = 0.0f;
+  };
   for_each_chunk_element(t, [&](int seg, int64_t i) {
-    const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i, at = b.master_sharded ? loc : off;
-    float pv, mv = load_moment(b.m, b.m16, loc), vv = load_moment(b.v, b.v16, loc);
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (b.remainders) pv = master_from_remainder(b.compute[off].bits, b.remainders[at]);
-      else pv = b.master[at];
-    } else {
-      pv = b.master[at];
+    if (seg != cur) {
+      flush();
+      cur = seg;
     }
-    adamw_update(pv, b.g[off] * grad_scale, mv, vv, a, t.flag[seg]);
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (b.remainders) b.remainders[at] = master_remainder(pv);
-      else b.master[at] = pv;
-    } else {
-      b.master[at] = pv;
-    }
-    store_moment(b.m, b.m16, loc, mv);
-    store_moment(b.v, b.v16, loc, vv);
-    if (b.compute) store_master_copy(b.compute + off, pv);
+    const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i;
+    adamw_state_step(b, a, g[off] * grad_scale, t.flag[seg], sharded ? loc : off, loc, off, t.tensor[seg], am, av, ap);
   });
+  flush();
 }
 
 // partial[2 * block] = the block's squared sum over flagged segments, partial[2 * block + 1] = 1 if
@@ -146,6 +138,7 @@ int64_t for_each_table(const TensorSegment* segs, int count, F&& launch) {
     t.offset[k] = segs[j].offset;
     t.local[k] = segs[j].local;
     t.flag[k] = segs[j].flag;
+    t.tensor[k] = segs[j].tensor;
     t.begin[k + 1] = t.begin[k] + segs[j].n;
     if (++t.count == kTableSegments) flush();
   }
@@ -211,24 +204,18 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWP
 }
 
 void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,
-                    float grad_scale, cudaStream_t s) {
-  dispatch(b.compute.t, [&](auto tag) {
-    using T = decltype(tag);
-    TPT_CHECK(!b.remainders || (std::is_same_v<T, bf16> && !b.master));
-    TPT_CHECK((b.m.t == DType::F32 || b.m.t == DType::BF16) && (b.v.t == DType::F32 || b.v.t == DType::BF16));
-    const AdamWArgs<T> args{b.master,
-                            b.master_sharded,
-                            static_cast<const float*>(b.grads.p),
-                            b.m.p,
-                            b.v.p,
-                            b.m.t == DType::BF16,
-                            b.v.t == DType::BF16,
-                            typed<T>(b.compute),
-                            b.remainders};
-    for_each_table(segs, count, [&](const SegmentTable& t, int64_t blocks, int64_t) {
-      adamw_segments_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(t, args, a, grad_scale);
-      TPT_CUDA_LAUNCHED();
-    });
+                    float grad_scale, const float* new_scales, cudaStream_t s) {
+  TPT_CHECK(!b.remainders || (b.compute.t == DType::BF16 && !b.master));
+  TPT_CHECK(b.grads.t == DType::F32 && b.master.t != DType::BF16 && (!b.scaled() || (b.scales && b.amax)));
+  const AdamWStates st{b.master.p, b.master.t, b.m.p, b.v.p, b.m.t, b.v.t, b.compute.p, b.compute.t,
+                       b.remainders, b.scaled() ? b.scales : nullptr, new_scales};
+  float* amax = b.scaled() && !new_scales ? b.amax : nullptr;
+  if (amax) TPT_CUDA_CHECK(cudaMemsetAsync(amax, 0, size_t(3 * b.tensors) * sizeof(float), s));
+  for_each_table(segs, count, [&](const SegmentTable& t, int64_t blocks, int64_t) {
+    adamw_segments_kernel<<<unsigned(blocks), kThreads, 0, s>>>(t, st, b.master_sharded,
+                                                                static_cast<const float*>(b.grads.p), amax, a,
+                                                                grad_scale);
+    TPT_CUDA_LAUNCHED();
   });
 }
 

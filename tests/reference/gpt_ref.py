@@ -315,13 +315,14 @@ def _check_and_resolve(cfg):
         raise RefError("optimizer.lr_warmup_iters and optimizer.lr_decay_iters must be >= 0")
     if o["clip_grad"] < 0:
         raise RefError("optimizer.clip_grad must be >= 0 (0 disables clipping)")
-    for k in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-        if o[k] not in ("fp32", "bf16"):
-            raise RefError(f"optimizer.{k} must be fp32|bf16 in the reference, got {o[k]!r}")
+    for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"):
+        if o[k] not in (("fp32", "fp16") if k == "main_params_dtype" else ("fp32", "bf16", "fp16")):
+            raise RefError(f"optimizer.{k} must be fp32|bf16|fp16 (master: fp32|fp16), got {o[k]!r}")
         if o[k] != "fp32" and not o["use_precision_aware_optimizer"]:
             raise RefError(f"optimizer.{k}: {o[k]} needs optimizer.use_precision_aware_optimizer")
-    if o["main_params_dtype"] != "fp32":
-        raise RefError(f"optimizer.main_params_dtype must be fp32 in the reference, got {o['main_params_dtype']!r}")
+    if o["main_params_dtype"] == "fp16" and t["precision"] != "fp32":
+        raise RefError("optimizer.main_params_dtype: fp16 in the reference only with training.precision fp32 "
+                       "(its parameters are the master weights)")
     if o["main_grads_dtype"] not in ("fp32", "bf16"):
         raise RefError(f"optimizer.main_grads_dtype must be fp32|bf16, got {o['main_grads_dtype']!r}")
     if o["main_grads_dtype"] != "fp32" and not o["use_precision_aware_optimizer"]:
@@ -641,14 +642,41 @@ def make_optimizer(model, o):
     # the result stored rounded to nearest even (round_moments after each step)
     opt.bf16_moments = [name for name, key in (("exp_avg", "exp_avg_dtype"), ("exp_avg_sq", "exp_avg_sq_dtype"))
                         if o.get(key, "fp32") == "bf16"]
+    # fp16 moments / master weights: Transformer Engine's per-tensor scaled fp16 (fp16_scaled), each
+    # tensor whole (tptrain reduces the amax over the ranks holding its parts)
+    opt.fp16_moments = [name for name, key in (("exp_avg", "exp_avg_dtype"), ("exp_avg_sq", "exp_avg_sq_dtype"))
+                        if o.get(key, "fp32") == "fp16"]
+    opt.fp16_master = o.get("main_params_dtype", "fp32") == "fp16"
+    if opt.fp16_master:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(fp16_scaled(p))
     return opt
 
 
+def fp16_scaled(x):
+    """x as Transformer Engine's FusedAdam stores an fp16 state: scale = absmax / (65504 / 2) in fp32,
+    codes fp16(x * (1 / scale)) (0 for an all-zero tensor), read back as code * scale in fp32."""
+    absmax = x.detach().abs().max().to(torch.float32)
+    scale = absmax / torch.tensor(65504.0 / 2, dtype=torch.float32)
+    rscale = torch.where(scale > 0, scale.reciprocal(), torch.zeros_like(scale))
+    return ((x.to(torch.float32) * rscale).to(torch.float16).to(torch.float32) * scale).to(x.dtype)
+
+
 def round_moments(opt):
-    """Stores the moments named in opt.bf16_moments as bf16 (kept in fp32 tensors, rounded)."""
+    """Stores the moments named in opt.bf16_moments as bf16 (kept in fp32 tensors, rounded), those in
+    opt.fp16_moments and with opt.fp16_master the parameters as scaled fp16."""
     for name in getattr(opt, "bf16_moments", []):
         for state in opt.state.values():
             state[name].copy_(state[name].to(torch.bfloat16).to(state[name].dtype))
+    with torch.no_grad():
+        for name in getattr(opt, "fp16_moments", []):
+            for state in opt.state.values():
+                state[name].copy_(fp16_scaled(state[name]))
+        if getattr(opt, "fp16_master", False):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    p.copy_(fp16_scaled(p))
 
 
 def bf16_round(x):

@@ -149,7 +149,7 @@ TEST(Bf16GradBuffer, NormAndAdamWReadTheStoredValues) {
     ops->adamw_segments(buf, segs, p, 0.5f);
     out[k].resize(size_t(n));
     ops->to_host(out[k].data(), buf.master, n);
-    ops->free(buf.master);
+    ops->free(buf.master.p);
     ops->free(buf.m.p);
     ops->free(buf.v.p);
   }
