@@ -1,5 +1,6 @@
 # Sourced by checkpoint_faults.sh, checkpoint_async.sh and checkpoint_async_kill.sh (after lib.sh): the
-# data, the config of a tiny model, layouts, and the helpers tpt, same_as, resumes and plan_halves.
+# data, the config of a tiny model, layouts, and the helpers tpt, same_as, resumes, plan_halves, near
+# and layouts_near (also optimizer_dtypes.sh, optimizer_fp16.sh, grads_bf16.sh).
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
 # lr_decay_iters fixed: the schedule (and so every loss) does not depend on train_iters.
@@ -69,5 +70,32 @@ k = sys.argv[3]
 assert w[k] * 2 == f[k] > 0, (w[k], f[k])
 assert f["tensor_bytes"] - w["tensor_bytes"] == w[k], (f["tensor_bytes"], w["tensor_bytes"])
 PY
+  done
+}
+
+# near REF NAME LOSS NORM: NAME.jsonl has iterations 1..12, each lm loss within relative LOSS and grad
+# norm within relative NORM of REF's (prints the worst of each)
+near() {
+  $PY - "$1" "$W/$2.jsonl" "$3" "$4" <<'PY' 2>&1
+import json, sys
+load = lambda p: {j["iteration"]: j for j in map(json.loads, filter(str.strip, open(p)))}
+ref, got = load(sys.argv[1]), load(sys.argv[2])
+assert sorted(got) == list(range(1, 13)), sorted(got)
+for k, tol in (("lm_loss", float(sys.argv[3])), ("grad_norm", float(sys.argv[4]))):
+    worst = max(abs(got[i][k] - ref[i][k]) / abs(ref[i][k]) for i in got)
+    print(f"{k} {worst:.1e}", end="  ")
+    if worst > tol: sys.exit(f"exceeds {tol}")
+PY
+}
+# layouts_near PREFIX REF LOSS NORM WHAT ARGS...: 12 iterations with ARGS on each of L1, L2 (2 ranks) and
+# L3 (4 ranks) as PREFIX_<layout>, each near REF within LOSS / NORM
+layouts_near() {
+  local prefix=$1 ref=$2 loss=$3 norm=$4 what=$5 lay np why; shift 5
+  for lay in L1 L2 L3; do
+    eval "local args=(\"\${$lay[@]}\")"
+    np=2; [ "$lay" = L3 ] && np=4
+    tpt $np "${prefix}_$lay" "$@" "${args[@]}" --set training.train_iters=12 \
+      --set logging.metrics_file="$W/${prefix}_$lay.jsonl" || bad "${prefix}_$lay: exit $?"
+    why=$(near "$ref" "${prefix}_$lay" "$loss" "$norm") && ok "$what on $lay = one rank ($why)" || bad "$what on $lay: $why"
   done
 }

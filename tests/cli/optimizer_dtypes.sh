@@ -6,7 +6,7 @@
 # one rank (DP 2 with the distributed optimizer, TP 2, PP 2 x CP 2) to the bf16 rounding of a
 # moment (bounds below), a checkpoint holds fp32 moments either way and resumes bitwise on the same layout, a bf16
 # run resumes from an fp32-moment checkpoint and back, the plan counts 2 + 2 bytes per owned
-# element, and the dtypes not built exit 2 naming their key.
+# element, and a dtype that is not one exits 2 naming its key (fp16 states: optimizer_fp16.sh).
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -31,27 +31,9 @@ TOL=2e-3 same_as "$W/fp32.jsonl" bf16 1 12 > /dev/null && ok "... and stay withi
 # other side (2^-9 of that moment), so the layouts agree less closely than with fp32 moments: lm
 # loss within 2e-6 and grad norm within 5e-5 (relative; seen: 9e-7 and 1.4e-5), bounds the fp32
 # moments' run breaks (4.6e-6 and 1.9e-4 from the bf16 run: checked first, so the check can fail).
-near() {  # REF NAME: NAME.jsonl within the bounds above of REF over iterations 1..12
-  $PY - "$1" "$W/$2.jsonl" <<'PY' 2>&1
-import json, sys
-load = lambda p: {j["iteration"]: j for j in map(json.loads, filter(str.strip, open(p)))}
-ref, got = load(sys.argv[1]), load(sys.argv[2])
-assert sorted(got) == list(range(1, 13)), sorted(got)
-for k, tol in (("lm_loss", 2e-6), ("grad_norm", 5e-5)):
-    worst = max(abs(got[i][k] - ref[i][k]) / abs(ref[i][k]) for i in got)
-    print(f"{k} {worst:.1e}", end="  ")
-    if worst > tol: sys.exit(f"exceeds {tol}")
-PY
-}
-why=$(near "$W/bf16.jsonl" fp32) && bad "the layout bounds do not tell fp32 moments from bf16 ($why)" ||
+why=$(near "$W/bf16.jsonl" fp32 2e-6 5e-5) && bad "the layout bounds do not tell fp32 moments from bf16 ($why)" ||
   ok "the layout bounds tell fp32 moments from bf16 ($why)"
-for lay in L1 L2 L3; do
-  eval "args=(\"\${$lay[@]}\")"
-  np=2; [ "$lay" = L3 ] && np=4
-  tpt $np "bf16_$lay" "${B[@]}" "${args[@]}" --set training.train_iters=12 --set logging.metrics_file="$W/bf16_$lay.jsonl" ||
-    bad "bf16_$lay: exit $?"
-  why=$(near "$W/bf16.jsonl" "bf16_$lay") && ok "bf16 moments on $lay = one rank ($why)" || bad "bf16 moments on $lay: $why"
-done
+layouts_near bf16 "$W/bf16.jsonl" 2e-6 5e-5 "bf16 moments" "${B[@]}"
 
 # --- checkpoints: fp32 on disk, bitwise resume, interchange with fp32 moments --------------------
 $PY - "$W/bf16_ck/iter_0000008" <<'PY' && ok "the checkpoint's exp_avg / exp_avg_sq are F32 tensors" || bad "checkpoint moment dtypes"
@@ -89,10 +71,6 @@ plan_halves optimizer_bytes "bf16 moments are half the fp32 optimizer bytes" "${
 # --- refusals ---------------------------------------------------------------------------------
 expect_exit2 no_flag "optimizer.exp_avg_dtype: bf16 needs optimizer.use_precision_aware_optimizer: true" \
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.exp_avg_dtype=bf16
-expect_exit2 fp16_moments "optimizer.exp_avg_sq_dtype: fp16 (Transformer Engine's per-tensor scaled moments) is not built" \
-  "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.exp_avg_sq_dtype=fp16
-expect_exit2 params_fp16 "optimizer.main_params_dtype: fp16: only fp32 master weights are built" \
-  "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.main_params_dtype=fp16
 expect_exit2 bad_name "optimizer.exp_avg_dtype" \
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.exp_avg_dtype=fp8
 finish

@@ -273,6 +273,11 @@ compare fp8_blockwise_tp2_sp 2 2 1 training.precision=bf16 training.fp8_format=h
 # the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16
+# Transformer Engine's scaled fp16 states: 2 bytes per moment and master weight, and the optimizer's two
+# scale tables; with an asynchronous save the host copy of the scales (checked at the first save)
+compare dp2_distopt_bf16_fp16_states 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true \
+  optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=fp16 optimizer.exp_avg_sq_dtype=fp16 \
+  optimizer.main_params_dtype=fp16 checkpoint.save="$W/fp16_states_ck" checkpoint.save_interval=2 checkpoint.async_save=true
 compare pp2_dp2_distopt_fp32 4 1 2 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.ddp_bucket_size=1
 # the bf16 gradient buffer (2 bytes per element), reduced in overlapped buckets
 compare pp2_dp2_distopt_bf16_grads 4 1 2 training.precision=bf16 parallel.grad_reduce_in_bf16=true \

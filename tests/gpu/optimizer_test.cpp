@@ -104,6 +104,63 @@ TEST(GpuOptimizer, AdamWSegmentsWithBf16MomentsMatchCpu) {
   }
 }
 
+// Transformer Engine's scaled fp16 states (core/math.h adamw_state_step): fp16 moments and an fp16
+// sharded master, 40 tensors across the table. The first pass's per-tensor amaxes (the kernel's
+// atomic maxima against the CPU's sequential ones), then -- both backends given the CPU's scales, as
+// after the trainer's reduction -- the stored codes and the compute copy, over three steps.
+TEST(GpuOptimizer, AdamWSegmentsWithScaledFp16StatesMatchCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  std::vector<TensorSegment> segs;
+  const int64_t total = make_table(segs, 700, 17);
+  const int64_t owned = segs.back().local + segs.back().n;
+  constexpr int kTensors = 40;
+  for (size_t j = 0; j < segs.size(); ++j) segs[j].tensor = int(j % kTensors);
+  for (int variant = 0; variant < 2; ++variant) {  // fp16 moments with an fp32 master; all three fp16
+    const DType tp = variant == 0 ? DType::F32 : DType::F16;
+    SCOPED_TRACE(std::string("master ") + dtype_name(tp));
+    Pair p(*cpu, *gpu, randn(size_t(owned), 171, 0.05f), tp), g(*cpu, *gpu, randn(size_t(total), 172)),
+        m(*cpu, *gpu, VecF(size_t(owned)), DType::F16), v(*cpu, *gpu, VecF(size_t(owned)), DType::F16),
+        c(*cpu, *gpu, VecF(size_t(total), 7.0f), DType::BF16);
+    // the master's codes were uploaded as fp16(x): scale 1 decodes them (later scales from its amax)
+    Pair scales(*cpu, *gpu, VecF(size_t(3 * kTensors), 1.0f)), amax(*cpu, *gpu, VecF(size_t(3 * kTensors)));
+    Pair next(*cpu, *gpu, VecF(size_t(3 * kTensors)));
+    auto buffers = [&](Dev& pp, Dev& gg, Dev& mm, Dev& vv, Dev& cc, Dev& ss, Dev& aa) {
+      AdamWBuffers b{pp.buf(), true, gg.buf(), mm.buf(), vv.buf(), cc.buf()};
+      b.scales = ss.f32();
+      b.amax = aa.f32();
+      b.tensors = kTensors;
+      return b;
+    };
+    for (int step = 1; step <= 3; ++step) {
+      const float clip = step == 1 ? 0.37f : 1.0f;
+      const AdamWParams a = adamw_params(step);
+      const AdamWBuffers bc = buffers(p.cpu, g.cpu, m.cpu, v.cpu, c.cpu, scales.cpu, amax.cpu),
+                         bg = buffers(p.gpu, g.gpu, m.gpu, v.gpu, c.gpu, scales.gpu, amax.gpu);
+      cpu->adamw_segments(bc, segs, a, clip);
+      gpu->adamw_segments(bg, segs, a, clip);
+      const VecF ac = amax.cpu.host();
+      EXPECT_TRUE(close(amax.gpu.host(), ac, 1e-6, 0.0)) << "step " << step;
+      VecF ns(ac.size());
+      for (size_t i = 0; i < ac.size(); ++i) ns[i] = fp16_state_scale(ac[i]);
+      next.cpu.upload(ns);
+      next.gpu.upload(ns);
+      cpu->adamw_store_scaled(bc, segs, a, clip, next.cpu.f32());
+      gpu->adamw_store_scaled(bg, segs, a, clip, next.gpu.f32());
+      scales.cpu.upload(ns);
+      scales.gpu.upload(ns);
+    }
+    // codes within one fp16 step where the fp32 math differs in its last bit
+    EXPECT_TRUE(close(m.gpu.host(), m.cpu.host(), ulp(DType::F16), 1.0));
+    EXPECT_TRUE(close(v.gpu.host(), v.cpu.host(), ulp(DType::F16), 1.0));
+    EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), tp == DType::F16 ? ulp(DType::F16) : 1e-5, tp == DType::F16 ? 1.0 : 1e-7));
+    EXPECT_TRUE(close(c.gpu.host(), c.cpu.host(), ulp(DType::BF16), 1e-7));
+    EXPECT_EQ(c.gpu.host()[size_t(total - 1)], 7.0f) << "the gaps of the table stay as they were";
+    const VecF mc = m.cpu.host();
+    EXPECT_GT(*std::max_element(mc.begin(), mc.end()), 16000.0f) << "codes use the fp16 range";
+  }
+}
+
 // optimizer.store_param_remainders: the kernel over remainders (master = bf16 compute bits + low
 // half) moves the weights bit for bit as the kernel over fp32 master weights with a bf16 compute
 // copy, whole and sharded, and as the CPU backend's remainders within rounding.
