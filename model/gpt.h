@@ -137,8 +137,9 @@ struct StageOptions {
   void* shared_scratch = nullptr;
   // Slots in a pool (the interleaved schedule: the chunks of a rank share one, parallel/schedule.h
   // pool_slots): slot s's tensors are carved from slot_pool + s * slot_stride (pooled_slot_bytes, at
-  // most slot_stride; each tensor at a multiple of 256 bytes), not allocated per slot. Not with MoE
-  // layers (their rows stay per slot in MoEMLP) or a split backward. Null: each slot its own tensors.
+  // most slot_stride; each tensor at a multiple of 256 bytes), not allocated per slot -- an MoE
+  // layer's kept rows too (MoEMLP carves them after the dense tensors). Not with a split backward.
+  // Null: each slot its own tensors.
   void* slot_pool = nullptr;
   int64_t slot_stride = 0;
   // FP8 training (training.fp8_format, docs/FP8.md): the linear GEMMs of the transformer layers with
@@ -159,12 +160,12 @@ struct StageOptions {
 // With sequence parallelism the residual stream, the LayerNorm outputs and statistics, the stage
 // input and the final LayerNorm are counted on this rank's local_tokens(B*S) tokens.
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
-// One slot's bytes in a pool (StageOptions::slot_pool): the same tensors, each from a multiple of 256
-// bytes (a dense stage: no MoE layer).
+// One slot's bytes in a pool (StageOptions::slot_pool): the same tensors and the MoE layers' kept rows
+// (moe_layer_tensor_bytes), each from a multiple of 256 bytes.
 int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // Whether a rank's model chunks share one slot pool (the trainer's choice, which the plan follows):
 // more than one chunk (the interleaved schedule, where the chunks' peaks add up to more than the
-// rank ever holds at once), no MoE layer, no split backward.
+// rank ever holds at once), no split backward.
 bool pooled_slots(const std::vector<GPTDims>& chunks, bool split_backward);
 int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t);
 int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "model/gpt.h"
+#include "model/stage_bytes.h"
 #include "parallel/comm.h"
 #include "parallel/tensor_parallel.h"
 
@@ -35,8 +36,10 @@ int64_t moe_rows_bound(const MoEDims& m, int64_t Nt) {
   return int64_t(std::ceil(double(balanced) * m.dispatch_factor));
 }
 
+using stage_bytes::carve_bytes;
+using stage_bytes::tb;
+
 namespace {
-int64_t tb(int64_t n, DType t) { return dtype_size(n, t); }
 // the all-to-all's element counts of row counts of width C
 std::vector<int64_t> elems(int64_t C, std::vector<int64_t> rows) {
   for (int64_t& n : rows) n *= C;
@@ -51,13 +54,22 @@ namespace {
 int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ? Nt * d.tp : Nt; }
 }  // namespace
 
-int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
+std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t) {
   const MoEDims& m = d.moe;
-  const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt);
+  const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt), xcap = m.etp * cap;
   // xin, fc1, act on the expert-TP group's rows; ret (allgather: the experts' output rows)
-  const int64_t ret = m.gathers_tokens() ? cap : Nt * m.router.k;
-  int64_t n = tb(m.etp * cap * (d.C + m.fc1_width + m.Fel) + ret * d.C, t);
-  if (m.Fs) n += tb(N * (m.shared_fc1_width + m.Fsl) + Nt * d.C, t) + (m.shared_gate ? 4 * Nt : 0);  // fc1, act, y; gate
+  std::vector<int64_t> v = {tb(xcap * d.C, t), tb(xcap * m.fc1_width, t), tb(xcap * m.Fel, t),
+                            tb((m.gathers_tokens() ? cap : Nt * m.router.k) * d.C, t)};
+  if (m.Fs) {  // the shared expert's fc1, act, y; gate
+    for (int64_t n : {N * m.shared_fc1_width, N * m.Fsl, Nt * d.C}) v.push_back(tb(n, t));
+    if (m.shared_gate) v.push_back(4 * Nt);
+  }
+  return v;
+}
+
+int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
+  int64_t n = 0;
+  for (int64_t b : moe_layer_tensor_bytes(d, Nt, t)) n += b;
   return n;
 }
 
@@ -155,7 +167,8 @@ Buf MoEMLP::alloc(int64_t n, DType t) {
 }
 
 MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-               Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host)
+               Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host,
+               const std::vector<char*>& slot_regions)
     : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host), etp_(etp),
       tp_host_(tp_host), cp_host_(cp_host), dp_host_(dp_host) {
   const MoEDims& m = d.moe;
@@ -166,22 +179,31 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     if (m.is_moe(l)) moe_layers_.push_back(l);
   rows_cap_ = moe_rows_bound(m, Nt);
   const int64_t C = d.C, k = m.router.k;
-  // allocation order: per slot and layer its kept rows (moe_layer_bytes), then the scratch
+  // allocation order: per slot and layer its kept rows (moe_layer_tensor_bytes), then the scratch
+  TPT_CHECK(slot_regions.empty() || int(slot_regions.size()) == slots);
   state_.resize(size_t(slots));
-  for (auto& slot : state_)
+  for (size_t j = 0; j < state_.size(); ++j) {
+    char* from = slot_regions.empty() ? nullptr : slot_regions[j];
+    auto take = [&](int64_t n, DType dt) {  // allocated, or carved from the slot's region
+      if (!from) return alloc(n, dt);
+      Buf b(from, dt);
+      from += carve_bytes(dtype_size(n, dt));
+      return b;
+    };
     for (size_t i = 0; i < moe_layers_.size(); ++i) {
       auto* s = new LayerState;
-      grow_state(*s);
-      if (!m.gathers_tokens()) s->ret = alloc(Nt * k * C, t);
+      grow_state(*s, from ? &from : nullptr);
+      if (!m.gathers_tokens()) s->ret = take(Nt * k * C, t);
       if (m.Fs) {
         const int64_t N = gemm_tokens(d, Nt);
-        s->sh_fc1 = alloc(N * m.shared_fc1_width, t);
-        s->sh_act = alloc(N * m.Fsl, t);
-        s->sh_y = alloc(Nt * C, t);
-        if (m.shared_gate) s->gate = alloc(Nt, DType::F32).f32();
+        s->sh_fc1 = take(N * m.shared_fc1_width, t);
+        s->sh_act = take(N * m.Fsl, t);
+        s->sh_y = take(Nt * C, t);
+        if (m.shared_gate) s->gate = take(Nt, DType::F32).f32();
       }
-      slot.push_back(s);
+      state_[j].push_back(s);
     }
+  }
   logits_ = alloc(Nt * m.E, DType::F32).f32();
   dprob_ = alloc(Nt * k, DType::F32).f32();
   row_w_ = alloc(Nt * k, DType::F32).f32();
@@ -268,15 +290,21 @@ void MoEMLP::alloc_rows_scratch() {
 }
 
 // a layer state's kept rows (xin, fc1, act) for the rows bound, over the expert-TP group
-void MoEMLP::grow_state(LayerState& s) {
+void MoEMLP::grow_state(LayerState& s, char** from) {
   if (s.cap == rows_cap_ && s.xin) return;
   const MoEDims& m = d_.moe;
   const int64_t xcap = m.etp * rows_cap_;
+  auto take = [&](int64_t n) {
+    if (!from) return alloc(n, t_);
+    Buf b(*from, t_);
+    *from += carve_bytes(dtype_size(n, t_));
+    return b;
+  };
   s.cap = rows_cap_;
-  s.xin = alloc(xcap * d_.C, t_);
-  s.fc1 = alloc(xcap * m.fc1_width, t_);
-  s.act = alloc(xcap * m.Fel, t_);
-  if (m.gathers_tokens()) s.ret = alloc(rows_cap_ * d_.C, t_);  // the experts' output rows
+  s.xin = take(xcap * d_.C);
+  s.fc1 = take(xcap * m.fc1_width);
+  s.act = take(xcap * m.Fel);
+  if (m.gathers_tokens()) s.ret = take(rows_cap_ * d_.C);  // the experts' output rows
 }
 
 // the EP group's partial sums of every group token (EP x Nt, C) -> this rank's tokens' sums (Nt, C), in

@@ -55,6 +55,8 @@ int64_t moe_rows_bound(const MoEDims& m, int64_t Nt);
 // what MoEMLP allocates (activation_bytes_per_microbatch / scratch_bytes add them).
 int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t);
 int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t);
+// The same per layer, tensor by tensor in MoEMLP's order (a pooled slot carves them one by one).
+std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t);
 
 // One MoE layer's parameters (or gradients): the router (E, C), the rank's El experts' fc1 (El,
 // fc1_width, C), fc2 (El, C, Fe) and their biases (null without); the shared expert's fc1
@@ -113,9 +115,13 @@ class MoEMLP {
   // TP and CP groups (null: one rank) the balancing losses' counts are summed over, dp_host the DP
   // group (global_aux_loss's counts are summed over TP x DP x CP). B, S: the
   // micro-batch's sequences and this rank's tokens of each (seq_aux_loss), token_begin: the rank's first
-  // token of the flattened (B, S) micro-batch (sequence parallelism).
+  // token of the flattened (B, S) micro-batch (sequence parallelism). slot_regions: empty, or per
+  // slot where its layers' kept rows are carved (a slot of the interleaved schedule's pool, after its
+  // dense tensors: moe_layer_tensor_bytes each, each from a multiple of 256 bytes); rows that outgrow
+  // the bound are allocated apart then.
   MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-         Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host);
+         Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host,
+         const std::vector<char*>& slot_regions = {});
   ~MoEMLP();
   MoEMLP(const MoEMLP&) = delete;
   MoEMLP& operator=(const MoEMLP&) = delete;
@@ -188,7 +194,8 @@ class MoEMLP {
   Buf alloc(int64_t n, DType t);
   void alloc_rows_scratch();
   void grow(int64_t rows, int64_t layer);
-  void grow_state(LayerState& s);
+  // the kept rows at the bound: allocated, or (from, a pooled slot's region) carved and advanced
+  void grow_state(LayerState& s, char** from = nullptr);
   // ETP > 1: the expert-TP group's per-expert rows and the maps (LayerState); the rows of this rank in
   // xg_'s own block gathered over the group into expert-major `out`; partial sums `in` (expert-major
   // over the group) summed back to this rank's rows (returned: xg_'s own block)

@@ -92,16 +92,15 @@ int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r
 }
 
 bool pooled_slots(const std::vector<GPTDims>& chunks, bool split_backward) {
-  if (chunks.size() < 2 || split_backward) return false;
-  for (const GPTDims& d : chunks)
-    if (moe_layer_count(d) > 0) return false;
-  return true;
+  return chunks.size() >= 2 && !split_backward;
 }
 
 int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
-  TPT_CHECK(moe_layer_count(d) == 0);
   int64_t n = 0;
   for (int64_t b : slot_tensor_bytes(d, B, r, t)) n += carve_bytes(b);
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)  // MoEMLP's kept rows, after the dense tensors
+    if (d.moe.is_moe(l))
+      for (int64_t b : moe_layer_tensor_bytes(d, d.local_tokens(B * d.S), t)) n += carve_bytes(b);
   return n;
 }
 

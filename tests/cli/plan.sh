@@ -341,6 +341,12 @@ compare moe_shared_gate_pp2_zb_bf16 2 1 2 "${MOE[@]}" model.moe_shared_expert_in
   model.moe_shared_expert_gate=true training.precision=bf16 parallel.pipeline_schedule=zb-h1
 compare moe_pp2_zb_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1
 compare moe_pp2_full_fp32 2 1 2 "${MOE[@]}" training.recompute=full "model.moe_layer_freq=[0, 1, 0, 1]"
+# interleaved: each slot of the rank's pool holds its MoE layers' kept rows after its dense tensors
+# (rank 0: layer 0 MoE with a gated shared expert in chunk 0, layer 2 dense in chunk 1), also with EP 2
+compare moe_pp2_interleaved_freq10_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[1, 0, 0, 1]" \
+  model.moe_shared_expert_intermediate_size=32 model.moe_shared_expert_gate=true parallel.virtual_pipeline_model_parallel_size=2
+compare moe_ep2_pp2_interleaved_fp32 4 1 2 "${MOE[@]}" parallel.expert_model_parallel_size=2 \
+  parallel.virtual_pipeline_model_parallel_size=2 model.moe_dispatch_bound_factor=2
 compare moe_dp2_distopt_bf16 2 1 1 "${MOE[@]}" training.precision=bf16 parallel.distributed_optimizer=true
 # EP 4 with the dispatch bound at 4x the balanced load: the most an EP rank of 4 can receive, so it never grows
 compare moe_ep4_bound4_bf16 4 1 1 "${MOE[@]}" training.precision=bf16 parallel.expert_model_parallel_size=4 \
@@ -358,7 +364,7 @@ compare moe_allgather_ep2_etp2_bf16 4 2 1 "${MOE[@]}" training.precision=bf16 pa
 compare moe_allgather_ep4_fp32 4 1 1 "${MOE[@]}" parallel.expert_model_parallel_size=4 model.moe_token_dispatcher_type=allgather
 compare moe_tp2_sp_etp2_swiglu_fp32 2 2 1 "${MOE[@]}" model.swiglu=true model.ffn_hidden_size=96 \
   parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2
-compare moe_pp2_interleaved_freq01_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[0, 1, 0, 1]" \
+compare moe_pp2_interleaved_freq10_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[1, 0, 0, 1]" \
   parallel.virtual_pipeline_model_parallel_size=2
 # the distributed optimizer with DP 1 but EDP 2 (TP 2, ETP 1): the expert weights' states sharded over EDP
 compare moe_tp2_sp_etp1_edp2_distopt_bf16 2 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
