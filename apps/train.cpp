@@ -41,10 +41,6 @@ void reject_unimplemented(const Config& c) {
       no("training.fp8_format with training.device: cuda", "FP8 training on the CUDA backend (cuBLASLt FP8 GEMMs)");
     if (c.model.is_moe()) no("training.fp8_format with model.num_moe_experts", "FP8 for the MoE layers' GEMMs");
   }
-  if (bf16_grads(c) && c.training.device == Device::Cuda)
-    no(std::string(c.parallel.grad_reduce_in_bf16 ? "parallel.grad_reduce_in_bf16" : "optimizer.main_grads_dtype: bf16") +
-           " with training.device: cuda",
-       "the bf16 gradient buffer on the CUDA backend (built on the CPU backend)");
 #ifndef TPTRAIN_HAVE_CUDA  // built with the CUDA toolkit, device: cuda is checked against the GPUs later
   if (c.training.device == Device::Cuda)
     input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit at "

@@ -84,10 +84,6 @@ void Trainer::setup_backend() {
       input_error("training.fp8_format with training.device: " + name_of(cfg_.training.device) +
                   " on a GPU: FP8 training on the CUDA backend (cuBLASLt FP8 GEMMs) is not implemented in this "
                   "version of tptrain; run it with training.device: cpu");
-    if (bf16_grads(cfg_))
-      input_error("parallel.grad_reduce_in_bf16 / optimizer.main_grads_dtype: bf16 with training.device: " +
-                  name_of(cfg_.training.device) + " on a GPU: the bf16 gradient buffer is built on the CPU backend "
-                  "only in this version of tptrain; run it with training.device: cpu");
     ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
     on_gpu_ = true;
 #else

@@ -42,21 +42,21 @@ __global__ void column_partials_kernel(float* partial, int64_t N, int64_t C, int
   }
 }
 
-// out_k (C) += sum over chunks of partial (chunks, K, C)
+// out_k (C) += sum over chunks of partial (chunks, K, C) (weight gradients: fp32 or bf16, GradPtr)
 template <int K>
-__global__ void column_finish_kernel(float* out0, float* out1, const float* partial, int64_t chunks, int64_t C) {
+__global__ void column_finish_kernel(GradPtr out0, GradPtr out1, const float* partial, int64_t chunks, int64_t C) {
   TPT_GRID_LOOP(c, C) {
     float s[K];
     for (int k = 0; k < K; ++k) s[k] = 0.0f;
     for (int64_t j = 0; j < chunks; ++j)
       for (int k = 0; k < K; ++k) s[k] += partial[(j * K + k) * C + c];
-    out0[c] += s[0];
-    if (K > 1) out1[c] += s[K - 1];
+    out0.add(c, s[0]);
+    if (K > 1) out1.add(c, s[K - 1]);
   }
 }
 
 template <int K, class F>
-void column_sums(float* out0, float* out1, int64_t N, int64_t C, F f, DeviceBuffer& scratch, cudaStream_t s) {
+void column_sums(GradPtr out0, GradPtr out1, int64_t N, int64_t C, F f, DeviceBuffer& scratch, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
   // the chunking (and so the scratch) the plan counts: core/gpu_workspace.h
   const int64_t col_blocks = (C + 31) / 32, chunks = column_sum_chunks(N, C);

@@ -160,14 +160,11 @@ using cuda::Epilogue;
 using cuda::EpilogueArgs;
 using cuda::Operand;
 
-// The weight gradients are fp32 on this backend: bf16 gradient buffers (parallel.grad_reduce_in_bf16) are
-// built on the CPU backend only so far, and training refuses them on CUDA at start-up (apps/train.cpp)
-float* grad_f32(Buf g) {
-  if (g && g.t != DType::F32)
-    internal_error("CUDA backend: a 16-bit gradient buffer (only fp32 is built here)");
-  return static_cast<float*>(g.p);
-}
-const float* grad_f32(CBuf g) { return grad_f32(Buf(const_cast<void*>(g.p), g.t)); }
+// The weight gradients are the gradient buffer's: fp32, or bf16 (parallel.grad_reduce_in_bf16), where
+// each call adds its fp32 contribution to the stored value and rounds once, as on the CPU backend:
+// cuBLASLt's beta = 1 with a bf16 C for the GEMMs of 16-bit inputs, GradPtr in the other kernels
+// (core/cuda/device_util.h).
+bool bf16_grad(CBuf g) { return g && g.t == DType::BF16; }
 
 class CudaOps final : public Ops {
  public:
@@ -333,7 +330,7 @@ class CudaOps final : public Ops {
 
   void linear_backward(Buf dinp, Buf dw_grad, Buf dbias_grad, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                        int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
-    float *dw = grad_f32(dw_grad), *dbias = grad_f32(dbias_grad);
+    const Buf dw = dw_grad, dbias = dbias_grad;
     if (N <= 0) return;
     const DType t = dout.t;
     TPT_CHECK((!dw || inp.t == t) && (!dinp || (dinp.t == t && w.t == t)) && (!gelu_pre || gelu_pre.t == t));
@@ -356,17 +353,39 @@ class CudaOps final : public Ops {
       if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
       return;
     }
-    // dw (O, I) += dout^T (O, N) @ inp (N, I), into the fp32 gradient; dbias (O) += row sums of dout^T
+    // dw (O, I) += dout^T (O, N) @ inp (N, I), into the gradient; dbias (O) += row sums of dout^T
     const Operand A{dout.p, O, true}, B{inp.p, I};
-    if (dbias && opt_.gemm_epilogues && I > 0) {
+    if (bf16_grad(dw)) {
+      weight_grad_into_bf16(dw, A, B, N, I, O, t);
+      if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
+      return;
+    }
+    if (dbias && !bf16_grad(dbias) && opt_.gemm_epilogues && I > 0) {
       float* tmp = bias_grad_.as<float>(size_t(O));
-      if (gemm_->run(O, I, N, A, B, dw, DType::F32, I, 0, 1, 1.0f, 1.0f, t, {Epilogue::BiasGrad, tmp})) {
+      if (gemm_->run(O, I, N, A, B, dw.p, DType::F32, I, 0, 1, 1.0f, 1.0f, t, {Epilogue::BiasGrad, tmp})) {
         cuda::accumulate(dbias, tmp, O, stream_);
         return;
       }
     }
-    gemm_->run(O, I, N, A, B, dw, DType::F32, I, 0, 1, 1.0f, 1.0f, t);
+    gemm_->run(O, I, N, A, B, dw.p, DType::F32, I, 0, 1, 1.0f, 1.0f, t);
     if (dbias) cuda::add_column_sums(dbias, dout, N, O, scratch_, stream_);
+  }
+  // dw (O, I, bf16) += A^T B: 16-bit inputs straight into the bf16 C (beta 1: added in fp32, rounded
+  // once); fp32 inputs (the MoE router's fp32 GEMM), which cuBLASLt does not pair with a bf16 C, as fp32
+  // products of as many rows of dw as the reductions' scratch holds, each block added and rounded once
+  void weight_grad_into_bf16(Buf dw, const Operand& A, const Operand& B, int64_t N, int64_t I, int64_t O, DType t) {
+    if (t != DType::F32) {
+      gemm_->run(O, I, N, A, B, dw.p, DType::BF16, I, 0, 1, 1.0f, 1.0f, t);
+      return;
+    }
+    const int64_t rows = std::min<int64_t>(O, std::max<int64_t>(1, int64_t(scratch_.capacity() / 4) / std::max<int64_t>(I, 1)));
+    float* tmp = scratch_.as<float>(size_t(rows * I));
+    for (int64_t r0 = 0; r0 < O; r0 += rows) {
+      const int64_t n = std::min(rows, O - r0);
+      const Operand Ar{static_cast<const float*>(A.p) + r0, A.ld, true};
+      gemm_->run(n, I, N, Ar, B, tmp, DType::F32, I, 0, 1, 1.0f, 0.0f, t);
+      cuda::accumulate_grad(dw + r0 * I, tmp, n * I, stream_);
+    }
   }
 
   // ---- attention: bf16 / fp16 through cuDNN's fused SDPA where this build has it and cuDNN runs
@@ -442,7 +461,7 @@ class CudaOps final : public Ops {
   void add(Buf out, CBuf a, CBuf b, int64_t n) override { cuda::add(out, a, b, n, stream_); }
   void accumulate(Buf y, CBuf x, int64_t n) override { cuda::accumulate(y, x, n, stream_); }
   void sum_parts(Buf out, CBuf parts, int k, int64_t n) override { cuda::sum_parts(out, parts, k, n, stream_); }
-  void scale(Buf x, float s, int64_t n) override { cuda::scale(grad_f32(x), s, n, stream_); }
+  void scale(Buf x, float s, int64_t n) override { cuda::scale(x, s, n, stream_); }
   void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cuda::fp8_quantize(out, in, n, t, scale, amax, stream_);
   }
@@ -469,7 +488,7 @@ class CudaOps final : public Ops {
   }
   void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                           const float* rstd, int64_t N, int64_t C) override {
-    cuda::layernorm_backward(dinp, grad_f32(dw), grad_f32(db), dout, inp, w, mean, rstd, N, C, scratch_, stream_);
+    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch_, stream_);
   }
   void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps) override {
     cuda::rmsnorm_forward(out, rstd, inp, w, N, C, eps, stream_);
@@ -480,7 +499,7 @@ class CudaOps final : public Ops {
   }
   void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N,
                         int64_t C) override {
-    cuda::rmsnorm_backward(dinp, grad_f32(dw), dout, inp, w, rstd, N, C, scratch_, stream_);
+    cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, scratch_, stream_);
   }
 
   void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int64_t C, int64_t v0,
@@ -489,7 +508,7 @@ class CudaOps final : public Ops {
   }
   void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                           int64_t rows) override {
-    cuda::embedding_backward(grad_f32(dwte), tokens, dout, N, C, v0, rows, scratch_, stream_);
+    cuda::embedding_backward(dwte, tokens, dout, N, C, v0, rows, scratch_, stream_);
   }
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
     cuda::gather_rows(out, inp, idx, scale, R, C, stream_);
@@ -505,10 +524,10 @@ class CudaOps final : public Ops {
     cuda::add_position_embedding(out, wpe, B, T, C, stream_);
   }
   void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T, int64_t C) override {
-    cuda::position_embedding_backward(grad_f32(dwpe), dout, B, T, C, stream_);
+    cuda::position_embedding_backward(dwpe, dout, B, T, C, stream_);
   }
   void bias_backward(Buf dbias, CBuf dout, int64_t N, int64_t C) override {
-    cuda::add_column_sums(grad_f32(dbias), dout, N, C, scratch_, stream_);
+    cuda::add_column_sums(dbias, dout, N, C, scratch_, stream_);
   }
 
   void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
@@ -529,27 +548,26 @@ class CudaOps final : public Ops {
   // ---- norms, optimizer (fp32)
 
   bool has_nonfinite(CBuf x, int64_t n) override {
-    return cuda::has_nonfinite(grad_f32(x), n, scratch_, static_cast<int*>(pinned_), stream_);
+    return cuda::has_nonfinite(x, n, scratch_, static_cast<int*>(pinned_), stream_);
   }
   double sum_squares(CBuf x, int64_t n) override {
-    return cuda::sum_squares(grad_f32(x), n, scratch_, static_cast<double*>(pinned_), stream_);
+    return cuda::sum_squares(x, n, scratch_, static_cast<double*>(pinned_), stream_);
   }
   void adamw(float* p, CBuf g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay,
              Buf compute, float grad_scale) override {
-    cuda::adamw(p, grad_f32(g), m, v, n, a, decay, compute, grad_scale, stream_);
+    TPT_CHECK(g.t == DType::F32);  // the single-range step (tests); training steps through adamw_segments
+    cuda::adamw(p, static_cast<const float*>(g.p), m, v, n, a, decay, compute, grad_scale, stream_);
   }
   GradStats grad_stats(CBuf grads, const std::vector<TensorSegment>& segments) override {
-    return cuda::grad_stats(grad_f32(grads), segments.data(), int(segments.size()), scratch_, static_cast<double*>(pinned_),
+    return cuda::grad_stats(grads, segments.data(), int(segments.size()), scratch_, static_cast<double*>(pinned_),
                             stream_);
   }
   void adamw_segments(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                       float grad_scale) override {
-    grad_f32(b.grads);
     cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, nullptr, stream_);
   }
   void adamw_store_scaled(const AdamWBuffers& b, const std::vector<TensorSegment>& segments, const AdamWParams& a,
                           float grad_scale, const float* new_scales) override {
-    grad_f32(b.grads);
     TPT_CHECK(b.scaled() && new_scales);
     cuda::adamw_segments(b, segments.data(), int(segments.size()), a, grad_scale, new_scales, stream_);
   }

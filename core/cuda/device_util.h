@@ -10,6 +10,7 @@
 
 #include "core/cuda/cuda_util.h"
 #include "core/dtype.h"
+#include "core/ops.h"  // Buf, CBuf
 
 namespace tpt::cuda {
 
@@ -97,6 +98,27 @@ __device__ __forceinline__ float ld(const T* x, int64_t i) {
 template <class T>
 __device__ __forceinline__ void st(T* y, int64_t i, float v) {
   store_f32(y + i, v);
+}
+
+// A weight gradient in the gradient buffer: fp32, or bf16 (parallel.grad_reduce_in_bf16). A call reads
+// the stored value as fp32, adds its contribution in fp32 and stores the sum rounded once -- the CPU
+// backend's rule. Null p: no gradient.
+struct GradPtr {
+  void* p = nullptr;
+  bool bf16 = false;
+  __device__ __forceinline__ float load(int64_t i) const {
+    return bf16 ? bf16_to_fp32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+  __device__ __forceinline__ void store(int64_t i, float v) const {
+    if (bf16) static_cast<uint16_t*>(p)[i] = fp32_to_bf16(v);
+    else static_cast<float*>(p)[i] = v;
+  }
+  __device__ __forceinline__ void add(int64_t i, float v) const { store(i, load(i) + v); }
+};
+inline GradPtr grad_ptr(CBuf g) {
+  if (g && g.t != DType::F32 && g.t != DType::BF16)
+    internal_error("CUDA backend: a weight gradient of dtype " + std::to_string(int(g.t)) + " (fp32 or bf16 only)");
+  return {const_cast<void*>(g.p), g.t == DType::BF16};
 }
 
 // W consecutive elements in one load / store of W * sizeof(T) bytes (2, 4, 8 or 16): p must be

@@ -175,13 +175,22 @@ struct ReadValue {
 // ---------------------------------------------------------------- position embedding (the token embedding: vocab_kernels.cu)
 
 template <class T>
-__global__ void position_backward_kernel(float* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C) {
+__global__ void position_backward_kernel(GradPtr dwpe, const T* dout, int64_t B, int64_t T_, int64_t C) {
   const int64_t TC = T_ * C;
   TPT_GRID_LOOP(i, TC) {
-    float acc = dwpe[i];
+    float acc = dwpe.load(i);  // from the stored value, in batch order (as the CPU backend)
     for (int64_t b = 0; b < B; ++b) acc += ld(dout, b * TC + i);
-    dwpe[i] = acc;
+    dwpe.store(i, acc);
   }
+}
+
+// x *= a, the bf16 gradient buffer's elements rounded once
+__global__ void scale_grad_kernel(GradPtr x, float a, int64_t n) {
+  TPT_GRID_LOOP(i, n) x.store(i, x.load(i) * a);
+}
+
+__global__ void accumulate_grad_kernel(GradPtr g, const float* x, int64_t n) {
+  TPT_GRID_LOOP(i, n) g.add(i, x[i]);
 }
 
 }  // namespace
@@ -235,6 +244,12 @@ void accumulate(Buf y, CBuf x, int64_t n, cudaStream_t s) {
   });
 }
 
+void accumulate_grad(Buf g, const float* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  accumulate_grad_kernel<<<blocks_for(n), kThreads, 0, s>>>(grad_ptr(g), x, n);
+  TPT_CUDA_LAUNCHED();
+}
+
 void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s) {
   check_same(out.t, parts.t, "sum_parts");
   TPT_CHECK(k >= 1);
@@ -246,9 +261,15 @@ void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s) {
   });
 }
 
-void scale(float* x, float a, int64_t n, cudaStream_t s) {
-  const ScaleF f{x, a};
-  launch_elementwise<4>(n, all_aligned<4>(x), f, s);
+void scale(Buf x, float a, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (x.t == DType::F32) {
+    const ScaleF f{x.f32(), a};
+    launch_elementwise<4>(n, all_aligned<4>(f.x), f, s);
+    return;
+  }
+  scale_grad_kernel<<<blocks_for(n), kThreads, 0, s>>>(grad_ptr(x), a, n);
+  TPT_CUDA_LAUNCHED();
 }
 
 void convert(Buf dst, CBuf src, int64_t n, cudaStream_t s) {
@@ -292,10 +313,10 @@ void bias_gelu_forward(Buf out, Buf gelu_pre, const float* acc, CBuf bias, int64
   });
 }
 
-void add_column_sums(float* out, CBuf x, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s) {
+void add_column_sums(Buf out, CBuf x, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s) {
   dispatch(x.t, [&](auto tag) {
     using T = decltype(tag);
-    column_sums<1>(out, nullptr, N, C, ReadValue<T>{typed<T>(x), C}, scratch, s);
+    column_sums<1>(grad_ptr(out), GradPtr{}, N, C, ReadValue<T>{typed<T>(x), C}, scratch, s);
   });
 }
 
@@ -310,11 +331,11 @@ void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T_, int64_t C,
   });
 }
 
-void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T_, int64_t C, cudaStream_t s) {
+void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T_, int64_t C, cudaStream_t s) {
   if (T_ * C <= 0) return;
   dispatch(dout.t, [&](auto tag) {
     using T = decltype(tag);
-    position_backward_kernel<T><<<blocks_for(T_ * C), kThreads, 0, s>>>(dwpe, typed<T>(dout), B, T_, C);
+    position_backward_kernel<T><<<blocks_for(T_ * C), kThreads, 0, s>>>(grad_ptr(dwpe), typed<T>(dout), B, T_, C);
     TPT_CUDA_LAUNCHED();
   });
 }

@@ -23,8 +23,10 @@ void gelu_forward(Buf out, CBuf inp, int64_t n, cudaStream_t s);
 void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n, cudaStream_t s);
 void add(Buf out, CBuf a, CBuf b, int64_t n, cudaStream_t s);
 void accumulate(Buf y, CBuf x, int64_t n, cudaStream_t s);
+// a weight gradient g (fp32, or bf16: added in fp32, rounded once) += the fp32 values x
+void accumulate_grad(Buf g, const float* x, int64_t n, cudaStream_t s);
 void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s);
-void scale(float* x, float a, int64_t n, cudaStream_t s);
+void scale(Buf x, float a, int64_t n, cudaStream_t s);  // fp32, or the bf16 gradient buffer
 // Ops::fp8_quantize (core/cuda/fp8_kernels.cu)
 void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s);
 // dst = src converted (any pair of dtypes; equal dtypes are a copy)
@@ -36,7 +38,7 @@ void broadcast_rows(Buf out, CBuf row, int64_t N, int64_t C, cudaStream_t s);
 // that is fp32.
 void bias_gelu_forward(Buf out, Buf gelu_pre, const float* acc, CBuf bias, int64_t N, int64_t C, cudaStream_t s);
 // out (C) += column sums of x (N, C), in a fixed order (deterministic).
-void add_column_sums(float* out, CBuf x, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s);
+void add_column_sums(Buf out, CBuf x, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s);
 
 // ---- Mixture-of-Experts rows (moe_kernels.cu): core/ops.h gather_rows, combine_rows, row_dots; the
 // index and weight arrays are on the device
@@ -51,14 +53,14 @@ void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf
 // res = a + b (rounded), out = LN(res as stored): one pass. res may alias a.
 void residual_layernorm_forward(Buf res, Buf out, float* mean, float* rstd, CBuf a, CBuf b, CBuf w, CBuf bias,
                                 int64_t N, int64_t C, float eps, cudaStream_t s);
-void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                         const float* rstd, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s);
 // RMSNorm: out = inp * rstd * w (rstd (N) fp32); the residual form as residual_layernorm_forward;
 // backward: dinp +=, dw += (fixed-order column partial sums, as layernorm_backward; dw may be null).
 void rmsnorm_forward(Buf out, float* rstd, CBuf inp, CBuf w, int64_t N, int64_t C, float eps, cudaStream_t s);
 void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBuf w, int64_t N, int64_t C, float eps,
                               cudaStream_t s);
-void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
+void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
                       DeviceBuffer& scratch, cudaStream_t s);
 
 // ---- SwiGLU (swiglu_kernels.cu), the QKV regroup and RoPE (qkv_kernels.cu) ----
@@ -79,10 +81,10 @@ void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int6
                        cudaStream_t s);
 // Deterministic: token positions sorted by row (stable radix sort), then each row's gradients summed
 // in position order -- the CPU backend's order, so the sums agree bit for bit.
-void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                         int64_t rows, DeviceBuffer& scratch, cudaStream_t s);
 void add_position_embedding(Buf out, CBuf wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s);
-void position_embedding_backward(float* dwpe, CBuf dout, int64_t B, int64_t T, int64_t C, cudaStream_t s);
+void position_embedding_backward(Buf dwpe, CBuf dout, int64_t B, int64_t T, int64_t C, cudaStream_t s);
 
 // ---- vocab-parallel cross-entropy (a block per row; the logits in their dtype) ----
 void xent_local_max(float* row_max, float* target_logit, CBuf logits, const int32_t* targets, int64_t N,
@@ -102,10 +104,10 @@ void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count,
                     float grad_scale, const float* new_scales, cudaStream_t s);
 // Reductions to the host (synchronize the stream); `pinned` is page-locked host memory for the
 // result (grad_stats: 2 doubles, read in one copy).
-GradStats grad_stats(const float* x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,
+GradStats grad_stats(CBuf x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,
                      cudaStream_t s);
-double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s);
-bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s);
+double sum_squares(CBuf x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s);
+bool has_nonfinite(CBuf x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s);
 
 // ---- attention (attention/attention.cu) ----
 // Flash-style causal attention (D <= 128) on the CUDA cores, in fp32 arithmetic on any storage

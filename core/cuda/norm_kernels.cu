@@ -322,24 +322,24 @@ void residual_rmsnorm_forward(Buf res, Buf out, float* rstd, CBuf a, CBuf b, CBu
       "residual_rmsnorm_forward", s);
 }
 
-void layernorm_backward(Buf dinp, float* dw, float* db, CBuf dout, CBuf inp, CBuf w, const float* mean,
+void layernorm_backward(Buf dinp, Buf dw, Buf db, CBuf dout, CBuf inp, CBuf w, const float* mean,
                         const float* rstd, int64_t N, int64_t C, DeviceBuffer& scratch, cudaStream_t s) {
   norm_backward(
       dinp, dout, inp, w, N, C, LayerNormInputGrad{mean, rstd},
       [&](const auto* dy, const auto* x) {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(dy)>>;
-        column_sums<2>(dw, db, N, C, LayerNormParamGrads<T>{dy, x, mean, rstd, C}, scratch, s);
+        column_sums<2>(grad_ptr(dw), grad_ptr(db), N, C, LayerNormParamGrads<T>{dy, x, mean, rstd, C}, scratch, s);
       },
       "layernorm_backward", s);
 }
 
-void rmsnorm_backward(Buf dinp, float* dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
+void rmsnorm_backward(Buf dinp, Buf dw, CBuf dout, CBuf inp, CBuf w, const float* rstd, int64_t N, int64_t C,
                       DeviceBuffer& scratch, cudaStream_t s) {
   norm_backward(
       dinp, dout, inp, w, N, C, RmsNormInputGrad{rstd},
       [&](const auto* dy, const auto* x) {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(dy)>>;
-        if (dw) column_sums<1>(dw, nullptr, N, C, RmsNormParamGrad<T>{dy, x, rstd, C}, scratch, s);
+        if (dw) column_sums<1>(grad_ptr(dw), GradPtr{}, N, C, RmsNormParamGrad<T>{dy, x, rstd, C}, scratch, s);
       },
       "rmsnorm_backward", s);
 }

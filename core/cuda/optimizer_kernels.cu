@@ -62,7 +62,7 @@ __device__ __forceinline__ void store_master_copy(fp16* p, float v) { p->bits = 
 // The step's pass over a table (core/math.h adamw_state_step). First pass with scaled fp16 states:
 // each thread keeps the maxima of its run of elements in one segment and folds them into the
 // tensor's amax (an integer max of the bits: for values >= 0 their order) when the segment ends.
-__global__ void adamw_segments_kernel(SegmentTable t, AdamWStates b, bool sharded, const float* g, float* amax,
+__global__ void adamw_segments_kernel(SegmentTable t, AdamWStates b, bool sharded, GradPtr g, float* amax,
                                       AdamWParams a, float grad_scale) {
   float am = 0.0f, av = 0.0f, ap = 0.0f;
   int cur = -1;
@@ -80,18 +80,18 @@ __global__ void adamw_segments_kernel(SegmentTable t, AdamWStates b, bool sharde
       cur = seg;
     }
     const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i;
-    adamw_state_step(b, a, g[off] * grad_scale, t.flag[seg], sharded ? loc : off, loc, off, t.tensor[seg], am, av, ap);
+    adamw_state_step(b, a, g.load(off) * grad_scale, t.flag[seg], sharded ? loc : off, loc, off, t.tensor[seg], am, av, ap);
   });
   flush();
 }
 
 // partial[2 * block] = the block's squared sum over flagged segments, partial[2 * block + 1] = 1 if
 // it saw an inf or a nan (any segment)
-__global__ void grad_stats_partial_kernel(double* partial, SegmentTable t, const float* x) {
+__global__ void grad_stats_partial_kernel(double* partial, SegmentTable t, GradPtr x) {
   double s = 0;
   int bad = 0;
   for_each_chunk_element(t, [&](int seg, int64_t i) {
-    const float v = x[t.offset[seg] + i];
+    const float v = x.load(t.offset[seg] + i);
     bad |= !isfinite(v);
     if (t.flag[seg]) s += double(v) * v;
   });
@@ -172,9 +172,12 @@ struct AdamWF {
   }
 };
 
-__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+__global__ void sum_squares_partial_kernel(double* partial, GradPtr x, int64_t n) {
   double s = 0;
-  TPT_GRID_LOOP(i, n) s += double(x[i]) * x[i];
+  TPT_GRID_LOOP(i, n) {
+    const double v = x.load(i);
+    s += v * v;
+  }
   s = block_reduce(s, SumOp{}, 0.0);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -186,9 +189,9 @@ __global__ void sum_partials_kernel(double* out, const double* partial, int coun
   if (threadIdx.x == 0) *out = s;
 }
 
-__global__ void nonfinite_kernel(int* flag, const float* x, int64_t n) {
+__global__ void nonfinite_kernel(int* flag, GradPtr x, int64_t n) {
   bool bad = false;
-  TPT_GRID_LOOP(i, n) bad |= !isfinite(x[i]);
+  TPT_GRID_LOOP(i, n) bad |= !isfinite(x.load(i));
   if (bad) *flag = 1;  // every writer stores the same value
 }
 
@@ -206,27 +209,26 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWP
 void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,
                     float grad_scale, const float* new_scales, cudaStream_t s) {
   TPT_CHECK(!b.remainders || (b.compute.t == DType::BF16 && !b.master));
-  TPT_CHECK(b.grads.t == DType::F32 && b.master.t != DType::BF16 && (!b.scaled() || (b.scales && b.amax)));
+  TPT_CHECK(b.master.t != DType::BF16 && (!b.scaled() || (b.scales && b.amax)));
   const AdamWStates st{b.master.p, b.master.t, b.m.p, b.v.p, b.m.t, b.v.t, b.compute.p, b.compute.t,
                        b.remainders, b.scaled() ? b.scales : nullptr, new_scales};
   float* amax = b.scaled() && !new_scales ? b.amax : nullptr;
   if (amax) TPT_CUDA_CHECK(cudaMemsetAsync(amax, 0, size_t(3 * b.tensors) * sizeof(float), s));
   for_each_table(segs, count, [&](const SegmentTable& t, int64_t blocks, int64_t) {
-    adamw_segments_kernel<<<unsigned(blocks), kThreads, 0, s>>>(t, st, b.master_sharded,
-                                                                static_cast<const float*>(b.grads.p), amax, a,
+    adamw_segments_kernel<<<unsigned(blocks), kThreads, 0, s>>>(t, st, b.master_sharded, grad_ptr(b.grads), amax, a,
                                                                 grad_scale);
     TPT_CUDA_LAUNCHED();
   });
 }
 
-GradStats grad_stats(const float* x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,
+GradStats grad_stats(CBuf x, const TensorSegment* segs, int count, DeviceBuffer& scratch, double* pinned,
                      cudaStream_t s) {
   // the blocks of all tables (a dry run of the host-side table building)
   const int64_t total_blocks = for_each_table(segs, count, [](const SegmentTable&, int64_t, int64_t) {});
   if (total_blocks == 0) return {};
   double* partial = scratch.as<double>(size_t(2 * total_blocks + 2));
   const int64_t blocks = for_each_table(segs, count, [&](const SegmentTable& t, int64_t n, int64_t first) {
-    grad_stats_partial_kernel<<<unsigned(n), kThreads, 0, s>>>(partial + 2 + 2 * first, t, x);
+    grad_stats_partial_kernel<<<unsigned(n), kThreads, 0, s>>>(partial + 2 + 2 * first, t, grad_ptr(x));
     TPT_CUDA_LAUNCHED();
   });
   grad_stats_finish_kernel<<<1, 1024, 0, s>>>(partial, partial + 2, blocks);
@@ -236,11 +238,11 @@ GradStats grad_stats(const float* x, const TensorSegment* segs, int count, Devic
   return {pinned[0], pinned[1] != 0.0};
 }
 
-double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s) {
+double sum_squares(CBuf x, int64_t n, DeviceBuffer& scratch, double* pinned, cudaStream_t s) {
   if (n <= 0) return 0.0;
   const unsigned blocks = std::min<unsigned>(blocks_for(n), unsigned(kReduceBlocks));
   double* partial = scratch.as<double>(blocks + 1);
-  sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(partial + 1, x, n);
+  sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(partial + 1, grad_ptr(x), n);
   TPT_CUDA_LAUNCHED();
   sum_partials_kernel<<<1, 1024, 0, s>>>(partial, partial + 1, int(blocks));
   TPT_CUDA_LAUNCHED();
@@ -249,11 +251,11 @@ double sum_squares(const float* x, int64_t n, DeviceBuffer& scratch, double* pin
   return *pinned;
 }
 
-bool has_nonfinite(const float* x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s) {
+bool has_nonfinite(CBuf x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaStream_t s) {
   if (n <= 0) return false;
   int* flag = scratch.as<int>(1);
   TPT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
-  nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), unsigned(4 * kReduceBlocks)), kThreads, 0, s>>>(flag, x, n);
+  nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), unsigned(4 * kReduceBlocks)), kThreads, 0, s>>>(flag, grad_ptr(x), n);
   TPT_CUDA_LAUNCHED();
   TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
   stream_wait(s);

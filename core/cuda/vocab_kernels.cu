@@ -41,15 +41,15 @@ __global__ void embedding_keys_kernel(uint32_t* keys, uint32_t* vals, const int3
 // Thread (p, c): if sorted position p starts a run of one row, adds that run's gradients (in
 // position order) into the row.
 template <class T>
-__global__ void embedding_segments_kernel(float* dwte, const uint32_t* keys, const uint32_t* pos, const T* dout,
+__global__ void embedding_segments_kernel(GradPtr dwte, const uint32_t* keys, const uint32_t* pos, const T* dout,
                                           int64_t N, int64_t C, int64_t rows) {
   TPT_GRID_LOOP(i, N * C) {
     const int64_t p = i / C, c = i - p * C;
     const uint32_t key = keys[p];
     if (key >= uint32_t(rows) || (p > 0 && keys[p - 1] == key)) continue;
-    float acc = dwte[int64_t(key) * C + c];
+    float acc = dwte.load(int64_t(key) * C + c);  // from the stored value, in position order (as the CPU backend)
     for (int64_t q = p; q < N && keys[q] == key; ++q) acc += ld(dout, int64_t(pos[q]) * C + c);
-    dwte[int64_t(key) * C + c] = acc;
+    dwte.store(int64_t(key) * C + c, acc);
   }
 }
 
@@ -162,7 +162,7 @@ void embedding_forward(Buf out, const int32_t* tokens, CBuf wte, int64_t N, int6
   else run(uint16_t{});
 }
 
-void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
+void embedding_backward(Buf dwte, const int32_t* tokens, CBuf dout, int64_t N, int64_t C, int64_t v0,
                         int64_t rows, DeviceBuffer& scratch, cudaStream_t s) {
   if (N <= 0 || C <= 0 || rows <= 0) return;
   TPT_CHECK(N < (int64_t(1) << 31) && rows < (int64_t(1) << 31));
@@ -185,7 +185,7 @@ void embedding_backward(float* dwte, const int32_t* tokens, CBuf dout, int64_t N
   dispatch(dout.t, [&](auto tag) {
     using T = decltype(tag);
     embedding_segments_kernel<T>
-        <<<blocks_for(N * C), kThreads, 0, s>>>(dwte, keys_out, vals_out, typed<T>(dout), N, C, rows);
+        <<<blocks_for(N * C), kThreads, 0, s>>>(grad_ptr(dwte), keys_out, vals_out, typed<T>(dout), N, C, rows);
     TPT_CUDA_LAUNCHED();
   });
 }

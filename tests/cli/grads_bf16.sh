@@ -6,7 +6,8 @@
 # agrees with one rank (the same accumulation order), DP 2's reductions agree whichever way
 # they run (all-reduce, reduce-scatter, overlapped buckets: one rounding of a + b), the plan counts
 # 2 bytes per element and equals the allocation, checkpoints are unchanged (a bf16-gradient run
-# resumes bitwise, and from an fp32-gradient checkpoint), and the combinations not built exit 2.
+# resumes bitwise, and from an fp32-gradient checkpoint), and the invalid combinations exit 2 (the CUDA
+# backend's bf16 buffer: tests/gpu/grad_bf16_test.cpp against this backend).
 # Environment (ctest): TPTRAIN, TPTRAIN_SRC, TPTRAIN_WORK, PYTHON.
 set -uo pipefail
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
@@ -72,8 +73,6 @@ expect_exit2 no_flag "optimizer.main_grads_dtype: bf16 needs optimizer.use_preci
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.main_grads_dtype=bf16
 expect_exit2 fp16 "a bf16 gradient buffer needs training.precision bf16 (or fp32), got fp16" \
   "$TPTRAIN" --config "$W/cfg.yaml" "${G[@]}" --set training.precision=fp16
-expect_exit2 cuda "parallel.grad_reduce_in_bf16 with training.device: cuda" \
-  "$TPTRAIN" --config "$W/cfg.yaml" "${G[@]}" --set training.device=cuda
 expect_exit2 bad_dtype "optimizer.main_grads_dtype" \
   "$TPTRAIN" --config "$W/cfg.yaml" --set optimizer.use_precision_aware_optimizer=true --set optimizer.main_grads_dtype=fp16
 finish
