@@ -144,7 +144,8 @@ TPT_HOST_DEVICE inline void adamw_state_step(const AdamWStates& b, const AdamWPa
                                              float& ap) {
   const float* sc = b.scales ? b.scales + 3 * tensor : nullptr;
   uint16_t* c16 = b.compute && b.compute_t != DType::F32 ? static_cast<uint16_t*>(b.compute) + off : nullptr;
-  float p = b.remainders ? master_from_remainder(*c16, b.remainders[at]) : load_state(b.master, b.master_t, at, sc ? sc[2] : 1.0f);
+  float p = b.remainders ? master_from_remainder(*c16, b.remainders[at])
+                         : load_state(b.master, b.master_t, at, sc ? sc[2] : 1.0f);
   float m = load_state(b.m, b.m_t, loc, sc ? sc[0] : 1.0f), v = load_state(b.v, b.v_t, loc, sc ? sc[1] : 1.0f);
   adamw_update(p, g, m, v, a, decay);
   const bool m16 = b.m_t == DType::F16, v16 = b.v_t == DType::F16, p16 = b.master_t == DType::F16;

@@ -378,7 +378,8 @@ class CudaOps final : public Ops {
       gemm_->run(O, I, N, A, B, dw.p, DType::BF16, I, 0, 1, 1.0f, 1.0f, t);
       return;
     }
-    const int64_t rows = std::min<int64_t>(O, std::max<int64_t>(1, int64_t(scratch_.capacity() / 4) / std::max<int64_t>(I, 1)));
+    const int64_t fit = int64_t(scratch_.capacity() / 4) / std::max<int64_t>(I, 1);  // rows the scratch holds
+    const int64_t rows = std::min<int64_t>(O, std::max<int64_t>(1, fit));
     float* tmp = scratch_.as<float>(size_t(rows * I));
     for (int64_t r0 = 0; r0 < O; r0 += rows) {
       const int64_t n = std::min(rows, O - r0);

@@ -80,7 +80,8 @@ __global__ void adamw_segments_kernel(SegmentTable t, AdamWStates b, bool sharde
       cur = seg;
     }
     const int64_t off = t.offset[seg] + i, loc = t.local[seg] + i;
-    adamw_state_step(b, a, g.load(off) * grad_scale, t.flag[seg], sharded ? loc : off, loc, off, t.tensor[seg], am, av, ap);
+    adamw_state_step(b, a, g.load(off) * grad_scale, t.flag[seg], sharded ? loc : off, loc, off, t.tensor[seg], am, av,
+                     ap);
   });
   flush();
 }
@@ -255,7 +256,8 @@ bool has_nonfinite(CBuf x, int64_t n, DeviceBuffer& scratch, int* pinned, cudaSt
   if (n <= 0) return false;
   int* flag = scratch.as<int>(1);
   TPT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
-  nonfinite_kernel<<<std::min<unsigned>(blocks_for(n), unsigned(4 * kReduceBlocks)), kThreads, 0, s>>>(flag, grad_ptr(x), n);
+  const unsigned blocks = std::min<unsigned>(blocks_for(n), unsigned(4 * kReduceBlocks));
+  nonfinite_kernel<<<blocks, kThreads, 0, s>>>(flag, grad_ptr(x), n);
   TPT_CUDA_LAUNCHED();
   TPT_CUDA_CHECK(cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
   stream_wait(s);
