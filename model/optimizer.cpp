@@ -120,6 +120,7 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>&
   // the scales start at 1 (Transformer Engine's; zero moments decode as zeros whatever the scale)
   const int64_t n = scale_table_floats(tensors_);
   host_scales_.assign(size_t(n), 1.0f);
+  host_next_.assign(size_t(3 * tensors_), 0.0f);
   scales_ = ops_.alloc(size_t(n));
   ops_.to_device(scales_, host_scales_.data(), n);
   next_scales_ = ops_.alloc(size_t(n));
@@ -162,16 +163,12 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step, float grad_s
   if (!buffers_.scaled()) return;
   // the tensors' amaxes over the stage, their new scales, the fp16 states written with them
   const int64_t n = 3 * tensors_;
-  std::vector<float> next(static_cast<size_t>(n));
+  std::vector<float>& next = host_next_;
   ops_.to_host(next.data(), CBuf(next_scales_), n);
   reduce_max_(next.data(), n);
   for (float& x : next) x = fp16_state_scale(x);
   ops_.to_device(next_scales_, next.data(), n);
   ops_.adamw_store_scaled(buffers_, segments_, a, grad_scale, next_scales_);
-  set_scales(next);
-}
-
-void AdamW::set_scales(const std::vector<float>& next) {
   std::swap(scales_, next_scales_);  // the new scales decode from now on; the old table takes the next amaxes
   buffers_.scales = scales_;
   buffers_.amax = next_scales_;

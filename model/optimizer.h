@@ -120,7 +120,6 @@ class AdamW {
 
  private:
   Buf state(int k) const { return k == 0 ? buffers_.m : k == 1 ? buffers_.v : buffers_.master; }
-  void set_scales(const std::vector<float>& next);
   Ops& ops_;
   ReduceMax reduce_max_;
   AdamWBuffers buffers_;  // m and v allocated here
@@ -128,7 +127,7 @@ class AdamW {
   // the one that takes the amaxes, then the scales after the step; and a host copy of the first
   float* scales_ = nullptr;
   float* next_scales_ = nullptr;
-  std::vector<float> host_scales_;
+  std::vector<float> host_scales_, host_next_;  // host_next_: a step's amaxes, then its scales (3 per tensor)
   // the owned parts of the layout in runs of consecutive tensors with the same weight-decay choice
   // (flag; the alignment padding between tensors is zero everywhere and stays zero); with scaled
   // states one or more per tensor (TensorSegment::tensor: its index in the layout)

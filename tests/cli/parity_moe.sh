@@ -184,6 +184,15 @@ NP=2 run_case v2_tp2_sp_edp2_distopt "${AUX[@]}" parallel.tensor_model_parallel_
 # interleaved 1F1B: 2 model chunks of one MoE layer per rank
 NP=2 run_case y_pp2_interleaved "${AUX[@]}" "${Z[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
   parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2
+# ... with EP 2 and the dispatch bound at the balanced load: the kept rows in the chunks' shared slot
+# pool, and rows past the bound grown apart (warnings, counted below)
+NP=4 run_case y2_pp2_interleaved_ep2_bound_1 "${AUX[@]}" "${Z[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
+  parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.expert_model_parallel_size=2 \
+  model.moe_dispatch_bound_factor=1
+if parity_selected y2_pp2_interleaved_ep2_bound_1; then
+  grows=$(cat y2_pp2_interleaved_ep2_bound_1.tptrain.out y2_pp2_interleaved_ep2_bound_1.tptrain.err | grep -c "growing its dispatch buffers")
+  if [ "$grows" -gt 0 ]; then pass "y2_grows ($grows growth warnings)"; else fail y2_grows "no row grew past the bound"; fi
+fi
 NP=2 run_case w_ep2_expert_bias model.moe_router_score_function=sigmoid model.moe_router_enable_expert_bias=true \
   model.moe_router_bias_update_rate=1.0e-2 parallel.expert_model_parallel_size=2
 QWEN3=(model.normalization=RMSNorm model.swiglu=true model.position_embedding_type=rope
