@@ -1,6 +1,6 @@
 # Sourced by checkpoint_faults.sh, checkpoint_async.sh and checkpoint_async_kill.sh (after lib.sh): the
-# data, the config of a tiny model, layouts, and the helpers tpt, same_as, resumes, plan_halves, near
-# and layouts_near (also optimizer_dtypes.sh, optimizer_fp16.sh, grads_bf16.sh).
+# data, the config of a tiny model, layouts, and the helpers tpt, same_as, resumes, plan_halves, near,
+# layouts_near and ckpt_f32_states (also optimizer_dtypes.sh, optimizer_fp16.sh, grads_bf16.sh).
 $PY "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 40000 --docs 50 --seed 3 \
   --megatron "$W/data" >/dev/null 2>&1 || { echo "FAIL: make_tokens.py"; echo "0 passed, 1 failed"; exit 1; }
 # lr_decay_iters fixed: the schedule (and so every loss) does not depend on train_iters.
@@ -98,4 +98,23 @@ layouts_near() {
       --set logging.metrics_file="$W/${prefix}_$lay.jsonl" || bad "${prefix}_$lay: exit $?"
     why=$(near "$ref" "${prefix}_$lay" "$loss" "$norm") && ok "$what on $lay = one rank ($why)" || bad "$what on $lay: $why"
   done
+}
+# ckpt_f32_states DIR SCALES: checkpoint DIR's optimizer states (optimizer.state.*) are F32 tensors, and
+# it holds SCALES fp16-state scales (optimizer.fp16_scale.*, F32 [1]) per tensor of the model
+ckpt_f32_states() {
+  $PY - "$1" "$2" <<'PY'
+import json, struct, sys, glob
+states = scales = 0
+for f in glob.glob(sys.argv[1] + "/*.safetensors"):
+    with open(f, "rb") as h:
+        n = struct.unpack("<Q", h.read(8))[0]
+        for name, t in json.loads(h.read(n)).items():
+            if name.startswith("optimizer.state."):
+                assert t["dtype"] == "F32", (name, t["dtype"])
+                states += 1
+            elif name.startswith("optimizer.fp16_scale."):
+                assert t["dtype"] == "F32" and t["shape"] == [1], (name, t)
+                scales += 1
+assert states > 0 and scales == int(sys.argv[2]) * (states // 2), (states, scales)  # exp_avg, exp_avg_sq per tensor
+PY
 }

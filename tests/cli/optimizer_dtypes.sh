@@ -36,18 +36,8 @@ why=$(near "$W/bf16.jsonl" fp32 2e-6 5e-5) && bad "the layout bounds do not tell
 layouts_near bf16 "$W/bf16.jsonl" 2e-6 5e-5 "bf16 moments" "${B[@]}"
 
 # --- checkpoints: fp32 on disk, bitwise resume, interchange with fp32 moments --------------------
-$PY - "$W/bf16_ck/iter_0000008" <<'PY' && ok "the checkpoint's exp_avg / exp_avg_sq are F32 tensors" || bad "checkpoint moment dtypes"
-import json, struct, sys, glob
-seen = 0
-for f in glob.glob(sys.argv[1] + "/*.safetensors"):
-    with open(f, "rb") as h:
-        n = struct.unpack("<Q", h.read(8))[0]
-        for name, t in json.loads(h.read(n)).items():
-            if name.startswith("optimizer.state."):
-                assert t["dtype"] == "F32", (name, t["dtype"])
-                seen += 1
-assert seen > 0
-PY
+ckpt_f32_states "$W/bf16_ck/iter_0000008" 0 && ok "the checkpoint's exp_avg / exp_avg_sq are F32 tensors" ||
+  bad "checkpoint moment dtypes"
 resumes bf16_resume 1 "$W/bf16_ck/iter_0000008" 8 12 "" "$W/bf16.jsonl" "${B[@]}"
 # an fp32-moment checkpoint resumed with bf16 moments: the moments rounded once at load, then as
 # the bf16 run from the same state (its own reference: 4 fp32 iterations, then bf16)

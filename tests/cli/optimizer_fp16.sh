@@ -41,22 +41,8 @@ why=$(near "$W/h16.jsonl" fp32_states 2e-5 2e-4) && bad "the layout bounds do no
 layouts_near h16 "$W/h16.jsonl" 2e-5 2e-4 "fp16 states" "${H[@]}"
 
 # --- checkpoints: fp32 states and the scales on disk, bitwise resume, interchange ---------------
-$PY - "$W/fp16_ck/iter_0000008" <<'PY' && ok "the checkpoint's states are F32, with one F32 scale per tensor and state" || bad "checkpoint state dtypes"
-import json, struct, sys, glob
-states = scales = 0
-for f in glob.glob(sys.argv[1] + "/*.safetensors"):
-    with open(f, "rb") as h:
-        n = struct.unpack("<Q", h.read(8))[0]
-        for name, t in json.loads(h.read(n)).items():
-            if name.startswith("optimizer.state."):
-                assert t["dtype"] == "F32", (name, t["dtype"])
-                states += 1
-            elif name.startswith("optimizer.fp16_scale."):
-                assert t["dtype"] == "F32" and t["shape"] == [1], (name, t)
-                scales += 1
-model = states // 2  # exp_avg and exp_avg_sq of each tensor
-assert states > 0 and scales == 3 * model, (states, scales)
-PY
+ckpt_f32_states "$W/fp16_ck/iter_0000008" 3 && ok "the checkpoint's states are F32, with one F32 scale per tensor and state" ||
+  bad "checkpoint state dtypes"
 resumes fp16_resume 1 "$W/fp16_ck/iter_0000008" 8 12 "" "$W/fp16.jsonl" "${F[@]}"
 # on another layout (DP 2 with the distributed optimizer): from the same codes and scales, within the layout bounds
 tpt 2 fp16_resume_L1 "${F[@]}" "${L1[@]}" --set checkpoint.load="$W/fp16_ck/iter_0000008" --set training.train_iters=12 \
