@@ -233,8 +233,9 @@ struct OptimizerConfig {
   // Megatron's precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's
   // FusedAdam): the dtypes its states are stored in (fp32 without it). The Adam moments: bf16 a
   // rounding (nearest even) of the fp32 result, fp16 scaled per tensor (TE: absmax maps to
-  // fp16_max / 2); docs/PLAN.md "Optimizer state dtypes". main_grads_dtype bf16: the gradient
-  // buffer in bf16 (bf16_grads below). main_params_dtype fp16 is refused (not built yet).
+  // fp16_max / 2, over the whole tensor); docs/PLAN.md "Optimizer state dtypes". main_grads_dtype
+  // bf16: the gradient buffer in bf16 (bf16_grads below). main_params_dtype fp16: the master weights
+  // scaled per tensor likewise (not with store_param_remainders).
   bool use_precision_aware_optimizer = false;
   StateDType main_grads_dtype = StateDType::FP32;   // fp32 | bf16
   StateDType main_params_dtype = StateDType::FP32;  // fp32 | fp16
