@@ -115,6 +115,7 @@ nlohmann::json to_json(const Plan& p, const Config& c) {
                                    {"attention_workspace_bytes", m.backend.attention},
                                    {"scratch_bytes", m.backend.scratch},
                                    {"bias_grad_bytes", m.backend.bias_grad},
+                                   {"fp8_gemm_workspace_bytes", m.backend.fp8},
                                    {"attention_workspace_bytes_by_deterministic",
                                     {{"true", m.attention_workspace_by_mode[0]}, {"false", m.attention_workspace_by_mode[1]}}}}},
                       {"total_bytes", m.total_bytes()},
@@ -254,11 +255,12 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
     const StageMemory& s0 = p.stages.front();
     std::printf("backend: the GPU backend's own buffers on stage 0: cuBLASLt workspace %.1f MiB, cuDNN attention "
                 "workspace %.1f MiB (training.deterministic %s; %.1f MiB with %s), reduction scratch %.2f MiB, "
-                "bias-gradient output %.3f MiB\n",
+                "bias-gradient output %.3f MiB, FP8 GEMMs' transposes and block scales %.2f MiB\n",
                 s0.backend.gemm / 1048576.0, s0.backend.attention / 1048576.0,
                 c.training.deterministic ? "true" : "false",
                 s0.attention_workspace_by_mode[c.training.deterministic ? 1 : 0] / 1048576.0,
-                c.training.deterministic ? "false" : "true", s0.backend.scratch / 1048576.0, s0.backend.bias_grad / 1048576.0);
+                c.training.deterministic ? "false" : "true", s0.backend.scratch / 1048576.0, s0.backend.bias_grad / 1048576.0,
+                s0.backend.fp8 / 1048576.0);
   }
   std::printf("by recompute mode: activations + workspace -> total per rank (%s); configured: %s\n", unit,
               name_of(c.training.recompute).c_str());

@@ -57,6 +57,25 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, 
 // cudnn_attention_workspace_bytes(B, H, c, D, deterministic) (the unmasked pairs' as the causal's).
 inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D);
 
+// The cuBLASLt FP8 GEMMs' workspace (core/cuda/fp8_gemm.h) for the largest input, weight and output
+// gradient (elements: bytes of codes) and their most block scales (0 without blockwise scaling) of a
+// stage's FP8 GEMMs (model/fp8_linear.h Fp8ScratchSizes), 256-byte aligned parts:
+//   T0  a transposed weight or output gradient   max(w, dout) bytes
+//   T1  a transposed input                       inp bytes
+//   S0, S1  the two operands' block scales in cuBLASLt's layouts: rows padded to 4, at most 4 x blocks fp32
+struct Fp8WorkspaceParts {
+  int64_t t0 = 0, t1 = 0, s0 = 0, s1 = 0, total = 0;  // offsets, and the bytes of all
+};
+inline Fp8WorkspaceParts cuda_fp8_workspace(int64_t inp, int64_t w, int64_t dout, int64_t max_blocks) {
+  auto up = [](int64_t n) { return (std::max<int64_t>(n, 0) + 255) / 256 * 256; };
+  Fp8WorkspaceParts p;
+  p.t1 = up(std::max(w, dout));
+  p.s0 = p.t1 + up(inp);
+  p.s1 = p.s0 + up(16 * max_blocks);
+  p.total = p.s1 + up(16 * max_blocks);
+  return p;
+}
+
 // ---- definitions
 
 inline int64_t column_sum_chunks(int64_t N, int64_t C) {

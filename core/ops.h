@@ -116,8 +116,9 @@ struct BackendWorkspace {
   int64_t attention = 0;  // cuDNN's fused-attention workspace (forward and backward share it)
   int64_t scratch = 0;    // reductions: column sums, the gradient norm, the word-embedding gradient's sort
   int64_t bias_grad = 0;  // the bias-gradient GEMM epilogue's output
-  int64_t fallback = 0;   // fp32 GEMM products where cuBLASLt offers no GELU epilogue (not planned)
-  int64_t total() const { return gemm + attention + scratch + bias_grad + fallback; }
+  int64_t fallback = 0;   // fp32 GEMM products where cuBLASLt offers no GELU epilogue or FP8 GEMM (not planned)
+  int64_t fp8 = 0;        // cuBLASLt's FP8 GEMMs: transposed codes and block scales (core/gpu_workspace.h)
+  int64_t total() const { return gemm + attention + scratch + bias_grad + fallback + fp8; }
   // reserve_workspace's report: the workspace the fused attention's plans for the shape asked for,
   // forward and backward (-1: no plan, the backend's own kernels run it)
   int64_t attention_forward_asked = -1, attention_backward_asked = -1;
@@ -289,7 +290,7 @@ class Ops {
   // FP8 GEMMs (docs/FP8.md "GEMM path"): linear_forward / linear_backward with FP8 operands, fp32
   // accumulation, outputs as there (out, gelu_pre, dinp in their dtype, rounded once; dw fp32 +=).
   // CPU: exact emulation -- each operand decoded and multiplied by its scale_inv in fp32, then the fp32
-  // GEMM; CUDA: cuBLASLt's FP8 matmul (not built yet: the backend refuses).
+  // GEMM; CUDA: cuBLASLt's FP8 matmul, or that emulation where cuBLASLt has none (core/cuda/fp8_gemm.h).
   // out (N, O) = inp (N, I) @ w (O, I)^T + bias (O) [bias may be null; gelu_pre as linear_forward].
   virtual void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
                                   Buf gelu_pre = {}) = 0;

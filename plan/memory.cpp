@@ -288,6 +288,14 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     m.attention_workspace_by_mode[0] = det.attention;
     m.attention_workspace_by_mode[1] = nondet.attention;
     m.backend = cfg.training.deterministic ? det : nondet;
+    for (const GPTDims& d : chunks)  // cuBLASLt's FP8 GEMMs: transposed codes and block scales
+      if (fp8_layers(cfg, d) > 0) {
+        const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
+        const bool blocks = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
+        const int64_t max_blocks = blocks ? std::max({f.inp_blocks, f.w_blocks, f.dout_blocks}) : 0;
+        m.backend.fp8 = std::max(m.backend.fp8, cuda_fp8_workspace(f.inp, f.w, f.dout, max_blocks).total);
+      }
+    m.backend.fp8 = device_buffer_bytes(m.backend.fp8);
   }
   return m;
 }
@@ -357,10 +365,15 @@ std::string describe_memory(const StageMemory& m) {
                 mib(m.optimizer_bytes), mib(m.activation_bytes), mib(m.workspace_bytes), mib(m.buffer_bytes));
   std::string s = buf;
   if (m.backend.total() > 0) {
-    std::snprintf(buf, sizeof(buf), ", backend %.1f MiB (cuBLASLt %.1f, cuDNN attention %.1f, scratch %.2f, bias grad %.2f)",
+    std::snprintf(buf, sizeof(buf), ", backend %.1f MiB (cuBLASLt %.1f, cuDNN attention %.1f, scratch %.2f, bias grad %.2f",
                   mib(m.backend.total()), mib(m.backend.gemm), mib(m.backend.attention), mib(m.backend.scratch),
                   mib(m.backend.bias_grad));
     s += buf;
+    if (m.backend.fp8) {
+      std::snprintf(buf, sizeof(buf), ", FP8 GEMMs %.2f", mib(m.backend.fp8));
+      s += buf;
+    }
+    s += ")";
   }
   return s;
 }

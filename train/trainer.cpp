@@ -80,10 +80,6 @@ void Trainer::setup_backend() {
     const char* tf32 = std::getenv("TPTRAIN_CUDA_TF32");  // fp32 GEMMs on TF32 tensor cores (off by default)
     cuda_options.tf32 = tf32 && std::string(tf32) == "1";
     cuda_options.cudnn_deterministic = cfg_.training.deterministic;
-    if (cfg_.training.fp8_format != Fp8Format::None)  // every rank alike (device: auto found GPUs)
-      input_error("training.fp8_format with training.device: " + name_of(cfg_.training.device) +
-                  " on a GPU: FP8 training on the CUDA backend (cuBLASLt FP8 GEMMs) is not implemented in this "
-                  "version of tptrain; run it with training.device: cpu");
     ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
     on_gpu_ = true;
 #else

@@ -96,10 +96,12 @@ void Trainer::log_setup() {
                                   : "its graphs asked forward " + mb(workspace_.attention_forward_asked) +
                                         ", backward " + mb(workspace_.attention_backward_asked);
     spdlog::info("memory: the GPU backend's own buffers {} MiB: cuBLASLt {}, cuDNN attention {} ({}; the plan "
-                 "counted {} for training.deterministic {}), scratch {} (plan {}), bias grad {}, fp32 fallback {} MiB",
+                 "counted {} for training.deterministic {}), scratch {} (plan {}), bias grad {}, FP8 GEMMs {} (plan {}), "
+                 "fp32 fallback {} MiB",
                  mb(workspace_.total()), mb(workspace_.gemm), mb(workspace_.attention), asked,
                  mb(plan.backend.attention), cfg_.training.deterministic, mb(workspace_.scratch),
-                 mb(plan.backend.scratch), mb(workspace_.bias_grad), mb(workspace_.fallback));
+                 mb(plan.backend.scratch), mb(workspace_.bias_grad), mb(workspace_.fp8), mb(plan.backend.fp8),
+                 mb(workspace_.fallback));
   }
 }
 

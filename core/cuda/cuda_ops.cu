@@ -20,6 +20,7 @@
 #include "core/cuda/attention/cudnn_attention.h"
 #include "core/cuda/attention/ring_attention.h"
 #include "core/cuda/cuda_ops.h"
+#include "core/cuda/fp8_gemm.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/gpu_workspace.h"
@@ -176,6 +177,7 @@ class CudaOps final : public Ops {
     cuda_set_device(device);
     stream_ = cuda::compute_stream();
     gemm_ = std::make_unique<cuda::LtGemm>(options.tf32, stream_);
+    fp8_ = std::make_unique<cuda::Fp8Gemms>(*gemm_, stream_, opt_.gemm_epilogues, &allocator_calls_);
     TPT_CUDA_CHECK(cudaMallocHost(&pinned_, 64));
     // cuDNN attention: TPTRAIN_CUDNN_ATTENTION=0 forces the own kernels
     const char* env = std::getenv("TPTRAIN_CUDNN_ATTENTION");
@@ -261,11 +263,13 @@ class CudaOps final : public Ops {
   BackendWorkspace reserve_workspace(const BackendWorkspace& planned, const AttentionShape& a) override {
     scratch_.reserve(size_t(planned.scratch));
     bias_grad_.reserve(size_t(planned.bias_grad));
+    fp8_->reserve(planned.fp8);
     BackendWorkspace held;
     held.gemm = kGemmWorkspaceBytes;  // cuBLASLt's, allocated with the backend
     held.scratch = int64_t(scratch_.capacity());
     held.bias_grad = int64_t(bias_grad_.capacity());
-    held.fallback = int64_t(gemm_f32_.capacity());
+    held.fallback = int64_t(gemm_f32_.capacity()) + fp8_->fallback_bytes();
+    held.fp8 = fp8_->workspace_bytes();
     if (cudnn_) {
       // cuDNN's graphs for the shape built now; the workspace as they ask (the plan's count is the
       // fit check's; the trainer reports both)
@@ -468,16 +472,19 @@ class CudaOps final : public Ops {
   }
   // cuBLASLt's FP8 matmul is not built yet; training refuses FP8 on this backend at start-up
   // (apps/train.cpp), so nothing reaches these
-  void fp8_quantize_blocks(uint8_t*, CBuf, int64_t, int64_t, int64_t, int64_t, Fp8Type, int, float*) override {
-    internal_error("Ops::fp8_quantize_blocks: blockwise FP8 is not implemented on the CUDA backend (docs/FP8.md)");
+  void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
+                           int margin, float* scale_inv) override {
+    cuda::fp8_quantize_blocks(out, in, rows, cols, br, bc, t, margin, scale_inv, stream_);
   }
-  void fp8_linear_forward(Buf, Fp8Operand, Fp8Operand, CBuf, int64_t, int64_t, int64_t, Buf) override {
-    internal_error("Ops::fp8_linear_forward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
+  void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
+                          Buf gelu_pre) override {
+    fp8_->forward(out, inp, w, bias, N, I, O, gelu_pre);
   }
-  void fp8_linear_backward(Buf, Buf, Fp8Operand, Fp8Operand, Fp8Operand, int64_t, int64_t, int64_t, bool,
-                           CBuf) override {
-    internal_error("Ops::fp8_linear_backward: FP8 GEMMs are not implemented on the CUDA backend (docs/FP8.md)");
+  void fp8_linear_backward(Buf dinp, Buf dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
+                           int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
+    fp8_->backward(dinp, dw, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
   }
+
 
   void layernorm_forward(Buf out, float* mean, float* rstd, CBuf inp, CBuf w, CBuf b, int64_t N, int64_t C,
                          float eps) override {
@@ -600,6 +607,7 @@ class CudaOps final : public Ops {
   CudaOptions opt_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
+  std::unique_ptr<cuda::Fp8Gemms> fp8_;  // Ops::fp8_linear_* (its workspace: BackendWorkspace::fp8)
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own attention kernels only
   int64_t allocator_calls_ = 0;  // cudaMalloc / cudaFree of alloc_bytes, free and the buffers below
   DeviceBuffer scratch_{&allocator_calls_};    // partial sums, sort buffers, reduction results

@@ -1,6 +1,9 @@
 // FP8 kernels (docs/FP8.md): the fused quantize + amax of Ops::fp8_quantize, per element through
 // core/fp8.h's conversion (so its codes are the CPU emulation's bit for bit), the amax as the maximum
 // of |x|'s bit patterns: a block reduction, then one atomicMax per block (order-free: deterministic).
+// Blockwise quantization (one thread block per scale block, core/fp8.h fp8_block_scale), and what the
+// cuBLASLt FP8 GEMMs need around them (core/cuda/fp8_gemm.cu): transposed codes, block scales in
+// cuBLASLt's layouts, and the fallback's decoding to fp32.
 #include <cstdint>
 
 #include "core/cuda/device_util.h"
@@ -29,7 +32,109 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const T* in, int64_t n, Fp8Typ
   if (threadIdx.x == 0 && m) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
 }
 
+template <class T>
+__global__ void fp8_quantize_blocks_kernel(uint8_t* out, const T* in, int64_t rows, int64_t cols, int64_t br,
+                                           int64_t bc, int64_t gc, Fp8Type t, int margin, float* scale_inv) {
+  const int64_t b = blockIdx.x, r0 = b / gc * br, c0 = b % gc * bc;
+  const int64_t h = min(br, rows - r0), w = min(bc, cols - c0), n = h * w;
+  uint32_t m = 0;
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    const uint32_t a = fp8_abs_bits(ld(in, (r0 + k / w) * cols + c0 + k % w));
+    m = m > a ? m : a;
+  }
+  const float s = fp8_block_scale(bits_to_float(block_reduce(m, MaxBits{}, 0u)), t, margin);
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    const int64_t i = (r0 + k / w) * cols + c0 + k % w;
+    out[i] = fp32_to_fp8(ld(in, i) * s, t);
+  }
+  if (threadIdx.x == 0) scale_inv[b] = 1.0f / s;
+}
+
+// 32 x 32 tiles through shared memory: reads and writes both along rows
+__global__ void fp8_transpose_kernel(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t r = r0 + k, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[k][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t c = c0 + k, r = r0 + threadIdx.x;  // out (cols, rows): row c, column r
+    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][k];
+  }
+}
+
+__global__ void fp8_relayout_scales_kernel(float* out, const float* in, int64_t ni, int64_t nj, int64_t si, int64_t sj,
+                                           int64_t ld) {
+  TPT_GRID_LOOP(k, nj * ld) {
+    const int64_t j = k / ld, i = k % ld;
+    out[k] = i < ni ? in[i * si + j * sj] : 0.0f;
+  }
+}
+
+__global__ void fp8_dequantize_kernel(float* out, Fp8Operand x, int64_t n) {
+  const int64_t gc = x.block_rows > 0 ? (x.cols + x.block_cols - 1) / x.block_cols : 0;
+  TPT_GRID_LOOP(i, n) {
+    const float s = x.block_rows > 0 ? x.scale_inv[i / x.cols / x.block_rows * gc + i % x.cols / x.block_cols]
+                                     : *x.scale_inv;
+    out[i] = fp8_to_fp32(x.codes[i], x.t) * s;
+  }
+}
+
+template <class T>
+__global__ void bias_store_kernel(T* out, const float* acc, const T* bias, int64_t N, int64_t C) {
+  TPT_GRID_LOOP(i, N * C) st(out, i, bias ? acc[i] + ld(bias, i % C) : acc[i]);
+}
+
 }  // namespace
+
+void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
+                         int margin, float* scale_inv, cudaStream_t s) {
+  TPT_CHECK(br > 0 && bc > 0);
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t gc = (cols + bc - 1) / bc, blocks = (rows + br - 1) / br * gc;
+  TPT_CHECK(blocks < (int64_t(1) << 31));
+  const int threads = br * bc >= 1024 ? 512 : 128;
+  dispatch(in.t, [&](auto tag) {
+    using T = decltype(tag);
+    fp8_quantize_blocks_kernel<T><<<unsigned(blocks), threads, 0, s>>>(out, typed<T>(in), rows, cols, br, bc, gc, t,
+                                                                       margin, scale_inv);
+    TPT_CUDA_LAUNCHED();
+  });
+}
+
+void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  TPT_CHECK((rows + 31) / 32 < 65536);
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32)), block(32, 8);
+  fp8_transpose_kernel<<<grid, block, 0, s>>>(out, in, rows, cols);
+  TPT_CUDA_LAUNCHED();
+}
+
+void fp8_relayout_scales(float* out, const float* in, int64_t ni, int64_t nj, int64_t si, int64_t sj, int64_t ld,
+                         cudaStream_t s) {
+  if (nj <= 0 || ld <= 0) return;
+  fp8_relayout_scales_kernel<<<blocks_for(nj * ld), kThreads, 0, s>>>(out, in, ni, nj, si, sj, ld);
+  TPT_CUDA_LAUNCHED();
+}
+
+void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n, cudaStream_t s) {
+  TPT_CHECK(x.codes && x.scale_inv && (x.block_rows == 0 || (x.cols > 0 && x.block_cols > 0)));
+  if (n <= 0) return;
+  fp8_dequantize_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, x, n);
+  TPT_CUDA_LAUNCHED();
+}
+
+void bias_store(Buf out, const float* acc, CBuf bias, int64_t N, int64_t C, cudaStream_t s) {
+  if (bias) check_same(out.t, bias.t, "bias_store");
+  if (N <= 0 || C <= 0) return;
+  dispatch(out.t, [&](auto tag) {
+    using T = decltype(tag);
+    bias_store_kernel<T><<<blocks_for(N * C), kThreads, 0, s>>>(typed<T>(out), acc, typed<T>(bias), N, C);
+    TPT_CUDA_LAUNCHED();
+  });
+}
 
 void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s) {
   if (n <= 0) return;

@@ -66,6 +66,28 @@ bool uses_bias(const EpilogueArgs& e) {
 }
 bool uses_aux(const EpilogueArgs& e) { return e.kind == Epilogue::GeluAux || e.kind == Epilogue::DGelu; }
 
+// cuBLASLt's scale mode of an FP8 operand's scale_inv (-1: none, not FP8)
+int lt_scaling(Fp8Scaling s) {
+#if CUBLAS_VERSION >= 120900
+  if (s == Fp8Scaling::Vec128) return int(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+  if (s == Fp8Scaling::Blk128) return int(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+  return int(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
+#else
+  return s == Fp8Scaling::Tensor ? 0 : 1000;  // block scales need cuBLAS 12.9: set_fp8_modes refuses
+#endif
+}
+
+// The scale modes of an FP8 plan; false where this cuBLASLt has none for them.
+bool set_fp8_modes(cublasLtMatmulDesc_t d, const LtGemm::Key& key) {
+#if CUBLAS_VERSION >= 120900
+  set_desc(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32_t(key.scaling_a));
+  set_desc(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32_t(key.scaling_b));
+  return true;
+#else
+  return key.scaling_a == 0 && key.scaling_b == 0;
+#endif
+}
+
 }  // namespace
 
 EpilogueStats epilogue_stats() {
@@ -91,10 +113,11 @@ struct LtGemm::Plan {
 };
 
 size_t LtGemm::KeyHash::operator()(const Key& k) const {
-  const int64_t fields[] = {k.op_a,  k.op_b,  k.m,       k.n,        k.k,       k.lda,     k.ldb,
-                            k.ldc,   k.batch, k.sa,      k.sb,       k.sc,      k.ab,      k.ct,
-                            k.compute, k.epilogue, k.aux_ld, k.align_a, k.align_b, k.align_c, k.align_bias,
-                            k.align_aux};
+  const int64_t fields[] = {k.op_a,      k.op_b,      k.m,         k.n,        k.k,         k.lda,
+                            k.ldb,       k.ldc,       k.batch,     k.sa,       k.sb,        k.sc,
+                            k.ab,        k.ab_b,      k.ct,        k.compute,  k.epilogue,  k.aux_ld,
+                            k.align_a,   k.align_b,   k.align_c,   k.align_bias, k.align_aux, k.scaling_a,
+                            k.scaling_b, k.fast_accum};
   uint64_t h = 1469598103934665603ull;
   for (int64_t f : fields) h = (h ^ uint64_t(f)) * 1099511628211ull;
   return size_t(h);
@@ -129,7 +152,11 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(e.aux));
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.aux_ld);
   }
-  const auto ab = cudaDataType_t(key.ab);
+  if (key.scaling_a >= 0) {  // FP8: the scale modes (the pointers per call) and the accumulation
+    if (!set_fp8_modes(p->desc, key)) return *plans_.emplace(key, std::move(p)).first->second;  // not ok
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(key.fast_accum));
+  }
+  const auto ab = cudaDataType_t(key.ab), ab_b = cudaDataType_t(key.ab_b);
   auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, bool transposed, int64_t rows, int64_t cols,
                     int64_t ld, int64_t stride) {
     // stored (rows x cols) column-major, or (cols x rows) when the op transposes it
@@ -143,7 +170,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
     }
   };
   layout(&p->a, ab, key.op_a == CUBLAS_OP_T, key.m, key.k, key.lda, key.sa);
-  layout(&p->b, ab, key.op_b == CUBLAS_OP_T, key.k, key.n, key.ldb, key.sb);
+  layout(&p->b, ab_b, key.op_b == CUBLAS_OP_T, key.k, key.n, key.ldb, key.sb);
   layout(&p->c, cudaDataType_t(key.ct), false, key.m, key.n, key.ldc, key.sc);
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -166,14 +193,17 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
     p->algo = result.algo;
     p->ok = true;
   } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
-             !(key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT) && st == CUBLAS_STATUS_INVALID_VALUE)) {
+             !((key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT) || key.scaling_a >= 0) &&
+               st == CUBLAS_STATUS_INVALID_VALUE)) {
     lt_check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
   }
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
 bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operand& B, void* C, DType ct, int64_t ldc,
-                 int64_t sc, int64_t batch, float alpha, float beta, DType ab, const EpilogueArgs& e) {
+                 int64_t sc, int64_t batch, float alpha, float beta, DType ab, const EpilogueArgs& e,
+                 const Fp8Args* fp8) {
+  if (fp8 && (K == 0 || batch != 1 || A.trans || !B.trans)) return false;  // Hopper's FP8: both K-major
   if (M <= 0 || N <= 0 || batch <= 0) return true;
   const bool epilogue = e.kind != Epilogue::None;
   if (epilogue) {
@@ -209,9 +239,18 @@ bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operan
   key.sa = batch > 1 ? B.stride : 0;
   key.sb = batch > 1 ? A.stride : 0;
   key.sc = batch > 1 ? sc : 0;
-  key.ab = int(cuda_type(ab));
+  key.ab = key.ab_b = int(cuda_type(ab));
   key.ct = int(cuda_type(ct));
   key.compute = int(ab == DType::F32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  key.scaling_a = key.scaling_b = -1;
+  if (fp8) {  // cuBLASLt's A is our B
+    key.ab = int(fp8->b_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3);
+    key.ab_b = int(fp8->a_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3);
+    key.compute = int(CUBLAS_COMPUTE_32F);
+    key.scaling_a = lt_scaling(fp8->b_scaling);
+    key.scaling_b = lt_scaling(fp8->a_scaling);
+    key.fast_accum = int(fp8->fast_accum);
+  }
   key.epilogue = int(lt_epilogue(e));
   key.aux_ld = uses_aux(e) ? e.aux_ld : 0;
   key.align_a = alignment(B.p);
@@ -221,6 +260,7 @@ bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operan
   key.align_aux = uses_aux(e) ? alignment(e.aux) : 0;
   Plan& p = plan(key, e);
   if (!p.ok) {
+    if (fp8) return false;
     if (epilogue) {
       g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
       return false;
@@ -241,12 +281,16 @@ bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operan
   }
   if (uses_bias(e)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, e.bias);
   if (uses_aux(e)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(e.aux));
+  if (fp8) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(fp8->b_scale_inv));
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(fp8->a_scale_inv));
+  }
   const cublasStatus_t st = cublasLtMatmul(handle_, p.desc, &alpha, B.p, p.a, A.p, p.b, &beta, C, p.c, C, p.c,
                                            &p.algo, workspace_, kWorkspaceBytes, stream_);
-  if (st != CUBLAS_STATUS_SUCCESS && epilogue &&
+  if (st != CUBLAS_STATUS_SUCCESS && (epilogue || fp8) &&
       (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
     p.ok = false;  // rejected before launch: the caller's path from now on
-    g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
+    if (epilogue) g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   lt_check(st, "cublasLtMatmul", __FILE__, __LINE__);

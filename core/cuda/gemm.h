@@ -39,6 +39,22 @@ struct EpilogueArgs {
   int64_t aux_ld = 0;          // elements; cuBLASLt wants a multiple of 8
 };
 
+// FP8 operands (Ops::fp8_linear_*, core/cuda/fp8_gemm.cu): E4M3 or E5M2 codes, each read as its value times
+// a scale_inv on the device: one fp32 for the tensor, or cuBLASLt's block scales (CUDA 12.9+, Hopper) for
+// an operand stored row-major as (R, K), K its reduction:
+//   Vec128: one per 1 x 128 run along K, at [k / 128][r] with rows padded to a multiple of 4
+//           (scale_inv[(k / 128) * round_up(R, 4) + r]);
+//   Blk128: one per 128 x 128 block, at [r / 128][k / 128] with the K blocks padded to a multiple of 4.
+// Hopper's FP8 GEMMs take both operands K-major: our A not transposed, our B transposed (stored (N, K)).
+enum class Fp8Scaling { Tensor, Vec128, Blk128 };
+struct Fp8Args {
+  bool a_e5m2 = false, b_e5m2 = false;
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
+  Fp8Scaling a_scaling = Fp8Scaling::Tensor, b_scaling = Fp8Scaling::Tensor;
+  bool fast_accum = false;  // the forward's (Transformer Engine); the gradients' GEMMs accumulate in fp32
+};
+
 // Process-wide counts of GEMMs with an epilogue, by Epilogue: run by cuBLASLt (fused) or handed
 // back to the caller's separate kernels (fell back). For reports; never reset.
 constexpr int kEpilogueKinds = 5;
@@ -60,14 +76,18 @@ class LtGemm {
   // accumulation and epilogues in fp32 (TF32 products for F32 inputs if enabled).
   // Returns false, having done nothing, when cuBLASLt offers no algorithm for this epilogue (or its
   // auxiliary settings break cuBLASLt's rules); the caller then does the epilogue's work itself.
-  // Without an epilogue it always succeeds (or throws).
+  // Without an epilogue it always succeeds (or throws). With fp8, A and B hold FP8 codes (ab is not
+  // read) and the call returns false where cuBLASLt has no FP8 algorithm for it (shapes, alignments,
+  // the GPU): the caller then computes it another way.
   bool run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operand& B, void* C, DType ct, int64_t ldc,
-           int64_t sc, int64_t batch, float alpha, float beta, DType ab, const EpilogueArgs& epilogue = {});
+           int64_t sc, int64_t batch, float alpha, float beta, DType ab, const EpilogueArgs& epilogue = {},
+           const Fp8Args* fp8 = nullptr);
 
   struct Key {
     int op_a, op_b;  // cuBLASLt's (column-major) view
     int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
-    int ab, ct, compute, epilogue;
+    int ab, ab_b, ct, compute, epilogue;  // ab_b: cuBLASLt's B's type (FP8 pairs may differ)
+    int scaling_a, scaling_b, fast_accum;  // FP8: cuBLASLt's scale modes (-1: not FP8)
     int64_t aux_ld;
     int align_a, align_b, align_c, align_bias, align_aux;
     bool operator==(const Key&) const = default;

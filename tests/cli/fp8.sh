@@ -51,8 +51,6 @@ expect_exit2 fp8_blockwise "training.fp8_recipe: blockwise scaling" \
   timeout 20 "$TPTRAIN" --config "$BASE" --set training.precision=bf16 --set training.fp8_format=e4m3 \
   --set training.fp8_recipe=blockwise
 # not built yet: refused, never trained in bf16
-expect_exit2 fp8_cuda_refused "training.fp8_format with training.device: cuda: FP8 training on the CUDA backend" \
-  timeout 20 "$TPTRAIN" --config "$BASE" "${F8[@]}" --set training.fp8_recipe=tensorwise --set training.device=cuda
 expect_exit2 fp8_moe_refused "training.fp8_format with model.num_moe_experts: FP8 for the MoE layers' GEMMs" \
   timeout 20 "$TPTRAIN" --config "$BASE" "${F8[@]}" --set training.fp8_recipe=tensorwise --set model.num_moe_experts=4 \
   --set model.moe_router_topk=2

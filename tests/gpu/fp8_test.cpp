@@ -1,9 +1,19 @@
 // The CUDA backend's FP8 kernels against the CPU emulation (docs/FP8.md): Ops::fp8_quantize's codes
-// and amax bit for bit, for fp32 / bf16 / fp16 inputs of awkward sizes over the whole FP8 range and
-// beyond (saturation), with infinities, signed zeros, subnormals and a NaN.
+// and amax, and Ops::fp8_quantize_blocks' codes and block scales, bit for bit, for fp32 / bf16 / fp16
+// inputs of awkward sizes over the whole FP8 range and beyond (saturation), with infinities, signed
+// zeros, subnormals and a NaN. The FP8 GEMMs (Ops::fp8_linear_forward / backward: cuBLASLt's FP8
+// matmul, or the fallback where it has none) against a double-precision sum of the decoded operands,
+// within a bound derived from the accumulation (see gemm_bound), for tensor scales (E4M3, and E5M2
+// output gradients) and block scales, aligned shapes (cuBLASLt's FP8 on Hopper: it must run there) and
+// odd ones (the fallback), with bias, GELU, an accumulated input gradient and fp32 / bf16 weight
+// gradients.
+#include <cuda_runtime_api.h>
+
 #include <cstring>
 #include <random>
 
+#include "core/cuda/fp8_gemm.h"
+#include "core/math.h"
 #include "gpu_test_util.h"
 
 namespace tpt::gpu_test {
@@ -43,6 +53,219 @@ TEST(GpuFp8, QuantizeAndAmaxBitwiseAsCpu) {
           for (size_t i = 0; i < n; ++i) diff += hc[i] != hg[i];
           EXPECT_EQ(diff, 0u);
           EXPECT_TRUE(bitwise(am.gpu.host(), am.cpu.host()));
+        }
+}
+
+// n bytes on a backend's device, from / to the host
+struct Bytes {
+  Dev d;
+  size_t n;
+  Bytes(Ops& ops, const std::vector<uint8_t>& host) : d(ops, (host.size() + 3) / 4), n(host.size()) {
+    std::vector<uint8_t> h(d.size() * 4);
+    std::memcpy(h.data(), host.data(), host.size());
+    ops.to_device(d.buf(), h.data(), int64_t(d.size()));
+  }
+  std::vector<uint8_t> host(Ops& ops) const {
+    std::vector<uint8_t> h(d.size() * 4);
+    ops.to_host(h.data(), d.buf(), int64_t(d.size()));
+    h.resize(n);
+    return h;
+  }
+  uint8_t* p() const { return static_cast<uint8_t*>(d.buf().p); }
+};
+
+TEST(GpuFp8, QuantizeBlocksBitwiseAsCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  struct Case {
+    int64_t rows, cols, br, bc;
+  };
+  for (const Case& c : {Case{3, 300, 1, 128}, Case{257, 129, 128, 128}, Case{300, 70, 128, 1}, Case{1, 5, 1, 128}})
+    for (DType dt : {DType::F32, DType::BF16})
+      for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2})
+        for (int margin : {0, 2}) {
+          SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " in " + std::to_string(c.br) +
+                       " x " + std::to_string(c.bc) + " " + dtype_name(dt) + " margin " + std::to_string(margin));
+          const size_t n = size_t(c.rows * c.cols);
+          const VecF x = fp8_inputs(n, uint32_t(n + margin), n > 1);
+          const int64_t blocks = (c.rows + c.br - 1) / c.br * ((c.cols + c.bc - 1) / c.bc);
+          Pair in(*cpu, *gpu, x, dt);
+          Pair si(*cpu, *gpu, VecF(size_t(blocks), -1.0f));
+          Bytes qc(*cpu, std::vector<uint8_t>(n)), qg(*gpu, std::vector<uint8_t>(n));
+          cpu->fp8_quantize_blocks(qc.p(), in.cpu, c.rows, c.cols, c.br, c.bc, t, margin, si.cpu);
+          gpu->fp8_quantize_blocks(qg.p(), in.gpu, c.rows, c.cols, c.br, c.bc, t, margin, si.gpu);
+          EXPECT_TRUE(qg.host(*gpu) == qc.host(*cpu)) << "codes";
+          EXPECT_TRUE(bitwise(si.gpu.host(), si.cpu.host())) << "block scales";
+        }
+}
+
+// ---- the FP8 GEMMs
+
+// An FP8 operand on the host: codes of x (rows, cols) with one scale from the amax (block_rows 0) or a
+// power-of-two scale per block, as Ops::fp8_quantize / fp8_quantize_blocks make them, and its values.
+struct HostQ {
+  std::vector<uint8_t> codes;
+  VecF scale_inv, values;
+  Fp8Type t = Fp8Type::E4M3;
+  int64_t br = 0, bc = 0, cols = 0;
+};
+HostQ quantize(const VecF& x, int64_t rows, int64_t cols, Fp8Type t, int64_t br, int64_t bc) {
+  HostQ q;
+  q.t = t, q.br = br, q.bc = bc, q.cols = cols;
+  q.codes.resize(x.size());
+  q.values.resize(x.size());
+  if (br == 0) {
+    float amax = 0.0f;
+    for (float v : x) amax = fp8_amax_step(amax, v);
+    const float s = fp8_scale_from_amax(amax, 1.0f, t, 0);
+    q.scale_inv = {1.0f / s};
+    for (size_t i = 0; i < x.size(); ++i) {
+      q.codes[i] = fp32_to_fp8(x[i] * s, t);
+      q.values[i] = fp8_to_fp32(q.codes[i], t) * q.scale_inv[0];
+    }
+    return q;
+  }
+  const int64_t gc = (cols + bc - 1) / bc, blocks = (rows + br - 1) / br * gc;
+  q.scale_inv.resize(size_t(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t r0 = b / gc * br, c0 = b % gc * bc, r1 = std::min(rows, r0 + br), c1 = std::min(cols, c0 + bc);
+    float amax = 0.0f;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) amax = fp8_amax_step(amax, x[size_t(r * cols + c)]);
+    const float s = fp8_block_scale(amax, t, 0);
+    q.scale_inv[size_t(b)] = 1.0f / s;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const size_t i = size_t(r * cols + c);
+        q.codes[i] = fp32_to_fp8(x[i] * s, t);
+        q.values[i] = fp8_to_fp32(q.codes[i], t) * q.scale_inv[size_t(b)];
+      }
+  }
+  return q;
+}
+
+// A HostQ on the GPU, as an Fp8Operand.
+struct DevQ {
+  Bytes codes;
+  Dev scale_inv;
+  Fp8Operand op;
+  DevQ(Ops& ops, const HostQ& q) : codes(ops, q.codes), scale_inv(ops, q.scale_inv) {
+    op = Fp8Operand{codes.p(), q.t, scale_inv.f32(), q.br, q.bc, q.cols};
+  }
+};
+
+// ref (M, Nc) = sum over k of a (M, K) b (Nc, K) in double (element (m, k) of a at a[m * sam + k * sak]),
+// and sum |a b| (the bound's scale)
+void reference(const VecF& a, int64_t sam, int64_t sak, const VecF& b, int64_t sbn, int64_t sbk, int64_t M, int64_t Nc,
+               int64_t K, std::vector<double>& ref, std::vector<double>& mag) {
+  ref.assign(size_t(M * Nc), 0.0);
+  mag.assign(size_t(M * Nc), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < Nc; ++n) {
+      double s = 0, t = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(a[size_t(m * sam + k * sak)]) * double(b[size_t(n * sbn + k * sbk)]);
+        s += p, t += std::fabs(p);
+      }
+      ref[size_t(m * Nc + n)] = s, mag[size_t(m * Nc + n)] = t;
+    }
+}
+
+// The bound: the products of FP8 values are exact; their sum in fp32 errs by at most about K * 2^-24
+// of sum |a b| (K = 384 here: 2.3e-5; 4e-5 allowed), and with cuBLASLt's fast FP8 accumulation (the
+// forward with tensor scales: Hopper's tensor cores keep about 14 bits between promotions) by 2^-9.
+// The stored result then rounds once (bf16: half a step of 2^-7 relative, a step allowed), and GELU
+// (cuBLASLt's own approximation in the epilogue) adds 2e-3.
+::testing::AssertionResult within(const VecF& got, const std::vector<double>& ref, const std::vector<double>& mag,
+                                  double acc, double rel, double abs) {
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - ref[i]), allowed = acc * mag[i] + rel * std::fabs(ref[i]) + abs;
+    if (!(err <= allowed))
+      return ::testing::AssertionFailure() << "element " << i << " of " << ref.size() << ": got " << got[i]
+                                           << ", reference " << ref[i] << " (sum |ab| " << mag[i] << ", allowed "
+                                           << allowed << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool fp8_tensor_cores() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major * 10 + minor >= 89;
+}
+
+struct GemmCase {
+  int64_t N, I, O;
+  bool blockwise, hybrid;
+};
+
+void check_fp8_linear(const GemmCase& c, bool bias_on, bool gelu, bool accumulate, DType dw_t) {
+  auto gpu = gpu_ops();
+  const int64_t N = c.N, I = c.I, O = c.O, B = c.blockwise ? 128 : 0;
+  const Fp8Type gt = c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3;
+  const VecF x = randn(size_t(N * I), 1), w = randn(size_t(O * I), 2, 0.05f), dy = randn(size_t(N * O), 3, 1e-3f);
+  const VecF bias = rounded(randn(size_t(O), 4, 0.1f), DType::BF16);
+  // forward: the input 1 x 128, the weight 128 x 128 (blockwise)
+  const HostQ qx = quantize(x, N, I, Fp8Type::E4M3, B ? 1 : 0, B), qw = quantize(w, O, I, Fp8Type::E4M3, B, B);
+  DevQ dx(*gpu, qx), dw_(*gpu, qw);
+  Dev out(*gpu, size_t(N * O), DType::BF16), pre(*gpu, size_t(N * O), DType::BF16), db(*gpu, bias, DType::BF16);
+  const int64_t before = cuda::fp8_gemm_stats().fp8;
+  gpu->fp8_linear_forward(out, dx.op, dw_.op, bias_on ? CBuf(db) : CBuf{}, N, I, O, gelu ? Buf(pre) : Buf{});
+  std::vector<double> ref, mag;
+  reference(qx.values, I, 1, qw.values, I, 1, N, O, I, ref, mag);
+  for (int64_t i = 0; i < N * O; ++i) ref[size_t(i)] += bias_on ? bias[size_t(i % O)] : 0.0;
+  const double fwd_acc = B ? 4e-5 : 2e-3;  // fast accumulation with tensor scales
+  if (gelu) {
+    EXPECT_TRUE(within(pre.host(), ref, mag, fwd_acc, 1.0 / 128, 1e-6)) << "forward: pre-activation";
+    std::vector<double> g(ref.size()), gm(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) g[i] = tpt::gelu(float(ref[i])), gm[i] = 1.2 * mag[i];
+    EXPECT_TRUE(within(out.host(), g, gm, fwd_acc, 1.0 / 128, 2e-3)) << "forward: GELU";
+  } else {
+    EXPECT_TRUE(within(out.host(), ref, mag, fwd_acc, 1.0 / 128, 1e-6)) << "forward";
+  }
+  // input gradient: the output gradient 1 x 128 over O, the weight 128 x 128
+  const HostQ qg = quantize(dy, N, O, gt, B ? 1 : 0, B);
+  DevQ dg(*gpu, qg);
+  const VecF dx0 = rounded(randn(size_t(N * I), 5, 1e-3f), DType::BF16);
+  Dev dinp(*gpu, dx0, DType::BF16);
+  const VecF pre_h = gelu ? pre.host() : VecF{};
+  Dev pre_in(*gpu, gelu ? pre_h : VecF(1), DType::BF16);
+  gpu->fp8_linear_backward(dinp, Buf{}, dg.op, Fp8Operand{}, dw_.op, N, I, O, accumulate && !gelu,
+                           gelu ? CBuf(pre_in) : CBuf{});
+  reference(qg.values, O, 1, qw.values, 1, I, N, I, O, ref, mag);  // w read as (I, O): element (i, o) at o * I + i
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (gelu) ref[i] *= gelu_grad(pre_h[i]), mag[i] *= 1.2;
+    else if (accumulate) ref[i] += dx0[i], mag[i] += std::fabs(dx0[i]);
+  }
+  EXPECT_TRUE(within(dinp.host(), ref, mag, 4e-5, 1.0 / 128, 1e-9)) << "input gradient";
+  // weight gradient: both 128 x 1 over the tokens (blockwise)
+  const HostQ qg2 = quantize(dy, N, O, gt, B, B ? 1 : 0), qx2 = quantize(x, N, I, Fp8Type::E4M3, B, B ? 1 : 0);
+  DevQ dg2(*gpu, qg2), dx2(*gpu, qx2);
+  const VecF w0 = rounded(randn(size_t(O * I), 6, 1e-2f), dw_t);
+  Dev dwg(*gpu, w0, dw_t);
+  gpu->fp8_linear_backward(Buf{}, dwg, dg2.op, dx2.op, Fp8Operand{}, N, I, O, false, CBuf{});
+  reference(qg2.values, 1, O, qx2.values, 1, I, O, I, N, ref, mag);  // dout^T (O, N), inp^T (I, N)
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += w0[i], mag[i] += std::fabs(w0[i]);
+  EXPECT_TRUE(within(dwg.host(), ref, mag, 4e-5, dw_t == DType::BF16 ? 1.0 / 128 : 0.0, 1e-9)) << "weight gradient";
+  // aligned shapes on a GPU with FP8 tensor cores run cuBLASLt's FP8 (3 GEMMs), never the fallback
+  if (fp8_tensor_cores() && N % 128 == 0 && I % 128 == 0 && O % 128 == 0) {
+    EXPECT_EQ(cuda::fp8_gemm_stats().fp8 - before, 3) << "cuBLASLt's FP8 GEMMs ran";
+  }
+}
+
+TEST(GpuFp8, LinearGemmsMatchTheDecodedOperandsProducts) {
+  for (const GemmCase& c : {GemmCase{256, 384, 256, false, false}, GemmCase{256, 384, 256, false, true},
+                            GemmCase{256, 384, 256, true, false}, GemmCase{256, 384, 256, true, true},
+                            GemmCase{40, 72, 24, false, true}, GemmCase{40, 200, 136, true, false}})
+    for (bool bias : {false, true})
+      for (bool gelu : {false, true})
+        for (DType dw_t : {DType::F32, DType::BF16}) {
+          SCOPED_TRACE(std::to_string(c.N) + " x " + std::to_string(c.I) + " -> " + std::to_string(c.O) +
+                       (c.blockwise ? " blockwise" : " tensor scales") + (c.hybrid ? " hybrid" : " e4m3") +
+                       (bias ? " bias" : "") + (gelu ? " gelu" : "") + " dw " + dtype_name(dw_t));
+          check_fp8_linear(c, bias, gelu, !gelu, dw_t);
         }
 }
 

@@ -13,7 +13,10 @@
 #include <memory>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "core/cuda/attention/cudnn_attention.h"
+#include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "parallel/nccl_comm.h"
 #include "tiny_model.h"
@@ -151,6 +154,46 @@ TEST(GpuModel, LlamaBf16TrainingWithinTheMixedPrecisionTolerance) {
         std::printf("llama%s step %zu: loss cpu bf16 %.6f gpu bf16 %.6f (%s)\n", qk ? " qk norm" : "", k + 1,
                     c16.losses[k], g16.losses[k], own ? "own attention" : "default attention");
       }
+    }
+  }
+}
+
+// FP8 (docs/FP8.md): the LLaMA shape with sequence 32 and micro-batch 2, so that every linear GEMM is a
+// multiple of 16 (64 rows) and runs through cuBLASLt's FP8 on a GPU with FP8 tensor cores, against the
+// CPU backend's emulation: current scaling with E5M2 gradients (hybrid) and blockwise scaling. A code can
+// flip where the two backends' bf16 activations differ by a rounding, so the losses are held to the
+// mixed-precision tolerance, not to the emulation's bit.
+TEST(GpuModel, LlamaFp8TrainingMatchesTheCpuEmulation) {
+  Config cfg = tiny_llama_config();
+  cfg.model.seq_length = 32;
+  cfg.training.micro_batch_size = 2;
+  for (const bool blockwise : {false, true}) {
+    SCOPED_TRACE(blockwise ? "blockwise e4m3" : "tensorwise hybrid");
+    Fp8LinearOptions o;
+    o.blockwise = blockwise;
+    o.hybrid = !blockwise;
+    auto cpu = cpu_ops();
+    auto gpu = gpu_ops();
+    const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
+    const Trained c8 = train(*cpu, *host, DType::BF16, 4, 2, cfg, {}, &o);
+    const int64_t before = cuda::fp8_gemm_stats().fp8;
+    const Trained g8 = train(*gpu, *dev, DType::BF16, 4, 2, cfg, {}, &o);
+    const int64_t ran = cuda::fp8_gemm_stats().fp8 - before;
+    for (size_t k = 0; k < c8.losses.size(); ++k) {
+      EXPECT_NEAR(g8.losses[k], c8.losses[k], 2e-2) << "step " << k + 1 << " vs the CPU's FP8 emulation";
+      EXPECT_NEAR(g8.losses[k], c16.losses[k], 5e-2) << "step " << k + 1 << " vs CPU bf16";
+      std::printf("llama fp8 %s step %zu: loss cpu bf16 %.6f cpu fp8 %.6f gpu fp8 %.6f\n",
+                  blockwise ? "blockwise" : "tensorwise", k + 1, c16.losses[k], c8.losses[k], g8.losses[k]);
+    }
+    int major = 0, minor = 0, device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    std::printf("llama fp8 %s: %lld GEMMs through cuBLASLt's FP8 (compute capability %d.%d)\n",
+                blockwise ? "blockwise" : "tensorwise", (long long)ran, major, minor);
+    // 2 layers x 4 GEMMs x (forward + input and weight gradients) x 8 micro-batches
+    if (major * 10 + minor >= 89) {
+      EXPECT_EQ(ran, 2 * 4 * 3 * 8);
     }
   }
 }

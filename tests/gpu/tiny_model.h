@@ -73,8 +73,10 @@ struct DataParallel {
   Comm* host = nullptr;
 };
 
+// fp8 (optional): every layer's linear GEMMs in FP8 with these options (current or blockwise scaling:
+// delayed scaling's per-step update is the trainer's).
 inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& cfg = tiny_config(),
-                     DataParallel dp = {}) {
+                     DataParallel dp = {}, const Fp8LinearOptions* fp8 = nullptr) {
   const GPTDims d = make_dims(cfg, tp.size(), tp.rank(), 1, 0);
   const ParamLayout layout = make_param_layout(d);
   VecF host(size_t(layout.total));
@@ -85,8 +87,14 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   Dev compute(ops, copy ? size_t(layout.total) : 0, dtype);
   if (copy) ops.convert(compute, params.buf(), layout.total);
   const int64_t B = cfg.training.micro_batch_size, S = d.S, N = B * S;
-  GPTStage stage(d, layout, ops, tp, copy ? CBuf(compute.buf()) : CBuf(params.buf()), grads, B, 1,
-                 StageOptions{dtype, Recompute::None});
+  StageOptions so{dtype, Recompute::None};
+  if (fp8) {
+    TPT_CHECK(!fp8->delayed);
+    so.fp8 = true;
+    so.fp8_options = *fp8;
+    so.fp8_layer_end = cfg.model.num_layers;
+  }
+  GPTStage stage(d, layout, ops, tp, copy ? CBuf(compute.buf()) : CBuf(params.buf()), grads, B, 1, so);
   AdamW adamw(layout, ops, params, grads, copy ? compute.buf() : Buf{});  // the step writes the compute copy
   const int dp_size = dp.dev ? dp.dev->size() : 1, dp_rank = dp.dev ? dp.dev->rank() : 0;
   TPT_CHECK(micro % dp_size == 0);
