@@ -15,7 +15,8 @@
 #      (logging.profile_ops) of the 124M micro-batch-16 run; with --models llama8b (in the default
 #      list) 2 layers of the Llama-3-8B shape (hidden 4096, 32 heads, 8 KV groups, SwiGLU 14336, RoPE
 #      base 500000, untied vocabulary 128256, no biases) at seq 4096, micro-batch 1, next to the same
-#      layers in PyTorch (scripts/bench_torch.py --llama), and its op profile.
+#      layers in PyTorch (scripts/bench_torch.py --llama), and its op profile; with llama8b-fp8 (last in
+#      the default list) the same layers in FP8 (hybrid; tensorwise, blockwise, delayed) against it.
 #
 #   bash scripts/gpu_check.sh                         build here (needs the Debian packages of
 #                                                     scripts/setup.sh, CMake and CUDA), then check
@@ -32,7 +33,8 @@
 #                                                     spdlog, fmt, OpenBLAS, libgomp, libgfortran,
 #                                                     libstdc++, cudart); the binaries and lib/ also
 #                                                     packed as DIR.tar.xz (under 60 MiB, or it fails)
-# Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m llama8b", --iters N
+# Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m llama8b llama8b-fp8"
+# (llama8b-fp8: the Llama layers in FP8, hybrid, each recipe, each against llama8b's bf16 run), --iters N
 # (default 8, the first 3 are warm-up), --out DIR (logs; default /tmp/tptrain_gpu_check),
 # --budget SECONDS (default 480), --skip-tests. PYTHON=... names the python3 with PyTorch (default python3).
 #
@@ -47,7 +49,7 @@ cd "$(dirname "$0")/.."
 SRC=$PWD
 
 DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of the script's logic on a machine without a GPU
-BUILD="" LIBS="" PEAK=989 MODELS="124m 350m llama8b" ITERS=8 OUT=/tmp/tptrain_gpu_check BUDGET=480 PREPARE="" TESTS=1
+BUILD="" LIBS="" PEAK=989 MODELS="124m 350m llama8b llama8b-fp8" ITERS=8 OUT=/tmp/tptrain_gpu_check BUDGET=480 PREPARE="" TESTS=1
 while (($#)); do
   case $1 in
     --build-dir) BUILD=$2; shift 2 ;;
@@ -303,11 +305,13 @@ profile() {  # name yaml
 
 # bench's shape beyond GPT-2 (the Llama case sets them): sequence, vocabulary, extra model keys (a YAML
 # flow-map fragment), bench_torch.py's extra arguments
-SEQ=1024 VOCAB=50257 MODEL_EXTRA="" TORCH_EXTRA=""
+# TRAINING_EXTRA: extra training keys (FP8); LABEL: the run's precision in its RESULT line; NO_TORCH=1: no
+# PyTorch run beside it (the FP8 runs compare with tptrain's bf16 run of the same shape instead)
+SEQ=1024 VOCAB=50257 MODEL_EXTRA="" TORCH_EXTRA="" TRAINING_EXTRA="" LABEL=bf16 NO_TORCH="" BF16_OF=""
 write_yaml() {  # name micro-batch layers hidden heads -> $OUT/<name>-mb<micro-batch>.yaml
   cat >"$OUT/$1-mb$2.yaml" <<YAML
 model: {num_layers: $3, hidden_size: $4, num_attention_heads: $5, seq_length: $SEQ, vocab_size: $VOCAB$MODEL_EXTRA}
-training: {micro_batch_size: $2, global_batch_size: $2, train_iters: $ITERS, precision: bf16, device: $DEVICE}
+training: {micro_batch_size: $2, global_batch_size: $2, train_iters: $ITERS, precision: bf16, device: $DEVICE$TRAINING_EXTRA}
 optimizer: {lr: 6.0e-4, min_lr: 6.0e-5, lr_warmup_iters: 2}
 data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
 logging: {log_interval: 1, metrics_file: $OUT/$1-mb$2.jsonl}
@@ -333,20 +337,26 @@ bench() {  # name layers hidden heads params(M) [micro-batch; default: the large
       grep -q "^memory: no device allocation or free in iterations" "$log" ||
         { status=1; say "$name: the device allocator was called after iteration 1 ($log)"; }
       # mean over the iterations after the first 3 (cuBLASLt plans, scratch growth) of the metrics lines
-      awk -v name="$name" -v mb="$mb" -v peak="$PEAK" -v seq="$SEQ" '
+      awk -v name="$name" -v mb="$mb" -v peak="$PEAK" -v seq="$SEQ" -v label="$LABEL" '
         function num(key,   m) { return match($0, "\"" key "\":[-0-9.eE+]+") ? substr($0, RSTART + length(key) + 3, RLENGTH - length(key) - 3) + 0 : 0 }
         { n++; ms[n] = num("elapsed_ms"); tok[n] = num("tokens_per_s"); tf[n] = num("tflops_per_device"); loss = num("lm_loss") }
         END {
           first = n > 4 ? 4 : 2; k = 0; a = b = c = 0
           for (i = first; i <= n; i++) { a += ms[i]; b += tok[i]; c += tf[i]; k++ }
           if (k == 0) { print "RESULT " name ": no timed iterations"; exit 1 }
-          printf "RESULT %s: bf16, seq %d, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
-                 name, seq, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
+          printf "RESULT %s: %s, seq %d, micro-batch %d: %.1f ms/iteration, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s (mean of %d iterations; loss %.3f)\n",
+                 name, label, seq, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
         }' "$metrics" | tee "$OUT/$name-mb$mb.result"
       grep -m2 -E "WARNING: cuDNN attention|WARNING: rank [0-9]+: cuDNN" "$log"  # shapes cuDNN refused, workspaces beyond the plan
       local tps
       tps=$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' "$OUT/$name-mb$mb.result")
-      [ -n "$tps" ] && side_by_side "$name" "$L" "$C" "$H" "$mb" "$tps"
+      [ -n "$tps" ] && [ -z "$NO_TORCH" ] && side_by_side "$name" "$L" "$C" "$H" "$mb" "$tps"
+      if [ -n "$tps" ] && [ -n "$NO_TORCH" ] && [ -f "$OUT/$BF16_OF-mb$mb.result" ]; then  # FP8 against our bf16
+        local base
+        base=$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' "$OUT/$BF16_OF-mb$mb.result")
+        [ -n "$base" ] && awk -v n="$name" -v a="$tps" -v b="$base" \
+          'BEGIN { printf "RESULT %s: %.2fx tptrain bf16 of the same shape (%d vs %d tokens/s; goal >= 1.3x)\n", n, a / b, a, b }'
+      fi
       [ "${7:-}" = --profile ] && profile "$name-mb$mb" "$OUT/$name-mb$mb.yaml"
       return
     fi
@@ -369,11 +379,24 @@ for m in $MODELS; do
       SEQ=4096 VOCAB=128256 TORCH_EXTRA="--llama --groups 8 --ffn 14336 --vocab 128256" \
       MODEL_EXTRA=", ffn_hidden_size: 14336, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, rotary_base: 500000, group_query_attention: true, num_query_groups: 8, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
         bench llama3-8b-2layers 2 4096 32 1490 1 --profile ;;
+    llama8b-fp8)  # the same 2 layers in FP8 (hybrid), each recipe, against the bf16 run of llama8b
+      for r in tensorwise blockwise delayed; do
+        SEQ=4096 VOCAB=128256 NO_TORCH=1 LABEL="fp8 hybrid $r" BF16_OF=llama3-8b-2layers \
+        TRAINING_EXTRA=", fp8_format: hybrid, fp8_recipe: $r" \
+        MODEL_EXTRA=", ffn_hidden_size: 14336, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, rotary_base: 500000, group_query_attention: true, num_query_groups: 8, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
+          bench "llama3-8b-2layers-fp8-$r" 2 4096 32 1490 1 $([ $r = tensorwise ] && echo --profile)
+      done ;;
     tiny) mem_gib=1 bench tiny 2 128 2 13 "" --profile ;;  # for a dry run of this script
     tinyllama) SEQ=64 TORCH_EXTRA="--llama --groups 2 --ffn 256 --vocab 50304" \
       MODEL_EXTRA=", ffn_hidden_size: 256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, group_query_attention: true, num_query_groups: 2, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
         mem_gib=1 bench tinyllama 2 128 4 13 2 --profile ;;  # a dry run of the Llama case
-    *) say "unknown model '$m' (124m | 350m | llama8b)"; status=1 ;;
+    tinyllama-fp8)  # a dry run of llama8b-fp8
+      for r in tensorwise blockwise; do
+        SEQ=64 NO_TORCH=1 LABEL="fp8 hybrid $r" BF16_OF=tinyllama TRAINING_EXTRA=", fp8_format: hybrid, fp8_recipe: $r" \
+        MODEL_EXTRA=", ffn_hidden_size: 256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, group_query_attention: true, num_query_groups: 2, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
+          mem_gib=1 bench "tinyllama-fp8-$r" 2 128 4 13 2
+      done ;;
+    *) say "unknown model '$m' (124m | 350m | llama8b | llama8b-fp8)"; status=1 ;;
   esac
 done
 say "done (status $status; logs in $OUT)"
