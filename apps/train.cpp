@@ -33,10 +33,6 @@ void reject_unimplemented(const Config& c) {
   auto no = [](const std::string& key, const std::string& what) {
     input_error(key + ": " + what + " is not implemented in this version of tptrain");
   };
-  // FP8 (docs/FP8.md): the dense layers' GEMM path with delayed, current and blockwise scaling is built (CPU
-  // emulation; cuBLASLt's FP8 GEMMs on CUDA); never train in bf16 while the config asks for an FP8 that is not
-  if (c.training.fp8_format != Fp8Format::None && c.model.is_moe())
-    no("training.fp8_format with model.num_moe_experts", "FP8 for the MoE layers' GEMMs");
 #ifndef TPTRAIN_HAVE_CUDA  // built with the CUDA toolkit, device: cuda is checked against the GPUs later
   if (c.training.device == Device::Cuda)
     input_error("training.device: cuda, but this tptrain was built without the CUDA backend (no CUDA toolkit at "

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/fp8.h"
 #include "model/gpt.h"
+#include "model/moe.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tpt {
@@ -23,6 +24,7 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     : ops_(ops), o_(options), gemms_(size_t(gemms)) {
   TPT_CHECK(gemms >= 1 && o_.history_len >= 1 && !(o_.delayed && o_.blockwise));
   for (int64_t g = 0; g < gemms; ++g) gemms_[size_t(g)].state_ = this, gemms_[size_t(g)].index_ = g;
+  groups_.assign(size_t(gemms), {o_.amax_groups[0], o_.amax_groups[1]});
   const int64_t caps[kTensors] = {f.inp, f.w, f.dout}, blocks[kTensors] = {f.inp_blocks, f.w_blocks, f.dout_blocks};
   for (int i = 0; i < kTensors; ++i) {
     cap_[i] = caps[i];
@@ -120,7 +122,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
     if (n[i]) ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), one, amax + i);
   float h[3 * kTensors];
   ops_.to_host(h, amax, kTensors);
-  fp8_amax_reduce(h, kTensors, o_.amax_groups, 2);  // every rank of a tensor's parts: the same amax
+  fp8_amax_reduce(h, kTensors, groups_[size_t(g)].data(), 2);  // every rank of a tensor's parts: the same amax
   for (int i = 0; i < kTensors; ++i) {
     // a tensor's own scale: an amax of 0 (or inf / nan) gives no information and keeps 1
     h[kTensors + i] = fp8_scale_from_amax(h[i], 1.0f, type(i), o_.margin);
@@ -190,15 +192,28 @@ Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
     return (rows + br - 1) / br * ((cols + bc - 1) / bc);
   };
   Fp8ScratchSizes f;
-  const int64_t gemms[kFp8GemmsPerLayer][2] = {{d.C, d.qkv_width}, {d.Cl, d.C}, {d.C, d.fc1_width}, {d.Fl, d.C}};  // (I, O)
-  for (const auto& [I, O] : gemms) {
-    f.inp = std::max(f.inp, N * I);
+  struct Gemm {
+    int64_t rows, I, O;
+  };
+  std::vector<Gemm> gemms = {{N, d.C, d.qkv_width}, {N, d.Cl, d.C}, {N, d.C, d.fc1_width}, {N, d.Fl, d.C}};
+  if (d.moe.any()) {  // a MoE layer's: the shared expert's on every token, an expert's on up to all its rows
+    const MoEDims& m = d.moe;
+    const int64_t rows = m.etp * moe_rows_bound(m, d.local_tokens(N));
+    gemms.push_back({rows, d.C, m.fc1_width});
+    gemms.push_back({rows, m.Fel, d.C});
+    if (m.Fs) {
+      gemms.push_back({N, d.C, m.shared_fc1_width});
+      gemms.push_back({N, m.Fsl, d.C});
+    }
+  }
+  for (const auto& [rows, I, O] : gemms) {
+    f.inp = std::max(f.inp, rows * I);
     f.w = std::max(f.w, O * I);
-    f.dout = std::max(f.dout, N * O);
+    f.dout = std::max(f.dout, rows * O);
     // blockwise: 1 x 128 for the forward / input gradient, 128 x 1 for the weight gradient
-    f.inp_blocks = std::max({f.inp_blocks, blocks(N, I, 1, kFp8Block), blocks(N, I, kFp8Block, 1)});
+    f.inp_blocks = std::max({f.inp_blocks, blocks(rows, I, 1, kFp8Block), blocks(rows, I, kFp8Block, 1)});
     f.w_blocks = std::max(f.w_blocks, blocks(O, I, kFp8Block, kFp8Block));
-    f.dout_blocks = std::max({f.dout_blocks, blocks(N, O, 1, kFp8Block), blocks(N, O, kFp8Block, 1)});
+    f.dout_blocks = std::max({f.dout_blocks, blocks(rows, O, 1, kFp8Block), blocks(rows, O, kFp8Block, 1)});
   }
   return f;
 }
@@ -206,13 +221,20 @@ Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
 int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t fp8_layers) {
   const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
   return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
-         4 * Fp8State::state_floats(o, f, kFp8GemmsPerLayer * fp8_layers);
+         4 * Fp8State::state_floats(o, f, fp8_gemms_per_layer(d) * fp8_layers);
 }
 
-std::string fp8_state_name(int64_t layer, int64_t gemm, const char* what) {
-  static const char* const kGemms[kFp8GemmsPerLayer] = {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"};
-  TPT_CHECK(gemm >= 0 && gemm < kFp8GemmsPerLayer);
-  return "h." + std::to_string(layer) + "." + kGemms[gemm] + ".fp8_" + what;
+std::vector<Fp8StateEntry> fp8_state_entries(bool moe_layer, int64_t experts, bool shared_expert) {
+  if (!moe_layer) return {{"attn.qkv", 0}, {"attn.proj", 1}, {"mlp.fc1", 2}, {"mlp.fc2", 3}};
+  std::vector<Fp8StateEntry> e = {{"attn.qkv", 0}, {"attn.proj", 1}};
+  if (shared_expert) e.insert(e.end(), {{"mlp.shared_experts.fc1", 2}, {"mlp.shared_experts.fc2", 3}});
+  e.push_back({"mlp.experts.fc1", kFp8GemmsPerLayer, experts});
+  e.push_back({"mlp.experts.fc2", kFp8GemmsPerLayer + experts, experts});
+  return e;
+}
+
+std::string fp8_state_name(int64_t layer, const std::string& gemm, const char* what) {
+  return "h." + std::to_string(layer) + "." + gemm + ".fp8_" + what;
 }
 
 bool is_fp8_state_name(const std::string& tensor) {

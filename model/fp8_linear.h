@@ -21,6 +21,7 @@
 // activation again for the weight gradient): the same values and scale give the same codes, so a split
 // backward (ZB-H1) and recompute give what one backward gives.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -97,6 +98,10 @@ class Fp8State {
   float* history(int64_t g) { return history_.data() + g * kTensors * o_.history_len; }
   void scales_loaded();
 
+  // Current scaling: GEMM g's amax reductions instead of the options' (a MoE expert's: its expert-TP
+  // group; every rank of a group must quantize the same GEMMs in the same order).
+  void set_amax_groups(int64_t g, Comm* a, Comm* b) { groups_.at(size_t(g)) = {a, b}; }
+
   // The scales (host copies) of the last quantization of each input of a GEMM (tests).
   const float* last_scales(int64_t g) const { return last_scale_.data() + g * kTensors; }
 
@@ -120,6 +125,7 @@ class Fp8State {
   int64_t cap_[kTensors] = {}, block_cap_[kTensors] = {};
   float* state_ = nullptr;  // on the device, state_floats
   std::vector<float> scale_, history_, last_scale_;  // host
+  std::vector<std::array<Comm*, 2>> groups_;          // each GEMM's amax reductions (current scaling)
 };
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.

@@ -184,7 +184,13 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     fp8_end_ = std::max(fp8_begin_, std::min(d.layer_end, opt_.fp8_layer_end));
     if (fp8_end_ > fp8_begin_) {
       const Fp8ScratchSizes f = fp8_scratch_sizes(d, B_);
-      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f, kFp8GemmsPerLayer * (fp8_end_ - fp8_begin_));
+      const int64_t G = fp8_gemms_per_layer(d);
+      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f, G * (fp8_end_ - fp8_begin_));
+      // current scaling: an expert's GEMM inputs are its rows on this rank, parts of one tensor only over
+      // its expert-TP group (EP, DP and CP ranks quantize other rows, of other experts too)
+      Comm* etp = d.moe.etp > 1 ? opt_.fp8_options.amax_groups[0] : nullptr;
+      for (int64_t l = fp8_begin_; l < fp8_end_; ++l)
+        for (int64_t s = kFp8GemmsPerLayer; s < G; ++s) fp8_->set_amax_groups((l - fp8_begin_) * G + s, etp, nullptr);
     }
   }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
@@ -273,9 +279,11 @@ MoEParams<Buf> GPTStage::moe_grads(int64_t layer) const {
 }
 
 // The TP mappings around an MoE layer's shared expert: the dense MLP's (its scratch: tmp_ for the
-// gathered tokens and gradients, dln_ for the reduce-scattered output)
-MoETPMappings GPTStage::moe_mappings() {
+// gathered tokens and gradients, dln_ for the reduce-scattered output); in an FP8 layer its GEMMs' FP8
+// state (the shared expert's and the experts' slots)
+MoETPMappings GPTStage::moe_mappings(int64_t layer) {
   MoETPMappings m;
+  if (fp8_slot(layer, 0)) m.fp8 = [this, layer](int64_t slot) { return fp8_slot(layer, slot); };
   m.N = B_ * d_.S;
   m.bias_in_gemm = row_bias_in_gemm();
   m.gather_tokens = [this](CBuf x) { return gather_tokens(x, tmp_); };
@@ -384,10 +392,15 @@ BlockShape GPTStage::block_shape(const int32_t* positions) const {
 
 // Every tensor is stored in the compute dtype by the op that writes it (rounded once).
 Fp8Linear* GPTStage::fp8_for(int64_t layer, DensePart part) const {
-  if (!fp8_ || layer < fp8_begin_ || layer >= fp8_end_) return nullptr;
-  const int64_t i = part == kQkv ? 0 : part == kProj ? 1 : part == kFc1 ? 2 : 3;  // fp8_state_name's order
   TPT_CHECK(part == kQkv || part == kProj || part == kFc1 || part == kFc2);
-  return fp8_->gemm((layer - fp8_begin_) * kFp8GemmsPerLayer + i);
+  return fp8_slot(layer, part == kQkv ? 0 : part == kProj ? 1 : part == kFc1 ? 2 : 3);  // fp8_state_entries' slots
+}
+
+Fp8Linear* GPTStage::fp8_slot(int64_t layer, int64_t slot) const {
+  if (!fp8_ || layer < fp8_begin_ || layer >= fp8_end_) return nullptr;
+  const int64_t G = fp8_gemms_per_layer(d_);
+  TPT_CHECK(slot >= 0 && slot < G);
+  return fp8_->gemm((layer - fp8_begin_) * G + slot);
 }
 
 void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, const int32_t* positions) {
@@ -400,7 +413,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   for (DensePart p : {kQkv, kProj, kFc1, kFc2}) tp.fp8[p] = fp8_for(layer, p);
   if (d_.moe.is_moe(layer))  // the MoE MLP on this rank's tokens (x_out holds y until the residual add)
     tp.mlp = [&](CBuf ln2) {
-      moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(), recording_);
+      moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(layer), recording_);
       return CBuf(x_out);
     };
   ::tpt::block_forward(ops_, block_params(layout_, d_.spec(layer), params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
@@ -479,7 +492,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   };
   CBuf dln2;  // (Nt, C)
   if (d.moe.is_moe(layer)) {  // the MoE MLP: its whole backward here (also in a split backward's B)
-    dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings());
+    dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings(layer));
   } else {
     // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
     const Buf dfc = split ? stash->dy[kFc1] : dfc_;

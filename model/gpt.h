@@ -174,11 +174,22 @@ int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // them and its scales (delayed: of the chunk's fp8_layers FP8 layers' GEMMs; plan/memory.cpp counts
 // them in the workspace).
 Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B);  // (model/fp8_linear.h)
-constexpr int64_t kFp8GemmsPerLayer = 4;  // attn.qkv, attn.proj, mlp.fc1, mlp.fc2
+// A layer's FP8 GEMM slots in its stage's Fp8State: 0 attn.qkv, 1 attn.proj, 2 mlp.fc1, 3 mlp.fc2 (in a
+// MoE layer the shared expert's fc1 and fc2, unused without one) and, in a model with MoE layers, each
+// routed expert's fc1 (4 + e) and fc2 (4 + E + e), e the global expert (unused in its dense layers).
+constexpr int64_t kFp8GemmsPerLayer = 4;
+inline int64_t fp8_gemms_per_layer(const GPTDims& d) { return kFp8GemmsPerLayer + (d.moe.any() ? 2 * d.moe.E : 0); }
 int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t fp8_layers);
-// Delayed scaling's state in checkpoints: "h.<layer>.<attn.qkv | attn.proj | mlp.fc1 | mlp.fc2>.fp8_<what>"
-// for GEMM 0..3 of a layer (what: scale [3], amax_history [3, history_len]; inputs, weights, output gradients).
-std::string fp8_state_name(int64_t layer, int64_t gemm, const char* what);
+// Delayed scaling's state in checkpoints: "h.<layer>.<gemm>.fp8_<what>" (what: scale [3], amax_history
+// [3, history_len]: inputs, weights, output gradients) for each GEMM of fp8_state_entries: the dense
+// ones attn.qkv, attn.proj, mlp.fc1, mlp.fc2 (a MoE layer: mlp.shared_experts.fc1 / fc2 with a shared
+// expert) one slot each, and a MoE layer's mlp.experts.fc1 / fc2 E slots each ([E, 3], [E, 3, len]).
+struct Fp8StateEntry {
+  std::string gemm;
+  int64_t slot = 0, count = 1;  // its first slot in the layer's and how many
+};
+std::vector<Fp8StateEntry> fp8_state_entries(bool moe_layer, int64_t experts, bool shared_expert);
+std::string fp8_state_name(int64_t layer, const std::string& gemm, const char* what);
 bool is_fp8_state_name(const std::string& tensor);  // one of those (optional in a checkpoint)
 // Bytes that StageOptions::split_backward adds per slot (on top of activation_bytes_per_microbatch,
 // whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
@@ -259,8 +270,8 @@ class GPTStage {
     if (moe_) moe_->set_loss_scale(s);
   }
   MoEMLP* moe() const { return moe_.get(); }
-  // FP8 training: the scaling state of the stage's FP8 layers' GEMMs (null: none); GEMM g is
-  // fp8_state_name(fp8_first_layer() + g / 4, g % 4)'s
+  // FP8 training: the scaling state of the stage's FP8 layers' GEMMs (null: none); GEMM g is slot
+  // g % fp8_gemms_per_layer(d) of layer fp8_first_layer() + g / fp8_gemms_per_layer(d)
   Fp8State* fp8_state() const { return fp8_.get(); }
   int64_t fp8_first_layer() const { return fp8_begin_; }
 
@@ -345,13 +356,14 @@ class GPTStage {
   bool recording_ = true;  // false while full recompute reruns a layer's forward
   MoEParams<CBuf> moe_params(int64_t layer) const;
   MoEParams<Buf> moe_grads(int64_t layer) const;
-  MoETPMappings moe_mappings();
+  MoETPMappings moe_mappings(int64_t layer);
   std::vector<void*> owned_;
   // FP8 training: the linear GEMMs' quantization (null without it) of this stage's FP8 layers
   // [fp8_begin_, fp8_end_), and one GEMM of a layer (null: bf16)
   std::unique_ptr<Fp8State> fp8_;
   int64_t fp8_begin_ = 0, fp8_end_ = 0;
   Fp8Linear* fp8_for(int64_t layer, DensePart part) const;
+  Fp8Linear* fp8_slot(int64_t layer, int64_t slot) const;  // slot of fp8_gemms_per_layer (null: bf16)
   Buf alloc(int64_t n);    // n elements of the compute dtype
   float* alloc_f32(int64_t n);
 };

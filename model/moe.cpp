@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/fp8_linear.h"
 #include "model/gpt.h"
 #include "model/stage_bytes.h"
 #include "parallel/comm.h"
@@ -123,8 +124,16 @@ MoESendOrder moe_send_order(const Routing& r, int64_t E) {
   return o;
 }
 
+namespace {
+// local expert e's fc1 (second: fc2) in FP8, or null
+Fp8Linear* expert_fp8(const std::function<Fp8Linear*(int64_t)>& fp8, const MoEDims& m, int64_t e, bool fc2) {
+  return fp8 ? fp8(kFp8GemmsPerLayer + (fc2 ? m.E : 0) + m.expert_begin + e) : nullptr;
+}
+Fp8Linear* shared_fp8(const MoETPMappings& tp, bool fc2) { return tp.fp8 ? tp.fp8(fc2 ? 3 : 2) : nullptr; }
+}  // namespace
+
 void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, const std::vector<int64_t>& rows,
-                         CBuf xin, Buf fc1, Buf act, Buf out) {
+                         CBuf xin, Buf fc1, Buf act, Buf out, const std::function<Fp8Linear*(int64_t)>& fp8) {
   const MoEDims& m = d.moe;
   const int64_t C = d.C;
   int64_t off = 0;
@@ -132,9 +141,9 @@ void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, c
     const int64_t n = rows[size_t(e)];
     if (n == 0) continue;
     d.mlp.forward(ops, act + off * m.Fel, fc1 + off * m.fc1_width, xin + off * C, w.fc1 + e * m.fc1_width * C,
-                  w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fel);
-    ops.linear_forward(out + off * C, act + off * m.Fel, w.fc2 + e * C * m.Fel, w.fc2_bias ? w.fc2_bias + e * C : CBuf{},
-                       n, m.Fel, C);
+                  w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fel, expert_fp8(fp8, m, e, false));
+    linear_forward(ops, expert_fp8(fp8, m, e, true), out + off * C, act + off * m.Fel, w.fc2 + e * C * m.Fel,
+                   w.fc2_bias ? w.fc2_bias + e * C : CBuf{}, n, m.Fel, C);
     off += n;
   }
 }
@@ -523,7 +532,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   MoEParams<CBuf> ws = w;
   if (m.etp_rank != 0) ws.fc2_bias = CBuf{};
   const Buf out = (m.ep == 1 || ag) && !etp ? s.ret : bufB_;
-  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, s.act, out);
+  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, s.act, out, tp.fp8);
   const Buf own = etp ? tp_reduce(s, out) : out;  // this rank's rows, expert-major
   if (ag) {
     // the group's tokens' weighted sums of this rank's experts' rows, summed over EP to their ranks
@@ -549,8 +558,10 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
 void MoEMLP::shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp) {
   const MoEDims& m = d_.moe;
   const int64_t T = Nt_, C = d_.C, N = tp.N;
-  d_.mlp.forward(ops_, s.sh_act, s.sh_fc1, tp.gather_tokens(x), w.shared_fc1, w.shared_fc1_bias, N, C, m.Fsl);
-  ops_.linear_forward(sh_part_, s.sh_act, w.shared_fc2, tp.bias_in_gemm ? w.shared_fc2_bias : CBuf{}, N, m.Fsl, C);
+  d_.mlp.forward(ops_, s.sh_act, s.sh_fc1, tp.gather_tokens(x), w.shared_fc1, w.shared_fc1_bias, N, C, m.Fsl,
+                 shared_fp8(tp, false));
+  linear_forward(ops_, shared_fp8(tp, true), sh_part_, s.sh_act, w.shared_fc2,
+                 tp.bias_in_gemm ? w.shared_fc2_bias : CBuf{}, N, m.Fsl, C);
   ops_.copy(s.sh_y, tp.row_parallel_output(sh_part_, w.shared_fc2_bias), T * C);
   if (!m.shared_gate) return ops_.accumulate(y, s.sh_y, T * C);
   ops_.linear_forward(gate_logit_, x, w.gate, nullptr, T, C, 1);
@@ -579,9 +590,10 @@ void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEP
     dys = sh_dy_;
   }
   const auto [dout, dbias] = tp.row_parallel_output_grad(dys, g.shared_fc2_bias);
-  d_.mlp.backward(ops_, sh_dfc_, sh_dact_, g.shared_fc2, dbias, dout, s.sh_act, w.shared_fc2, s.sh_fc1, N, m.Fsl, C);
-  ops_.linear_backward(sh_part_, g.shared_fc1, g.shared_fc1_bias, sh_dfc_, tp.gather_tokens(x), w.shared_fc1, N, C,
-                       m.shared_fc1_width, false);
+  d_.mlp.backward(ops_, sh_dfc_, sh_dact_, g.shared_fc2, dbias, dout, s.sh_act, w.shared_fc2, s.sh_fc1, N, m.Fsl, C,
+                  shared_fp8(tp, true));
+  linear_backward(ops_, shared_fp8(tp, false), sh_part_, g.shared_fc1, g.shared_fc1_bias, sh_dfc_,
+                  tp.gather_tokens(x), w.shared_fc1, N, C, m.shared_fc1_width, false);
   ops_.accumulate(dx_, tp.input_grad_to_tokens(sh_part_), T * C);
 }
 
@@ -641,9 +653,10 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
     if (n == 0) continue;
     d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fel, g.fc2 + e * C * m.Fel,
                     fc2_bias ? fc2_bias + e * C : Buf{}, dout + off * C, s.act + off * m.Fel,
-                    w.fc2 + e * C * m.Fel, s.fc1 + off * m.fc1_width, n, m.Fel, C);
-    ops_.linear_backward(dxin + off * C, g.fc1 + e * m.fc1_width * C, g.fc1_bias ? g.fc1_bias + e * m.fc1_width : Buf{},
-                         dfc_ + off * m.fc1_width, s.xin + off * C, w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
+                    w.fc2 + e * C * m.Fel, s.fc1 + off * m.fc1_width, n, m.Fel, C, expert_fp8(tp.fp8, m, e, true));
+    linear_backward(ops_, expert_fp8(tp.fp8, m, e, false), dxin + off * C, g.fc1 + e * m.fc1_width * C,
+                    g.fc1_bias ? g.fc1_bias + e * m.fc1_width : Buf{}, dfc_ + off * m.fc1_width, s.xin + off * C,
+                    w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
     off += n;
   }
   Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1

@@ -18,6 +18,7 @@
 namespace tpt {
 
 class Comm;
+class Fp8Linear;
 struct GPTDims;
 
 // A stage's MoE sizes (GPTDims::moe), from the config and the rank's EP coordinate.
@@ -77,6 +78,9 @@ struct MoETPMappings {
   std::function<CBuf(Buf dfull)> input_grad_to_tokens;  // (N, C) partial d input -> (Nt, C)
   bool bias_in_gemm = true;
   int64_t N = 0;
+  // FP8 layers (model/fp8_linear.h): the GEMM of a slot of the layer (model/gpt.h fp8_gemms_per_layer:
+  // 2, 3 the shared expert's fc1, fc2; 4 + e, 4 + E + e global expert e's); empty: bf16
+  std::function<Fp8Linear*(int64_t slot)> fp8;
 };
 
 // The send order of one layer's routing (r.T tokens, k choices each): the assignments listed by
@@ -94,9 +98,11 @@ MoESendOrder moe_send_order(const Routing& r, int64_t E);
 
 // The experts' forward on expert-major rows: expert e (of w's rows.size() experts) takes the next
 // rows[e] rows of xin (R, C) and writes fc1 (R, fc1_width) with its activation act (R, Fe) and its
-// output out (R, C) there, in one GEMM pair (d.mlp's fc1 + activation, fc2) per expert with rows.
+// output out (R, C) there, in one GEMM pair (d.mlp's fc1 + activation, fc2) per expert with rows;
+// through FP8 where fp8 gives them (MoETPMappings::fp8's slots; the local experts are d.moe.expert_begin ...).
 void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, const std::vector<int64_t>& rows,
-                         CBuf xin, Buf fc1, Buf act, Buf out);
+                         CBuf xin, Buf fc1, Buf act, Buf out,
+                         const std::function<Fp8Linear*(int64_t slot)>& fp8 = {});
 
 // What the balancing losses and the routing looked like over the micro-batches since the last take.
 struct MoEStats {

@@ -277,9 +277,13 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     for (DType t : {st.exp_avg, st.exp_avg_sq, st.master})
       if (t == DType::F16) m.checkpoint_staging_bytes += int64_t(layout.params.size()) * 4;
     if (cfg.training.fp8_format != Fp8Format::None && cfg.training.fp8_recipe == Fp8Recipe::Delayed)
-      for (const GPTDims& d : chunks)  // each FP8 GEMM's 3 scales and 3 x history_len amaxes
-        m.checkpoint_staging_bytes +=
-            fp8_layers(cfg, d) * kFp8GemmsPerLayer * 3 * (1 + cfg.training.fp8_amax_history_len) * 4;
+      for (const GPTDims& d : chunks) {  // each FP8 GEMM's 3 scales and 3 x history_len amaxes
+        const auto [begin, end] = cfg.training.fp8_layer_range(cfg.model.num_layers);
+        for (int64_t l = std::max(begin, d.layer_begin); l < std::min(end, d.layer_end); ++l)
+          for (const Fp8StateEntry& e : fp8_state_entries(cfg.model.is_moe_layer(l), cfg.model.num_moe_experts,
+                                                          cfg.model.moe_shared_expert_intermediate_size > 0))
+            m.checkpoint_staging_bytes += e.count * 3 * (1 + cfg.training.fp8_amax_history_len) * 4;
+      }
   }
   if (gpu_backend) {
     const int64_t tensors = int64_t(layout.params.size());

@@ -2,7 +2,9 @@
 // FP8 GEMM input of this rank's chunks, reduced (max) over TP x DP x CP -- the ranks that hold parts of
 // a layer's tensors (TP, CP) or quantize other micro-batches of the same step (DP) -- then each chunk's
 // Fp8State::update; and the scales and amax histories in checkpoints, saved like the MoE expert biases
-// (one copy per stage: TP rank 0, DP x CP rank 0) and optional on load.
+// (one copy per stage: TP rank 0, DP x CP rank 0) and optional on load. A MoE layer's experts: every rank
+// holds every expert's state (the ranks without an expert record amax 0, so the reduction gives each its
+// owners' amax), saved as one [E, ...] tensor per fc.
 #include <spdlog/spdlog.h>
 
 #include "parallel/tensor_parallel.h"
@@ -34,13 +36,9 @@ void Trainer::fp8_update() {
 }
 
 namespace {
-// for each GEMM of a chunk: its scales and its amax histories
-template <class F>
-void for_each_fp8_gemm(const std::vector<std::unique_ptr<GPTStage>>& stages, F&& f) {
-  for (const auto& stage : stages)
-    if (Fp8State* s = stage->fp8_state())
-      for (int64_t g = 0; g < s->gemms(); ++g)
-        f(*s, g, stage->fp8_first_layer() + g / kFp8GemmsPerLayer, g % kFp8GemmsPerLayer);
+// The checkpoint's delayed-scaling entries of layer l (model/gpt.h fp8_state_entries).
+std::vector<Fp8StateEntry> entries(const ModelConfig& m, int64_t l) {
+  return fp8_state_entries(m.is_moe_layer(l), m.num_moe_experts, m.moe_shared_expert_intermediate_size > 0);
 }
 }  // namespace
 
@@ -48,20 +46,32 @@ std::vector<CkptTensor> Trainer::fp8_state_tensors() {
   std::vector<CkptTensor> out;
   if (!fp8_delayed()) return out;
   const int64_t T = Fp8State::kTensors, len = cfg_.training.fp8_amax_history_len;
-  for_each_fp8_gemm(stages_, [&](Fp8State& s, int64_t g, int64_t layer, int64_t gemm) {
-    CkptTensor scale;
-    scale.name = fp8_state_name(layer, gemm, "scale");
-    scale.global_shape = scale.box_size = scale.local_shape = {T};
-    scale.box_offset = {0};
-    scale.data = s.scales(g);
-    CkptTensor history = scale;
-    history.name = fp8_state_name(layer, gemm, "amax_history");
-    history.global_shape = history.box_size = history.local_shape = {T, len};
-    history.box_offset = {0, 0};
-    history.data = s.history(g);
-    out.push_back(std::move(scale));
-    out.push_back(std::move(history));
-  });
+  const int64_t G = kFp8GemmsPerLayer + (cfg_.model.is_moe() ? 2 * int64_t(cfg_.model.num_moe_experts) : 0);
+  for (const auto& stage : stages_) {
+    Fp8State* s = stage->fp8_state();
+    if (!s) continue;
+    for (int64_t i = 0; i < s->gemms() / G; ++i) {
+      const int64_t layer = stage->fp8_first_layer() + i;
+      for (const Fp8StateEntry& e : entries(cfg_.model, layer)) {  // [3] one GEMM's, [E, 3] the experts'
+        const std::vector<int64_t> lead = e.count > 1 ? std::vector<int64_t>{e.count} : std::vector<int64_t>{};
+        CkptTensor scale;
+        scale.name = fp8_state_name(layer, e.gemm, "scale");
+        scale.global_shape = lead;
+        scale.global_shape.push_back(T);
+        scale.box_size = scale.local_shape = scale.global_shape;
+        scale.box_offset.assign(scale.global_shape.size(), 0);
+        scale.data = s->scales(i * G + e.slot);
+        CkptTensor history = scale;
+        history.name = fp8_state_name(layer, e.gemm, "amax_history");
+        history.global_shape.push_back(len);
+        history.box_size = history.local_shape = history.global_shape;
+        history.box_offset.assign(history.global_shape.size(), 0);
+        history.data = s->history(i * G + e.slot);
+        out.push_back(std::move(scale));
+        out.push_back(std::move(history));
+      }
+    }
+  }
   return out;
 }
 
@@ -86,9 +96,12 @@ std::vector<GlobalTensor> Trainer::fp8_state_model() const {
   const TrainingConfig& t = cfg_.training;
   const auto [begin, end] = t.fp8_layer_range(cfg_.model.num_layers);
   for (int64_t l = begin; l < end; ++l)
-    for (int64_t g = 0; g < kFp8GemmsPerLayer; ++g) {
-      out.push_back({fp8_state_name(l, g, "scale"), {Fp8State::kTensors}});
-      out.push_back({fp8_state_name(l, g, "amax_history"), {Fp8State::kTensors, t.fp8_amax_history_len}});
+    for (const Fp8StateEntry& e : entries(cfg_.model, l)) {
+      std::vector<int64_t> shape = e.count > 1 ? std::vector<int64_t>{e.count} : std::vector<int64_t>{};
+      shape.push_back(Fp8State::kTensors);
+      out.push_back({fp8_state_name(l, e.gemm, "scale"), shape});
+      shape.push_back(t.fp8_amax_history_len);
+      out.push_back({fp8_state_name(l, e.gemm, "amax_history"), shape});
     }
   return out;
 }

@@ -78,10 +78,15 @@ void Trainer::log_setup() {
         : t.fp8_recipe == Fp8Recipe::Blockwise
             ? std::string("blockwise (a power-of-two scale per 1 x 128 block of activations and gradients, per 128 x 128 "
                           "block of weights)")
-            : std::string("tensorwise (current scaling: each GEMM input's own amax, maximum over TP x CP)");
-    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}, weight gradients {}",
+            : std::string(cfg_.model.is_moe() ? "tensorwise (current scaling: each GEMM input's own amax, maximum over "
+                                                "TP x CP; a MoE expert's over its rows on the rank and expert TP)"
+                                              : "tensorwise (current scaling: each GEMM input's own amax, maximum over "
+                                                "TP x CP)");
+    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}",
                  name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",
                  recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
+                 cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
+                                       "unquantized)" : "",
                  t.fp8_wgrad ? "from FP8 inputs" : "in bf16 (fp8_wgrad: false)");
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain

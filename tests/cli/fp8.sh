@@ -2,9 +2,8 @@
 # FP8 (docs/FP8.md):
 #  - the committed quantization reference tests/reference/fp8_ref.txt (which tests/unit/fp8_test.cpp
 #    compares core/fp8.h with, bitwise) is what tests/reference/fp8_ref.py writes;
-#  - the training.fp8_* keys' bad combinations exit 2 naming the keys, and what is not built (the
-#    blockwise recipe, the CUDA backend, MoE layers) is refused at start-up (exit 2) rather than run in
-#    bf16;
+#  - the training.fp8_* keys' bad combinations exit 2 naming the keys (FP8 in MoE layers:
+#    tests/cli/fp8_moe.sh);
 #  - FP8 training with current scaling (fp8_recipe: tensorwise) against the emulated-FP8 PyTorch
 #    reference (tests/reference/gpt_ref.py + fp8_train_ref.py), per-step losses over 20 steps:
 #    (a) GPT, hybrid, margin 0: within 5e-3. The bound is bf16's, not FP8's: the reference computes in
@@ -40,7 +39,6 @@ else
 fi
 
 BASE="$TPTRAIN_SRC/tests/cli/bad_configs/base_valid.yaml"
-F8=(--set training.precision=bf16 --set training.fp8_format=hybrid)
 expect_exit2 fp8_fp32 "training.fp8_format: FP8 training needs training.precision: bf16" \
   timeout 20 "$TPTRAIN" --config "$BASE" --set training.fp8_format=e4m3
 expect_exit2 fp8_fp16 "got fp16" \
@@ -50,10 +48,6 @@ expect_exit2 fp8_recipe "training.fp8_recipe: unknown value 'current' (allowed: 
 expect_exit2 fp8_blockwise "training.fp8_recipe: blockwise scaling" \
   timeout 20 "$TPTRAIN" --config "$BASE" --set training.precision=bf16 --set training.fp8_format=e4m3 \
   --set training.fp8_recipe=blockwise
-# not built yet: refused, never trained in bf16
-expect_exit2 fp8_moe_refused "training.fp8_format with model.num_moe_experts: FP8 for the MoE layers' GEMMs" \
-  timeout 20 "$TPTRAIN" --config "$BASE" "${F8[@]}" --set training.fp8_recipe=tensorwise --set model.num_moe_experts=4 \
-  --set model.moe_router_topk=2
 
 # ---- training against the emulated-FP8 reference
 if ! "$PY" -c "import torch, numpy, yaml" 2>/dev/null; then
@@ -75,37 +69,8 @@ TW=(--set training.fp8_recipe=tensorwise)
 LLAMA=(--set model.normalization=RMSNorm --set model.swiglu=true --set model.ffn_hidden_size=128 --set model.position_embedding_type=rope
        --set model.group_query_attention=true --set model.num_query_groups=2
        --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false)
-tpt() {  # name np args...: tptrain's metrics in $W/name.jsonl
-  local name=$1 np=$2; shift 2
-  local launch=()
-  [ "$np" -gt 1 ] && launch=(mpirun -np "$np")
-  timeout 300 "${launch[@]}" "$TPTRAIN" --config "$W/cfg.yaml" --set logging.metrics_file="$W/$name.jsonl" "$@" \
-    > "$W/$name.log" 2>&1 || { echo "  ($name: tptrain failed)"; tail -5 "$W/$name.log"; return 1; }
-}
-ref() {  # name args...: the reference's metrics in $W/name.jsonl
-  local name=$1; shift
-  timeout 300 "$PY" "$REF/gpt_ref.py" --config "$W/cfg.yaml" --out "$W/$name.jsonl" "$@" > "$W/$name.log" 2>&1 \
-    || { echo "  ($name: the reference failed)"; tail -5 "$W/$name.log"; return 1; }
-}
-# within A B TOL [FAR BTOL]: max |loss A - loss B| over the steps <= TOL; with FAR, max |loss FAR - loss B| > BTOL
-within() {
-  "$PY" - "$W/$1.jsonl" "$W/$2.jsonl" "$3" "${4:+$W/$4.jsonl}" "${5:-0}" <<'PYEOF'
-import json, os, sys
-load = lambda p: [json.loads(l)["lm_loss"] for l in open(p)]
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert len(a) == len(b) >= int(os.environ.get("MIN_STEPS", 20)), (len(a), len(b))
-d = max(abs(x - y) for x, y in zip(a, b))
-name = lambda p: p.rsplit("/", 1)[-1][:-len(".jsonl")]
-msg = f"  max |loss {name(sys.argv[1])} - loss {name(sys.argv[2])}| = {d:.2e} over {len(a)} steps (bound {float(sys.argv[3]):.0e})"
-good = d <= float(sys.argv[3])
-if sys.argv[4]:
-    far = max(abs(x - y) for x, y in zip(load(sys.argv[4]), b))
-    msg += f"; without FP8 {far:.2e} (must be > {float(sys.argv[5]):.0e})"
-    good = good and far > float(sys.argv[5])
-print(msg)
-sys.exit(0 if good else 1)
-PYEOF
-}
+source "$TPTRAIN_SRC/tests/cli/fp8_lib.sh"
+export MIN_STEPS=20  # every comparison over the 20 steps (10 for the blockwise width below)
 
 F8H=(--set training.fp8_format=hybrid "${TW[@]}")
 tpt a_tpt 1 "${F8H[@]}" && ref a_ref "${F8H[@]}"

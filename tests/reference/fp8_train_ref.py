@@ -11,6 +11,10 @@ call and tensor:
   weight: what tptrain's amax reduction over TP and CP makes of its parts),
   scale = (fp8_max / amax) / 2^margin in fp32 (FLT_MAX if that overflows; amax 0 / inf / nan: 1),
   x is read as decode(q(fp32(x * scale))) * fp32(1 / scale) (fp32 products).
+MoE layers (moe_ref.MoEMLP): attn.qkv and attn.proj as above; the shared expert's fc1 and fc2 as a dense
+MLP's (every token of the micro-batch); each routed expert's fc1 and fc2 per micro-batch on that
+expert's rows (token order; an expert without rows quantizes nothing), with its own delayed-scaling
+state per expert and GEMM; the router and the shared expert's gate stay unquantized.
 The GEMMs of attn.qkv, attn.proj, mlp.fc1 and mlp.fc2 of the FP8 layers:
   forward  y  = dq(x) @ dq(W)^T + b
   backward dx = dq(dy) @ dq(W),  dW = dq(dy)^T @ dq(x) (fp8_wgrad: false -> dy^T @ x),  db = sum dy
@@ -207,18 +211,37 @@ def enable_fp8(model, t):
     begin, end = 0, L
     if t["first_last_layers_bf16"]:
         begin, end = t["num_layers_at_start_in_bf16"], L - t["num_layers_at_end_in_bf16"]
+    def gemm_opts():  # one GEMM's options (delayed: its inputs' own states)
+        o = dict(opts)
+        if t["fp8_recipe"] == "delayed":
+            o["states"] = tuple(DelayedScale(f, t["fp8_margin"], t["fp8_amax_history_len"],
+                                             t["fp8_amax_compute_algo"] == "max")
+                                for f in ("e4m3", "e4m3", dy_format))
+            model.fp8_states.extend(o["states"])
+        return o
+
     for i in range(begin, end):
         blk = model.h[i]
-        mods = [blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
+        mods = [blk.attn.qkv, blk.attn.proj]
+        experts = getattr(blk.mlp, "experts", None)  # a MoE layer (moe_ref.MoEMLP)
+        if experts is None:
+            mods += [blk.mlp.fc1, blk.mlp.fc2]
+        elif hasattr(blk.mlp, "shared_experts"):
+            mods += [blk.mlp.shared_experts.fc1, blk.mlp.shared_experts.fc2]
         for lin in mods:
-            o = dict(opts)
-            if t["fp8_recipe"] == "delayed":
-                o["states"] = tuple(DelayedScale(f, t["fp8_margin"], t["fp8_amax_history_len"],
-                                                 t["fp8_amax_compute_algo"] == "max")
-                                    for f in ("e4m3", "e4m3", dy_format))
-                model.fp8_states.extend(o["states"])
-            lin.forward = _fp8_forward(lin, o)
+            lin.forward = _fp8_forward(lin, gemm_opts())
+        if experts is not None:
+            for lin in (experts.fc1, experts.fc2):
+                lin.apply_one = _fp8_apply_one(lin, [gemm_opts() for _ in range(lin.weight.shape[0])])
     return list(range(begin, end))
+
+
+def _fp8_apply_one(stacked, opts):
+    """A MoE layer's stacked expert maps (moe_ref._Linear3): expert e's GEMM in FP8 with opts[e]."""
+    def apply_one(e, x):
+        fn = Fp8BlockLinearFn if opts[e].get("blockwise") else Fp8LinearFn
+        return fn.apply(x, stacked.weight[e], stacked.bias[e] if hasattr(stacked, "bias") else None, opts[e])
+    return apply_one
 
 
 def end_step(model):

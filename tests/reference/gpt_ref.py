@@ -303,8 +303,6 @@ def _check_and_resolve(cfg):
             raise RefError(f"training.fp8_format must be null|e4m3|hybrid, got {t['fp8_format']!r}")
         if t["fp8_recipe"] not in ("tensorwise", "delayed", "blockwise"):
             raise RefError(f"training.fp8_recipe must be delayed|tensorwise|blockwise, got {t['fp8_recipe']!r}")
-        if m.get("num_moe_experts"):
-            raise RefError("the reference emulates FP8 for dense layers only (model.num_moe_experts)")
     if t["recompute"] not in ("none", "selective", "full"):
         raise RefError(f"training.recompute must be none|selective|full, got {t['recompute']!r}")
     if o["lr_decay_style"] not in ("cosine", "linear", "constant"):
