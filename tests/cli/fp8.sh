@@ -27,6 +27,7 @@
 #    scaling (fp8_recipe: blockwise), (g)-(h) and its layouts.
 set -u
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
+source "$TPTRAIN_SRC/tests/cli/fp8_lib.sh"
 cd "$W" || exit 1
 REF=$TPTRAIN_SRC/tests/reference
 
@@ -50,26 +51,11 @@ expect_exit2 fp8_blockwise "training.fp8_recipe: blockwise scaling" \
   --set training.fp8_recipe=blockwise
 
 # ---- training against the emulated-FP8 reference
-if ! "$PY" -c "import torch, numpy, yaml" 2>/dev/null; then
-  echo "SKIPPED: FP8 training parity: no torch / numpy / yaml for $PY"
-  finish
-  exit
-fi
-"$PY" "$REF/make_tokens.py" --vocab 97 --tokens 30000 --docs 20 --seed 5 --megatron "$W/data" >/dev/null 2>&1
-cat > "$W/cfg.yaml" <<YAML
-model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97,
-        make_vocab_size_divisible_by: 8}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 20, cpu_threads: 1, seed: 11, precision: bf16}
-optimizer: {lr: 2.0e-3, min_lr: 2.0e-4, lr_warmup_iters: 3, lr_decay_style: cosine, weight_decay: 0.1, clip_grad: 1.0,
-            adam_beta1: 0.9, adam_beta2: 0.95, adam_eps: 1.0e-8}
-data: {path: $W/data, shuffle: false, split: [100, 0, 0], eval_iters: 0}
-logging: {log_interval: 1}
-YAML
+fp8_setup "FP8 training parity"
 TW=(--set training.fp8_recipe=tensorwise)
 LLAMA=(--set model.normalization=RMSNorm --set model.swiglu=true --set model.ffn_hidden_size=128 --set model.position_embedding_type=rope
        --set model.group_query_attention=true --set model.num_query_groups=2
        --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false)
-source "$TPTRAIN_SRC/tests/cli/fp8_lib.sh"
 export MIN_STEPS=20  # every comparison over the 20 steps (10 for the blockwise width below)
 
 F8H=(--set training.fp8_format=hybrid "${TW[@]}")

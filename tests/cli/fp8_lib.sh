@@ -1,5 +1,27 @@
-# Sourced by the FP8 training tests (tests/cli/fp8.sh, fp8_moe.sh) after lib.sh: tptrain and the
-# emulated-FP8 reference on the config $CFG (default $W/cfg.yaml), and the comparison of their losses.
+# Sourced by the FP8 training tests (tests/cli/fp8.sh, fp8_moe.sh) after lib.sh: their data and
+# config, tptrain and the emulated-FP8 reference on the config $CFG (default $W/cfg.yaml), and the
+# comparison of their losses.
+
+# fp8_setup WHAT [MODEL_KEYS]: ends the test (skipped) without torch / numpy / yaml; else the tokens in
+# $W/data and $W/cfg.yaml: GPT, 4 layers of hidden 64, bf16, 20 steps (MODEL_KEYS: ", key: value" more)
+fp8_setup() {
+  if ! "$PY" -c "import torch, numpy, yaml" 2>/dev/null; then
+    echo "SKIPPED: $1: no torch / numpy / yaml for $PY"
+    finish
+    exit
+  fi
+  "$PY" "$TPTRAIN_SRC/tests/reference/make_tokens.py" --vocab 97 --tokens 30000 --docs 20 --seed 5 --megatron "$W/data" \
+    >/dev/null 2>&1
+  cat > "$W/cfg.yaml" <<YAML
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97,
+        make_vocab_size_divisible_by: 8${2:-}}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 20, cpu_threads: 1, seed: 11, precision: bf16}
+optimizer: {lr: 2.0e-3, min_lr: 2.0e-4, lr_warmup_iters: 3, lr_decay_style: cosine, weight_decay: 0.1, clip_grad: 1.0,
+            adam_beta1: 0.9, adam_beta2: 0.95, adam_eps: 1.0e-8}
+data: {path: $W/data, shuffle: false, split: [100, 0, 0], eval_iters: 0}
+logging: {log_interval: 1}
+YAML
+}
 tpt() {  # name np args...: tptrain's metrics in $W/name.jsonl
   local name=$1 np=$2; shift 2
   local launch=()

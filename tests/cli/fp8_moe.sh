@@ -27,29 +27,13 @@
 # fresh EP 2 run is 6.5e-4 away).
 set -u
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
+source "$TPTRAIN_SRC/tests/cli/fp8_lib.sh"
 cd "$W" || exit 1
-REF=$TPTRAIN_SRC/tests/reference
-if ! "$PY" -c "import torch, numpy, yaml" 2>/dev/null; then
-  echo "SKIPPED: FP8 MoE parity: no torch / numpy / yaml for $PY"
-  finish
-  exit
-fi
-"$PY" "$REF/make_tokens.py" --vocab 97 --tokens 30000 --docs 20 --seed 5 --megatron "$W/data" >/dev/null 2>&1
-cat > "$W/cfg.yaml" <<YAML
-model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 97,
-        make_vocab_size_divisible_by: 8, num_moe_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64,
-        moe_shared_expert_intermediate_size: 32}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 20, cpu_threads: 1, seed: 11, precision: bf16}
-optimizer: {lr: 2.0e-3, min_lr: 2.0e-4, lr_warmup_iters: 3, lr_decay_style: cosine, weight_decay: 0.1, clip_grad: 1.0,
-            adam_beta1: 0.9, adam_beta2: 0.95, adam_eps: 1.0e-8}
-data: {path: $W/data, shuffle: false, split: [100, 0, 0], eval_iters: 0}
-logging: {log_interval: 1}
-YAML
+fp8_setup "FP8 MoE parity" ", num_moe_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_shared_expert_intermediate_size: 32"
 sed -e 's/num_layers: 4, hidden_size: 64/num_layers: 2, hidden_size: 256/' -e 's/train_iters: 20/train_iters: 10/' \
   -e 's/moe_ffn_hidden_size: 64/moe_ffn_hidden_size: 128/' \
   -e 's/moe_shared_expert_intermediate_size: 32/moe_shared_expert_intermediate_size: 128/' "$W/cfg.yaml" > "$W/cfgb.yaml"
 CFG=$W/cfg.yaml
-source "$TPTRAIN_SRC/tests/cli/fp8_lib.sh"
 
 TW=(--set training.fp8_format=hybrid --set training.fp8_recipe=tensorwise --set training.fp8_margin=18)
 DL=(--set training.fp8_format=hybrid --set training.fp8_recipe=delayed --set training.fp8_margin=18
