@@ -84,9 +84,12 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   w.rope_elems = d.rot > 0 ? 2.0 * w.N * double(d.Hl + d.kv_heads) * double(d.D) : 0.0;
   w.kv_block = d.cp > 1 ? w.N * 2.0 * double(d.kv_heads * d.D) : 0.0;
   w.vocab_rows = double(d.Vl);
-  // GPTStage's FP8 layers (MoE layers: refused with FP8)
-  w.fp8_layers = std::min(double(c.training.fp8_layers_in(c.model.num_layers, d.layer_begin, d.layer_end)),
-                          w.dense_layers());
+  // GPTStage's FP8 layers, dense and MoE
+  if (c.training.fp8_format != Fp8Format::None) {
+    const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
+    for (int64_t l = std::max(begin, d.layer_begin); l < std::min(end, d.layer_end); ++l)
+      (d.moe.any() && d.moe.is_moe(l) ? w.fp8_moe_layers : w.fp8_layers) += 1.0;
+  }
   return w;
 }
 

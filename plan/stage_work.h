@@ -42,8 +42,9 @@ struct ChunkWork {
   double rope_elems = 0;       // RoPE: q and k channels rotated per layer (0 without RoPE)
   double kv_block = 0;         // elements of one CP ring K/V block: N 2 kv_heads D (0 without CP)
   double vocab_rows = 0;       // the LM head's rows on this rank (Vl)
-  // FP8 training (docs/FP8.md): the chunk's dense layers whose linear GEMMs take FP8 inputs
-  double fp8_layers = 0;
+  // FP8 training (docs/FP8.md): the chunk's dense layers whose linear GEMMs take FP8 inputs, and its MoE
+  // layers that do (attention's, the shared expert's and the experts' GEMMs; the router's not)
+  double fp8_layers = 0, fp8_moe_layers = 0;
 
   double dense_layers() const { return layers - moe_layers; }
   // 2 N in out summed over a dense layer's linear layers (exact: integer products below 2^53)

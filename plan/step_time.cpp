@@ -217,12 +217,17 @@ class Model {
   // The experts' GEMMs of one layer as one grouped GEMM: `experts` problems (m x k) . (k x n), their
   // output tiles quantised over the SMs together, one launch; each problem's k / (k + 256) and
   // never faster than the operands at HBM speed.
-  double grouped_gemm(double experts, double m, double n, double k) const {
+  // fp8: FP8 operands, as gemm_fp8
+  double grouped_gemm(double experts, double m, double n, double k, bool fp8 = false) const {
     if (experts <= 0 || m <= 0) return 0;
     const double tiles = experts * std::ceil(m / 128) * std::ceil(n / 128), waves = std::ceil(tiles / hw_.sms);
     const double shape = experts * m * n / (waves * hw_.sms * 128.0 * 128.0) * k / (k + 256.0);
-    const double compute = 2 * experts * m * n * k / (hw_.peak_tflops * 1e12 * hw_.gemm_efficiency * shape);
-    return std::max(compute, memory_bound(experts * (m * k + k * n + m * n) * cb_, 0)) + hw_.kernel_overhead_us * 1e-6;
+    const double peak = fp8 ? hw_.peak_tflops * hw_.fp8_peak_factor * hw_.fp8_gemm_efficiency
+                            : hw_.peak_tflops * hw_.gemm_efficiency;
+    const double operand = fp8 ? 1.0 : cb_;
+    return std::max(2 * experts * m * n * k / (peak * 1e12 * shape),
+                    memory_bound(experts * ((m * k + k * n) * operand + m * n * cb_), 0)) +
+           hw_.kernel_overhead_us * 1e-6;
   }
   // An all-to-all over g ranks `stride` apart, each sending `bytes` spread evenly over the group:
   // to the peers in its node over NVLink, to the others over the network, both at once.
@@ -277,19 +282,37 @@ class Model {
       f8f += memory_bound(xf * cast + wb * cast / M, int(n));
       f8b += memory_bound(yb * cast, int(n));
     }
-    double mgf = 0, mgb = 0, mgw = 0;
+    // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
+    // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
+    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8y = 0;
+    const bool wgrad8 = c_.training.fp8_wgrad;
     for (const ChunkWork::Linear& l : k.moe.linears) {
-      const double rows = l.split == LinearSplit::Replicated ? Nt : N;
+      const bool router = l.split == LinearSplit::Replicated;
+      const double rows = router ? Nt : N;
       mgf += gemm(rows, l.out, l.in);
       mgb += gemm(rows, l.in, l.out);
       mgw += gemm(l.in, l.out, rows);
+      m8f += router ? gemm(rows, l.out, l.in) : gemm_fp8(rows, l.out, l.in);
+      m8b += router ? gemm(rows, l.in, l.out) : gemm_fp8(rows, l.in, l.out);
+      m8w += router || !wgrad8 ? gemm(l.in, l.out, rows) : gemm_fp8(l.in, l.out, rows);
+      if (!router) m8x += rows * l.in, m8y += rows * l.out;
     }
     const double imb = hw_.moe_imbalance, rows = k.moe.rows * imb;  // the busiest EP rank's rows
     if (k.moe_layers > 0) {
       const double F1 = k.moe.fc1_width, Fe = k.moe.ffn, El = k.moe.local;
-      mgf += grouped_gemm(El, rows / El, F1, C) + grouped_gemm(El, rows / El, C, Fe);
-      mgb += grouped_gemm(El, rows / El, C, F1) + grouped_gemm(El, rows / El, Fe, C);
-      mgw += grouped_gemm(El, C, F1, rows / El) + grouped_gemm(El, Fe, C, rows / El);
+      for (const bool f8 : {false, true}) {
+        const bool w8 = f8 && wgrad8;
+        (f8 ? m8f : mgf) += grouped_gemm(El, rows / El, F1, C, f8) + grouped_gemm(El, rows / El, C, Fe, f8);
+        (f8 ? m8b : mgb) += grouped_gemm(El, rows / El, C, F1, f8) + grouped_gemm(El, rows / El, Fe, C, f8);
+        (f8 ? m8w : mgw) += grouped_gemm(El, C, F1, rows / El, w8) + grouped_gemm(El, Fe, C, rows / El, w8);
+      }
+      m8x += rows * (C + Fe), m8y += rows * (F1 + C);
+    }
+    if (k.fp8_moe_layers > 0) {  // the casts: inputs (and the experts' weights once per step), gradients
+      const double amax_read = c_.training.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0;
+      const double cast = cb_ + amax_read + 2.0;
+      m8f += memory_bound(m8x * cast, 4);
+      m8b += memory_bound(m8y * cast, 4);
     }
     const double af = k.attention_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
@@ -313,10 +336,10 @@ class Model {
     const double epc = all_to_all(rows * C * cb_, k.moe.ep, k.moe.etp);
     const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;
     const double moe_f = k.moe_layers * (mgf + af + mef + k.moe_row_parallel() * tpc + cpf + 2 * epc);
-    const double dense = k.dense_layers(), moe = k.moe_layers, f8 = k.fp8_layers;
-    w.gemm_f += (dense - f8) * gf + moe * mgf + f8 * f8f;
-    w.gemm_b += (dense - f8) * gb + moe * mgb + f8 * f8b;
-    w.gemm_w += (dense - f8) * gw + moe * mgw + f8 * f8w;
+    const double dense = k.dense_layers(), moe = k.moe_layers, f8 = k.fp8_layers, m8 = k.fp8_moe_layers;
+    w.gemm_f += (dense - f8) * gf + (moe - m8) * mgf + f8 * f8f + m8 * m8f;
+    w.gemm_b += (dense - f8) * gb + (moe - m8) * mgb + f8 * f8b + m8 * m8b;
+    w.gemm_w += (dense - f8) * gw + (moe - m8) * mgw + f8 * f8w + m8 * m8w;
     w.attn_f += layers * af;
     w.attn_b += layers * 2.5 * af;
     w.elem_f += dense * ef + moe * mef;
@@ -327,7 +350,7 @@ class Model {
     w.cp_b += layers * cpb;
     w.ep_f += moe * 2 * epc;
     w.ep_b += moe * 2 * epc;
-    if (rc == Recompute::Full) w.recompute += dense * layer_f + f8 * (f8f - gf) + moe_f;
+    if (rc == Recompute::Full) w.recompute += dense * layer_f + f8 * (f8f - gf) + moe_f + m8 * (m8f - mgf);
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);

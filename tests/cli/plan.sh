@@ -369,6 +369,11 @@ compare moe_pp2_interleaved_freq10_bf16 2 1 2 "${MOE[@]}" training.precision=bf1
 # the distributed optimizer with DP 1 but EDP 2 (TP 2, ETP 1): the expert weights' states sharded over EDP
 compare moe_tp2_sp_etp1_edp2_distopt_bf16 2 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
   parallel.expert_tensor_parallel_size=1 parallel.distributed_optimizer=true
+# FP8 in MoE layers, delayed: the experts' codes at the dispatch bound's rows, every expert's scales and
+# amaxes per layer (2E more GEMMs), and with an asynchronous save their host copy
+compare moe_fp8_delayed_tp2_async 2 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true training.fp8_format=hybrid \
+  training.fp8_recipe=delayed training.fp8_amax_history_len=4 checkpoint.save="$W/moe_fp8_ck" checkpoint.save_interval=2 \
+  checkpoint.async_save=true
 cfg=$W/llama.yaml
 compare moe_llama_pp2_zb_dp2_distopt_bf16 4 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1 \
   parallel.distributed_optimizer=true "model.moe_layer_freq=[0, 1, 1, 1]"
@@ -392,6 +397,17 @@ sys.exit(not (g["bf16"] / 2 < g["delayed"] < g["tw"] < g["bf16"] and g["delayed"
               and g["delayed"] < g["firstlast"] < g["bf16"]))
 PY
 ); then ok "FP8 step time, llama3-8b's GEMMs: $f8out"; else bad "FP8 step time: ${f8out:-plan failed}"; fi
+# ... and in MoE layers (configs/qwen3-30b-a3b.yaml): attention's, the experts' grouped and the shared
+# GEMMs in FP8 (not the router's): less GEMM time than bf16's, more than half of it
+q3=("$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/qwen3-30b-a3b.yaml" --gpu h100 --json --set training.precision=bf16)
+if "${q3[@]}" > "$W/q3_bf16.json" && "${q3[@]}" --set training.fp8_format=hybrid > "$W/q3_fp8.json" &&
+   q3out=$($PYTHON - "$W" <<'PY'
+import json, sys
+g = {n: json.load(open(f"{sys.argv[1]}/q3_{n}.json"))["time"]["gemm_s"] for n in ("bf16", "fp8")}
+print(" ".join(f"{n} {v:.3f} s" for n, v in g.items()))
+sys.exit(not (g["bf16"] / 2 < g["fp8"] < g["bf16"]))
+PY
+); then ok "FP8 step time, qwen3-30b-a3b's GEMMs (MoE layers): $q3out"; else bad "FP8 MoE step time: ${q3out:-plan failed}"; fi
 expect_exit2 fp8_a100 "training.fp8_format: the a100 has no FP8 tensor cores (--gpu a100)" \
   "$TPTRAIN" plan --config "$TPTRAIN_SRC/configs/llama3-8b.yaml" --world-size 64 --gpu a100 "${F8P[@]}"
 finish
