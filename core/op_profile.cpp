@@ -275,6 +275,10 @@ class ProfiledOps final : public Ops {
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     timed("fp8 quantize", 0, double(dtype_size(n, inp.t) + n), [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
   }
+  void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
+                          int margin) override {
+    timed("fp8 scales", 0, 12.0 * n, [&] { in_.fp8_current_scales(scale, scale_inv, amax, t, n, margin); });
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv) override {
     timed("fp8 quantize blocks", 0, double(dtype_size(rows * cols, inp.t) + rows * cols),

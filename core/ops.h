@@ -281,6 +281,12 @@ class Ops {
   // saturated), and *amax = max(*amax, max |in|) (core/fp8.h fp8_amax_step: a NaN in in makes it a NaN);
   // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device.
   virtual void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) = 0;
+  // Current scaling's scales from the reduced amaxes, on the device (no read to the host): for i < n
+  // (at most kFp8MaxScales), scale[i] = core/fp8.h fp8_scale_from_amax(amax[i], 1, t[i], margin) and
+  // scale_inv[i] = 1 / scale[i].
+  static constexpr int kFp8MaxScales = 4;
+  virtual void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
+                                  int margin) = 0;
   // Blockwise (docs/FP8.md "Blockwise scaling"): in (rows, cols) in blocks of (block_rows, block_cols)
   // (the last ones cut by the edges); each block's codes with its own scale core/fp8.h fp8_block_scale
   // (its amax, margin, a power of two), scale_inv (one per block, row-major over the block grid) = 1 /

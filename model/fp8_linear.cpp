@@ -20,11 +20,42 @@ int64_t Fp8State::state_floats(const Fp8LinearOptions& o, const Fp8ScratchSizes&
   return round_up(o.delayed ? 3 * kTensors * gemms : 3 * kTensors + 1, 64);
 }
 
-Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSizes& f, int64_t gemms)
+namespace {
+// a kept weight's scale floats: current scaling's scale_inv and reduced amax, or one per 128 x 128 block
+// (delayed: the GEMM's own scale_inv in the state)
+int64_t kept_scale_floats(const Fp8LinearOptions& o, const Fp8Weight& w) {
+  if (o.blockwise) return (w.O + kFp8Block - 1) / kFp8Block * ((w.I + kFp8Block - 1) / kFp8Block);
+  return o.delayed ? 0 : 2;
+}
+}  // namespace
+
+int64_t Fp8State::weight_cache_bytes(const Fp8LinearOptions& o, const std::vector<Fp8Weight>& weights) {
+  int64_t codes = 0, floats = 0;
+  for (const Fp8Weight& w : weights)
+    if (w.O * w.I > 0) codes += round_up(w.O * w.I, 256), floats += kept_scale_floats(o, w);
+  return codes ? codes + 4 * round_up(floats, 64) : 0;
+}
+
+Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSizes& f, int64_t gemms,
+                   const std::vector<Fp8Weight>& weights)
     : ops_(ops), o_(options), gemms_(size_t(gemms)) {
   TPT_CHECK(gemms >= 1 && o_.history_len >= 1 && !(o_.delayed && o_.blockwise));
+  TPT_CHECK(weights.empty() || int64_t(weights.size()) == gemms);
   for (int64_t g = 0; g < gemms; ++g) gemms_[size_t(g)].state_ = this, gemms_[size_t(g)].index_ = g;
   groups_.assign(size_t(gemms), {o_.amax_groups[0], o_.amax_groups[1]});
+  if (weight_cache_bytes(o_, weights) > 0) {  // the kept weights' codes and scales
+    kept_.resize(weights.size());
+    int64_t codes = 0, floats = 0;
+    for (size_t g = 0; g < weights.size(); ++g) {
+      const Fp8Weight& w = weights[g];
+      if (w.O * w.I == 0) continue;
+      kept_[g] = KeptWeight{codes, floats, w.O * w.I};
+      codes += round_up(w.O * w.I, 256);
+      floats += kept_scale_floats(o_, w);
+    }
+    kept_codes_ = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(codes)));
+    if (floats) kept_scales_ = ops_.alloc(round_up(floats, 64));
+  }
   const int64_t caps[kTensors] = {f.inp, f.w, f.dout}, blocks[kTensors] = {f.inp_blocks, f.w_blocks, f.dout_blocks};
   for (int i = 0; i < kTensors; ++i) {
     cap_[i] = caps[i];
@@ -33,7 +64,6 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
   }
   const int64_t T = kTensors * gemms;
   state_ = ops_.alloc(state_floats(o_, f, gemms));
-  last_scale_.assign(size_t(T), 1.0f);
   if (o_.blockwise) return;  // the block scales: written by every quantization
   if (o_.delayed) {  // scales 1, empty histories (Transformer Engine's start)
     scale_.assign(size_t(T), 1.0f);
@@ -47,6 +77,8 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
 
 Fp8State::~Fp8State() {
   for (uint8_t* c : codes_) ops_.free(c);
+  ops_.free(kept_codes_);
+  ops_.free(kept_scales_);
   ops_.free(state_);
 }
 
@@ -82,10 +114,23 @@ void Fp8State::scales_loaded() {
   ops_.zero(state_, T);
 }
 
+Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
+  if (kept_.empty() || kept_[size_t(g)].n == 0) return nullptr;
+  KeptWeight* k = &kept_[size_t(g)];
+  TPT_CHECK(k->n == n);
+  if (k->src != w.p || k->epoch != epoch_) k->src = nullptr;  // stale: quantized again below
+  return k;
+}
+
 void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
                         const int64_t* brows, const int64_t* bcols) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
-  float* last = last_scale_.data() + g * kTensors;
+  KeptWeight* kw = n[kW] ? kept(g, x[kW], n[kW]) : nullptr;  // the weight's kept copy (src null: to make)
+  const bool reuse = kw && kw->src;
+  auto keep = [&] {  // the copy just made is current
+    kw->src = x[kW].p, kw->epoch = epoch_;
+    ++weight_quantizations_;
+  };
   if (o_.blockwise) {  // a scale per block, the blocks' scale_inv in state_ (inputs, weights, gradients)
     TPT_CHECK(cols && brows && bcols);
     float* scale_inv = state_;
@@ -94,8 +139,13 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
       if (n[i]) {
         const int64_t rows = n[i] / cols[i], blocks = (rows + brows[i] - 1) / brows[i] * ((cols[i] + bcols[i] - 1) / bcols[i]);
         TPT_CHECK(rows * cols[i] == n[i] && blocks <= block_cap_[i]);
-        ops_.fp8_quantize_blocks(codes_[i], x[i], rows, cols[i], brows[i], bcols[i], type(i), o_.margin, scale_inv);
-        q[i] = Fp8Operand{codes_[i], type(i), scale_inv, brows[i], bcols[i], cols[i]};
+        uint8_t* codes = codes_[i];
+        float* si = scale_inv;
+        if (i == kW && kw) codes = kept_codes_ + kw->codes, si = kept_scales_ + kw->scales;
+        if (!(i == kW && reuse))
+          ops_.fp8_quantize_blocks(codes, x[i], rows, cols[i], brows[i], bcols[i], type(i), o_.margin, si);
+        if (i == kW && kw && !reuse) keep();
+        q[i] = Fp8Operand{codes, type(i), si, brows[i], bcols[i], cols[i]};
       }
       scale_inv += block_cap_[i];
     }
@@ -107,9 +157,12 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
       q[i] = Fp8Operand{};
       if (!n[i]) continue;
       const int64_t k = g * kTensors + i;
-      ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), state_ + T + k, state_ + k);
-      q[i] = Fp8Operand{codes_[i], type(i), state_ + 2 * T + k};
-      last[i] = scale_[size_t(k)];
+      uint8_t* codes = i == kW && kw ? kept_codes_ + kw->codes : codes_[i];
+      if (!(i == kW && reuse)) {  // a kept weight's amax was recorded when its copy was made this step
+        ops_.fp8_quantize(codes, x[i], n[i], type(i), state_ + T + k, state_ + k);
+        if (i == kW && kw) keep();
+      }
+      q[i] = Fp8Operand{codes, type(i), state_ + 2 * T + k};
     }
     return;
   }
@@ -117,22 +170,30 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
   float* scale = state_ + kTensors;
   float* scale_inv = state_ + 2 * kTensors;
   const float* one = state_ + 3 * kTensors;
+  // all on the device, nothing read to the host: the amax pass (the codes of scale 1 are overwritten
+  // below), the reduction over the groups (device groups), the scales
   ops_.zero(amax, kTensors);
-  for (int i = 0; i < kTensors; ++i)  // the amax pass (the codes of scale 1 are overwritten below)
-    if (n[i]) ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), one, amax + i);
-  float h[3 * kTensors];
-  ops_.to_host(h, amax, kTensors);
-  fp8_amax_reduce(h, kTensors, groups_[size_t(g)].data(), 2);  // every rank of a tensor's parts: the same amax
-  for (int i = 0; i < kTensors; ++i) {
-    // a tensor's own scale: an amax of 0 (or inf / nan) gives no information and keeps 1
-    h[kTensors + i] = fp8_scale_from_amax(h[i], 1.0f, type(i), o_.margin);
-    h[2 * kTensors + i] = 1.0f / h[kTensors + i];
-    if (n[i]) last[i] = h[kTensors + i];
-  }
-  ops_.to_device(scale, h + kTensors, 2 * kTensors);
+  for (int i = 0; i < kTensors; ++i)
+    if (n[i] && !(i == kW && reuse)) ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), one, amax + i);
+  float* kept_si = kw ? kept_scales_ + kw->scales : nullptr;  // the kept weight's scale_inv, then its amax
+  if (reuse) ops_.copy(amax + kW, kept_si + 1, 1);  // the kept copy's (reduced already: the group's maximum again)
+  fp8_amax_reduce(amax, kTensors, groups_[size_t(g)].data(), 2);  // every rank of a tensor's parts: the same amax
+  // a tensor's own scale: an amax of 0 (or inf / nan) gives no information and keeps 1
+  const Fp8Type types[kTensors] = {type(0), type(1), type(2)};
+  ops_.fp8_current_scales(scale, scale_inv, amax, types, kTensors, o_.margin);
   for (int i = 0; i < kTensors; ++i) {
     q[i] = Fp8Operand{};
     if (!n[i]) continue;
+    if (i == kW && kw) {  // the kept copy, with its own scale_inv
+      if (!reuse) {
+        ops_.fp8_quantize(kept_codes_ + kw->codes, x[i], n[i], type(i), scale + i, amax + i);
+        ops_.copy(kept_si, scale_inv + i, 1);
+        ops_.copy(kept_si + 1, amax + i, 1);
+        keep();
+      }
+      q[i] = Fp8Operand{kept_codes_ + kw->codes, type(i), kept_si};
+      continue;
+    }
     ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), scale + i, amax + i);
     q[i] = Fp8Operand{codes_[i], type(i), scale_inv + i};
   }
@@ -218,10 +279,33 @@ Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B) {
   return f;
 }
 
-int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t fp8_layers) {
+std::vector<Fp8Weight> fp8_weights(const GPTDims& d, int64_t begin, int64_t end) {
+  const int64_t G = fp8_gemms_per_layer(d);
+  const MoEDims& m = d.moe;
+  std::vector<Fp8Weight> w(size_t(std::max<int64_t>(0, end - begin) * G));
+  for (int64_t l = begin; l < end; ++l) {
+    Fp8Weight* s = w.data() + (l - begin) * G;  // (O, I) of each slot
+    s[0] = {d.qkv_width, d.C};
+    s[1] = {d.C, d.Cl};
+    if (!(m.any() && m.is_moe(l))) {
+      s[2] = {d.fc1_width, d.C};
+      s[3] = {d.C, d.Fl};
+      continue;
+    }
+    if (m.Fs) s[2] = {m.shared_fc1_width, d.C}, s[3] = {d.C, m.Fsl};
+    for (int64_t e = m.expert_begin; e < m.expert_begin + m.El; ++e) {
+      s[kFp8GemmsPerLayer + e] = {m.fc1_width, d.C};
+      s[kFp8GemmsPerLayer + m.E + e] = {d.C, m.Fel};
+    }
+  }
+  return w;
+}
+
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t begin, int64_t end) {
   const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
   return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
-         4 * Fp8State::state_floats(o, f, fp8_gemms_per_layer(d) * fp8_layers);
+         4 * Fp8State::state_floats(o, f, fp8_gemms_per_layer(d) * (end - begin)) +
+         Fp8State::weight_cache_bytes(o, fp8_weights(d, begin, end));
 }
 
 std::vector<Fp8StateEntry> fp8_state_entries(bool moe_layer, int64_t experts, bool shared_expert) {

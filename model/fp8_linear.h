@@ -4,8 +4,8 @@
 // scale, then Ops::fp8_linear_forward / backward run the GEMM. The scale (core/fp8.h):
 //  - current scaling (training.fp8_recipe: tensorwise): from the tensor's own amax, per call: one pass
 //    for the amaxes, their maximum over the ranks holding parts of the same tensor (TP, CP:
-//    parallel/tensor_parallel.h fp8_amax_reduce, one collective per group per GEMM call), the scale,
-//    the cast;
+//    parallel/tensor_parallel.h fp8_amax_reduce on the device groups, one collective per group per GEMM
+//    call), the scale (Ops::fp8_current_scales), the cast -- all on the device, nothing read to the host;
 //  - delayed scaling (fp8_recipe: delayed): each GEMM input keeps a scale and an amax history
 //    (Fp8State); a step quantizes with the scale of the last update and records the amaxes on the
 //    device; after the step the trainer reduces them over TP x DP x CP (Trainer::fp8_update) and
@@ -17,9 +17,12 @@
 // output gradient); weight gradients in fp32 from FP8 inputs, or with training.fp8_wgrad: false from the
 // bf16 ones (Ops::linear_backward).
 // Formats: activations and weights E4M3; output gradients E4M3 (fp8_format: e4m3) or E5M2 (hybrid).
-// Every call quantizes what it reads again (the weight in each micro-batch's forward and backward, the
-// activation again for the weight gradient): the same values and scale give the same codes, so a split
-// backward (ZB-H1) and recompute give what one backward gives.
+// Every call quantizes what it reads again (the activation again for the weight gradient): the same values
+// and scale give the same codes, so a split backward (ZB-H1) and recompute give what one backward gives.
+// The weights are the exception where Fp8State is given their shapes (GPTStage): a weight's codes and
+// scales are kept from its first quantization until weights_changed() (the trainer calls it when a
+// training step or an evaluation begins), as Transformer Engine keeps them over a step's micro-batches --
+// the codes a new quantization would give, one quantization per step instead of two per micro-batch.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -57,6 +60,11 @@ struct Fp8ScratchSizes {
   int64_t inp_blocks = 0, w_blocks = 0, dout_blocks = 0;
 };
 
+// A GEMM's weight (O, I) whose FP8 copy Fp8State keeps (0 x 0: none, e.g. another EP rank's expert).
+struct Fp8Weight {
+  int64_t O = 0, I = 0;
+};
+
 // One GEMM of one layer (Fp8State::gemm): Ops::linear_forward / linear_backward's contract in FP8.
 class Fp8Linear {
  public:
@@ -74,8 +82,10 @@ class Fp8Linear {
 class Fp8State {
  public:
   enum { kInp, kW, kDout, kTensors };  // a GEMM's inputs
-  // Scratch for the codes (and block scales) of the GEMMs' inputs; `gemms` GEMMs (4 per FP8 layer).
-  Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSizes& sizes, int64_t gemms);
+  // Scratch for the codes (and block scales) of the GEMMs' inputs; `gemms` GEMMs (model/gpt.h
+  // fp8_gemms_per_layer per FP8 layer); weights: each GEMM's weight to keep an FP8 copy of (empty: none).
+  Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSizes& sizes, int64_t gemms,
+           const std::vector<Fp8Weight>& weights = {});
   ~Fp8State();
   Fp8State(const Fp8State&) = delete;
   Fp8State& operator=(const Fp8State&) = delete;
@@ -98,12 +108,23 @@ class Fp8State {
   float* history(int64_t g) { return history_.data() + g * kTensors * o_.history_len; }
   void scales_loaded();
 
+  // The weights' FP8 copies are stale from here on (their next quantization makes new ones).
+  void weights_changed() { ++epoch_; }
+  int64_t weight_quantizations() const { return weight_quantizations_; }  // of the kept weights (tests)
+  // the bytes of the kept weights' copies: their codes (each 256-byte aligned), and a device float per
+  // weight (current scaling's scale_inv) or per 128 x 128 block (blockwise), in 256-byte allocations
+  static int64_t weight_cache_bytes(const Fp8LinearOptions& options, const std::vector<Fp8Weight>& weights);
+
   // Current scaling: GEMM g's amax reductions instead of the options' (a MoE expert's: its expert-TP
   // group; every rank of a group must quantize the same GEMMs in the same order).
   void set_amax_groups(int64_t g, Comm* a, Comm* b) { groups_.at(size_t(g)) = {a, b}; }
 
-  // The scales (host copies) of the last quantization of each input of a GEMM (tests).
-  const float* last_scales(int64_t g) const { return last_scale_.data() + g * kTensors; }
+  // Current scaling: the scale the last call gave its input i (tests; a read from the device).
+  float last_call_scale(int i) {
+    float s = 0.0f;
+    ops_.to_host(&s, state_ + kTensors + i, 1);
+    return s;
+  }
 
   // the device floats it allocates: current scaling: amax, scale, scale_inv of each input and a 1;
   // delayed: amax, scale and scale_inv of each GEMM input; blockwise: the scale_inv of each block of
@@ -124,8 +145,22 @@ class Fp8State {
   uint8_t* codes_[kTensors] = {};
   int64_t cap_[kTensors] = {}, block_cap_[kTensors] = {};
   float* state_ = nullptr;  // on the device, state_floats
-  std::vector<float> scale_, history_, last_scale_;  // host
+  std::vector<float> scale_, history_;  // host
   std::vector<std::array<Comm*, 2>> groups_;          // each GEMM's amax reductions (current scaling)
+  // the kept weights: per GEMM its codes' and scales' offsets, its elements (0: none), and what it was
+  // made from when (the weight's address, the epoch; valid while both match); current scaling keeps
+  // its scale_inv and reduced amax on the device (two floats at `scales`)
+  struct KeptWeight {
+    int64_t codes = 0, scales = 0, n = 0;
+    const void* src = nullptr;
+    uint64_t epoch = 0;
+  };
+  std::vector<KeptWeight> kept_;
+  uint8_t* kept_codes_ = nullptr;
+  float* kept_scales_ = nullptr;
+  uint64_t epoch_ = 1;
+  int64_t weight_quantizations_ = 0;
+  KeptWeight* kept(int64_t g, CBuf w, int64_t n);  // GEMM g's entry for weight w (null: none kept)
 };
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.

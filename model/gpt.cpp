@@ -185,7 +185,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     if (fp8_end_ > fp8_begin_) {
       const Fp8ScratchSizes f = fp8_scratch_sizes(d, B_);
       const int64_t G = fp8_gemms_per_layer(d);
-      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f, G * (fp8_end_ - fp8_begin_));
+      fp8_ = std::make_unique<Fp8State>(ops_, opt_.fp8_options, f, G * (fp8_end_ - fp8_begin_),
+                                        fp8_weights(d, fp8_begin_, fp8_end_));
       // current scaling: an expert's GEMM inputs are its rows on this rank, parts of one tensor only over
       // its expert-TP group (EP, DP and CP ranks quantize other rows, of other experts too)
       Comm* etp = d.moe.etp > 1 ? opt_.fp8_options.amax_groups[0] : nullptr;

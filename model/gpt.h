@@ -179,7 +179,11 @@ Fp8ScratchSizes fp8_scratch_sizes(const GPTDims& d, int64_t B);  // (model/fp8_l
 // routed expert's fc1 (4 + e) and fc2 (4 + E + e), e the global expert (unused in its dense layers).
 constexpr int64_t kFp8GemmsPerLayer = 4;
 inline int64_t fp8_gemms_per_layer(const GPTDims& d) { return kFp8GemmsPerLayer + (d.moe.any() ? 2 * d.moe.E : 0); }
-int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t fp8_layers);
+// The weights of layers [begin, end)'s FP8 GEMM slots on this rank (Fp8State keeps their FP8 copies;
+// 0 x 0 for a slot the layer does not use or another EP rank's expert), and the bytes of the state of
+// those FP8 layers: the codes' scratch, the scales and the kept weights.
+std::vector<Fp8Weight> fp8_weights(const GPTDims& d, int64_t begin, int64_t end);
+int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t begin, int64_t end);
 // Delayed scaling's state in checkpoints: "h.<layer>.<gemm>.fp8_<what>" (what: scale [3], amax_history
 // [3, history_len]: inputs, weights, output gradients) for each GEMM of fp8_state_entries: the dense
 // ones attn.qkv, attn.proj, mlp.fc1, mlp.fc2 (a MoE layer: mlp.shared_experts.fc1 / fc2 with a shared

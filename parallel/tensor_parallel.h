@@ -87,7 +87,7 @@ inline void vocab_parallel_sum(Comm& tp, float* x, int64_t n) {
   if (tp.size() > 1) tp.all_reduce(x, n, ReduceOp::Sum);
 }
 
-// FP8 (docs/FP8.md "Amax reduction"): n amaxes (fp32 >= 0 or NaN, host-readable memory of the group)
+// FP8 (docs/FP8.md "Amax reduction"): n amaxes (fp32 >= 0 or NaN, in the groups' memory: device groups' on the device)
 // made the maximum over each given group in turn (null: none), so that the ranks holding parts of one
 // tensor scale it alike. The maximum of the bit patterns (an I32 MAX: for values >= 0 the order of the
 // bits is the order of the values, and a NaN's bits are above every other's), which is core/fp8.h's

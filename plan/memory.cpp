@@ -245,7 +245,8 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     Fp8LinearOptions fo;
     fo.delayed = cfg.training.fp8_recipe == Fp8Recipe::Delayed;
     fo.blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
-    const int64_t fp8 = f ? fp8_scratch_bytes(d, B, fo, f) : 0;
+    const auto [fp8_begin, fp8_end] = cfg.training.fp8_layer_range(cfg.model.num_layers);
+    const int64_t fp8 = f ? fp8_scratch_bytes(d, B, fo, std::max(fp8_begin, d.layer_begin), std::min(fp8_end, d.layer_end)) : 0;
     const int64_t own_slots = pooled ? 0 : slots[c];
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       m.activation_and_workspace_by_mode[int(r)] +=

@@ -230,8 +230,8 @@ void Trainer::setup_pipeline() {
     o.history_len = t.fp8_amax_history_len;
     o.history_max = t.fp8_amax_compute_algo == "max";
     if (t.fp8_recipe == Fp8Recipe::Tensorwise) {  // current scaling: each GEMM call's amaxes over TP, then CP
-      o.amax_groups[0] = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
-      o.amax_groups[1] = grid_.cp > 1 ? grid_.cp_group.get() : nullptr;
+      o.amax_groups[0] = grid_.tp > 1 ? &grid_.device_tp() : nullptr;  // device groups: the amaxes stay there
+      o.amax_groups[1] = grid_.cp > 1 ? &grid_.device_cp() : nullptr;
     }
     std::tie(stage_options.fp8_layer_begin, stage_options.fp8_layer_end) = t.fp8_layer_range(cfg_.model.num_layers);
   }
@@ -442,6 +442,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   r.loss_scale = scaler_.scale;
   ops_->zero(grads_, buffer_total_);
   const double t_fwd_bwd = schedule_clock_us();
+  fp8_weights_changed();  // the last step updated them
   if (fp8_delayed()) fp8_begin_step();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
   if (cfg_.model.moe_router_enable_expert_bias) update_expert_bias();
@@ -513,6 +514,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
 
 double Trainer::evaluate() {
   const int64_t G = cfg_.training.global_batch_size;
+  fp8_weights_changed();
   double sum = 0;
   int64_t counted = 0;  // eval_iters * G * S without eod_mask_loss
   for (int64_t i = 0; i < cfg_.data.eval_iters; ++i) {

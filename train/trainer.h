@@ -85,6 +85,7 @@ class Trainer {
   bool fp8_delayed() const {
     return cfg_.training.fp8_format != Fp8Format::None && cfg_.training.fp8_recipe == Fp8Recipe::Delayed;
   }
+  void fp8_weights_changed();  // the FP8 layers' kept weight copies stale (a step or an evaluation begins)
   void fp8_begin_step();
   void fp8_update();
   std::vector<CkptTensor> fp8_state_tensors();

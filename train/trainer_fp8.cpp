@@ -12,6 +12,11 @@
 
 namespace tpt {
 
+void Trainer::fp8_weights_changed() {
+  for (auto& stage : stages_)
+    if (Fp8State* f = stage->fp8_state()) f->weights_changed();
+}
+
 void Trainer::fp8_begin_step() {
   for (auto& stage : stages_)
     if (Fp8State* f = stage->fp8_state()) f->begin_step();

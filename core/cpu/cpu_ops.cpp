@@ -252,6 +252,11 @@ class CpuOps final : public Ops {
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cpu::fp8_quantize(out, in(inp, n, 0), n, t, *scale, amax);
   }
+  void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
+                          int margin) override {
+    TPT_CHECK(n >= 0 && n <= kFp8MaxScales);
+    for (int i = 0; i < n; ++i) scale[i] = fp8_scale_from_amax(amax[i], 1.0f, t[i], margin), scale_inv[i] = 1.0f / scale[i];
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv) override {
     cpu::fp8_quantize_blocks(out, in(inp, rows * cols, 0), rows, cols, br, bc, t, margin, scale_inv);

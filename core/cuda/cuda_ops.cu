@@ -470,8 +470,10 @@ class CudaOps final : public Ops {
   void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cuda::fp8_quantize(out, in, n, t, scale, amax, stream_);
   }
-  // cuBLASLt's FP8 matmul is not built yet; training refuses FP8 on this backend at start-up
-  // (apps/train.cpp), so nothing reaches these
+  void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
+                          int margin) override {
+    cuda::fp8_current_scales(scale, scale_inv, amax, t, n, margin, stream_);
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv) override {
     cuda::fp8_quantize_blocks(out, in, rows, cols, br, bc, t, margin, scale_inv, stream_);

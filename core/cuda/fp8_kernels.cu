@@ -136,6 +136,28 @@ void bias_store(Buf out, const float* acc, CBuf bias, int64_t N, int64_t C, cuda
   });
 }
 
+// Ops::fp8_current_scales: one thread per tensor, the formats passed by value.
+struct Fp8Types {
+  Fp8Type t[Ops::kFp8MaxScales];
+};
+__global__ void fp8_current_scales_kernel(float* scale, float* scale_inv, const float* amax, Fp8Types t, int n,
+                                          int margin) {
+  const int i = threadIdx.x;
+  if (i >= n) return;
+  scale[i] = fp8_scale_from_amax(amax[i], 1.0f, t.t[i], margin);
+  scale_inv[i] = 1.0f / scale[i];
+}
+
+void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n, int margin,
+                        cudaStream_t s) {
+  TPT_CHECK(n >= 0 && n <= Ops::kFp8MaxScales);
+  if (n == 0) return;
+  Fp8Types types{};
+  for (int i = 0; i < n; ++i) types.t[i] = t[i];
+  fp8_current_scales_kernel<<<1, Ops::kFp8MaxScales, 0, s>>>(scale, scale_inv, amax, types, n, margin);
+  TPT_CUDA_LAUNCHED();
+}
+
 void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s) {
   if (n <= 0) return;
   dispatch(in.t, [&](auto tag) {

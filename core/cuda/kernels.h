@@ -29,6 +29,8 @@ void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s);
 void scale(Buf x, float a, int64_t n, cudaStream_t s);  // fp32, or the bf16 gradient buffer
 // Ops::fp8_quantize (core/cuda/fp8_kernels.cu)
 void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s);
+void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n, int margin,
+                        cudaStream_t s);
 // Ops::fp8_quantize_blocks: one thread block per scale block, its amax, power-of-two scale and codes
 void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
                          Fp8Type t, int margin, float* scale_inv, cudaStream_t s);

@@ -55,16 +55,20 @@ done
 [ $plan_ok = 1 ] && ok "tensorwise and delayed MoE: the plan's bytes are the allocation's" || bad "plan = allocation"
 
 # ---- layouts against 1 rank
-tpt tw_pp2 2 "${TW[@]}" --set parallel.pipeline_model_parallel_size=2
-within tw_pp2 tw 0 && ok "tensorwise PP 2: 1 rank's losses bit for bit" || bad "tensorwise PP 2"
+# PP 2 bit for bit needs an untied output layer: the tied embedding's gradient is the embedding's plus
+# the LM head's, added in another order when they sit on two stages (last bits of a few rows; the
+# clipped and updated weights then drift: 2.4e-3 over 20 steps here, measured 2026-12-04)
+UT=(--set model.untie_embeddings_and_output_weights=true)
+tpt tw_u 1 "${TW[@]}" "${UT[@]}" && tpt tw_u_pp2 2 "${TW[@]}" "${UT[@]}" --set parallel.pipeline_model_parallel_size=2
+within tw_u_pp2 tw_u 0 && ok "tensorwise PP 2 (untied output layer): 1 rank's losses bit for bit" || bad "tensorwise PP 2"
 tpt tw_dp2 2 "${TW[@]}" --set parallel.data_parallel_size=2
 within tw_dp2 tw 2e-4 && ok "tensorwise DP 2: 1 rank's losses (2e-4)" || bad "tensorwise DP 2"
 tpt tw_tp2 2 "${TW[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
 within tw_tp2 tw 1e-2 && ok "tensorwise TP 2 + SP (expert TP 2): 1 rank's losses (1e-2)" || bad "tensorwise TP 2"
 tpt tw_ep2 2 "${TW[@]}" --set parallel.data_parallel_size=2 --set parallel.expert_model_parallel_size=2
 within tw_ep2 tw 2e-2 && ok "tensorwise EP 2 (other rows, other scales): near 1 rank's losses (2e-2)" || bad "tensorwise EP 2"
-tpt dl_pp2 2 "${DL[@]}" --set parallel.pipeline_model_parallel_size=2
-within dl_pp2 dl 1e-5 && ok "delayed PP 2: 1 rank's losses (1e-5)" || bad "delayed PP 2"
+tpt dl_u 1 "${DL[@]}" "${UT[@]}" && tpt dl_u_pp2 2 "${DL[@]}" "${UT[@]}" --set parallel.pipeline_model_parallel_size=2
+within dl_u_pp2 dl_u 0 && ok "delayed PP 2 (untied output layer): 1 rank's losses bit for bit" || bad "delayed PP 2"
 tpt dl_tp2 2 "${DL[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
 within dl_tp2 dl 1e-2 && ok "delayed TP 2 + SP (expert TP 2): 1 rank's losses (1e-2)" || bad "delayed TP 2"
 tpt dl_ep2 2 "${DL[@]}" --set parallel.data_parallel_size=2 --set parallel.expert_model_parallel_size=2

@@ -105,6 +105,7 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   r.init = host;
   for (int k = 1; k <= steps; ++k) {
     ops.zero(grads.buf(), layout.total);
+    if (Fp8State* f = stage.fp8_state()) f->weights_changed();  // the last step updated them
     double sum = 0;
     for (int m = 0; m < micro; ++m) {
       std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));

@@ -116,7 +116,7 @@ TEST_P(Fp8LinearTest, AsTheDequantizedGemms) {
   EXPECT_LT(max_rel(db.data(), wdb), 1e-6);  // the bias gradient: from the unquantized dy
   // the scales the last call used: dy's own
   const float amax = amax_of(dy);
-  EXPECT_EQ(lin_state.last_scales(0)[2], fp8_scale_from_amax(amax, 1.0f, c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3, c.margin));
+  EXPECT_EQ(lin_state.last_call_scale(2), fp8_scale_from_amax(amax, 1.0f, c.hybrid ? Fp8Type::E5M2 : Fp8Type::E4M3, c.margin));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Fp8LinearTest,
@@ -272,6 +272,58 @@ TEST(Fp8Linear, SplitBackwardBitwise) {
   EXPECT_EQ(dx1, dx2);
   EXPECT_EQ(dw1, dw2);
   EXPECT_EQ(db1, db2);
+}
+
+// Kept weight copies (Fp8State given the weights' shapes, as GPTStage): every recipe gives the outputs and
+// gradients of quantizing the weight in every call, bit for bit, while quantizing it once per
+// weights_changed(); a changed weight is quantized again after it, another weight address at once.
+TEST(Fp8Linear, KeptWeightCopiesAsQuantizingEveryCall) {
+  const int64_t N = 16, I = 128, O = 128;
+  auto ops = make_cpu_ops(1);
+  for (int recipe = 0; recipe < 3; ++recipe) {
+    SCOPED_TRACE(recipe == 0 ? "tensorwise" : recipe == 1 ? "delayed" : "blockwise");
+    Fp8LinearOptions o;
+    o.hybrid = true;
+    o.delayed = recipe == 1;
+    o.blockwise = recipe == 2;
+    Fp8ScratchSizes f{N * I, O * I, N * O, N * I, O * I, N * O};
+    Fp8State every(*ops, o, f, 1), kept(*ops, o, f, 1, {Fp8Weight{O, I}});
+    std::vector<float> w = random(size_t(O * I), 8, 0.1f), w2 = w;
+    const std::vector<float> x = random(size_t(N * I), 7, 1.0f), dy = random(size_t(N * O), 9, 0.01f);
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) w[5] *= 7.0f;  // the optimizer moved it
+      kept.weights_changed();
+      if (o.delayed) every.begin_step(), kept.begin_step();
+      for (int micro = 0; micro < 2; ++micro) {
+        std::vector<float> y[2], dx[2], dw[2];
+        int k = 0;
+        for (Fp8State* st : {&every, &kept}) {
+          y[k].assign(size_t(N * O), 0.0f), dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f);
+          st->gemm(0)->forward(y[k].data(), x.data(), w.data(), CBuf{}, N, I, O);
+          if (o.blockwise) {  // its two backward calls
+            st->gemm(0)->backward(dx[k].data(), nullptr, nullptr, dy.data(), CBuf{}, w.data(), N, I, O, false);
+            st->gemm(0)->backward(Buf{}, dw[k].data(), nullptr, dy.data(), x.data(), CBuf{}, N, I, O, false);
+          } else {
+            st->gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), w.data(), N, I, O, false);
+          }
+          ++k;
+        }
+        EXPECT_EQ(y[0], y[1]) << "step " << step << " micro-batch " << micro;
+        EXPECT_EQ(dx[0], dx[1]);
+        EXPECT_EQ(dw[0], dw[1]);
+      }
+      if (o.delayed) {
+        std::vector<float> a(3), b(3);
+        every.read_amaxes(a.data()), kept.read_amaxes(b.data());
+        EXPECT_EQ(a, b) << "the step's amaxes (the weight's recorded once)";
+        every.update(a.data()), kept.update(b.data());
+      }
+      EXPECT_EQ(kept.weight_quantizations(), step + 1) << "one quantization of the weight per step";
+    }
+    // another weight at another address is quantized at once, without weights_changed
+    kept.gemm(0)->forward(std::vector<float>(size_t(N * O)).data(), x.data(), w2.data(), CBuf{}, N, I, O);
+    EXPECT_EQ(kept.weight_quantizations(), 4);
+  }
 }
 
 // Tensor parallelism: a column-parallel GEMM (the weight's rows split over 2 thread ranks) and a
