@@ -84,6 +84,11 @@ class Comm {
     exchange(m);
   }
   virtual void barrier() = 0;
+  // A non-blocking exchange (the CP ring's next K/V block while the current one is computed): posts
+  // the messages and returns a ticket that wait() completes, in one order with the start_*
+  // collectives below (device groups: on the communication stream, after the compute stream's queued
+  // work). Its buffers must not be touched until then. By default blocking (ticket -1).
+  int64_t start_exchange(const std::vector<Message>& messages) { return do_start_exchange(messages); }
 
   // Non-blocking collectives (the DP gradient buckets; the distributed optimizer's parameter
   // buckets). start_* starts one and returns a ticket (device groups: on a communication stream,
@@ -112,6 +117,10 @@ class Comm {
   virtual void do_broadcast(void* buf, int64_t n, DType t, int root) = 0;
   virtual void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                                const std::vector<int64_t>& recv_counts, DType t) = 0;
+  virtual int64_t do_start_exchange(const std::vector<Message>& messages) {
+    exchange(messages);
+    return -1;
+  }
   virtual int64_t do_start_all_reduce(void* buf, int64_t n, DType t) {
     do_all_reduce(buf, n, t, ReduceOp::Sum);
     return -1;

@@ -38,7 +38,7 @@ RingBlock RingAttention::block(int step) const {
   return b;
 }
 
-void RingAttention::pass(int from, bool kv, bool dkv) {
+int64_t RingAttention::pass(int from, bool kv, bool dkv, bool start) {
   const int P = cp_.size(), r = cp_.rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t n = B_ * T_ * 2 * KV_ * D_;
   std::vector<Comm::Message> m;
@@ -51,26 +51,36 @@ void RingAttention::pass(int from, bool kv, bool dkv) {
     m.push_back({true, dkv_[from], n, next, 1});
     m.push_back({false, dkv_[1 - from], n, prev, 1});
   }
+  if (start) return cp_.start_exchange(m);
   cp_.exchange(m);
+  return -1;
 }
 
+// Step s computes with K/V buffer cur while the next block arrives in the other (started before the
+// step's attention, waited for after it): the compute reads kv_[cur], the messages read kv_[cur] and
+// write kv_[1 - cur], which no step-s work touches.
 void RingAttention::forward(Buf out, float* lse, CBuf qkv) {
   const int P = cp_.size();
   const int64_t N = B_ * T_, row = (H_ + 2 * KV_) * D_, kvw = 2 * KV_ * D_;
   ops_.copy_rows(kv_[0], kvw, qkv + H_ * D_, row, N, kvw);  // this rank's K/V block
   int cur = 0;
   for (int s = 0; s < P; ++s) {
+    const bool more = s + 1 < P;
+    const int64_t arriving = more ? pass(cur, true, false, true) : -1;
     RingBlock b = block(s);
     b.first = s == 0;  // the diagonal: every query sees itself, out and lse are written
     ops_.attention_block_forward(acc_, lse, qkv, kv_[cur], B_, T_, H_, KV_, D_, b);
-    if (s + 1 < P) {
-      pass(cur, true, false);
+    if (more) {
+      cp_.wait(arriving);
       cur = 1 - cur;
     }
   }
   ops_.convert(out, acc_, N * H_ * D_);
 }
 
+// As forward, the next K/V block arrives during the step's attention; the block's gradient so far,
+// which the step has just added to, goes on after it (after the last step only the gradient, to its
+// owner).
 void RingAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const float* lse) {
   const int P = cp_.size();
   const int64_t N = B_ * T_, row = (H_ + 2 * KV_) * D_, kvw = 2 * KV_ * D_;
@@ -79,10 +89,12 @@ void RingAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const floa
   ops_.zero(dkv_[0], N * kvw);
   int cur = 0;
   for (int s = 0; s < P; ++s) {
+    const bool more = s + 1 < P;
+    const int64_t arriving = more ? pass(cur, true, false, true) : -1;
     ops_.attention_block_backward(acc_, dkv_[cur], dout, out, lse, qkv, kv_[cur], B_, T_, H_, KV_, D_, block(s));
-    // the block and its gradient so far go on; after the last step only the gradient, to its owner
     if (P > 1) {
-      pass(cur, s + 1 < P, true);
+      pass(cur, false, true, false);
+      if (more) cp_.wait(arriving);
       cur = 1 - cur;
     }
   }

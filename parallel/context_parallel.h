@@ -4,7 +4,10 @@
 // work), T = 2c tokens, at their global positions. Everything but attention acts on a rank's tokens
 // alone; attention is a ring: the K/V blocks (only the KV heads) travel round the CP group, each
 // step's block merged into the output by its log-sum-exp, and in backward the blocks travel again
-// with their dK/dV, which arrive back at their owner after the last step. It talks to the other
+// with their dK/dV, which arrive back at their owner after the last step. Each step's K/V message
+// is started before the step's attention and waited for after it (Comm::start_exchange: MPI's
+// non-blocking messages, NCCL's communication stream), so the next block travels while the current
+// one is computed; the gradients go on after it. It talks to the other
 // ranks only through Comm, so CPU ranks (MpiComm) and GPUs (NcclComm) run the same code.
 #pragma once
 #include <cstdint>
@@ -63,8 +66,9 @@ class RingAttention {
   float* acc_ = nullptr;
   // the block of ring step s: the K/V chunks of rank (r - s) mod CP
   RingBlock block(int step) const;
-  // sends (to rank r + 1) and receives (from r - 1) the K/V block and/or its gradient
-  void pass(int from, bool kv, bool dkv);
+  // sends (to rank r + 1) and receives (from r - 1) the K/V block and/or its gradient: blocking, or
+  // started (the ticket for Comm::wait)
+  int64_t pass(int from, bool kv, bool dkv, bool start);
 };
 
 }  // namespace tpt

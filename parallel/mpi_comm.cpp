@@ -56,6 +56,9 @@ MPI_Op mpi_sum(DType t) {
   return op;
 }
 
+// What a wait for started operations names to the watchdog.
+constexpr const char* kStarted = "the started collectives and messages (DP buckets, the CP ring's K/V blocks)";
+
 // The tag of all_to_all_v's point-to-point messages (exchange's tags are the pipeline's 0 and 1).
 constexpr int kAllToAllTag = 1000;
 
@@ -90,8 +93,8 @@ class MpiComm final : public Comm {
     CommWait w("barrier", peers_);
     check(MPI_Barrier(comm_), "Barrier");
   }
-  void wait(int64_t ticket) override { complete(through(ticket), "the DP buckets' collectives"); }
-  void wait_all() override { complete(pending_.size(), "the DP buckets' collectives"); }
+  void wait(int64_t ticket) override { complete(through(ticket), kStarted); }
+  void wait_all() override { complete(pending_.size(), kStarted); }
 
  protected:
   void do_all_reduce(void* buf, int64_t n, DType t, ReduceOp op) override {
@@ -140,6 +143,18 @@ class MpiComm final : public Comm {
     post(all_to_all_messages(send, send_counts, recv, recv_counts, t, rank_, max_count_, kAllToAllTag), "all_to_all_v");
   }
 
+  // Non-blocking messages: MPI_Irecv / MPI_Isend (receives first), one ticket for all.
+  int64_t do_start_exchange(const std::vector<Message>& messages) override {
+    for (int pass = 0; pass < 2; ++pass)
+      for (const Message& m : messages) {
+        if (m.n <= 0 || m.send != (pass == 1)) continue;
+        TPT_CHECK(m.n <= INT_MAX);
+        Pending& p = add();
+        if (m.send) check(MPI_Isend(m.buf, int(m.n), mpi_type(m.t), m.peer, m.tag, comm_, &p.req), "Isend");
+        else check(MPI_Irecv(m.buf, int(m.n), mpi_type(m.t), m.peer, m.tag, comm_, &p.req), "Irecv");
+      }
+    return progress();
+  }
   // Non-blocking: MPI_Iallreduce per chunk, MPI_Ireduce_scatter_block, MPI_Iallgather. They
   // progress inside the rank's later MPI calls (the next start, the pipeline's messages).
   int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {

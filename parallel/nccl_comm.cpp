@@ -86,23 +86,11 @@ class NcclComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  // One group, messages in the given order (NCCL pairs a peer's sends and receives in order; it has
-  // no tags). The group is closed whatever fails inside it, and only then is a failure reported.
+  // One group of the messages on the compute stream (post).
   void exchange(const std::vector<Message>& messages) override {
-    if (messages.empty()) return;
-    check(ncclGroupStart(), "ncclGroupStart");
-    ncclResult_t r = ncclSuccess;
     const char* what = "";
-    for (const Message& m : messages) {
-      if (m.n <= 0) continue;
-      r = m.send ? ncclSend(m.buf, size_t(m.n), nccl_type(m.t), m.peer, comm(), stream_)
-                 : ncclRecv(m.buf, size_t(m.n), nccl_type(m.t), m.peer, comm(), stream_);
-      what = m.send ? "ncclSend" : "ncclRecv";
-      if (failed(r)) break;
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    if (failed(r)) check(r, what);
-    check(end, "ncclGroupEnd");
+    const ncclResult_t r = post(messages, stream_, &what);
+    check(r, what);
   }
   void barrier() override {
     wait_all();
@@ -163,6 +151,13 @@ class NcclComm final : public Comm {
     exchange(all_to_all_messages(send, send_counts, recv, recv_counts, t, rank_, INT64_MAX, 0));
   }
 
+  // The messages on the communication stream (as the collectives below): the CP ring's next K/V block.
+  int64_t do_start_exchange(const std::vector<Message>& messages) override {
+    int64_t n = 0;
+    for (const Message& m : messages) n += std::max<int64_t>(m.n, 0);
+    const char* what = "";
+    return start(n, [&] { return post(messages, comm_stream_, &what); });
+  }
   // On the communication stream, after what the compute stream has queued so far (an event), so
   // the compute stream goes on (backward, the next forward) while the collective runs; an event
   // recorded after it is what wait() orders the compute stream behind.
@@ -177,6 +172,26 @@ class NcclComm final : public Comm {
   }
 
  private:
+  // One NCCL group of the messages on `stream`, in the given order (NCCL pairs a peer's sends and
+  // receives in order; it has no tags). The group is closed whatever fails inside it; returns the
+  // first failure, named in *what.
+  ncclResult_t post(const std::vector<Message>& messages, cudaStream_t stream, const char** what) {
+    if (messages.empty()) return ncclSuccess;
+    *what = "ncclGroupStart";
+    ncclResult_t r = ncclGroupStart();
+    if (failed(r)) return r;
+    for (const Message& m : messages) {
+      if (m.n <= 0) continue;
+      r = m.send ? ncclSend(m.buf, size_t(m.n), nccl_type(m.t), m.peer, comm(), stream)
+                 : ncclRecv(m.buf, size_t(m.n), nccl_type(m.t), m.peer, comm(), stream);
+      *what = m.send ? "ncclSend" : "ncclRecv";
+      if (failed(r)) break;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (failed(r)) return r;
+    *what = "ncclGroupEnd";
+    return end;
+  }
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
   static ncclDataType_t nccl_type(DType t) {
     switch (t) {

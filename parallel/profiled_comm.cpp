@@ -10,18 +10,16 @@ class ProfiledComm final : public Comm {
   int rank() const override { return in_.rank(); }
   int size() const override { return in_.size(); }
   void exchange(const std::vector<Message>& m) override {
-    double bytes = 0;
-    for (const Message& x : m) bytes += double(x.n) * dtype_bytes(x.t);
-    timed("send/recv (with waiting)", bytes, [&] { in_.exchange(m); });
+    timed("send/recv (with waiting)", bytes(m), [&] { in_.exchange(m); });
   }
   void barrier() override {
     timed("barrier", 0, [&] { in_.barrier(); });
   }
   void wait(int64_t ticket) override {
-    timed("wait (bucket)", 0, [&] { in_.wait(ticket); });
+    timed("wait (started)", 0, [&] { in_.wait(ticket); });
   }
   void wait_all() override {
-    timed("wait (all buckets)", 0, [&] { in_.wait_all(); });
+    timed("wait (all started)", 0, [&] { in_.wait_all(); });
   }
 
  protected:
@@ -43,6 +41,11 @@ class ProfiledComm final : public Comm {
     timed("all_to_all_v", payload(all_to_all_offsets(send_counts).back(), t),
           [&] { in_.all_to_all_v(send, send_counts, recv, recv_counts, t); });
   }
+  int64_t do_start_exchange(const std::vector<Message>& m) override {
+    int64_t ticket = -1;
+    timed("start send/recv", bytes(m), [&] { ticket = in_.start_exchange(m); });
+    return ticket;
+  }
   int64_t do_start_all_reduce(void* buf, int64_t n, DType t) override {
     int64_t ticket = -1;
     timed("start all_reduce (bucket)", payload(n, t), [&] { ticket = in_.start_all_reduce(buf, n, t); });
@@ -62,6 +65,11 @@ class ProfiledComm final : public Comm {
 
  private:
   static double payload(int64_t n, DType t) { return double(n) * dtype_bytes(t); }
+  static double bytes(const std::vector<Message>& m) {
+    double b = 0;
+    for (const Message& x : m) b += payload(x.n, x.t);
+    return b;
+  }
   template <class F>
   void timed(const char* what, double bytes, F&& f) {
     const int64_t m0 = prof_.begin();

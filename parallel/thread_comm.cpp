@@ -107,9 +107,14 @@ class DeferringComm : public Comm {
   int64_t do_start_all_gather(void* out, const void* in, int64_t n, DType t) override {
     return add({Kind::AllGather, out, in, n, t});
   }
+  int64_t do_start_exchange(const std::vector<Message>& messages) override {
+    Op op{Kind::Exchange, nullptr, nullptr, 0, DType::F32};
+    op.messages = messages;
+    return add(std::move(op));
+  }
 
  private:
-  enum class Kind { AllReduce, ReduceScatter, AllGather };  // the all-reduce in place, a sum
+  enum class Kind { AllReduce, ReduceScatter, AllGather, Exchange };  // the all-reduce in place, a sum
   struct Op {
     Kind kind;
     void* out;
@@ -117,17 +122,19 @@ class DeferringComm : public Comm {
     int64_t n;
     DType t;
     int64_t ticket = 0;
+    std::vector<Message> messages = {};  // Exchange's
   };
   int64_t add(Op op) {
     op.ticket = next_++;
-    ops_.push_back(op);
+    ops_.push_back(std::move(op));
     return op.ticket;
   }
   void run(int64_t ticket) {
     while (!ops_.empty() && ops_.front().ticket <= ticket) {
-      const Op op = ops_.front();
+      const Op op = std::move(ops_.front());
       ops_.pop_front();
-      if (op.kind == Kind::AllReduce) all_reduce(op.out, op.n, op.t, ReduceOp::Sum);
+      if (op.kind == Kind::Exchange) exchange(op.messages);
+      else if (op.kind == Kind::AllReduce) all_reduce(op.out, op.n, op.t, ReduceOp::Sum);
       else if (op.kind == Kind::ReduceScatter) reduce_scatter(op.out, op.in, op.n, op.t);
       else all_gather(op.out, op.in, op.n, op.t);
     }

@@ -169,7 +169,7 @@ struct Work {
   double attn_f = 0, attn_b = 0;
   double elem_f = 0, elem_b = 0;
   double tp_f = 0, tp_b = 0;
-  double cp_f = 0, cp_b = 0;                  // context parallelism's ring messages (not overlapped)
+  double cp_f = 0, cp_b = 0;                  // context parallelism's ring messages (exposed)
   double ep_f = 0, ep_b = 0;                  // the MoE dispatch's all-to-alls over EP (not overlapped)
   double recompute = 0;                       // extra forward work before the backward
   double forward() const { return gemm_f + attn_f + elem_f + tp_f + cp_f + ep_f; }
@@ -328,10 +328,16 @@ class Model {
                                                            4.0 * Nt * E * 3.0, 14)
                                         : 0.0;
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
-    // the CP ring (CP peers are TP apart): CP - 1 steps passing a K/V block forward; backward CP - 1
-    // K/V blocks and CP fp32 dK/dV blocks
-    const double cpf = k.cp > 1 ? (k.cp - 1) * send(k.kv_block * cb_, k.tp * k.cp) : 0.0;
-    const double cpb = k.cp > 1 ? cpf + k.cp * send(k.kv_block * 4, k.tp * k.cp) : 0.0;
+    // the CP ring (CP peers are TP apart; parallel/context_parallel.cpp): CP - 1 steps passing a K/V
+    // block, each started before the step's attention and waited for after it, so exposed only where
+    // it takes longer than the step's block (af / CP: the chunk layout gives every step the same
+    // causal work); backward the same K/V blocks against the blocks' backward, then CP fp32 dK/dV
+    // blocks, each sent after its step's attention (not overlapped)
+    const double kv_send = k.cp > 1 ? send(k.kv_block * cb_, k.tp * k.cp) : 0.0;
+    const double cpf = k.cp > 1 ? (k.cp - 1) * std::max(0.0, kv_send - af / k.cp) : 0.0;
+    const double cpb = k.cp > 1 ? (k.cp - 1) * std::max(0.0, kv_send - 2.5 * af / k.cp) +
+                                      k.cp * send(k.kv_block * 4, k.tp * k.cp)
+                                : 0.0;
     // EP: per MoE layer the rows out (dispatch) and back (combine) forward, their gradients backward
     const double epc = all_to_all(rows * C * cb_, k.moe.ep, k.moe.etp);
     const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;

@@ -359,5 +359,34 @@ TEST(MpiGrid, StartedReduceScattersAndAllGathersInPlace) {
   EXPECT_EQ(b[size_t(2 * (n - 1))], float(n - 1));
 }
 
+// The CP ring's started messages (Comm::start_exchange): a block sent round the ring while another
+// tag's blocking messages and a started all-reduce run on the same group; each wait completes its
+// ticket's messages, in start order with the collective.
+TEST(MpiGrid, StartedMessagesRoundARingWithBlockingOnesBetween) {
+  const int world = runtime_world_size();
+  Grid g = make_grid(1, 1, world);
+  Comm& c = *g.world;
+  const int r = c.rank(), n = c.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<float> block(4), arrived(4, -1.0f), grad(2, float(r)), grad_in(2, -1.0f), sum(3, 1.0f);
+  for (int i = 0; i < 4; ++i) block[size_t(i)] = float(10 * r + i);
+  const int64_t t0 =
+      c.start_exchange({{true, block.data(), 4, next, 0}, {false, arrived.data(), 4, prev, 0}});
+  const int64_t t1 = c.start_all_reduce(sum.data(), 3);
+  c.exchange({{true, grad.data(), 2, next, 1}, {false, grad_in.data(), 2, prev, 1}});  // meanwhile
+  EXPECT_EQ(grad_in[1], float(prev));
+  c.wait(t0);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(arrived[size_t(i)], float(10 * prev + i)) << i;
+  c.wait(t1);
+  EXPECT_EQ(sum[2], float(n));
+  // a started exchange of nothing, and wait_all with several in flight
+  c.wait(c.start_exchange({}));
+  std::vector<float> back(4, -1.0f);
+  c.start_exchange({{true, arrived.data(), 4, prev, 0}, {false, back.data(), 4, next, 0}});
+  c.start_all_reduce(sum.data(), 3);
+  c.wait_all();
+  EXPECT_EQ(back, block);
+  EXPECT_EQ(sum[0], float(n * n));
+}
+
 }  // namespace
 }  // namespace tpt

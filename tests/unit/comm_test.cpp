@@ -171,6 +171,27 @@ TEST(TypedCollectives, IntegerAndDoubleReductionsAreExact) {
   });
 }
 
+// Started messages (Comm::start_exchange, the CP ring's K/V blocks) on thread ranks and on the
+// group of one: a block round a ring of 3 with blocking messages of another tag between start and
+// wait. Thread ranks defer the messages to the wait and read the send buffer then, as late as a
+// non-blocking send may (a buffer written inside its window is seen); the group of one has nothing
+// to send.
+TEST(StartedMessages, ARingsBlocksArriveAtTheWaitReadAsLateAsAsynchronousOnes) {
+  run_thread_ranks(1, 1, 3, false, [](Grid& g) {
+    Comm& c = *g.world;
+    const int r = c.rank(), next = (r + 1) % 3, prev = (r + 2) % 3;
+    std::vector<float> block = {float(r), float(10 + r)}, arrived(2, -1.0f), grad = {float(-r)}, grad_in(1);
+    const int64_t t = c.start_exchange({{true, block.data(), 2, next, 0}, {false, arrived.data(), 2, prev, 0}});
+    c.exchange({{true, grad.data(), 1, next, 1}, {false, grad_in.data(), 1, prev, 1}});
+    EXPECT_EQ(grad_in[0], float(-prev));
+    block[1] = float(100 + r);  // inside the window: what a race looks like
+    c.wait(t);
+    EXPECT_EQ(arrived, (std::vector<float>{float(prev), float(100 + prev)}));
+  });
+  auto self = make_self_comm();
+  EXPECT_EQ(self->start_exchange({}), -1);
+}
+
 TEST(TypedCollectives, SixteenBitValuesMoveBitForBit) {
   run_thread_ranks(1, 1, 2, false, [](Grid& g) {
     Comm& c = *g.world;

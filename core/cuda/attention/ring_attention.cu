@@ -3,9 +3,11 @@
 // registers, as the CPU backend's row loop (core/cpu/ring_kernels.cpp) does. Simple and exact rather
 // than fast: the ring's test fixture and the fallback where cuDNN does not run a block
 // (core/cuda/attention/cudnn_attention.h ring_forward: fp32, shapes it refuses, no cuDNN); the
-// cuDNN path's fp32 merge and gradient sums are here too. The backward's warps of one block share
-// its keys, so they add their dK/dV into the fp32 block gradient with atomicAdd: the backend's one
-// kernel with atomics, not bitwise reproducible (the CPU backend adds in a fixed order).
+// cuDNN path's fp32 merge and gradient sums are here too. The backward is two kernels without
+// atomics, so it repeats bit for bit: dQ by a warp per (query row, head) over its keys, dK/dV by a warp
+// per (key row, KV head) over the queries that see it -- the group's heads, then the rows, in order --
+// recomputing each pair's probability and D = rowsum(dO o O) (one more dot product per pair than a
+// shared-atomic kernel, no atomics).
 #include <cmath>
 #include <string>
 
@@ -93,9 +95,8 @@ __global__ void ring_forward_kernel(float* out, float* lse, const T* qkv, const 
 }
 
 template <class T>
-__global__ void ring_backward_kernel(float* dq, float* dkv, const T* dout, const T* out, const float* lse,
-                                     const T* qkv, const T* kv, int64_t T_, int64_t H, int64_t KV, int64_t D,
-                                     RingBlock blk) {
+__global__ void ring_backward_dq_kernel(float* dq, const T* dout, const T* out, const float* lse, const T* qkv,
+                                        const T* kv, int64_t T_, int64_t H, int64_t KV, int64_t D, RingBlock blk) {
   const RingRow w(blk, H, KV, D);
   if (w.empty()) return;
   const int64_t t = w.t, h = w.h, b = w.b, row = w.row, krow = w.krow, koff = w.koff, voff = w.voff;
@@ -106,7 +107,6 @@ __global__ void ring_backward_kernel(float* dq, float* dkv, const T* dout, const
   const T* dy = dout + (b * T_ + t) * H * D + h * D;
   const T* y = out + (b * T_ + t) * H * D + h * D;
   const T* kb = kv + b * T_ * krow;
-  float* dkb = dkv + b * T_ * krow;
   const float lse_t = lse[(b * H + h) * T_ + t];
   float qv[kPer], dyv[kPer], dqa[kPer], delta = 0.0f;
 #pragma unroll
@@ -133,16 +133,10 @@ __global__ void ring_backward_kernel(float* dq, float* dkv, const T* dout, const
       }
       const float p = expf(warp_sum(dot) * scale - lse_t);
       const float ds = p * (warp_sum(dp) - delta) * scale;
-      float* dk = dkb + s * krow + koff;
-      float* dv = dkb + s * krow + voff;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int64_t d = lane + k * kLanes;
-        if (d < D) {
-          dqa[k] += ds * ld(key, d);
-          atomicAdd(dk + d, ds * qv[k]);
-          atomicAdd(dv + d, p * dyv[k]);
-        }
+        if (d < D) dqa[k] += ds * ld(key, d);
       }
     }
   float* dqr = dq + (b * T_ + t) * H * D + h * D;
@@ -150,6 +144,67 @@ __global__ void ring_backward_kernel(float* dq, float* dkv, const T* dout, const
   for (int k = 0; k < kPer; ++k) {
     const int64_t d = lane + k * kLanes;
     if (d < D) dqr[d] += dqa[k];
+  }
+}
+
+// A warp per (key row s, KV head g, sequence b): the dK/dV of the key from every query that sees it
+// (RingBlock::visible), the group's query heads in order, each head's rows in order.
+template <class T>
+__global__ void ring_backward_dkv_kernel(float* dkv, const T* dout, const T* out, const float* lse, const T* qkv,
+                                         const T* kv, int64_t T_, int64_t H, int64_t KV, int64_t D, RingBlock blk) {
+  const int64_t s = blockIdx.x, g = blockIdx.y, b = blockIdx.z, row = (H + 2 * KV) * D, krow = 2 * KV * D;
+  const int64_t j = s / blk.c, i = s % blk.c, G = H / KV;
+  const float scale = 1.0f / sqrtf(float(D));
+  const int lane = threadIdx.x;
+  const T* key = kv + (b * T_ + s) * krow + g * D;
+  const T* val = key + KV * D;
+  float kr[kPer], vr[kPer], dk[kPer], dv[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t d = lane + k * kLanes;
+    kr[k] = d < D ? ld(key, d) : 0.0f;
+    vr[k] = d < D ? ld(val, d) : 0.0f;
+    dk[k] = dv[k] = 0.0f;
+  }
+  bool seen = false;
+  for (int64_t h = g * G; h < (g + 1) * G; ++h)
+    for (int64_t t = 0; t < T_; ++t) {
+      int64_t n[2];
+      blk.visible(t, n);
+      if (i >= n[j]) continue;
+      seen = true;
+      const T* q = qkv + (b * T_ + t) * row + h * D;
+      const T* dy = dout + (b * T_ + t) * H * D + h * D;
+      const T* y = out + (b * T_ + t) * H * D + h * D;
+      float dot = 0.0f, dp = 0.0f, delta = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t d = lane + k * kLanes;
+        if (d < D) {
+          const float dyd = ld(dy, d);
+          dot += ld(q, d) * kr[k];
+          dp += dyd * vr[k];
+          delta += dyd * ld(y, d);
+        }
+      }
+      const float p = expf(warp_sum(dot) * scale - lse[(b * H + h) * T_ + t]);
+      const float ds = p * (warp_sum(dp) - warp_sum(delta)) * scale;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t d = lane + k * kLanes;
+        if (d < D) {
+          dk[k] += ds * ld(q, d);
+          dv[k] += p * ld(dy, d);
+        }
+      }
+    }
+  if (!seen) return;
+  float* dkr = dkv + (b * T_ + s) * krow + g * D;
+  float* dvr = dkr + KV * D;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t d = lane + k * kLanes;
+    if (d < D) dkr[d] += dk[k], dvr[d] += dv[k];
   }
 }
 
@@ -225,8 +280,11 @@ void ring_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float
   if (B * T * H == 0) return;
   dispatch(qkv.t, [&](auto tag) {
     using X = decltype(tag);
-    ring_backward_kernel<X><<<dim3(unsigned(T), unsigned(H), unsigned(B)), kLanes, 0, s>>>(
-        dq, dkv, typed<X>(dout), typed<X>(out), lse, typed<X>(qkv), typed<X>(kv), T, H, KV, D, blk);
+    ring_backward_dq_kernel<X><<<dim3(unsigned(T), unsigned(H), unsigned(B)), kLanes, 0, s>>>(
+        dq, typed<X>(dout), typed<X>(out), lse, typed<X>(qkv), typed<X>(kv), T, H, KV, D, blk);
+    TPT_CUDA_LAUNCHED();
+    ring_backward_dkv_kernel<X><<<dim3(unsigned(T), unsigned(KV), unsigned(B)), kLanes, 0, s>>>(
+        dkv, typed<X>(dout), typed<X>(out), lse, typed<X>(qkv), typed<X>(kv), T, H, KV, D, blk);
     TPT_CUDA_LAUNCHED();
   });
 }

@@ -13,7 +13,7 @@ namespace tpt::cuda {
 constexpr int64_t kRingMaxD = 256;
 void ring_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
                         int64_t D, const RingBlock& blk, cudaStream_t s);
-// dk, dv add by atomics (fp32): not bitwise reproducible between runs
+// dq, dk, dv added into (fp32) by two kernels without atomics: bitwise repeatable
 void ring_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float* lse, CBuf qkv, CBuf kv, int64_t B,
                          int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk, cudaStream_t s);
 // The cuDNN ring path's fp32 steps (core/cuda/attention/cudnn_attention.h ring_forward / backward), a
