@@ -12,7 +12,7 @@ namespace tpt {
 
 int64_t RingAttention::buffer_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t) {
   const int64_t kv = B * T * 2 * KV * D;
-  return 2 * dtype_size(kv, t) + 2 * 4 * kv + 4 * B * T * H * D;
+  return 2 * dtype_size(kv, t) + 3 * 4 * kv + 4 * B * T * H * D;
 }
 
 RingAttention::RingAttention(Ops& ops, Comm& cp, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t)
@@ -21,11 +21,13 @@ RingAttention::RingAttention(Ops& ops, Comm& cp, int64_t B, int64_t T, int64_t H
   const int64_t kv = B * T * 2 * KV * D;
   for (int i = 0; i < 2; ++i) kv_[i] = ops.alloc(kv, t);
   for (int i = 0; i < 2; ++i) dkv_[i] = ops.alloc(size_t(kv));
+  dloc_ = ops.alloc(size_t(kv));
   acc_ = ops.alloc(size_t(B * T * H * D));
 }
 
 RingAttention::~RingAttention() {
   for (int i = 0; i < 2; ++i) ops_.free(kv_[i].p), ops_.free(dkv_[i]);
+  ops_.free(dloc_);
   ops_.free(acc_);
 }
 
@@ -78,28 +80,43 @@ void RingAttention::forward(Buf out, float* lse, CBuf qkv) {
   ops_.convert(out, acc_, N * H_ * D_);
 }
 
-// As forward, the next K/V block arrives during the step's attention; the block's gradient so far,
-// which the step has just added to, goes on after it (after the last step only the gradient, to its
-// owner).
+// As forward, the next K/V block arrives during the step's attention. The gradients: step 0's
+// (the own block) go straight into a buffer that is then sent on; from step 1 on the step's
+// contributions go into dloc_ while the partial sums of the same block, sent by rank r - 1 after its
+// previous step, arrive; then they are added (partial + this rank's) and sent on, overlapping the next
+// step. After the last step the own block's complete gradient arrives from r - 1.
 void RingAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const float* lse) {
   const int P = cp_.size();
   const int64_t N = B_ * T_, row = (H_ + 2 * KV_) * D_, kvw = 2 * KV_ * D_;
   ops_.copy_rows(kv_[0], kvw, qkv + H_ * D_, row, N, kvw);
   ops_.zero(acc_, N * H_ * D_);
   ops_.zero(dkv_[0], N * kvw);
-  int cur = 0;
+  int cur = 0, dcur = 0;  // the K/V block in use; the gradient buffer last sent on
+  int64_t grads = -1;     // that send's (and the next one's receive) ticket
   for (int s = 0; s < P; ++s) {
     const bool more = s + 1 < P;
     const int64_t arriving = more ? pass(cur, true, false, true) : -1;
-    ops_.attention_block_backward(acc_, dkv_[cur], dout, out, lse, qkv, kv_[cur], B_, T_, H_, KV_, D_, block(s));
-    if (P > 1) {
-      pass(cur, false, true, false);
-      if (more) cp_.wait(arriving);
+    if (s > 0) ops_.zero(dloc_, N * kvw);
+    ops_.attention_block_backward(acc_, s == 0 ? dkv_[0] : dloc_, dout, out, lse, qkv, kv_[cur], B_, T_, H_, KV_, D_,
+                                  block(s));
+    if (P == 1) break;
+    if (s > 0) {  // the block's partial sums from r - 1, plus this rank's
+      cp_.wait(grads);
+      dcur = 1 - dcur;
+      ops_.accumulate(dkv_[dcur], dloc_, N * kvw);
+    }
+    grads = pass(dcur, false, true, true);
+    if (more) {
+      cp_.wait(arriving);
       cur = 1 - cur;
     }
   }
+  if (P > 1) {
+    cp_.wait(grads);
+    dcur = 1 - dcur;
+  }
   ops_.copy_rows(dqkv, row, acc_, H_ * D_, N, H_ * D_);
-  ops_.copy_rows(dqkv + H_ * D_, row, dkv_[cur], kvw, N, kvw);
+  ops_.copy_rows(dqkv + H_ * D_, row, dkv_[dcur], kvw, N, kvw);
 }
 
 }  // namespace tpt

@@ -7,7 +7,8 @@
 // with their dK/dV, which arrive back at their owner after the last step. Each step's K/V message
 // is started before the step's attention and waited for after it (Comm::start_exchange: MPI's
 // non-blocking messages, NCCL's communication stream), so the next block travels while the current
-// one is computed; the gradients go on after it. It talks to the other
+// one is computed; each block's gradient so far goes on (started) after the step, while the next step
+// computes. It talks to the other
 // ranks only through Comm, so CPU ranks (MpiComm) and GPUs (NcclComm) run the same code.
 #pragma once
 #include <cstdint>
@@ -47,8 +48,8 @@ class RingAttention {
   RingAttention(const RingAttention&) = delete;
   RingAttention& operator=(const RingAttention&) = delete;
   // What the constructor allocates: two K/V blocks (B, T, 2 KV D) in t (the one in use, the one
-  // arriving), their two fp32 gradient blocks, and one fp32 (B, T, H D) accumulator (forward's
-  // output, backward's dq).
+  // arriving), three fp32 gradient blocks (the one going on, the one arriving, the step's own
+  // contributions), and one fp32 (B, T, H D) accumulator (forward's output, backward's dq).
   static int64_t buffer_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t);
   // out (B, T, H D) in t, lse (B, H, T) fp32 of the causal attention of qkv (B, T, (H + 2 KV) D) over
   // the whole sequence of the CP group. Collective over the CP group.
@@ -63,6 +64,7 @@ class RingAttention {
   DType t_;
   Buf kv_[2];
   float* dkv_[2] = {nullptr, nullptr};
+  float* dloc_ = nullptr;  // backward: a step's own dK/dV contributions (fp32)
   float* acc_ = nullptr;
   // the block of ring step s: the K/V chunks of rank (r - s) mod CP
   RingBlock block(int step) const;

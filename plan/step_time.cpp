@@ -331,13 +331,15 @@ class Model {
     // the CP ring (CP peers are TP apart; parallel/context_parallel.cpp): CP - 1 steps passing a K/V
     // block, each started before the step's attention and waited for after it, so exposed only where
     // it takes longer than the step's block (af / CP: the chunk layout gives every step the same
-    // causal work); backward the same K/V blocks against the blocks' backward, then CP fp32 dK/dV
-    // blocks, each sent after its step's attention (not overlapped)
+    // causal work); backward each step's window (2.5 af / CP) carries the next K/V block (all but the
+    // last step) and the last step's fp32 dK/dV (all but the first); the last dK/dV, to its owner,
+    // after the last step
     const double kv_send = k.cp > 1 ? send(k.kv_block * cb_, k.tp * k.cp) : 0.0;
+    const double dkv_send = k.cp > 1 ? send(k.kv_block * 4, k.tp * k.cp) : 0.0;
     const double cpf = k.cp > 1 ? (k.cp - 1) * std::max(0.0, kv_send - af / k.cp) : 0.0;
-    const double cpb = k.cp > 1 ? (k.cp - 1) * std::max(0.0, kv_send - 2.5 * af / k.cp) +
-                                      k.cp * send(k.kv_block * 4, k.tp * k.cp)
-                                : 0.0;
+    double cpb = k.cp > 1 ? dkv_send : 0.0;
+    for (int s = 0; s < k.cp && k.cp > 1; ++s)
+      cpb += std::max(0.0, (s + 1 < k.cp ? kv_send : 0.0) + (s > 0 ? dkv_send : 0.0) - 2.5 * af / k.cp);
     // EP: per MoE layer the rows out (dispatch) and back (combine) forward, their gradients backward
     const double epc = all_to_all(rows * C * cb_, k.moe.ep, k.moe.etp);
     const double layer_f = gf + af + ef + k.row_parallel() * tpc + cpf;

@@ -90,7 +90,7 @@ struct StepTime {
   double bubble_s = 0;               // pipeline_s - ideal_s (idle time and pipeline messages)
   // the busiest stage's work over the iteration's micro-batches
   double gemm_s = 0, attention_s = 0, elementwise_s = 0, tp_comm_s = 0, recompute_s = 0;
-  double cp_comm_s = 0;              // context parallelism's ring (exposed: the K/V blocks beyond the attention they overlap, the dK/dV blocks)
+  double cp_comm_s = 0;              // context parallelism's ring (exposed: its messages beyond the attention they overlap, the last dK/dV)
   double ep_comm_s = 0;              // expert parallelism's all-to-alls (not overlapped)
   double p2p_per_message_s = 0;      // one pipeline message
   double dp_comm_s = 0;              // DP gradient reduction (+ parameter all-gather), before overlap
