@@ -122,7 +122,8 @@ AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtyp
 // The kernel CudaOps runs a CP ring block with: "cudnn" (cuDNN's SDPA per pair of token chunks:
 // bf16 / fp16, head dimension a multiple of 8, chunks a multiple of 4 tokens -- where libcudnn.so.9
 // loads and builds the graphs, else the fallback), "fallback" (core/cuda/attention/ring_attention.cu,
-// a warp per query row, dQ and dK/dV in two kernels without atomics).
+// a warp per row, the other operand's rows staged in shared memory, dQ and dK/dV in two kernels
+// without atomics).
 std::string cp_attention_kernel(const GPTDims& d, DType dtype);
 // One line: "<total> MiB (<bytes> bytes): weights .., gradients .., optimizer .., activations ..,
 // workspace .., buffers .., backend .. MiB" (the trainer's start-up log uses it; no backend part on

@@ -9,7 +9,7 @@
 
 namespace tpt::cuda {
 
-// Head dims up to kRingMaxD (a warp per query row, kRingMaxD / 32 channels per lane).
+// Head dims up to kRingMaxD (a warp per row, kRingMaxD / 32 channels per lane).
 constexpr int64_t kRingMaxD = 256;
 void ring_block_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV,
                         int64_t D, const RingBlock& blk, cudaStream_t s);
