@@ -279,6 +279,9 @@ class ProfiledOps final : public Ops {
                           int margin) override {
     timed("fp8 scales", 0, 12.0 * n, [&] { in_.fp8_current_scales(scale, scale_inv, amax, t, n, margin); });
   }
+  void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) override {
+    timed("fp8 transpose", 0, 2.0 * double(rows * cols), [&] { in_.fp8_transpose(out, in, rows, cols); });
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv) override {
     timed("fp8 quantize blocks", 0, double(dtype_size(rows * cols, inp.t) + rows * cols),

@@ -86,11 +86,15 @@ struct RingBlock {
 // *scale_inv (one fp32 on the device: 1 / the scale it was quantized with, core/fp8.h); with blocks
 // (block_rows > 0, Ops::fp8_quantize_blocks) times the scale_inv of its block: element (r, c) of the
 // row-major (rows, cols) codes reads scale_inv[(r / block_rows) * ceil(cols / block_cols) + c / block_cols].
+// t_codes (optional, a weight's): the same codes transposed, (cols, rows) -- Transformer Engine's
+// columnwise copy, kept with the weight's codes once per step -- which a GEMM that reads the operand
+// transposed takes instead of transposing the codes itself (the scales stay as for codes).
 struct Fp8Operand {
   const uint8_t* codes = nullptr;
   Fp8Type t = Fp8Type::E4M3;
   const float* scale_inv = nullptr;
   int64_t block_rows = 0, block_cols = 0, cols = 0;
+  const uint8_t* t_codes = nullptr;
   explicit operator bool() const { return codes != nullptr; }
 };
 
@@ -285,6 +289,8 @@ class Ops {
   // (at most kFp8MaxScales), scale[i] = core/fp8.h fp8_scale_from_amax(amax[i], 1, t[i], margin) and
   // scale_inv[i] = 1 / scale[i].
   static constexpr int kFp8MaxScales = 4;
+  // out (cols, rows) = in (rows, cols) transposed, FP8 codes (a kept weight's columnwise copy).
+  virtual void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) = 0;
   virtual void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
                                   int margin) = 0;
   // Blockwise (docs/FP8.md "Blockwise scaling"): in (rows, cols) in blocks of (block_rows, block_cols)

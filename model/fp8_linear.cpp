@@ -31,8 +31,8 @@ int64_t kept_scale_floats(const Fp8LinearOptions& o, const Fp8Weight& w) {
 
 int64_t Fp8State::weight_cache_bytes(const Fp8LinearOptions& o, const std::vector<Fp8Weight>& weights) {
   int64_t codes = 0, floats = 0;
-  for (const Fp8Weight& w : weights)
-    if (w.O * w.I > 0) codes += round_up(w.O * w.I, 256), floats += kept_scale_floats(o, w);
+  for (const Fp8Weight& w : weights)  // the codes and their transpose
+    if (w.O * w.I > 0) codes += 2 * round_up(w.O * w.I, 256), floats += kept_scale_floats(o, w);
   return codes ? codes + 4 * round_up(floats, 64) : 0;
 }
 
@@ -49,8 +49,8 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     for (size_t g = 0; g < weights.size(); ++g) {
       const Fp8Weight& w = weights[g];
       if (w.O * w.I == 0) continue;
-      kept_[g] = KeptWeight{codes, floats, w.O * w.I};
-      codes += round_up(w.O * w.I, 256);
+      kept_[g] = KeptWeight{codes, codes + round_up(w.O * w.I, 256), floats, w.O, w.I};
+      codes += 2 * round_up(w.O * w.I, 256);
       floats += kept_scale_floats(o_, w);
     }
     kept_codes_ = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(codes)));
@@ -115,9 +115,9 @@ void Fp8State::scales_loaded() {
 }
 
 Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
-  if (kept_.empty() || kept_[size_t(g)].n == 0) return nullptr;
+  if (kept_.empty() || kept_[size_t(g)].O == 0) return nullptr;
   KeptWeight* k = &kept_[size_t(g)];
-  TPT_CHECK(k->n == n);
+  TPT_CHECK(k->O * k->I == n);
   if (k->src != w.p || k->epoch != epoch_) k->src = nullptr;  // stale: quantized again below
   return k;
 }
@@ -127,9 +127,15 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
   KeptWeight* kw = n[kW] ? kept(g, x[kW], n[kW]) : nullptr;  // the weight's kept copy (src null: to make)
   const bool reuse = kw && kw->src;
-  auto keep = [&] {  // the copy just made is current
+  auto keep = [&] {  // the copy just made is current; its columnwise (transposed) copy
     kw->src = x[kW].p, kw->epoch = epoch_;
+    ops_.fp8_transpose(kept_codes_ + kw->t_codes, kept_codes_ + kw->codes, kw->O, kw->I);
     ++weight_quantizations_;
+  };
+  // the kept weight's operand: its codes, and their transpose
+  auto kept_operand = [&](Fp8Operand q) {
+    q.t_codes = kept_codes_ + kw->t_codes;
+    return q;
   };
   if (o_.blockwise) {  // a scale per block, the blocks' scale_inv in state_ (inputs, weights, gradients)
     TPT_CHECK(cols && brows && bcols);
@@ -146,6 +152,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
           ops_.fp8_quantize_blocks(codes, x[i], rows, cols[i], brows[i], bcols[i], type(i), o_.margin, si);
         if (i == kW && kw && !reuse) keep();
         q[i] = Fp8Operand{codes, type(i), si, brows[i], bcols[i], cols[i]};
+        if (i == kW && kw) q[i] = kept_operand(q[i]);
       }
       scale_inv += block_cap_[i];
     }
@@ -163,6 +170,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
         if (i == kW && kw) keep();
       }
       q[i] = Fp8Operand{codes, type(i), state_ + 2 * T + k};
+      if (i == kW && kw) q[i] = kept_operand(q[i]);
     }
     return;
   }
@@ -191,7 +199,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
         ops_.copy(kept_si + 1, amax + i, 1);
         keep();
       }
-      q[i] = Fp8Operand{kept_codes_ + kw->codes, type(i), kept_si};
+      q[i] = kept_operand(Fp8Operand{kept_codes_ + kw->codes, type(i), kept_si});
       continue;
     }
     ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), scale + i, amax + i);

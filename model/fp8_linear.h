@@ -21,7 +21,8 @@
 // and scale give the same codes, so a split backward (ZB-H1) and recompute give what one backward gives.
 // The weights are the exception where Fp8State is given their shapes (GPTStage): a weight's codes and
 // scales are kept from its first quantization until weights_changed() (the trainer calls it when a
-// training step or an evaluation begins), as Transformer Engine keeps them over a step's micro-batches --
+// training step or an evaluation begins), with their transpose (Fp8Operand::t_codes, for the input
+// gradient), as Transformer Engine keeps rowwise and columnwise copies over a step's micro-batches --
 // the codes a new quantization would give, one quantization per step instead of two per micro-batch.
 #pragma once
 #include <array>
@@ -111,8 +112,9 @@ class Fp8State {
   // The weights' FP8 copies are stale from here on (their next quantization makes new ones).
   void weights_changed() { ++epoch_; }
   int64_t weight_quantizations() const { return weight_quantizations_; }  // of the kept weights (tests)
-  // the bytes of the kept weights' copies: their codes (each 256-byte aligned), and a device float per
-  // weight (current scaling's scale_inv) or per 128 x 128 block (blockwise), in 256-byte allocations
+  // the bytes of the kept weights' copies: their codes and transposed codes (each 256-byte aligned), and
+  // two device floats per weight (current scaling's scale_inv and amax) or one per 128 x 128 block
+  // (blockwise), in 256-byte allocations
   static int64_t weight_cache_bytes(const Fp8LinearOptions& options, const std::vector<Fp8Weight>& weights);
 
   // Current scaling: GEMM g's amax reductions instead of the options' (a MoE expert's: its expert-TP
@@ -147,11 +149,11 @@ class Fp8State {
   float* state_ = nullptr;  // on the device, state_floats
   std::vector<float> scale_, history_;  // host
   std::vector<std::array<Comm*, 2>> groups_;          // each GEMM's amax reductions (current scaling)
-  // the kept weights: per GEMM its codes' and scales' offsets, its elements (0: none), and what it was
+  // the kept weights: per GEMM its codes', transposed codes' and scales' offsets, its shape (0: none), and what it was
   // made from when (the weight's address, the epoch; valid while both match); current scaling keeps
   // its scale_inv and reduced amax on the device (two floats at `scales`)
   struct KeptWeight {
-    int64_t codes = 0, scales = 0, n = 0;
+    int64_t codes = 0, t_codes = 0, scales = 0, O = 0, I = 0;
     const void* src = nullptr;
     uint64_t epoch = 0;
   };

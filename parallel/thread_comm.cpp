@@ -125,9 +125,9 @@ class DeferringComm : public Comm {
     std::vector<Message> messages = {};  // Exchange's
   };
   int64_t add(Op op) {
-    op.ticket = next_++;
+    const int64_t ticket = op.ticket = next_++;
     ops_.push_back(std::move(op));
-    return op.ticket;
+    return ticket;
   }
   void run(int64_t ticket) {
     while (!ops_.empty() && ops_.front().ticket <= ticket) {

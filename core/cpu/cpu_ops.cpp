@@ -257,6 +257,10 @@ class CpuOps final : public Ops {
     TPT_CHECK(n >= 0 && n <= kFp8MaxScales);
     for (int i = 0; i < n; ++i) scale[i] = fp8_scale_from_amax(amax[i], 1.0f, t[i], margin), scale_inv[i] = 1.0f / scale[i];
   }
+  void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv) override {
     cpu::fp8_quantize_blocks(out, in(inp, rows * cols, 0), rows, cols, br, bc, t, margin, scale_inv);
@@ -273,7 +277,7 @@ class CpuOps final : public Ops {
                            int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     const float* dy = dequantize(dout, N * O, 0);
-    if (dinp) input_grad_staged(dinp, dy, dequantize(w, O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
+    if (dinp) input_grad_staged(dinp, dy, dequantize(row_major(w, O, I), O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
     if (dw) weight_grad(dw, dy, dequantize(inp, N * I, 1), N, I, O);
   }
 
@@ -487,6 +491,16 @@ class CpuOps final : public Ops {
     return s;
   }
   // an FP8 operand's n values as fp32 in staging slot `slot`: fp8_to_fp32(code) * scale_inv
+  // The weight of the input gradient's GEMM as the GPU reads it: from its transposed codes where kept
+  // (transposed back here, so that the emulation checks them), else its codes.
+  Fp8Operand row_major(Fp8Operand w, int64_t O, int64_t I) {
+    if (!w.t_codes) return w;
+    codes_.resize(size_t(O * I));
+    fp8_transpose(codes_.data(), w.t_codes, I, O);
+    w.codes = codes_.data();
+    return w;
+  }
+  std::vector<uint8_t> codes_;
   const float* dequantize(const Fp8Operand& x, int64_t n, int slot) {
     float* f = stage(slot, n);
     cpu::fp8_dequantize(f, x, n);

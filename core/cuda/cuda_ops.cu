@@ -474,6 +474,9 @@ class CudaOps final : public Ops {
                           int margin) override {
     cuda::fp8_current_scales(scale, scale_inv, amax, t, n, margin, stream_);
   }
+  void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) override {
+    cuda::fp8_transpose(out, in, rows, cols, stream_);
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv) override {
     cuda::fp8_quantize_blocks(out, in, rows, cols, br, bc, t, margin, scale_inv, stream_);

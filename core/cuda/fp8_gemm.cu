@@ -160,8 +160,9 @@ void Fp8Gemms::backward(Buf dinp, Buf dw, const Fp8Operand& dout, const Fp8Opera
     g.M = N, g.Nc = I, g.K = O;
     g.a = side(dout, dout.codes, N, O, false, s0, stream_);
     const bool fp8 = shapes && g.a.ok && aligned16(dout.codes) && aligned16(dinp.p);
-    if (fp8) fp8_transpose(t0, w.codes, O, I, stream_);
-    g.b = side(w, t0, I, O, true, s1, stream_);
+    const uint8_t* wt = w.t_codes ? w.t_codes : t0;  // the kept columnwise copy, or one made here
+    if (fp8 && !w.t_codes) fp8_transpose(t0, w.codes, O, I, stream_);
+    g.b = side(w, wt, I, O, true, s1, stream_);
     g.fp8 = fp8 && g.b.ok;
     g.xa = &dout, g.xb = &w, g.na = N * O, g.nb = O * I;
     g.fa = Operand{nullptr, O}, g.fb = Operand{nullptr, I};
