@@ -40,22 +40,13 @@ RingBlock RingAttention::block(int step) const {
   return b;
 }
 
-int64_t RingAttention::pass(int from, bool kv, bool dkv, bool start) {
+int64_t RingAttention::pass(int from, bool grads) {
   const int P = cp_.size(), r = cp_.rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t n = B_ * T_ * 2 * KV_ * D_;
-  std::vector<Comm::Message> m;
   // tags: 0 the K/V blocks, 1 their gradients
-  if (kv) {
-    m.push_back({true, static_cast<float*>(kv_[from].p), words_of(n, t_), next, 0});
-    m.push_back({false, static_cast<float*>(kv_[1 - from].p), words_of(n, t_), prev, 0});
-  }
-  if (dkv) {
-    m.push_back({true, dkv_[from], n, next, 1});
-    m.push_back({false, dkv_[1 - from], n, prev, 1});
-  }
-  if (start) return cp_.start_exchange(m);
-  cp_.exchange(m);
-  return -1;
+  if (grads) return cp_.start_exchange({{true, dkv_[from], n, next, 1}, {false, dkv_[1 - from], n, prev, 1}});
+  return cp_.start_exchange({{true, kv_[from].p, words_of(n, t_), next, 0},
+                             {false, kv_[1 - from].p, words_of(n, t_), prev, 0}});
 }
 
 // Step s computes with K/V buffer cur while the next block arrives in the other (started before the
@@ -68,7 +59,7 @@ void RingAttention::forward(Buf out, float* lse, CBuf qkv) {
   int cur = 0;
   for (int s = 0; s < P; ++s) {
     const bool more = s + 1 < P;
-    const int64_t arriving = more ? pass(cur, true, false, true) : -1;
+    const int64_t arriving = more ? pass(cur, false) : -1;
     RingBlock b = block(s);
     b.first = s == 0;  // the diagonal: every query sees itself, out and lse are written
     ops_.attention_block_forward(acc_, lse, qkv, kv_[cur], B_, T_, H_, KV_, D_, b);
@@ -95,7 +86,7 @@ void RingAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const floa
   int64_t grads = -1;     // that send's (and the next one's receive) ticket
   for (int s = 0; s < P; ++s) {
     const bool more = s + 1 < P;
-    const int64_t arriving = more ? pass(cur, true, false, true) : -1;
+    const int64_t arriving = more ? pass(cur, false) : -1;
     if (s > 0) ops_.zero(dloc_, N * kvw);
     ops_.attention_block_backward(acc_, s == 0 ? dkv_[0] : dloc_, dout, out, lse, qkv, kv_[cur], B_, T_, H_, KV_, D_,
                                   block(s));
@@ -105,7 +96,7 @@ void RingAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const floa
       dcur = 1 - dcur;
       ops_.accumulate(dkv_[dcur], dloc_, N * kvw);
     }
-    grads = pass(dcur, false, true, true);
+    grads = pass(dcur, true);
     if (more) {
       cp_.wait(arriving);
       cur = 1 - cur;

@@ -68,9 +68,9 @@ class RingAttention {
   float* acc_ = nullptr;
   // the block of ring step s: the K/V chunks of rank (r - s) mod CP
   RingBlock block(int step) const;
-  // sends (to rank r + 1) and receives (from r - 1) the K/V block and/or its gradient: blocking, or
-  // started (the ticket for Comm::wait)
-  int64_t pass(int from, bool kv, bool dkv, bool start);
+  // starts sending buffer `from` of the K/V blocks (grads: of their gradients) to rank r + 1 and
+  // receiving rank r - 1's into the other; returns the ticket for Comm::wait
+  int64_t pass(int from, bool grads);
 };
 
 }  // namespace tpt
