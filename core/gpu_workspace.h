@@ -53,7 +53,8 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, 
 // (query chunk, key chunk) pairs of c = T / 2 tokens, each one SDPA call whose results are staged
 // and then merged / added in fp32 by our kernels. The staging buffer, 256-byte aligned parts, holds
 // the larger of the forward's (the pair's O (B, c, H D) 16-bit and stats (B, H, c) fp32) and the
-// backward's (dQ (B, c, H D) and dK|dV (B, c, 2 KV D), 16-bit). cuDNN's own workspace for a pair is
+// backward's (dQ (B, c, H D) and dK|dV (B, c, 2 KV D), 16-bit, and the query chunk's stats (B, H, c)
+// fp32, packed as cuDNN before 9.26 wants them). cuDNN's own workspace for a pair is
 // cudnn_attention_workspace_bytes(B, H, c, D, deterministic) (the unmasked pairs' as the causal's).
 inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D);
 
@@ -62,7 +63,8 @@ inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t
 // stage's FP8 GEMMs (model/fp8_linear.h Fp8ScratchSizes), 256-byte aligned parts:
 //   T0  a transposed weight or output gradient   max(w, dout) bytes
 //   T1  a transposed input                       inp bytes
-//   S0, S1  the two operands' block scales in cuBLASLt's layouts: rows padded to 4, at most 4 x blocks fp32
+//   S0, S1  the two operands' block scales in cuBLASLt's layouts: rows padded to 4, at most 4 x blocks fp32;
+//           or a tensor scale copied to a 16-byte aligned address (cuBLASLt's call refuses others)
 struct Fp8WorkspaceParts {
   int64_t t0 = 0, t1 = 0, s0 = 0, s1 = 0, total = 0;  // offsets, and the bytes of all
 };
@@ -71,8 +73,8 @@ inline Fp8WorkspaceParts cuda_fp8_workspace(int64_t inp, int64_t w, int64_t dout
   Fp8WorkspaceParts p;
   p.t1 = up(std::max(w, dout));
   p.s0 = p.t1 + up(inp);
-  p.s1 = p.s0 + up(16 * max_blocks);
-  p.total = p.s1 + up(16 * max_blocks);
+  p.s1 = p.s0 + up(std::max<int64_t>(16 * max_blocks, 16));
+  p.total = p.s1 + up(std::max<int64_t>(16 * max_blocks, 16));
   return p;
 }
 
@@ -113,8 +115,8 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, 
 inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D) {
   if (B <= 0 || c <= 0 || H <= 0) return 0;
   auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
-  const int64_t o = up(B * c * H * D * 2);
-  return std::max(o + up(B * H * c * 4), o + up(B * c * 2 * KV * D * 2));
+  const int64_t o = up(B * c * H * D * 2), stats = up(B * H * c * 4);
+  return std::max(o + stats, o + up(B * c * 2 * KV * D * 2) + stats);
 }
 
 }  // namespace tpt

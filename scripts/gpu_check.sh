@@ -78,8 +78,11 @@ if [ -n "$PREPARE" ]; then
   # sm_90 SASS and its PTX (CMake's "90": real and virtual), the H100 / H200 the check targets
   cmake -S "$SRC" -B "$PREPARE" -DCMAKE_BUILD_TYPE=Release -DTPTRAIN_CUDA=ON -DTPTRAIN_MPI=OFF \
         -DCMAKE_CUDA_ARCHITECTURES=90 -DTPTRAIN_MARCH=x86-64-v3 -DTPTRAIN_WERROR=OFF >/dev/null || exit 1
-  cmake --build "$PREPARE" -j"$(nproc)" --target tptrain tptrain_gpu_tests 2>&1 | grep -E "error|warning" || true
-  [ -x "$PREPARE/tptrain" ] && [ -x "$PREPARE/tests/tptrain_gpu_tests" ] || { echo "gpu_check: build failed" >&2; exit 1; }
+  cmake --build "$PREPARE" -j"$(nproc)" --target tptrain tptrain_gpu_tests >"$PREPARE.build.log" 2>&1
+  built=$?  # not the binaries' presence: a failed rebuild leaves the last ones there
+  grep -E "error|warning" "$PREPARE.build.log"
+  ((built == 0)) && [ -x "$PREPARE/tptrain" ] && [ -x "$PREPARE/tests/tptrain_gpu_tests" ] ||
+    { echo "gpu_check: build failed ($PREPARE.build.log)" >&2; exit 1; }
   mkdir -p "$PREPARE/lib"
   # everything the binaries load except glibc, the driver, and cuBLASLt, NCCL, NVRTC and cuDNN
   # (hundreds of MB: the GPU machine's own, NCCL and cuDNN from its PyTorch)
@@ -294,6 +297,15 @@ side_by_side() {  # name layers hidden heads mb tptrain_tokens_per_s
     'BEGIN { printf "SIDE BY SIDE %s, micro-batch %d: tptrain %.0f tokens/s, PyTorch %.0f tokens/s (%s): ratio %.2f\n", n, mb, a, b, sys, a / b }'
 }
 
+# ms per iteration of the transformer layers' ops in an op profile's table
+layer_ms() {
+  sed -n '/op profile of rank 0/,/all ops/p' "$1" | awk '
+    /^  op |all ops|op profile/ { next }
+    /adamw|gradient norm|lm_head|cross-entropy|embedding|zero|copy|to host|to device/ { next }
+    { for (i = 1; i <= NF; ++i) if ($i ~ /^[0-9.]+$/ && $(i + 1) ~ /^[0-9.]+$/) { s += $(i + 1); break } }
+    END { printf "%.3f", s }'
+}
+
 profile() {  # name yaml
   local name=$1 yaml=$2
   if (($(left) < 60)); then say "$name: op profile skipped (time budget)"; return; fi
@@ -307,7 +319,8 @@ profile() {  # name yaml
 # flow-map fragment), bench_torch.py's extra arguments
 # TRAINING_EXTRA: extra training keys (FP8); LABEL: the run's precision in its RESULT line; NO_TORCH=1: no
 # PyTorch run beside it (the FP8 runs compare with tptrain's bf16 run of the same shape instead)
-SEQ=1024 VOCAB=50257 MODEL_EXTRA="" TORCH_EXTRA="" TRAINING_EXTRA="" LABEL=bf16 NO_TORCH="" BF16_OF=""
+# GPU_CHECK_NO_TORCH=1: no PyTorch baselines at all (a short run)
+SEQ=1024 VOCAB=50257 MODEL_EXTRA="" TORCH_EXTRA="" TRAINING_EXTRA="" LABEL=bf16 NO_TORCH="${GPU_CHECK_NO_TORCH:-}" BF16_OF=""
 write_yaml() {  # name micro-batch layers hidden heads -> $OUT/<name>-mb<micro-batch>.yaml
   cat >"$OUT/$1-mb$2.yaml" <<YAML
 model: {num_layers: $3, hidden_size: $4, num_attention_heads: $5, seq_length: $SEQ, vocab_size: $VOCAB$MODEL_EXTRA}
@@ -358,6 +371,13 @@ bench() {  # name layers hidden heads params(M) [micro-batch; default: the large
           'BEGIN { printf "RESULT %s: %.2fx tptrain bf16 of the same shape (%d vs %d tokens/s; goal >= 1.3x)\n", n, a / b, a, b }'
       fi
       [ "${7:-}" = --profile ] && profile "$name-mb$mb" "$OUT/$name-mb$mb.yaml"
+      if [ "${7:-}" = --profile ] && [ -n "$NO_TORCH" ] && [ -f "$OUT/$BF16_OF-mb$mb-profile.log" ]; then
+        # the transformer layers alone (what FP8 changes), from both op profiles: the ops outside them
+        # (optimizer, gradient norm, output layer, loss, embeddings, zeroing, copies) left out
+        local a b
+        a=$(layer_ms "$OUT/$name-mb$mb-profile.log") b=$(layer_ms "$OUT/$BF16_OF-mb$mb-profile.log")
+        awk -v n="$name" -v a="$a" -v b="$b" 'BEGIN { if (a > 0) printf "RESULT %s: the layers %.2fx tptrain bf16 (%.1f vs %.1f ms per iteration of their ops)\n", n, b / a, a, b }'
+      fi
       return
     fi
     if grep -qiE "out of (GPU )?memory" "$log"; then
@@ -394,7 +414,7 @@ for m in $MODELS; do
       for r in tensorwise blockwise; do
         SEQ=64 NO_TORCH=1 LABEL="fp8 hybrid $r" BF16_OF=tinyllama TRAINING_EXTRA=", fp8_format: hybrid, fp8_recipe: $r" \
         MODEL_EXTRA=", ffn_hidden_size: 256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, group_query_attention: true, num_query_groups: 2, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
-          mem_gib=1 bench "tinyllama-fp8-$r" 2 128 4 13 2
+          mem_gib=1 bench "tinyllama-fp8-$r" 2 128 4 13 2 $([ $r = tensorwise ] && echo --profile)
       done ;;
     *) say "unknown model '$m' (124m | 350m | llama8b | llama8b-fp8)"; status=1 ;;
   esac

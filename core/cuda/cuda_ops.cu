@@ -313,11 +313,21 @@ class CudaOps final : public Ops {
     const Operand A{inp.p, I};        // (N, I)
     const Operand B{w.p, I, true};    // w (O, I) used as (I, O)
     if (!gelu_pre) {
-      if (bias && opt_.gemm_epilogues &&
+      // the BIAS epilogue at widths a multiple of 8: at others (131) cuBLASLt's kernel added the bias to
+      // the 16-bit rounded products on an H200 (the path below rounds once)
+      if (bias && opt_.gemm_epilogues && (t == DType::F32 || O % 8 == 0) &&
           gemm_->run(N, O, I, A, B, out.p, t, O, 0, 1, 1.0f, 0.0f, t, {Epilogue::Bias, bias.p}))
         return;
-      if (bias) cuda::broadcast_rows(out, bias, N, O, stream_);  // then the GEMM adds the products
-      gemm_->run(N, O, I, A, B, out.p, t, O, 0, 1, 1.0f, bias ? 1.0f : 0.0f, t);
+      if (!bias || t == DType::F32) {
+        if (bias) cuda::broadcast_rows(out, bias, N, O, stream_);  // then the GEMM adds the products
+        gemm_->run(N, O, I, A, B, out.p, t, O, 0, 1, 1.0f, bias ? 1.0f : 0.0f, t);
+        return;
+      }
+      // 16-bit: the fp32 products, then the bias, rounded once (cuBLASLt's beta = 1 with a 16-bit C
+      // rounds the products first: bf16(p) + b on an H200, 0.0469 for 0.0541)
+      float* acc = gemm_f32_.as<float>(size_t(N * O));
+      gemm_->run(N, O, I, A, B, acc, DType::F32, O, 0, 1, 1.0f, 0.0f, t);
+      cuda::bias_store(out, acc, bias, N, O, stream_);
       return;
     }
     // fc1 with its GELU: pre = x w^T + b, gelu_pre = pre, out = gelu(pre), both rounded from fp32.
@@ -341,8 +351,12 @@ class CudaOps final : public Ops {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
     if (dinp && I > 0) {  // dinp (N, I) = / += dout (N, O) @ w (O, I)
       const Operand A{dout.p, O}, B{w.p, I};
-      if (!gelu_pre) {
+      if (!gelu_pre && (!accumulate_dinp || t == DType::F32)) {
         gemm_->run(N, I, O, A, B, dinp.p, t, I, 0, 1, 1.0f, accumulate_dinp ? 1.0f : 0.0f, t);
+      } else if (!gelu_pre) {  // += into 16-bit: the fp32 product added and rounded once (as the bias above)
+        float* acc = gemm_f32_.as<float>(size_t(N * I));
+        gemm_->run(N, I, O, A, B, acc, DType::F32, I, 0, 1, 1.0f, 0.0f, t);
+        cuda::accumulate_f32(dinp, acc, N * I, stream_);
       } else if (!(opt_.gemm_epilogues && t != DType::F32 &&  // DGELU: as GELU_AUX above
                    gemm_->run(N, I, O, A, B, dinp.p, t, I, 0, 1, 1.0f, 0.0f, t,
                               {Epilogue::DGelu, nullptr, const_cast<void*>(gelu_pre.p), I}))) {

@@ -26,14 +26,20 @@ struct Side {
 };
 
 // The side for x (rows_x, cols_x as stored) read as (R, K) = x (transposed: false) or x^T (true), its
-// codes at `codes` (x's, or their transpose's); block scales copied into `scales` (4 x the blocks, fp32).
+// codes at `codes` (x's, or their transpose's); block scales copied into `scales` (4 x the blocks, fp32),
+// or a tensor scale whose address cuBLASLt does not take.
 Side side(const Fp8Operand& x, const uint8_t* codes, int64_t R, int64_t K, bool transposed, float* scales,
           cudaStream_t s) {
   Side o;
   o.codes = codes;
   o.e5m2 = x.t == Fp8Type::E5M2;
-  if (x.block_rows == 0) {  // one scale for the tensor
+  if (x.block_rows == 0) {  // one scale for the tensor, at a 16-byte aligned address: cuBLASLt 13.1's call
+    // returns NOT_SUPPORTED for a scale 4 or 8 bytes off (seen on an H200), as a tensor's in a state array is
     o.scale_inv = x.scale_inv;
+    if (!aligned16(x.scale_inv)) {
+      TPT_CUDA_CHECK(cudaMemcpyAsync(scales, x.scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, s));
+      o.scale_inv = scales;
+    }
     o.ok = true;
     return o;
   }
@@ -124,9 +130,12 @@ void Fp8Gemms::forward(Buf out, const Fp8Operand& inp, const Fp8Operand& w, CBuf
   if (!gelu_pre) {
     if (bias && epilogues_ && run_fp8(g, out.p, t, 0.0f, {Epilogue::Bias, bias.p})) return;
     if (!bias && run_fp8(g, out.p, t, 0.0f)) return;
-    if (bias && g.fp8) {  // the bias in out, the products added (the bias is exact in out's dtype)
+    if (bias && g.fp8 && t == DType::F32) {  // the bias in out, the products added
       broadcast_rows(out, bias, N, O, stream_);
       if (run_fp8(g, out.p, t, 1.0f)) return;
+    } else if (bias && g.fp8) {  // 16-bit: the fp32 products and the bias rounded once (CudaOps::linear_forward)
+      float* acc = scratch(N * O);
+      if (run_fp8(g, acc, DType::F32, 0.0f)) return bias_store(out, acc, bias, N, O, stream_);
     }
     bias_store(out, run_fallback(g, nullptr, 0.0f), bias, N, O, stream_);
     return;
@@ -166,7 +175,11 @@ void Fp8Gemms::backward(Buf dinp, Buf dw, const Fp8Operand& dout, const Fp8Opera
     g.fp8 = fp8 && g.b.ok;
     g.xa = &dout, g.xb = &w, g.na = N * O, g.nb = O * I;
     g.fa = Operand{nullptr, O}, g.fb = Operand{nullptr, I};
-    if (!gelu_pre) {
+    if (!gelu_pre && accumulate_dinp && t != DType::F32) {  // += into 16-bit: the fp32 product, rounded once
+      float* acc = g.fp8 ? scratch(N * I) : nullptr;
+      if (!acc || !run_fp8(g, acc, DType::F32, 0.0f)) acc = run_fallback(g, nullptr, 0.0f);
+      accumulate_f32(dinp, acc, N * I, stream_);
+    } else if (!gelu_pre) {
       if (!run_fp8(g, dinp.p, t, accumulate_dinp ? 1.0f : 0.0f)) {
         const float* acc = run_fallback(g, nullptr, 0.0f);
         if (accumulate_dinp) accumulate_grad(dinp, acc, N * I, stream_);

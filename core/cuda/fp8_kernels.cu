@@ -32,6 +32,35 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const T* in, int64_t n, Fp8Typ
   if (threadIdx.x == 0 && m) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
 }
 
+// The same, 8 elements a thread: one 16-byte load per 8 16-bit values (two for fp32) and one 8-byte
+// store of their codes (the byte-per-thread kernel above reached 400 GB/s on an H200)
+template <class T>
+__global__ void fp8_quantize8_kernel(uint8_t* out, const T* in, int64_t n8, Fp8Type t, const float* scale,
+                                     float* amax) {
+  struct alignas(16) Eight {
+    T x[8];
+  };
+  union Codes {
+    uint8_t c[8];
+    uint2 u;
+  };
+  const float s = *scale;
+  uint32_t m = 0;
+  TPT_GRID_LOOP(v, n8) {
+    const Eight e = reinterpret_cast<const Eight*>(in)[v];
+    Codes o;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float x = to_f32(e.x[k]);
+      o.c[k] = fp32_to_fp8(x * s, t);
+      m = m > fp8_abs_bits(x) ? m : fp8_abs_bits(x);
+    }
+    reinterpret_cast<uint2*>(out)[v] = o.u;
+  }
+  m = block_reduce(m, MaxBits{}, 0u);
+  if (threadIdx.x == 0 && m) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
+}
+
 template <class T>
 __global__ void fp8_quantize_blocks_kernel(uint8_t* out, const T* in, int64_t rows, int64_t cols, int64_t br,
                                            int64_t bc, int64_t gc, Fp8Type t, int margin, float* scale_inv) {
@@ -162,7 +191,11 @@ void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scal
   if (n <= 0) return;
   dispatch(in.t, [&](auto tag) {
     using T = decltype(tag);
-    fp8_quantize_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out, typed<T>(in), n, t, scale, amax);
+    const auto a = reinterpret_cast<uintptr_t>(in.p), b = reinterpret_cast<uintptr_t>(out);
+    if (n % 8 == 0 && a % 16 == 0 && b % 8 == 0)
+      fp8_quantize8_kernel<T><<<blocks_for(n / 8), kThreads, 0, s>>>(out, typed<T>(in), n / 8, t, scale, amax);
+    else
+      fp8_quantize_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out, typed<T>(in), n, t, scale, amax);
     TPT_CUDA_LAUNCHED();
   });
 }

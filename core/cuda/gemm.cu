@@ -16,6 +16,7 @@
 #include "core/gpu_workspace.h"
 
 #include <atomic>
+#include <cstdio>
 #include <string>
 
 namespace tpt::cuda {
@@ -88,6 +89,23 @@ bool set_fp8_modes(cublasLtMatmulDesc_t d, const LtGemm::Key& key) {
 #endif
 }
 
+// An FP8 GEMM that cuBLASLt refused (its heuristic or the call), once per plan: the fp32 fallback of
+// core/cuda/fp8_gemm.cu runs it, far slower, so a run says which shape and settings (docs/FP8.md).
+void warn_fp8_refused(const LtGemm::Key& k, const char* why) {
+  auto fp8 = [](int t) { return t == int(CUDA_R_8F_E5M2) ? "e5m2" : "e4m3"; };
+  auto n = [](int64_t v) { return std::to_string(v); };
+  const std::string c = k.ct == int(CUDA_R_16BF) ? "bf16" : k.ct == int(CUDA_R_16F) ? "fp16" : "fp32";
+  const bool epilogue = k.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT);
+  // (stderr: spdlog's headers do not compile under nvcc here)
+  std::fprintf(stderr, "%s\n",
+               ("WARNING: cuBLASLt refused an FP8 GEMM (cuBLASLt's m " + n(k.m) + " n " + n(k.n) + " k " + n(k.k) +
+                "; A " + fp8(k.ab) + " B " + fp8(k.ab_b) + " -> " + c + "; scale modes " + n(k.scaling_a) + " / " +
+                n(k.scaling_b) + "; fast accumulation " + n(k.fast_accum) + "; cublasLtEpilogue_t " + n(k.epilogue) +
+                "; alignments A " + n(k.align_a) + " B " + n(k.align_b) + " C " + n(k.align_c) + "): " + why +
+                (epilogue ? "; tried without the epilogue next" : "; the fp32 fallback runs it"))
+                   .c_str());
+}
+
 }  // namespace
 
 EpilogueStats epilogue_stats() {
@@ -134,7 +152,7 @@ LtGemm::~LtGemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
+LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e, const Fp8Args* fp8) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   auto p = std::make_unique<Plan>();
@@ -155,6 +173,9 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
   if (key.scaling_a >= 0) {  // FP8: the scale modes (the pointers per call) and the accumulation
     if (!set_fp8_modes(p->desc, key)) return *plans_.emplace(key, std::move(p)).first->second;  // not ok
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(key.fast_accum));
+    // block scales need their pointers for the heuristic (without: INVALID_VALUE, seen on an H200)
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(fp8->b_scale_inv));
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(fp8->a_scale_inv));
   }
   const auto ab = cudaDataType_t(key.ab), ab_b = cudaDataType_t(key.ab_b);
   auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, bool transposed, int64_t rows, int64_t cols,
@@ -184,6 +205,11 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
     TPT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+  // split-K only with its partial sums in the fp32 workspace: the in-place and output-type schemes add
+  // them in C's type, rounding a 16-bit output once per part where the CPU backend rounds once
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // or none (no split-K)
+  TPT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                    sizeof(reductions)));
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
   const cublasStatus_t st =
@@ -192,10 +218,14 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const EpilogueArgs& e) {
   if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     p->algo = result.algo;
     p->ok = true;
-  } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
-             !((key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT) || key.scaling_a >= 0) &&
-               st == CUBLAS_STATUS_INVALID_VALUE)) {
-    lt_check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+  } else {
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
+        !((key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT) || key.scaling_a >= 0) && st == CUBLAS_STATUS_INVALID_VALUE))
+      lt_check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (key.scaling_a >= 0)
+      warn_fp8_refused(key, st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st)
+                            : returned == 0             ? "the heuristic returned no algorithm"
+                                                        : cublasLtGetStatusName(result.state));
   }
   return *plans_.emplace(key, std::move(p)).first->second;
 }
@@ -258,7 +288,7 @@ bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operan
   key.align_c = alignment(C);
   key.align_bias = uses_bias(e) ? alignment(e.bias) : 0;
   key.align_aux = uses_aux(e) ? alignment(e.aux) : 0;
-  Plan& p = plan(key, e);
+  Plan& p = plan(key, e, fp8);
   if (!p.ok) {
     if (fp8) return false;
     if (epilogue) {
@@ -290,6 +320,7 @@ bool LtGemm::run(int64_t M, int64_t N, int64_t K, const Operand& A, const Operan
   if (st != CUBLAS_STATUS_SUCCESS && (epilogue || fp8) &&
       (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
     p.ok = false;  // rejected before launch: the caller's path from now on
+    if (fp8) warn_fp8_refused(key, cublasLtGetStatusName(st));
     if (epilogue) g_fell_back[int(e.kind)].fetch_add(1, std::memory_order_relaxed);
     return false;
   }

@@ -98,7 +98,7 @@ class LtGemm {
   struct Plan;
 
  private:
-  Plan& plan(const Key& key, const EpilogueArgs& e);
+  Plan& plan(const Key& key, const EpilogueArgs& e, const Fp8Args* fp8);
 
   bool tf32_;
   cudaStream_t stream_;

@@ -64,6 +64,18 @@ struct AddF {
   }
 };
 
+// y = y + x (x fp32), each sum rounded once to y's type
+template <class T>
+struct AddF32F {
+  T* y;
+  const float* x;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < W; ++k) st(y, i + k, ld(y, i + k) + x[i + k]);
+  }
+};
+
 // out = parts[0] + parts[1] + ... in this order, in fp32
 template <class T>
 struct SumPartsF {
@@ -241,6 +253,13 @@ void accumulate(Buf y, CBuf x, int64_t n, cudaStream_t s) {
     constexpr int W = vec_width<T>();
     const AddF<T> f{typed<T>(y), typed<T>(y), typed<T>(x)};  // y = y + x, each element by one thread
     launch_elementwise<W>(n, all_aligned<W>(f.out, f.b), f, s);
+  });
+}
+
+void accumulate_f32(Buf y, const float* x, int64_t n, cudaStream_t s) {
+  dispatch(y.t, [&](auto tag) {
+    using T = decltype(tag);
+    launch_elementwise<1>(n, false, AddF32F<T>{typed<T>(y), x}, s);
   });
 }
 

@@ -23,6 +23,7 @@ void gelu_forward(Buf out, CBuf inp, int64_t n, cudaStream_t s);
 void gelu_backward(Buf dinp, CBuf dout, CBuf inp, int64_t n, cudaStream_t s);
 void add(Buf out, CBuf a, CBuf b, int64_t n, cudaStream_t s);
 void accumulate(Buf y, CBuf x, int64_t n, cudaStream_t s);
+void accumulate_f32(Buf y, const float* x, int64_t n, cudaStream_t s);  // y += x (fp32), rounded once
 // a weight gradient g (fp32, or bf16: added in fp32, rounded once) += the fp32 values x
 void accumulate_grad(Buf g, const float* x, int64_t n, cudaStream_t s);
 void sum_parts(Buf out, CBuf parts, int k, int64_t n, cudaStream_t s);

@@ -35,7 +35,7 @@ TEST(GpuFp8, QuantizeAndAmaxBitwiseAsCpu) {
   auto gpu = gpu_ops();
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2})
-      for (size_t n : {size_t(1), size_t(1000), size_t(300007)})
+      for (size_t n : {size_t(1), size_t(1000), size_t(65536), size_t(300007)})
         for (bool nan : {false, true}) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + (t == Fp8Type::E4M3 ? " e4m3 n " : " e5m2 n ") +
                        std::to_string(n) + (nan ? " nan" : ""));
@@ -172,8 +172,9 @@ void reference(const VecF& a, int64_t sam, int64_t sak, const VecF& b, int64_t s
 }
 
 // The bound: the products of FP8 values are exact; their sum in fp32 errs by at most about K * 2^-24
-// of sum |a b| (K = 384 here: 2.3e-5; 4e-5 allowed), and with cuBLASLt's fast FP8 accumulation (the
-// forward with tensor scales: Hopper's tensor cores keep about 14 bits between promotions) by 2^-9.
+// of sum |a b| (K = 384 here: 2.3e-5; 4e-5 allowed), with cuBLASLt's fast FP8 accumulation (the
+// forward with tensor scales: Hopper's tensor cores keep about 14 bits between promotions) by 2^-9,
+// and in the gradients' FP8 GEMMs on those tensor cores by about 2^-11 (bwd_acc below).
 // The stored result then rounds once (bf16: half a step of 2^-7 relative, a step allowed), and GELU
 // (cuBLASLt's own approximation in the epilogue) adds 2e-3.
 ::testing::AssertionResult within(const VecF& got, const std::vector<double>& ref, const std::vector<double>& mag,
@@ -216,7 +217,12 @@ void check_fp8_linear(const GemmCase& c, bool bias_on, bool gelu, bool accumulat
   std::vector<double> ref, mag;
   reference(qx.values, I, 1, qw.values, I, 1, N, O, I, ref, mag);
   for (int64_t i = 0; i < N * O; ++i) ref[size_t(i)] += bias_on ? bias[size_t(i % O)] : 0.0;
-  const double fwd_acc = B ? 4e-5 : 2e-3;  // fast accumulation with tensor scales
+  // without fast accumulation (the gradients' GEMMs, block scales): on Hopper's FP8 tensor cores still
+  // about 14 bits inside each slice of K between promotions (DeepSeek-V3 report, 3.3.2); measured on an
+  // H200: up to 2.3e-4 of sum |ab| (input gradient), 4.6e-5 (weight gradient); the fp32 fallback (no
+  // FP8 tensor cores): the fp32 bound
+  const double bwd_acc = fp8_tensor_cores() ? 5e-4 : 4e-5;
+  const double fwd_acc = B ? bwd_acc : 2e-3;  // fast accumulation with tensor scales
   if (gelu) {
     EXPECT_TRUE(within(pre.host(), ref, mag, fwd_acc, 1.0 / 128, 1e-6)) << "forward: pre-activation";
     std::vector<double> g(ref.size()), gm(ref.size());
@@ -230,7 +236,8 @@ void check_fp8_linear(const GemmCase& c, bool bias_on, bool gelu, bool accumulat
   DevQ dg(*gpu, qg);
   const VecF dx0 = rounded(randn(size_t(N * I), 5, 1e-3f), DType::BF16);
   Dev dinp(*gpu, dx0, DType::BF16);
-  const VecF pre_h = gelu ? pre.host() : VecF{};
+  // dGELU: the pre-activation of this layer's input (N x I), as fc2's backward reads fc1's
+  const VecF pre_h = gelu ? rounded(randn(size_t(N * I), 7), DType::BF16) : VecF{};
   Dev pre_in(*gpu, gelu ? pre_h : VecF(1), DType::BF16);
   gpu->fp8_linear_backward(dinp, Buf{}, dg.op, Fp8Operand{}, dw_.op, N, I, O, accumulate && !gelu,
                            gelu ? CBuf(pre_in) : CBuf{});
@@ -239,7 +246,7 @@ void check_fp8_linear(const GemmCase& c, bool bias_on, bool gelu, bool accumulat
     if (gelu) ref[i] *= gelu_grad(pre_h[i]), mag[i] *= 1.2;
     else if (accumulate) ref[i] += dx0[i], mag[i] += std::fabs(dx0[i]);
   }
-  EXPECT_TRUE(within(dinp.host(), ref, mag, 4e-5, 1.0 / 128, 1e-9)) << "input gradient";
+  EXPECT_TRUE(within(dinp.host(), ref, mag, bwd_acc, 1.0 / 128, 1e-9)) << "input gradient";
   // weight gradient: both 128 x 1 over the tokens (blockwise)
   const HostQ qg2 = quantize(dy, N, O, gt, B, B ? 1 : 0), qx2 = quantize(x, N, I, Fp8Type::E4M3, B, B ? 1 : 0);
   DevQ dg2(*gpu, qg2), dx2(*gpu, qx2);
@@ -248,7 +255,7 @@ void check_fp8_linear(const GemmCase& c, bool bias_on, bool gelu, bool accumulat
   gpu->fp8_linear_backward(Buf{}, dwg, dg2.op, dx2.op, Fp8Operand{}, N, I, O, false, CBuf{});
   reference(qg2.values, 1, O, qx2.values, 1, I, O, I, N, ref, mag);  // dout^T (O, N), inp^T (I, N)
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += w0[i], mag[i] += std::fabs(w0[i]);
-  EXPECT_TRUE(within(dwg.host(), ref, mag, 4e-5, dw_t == DType::BF16 ? 1.0 / 128 : 0.0, 1e-9)) << "weight gradient";
+  EXPECT_TRUE(within(dwg.host(), ref, mag, bwd_acc, dw_t == DType::BF16 ? 1.0 / 128 : 0.0, 1e-9)) << "weight gradient";
   // aligned shapes on a GPU with FP8 tensor cores run cuBLASLt's FP8 (3 GEMMs), never the fallback
   if (fp8_tensor_cores() && N % 128 == 0 && I % 128 == 0 && O % 128 == 0) {
     EXPECT_EQ(cuda::fp8_gemm_stats().fp8 - before, 3) << "cuBLASLt's FP8 GEMMs ran";

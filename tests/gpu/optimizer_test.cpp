@@ -93,7 +93,9 @@ TEST(GpuOptimizer, AdamWSegmentsWithBf16MomentsMatchCpu) {
       cpu->adamw_segments({p.cpu.f32(), true, g.cpu.f32(), m.cpu.buf(), v.cpu.buf(), c.cpu.buf()}, segs, a, clip);
       gpu->adamw_segments({p.gpu.f32(), true, g.gpu.f32(), m.gpu.buf(), v.gpu.buf(), c.gpu.buf()}, segs, a, clip);
     }
-    EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), 1e-5, 1e-7));
+    // a moment that rounds one bf16 step apart changes that step's update m / sqrt(v) by up to a step
+    // (measured on an H200: 3.8e-6 = 1.3e-3 lr after 3 steps): 3 steps x lr x ulp, far below one update (lr)
+    EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), 1e-5, 3 * adamw_params(1).lr * ulp(DType::BF16)));
     EXPECT_TRUE(close(m.gpu.host(), m.cpu.host(), std::max(ulp(tm), 1e-6), 1e-9));
     EXPECT_TRUE(close(v.gpu.host(), v.cpu.host(), std::max(ulp(tv), 1e-6), 1e-12));
     const VecF mh = m.cpu.host();
@@ -154,7 +156,11 @@ TEST(GpuOptimizer, AdamWSegmentsWithScaledFp16StatesMatchCpu) {
     EXPECT_TRUE(close(m.gpu.host(), m.cpu.host(), ulp(DType::F16), 1.0));
     EXPECT_TRUE(close(v.gpu.host(), v.cpu.host(), ulp(DType::F16), 1.0));
     EXPECT_TRUE(close(p.gpu.host(), p.cpu.host(), tp == DType::F16 ? ulp(DType::F16) : 1e-5, tp == DType::F16 ? 1.0 : 1e-7));
-    EXPECT_TRUE(close(c.gpu.host(), c.cpu.host(), ulp(DType::BF16), 1e-7));
+    // the compute copy rounds the decoded master, whose code may be a step (1 / its scale) apart
+    const VecF sc = scales.cpu.host();
+    double code_step = 1e-7;
+    for (int j = 0; j < kTensors; ++j) code_step = std::max(code_step, 1.0 / sc[size_t(3 * j + 2)]);
+    EXPECT_TRUE(close(c.gpu.host(), c.cpu.host(), ulp(DType::BF16), tp == DType::F16 ? code_step : 1e-7));
     EXPECT_EQ(c.gpu.host()[size_t(total - 1)], 7.0f) << "the gaps of the table stay as they were";
     const VecF mc = m.cpu.host();
     EXPECT_GT(*std::max_element(mc.begin(), mc.end()), 16000.0f) << "codes use the fp16 range";

@@ -8,6 +8,7 @@
 #include "core/cuda/attention/cudnn_attention.h"
 
 #include "core/cuda/attention/ring_attention.h"
+#include "core/cuda/cuda_util.h"
 #include "core/gpu_workspace.h"
 
 #include <algorithm>
@@ -247,9 +248,11 @@ struct CudnnAttention::Impl {
   // h*D + d: strides (T*W, D, W, 1), the part's column c going into the pointer. Whole sequence:
   // q, k, v and dq, dk, dv in qkv / dqkv (W = (H + 2 KV) D; columns 0, H*D, (H + KV)*D), out and
   // dout (W = H*D); stats (B, H, T) fp32 is (B, H, T, 1) packed. A ring pair: c = T / 2 tokens of
-  // one query chunk (of qkv, out, dout, lse) against one key chunk of kv (W = 2 KV D; k at column
+  // one query chunk (of qkv, out, dout) against one key chunk of kv (W = 2 KV D; k at column
   // 0, v at KV*D), the chunk's first row going into the pointer; the forward's O and stats and the
-  // backward's dQ, dK|dV in the staging buffer, packed (B, c, H D), (B, H, c), (B, c, 2 KV D).
+  // backward's dQ, dK|dV and the chunk's stats in the staging buffer, packed (B, c, H D), (B, H, c),
+  // (B, c, 2 KV D): cuDNN before 9.26 takes the backward's stats only packed (seen on an H200 with
+  // 9.19: "a non-ragged Stats input of sdpa_backward must be a packed BHSD tensor").
   struct Layout {
     std::vector<int64_t> dim, kv_dim, q, kv, o, stats_dim, stats, out, lse, dq, dkv;
     static std::vector<int64_t> rows(int64_t T, int64_t W, int64_t D) { return {T * W, D, W, 1}; }
@@ -263,7 +266,7 @@ struct CudnnAttention::Impl {
       const int64_t c = T / 2, R = (H + 2 * KV) * D;
       return {{B, H, c, D},         {B, KV, c, D},        rows(T, R, D),        rows(T, 2 * KV * D, D),
               rows(c, H * D, D),    {B, H, c, 1},         {H * c, c, 1, 1},     rows(T, H * D, D),
-              {H * T, T, 1, 1},     rows(c, H * D, D),    rows(c, 2 * KV * D, D)};
+              {H * c, c, 1, 1},     rows(c, H * D, D),    rows(c, 2 * KV * D, D)};
     }
   };
 
@@ -525,16 +528,23 @@ bool CudnnAttention::ring_backward(float* dq, float* dkv, CBuf dout, CBuf out, c
   auto* dy = static_cast<char*>(const_cast<void*>(dout.p));
   auto* gq = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, c, H, KV, D))));
   char* gkv = gq + up256(B * c * HD * e);
+  auto* st = reinterpret_cast<float*>(gkv + up256(B * c * 2 * KD * e));  // the query chunk's lse, packed
+  int64_t staged = -1;
   for (size_t i = 0; i < pairs.size(); ++i) {
     const RingPair& p = pairs[i];
     char* k = y + p.kj * c * 2 * KD * e;
+    if (staged != p.qi) {  // (B, H, c) of lse (B, H, T)
+      TPT_CUDA_CHECK(cudaMemcpy2DAsync(st, size_t(c) * 4, lse + p.qi * c, size_t(T) * 4, size_t(c) * 4, size_t(B * H),
+                                       cudaMemcpyDeviceToDevice, impl_->stream));
+      staged = p.qi;
+    }
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
         {kQ, x + p.qi * c * R * e},
         {kK, k},
         {kV, k + KD * e},
         {kO, o + p.qi * c * HD * e},
         {kdO, dy + p.qi * c * HD * e},
-        {kStats, const_cast<float*>(lse) + p.qi * c},
+        {kStats, st},
         {kdQ, gq},
         {kdK, gkv},
         {kdV, gkv + KD * e}};
