@@ -40,14 +40,19 @@ inline int64_t embedding_sort_arrays_bytes(int64_t N);
 inline int64_t embedding_sort_temp_bound(int64_t N);
 
 // cuDNN's fused attention (cudnn-frontend's SDPA graphs, core/cuda/attention/cudnn_attention.cpp) for a
-// causal (B, H, T, D) problem, as cudnn-frontend sizes it (node/scaled_dot_product_flash_attention.h):
-// the backward's softmax sums (B H T fp32), and
+// causal (B, H, T, D) problem with KV key / value heads, as cudnn-frontend sizes it
+// (node/scaled_dot_product_flash_attention.h): the backward's softmax sums (B H T fp32), and
 //   deterministic:     the dP workspace of the ordered algorithm, B H T T 16-bit values with T
-//                      rounded up to cuDNN's tiles (64 query rows, 128 key columns);
-//   non-deterministic: the fp32 dQ accumulator (B H T D) its atomics add into.
+//                      rounded up to cuDNN's tiles (64 query rows, 128 key columns); with grouped
+//                      keys (KV < H) also dK and dV for every query head before their sum over the
+//                      group, two (B, H, T, D) 16-bit tensors (cuDNN 9.19 on an H200 asked exactly
+//                      this for B 1, H 32, KV 8, T 4096, D 128: 1088.5 MiB);
+//   non-deterministic: the fp32 dQ accumulator (B H T D) its atomics add into (with grouped keys
+//                      not yet seen on a GPU).
 // The forward needs no workspace of its own; forward and backward share one buffer. The backend
 // queries the built graphs at start-up and warns if they ask for more than this.
-inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t D, bool deterministic);
+inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t KV, int64_t T, int64_t D,
+                                               bool deterministic);
 
 // Context parallelism's ring blocks through cuDNN (CudnnAttention::ring_*): each block is up to four
 // (query chunk, key chunk) pairs of c = T / 2 tokens, each one SDPA call whose results are staged
@@ -55,7 +60,7 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, 
 // the larger of the forward's (the pair's O (B, c, H D) 16-bit and stats (B, H, c) fp32) and the
 // backward's (dQ (B, c, H D) and dK|dV (B, c, 2 KV D), 16-bit, and the query chunk's stats (B, H, c)
 // fp32, packed as cuDNN before 9.26 wants them). cuDNN's own workspace for a pair is
-// cudnn_attention_workspace_bytes(B, H, c, D, deterministic) (the unmasked pairs' as the causal's).
+// cudnn_attention_workspace_bytes(B, H, KV, c, D, deterministic) (the unmasked pairs' as the causal's).
 inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D);
 
 // The cuBLASLt FP8 GEMMs' workspace (core/cuda/fp8_gemm.h) for the largest input, weight and output
@@ -104,12 +109,13 @@ inline int64_t embedding_sort_arrays_bytes(int64_t N) { return 4 * ((N * 4 + 255
 
 inline int64_t embedding_sort_temp_bound(int64_t N) { return 2 * ((N * 4 + 255) / 256 * 256) + (int64_t(1) << 20); }
 
-inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t D, bool deterministic) {
+inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t KV, int64_t T, int64_t D,
+                                               bool deterministic) {
   if (B <= 0 || H <= 0 || T <= 0) return 0;
   const int64_t softmax_sum = B * H * T * 4;
   if (!deterministic) return softmax_sum + B * H * T * D * 4;
   const int64_t tq = (T + 63) / 64 * 64, tk = (T + 127) / 128 * 128;
-  return softmax_sum + B * H * tq * tk * 2;
+  return softmax_sum + B * H * tq * tk * 2 + (KV < H ? 2 * B * H * T * D * 2 : 0);
 }
 
 inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D) {

@@ -328,7 +328,7 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     // (CP: per pair of the ring's c = T / 2 token chunks, and the pairs' staging, its own buffer)
     if (a.B > 0 && dtype != DType::F32 && d.D % 8 == 0) {
       const int64_t T = a.ring ? a.T / 2 : a.T;
-      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, T, a.D, deterministic));
+      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, a.KV, T, a.D, deterministic));
       if (a.ring) ring_staging = std::max(ring_staging, cudnn_ring_staging_bytes(a.B, T, a.H, a.KV, a.D));
     }
     // column sums: the norms' weight (and LayerNorm bias) gradients over this rank's rows; bias

@@ -296,7 +296,10 @@ TEST(Memory, PlanBoundsCountModelChunksAndTheWorld) {
 // a first GPU run must not discover mid-iteration) or the non-deterministic dQ accumulator (B H T D
 // fp32) --, cuBLASLt's 32 MiB; none for fp32 (no cuDNN) or on CPU ranks (tensor bytes only). With
 // context parallelism the ring's pairs of c = T / (2 CP) token chunks: their workspace, and their
-// staging (O and dQ (B, c, H D) 16-bit, plus the larger of stats (B, H, c) fp32 and dK|dV (B, c, 2 H D)).
+// staging (O and dQ (B, c, H D) 16-bit, plus the larger of stats (B, H, c) fp32 and dK|dV (B, c, 2 H D)
+// with the backward's packed stats (B, H, c) fp32). With grouped-query attention the deterministic
+// backward also holds dK and dV per query head: the Llama-3-8B shape asked 1088.5 MiB of cuDNN 9.19
+// on an H200 (the GPU backend's start-up report), which the plan counted 64 MiB short before.
 TEST(Memory, GpuBackendWorkspaceCountsCudnnAttentionByMode) {
   const std::string gpt2 = "num_layers: 12, hidden_size: 768, num_attention_heads: 12, seq_length: 1024, vocab_size: 50257";
   const std::string train = "training: {micro_batch_size: 16, global_batch_size: 16, train_iters: 1, precision: bf16";
@@ -323,7 +326,17 @@ TEST(Memory, GpuBackendWorkspaceCountsCudnnAttentionByMode) {
   // CP 2: c = 256, every term over 1 MiB
   const int64_t c = T / 4;
   EXPECT_EQ(stage_memory(config(gpt2, "parallel: {context_parallel_size: 2}\n" + train + "}", 2), 0).backend.attention,
-            B * H * c * 4 + B * H * c * c * 2 + B * c * H * D * 2 + B * c * 2 * H * D * 2);
+            B * H * c * 4 + B * H * c * c * 2 + B * c * H * D * 2 + B * c * 2 * H * D * 2 + B * H * c * 4);
+  // grouped-query attention, deterministic: 2 Llama-3-8B layers at seq 4096, micro-batch 1, as on the H200
+  const std::string llama =
+      "num_layers: 2, hidden_size: 4096, num_attention_heads: 32, ffn_hidden_size: 14336, seq_length: 4096, "
+      "vocab_size: 128256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, "
+      "group_query_attention: true, num_query_groups: 8, untie_embeddings_and_output_weights: true, "
+      "add_bias_linear: false";
+  const std::string one = "training: {micro_batch_size: 1, global_batch_size: 1, train_iters: 1, precision: bf16";
+  EXPECT_EQ(stage_memory(config(llama, one + "}", 1), 0).backend.attention, int64_t(10885) * (1 << 20) / 10);
+  EXPECT_EQ(stage_memory(config(llama, one + ", deterministic: false}", 1), 0).backend.attention,
+            32 * 4096 * 4 + int64_t(32) * 4096 * 128 * 4);
   // none for fp32, CPU ranks
   EXPECT_EQ(stage_memory(config(gpt2, "training: {micro_batch_size: 16, train_iters: 1}", 1), 0).backend.attention, 0);
   const StageMemory cpu = stage_memory(config(gpt2, train + "}", 1), 0, /*gpu_backend=*/false);
