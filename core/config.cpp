@@ -34,7 +34,7 @@ using namespace config_detail;  // the scalar readers and writers, the model key
 
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<double>*,
                               DataPath*, RopeScaling*, PipelineSchedule*, Precision*, Recompute*, Device*,
-                              LrDecayStyle*, Normalization*, PositionEmbedding*, LayerFreq*, MoEScore*,
+                              LrDecayStyle*, Normalization*, PositionEmbedding*, LayerFreq*, RecomputeModules*, MoEScore*,
                               MoEBalancing*, MoEDropPolicy*, MoEDispatcher*, Fp8Format*, Fp8Recipe*, StateDType*>;
 
 enum class Presence {
@@ -142,6 +142,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(training, train_iters, kReq),
       TPT_FIELD(training, precision, kDef, names<Precision>()),
       TPT_FIELD(training, recompute, kDef, names<Recompute>()),
+      TPT_FIELD(training, recompute_modules),
       TPT_FIELD(training, seed),
       TPT_FIELD(training, device, kDef, names<Device>()),
       TPT_FIELD(training, cpu_threads, kNull),
@@ -287,6 +288,7 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
         else if constexpr (std::is_same_v<T, std::string>) bad("a string");
         else if constexpr (std::is_same_v<T, std::vector<double>>) bad("a list of 3 numbers");
         else if constexpr (std::is_same_v<T, LayerFreq>) bad("an integer or a list of 0 / 1 per layer");
+        else if constexpr (std::is_same_v<T, RecomputeModules>) bad("a list of modules (core_attn, moe_act)");
         else if constexpr (std::is_same_v<T, DataPath>) bad("a path or a blend [weight, path, ...]");
         else if constexpr (std::is_same_v<T, double>) bad("a number");
         else if constexpr (std::is_enum_v<T>) bad("one of " + join(f.choices, " | "));
@@ -327,6 +329,8 @@ void assign(Config& cfg, Ctx& ctx, const Field& f, const YAML::Node& v, const st
       *p = parse_rope_scaling(v, where + ": " + name);
     } else if constexpr (std::is_same_v<T, LayerFreq>) {
       *p = parse_layer_freq(v, where + ": " + name);
+    } else if constexpr (std::is_same_v<T, RecomputeModules>) {
+      *p = parse_recompute_modules(v, where + ": " + name);
     } else if constexpr (std::is_enum_v<T>) {
       const auto it = v.IsScalar() ? std::find(f.choices.begin(), f.choices.end(), v.Scalar()) : f.choices.end();
       if (!v.IsScalar()) bad("one of " + join(f.choices, " | "));
@@ -475,6 +479,8 @@ void validate(Config& c, const Ctx& ctx) {
   if (!split.empty()) ctx.fail("data.split", split);
 
   const TrainingConfig& t = c.training;
+  if (t.recompute_modules.moe_act && !m.is_moe())
+    ctx.fail("training.recompute_modules", "model.num_moe_experts", "moe_act reruns MoE experts' activations: the model has none");
   std::string length_key;
   const std::string length = run_length_error(c, t.global_batch_size ? t.global_batch_size : t.micro_batch_size, length_key);
   if (!length.empty()) ctx.fail(length_key, length);
@@ -605,6 +611,7 @@ std::string value_yaml(const Field& f, const Config& cfg) {
     else if constexpr (std::is_same_v<T, double>) return format_double(*p);
     else if constexpr (std::is_same_v<T, RopeScaling>) return rope_scaling_yaml(*p);
     else if constexpr (std::is_same_v<T, LayerFreq>) return layer_freq_json(*p).dump();
+    else if constexpr (std::is_same_v<T, RecomputeModules>) return recompute_modules_json(*p).dump();
     else if constexpr (std::is_same_v<T, std::vector<double>>) {
       std::string s = "[";
       for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + format_double((*p)[i]);
@@ -628,6 +635,8 @@ nlohmann::json value_json(const Field& f, const Config& cfg) {
       return rope_scaling_json(*p);
     } else if constexpr (std::is_same_v<T, LayerFreq>) {
       return layer_freq_json(*p);
+    } else if constexpr (std::is_same_v<T, RecomputeModules>) {
+      return recompute_modules_json(*p);
     } else {
       return *p;
     }

@@ -178,12 +178,22 @@ struct ParallelConfig {
   double distributed_timeout_minutes = 10;
 };
 
+// training.recompute_modules (Megatron's --recompute-modules): what selective recompute reruns in
+// backward (with recompute none or full the list changes nothing). tptrain's selective recompute always reruns the attention
+// core (core_attn, which the list must name); moe_act adds the MoE experts' activations (SwiGLU /
+// GELU of their fc1 outputs, kept instead). Other Megatron modules are refused by name.
+struct RecomputeModules {
+  bool moe_act = false;
+  bool operator==(const RecomputeModules&) const = default;
+};
+
 struct TrainingConfig {
   int micro_batch_size = 1;
   int global_batch_size = 0;            // 0 = null: micro_batch_size * DP
   int64_t train_iters = 0;              // required
   Precision precision = Precision::FP32;  // fp32 | bf16 | fp16
   Recompute recompute = Recompute::None;  // none | selective | full
+  RecomputeModules recompute_modules;     // [core_attn] | [core_attn, moe_act]
   uint64_t seed = 1234;
   Device device = Device::Auto;         // auto | cpu | cuda
   int cpu_threads = 0;                  // 0 = null: cores on this host / ranks on this host

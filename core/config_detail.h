@@ -71,6 +71,9 @@ nlohmann::json rope_scaling_json(const RopeScaling& r);  // an object, or null
 // list, also its YAML text: a flow list)
 LayerFreq parse_layer_freq(const YAML::Node& v, const std::string& what);
 nlohmann::json layer_freq_json(const LayerFreq& f);
+// training.recompute_modules: a list of Megatron's module names, core_attn first among them
+RecomputeModules parse_recompute_modules(const YAML::Node& v, const std::string& what);
+nlohmann::json recompute_modules_json(const RecomputeModules& r);
 
 // What the model rules need of the loader: whether a key was given (not null), and a failure naming
 // `key` (and `other`, when not empty, for a constraint between two keys); fail throws InputError.

@@ -226,6 +226,38 @@ std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
   return out;
 }
 
+// training.recompute_modules: Megatron's module names as a list (or one name); core_attn must be
+// among them (tptrain's selective recompute is built around it), moe_act may be; the rest are refused.
+RecomputeModules parse_recompute_modules(const YAML::Node& v, const std::string& what) {
+  const std::string expected = "a list of modules: [core_attn] or [core_attn, moe_act]";
+  if (!v.IsSequence() && !v.IsScalar()) input_error(what + ": expected " + expected + ", got " + describe(v));
+  std::vector<std::string> names;
+  if (v.IsScalar()) names.push_back(v.Scalar());
+  for (size_t i = 0; v.IsSequence() && i < v.size(); ++i) {
+    if (!v[i].IsScalar()) input_error(what + ": entry " + std::to_string(i) + ": expected a module name, got " + describe(v[i]));
+    names.push_back(v[i].Scalar());
+  }
+  RecomputeModules r;
+  bool core = false;
+  for (const std::string& n : names) {
+    if (n == "core_attn") core = true;
+    else if (n == "moe_act") r.moe_act = true;
+    else if (n == "layernorm" || n == "mlp" || n == "moe" || n == "shared_experts" || n == "mla_up_proj")
+      input_error(what + ": Megatron's module '" + n + "' is not built in tptrain (it reruns core_attn and moe_act)");
+    else input_error(what + ": unknown module '" + n + "' (allowed: core_attn | moe_act)");
+  }
+  if (!core)
+    input_error(what + ": must list core_attn: tptrain's selective recompute always reruns the attention core (" +
+                expected + ")");
+  return r;
+}
+
+nlohmann::json recompute_modules_json(const RecomputeModules& r) {
+  nlohmann::json a = {"core_attn"};
+  if (r.moe_act) a.push_back("moe_act");
+  return a;
+}
+
 // data.path / data.valid_path: a string, or Megatron's blend [w1, prefix1, w2, prefix2, ...]. Errors
 // name the list item (1-based) and what it should be.
 DataPath parse_data_path(const YAML::Node& v, const std::string& what) {

@@ -226,7 +226,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       a->lnf = buf(r, Nt * d.C);
       a->lnf_stats = norm_stats(Nt, r);
     }
-    if (pooled && moe_layer_count(d) > 0) moe_regions.push_back(pool.base + pool.used);
+    if (pooled && moe_layer_count(d) > 0 && opt_.recompute != Recompute::Full) moe_regions.push_back(pool.base + pool.used);
     TPT_CHECK(pool.used <= opt_.slot_stride);
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
@@ -248,7 +248,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (moe_layer_count(d) > 0)  // its scratch after its layers' rows (scratch_bytes counts both)
     moe_ = std::make_unique<MoEMLP>(d, ops_, opt_.dtype, Nt, B_, d.local_token_begin(N), slots, opt_.ep, opt_.ep_host,
                                     d.moe.etp > 1 ? &tp_ : nullptr, opt_.tp_host, opt_.cp_host, opt_.dp_host,
-                                    moe_regions);
+                                    opt_.recompute, moe_regions);
 }
 
 MoEParams<CBuf> GPTStage::moe_params(int64_t layer) const {

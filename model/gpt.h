@@ -167,7 +167,7 @@ int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // more than one chunk (the interleaved schedule, where the chunks' peaks add up to more than the
 // rank ever holds at once), no split backward.
 bool pooled_slots(const std::vector<GPTDims>& chunks, bool split_backward);
-int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t);
+int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // FP8 training (StageOptions::fp8): the codes of the largest input, weight and output gradient of
 // the four linear GEMMs (model/fp8_linear.h), elements each, and the bytes Fp8State allocates for

@@ -56,6 +56,8 @@ struct MLPActivation {
   // reads it: a layer keeps only pre, and act lives in one buffer the layers share (llm.c's
   // recompute). SwiGLU keeps its activation: nothing to do.
   void recompute_activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t Fl) const;
+  // act (N, Fl) = the activation of pre (N, fc1_width), either kind (the experts' moe_act recompute)
+  void activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t Fl) const;
 };
 
 // Local heads of a rank: H query heads, KV key/value heads (KV = H without grouped-query attention), D

@@ -55,34 +55,49 @@ namespace {
 int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ? Nt * d.tp : Nt; }
 }  // namespace
 
-std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t) {
+bool moe_keeps_act(const MoEDims& m, Recompute r) { return !(r == Recompute::Selective && m.recompute_act); }
+
+namespace {
+// one set of kept rows in MoEMLP's order: xin, fc1[, act] on the expert-TP group's rows; ret (allgather:
+// the experts' output rows); the shared expert's
+std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bool act) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt), xcap = m.etp * cap;
-  // xin, fc1, act on the expert-TP group's rows; ret (allgather: the experts' output rows)
-  std::vector<int64_t> v = {tb(xcap * d.C, t), tb(xcap * m.fc1_width, t), tb(xcap * m.Fel, t),
-                            tb((m.gathers_tokens() ? cap : Nt * m.router.k) * d.C, t)};
+  std::vector<int64_t> v = {tb(xcap * d.C, t), tb(xcap * m.fc1_width, t)};
+  if (act) v.push_back(tb(xcap * m.Fel, t));
+  v.push_back(tb((m.gathers_tokens() ? cap : Nt * m.router.k) * d.C, t));
   if (m.Fs) {  // the shared expert's fc1, act, y; gate
     for (int64_t n : {N * m.shared_fc1_width, N * m.Fsl, Nt * d.C}) v.push_back(tb(n, t));
     if (m.shared_gate) v.push_back(4 * Nt);
   }
   return v;
 }
+}  // namespace
 
-int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t) {
+std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
+  if (r == Recompute::Full) return {};  // the layers' one set is scratch
+  return kept_tensor_bytes(d, Nt, t, moe_keeps_act(d.moe, r));
+}
+
+int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
   int64_t n = 0;
-  for (int64_t b : moe_layer_tensor_bytes(d, Nt, t)) n += b;
+  for (int64_t b : moe_layer_tensor_bytes(d, Nt, t, r)) n += b;
   return n;
 }
 
-int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t) {
+int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), k = m.router.k, C = d.C, E = m.E;
-  int64_t n = 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
+  int64_t n = 0;
+  if (r == Recompute::Full)  // full recompute: the layers' one set of kept rows, first
+    for (int64_t b : kept_tensor_bytes(d, Nt, t, true)) n += b;
+  n += 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
   const int64_t xcap = m.etp * cap;  // the rows of the experts' GEMMs (the expert-TP group's)
   const bool ag = m.gathers_tokens();
   n += tb((ag ? 0 : Nt * k * C) + cap * C + xcap * (m.Fel + m.fc1_width), t);  // send (alltoall), bufA, dact, dfc
   if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                             // bufB
+  if (!moe_keeps_act(m, r)) n += tb(xcap * m.Fel, t);                           // act (moe_act)
   if (m.ep > 1 && !ag) n += 4 * 2 * cap;                                        // regroup, inverse
   if (m.etp > 1) n += tb(xcap * C, t) + 4 * 2 * xcap;              // the padded gather, its maps
   if (m.gathers_tokens()) {  // the EP group's tokens, their 16-bit staging, its assignments' maps
@@ -176,7 +191,7 @@ Buf MoEMLP::alloc(int64_t n, DType t) {
 }
 
 MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-               Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host,
+               Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host, Recompute recompute,
                const std::vector<char*>& slot_regions)
     : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host), etp_(etp),
       tp_host_(tp_host), cp_host_(cp_host), dp_host_(dp_host) {
@@ -187,29 +202,39 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
     if (m.is_moe(l)) moe_layers_.push_back(l);
   rows_cap_ = moe_rows_bound(m, Nt);
+  keep_act_ = moe_keeps_act(m, recompute);
   const int64_t C = d.C, k = m.router.k;
-  // allocation order: per slot and layer its kept rows (moe_layer_tensor_bytes), then the scratch
-  TPT_CHECK(slot_regions.empty() || int(slot_regions.size()) == slots);
+  // a state's kept rows (moe_layer_tensor_bytes' order): allocated, or carved from a pooled slot's region
+  auto kept = [&](LayerState& s, char** from) {  // from: advanced past what is carved
+    auto take = [&](int64_t n, DType dt) {
+      if (!from) return alloc(n, dt);
+      Buf b(*from, dt);
+      *from += carve_bytes(dtype_size(n, dt));
+      return b;
+    };
+    grow_state(s, from);
+    if (!m.gathers_tokens()) s.ret = take(Nt * k * C, t);
+    if (m.Fs) {
+      const int64_t N = gemm_tokens(d, Nt);
+      s.sh_fc1 = take(N * m.shared_fc1_width, t);
+      s.sh_act = take(N * m.Fsl, t);
+      s.sh_y = take(Nt * C, t);
+      if (m.shared_gate) s.gate = take(Nt, DType::F32).f32();
+    }
+  };
+  // allocation order: per slot and layer its kept rows (with full recompute one set, shared), then the scratch
+  TPT_CHECK(slot_regions.empty() || (int(slot_regions.size()) == slots && recompute != Recompute::Full));
+  if (recompute == Recompute::Full) {
+    shared_rows_ = std::make_unique<LayerState>();
+    kept(*shared_rows_, nullptr);
+  }
   state_.resize(size_t(slots));
   for (size_t j = 0; j < state_.size(); ++j) {
     char* from = slot_regions.empty() ? nullptr : slot_regions[j];
-    auto take = [&](int64_t n, DType dt) {  // allocated, or carved from the slot's region
-      if (!from) return alloc(n, dt);
-      Buf b(from, dt);
-      from += carve_bytes(dtype_size(n, dt));
-      return b;
-    };
     for (size_t i = 0; i < moe_layers_.size(); ++i) {
       auto* s = new LayerState;
-      grow_state(*s, from ? &from : nullptr);
-      if (!m.gathers_tokens()) s->ret = take(Nt * k * C, t);
-      if (m.Fs) {
-        const int64_t N = gemm_tokens(d, Nt);
-        s->sh_fc1 = take(N * m.shared_fc1_width, t);
-        s->sh_act = take(N * m.Fsl, t);
-        s->sh_y = take(Nt * C, t);
-        if (m.shared_gate) s->gate = take(Nt, DType::F32).f32();
-      }
+      if (shared_rows_) *s = *shared_rows_;  // its buffers (the host state is each one's own)
+      else kept(*s, from ? &from : nullptr);
       state_[j].push_back(s);
     }
   }
@@ -285,6 +310,7 @@ void MoEMLP::alloc_rows_scratch() {
   const int64_t xcap = m.etp * rows_cap_;
   bufA_ = alloc(rows_cap_ * d_.C, t_);
   dact_ = alloc(xcap * m.Fel, t_);
+  if (!keep_act_) act_ = alloc(xcap * m.Fel, t_);
   dfc_ = alloc(xcap * m.fc1_width, t_);
   if (m.ep > 1 || m.etp > 1) bufB_ = alloc(xcap * d_.C, t_);
   if (m.ep > 1 && !m.gathers_tokens()) {
@@ -302,6 +328,13 @@ void MoEMLP::alloc_rows_scratch() {
 void MoEMLP::grow_state(LayerState& s, char** from) {
   if (s.cap == rows_cap_ && s.xin) return;
   const MoEDims& m = d_.moe;
+  if (shared_rows_ && &s != shared_rows_.get()) {  // full recompute: the one set, grown once
+    grow_state(*shared_rows_);
+    const LayerState& k = *shared_rows_;
+    s.cap = k.cap, s.xin = k.xin, s.fc1 = k.fc1, s.act = k.act;
+    if (m.gathers_tokens()) s.ret = k.ret;
+    return;
+  }
   const int64_t xcap = m.etp * rows_cap_;
   auto take = [&](int64_t n) {
     if (!from) return alloc(n, t_);
@@ -312,7 +345,7 @@ void MoEMLP::grow_state(LayerState& s, char** from) {
   s.cap = rows_cap_;
   s.xin = take(xcap * d_.C);
   s.fc1 = take(xcap * m.fc1_width);
-  s.act = take(xcap * m.Fel);
+  if (keep_act_) s.act = take(xcap * m.Fel);
   if (m.gathers_tokens()) s.ret = take(rows_cap_ * d_.C);  // the experts' output rows
 }
 
@@ -402,6 +435,8 @@ void MoEMLP::grow(int64_t rows, int64_t layer) {
   rows_cap_ = rows;
   alloc_rows_scratch();  // the old scratch stays owned (freed with the stage): nothing in it is live
 }
+
+Buf MoEMLP::act(const LayerState& s) const { return keep_act_ ? s.act : act_; }
 
 const float* MoEMLP::router_input(CBuf x) {
   if (x.t == DType::F32) return x.f32();
@@ -532,7 +567,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   MoEParams<CBuf> ws = w;
   if (m.etp_rank != 0) ws.fc2_bias = CBuf{};
   const Buf out = (m.ep == 1 || ag) && !etp ? s.ret : bufB_;
-  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, s.act, out, tp.fp8);
+  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, act(s), out, tp.fp8);
   const Buf own = etp ? tp_reduce(s, out) : out;  // this rank's rows, expert-major
   if (ag) {
     // the group's tokens' weighted sums of this rank's experts' rows, summed over EP to their ranks
@@ -647,12 +682,18 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   // rank 0 alone (summed over TP with the other TP-replicated tensors')
   const Buf dxin = etp ? bufB_ : bufA_;
   const Buf fc2_bias = m.etp_rank == 0 ? g.fc2_bias : Buf{};
+  const Buf a = act(s);
+  if (!keep_act_) {  // moe_act: the activations again from the kept fc1 outputs, before fc2's weight gradient reads them
+    int64_t rows = 0;
+    for (int64_t n : s.expert_rows) rows += n;
+    if (rows) d_.mlp.activation(ops_, a, s.fc1, rows, m.Fel);
+  }
   int64_t off = 0;
   for (int64_t e = 0; e < El; ++e) {
     const int64_t n = s.expert_rows[size_t(e)];
     if (n == 0) continue;
     d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fel, g.fc2 + e * C * m.Fel,
-                    fc2_bias ? fc2_bias + e * C : Buf{}, dout + off * C, s.act + off * m.Fel,
+                    fc2_bias ? fc2_bias + e * C : Buf{}, dout + off * C, a + off * m.Fel,
                     w.fc2 + e * C * m.Fel, s.fc1 + off * m.fc1_width, n, m.Fel, C, expert_fp8(tp.fp8, m, e, true));
     linear_backward(ops_, expert_fp8(tp.fp8, m, e, false), dxin + off * C, g.fc1 + e * m.fc1_width * C,
                     g.fc1_bias ? g.fc1_bias + e * m.fc1_width : Buf{}, dfc_ + off * m.fc1_width, s.xin + off * C,

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "core/ops.h"
 #include "model/moe_routing.h"
 
@@ -44,6 +45,9 @@ struct MoEDims {
   int64_t Fs = 0, Fsl = 0, shared_fc1_width = 0;
   bool shared_gate = false;
   double dispatch_factor = 2;  // model.moe_dispatch_bound_factor (moe_rows_bound)
+  // training.recompute_modules lists moe_act: with selective recompute the experts' activations are
+  // not kept but rerun from their fc1 outputs in backward (moe_keeps_act)
+  bool recompute_act = false;
   bool any() const { return E > 0; }
   bool is_moe(int64_t layer) const { return E > 0 && layers.at(size_t(layer)) != 0; }
 };
@@ -51,13 +55,18 @@ struct MoEDims {
 // Rows an EP rank's experts can take per micro-batch of Nt tokens before its dispatch buffers grow:
 // exactly Nt k with EP 1, else dispatch_factor x that (the balanced load), rounded up.
 int64_t moe_rows_bound(const MoEDims& m, int64_t Nt);
-// Bytes one MoE layer keeps per micro-batch of Nt tokens (its experts' inputs, fc1 outputs and
-// activations on the bound's rows, the returned rows) and the stage's MoE scratch, in dtype t:
-// what MoEMLP allocates (activation_bytes_per_microbatch / scratch_bytes add them).
-int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t);
-int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t);
+// Whether a layer keeps its experts' activations under recompute mode r (not with selective
+// recompute and moe_act, whose backward reruns them into one scratch buffer).
+bool moe_keeps_act(const MoEDims& m, Recompute r);
+// Bytes one MoE layer keeps per micro-batch of Nt tokens under recompute mode r (its experts'
+// inputs, fc1 outputs and activations on the bound's rows, the returned rows; none with full
+// recompute, whose layers share one set, rebuilt before each layer's backward) and the stage's MoE
+// scratch (with that one set), in dtype t: what MoEMLP allocates (activation_bytes_per_microbatch /
+// scratch_bytes add them).
+int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
+int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
 // The same per layer, tensor by tensor in MoEMLP's order (a pooled slot carves them one by one).
-std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t);
+std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
 
 // One MoE layer's parameters (or gradients): the router (E, C), the rank's El experts' fc1 (El,
 // fc1_width, C), fc2 (El, C, Fe) and their biases (null without); the shared expert's fc1
@@ -124,9 +133,10 @@ class MoEMLP {
   // token of the flattened (B, S) micro-batch (sequence parallelism). slot_regions: empty, or per
   // slot where its layers' kept rows are carved (a slot of the interleaved schedule's pool, after its
   // dense tensors: moe_layer_tensor_bytes each, each from a multiple of 256 bytes); rows that outgrow
-  // the bound are allocated apart then.
+  // the bound are allocated apart then. recompute: the stage's mode (moe_layer_bytes: full recompute
+  // shares one set of kept rows, selective with moe_act reruns the experts' activations).
   MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
-         Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host,
+         Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host, Recompute recompute,
          const std::vector<char*>& slot_regions = {});
   ~MoEMLP();
   MoEMLP(const MoEMLP&) = delete;
@@ -164,6 +174,9 @@ class MoEMLP {
   Comm *ep_, *ep_host_, *etp_, *tp_host_, *cp_host_, *dp_host_;
   float loss_scale_ = 0;
   int64_t rows_cap_ = 0;  // the bound's rows (grows once past it, with a warning)
+  bool keep_act_ = true;  // moe_keeps_act: else act_ (scratch) holds the activations of the layer at hand
+  // full recompute: the one set of kept rows every slot and layer uses (its device buffers; null otherwise)
+  std::unique_ptr<LayerState> shared_rows_;
   std::vector<int64_t> moe_layers_;  // the stage's MoE layers (global indices)
   std::vector<std::vector<LayerState*>> state_;  // [slot][moe layer index]
   MoEStats stats_;
@@ -177,7 +190,7 @@ class MoEMLP {
   float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr, *row_w_ = nullptr, *comb_w_ = nullptr;
   float* dprob_ = nullptr;
   int32_t *perm_ = nullptr, *comb_ = nullptr, *regroup_ = nullptr, *inverse_ = nullptr;
-  Buf send_, bufA_, bufB_, dact_, dfc_, tmp_, dx_;
+  Buf send_, bufA_, bufB_, dact_, dfc_, tmp_, dx_, act_;
   // ETP > 1: the padded all-gather / reduce-scatter buffer (etp blocks of the largest rank's rows) and
   // the maps between it and the experts' rows (expert-major over the group)
   Buf xg_;
@@ -200,8 +213,10 @@ class MoEMLP {
   Buf alloc(int64_t n, DType t);
   void alloc_rows_scratch();
   void grow(int64_t rows, int64_t layer);
-  // the kept rows at the bound: allocated, or (from, a pooled slot's region) carved and advanced
+  // the kept rows at the bound: allocated, or (from, a pooled slot's region) carved and advanced; with
+  // full recompute the shared set's (grown first)
   void grow_state(LayerState& s, char** from = nullptr);
+  Buf act(const LayerState& s) const;  // the activations of s's rows: kept, or act_
   // ETP > 1: the expert-TP group's per-expert rows and the maps (LayerState); the rows of this rank in
   // xg_'s own block gathered over the group into expert-major `out`; partial sums `in` (expert-major
   // over the group) summed back to this rank's rows (returned: xg_'s own block)

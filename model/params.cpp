@@ -72,6 +72,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     e.shared_fc1_width = d.mlp.fc1_width(e.Fsl);
     e.shared_gate = m.moe_shared_expert_gate;
     e.dispatch_factor = m.moe_dispatch_bound_factor;
+    e.recompute_act = cfg.training.recompute_modules.moe_act;
     e.allgather = m.moe_token_dispatcher_type == MoEDispatcher::AllGather;
     d.moe_layer = make_moe_layer_spec(d);
   }

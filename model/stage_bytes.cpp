@@ -86,8 +86,8 @@ std::vector<int64_t> slot_tensor_bytes(const GPTDims& d, int64_t B, Recompute r,
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t) {
   int64_t n = 0;
   for (int64_t b : slot_tensor_bytes(d, B, r, t)) n += b;
-  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)  // MoEMLP's per slot, whatever the recompute
-    if (d.moe.is_moe(l)) n += moe_layer_bytes(d, d.local_tokens(B * d.S), t);
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)  // MoEMLP's per slot (none with full recompute)
+    if (d.moe.is_moe(l)) n += moe_layer_bytes(d, d.local_tokens(B * d.S), t, r);
   return n;
 }
 
@@ -100,17 +100,17 @@ int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   for (int64_t b : slot_tensor_bytes(d, B, r, t)) n += carve_bytes(b);
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)  // MoEMLP's kept rows, after the dense tensors
     if (d.moe.is_moe(l))
-      for (int64_t b : moe_layer_tensor_bytes(d, d.local_tokens(B * d.S), t)) n += carve_bytes(b);
+      for (int64_t b : moe_layer_tensor_bytes(d, d.local_tokens(B * d.S), t, r)) n += carve_bytes(b);
   return n;
 }
 
-int64_t scratch_bytes(const GPTDims& d, int64_t B, DType t) {
+int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
   int64_t n = tb(Nt * d.C, t);                 // dres: the input gradient, sent after the backward
   if (d.rot) n += fb(d.rot / 2);               // RoPE's inverse frequencies
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);  // logits, cross-entropy rows (loss to backward)
   if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
-  if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t);
+  if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t, r);
   return n;
 }
 

@@ -250,11 +250,11 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     const int64_t own_slots = pooled ? 0 : slots[c];
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       m.activation_and_workspace_by_mode[int(r)] +=
-          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * own_slots + scratch_bytes(d, B, dtype) + fp8;
+          (activation_bytes_per_microbatch(d, B, r, dtype) + stash) * own_slots + scratch_bytes(d, B, r, dtype) + fp8;
       shared_by_mode[int(r)] = std::max(shared_by_mode[int(r)], shared_scratch_bytes(d, B, r, dtype));
     }
     m.activation_bytes += (activation_bytes_per_microbatch(d, B, mode, dtype) + stash) * own_slots;
-    m.workspace_bytes += scratch_bytes(d, B, dtype) + fp8;
+    m.workspace_bytes += scratch_bytes(d, B, mode, dtype) + fp8;
     // The trainer's buffers: the received activations and gradients the schedules hold at once (B*S*C,
     // or this TP rank's B*S*C/tp with sequence parallelism).
     m.buffer_bytes += in_flight.receive_buffers.at(c) * dtype_size(stage_message_elements(d, B), dtype);

@@ -360,6 +360,8 @@ class Model {
     w.ep_b += moe * 2 * epc;
     if (rc == Recompute::Full) w.recompute += dense * layer_f + f8 * (f8f - gf) + moe_f + m8 * (m8f - mgf);
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
+    if (rc == Recompute::Selective && c_.training.recompute_modules.moe_act)  // the experts' activations again
+      w.recompute += moe * memory_bound(cb_ * act * rows * k.moe.ffn, 1);
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);

@@ -132,6 +132,17 @@ check llama_groups_not_dividing_tp "model.num_query_groups (2)|parallel.tensor_m
 check moe_width_not_dividing_etp "model.moe_ffn_hidden_size: 33|parallel.expert_tensor_parallel_size (2" -- \
   plan --config "$BASE" --world-size 2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true \
   --set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=33
+# training.recompute_modules: core_attn must be listed, Megatron's other modules are named as not built,
+# moe_act needs an MoE model
+MOE4=(--set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=32)
+check recompute_modules_without_core_attn "training.recompute_modules: must list core_attn" -- plan --config "$BASE" \
+  "${MOE4[@]}" --set training.recompute=selective --set "training.recompute_modules=[moe_act]"
+check recompute_modules_layernorm "training.recompute_modules: Megatron's module 'layernorm' is not built" -- plan --config "$BASE" \
+  --set training.recompute=selective --set "training.recompute_modules=[core_attn, layernorm]"
+check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act" -- plan --config "$BASE" \
+  --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_ac]"
+check recompute_modules_dense "training.recompute_modules|the model has none" -- plan --config "$BASE" \
+  --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_act]"
 check unknown_argument "--bogus-flag" -- --config "$BASE" --bogus-flag
 check train_unknown_argument "--bogus-flag" -- train --bogus-flag --config "$BASE"
 check no_config "--config" --

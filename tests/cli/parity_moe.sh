@@ -175,6 +175,18 @@ NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_para
 NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
   training.micro_batch_size=2
 NP=1 run_case u_full_recompute "${AUX[@]}" "${Z[@]}" training.recompute=full
+# selective recompute with moe_act (the experts' activations rerun from their fc1 outputs in
+# backward; bitwise the same run without it, below): EP 2 with SwiGLU experts, and interleaved 1F1B
+# (the kept rows without activations in the chunks' pooled slots); full recompute on EP 2 at the
+# balanced bound (the layers' one set of kept rows, grown past the bound; bitwise p_ep2_dp2)
+ACT=(training.recompute=selective "training.recompute_modules=[core_attn, moe_act]")
+NP=2 run_case u2_ep2_swiglu_moe_act "${AUX[@]}" "${Z[@]}" "${ACT[@]}" parallel.expert_model_parallel_size=2 model.swiglu=true
+NP=2 run_case u2_ep2_swiglu_selective "${AUX[@]}" "${Z[@]}" training.recompute=selective \
+  parallel.expert_model_parallel_size=2 model.swiglu=true
+NP=2 run_case u3_pp2_interleaved_moe_act "${AUX[@]}" "${ACT[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
+  parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2
+NP=2 run_case u4_ep2_full_bound_1 "${AUX[@]}" "${Z[@]}" training.recompute=full parallel.expert_model_parallel_size=2 \
+  model.moe_dispatch_bound_factor=1
 NP=4 run_case v_tp2_sp_shared_gate "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
   parallel.expert_tensor_parallel_size=1 model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
 # the distributed optimizer where DP x CP is 1 but the experts have EDP = 2 replicas (TP 2, ETP 1):
@@ -222,6 +234,21 @@ PYEOF
   then pass "dispatch_bound_1_grows_bitwise ($grows warnings, e.g. $(grep -m1 -o "layer [0-9]*: this rank's experts received [0-9]* rows, more than the planned [0-9]*" p1_ep2_bound_1.tptrain.out))"
   else fail dispatch_bound_1_grows_bitwise "factor 1: $grows growth warnings, or metrics not bitwise those of factor 2 (p_ep2_dp2)"; fi
 fi
+
+# the recompute modes change what is kept, not one bit of the run
+same_bits() {  # NAME A B: the metrics of A and B bitwise equal
+  if [ -s "$2.tptrain.jsonl" ] && [ -s "$3.tptrain.jsonl" ]; then
+    if "$PY" - "$2.tptrain.jsonl" "$3.tptrain.jsonl" <<'PYEOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+keys = ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss", "moe_max_imbalance")
+sys.exit(0 if len(a) == len(b) > 0 and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in keys) else 1)
+PYEOF
+    then pass "$1 ($2 = $3 bitwise)"; else fail "$1" "$2 and $3 differ"; fi
+  fi
+}
+same_bits moe_act_bitwise u2_ep2_swiglu_moe_act u2_ep2_swiglu_selective
+same_bits full_recompute_shared_rows_bitwise u4_ep2_full_bound_1 p_ep2_dp2
 
 # the capacity cases must drop something: in the reference, iteration 1's loss (the same weights)
 # differs from the dropless case's

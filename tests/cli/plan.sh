@@ -366,6 +366,13 @@ compare moe_tp2_sp_etp2_swiglu_fp32 2 2 1 "${MOE[@]}" model.swiglu=true model.ff
   parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=2
 compare moe_pp2_interleaved_freq10_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 "model.moe_layer_freq=[1, 0, 0, 1]" \
   parallel.virtual_pipeline_model_parallel_size=2
+# selective recompute with moe_act: no kept activations per layer, one scratch for the layer at hand
+# (also in the interleaved pool's slots); full recompute on EP 2: the layers' one set of kept rows
+compare moe_ep2_swiglu_moe_act_bf16 2 1 1 "${MOE[@]}" model.swiglu=true model.ffn_hidden_size=96 training.precision=bf16 \
+  parallel.expert_model_parallel_size=2 training.recompute=selective "training.recompute_modules=[core_attn, moe_act]"
+compare moe_pp2_interleaved_moe_act_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2 \
+  training.recompute=selective "training.recompute_modules=[core_attn, moe_act]"
+compare moe_ep2_full_fp32 2 1 1 "${MOE[@]}" parallel.expert_model_parallel_size=2 training.recompute=full
 # the distributed optimizer with DP 1 but EDP 2 (TP 2, ETP 1): the expert weights' states sharded over EDP
 compare moe_tp2_sp_etp1_edp2_distopt_bf16 2 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
   parallel.expert_tensor_parallel_size=1 parallel.distributed_optimizer=true

@@ -64,6 +64,7 @@ for row in rows:
                      "overlap_grad_reduce": overlap and dp * cp > 1, "overlap_param_gather": overlap and dist},
         "training": {"micro_batch_size": lay["micro_batch_size"], "global_batch_size": row["global_batch_size"],
                      "train_iters": 1, "precision": lay["precision"], "recompute": lay["recompute"],
+                     **({"recompute_modules": lay["recompute_modules"]} if "recompute_modules" in lay else {}),
                      **({"fp8_format": lay["fp8"], "fp8_recipe": "delayed"} if "fp8" in lay else {})},
         "data": {"path": "none"},  # the plan needs no data
     }

@@ -101,6 +101,8 @@ SCHEMA = {
         "train_iters": ("int", REQUIRED, None, False),
         "precision": ("str", EXPLICIT, "fp32", False),
         "recompute": ("str", "none", None, False),
+        # what selective recompute reruns: memory only, nothing the reference computes differently
+        "recompute_modules": ("modules", ["core_attn"], None, False),
         "seed": ("int", 1234, None, False),
         "device": ("str", "auto", None, False),
         "cpu_threads": ("int", None, None, True),
@@ -220,6 +222,11 @@ def _convert(where, kind, nullable, value):
         return out
     if kind == "layer_freq":
         return moe_ref.convert_layer_freq(where, value, RefError)
+    if kind == "modules":
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not all(n in ("core_attn", "moe_act") for n in names):
+            raise RefError(f"config key {where}: expected a list of core_attn | moe_act, got {value!r}")
+        return names
     raise AssertionError(kind)
 
 
