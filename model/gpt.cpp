@@ -143,9 +143,10 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.atty = buf(r, N * d.Cl);
     la.lse = f32(r, B_ * d.Hl * d.S);
   };
+  Buf shared_norm{};  // the layernorm recompute module: ln1 / ln2 of the layer at hand (keeps_norms)
   auto layer_acts = [&](const LayerActs* shared_core, bool moe, Region* r) {  // layer_tensor_bytes
     LayerActs la;
-    la.ln1 = buf(r, Nt * d.C);
+    la.ln1 = shared_norm.p ? shared_norm : buf(r, Nt * d.C);
     la.ln1_stats = norm_stats(Nt, r);
     la.qkv = buf(r, N * d.qkv_width);
     if (d.qk_norm) {
@@ -155,7 +156,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la, r);
     la.x_mid = buf(r, Nt * d.C);
-    la.ln2 = buf(r, Nt * d.C);
+    la.ln2 = shared_norm.p ? shared_norm : buf(r, Nt * d.C);
     la.ln2_stats = norm_stats(Nt, r);
     if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
       la.fc1 = buf(r, N * d.fc1_width);
@@ -176,6 +177,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (d.qk_norm) qk_din_ = buf(&sc, N * d.Cl);
   LayerActs shared_core{};
   if (opt_.recompute == Recompute::Selective) attention_core(shared_core, &sc);
+  if (!d.keeps_norms(opt_.recompute)) shared_norm = buf(&sc, Nt * d.C);
   if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false, &sc));
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(sc.carve(bytes), opt_.dtype)};
   TPT_CHECK(sc.used == shared_bytes);
@@ -491,6 +493,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
     else linear_backward(ops_, fp8, dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
   };
+  // the layernorm recompute module: each norm's output again from its kept input and statistics
+  // (the same op on the same values), before the first read of it
+  const bool norms = !d.keeps_norms(opt_.recompute);
+  if (norms) s.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
   CBuf dln2;  // (Nt, C)
   if (d.moe.is_moe(layer)) {  // the MoE MLP: its whole backward here (also in a split backward's B)
     dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings(layer));
@@ -522,6 +528,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
                        gw.bias[size_t(gw.k_norm)], a.qk_in, w.weight[size_t(w.q_norm)], w.weight[size_t(w.k_norm)],
                        a.qk_stats, datt_, qk_din_, s.qkv, N);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
+  if (norms && !split) s.norm.forward(ops_, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], Nt, d.C);
   gemm_backward(kQkv, dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.qkv_width);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
   s.norm.backward(ops_, dres, gw.weight[kLn1], gw.bias[kLn1], dln1, x_in, w.weight[kLn1], a.ln1_stats, Nt, d.C);
@@ -532,9 +539,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
 // gradients are in the GEMMs without sequence parallelism; with it B added them (row_parallel_output_grad).
 // Writes only grads and scratch (tmp_ and the TP wire for the gathers, selective recompute's shared
 // attention output).
-void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& st) {
+void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, const LayerStash& st) {
   const GPTDims& d = d_;
-  const int64_t N = B_ * d.S;
+  const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
+  const bool norms = !d.keeps_norms(opt_.recompute);  // the layernorm recompute module (as in B)
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool sp = d.sequence_parallel;
@@ -543,6 +551,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
     linear_backward(ops_, fp8_for(layer, kFc2), Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
                          d.Fl, d.C, false);
+    if (norms) d.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
     CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
     linear_backward(ops_, fp8_for(layer, kFc1), Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
                          false);
@@ -551,6 +560,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, const LayerSta
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   linear_backward(ops_, fp8_for(layer, kProj), Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
+  if (norms) d.norm.forward(ops_, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], Nt, d.C);
   CBuf ln1 = gather_tokens(a.ln1, tmp_);
   linear_backward(ops_, fp8_for(layer, kQkv), Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
 }
@@ -696,7 +706,7 @@ void GPTStage::backward_weight(int slot, const std::function<void(int64_t layer)
   TPT_CHECK(a.weight_pending);  // after the slot's backward with BackwardPart::Input
   for (size_t i = a.layers.size(); i-- > 0;) {
     const int64_t layer = d_.layer_begin + int64_t(i);
-    block_backward_weight(layer, a.layers[i], a.stash[i]);
+    block_backward_weight(layer, a.layers[i], i ? CBuf(a.layers[i - 1].x_out) : CBuf(a.x_in), a.stash[i]);
     if (layer_done) layer_done(layer);
   }
   a.weight_pending = false;

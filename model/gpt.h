@@ -53,6 +53,10 @@ struct GPTDims {
   bool bias = true;           // biases of attn.proj, mlp.fc1, mlp.fc2
   bool qkv_bias = true;       // bias of attn.qkv
   bool qk_norm = false;       // model.qk_layernorm: `norm` over each head's D channels of q and k, before RoPE
+  // training.recompute_modules lists layernorm: with selective recompute the layers' ln1 / ln2 outputs
+  // are not kept but rerun from the kept inputs and statistics in backward (keeps_norms)
+  bool recompute_norms = false;
+  bool keeps_norms(Recompute r) const { return !(r == Recompute::Selective && recompute_norms); }
   bool learned_positions() const { return rot == 0; }
   QKVLayout qkv_layout() const { return {grouped_qkv, Hl, kv_heads, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
@@ -292,8 +296,8 @@ class GPTStage {
   const int32_t* rope_positions(const SlotActs& a) const;
   // the LM head's weight: the word embedding (tied) or the output layer
   const char* output_weight() const { return d_.untied ? "lm_head.weight" : "wte.weight"; }
-  // W of one layer from its stash (backward_weight)
-  void block_backward_weight(int64_t layer, LayerActs& a, const LayerStash& stash);
+  // W of one layer (x_in: its input) from its stash (backward_weight)
+  void block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, const LayerStash& stash);
   void attention_core_forward(LayerActs& a);
   // The TP mappings around the GEMMs, written once for both layouts of the LayerNorm / residual
   // regions (all N tokens, or with sequence parallelism this rank's Nt):

@@ -49,6 +49,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.bias = m.add_bias_linear;
   d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
   d.qk_norm = m.qk_layernorm;
+  d.recompute_norms = cfg.training.recompute_modules.layernorm;
   d.Vl = d.Vp / tp;
   d.vocab_begin = d.Vl * tp_rank;
   d.position_ids = cfg.data.reset_position_ids;

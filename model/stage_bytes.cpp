@@ -20,13 +20,14 @@ namespace {
 // TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's activation; GELU's is recomputed from fc1's
 // output in backward, in the shared dact_). An MoE layer's MLP keeps its rows in MoEMLP
 // (moe_layer_bytes) instead of fc1's output.
-std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false) {
+std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false,
+                                        bool norms = true) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N), qk = qk_norm_rows(d, N);
   std::vector<int64_t> v;
   auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
     for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(rows));
   };
-  v.push_back(tb(Nt * d.C, t));  // ln1
+  if (norms) v.push_back(tb(Nt * d.C, t));  // ln1 (not with the layernorm recompute module)
   stats(Nt);
   v.push_back(tb(N * d.qkv_width, t));
   if (d.qk_norm) {  // the q/k norms' inputs and statistics
@@ -35,7 +36,7 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
   }
   if (with_core) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));  // attention output, lse
   v.push_back(tb(Nt * d.C, t));  // x_mid
-  v.push_back(tb(Nt * d.C, t));  // ln2
+  if (norms) v.push_back(tb(Nt * d.C, t));  // ln2
   stats(Nt);
   if (!moe) {
     v.push_back(tb(N * d.fc1_width, t));
@@ -47,8 +48,8 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
 
 // The stage's shared scratch (StageOptions::shared_scratch), tensor by tensor in the constructor's
 // order: dln, tmp (N, C); dqkv; datt and its row statistics; dfc; dact; qkv_tmp (grouped-query
-// attention); qk_din (q/k norms); the attention core selective recompute rebuilds, or the layer full
-// recompute rebuilds; the 16-bit TP sums' gather buffer.
+// attention); qk_din (q/k norms); the attention core selective recompute rebuilds (and with the
+// layernorm module the norm output), or the layer full recompute rebuilds; the 16-bit TP sums' gather buffer.
 std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S;
   std::vector<int64_t> v = {tb(N * d.C, t),         tb(N * d.C, t), tb(N * d.qkv_width, t), tb(N * d.Cl, t),
@@ -56,6 +57,7 @@ std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompu
   if (d.grouped_qkv) v.push_back(tb(N * d.qkv_width, t));
   if (d.qk_norm) v.push_back(tb(N * d.Cl, t));
   if (r == Recompute::Selective) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));
+  if (!d.keeps_norms(r)) v.push_back(tb(d.local_tokens(N) * d.C, t));  // ln1 / ln2 of the layer at hand
   if (r == Recompute::Full)
     for (int64_t b : layer_tensor_bytes(d, B, t, true)) v.push_back(b);
   v.push_back(tp_gather_bytes(N * d.C, t, d.tp));
@@ -73,7 +75,7 @@ std::vector<int64_t> slot_tensor_bytes(const GPTDims& d, int64_t B, Recompute r,
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
     if (r == Recompute::Full) v.push_back(tb(Nt * d.C, t));
     else
-      for (int64_t b : layer_tensor_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l))) v.push_back(b);
+      for (int64_t b : layer_tensor_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l), d.keeps_norms(r))) v.push_back(b);
   }
   if (d.last_stage()) {
     v.push_back(tb(Nt * d.C, t));

@@ -362,6 +362,8 @@ class Model {
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
     if (rc == Recompute::Selective && c_.training.recompute_modules.moe_act)  // the experts' activations again
       w.recompute += moe * memory_bound(cb_ * act * rows * k.moe.ffn, 1);
+    if (rc == Recompute::Selective && c_.training.recompute_modules.layernorm)  // the two norms again (read, write)
+      w.recompute += layers * memory_bound(cb_ * 4.0 * Nt * C, 2);
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);

@@ -24,7 +24,8 @@
 //               the weights once per step -- and with current scaling (tensorwise) one more read of
 //               each for its amax.
 //   recompute   full: the layer's forward again before its backward; selective: the attention core
-//               (and with recompute_modules moe_act the MoE experts' activation on their rows).
+//               (and with recompute_modules moe_act the MoE experts' activation on their rows,
+//               layernorm the layers' two norms).
 //   MoE layers  (docs/MOE.md) the router's GEMM on the rank's tokens and its fp32 softmax / top-k
 //               (memory bound, Nt x E); the local experts' fc1 and fc2 as one grouped GEMM each (the
 //               experts' output tiles quantised over the SMs together, one launch; a small per-expert

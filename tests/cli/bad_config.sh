@@ -137,9 +137,9 @@ check moe_width_not_dividing_etp "model.moe_ffn_hidden_size: 33|parallel.expert_
 MOE4=(--set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=32)
 check recompute_modules_without_core_attn "training.recompute_modules: must list core_attn" -- plan --config "$BASE" \
   "${MOE4[@]}" --set training.recompute=selective --set "training.recompute_modules=[moe_act]"
-check recompute_modules_layernorm "training.recompute_modules: Megatron's module 'layernorm' is not built" -- plan --config "$BASE" \
-  --set training.recompute=selective --set "training.recompute_modules=[core_attn, layernorm]"
-check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act" -- plan --config "$BASE" \
+check recompute_modules_mlp "training.recompute_modules: Megatron's module 'mlp' is not built" -- plan --config "$BASE" \
+  --set training.recompute=selective --set "training.recompute_modules=[core_attn, mlp]"
+check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act | layernorm" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_ac]"
 check recompute_modules_dense "training.recompute_modules|the model has none" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_act]"

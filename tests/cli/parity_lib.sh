@@ -30,6 +30,20 @@ pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
 show() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1" | sed 's/^/    /'; echo "----"; }
 
+# same_bits NAME A B: cases A and B logged bitwise the same metrics (lm loss, grad norm and the MoE
+# balancing losses where logged): a recompute mode changes what is kept, not one bit of the run
+same_bits() {
+  if [ -s "$2.tptrain.jsonl" ] && [ -s "$3.tptrain.jsonl" ]; then
+    if "$PY" - "$2.tptrain.jsonl" "$3.tptrain.jsonl" <<'PYEOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if "lm_loss" in l] for p in sys.argv[1:3])
+keys = ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss", "moe_max_imbalance")
+sys.exit(0 if len(a) == len(b) > 0 and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in keys) else 1)
+PYEOF
+    then pass "$1 ($2 = $3 bitwise)"; else fail "$1" "$2 and $3 differ"; fi
+  fi
+}
+
 parity_selected() { [ -z "${PARITY_ONLY:-}" ] || [[ $1 =~ $PARITY_ONLY ]]; }
 
 # parity_case CASE ARGS...: gpt_ref.py (fp32 whatever training.precision says) and tptrain (NP=N: N

@@ -167,6 +167,14 @@ run_case p_gpt2_qk_layernorm "${QK[@]}"
 NP=4 run_case q_llama_qk_tp2_pp2_zb_selective "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.pipeline_schedule=zb-h1 \
   training.recompute=selective
+# the layernorm recompute module (ln1 / ln2 rerun in backward, and again in ZB-H1's W): the case
+# above with it, bitwise; GPT-2's LayerNorm (mean and rstd) on TP 2 with sequence parallelism
+NP=4 run_case q2_llama_qk_tp2_pp2_zb_selective_layernorm "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
+  parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.pipeline_schedule=zb-h1 \
+  training.recompute=selective "training.recompute_modules=[core_attn, layernorm]"
+same_bits layernorm_recompute_bitwise q_llama_qk_tp2_pp2_zb_selective q2_llama_qk_tp2_pp2_zb_selective_layernorm
+NP=2 run_case q3_gpt2_tp2_sp_layernorm_recompute parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
+  training.recompute=selective "training.recompute_modules=[core_attn, layernorm]"
 NP=2 run_case r_llama_qk_tp2_sp_distopt "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
   parallel.sequence_parallel=true parallel.distributed_optimizer=true training.micro_batch_size=4
 NP=8 run_case s_llama_qk_tp2_cp2_pp2_full "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \

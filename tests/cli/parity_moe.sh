@@ -236,17 +236,6 @@ PYEOF
 fi
 
 # the recompute modes change what is kept, not one bit of the run
-same_bits() {  # NAME A B: the metrics of A and B bitwise equal
-  if [ -s "$2.tptrain.jsonl" ] && [ -s "$3.tptrain.jsonl" ]; then
-    if "$PY" - "$2.tptrain.jsonl" "$3.tptrain.jsonl" <<'PYEOF'
-import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-keys = ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss", "moe_max_imbalance")
-sys.exit(0 if len(a) == len(b) > 0 and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in keys) else 1)
-PYEOF
-    then pass "$1 ($2 = $3 bitwise)"; else fail "$1" "$2 and $3 differ"; fi
-  fi
-}
 same_bits moe_act_bitwise u2_ep2_swiglu_moe_act u2_ep2_swiglu_selective
 same_bits full_recompute_shared_rows_bitwise u4_ep2_full_bound_1 p_ep2_dp2
 

@@ -314,6 +314,12 @@ compare llama_pp2_zb_bf16 2 1 2 training.precision=bf16 parallel.pipeline_schedu
 compare llama_dp2_distopt_bf16 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true
 compare llama_bf16_selective 1 1 1 training.precision=bf16 training.recompute=selective
 compare llama_bf16_full 1 1 1 training.precision=bf16 training.recompute=full
+# the layernorm recompute module: ln1 / ln2 in the shared scratch, not per layer (with ZB-H1 and SP;
+# interleaved, in the pool's slots)
+compare llama_tp2_sp_pp2_zb_layernorm_bf16 4 2 2 training.precision=bf16 training.recompute=selective \
+  "training.recompute_modules=[core_attn, layernorm]" parallel.pipeline_schedule=zb-h1 parallel.sequence_parallel=true
+compare llama_pp2_interleaved_layernorm_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2 \
+  training.recompute=selective "training.recompute_modules=[core_attn, layernorm]"
 compare llama_pp2_interleaved_bf16 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2
 compare llama_pp2_interleaved_doc_masks 2 1 2 training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2 \
   data.reset_position_ids=true data.eod_mask_loss=true
