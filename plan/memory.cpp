@@ -522,6 +522,23 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
   const std::string already = "already configured";
   if (rc == Recompute::None)
     add("training.recompute=selective", "", with_recompute(c, Recompute::Selective), plan.world_size);
+  // selective recompute with every module that applies (Megatron's --recompute-modules)
+  if (rc != Recompute::Full) {
+    Config v = with_recompute(c, Recompute::Selective);
+    v.training.recompute_modules.layernorm = true;
+    v.training.recompute_modules.moe_act = c.model.is_moe();
+    if (!(rc == Recompute::Selective && v.training.recompute_modules == c.training.recompute_modules))
+      add(std::string("training.recompute=selective \"training.recompute_modules=[core_attn, ") +
+              (v.training.recompute_modules.moe_act ? "moe_act, " : "") + "layernorm]\"",
+          "the norm outputs (and the experts' activations) rerun in backward", v, plan.world_size);
+  }
+  // MoE with EP > 1: the dispatch buffers at 1.1x the balanced load instead of the configured bound
+  if (c.model.is_moe() && c.parallel.expert_model_parallel_size > 1 && c.model.moe_dispatch_bound_factor > 1.1) {
+    Config v = c;
+    v.model.moe_dispatch_bound_factor = 1.1;
+    add("model.moe_dispatch_bound_factor=1.1", "for balanced routing (force-balanced or a well-balanced run): a layer "
+        "that receives more grows its buffers once, with a warning, past the plan", v, plan.world_size);
+  }
   add("training.recompute=full", rc == Recompute::Full ? already : "", with_recompute(c, Recompute::Full), plan.world_size);
   Config mb1 = c;
   mb1.training.micro_batch_size = 1;
