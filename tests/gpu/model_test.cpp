@@ -158,6 +158,28 @@ TEST(GpuModel, LlamaBf16TrainingWithinTheMixedPrecisionTolerance) {
   }
 }
 
+// Selective recompute with the layernorm module (the norm outputs rerun from the kept inputs and
+// statistics in backward, with the plain norm kernel where the forward ran the fused residual one):
+// bf16 on the GPU within the mixed-precision tolerance of the CPU's, and within a few bf16 steps of
+// the GPU run that keeps the norm outputs.
+TEST(GpuModel, LlamaBf16LayernormRecomputeWithinTheMixedPrecisionTolerance) {
+  Config kept = tiny_llama_config();
+  kept.training.recompute = Recompute::Selective;
+  Config cfg = kept;
+  cfg.training.recompute_modules.layernorm = true;
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
+  const Trained g16 = train(*gpu, *dev, DType::BF16, 4, 2, cfg);
+  const Trained g16_kept = train(*gpu, *dev, DType::BF16, 4, 2, kept);
+  for (size_t k = 0; k < c16.losses.size(); ++k) {
+    EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
+    EXPECT_NEAR(g16.losses[k], g16_kept.losses[k], 2e-3) << "step " << k + 1 << " vs the GPU keeping the norms";
+    std::printf("llama layernorm recompute step %zu: loss cpu bf16 %.6f gpu bf16 %.6f (kept: %.6f)\n", k + 1,
+                c16.losses[k], g16.losses[k], g16_kept.losses[k]);
+  }
+}
+
 // FP8 (docs/FP8.md): the LLaMA shape with sequence 32 and micro-batch 2, so that every linear GEMM is a
 // multiple of 16 (64 rows) and runs through cuBLASLt's FP8 on a GPU with FP8 tensor cores, against the
 // CPU backend's emulation: current scaling with E5M2 gradients (hybrid) and blockwise scaling. A code can

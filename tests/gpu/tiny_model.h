@@ -87,7 +87,7 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   Dev compute(ops, copy ? size_t(layout.total) : 0, dtype);
   if (copy) ops.convert(compute, params.buf(), layout.total);
   const int64_t B = cfg.training.micro_batch_size, S = d.S, N = B * S;
-  StageOptions so{dtype, Recompute::None};
+  StageOptions so{dtype, cfg.training.recompute};
   if (fp8) {
     TPT_CHECK(!fp8->delayed);
     so.fp8 = true;
