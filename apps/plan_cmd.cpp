@@ -201,7 +201,8 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                 p.dp * p.cp,
                 p.cp_attention_kernel == "cudnn"
                     ? "cuDNN's SDPA per pair of token chunks (where libcudnn.so.9 loads)"
-                    : "the fallback kernel (shared-memory tiles, no atomics)");
+                    : "the fallback kernel (shared-memory tiles, no atomics; the step time prices it at its "
+                      "measured slowdown against flash attention, docs/PLAN.md)");
   if (m.is_moe())
     std::printf("mixture of experts: %d experts (width %d) per MoE layer, top-%d: %s expert parameters, %s active per "
                 "token; EP %d (each rank holds %d experts per layer), expert data-parallel EDP %d (the experts' "

@@ -249,6 +249,7 @@ nlohmann::json hardware_json(const Hardware& h, int gpus_per_node) {
           {"sms", h.sms},
           {"compute_efficiency", h.gemm_efficiency},
           {"attention_efficiency", h.attention_efficiency},
+          {"cp_fallback_slowdown", h.cp_fallback_slowdown},
           {"hbm_efficiency", h.hbm_efficiency},
           {"kernel_overhead_us", h.kernel_overhead_us},
           {"intra_node_gbps", h.nvlink_gbps},

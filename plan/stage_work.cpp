@@ -83,6 +83,7 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   w.swiglu = d.mlp.swiglu;
   w.rope_elems = d.rot > 0 ? 2.0 * w.N * double(d.Hl + d.kv_heads) * double(d.D) : 0.0;
   w.kv_block = d.cp > 1 ? w.N * 2.0 * double(d.kv_heads * d.D) : 0.0;
+  w.cp_fallback = d.cp > 1 && cp_attention_kernel(d, compute_dtype(c)) == "fallback";
   w.vocab_rows = double(d.Vl);
   // GPTStage's FP8 layers, dense and MoE
   if (c.training.fp8_format != Fp8Format::None) {

@@ -41,6 +41,7 @@ struct ChunkWork {
   bool swiglu = false;
   double rope_elems = 0;       // RoPE: q and k channels rotated per layer (0 without RoPE)
   double kv_block = 0;         // elements of one CP ring K/V block: N 2 kv_heads D (0 without CP)
+  bool cp_fallback = false;    // the CP ring's blocks run the fallback kernel (plan/memory.h cp_attention_kernel)
   double vocab_rows = 0;       // the LM head's rows on this rank (Vl)
   // FP8 training (docs/FP8.md): the chunk's dense layers whose linear GEMMs take FP8 inputs, and its MoE
   // layers that do (attention's, the shared expert's and the experts' GEMMs; the router's not)

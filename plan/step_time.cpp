@@ -314,7 +314,9 @@ class Model {
       m8f += memory_bound(m8x * cast, 4);
       m8b += memory_bound(m8y * cast, 4);
     }
-    const double af = k.attention_flops / (hw_.peak_tflops * 1e12 * hw_.attention_efficiency) + hw_.kernel_overhead_us * 1e-6;
+    // the CP ring's blocks on the fallback kernel: flash attention's time x its measured slowdown
+    const double attention_eff = hw_.attention_efficiency / (k.cp_fallback ? hw_.cp_fallback_slowdown : 1.0);
+    const double af = k.attention_flops / (hw_.peak_tflops * 1e12 * attention_eff) + hw_.kernel_overhead_us * 1e-6;
     // LayerNorm x2 (read, write), residual adds x2 (two reads, a write), the MLP's activation, RoPE of q and k
     const double act = k.swiglu ? 3.0 : 2.0;
     const double ef = memory_bound(cb_ * (10.0 * Nt * C + act * N * k.ffn_local + k.rope_elems), 8);

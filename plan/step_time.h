@@ -70,6 +70,10 @@ struct Hardware {
   double fp8_peak_factor = 2;        // the dense FP8 tensor-core peak over peak_tflops (0: no FP8)
   double fp8_gemm_efficiency = 0.55;  // fraction of the FP8 peak a large FP8 GEMM reaches (calibrated: published.yaml)
   double attention_efficiency = 0.55;  // fraction of peak flash attention reaches
+  // how much slower the CP ring's fallback kernel runs its blocks than flash attention (where cuDNN
+  // does not take the shape: fp32, D or S not a multiple of 8): measured about 300x on an H200
+  // (2026-12-04, scripts/ring_bench.sh with every block on it: 3.9 s against 13 ms, docs/GPU.md)
+  double cp_fallback_slowdown = 300;
   double hbm_efficiency = 0.8;       // fraction of the HBM bandwidth elementwise kernels reach
   double kernel_overhead_us = 4;     // per kernel launch (and per small kernel's tail)
   double nvlink_gbps = 360;          // achievable NVLink bus bandwidth of a collective within a node

@@ -180,6 +180,19 @@ if "$TPTRAIN" plan --config "${L8[@]}" --set $CP=2 > "$W/l8cp.txt" 2>&1 && grep 
    grep -q "its blocks run the fallback kernel" "$W/l8cp32.txt"
 then ok "plan: Llama 3 8B at seq 32768 with CP 2 fits, shows the CP axis and the ring blocks' kernel (cuDNN in bf16, the fallback in fp32)"
 else bad "plan with CP 2"; head -20 "$W/l8cp.txt"; fi
+# the step time prices the fallback's blocks at its measured slowdown (300x cuDNN's flash attention)
+if "$TPTRAIN" plan --config "${L8[@]}" --set $CP=2 --json > "$W/l8cp.json" 2>/dev/null &&
+   "$TPTRAIN" plan --config "${L8[@]}" --set $CP=2 --set training.precision=fp32 --json > "$W/l8cp32.json" 2>/dev/null &&
+   $PY - "$W/l8cp.json" "$W/l8cp32.json" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert (a["cp_attention_kernel"], b["cp_attention_kernel"]) == ("cudnn", "fallback")
+r = b["time"]["attention_s"] / a["time"]["attention_s"]
+print("  attention: fallback %.4g s, cuDNN %.4g s (%.1fx)" % (b["time"]["attention_s"], a["time"]["attention_s"], r))
+assert 290 < r < 301, r
+PYEOF
+then ok "plan: the ring's fallback blocks priced at 300x flash attention's time"
+else bad "plan: the fallback's price"; fi
 
 # bad combinations exit 2 naming the keys
 expect2() {  # name "expected text" command...
