@@ -479,8 +479,10 @@ void validate(Config& c, const Ctx& ctx) {
   if (!split.empty()) ctx.fail("data.split", split);
 
   const TrainingConfig& t = c.training;
-  if (t.recompute_modules.moe_act && !m.is_moe())
-    ctx.fail("training.recompute_modules", "model.num_moe_experts", "moe_act reruns MoE experts' activations: the model has none");
+  if ((t.recompute_modules.moe_act || t.recompute_modules.moe) && !m.is_moe())
+    ctx.fail("training.recompute_modules", "model.num_moe_experts",
+             std::string(t.recompute_modules.moe ? "moe reruns MoE layers" : "moe_act reruns MoE experts' activations") +
+                 ": the model has none");
   std::string length_key;
   const std::string length = run_length_error(c, t.global_batch_size ? t.global_batch_size : t.micro_batch_size, length_key);
   if (!length.empty()) ctx.fail(length_key, length);

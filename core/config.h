@@ -182,10 +182,12 @@ struct ParallelConfig {
 // backward (with recompute none or full the list changes nothing). tptrain's selective recompute always reruns the attention
 // core (core_attn, which the list must name); moe_act adds the MoE experts' activations (SwiGLU /
 // GELU of their fc1 outputs, kept instead), layernorm the layers' two norm outputs (from their kept
-// inputs and statistics). Other Megatron modules are refused by name.
+// inputs and statistics), moe the MoE layers' whole MLP (router, dispatch, experts, shared expert:
+// rerun from the layer's ln2 output before its backward). Other Megatron modules are refused by name.
 struct RecomputeModules {
   bool moe_act = false;
   bool layernorm = false;
+  bool moe = false;
   bool operator==(const RecomputeModules&) const = default;
 };
 
@@ -195,7 +197,7 @@ struct TrainingConfig {
   int64_t train_iters = 0;              // required
   Precision precision = Precision::FP32;  // fp32 | bf16 | fp16
   Recompute recompute = Recompute::None;  // none | selective | full
-  RecomputeModules recompute_modules;     // [core_attn] + any of moe_act, layernorm
+  RecomputeModules recompute_modules;     // [core_attn] + any of moe_act, layernorm, moe
   uint64_t seed = 1234;
   Device device = Device::Auto;         // auto | cpu | cuda
   int cpu_threads = 0;                  // 0 = null: cores on this host / ranks on this host

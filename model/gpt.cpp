@@ -228,7 +228,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       a->lnf = buf(r, Nt * d.C);
       a->lnf_stats = norm_stats(Nt, r);
     }
-    if (pooled && moe_layer_count(d) > 0 && opt_.recompute != Recompute::Full) moe_regions.push_back(pool.base + pool.used);
+    if (pooled && moe_layer_count(d) > 0 && !moe_shares_rows(d.moe, opt_.recompute)) moe_regions.push_back(pool.base + pool.used);
     TPT_CHECK(pool.used <= opt_.slot_stride);
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
@@ -499,6 +499,9 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   if (norms) s.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
   CBuf dln2;  // (Nt, C)
   if (d.moe.is_moe(layer)) {  // the MoE MLP: its whole backward here (also in a split backward's B)
+    // the moe recompute module: the layer's MoE MLP again (its kept rows are one set for all layers)
+    if (opt_.recompute == Recompute::Selective && d.moe.recompute_moe)
+      moe_->recompute(slot_, layer, moe_params(layer), a.ln2, moe_mappings(layer));
     dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings(layer));
   } else {
     // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)

@@ -55,7 +55,13 @@ namespace {
 int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ? Nt * d.tp : Nt; }
 }  // namespace
 
-bool moe_keeps_act(const MoEDims& m, Recompute r) { return !(r == Recompute::Selective && m.recompute_act); }
+bool moe_shares_rows(const MoEDims& m, Recompute r) {
+  return r == Recompute::Full || (r == Recompute::Selective && m.recompute_moe);
+}
+
+bool moe_keeps_act(const MoEDims& m, Recompute r) {
+  return moe_shares_rows(m, r) || !(r == Recompute::Selective && m.recompute_act);
+}
 
 namespace {
 // one set of kept rows in MoEMLP's order: xin, fc1[, act] on the expert-TP group's rows; ret (allgather:
@@ -75,7 +81,7 @@ std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bo
 }  // namespace
 
 std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
-  if (r == Recompute::Full) return {};  // the layers' one set is scratch
+  if (moe_shares_rows(d.moe, r)) return {};  // the layers' one set is scratch
   return kept_tensor_bytes(d, Nt, t, moe_keeps_act(d.moe, r));
 }
 
@@ -89,8 +95,10 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), k = m.router.k, C = d.C, E = m.E;
   int64_t n = 0;
-  if (r == Recompute::Full)  // full recompute: the layers' one set of kept rows, first
+  if (moe_shares_rows(m, r)) {  // full recompute or the moe module: the layers' one set of kept rows, first
     for (int64_t b : kept_tensor_bytes(d, Nt, t, true)) n += b;
+    if (r == Recompute::Selective) n += tb(Nt * d.C, t);  // the moe module's rerun output
+  }
   n += 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
   const int64_t xcap = m.etp * cap;  // the rows of the experts' GEMMs (the expert-TP group's)
@@ -223,10 +231,11 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     }
   };
   // allocation order: per slot and layer its kept rows (with full recompute one set, shared), then the scratch
-  TPT_CHECK(slot_regions.empty() || (int(slot_regions.size()) == slots && recompute != Recompute::Full));
-  if (recompute == Recompute::Full) {
+  TPT_CHECK(slot_regions.empty() || (int(slot_regions.size()) == slots && !moe_shares_rows(m, recompute)));
+  if (moe_shares_rows(m, recompute)) {
     shared_rows_ = std::make_unique<LayerState>();
     kept(*shared_rows_, nullptr);
+    if (recompute == Recompute::Selective) y_ = alloc(Nt * C, t);
   }
   state_.resize(size_t(slots));
   for (size_t j = 0; j < state_.size(); ++j) {

@@ -46,8 +46,9 @@ struct MoEDims {
   bool shared_gate = false;
   double dispatch_factor = 2;  // model.moe_dispatch_bound_factor (moe_rows_bound)
   // training.recompute_modules lists moe_act: with selective recompute the experts' activations are
-  // not kept but rerun from their fc1 outputs in backward (moe_keeps_act)
-  bool recompute_act = false;
+  // not kept but rerun from their fc1 outputs in backward (moe_keeps_act); moe: the whole MoE MLP is
+  // rerun before its backward, as full recompute does (moe_shares_rows)
+  bool recompute_act = false, recompute_moe = false;
   bool any() const { return E > 0; }
   bool is_moe(int64_t layer) const { return E > 0 && layers.at(size_t(layer)) != 0; }
 };
@@ -58,6 +59,9 @@ int64_t moe_rows_bound(const MoEDims& m, int64_t Nt);
 // Whether a layer keeps its experts' activations under recompute mode r (not with selective
 // recompute and moe_act, whose backward reruns them into one scratch buffer).
 bool moe_keeps_act(const MoEDims& m, Recompute r);
+// Whether one set of kept rows serves every slot and layer (full recompute, or selective with the moe
+// module: each layer's MoE MLP is rerun right before its backward).
+bool moe_shares_rows(const MoEDims& m, Recompute r);
 // Bytes one MoE layer keeps per micro-batch of Nt tokens under recompute mode r (its experts'
 // inputs, fc1 outputs and activations on the bound's rows, the returned rows; none with full
 // recompute, whose layers share one set, rebuilt before each layer's backward) and the stage's MoE
@@ -144,9 +148,13 @@ class MoEMLP {
 
   // y (Nt, C) = the layer's MoE MLP of x (Nt, C: its ln_2 output). record: count the balancing losses
   // and routing in the stats (false when full recompute reruns the forward).
+  // recompute: the moe recompute module's rerun before backward (its output to the MLP's own scratch)
   // tp: the TP mappings around the shared expert (used only with one).
   void forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp,
                bool record = true);
+  void recompute(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, const MoETPMappings& tp) {
+    forward(slot, layer, w, x, y_, tp, false);
+  }
   // d x (Nt, C) from dy (Nt, C), in the MLP's own scratch (returned); the layer's gradients (router,
   // experts, shared expert) += into g. loss_scale multiplies the balancing losses' gradients
   // (set_loss_scale).
@@ -191,6 +199,7 @@ class MoEMLP {
   float* dprob_ = nullptr;
   int32_t *perm_ = nullptr, *comb_ = nullptr, *regroup_ = nullptr, *inverse_ = nullptr;
   Buf send_, bufA_, bufB_, dact_, dfc_, tmp_, dx_, act_;
+  Buf y_;  // the moe recompute module: the rerun's output (Nt, C), not needed
   // ETP > 1: the padded all-gather / reduce-scatter buffer (etp blocks of the largest rank's rows) and
   // the maps between it and the experts' rows (expert-major over the group)
   Buf xg_;

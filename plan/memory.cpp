@@ -531,6 +531,13 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
       add(std::string("training.recompute=selective \"training.recompute_modules=[core_attn, ") +
               (v.training.recompute_modules.moe_act ? "moe_act, " : "") + "layernorm]\"",
           "the norm outputs (and the experts' activations) rerun in backward", v, plan.world_size);
+    if (c.model.is_moe() && !(rc == Recompute::Selective && c.training.recompute_modules.moe)) {
+      v.training.recompute_modules.moe_act = false;
+      v.training.recompute_modules.moe = true;
+      add("training.recompute=selective \"training.recompute_modules=[core_attn, layernorm, moe]\"",
+          "and each MoE layer's MLP rerun before its backward (its dispatch too): one set of kept rows", v,
+          plan.world_size);
+    }
   }
   // MoE with EP > 1: the dispatch buffers at 1.1x the balanced load instead of the configured bound
   if (c.model.is_moe() && c.parallel.expert_model_parallel_size > 1 && c.model.moe_dispatch_bound_factor > 1.1) {

@@ -366,6 +366,16 @@ class Model {
       w.recompute += moe * memory_bound(cb_ * act * rows * k.moe.ffn, 1);
     if (rc == Recompute::Selective && c_.training.recompute_modules.layernorm)  // the two norms again (read, write)
       w.recompute += layers * memory_bound(cb_ * 4.0 * Nt * C, 2);
+    if (rc == Recompute::Selective && c_.training.recompute_modules.moe && k.moe_layers > 0) {
+      // the moe module: each MoE layer's MLP forward again -- its GEMMs but attention's (the layer
+      // spec's first two), the router's softmax / top-k, the permutation, the dispatch and combine
+      double attn_f = 0;
+      for (size_t i = 0; i < std::min<size_t>(2, k.moe.linears.size()); ++i)
+        attn_f += gemm(N, k.moe.linears[i].out, k.moe.linears[i].in);
+      const double mlp_share = mgf > 0 ? (mgf - attn_f) / mgf : 0.0;
+      const double route = memory_bound(cb_ * (3.0 * rows * C + 2.0 * Nt * C + act * rows * k.moe.ffn) + 4.0 * Nt * E * 3.0, 6);
+      w.recompute += mlp_share * ((moe - m8) * mgf + m8 * m8f) + moe * (route + 2 * epc);
+    }
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);

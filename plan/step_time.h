@@ -25,7 +25,8 @@
 //               each for its amax.
 //   recompute   full: the layer's forward again before its backward; selective: the attention core
 //               (and with recompute_modules moe_act the MoE experts' activation on their rows,
-//               layernorm the layers' two norms).
+//               layernorm the layers' two norms, moe each MoE layer's MLP forward with its
+//               dispatch and combine).
 //   MoE layers  (docs/MOE.md) the router's GEMM on the rank's tokens and its fp32 softmax / top-k
 //               (memory bound, Nt x E); the local experts' fc1 and fc2 as one grouped GEMM each (the
 //               experts' output tiles quantised over the SMs together, one launch; a small per-expert

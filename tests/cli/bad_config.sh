@@ -139,7 +139,7 @@ check recompute_modules_without_core_attn "training.recompute_modules: must list
   "${MOE4[@]}" --set training.recompute=selective --set "training.recompute_modules=[moe_act]"
 check recompute_modules_mlp "training.recompute_modules: Megatron's module 'mlp' is not built" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, mlp]"
-check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act | layernorm" -- plan --config "$BASE" \
+check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act | layernorm | moe" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_ac]"
 check recompute_modules_dense "training.recompute_modules|the model has none" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_act]"

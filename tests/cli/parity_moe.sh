@@ -183,6 +183,15 @@ ACT=(training.recompute=selective "training.recompute_modules=[core_attn, moe_ac
 NP=2 run_case u2_ep2_swiglu_moe_act "${AUX[@]}" "${Z[@]}" "${ACT[@]}" parallel.expert_model_parallel_size=2 model.swiglu=true
 NP=2 run_case u2_ep2_swiglu_selective "${AUX[@]}" "${Z[@]}" training.recompute=selective \
   parallel.expert_model_parallel_size=2 model.swiglu=true
+# the moe module (each MoE layer's MLP rerun before its backward, one set of kept rows): u2's run
+# bitwise; with ETP 2, a gated shared expert and global_aux_loss (the rerun reuses the forward's mean
+# counts) against the reference
+NP=2 run_case u5_ep2_swiglu_moe_recompute "${AUX[@]}" "${Z[@]}" training.recompute=selective \
+  "training.recompute_modules=[core_attn, moe]" parallel.expert_model_parallel_size=2 model.swiglu=true
+NP=4 run_case u6_tp2_etp2_shared_global_moe_recompute "${AUX[@]}" "${ETP2[@]}" model.swiglu=true \
+  model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true \
+  model.moe_router_load_balancing_type=global_aux_loss parallel.data_parallel_size=2 training.micro_batch_size=2 \
+  training.recompute=selective "training.recompute_modules=[core_attn, moe_act, layernorm, moe]"
 NP=2 run_case u3_pp2_interleaved_moe_act "${AUX[@]}" "${ACT[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
   parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2
 NP=2 run_case u4_ep2_full_bound_1 "${AUX[@]}" "${Z[@]}" training.recompute=full parallel.expert_model_parallel_size=2 \
@@ -238,6 +247,7 @@ fi
 # the recompute modes change what is kept, not one bit of the run
 same_bits moe_act_bitwise u2_ep2_swiglu_moe_act u2_ep2_swiglu_selective
 same_bits full_recompute_shared_rows_bitwise u4_ep2_full_bound_1 p_ep2_dp2
+same_bits moe_recompute_bitwise u5_ep2_swiglu_moe_recompute u2_ep2_swiglu_selective
 
 # the capacity cases must drop something: in the reference, iteration 1's loss (the same weights)
 # differs from the dropless case's

@@ -379,6 +379,10 @@ compare moe_ep2_swiglu_moe_act_bf16 2 1 1 "${MOE[@]}" model.swiglu=true model.ff
 compare moe_pp2_interleaved_moe_act_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2 \
   training.recompute=selective "training.recompute_modules=[core_attn, moe_act]"
 compare moe_ep2_full_fp32 2 1 1 "${MOE[@]}" parallel.expert_model_parallel_size=2 training.recompute=full
+# the moe module: one set of kept rows (a gated shared expert's too) and the rerun's output, also interleaved
+compare moe_pp2_interleaved_moe_module_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.virtual_pipeline_model_parallel_size=2 \
+  model.moe_shared_expert_intermediate_size=32 model.moe_shared_expert_gate=true training.recompute=selective \
+  "training.recompute_modules=[core_attn, layernorm, moe]"
 # the distributed optimizer with DP 1 but EDP 2 (TP 2, ETP 1): the expert weights' states sharded over EDP
 compare moe_tp2_sp_etp1_edp2_distopt_bf16 2 2 1 "${MOE[@]}" training.precision=bf16 parallel.sequence_parallel=true \
   parallel.expert_tensor_parallel_size=1 parallel.distributed_optimizer=true

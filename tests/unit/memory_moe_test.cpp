@@ -288,7 +288,7 @@ TEST(MemoryMoE, WorkModelCountsEachLayersSpec) {
 // The recompute modules by hand (bf16, EP 2 on 2 ranks, the 4 MoE layers' rows bound 2 x 64 x 2 = 256):
 // moe_act moves each layer's activations (256 x 48) from every in-flight micro-batch to one scratch
 // buffer, layernorm each layer's ln1 and ln2 (64 x 32) to one in the shared scratch; full recompute
-// keeps no MoE rows per micro-batch and one set of them in the scratch. The plan then suggests the
+// (and the moe module) keeps no MoE rows per micro-batch and one set of them in the scratch. The plan then suggests the
 // modules and the dispatch bound at 1.1x, each planning less than the configured run.
 TEST(MemoryMoE, RecomputeModulesMoveKeptTensorsToOneScratch) {
   const std::string par = "expert_model_parallel_size: 2", bf16 = ", precision: bf16, recompute: ";
@@ -309,6 +309,11 @@ TEST(MemoryMoE, RecomputeModulesMoveKeptTensorsToOneScratch) {
   EXPECT_EQ(moe_scratch_bytes(d, 64, DType::BF16, Recompute::Full) - moe_scratch_bytes(d, 64, DType::BF16, Recompute::None),
             rows);
   EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::Full), 0);
+  // the moe module: the same one set under selective recompute, and the rerun's output (64 x 32)
+  d.moe.recompute_moe = true;
+  EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::Selective), 0);
+  EXPECT_EQ(moe_scratch_bytes(d, 64, DType::BF16, Recompute::Selective) - moe_scratch_bytes(d, 64, DType::BF16, Recompute::None),
+            rows + 64 * 32 * 2);
   PlanOptions o;
   o.device_memory_gib = 1e-4;  // nothing fits: every suggestion is listed
   const Plan p = make_plan(moe_config("", par, bf16 + "selective", 2), o);
