@@ -121,6 +121,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(model, moe_pad_expert_input_to_capacity),
       TPT_FIELD(model, moe_token_dispatcher_type, kDef, names<MoEDispatcher>()),
       TPT_FIELD(model, moe_dispatch_bound_factor),
+      TPT_FIELD(model, moe_kept_rows_factor),
       TPT_FIELD(model, moe_router_dtype, kDef, {"fp32"}),
       TPT_FIELD(parallel, tensor_model_parallel_size),
       TPT_FIELD(parallel, pipeline_model_parallel_size),

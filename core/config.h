@@ -135,6 +135,10 @@ struct ModelConfig {
   // dropless with EP > 1: the rows an EP rank's experts take per micro-batch before its dispatch
   // buffers grow (once, with a warning), as a multiple (>= 1) of the balanced load (docs/MOE.md)
   double moe_dispatch_bound_factor = 2.0;
+  // dropless with EP > 1: the stage's pool for the rows its MoE layers keep (every layer and
+  // micro-batch in flight), as a multiple (>= 1) of their balanced load; past it the pool grows
+  // (with a warning) (docs/MOE.md "Buffers")
+  double moe_kept_rows_factor = 1.25;
   std::string moe_router_dtype = "fp32";
   bool is_moe() const { return num_moe_experts > 0; }
   // whether layer l (0-based) is an MoE layer (moe_layer_freq); false for every layer of a dense model

@@ -72,7 +72,8 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
         {"model.moe_shared_expert_gate", m.moe_shared_expert_gate},
         {"model.moe_expert_capacity_factor", m.moe_expert_capacity_factor != 0},
         {"model.moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity},
-        {"model.moe_dispatch_bound_factor", m.moe_dispatch_bound_factor != d.moe_dispatch_bound_factor}};
+        {"model.moe_dispatch_bound_factor", m.moe_dispatch_bound_factor != d.moe_dispatch_bound_factor},
+        {"model.moe_kept_rows_factor", m.moe_kept_rows_factor != d.moe_kept_rows_factor}};
     for (const auto& [key, set] : unused)
       if (set && keys.given(key))
         fail(key, "model.num_moe_experts", "is only used by Mixture-of-Experts models (model.num_moe_experts is null)");
@@ -133,6 +134,9 @@ void resolve_moe(ModelConfig& m, const ModelKeys& keys) {
   if (!(m.moe_dispatch_bound_factor >= 1 && m.moe_dispatch_bound_factor <= 1e6))
     fail("model.moe_dispatch_bound_factor", "",
          "must be in [1, 1e6] (a multiple of the balanced per-expert load), got " + s(m.moe_dispatch_bound_factor));
+  if (!(m.moe_kept_rows_factor >= 1 && m.moe_kept_rows_factor <= 1e6))
+    fail("model.moe_kept_rows_factor", "",
+         "must be in [1, 1e6] (a multiple of the balanced load of the kept rows), got " + s(m.moe_kept_rows_factor));
   if (m.moe_pad_expert_input_to_capacity && m.moe_expert_capacity_factor == 0)
     fail("model.moe_pad_expert_input_to_capacity", "model.moe_expert_capacity_factor",
          "needs a capacity: set model.moe_expert_capacity_factor");

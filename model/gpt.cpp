@@ -250,7 +250,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (moe_layer_count(d) > 0)  // its scratch after its layers' rows (scratch_bytes counts both)
     moe_ = std::make_unique<MoEMLP>(d, ops_, opt_.dtype, Nt, B_, d.local_token_begin(N), slots, opt_.ep, opt_.ep_host,
                                     d.moe.etp > 1 ? &tp_ : nullptr, opt_.tp_host, opt_.cp_host, opt_.dp_host,
-                                    opt_.recompute, moe_regions);
+                                    opt_.recompute, moe_regions, opt_.moe_pool);
 }
 
 MoEParams<CBuf> GPTStage::moe_params(int64_t layer) const {

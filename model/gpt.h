@@ -69,6 +69,7 @@ struct GPTDims {
   // all N, or with sequence parallelism its block [tp_rank N/tp, (tp_rank+1) N/tp) of the flattened
   // (B, S) tokens. Stage inputs and outputs, and so pipeline messages, are (local_tokens(N), C).
   int64_t local_tokens(int64_t N) const { return sequence_parallel ? N / tp : N; }
+  int64_t gemm_tokens(int64_t Nt) const { return sequence_parallel ? Nt * tp : Nt; }  // local_tokens' inverse
   int64_t local_token_begin(int64_t N) const { return sequence_parallel ? tp_rank * (N / tp) : 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
   // Context parallelism (parallel/context_parallel.h): with cp > 1, S is this CP rank's S / cp tokens of
@@ -146,6 +147,9 @@ struct StageOptions {
   // Null: each slot its own tensors.
   void* slot_pool = nullptr;
   int64_t slot_stride = 0;
+  // With slot_pool and MoE layers that pool their experts' rows (model/moe.h moe_pools_rows): the
+  // chunks' pool of them (slots x the largest chunk's moe_pool_slot_bytes). Null: each MoE MLP its own.
+  MoERowPool* moe_pool = nullptr;
   // FP8 training (training.fp8_format, docs/FP8.md): the linear GEMMs of the transformer layers with
   // global index in [fp8_layer_begin, fp8_layer_end) in FP8 (model/fp8_linear.h); fp8 false: none.
   bool fp8 = false;
@@ -165,8 +169,10 @@ struct StageOptions {
 // input and the final LayerNorm are counted on this rank's local_tokens(B*S) tokens.
 int64_t activation_bytes_per_microbatch(const GPTDims& d, int64_t B, Recompute r, DType t);
 // One slot's bytes in a pool (StageOptions::slot_pool): the same tensors and the MoE layers' kept rows
-// (moe_layer_tensor_bytes), each from a multiple of 256 bytes.
+// (moe_layer_tensor_bytes), each from a multiple of 256 bytes; and its share of the MoE layers' pool of
+// experts' rows (StageOptions::moe_pool: moe_pool_layer_bytes of each MoE layer).
 int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
+int64_t moe_pool_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t);
 // Whether a rank's model chunks share one slot pool (the trainer's choice, which the plan follows):
 // more than one chunk (the interleaved schedule, where the chunks' peaks add up to more than the
 // rank ever holds at once), no split backward.

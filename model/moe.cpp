@@ -31,14 +31,7 @@
 
 namespace tpt {
 
-int64_t moe_rows_bound(const MoEDims& m, int64_t Nt) {
-  const int64_t balanced = Nt * m.router.k;
-  if (m.ep == 1) return balanced;
-  return int64_t(std::ceil(double(balanced) * m.dispatch_factor));
-}
-
 using stage_bytes::carve_bytes;
-using stage_bytes::tb;
 
 namespace {
 // the all-to-all's element counts of row counts of width C
@@ -49,77 +42,6 @@ std::vector<int64_t> elems(int64_t C, std::vector<int64_t> rows) {
 // allocations of the CPU (64 B) and GPU (256 B) allocators are counted rounded; the plan's sums
 // equal the allocations when each tensor's bytes are multiples of 256 (docs/PLAN.md)
 }  // namespace
-
-namespace {
-// the tokens of the TP-split GEMMs (the shared expert's) for Nt of this rank's
-int64_t gemm_tokens(const GPTDims& d, int64_t Nt) { return d.sequence_parallel ? Nt * d.tp : Nt; }
-}  // namespace
-
-bool moe_shares_rows(const MoEDims& m, Recompute r) {
-  return r == Recompute::Full || (r == Recompute::Selective && m.recompute_moe);
-}
-
-bool moe_keeps_act(const MoEDims& m, Recompute r) {
-  return moe_shares_rows(m, r) || !(r == Recompute::Selective && m.recompute_act);
-}
-
-namespace {
-// one set of kept rows in MoEMLP's order: xin, fc1[, act] on the expert-TP group's rows; ret (allgather:
-// the experts' output rows); the shared expert's
-std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bool act) {
-  const MoEDims& m = d.moe;
-  const int64_t cap = moe_rows_bound(m, Nt), N = gemm_tokens(d, Nt), xcap = m.etp * cap;
-  std::vector<int64_t> v = {tb(xcap * d.C, t), tb(xcap * m.fc1_width, t)};
-  if (act) v.push_back(tb(xcap * m.Fel, t));
-  v.push_back(tb((m.gathers_tokens() ? cap : Nt * m.router.k) * d.C, t));
-  if (m.Fs) {  // the shared expert's fc1, act, y; gate
-    for (int64_t n : {N * m.shared_fc1_width, N * m.Fsl, Nt * d.C}) v.push_back(tb(n, t));
-    if (m.shared_gate) v.push_back(4 * Nt);
-  }
-  return v;
-}
-}  // namespace
-
-std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
-  if (moe_shares_rows(d.moe, r)) return {};  // the layers' one set is scratch
-  return kept_tensor_bytes(d, Nt, t, moe_keeps_act(d.moe, r));
-}
-
-int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
-  int64_t n = 0;
-  for (int64_t b : moe_layer_tensor_bytes(d, Nt, t, r)) n += b;
-  return n;
-}
-
-int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
-  const MoEDims& m = d.moe;
-  const int64_t cap = moe_rows_bound(m, Nt), k = m.router.k, C = d.C, E = m.E;
-  int64_t n = 0;
-  if (moe_shares_rows(m, r)) {  // full recompute or the moe module: the layers' one set of kept rows, first
-    for (int64_t b : kept_tensor_bytes(d, Nt, t, true)) n += b;
-    if (r == Recompute::Selective) n += tb(Nt * d.C, t);  // the moe module's rerun output
-  }
-  n += 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
-  if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
-  const int64_t xcap = m.etp * cap;  // the rows of the experts' GEMMs (the expert-TP group's)
-  const bool ag = m.gathers_tokens();
-  n += tb((ag ? 0 : Nt * k * C) + cap * C + xcap * (m.Fel + m.fc1_width), t);  // send (alltoall), bufA, dact, dfc
-  if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                             // bufB
-  if (!moe_keeps_act(m, r)) n += tb(xcap * m.Fel, t);                           // act (moe_act)
-  if (m.ep > 1 && !ag) n += 4 * 2 * cap;                                        // regroup, inverse
-  if (m.etp > 1) n += tb(xcap * C, t) + 4 * 2 * xcap;              // the padded gather, its maps
-  if (m.gathers_tokens()) {  // the EP group's tokens, their 16-bit staging, its assignments' maps
-    const int64_t Tg = m.ep * Nt;
-    n += tb(Tg * C, t) * (t == DType::F32 ? 1 : 2) + 4 * 5 * Tg * k;
-  }
-  n += tb(Nt * C, t);                                        // dx
-  if (m.Fs) {  // the shared expert's d fc1, d act, partial sums (N); d y x gate (Nt); gate logits, identity
-    const int64_t N = gemm_tokens(d, Nt);
-    n += tb(N * (m.shared_fc1_width + m.Fsl + C), t);
-    if (m.shared_gate) n += tb(Nt * C + Nt, t) + 4 * 2 * Nt;
-  }
-  return n;
-}
 
 MoESendOrder moe_send_order(const Routing& r, int64_t E) {
   const int64_t k = r.k;
@@ -190,6 +112,7 @@ struct MoEMLP::LayerState {
   std::vector<int32_t> tp_regroup, tp_scatter;
   MoESendOrder group_order;  // allgather: the EP group's assignments to this rank's experts
   std::vector<double> global_f;  // global_aux_loss: the mean counts the forward used (full recompute reuses them)
+  char* block = nullptr;         // moe_pools_rows: the pool's block holding xin, fc1, act (and ret with allgather)
 };
 
 Buf MoEMLP::alloc(int64_t n, DType t) {
@@ -200,7 +123,7 @@ Buf MoEMLP::alloc(int64_t n, DType t) {
 
 MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
                Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host, Recompute recompute,
-               const std::vector<char*>& slot_regions)
+               const std::vector<char*>& slot_regions, MoERowPool* pool)
     : d_(d), ops_(ops), t_(t), Nt_(Nt), B_(B), token_begin_(token_begin), ep_(ep), ep_host_(ep_host), etp_(etp),
       tp_host_(tp_host), cp_host_(cp_host), dp_host_(dp_host) {
   const MoEDims& m = d.moe;
@@ -211,6 +134,9 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     if (m.is_moe(l)) moe_layers_.push_back(l);
   rows_cap_ = moe_rows_bound(m, Nt);
   keep_act_ = moe_keeps_act(m, recompute);
+  pooled_ = moe_pools_rows(m, recompute);  // the states' rows from the chunks' pool, or one of its own (after the states)
+  TPT_CHECK(!pooled_ || pool || slot_regions.empty());
+  if (pooled_) pool_ = pool;
   const int64_t C = d.C, k = m.router.k;
   // a state's kept rows (moe_layer_tensor_bytes' order): allocated, or carved from a pooled slot's region
   auto kept = [&](LayerState& s, char** from) {  // from: advanced past what is carved
@@ -223,7 +149,7 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     grow_state(s, from);
     if (!m.gathers_tokens()) s.ret = take(Nt * k * C, t);
     if (m.Fs) {
-      const int64_t N = gemm_tokens(d, Nt);
+      const int64_t N = d.gemm_tokens(Nt);
       s.sh_fc1 = take(N * m.shared_fc1_width, t);
       s.sh_act = take(N * m.Fsl, t);
       s.sh_y = take(Nt * C, t);
@@ -246,6 +172,11 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
       else kept(*s, from ? &from : nullptr);
       state_[j].push_back(s);
     }
+  }
+  if (pooled_ && !pool) {
+    own_pool_ = std::make_unique<MoERowPool>(
+        ops_, int64_t(slots) * int64_t(moe_layers_.size()) * moe_pool_layer_bytes(d, Nt, t, recompute));
+    pool_ = own_pool_.get();
   }
   logits_ = alloc(Nt * m.E, DType::F32).f32();
   dprob_ = alloc(Nt * k, DType::F32).f32();
@@ -273,7 +204,7 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
   }
   dx_ = alloc(Nt * C, t);
   if (m.Fs) {
-    const int64_t N = gemm_tokens(d, Nt);
+    const int64_t N = d.gemm_tokens(Nt);
     sh_dfc_ = alloc(N * m.shared_fc1_width, t);
     sh_dact_ = alloc(N * m.Fsl, t);
     sh_part_ = alloc(N * C, t);
@@ -307,6 +238,8 @@ void MoEMLP::update_expert_bias(const GroupSum& sum) {
 }
 
 void MoEMLP::discard_step() {
+  for (auto& slot : state_)
+    for (LayerState* s : slot) give_rows(*s);
   take_stats();
   for (auto& c : bias_counts_) std::fill(c.begin(), c.end(), 0.0);
 }
@@ -335,8 +268,8 @@ void MoEMLP::alloc_rows_scratch() {
 
 // a layer state's kept rows (xin, fc1, act) for the rows bound, over the expert-TP group
 void MoEMLP::grow_state(LayerState& s, char** from) {
-  if (s.cap == rows_cap_ && s.xin) return;
   const MoEDims& m = d_.moe;
+  if ((s.cap == rows_cap_ && s.xin) || pooled_) return;  // pooled: take_rows
   if (shared_rows_ && &s != shared_rows_.get()) {  // full recompute: the one set, grown once
     grow_state(*shared_rows_);
     const LayerState& k = *shared_rows_;
@@ -356,6 +289,32 @@ void MoEMLP::grow_state(LayerState& s, char** from) {
   s.fc1 = take(xcap * m.fc1_width);
   if (keep_act_) s.act = take(xcap * m.Fel);
   if (m.gathers_tokens()) s.ret = take(rows_cap_ * d_.C);  // the experts' output rows
+}
+
+void MoEMLP::take_rows(LayerState& s, int64_t layer) {
+  if (!pooled_) return;
+  give_rows(s);  // a forward without backward (evaluation) left them
+  const int64_t n = d_.moe.etp > 1 ? s.Rx : s.R;
+  const std::vector<int64_t> sizes = moe_rows_tensor_bytes(d_, t_, keep_act_, n, s.R);
+  int64_t bytes = 0;
+  for (int64_t b : sizes) bytes += carve_bytes(b);
+  s.block = pool_->take(std::max<int64_t>(bytes, stage_bytes::kScratchAlign),
+                        "MoE layer " + std::to_string(layer) + ": its experts' " + std::to_string(n) + " rows");
+  // rows_tensor_bytes' order
+  std::vector<Buf*> bufs = {&s.xin, &s.fc1};
+  if (keep_act_) bufs.push_back(&s.act);
+  if (d_.moe.gathers_tokens()) bufs.push_back(&s.ret);
+  char* at = s.block;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    *bufs[i] = Buf(at, t_);
+    at += carve_bytes(sizes[i]);
+  }
+}
+
+void MoEMLP::give_rows(LayerState& s) {
+  if (!s.block) return;
+  pool_->give(s.block);
+  s.block = nullptr;
 }
 
 // the EP group's partial sums of every group token (EP x Nt, C) -> this rank's tokens' sums (Nt, C), in
@@ -528,6 +487,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     grow(s.R, layer);
     grow_state(s);
     if (etp) tp_plan(s, std::vector<int64_t>(s.expert_rows), layer), tp_upload(s);
+    take_rows(s, layer);
     ops_.to_device(Buf(perm_g_, DType::I32), g.perm.data(), g.n_send);
     ops_.to_device(Buf(comb_g_, DType::I32), g.comb.data(), Tg * k);
     ops_.to_device(comb_w_g_, g.comb_w.data(), Tg * k);
@@ -551,6 +511,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     grow(s.R, layer);
     grow_state(s);  // this state's kept rows grow with the scratch
     if (etp) tp_plan(s, std::vector<int64_t>(s.expert_rows), layer), tp_upload(s);
+    take_rows(s, layer);
     ops_.gather_rows(send_, x, perm_, nullptr, o.n_send, C);
     ep_->all_to_all_v(send_.p, elems(C, s.send_rows), bufA_.p, elems(C, s.recv_rows), t_);
     // source-major (q, e) blocks -> expert-major (e, q)
@@ -709,6 +670,7 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
                     w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
     off += n;
   }
+  give_rows(s);  // the experts' rows are read (the stream orders their next writer after)
   Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1
   if (ag) {  // the group's tokens' partial d inputs, summed over EP to their ranks
     ops_.combine_rows(tokens_, drows, comb_g_, nullptr, Tg, k, C, false);

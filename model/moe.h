@@ -14,6 +14,7 @@
 
 #include "core/config.h"
 #include "core/ops.h"
+#include "model/moe_pool.h"
 #include "model/moe_routing.h"
 
 namespace tpt {
@@ -45,6 +46,7 @@ struct MoEDims {
   int64_t Fs = 0, Fsl = 0, shared_fc1_width = 0;
   bool shared_gate = false;
   double dispatch_factor = 2;  // model.moe_dispatch_bound_factor (moe_rows_bound)
+  double kept_factor = 1.25;   // model.moe_kept_rows_factor (moe_pool_layer_bytes)
   // training.recompute_modules lists moe_act: with selective recompute the experts' activations are
   // not kept but rerun from their fc1 outputs in backward (moe_keeps_act); moe: the whole MoE MLP is
   // rerun before its backward, as full recompute does (moe_shares_rows)
@@ -62,15 +64,26 @@ bool moe_keeps_act(const MoEDims& m, Recompute r);
 // Whether one set of kept rows serves every slot and layer (full recompute, or selective with the moe
 // module: each layer's MoE MLP is rerun right before its backward).
 bool moe_shares_rows(const MoEDims& m, Recompute r);
+// Whether the layers take their experts' rows (inputs, fc1 outputs, activations; the allgather
+// dispatcher's output rows) from the stage's pool (model/moe_pool.h), as many as routing sent: with
+// EP > 1 unless one set serves all (moe_shares_rows). Else each layer and slot keeps them at the bound.
+bool moe_pools_rows(const MoEDims& m, Recompute r);
 // Bytes one MoE layer keeps per micro-batch of Nt tokens under recompute mode r (its experts'
-// inputs, fc1 outputs and activations on the bound's rows, the returned rows; none with full
-// recompute, whose layers share one set, rebuilt before each layer's backward) and the stage's MoE
-// scratch (with that one set), in dtype t: what MoEMLP allocates (activation_bytes_per_microbatch /
-// scratch_bytes add them).
+// inputs, fc1 outputs and activations on the bound's rows, the returned rows, the shared expert's;
+// none with full recompute, whose layers share one set, rebuilt before each layer's backward; with
+// pooled rows its share of the pool, moe_pool_layer_bytes) and the stage's MoE scratch (with that one
+// set), in dtype t: what MoEMLP allocates (activation_bytes_per_microbatch / scratch_bytes add them).
 int64_t moe_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
 int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
-// The same per layer, tensor by tensor in MoEMLP's order (a pooled slot carves them one by one).
+// The same per layer, tensor by tensor in MoEMLP's order (a pooled slot carves them one by one),
+// without the pool's share.
 std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
+// The experts' rows of a layer in MoEMLP's order: xin, fc1[, act] on n rows of the expert-TP group;
+// with the allgather dispatcher ret, its experts' output rows (R, this rank's).
+std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, int64_t n, int64_t R);
+// A layer's share of the pool per micro-batch (0 unless moe_pools_rows): its rows' block at
+// model.moe_kept_rows_factor x the balanced load (the expert-TP group's rows), a multiple of 256 bytes.
+int64_t moe_pool_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
 
 // One MoE layer's parameters (or gradients): the router (E, C), the rank's El experts' fc1 (El,
 // fc1_width, C), fc2 (El, C, Fe) and their biases (null without); the shared expert's fc1
@@ -138,10 +151,12 @@ class MoEMLP {
   // slot where its layers' kept rows are carved (a slot of the interleaved schedule's pool, after its
   // dense tensors: moe_layer_tensor_bytes each, each from a multiple of 256 bytes); rows that outgrow
   // the bound are allocated apart then. recompute: the stage's mode (moe_layer_bytes: full recompute
-  // shares one set of kept rows, selective with moe_act reruns the experts' activations).
+  // shares one set of kept rows, selective with moe_act reruns the experts' activations). pool: with
+  // moe_pools_rows the stage's pool of rows (the chunks' one, with slot_regions); null: its own, of
+  // slots x layers x moe_pool_layer_bytes.
   MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64_t token_begin, int slots, Comm* ep,
          Comm* ep_host, Comm* etp, Comm* tp_host, Comm* cp_host, Comm* dp_host, Recompute recompute,
-         const std::vector<char*>& slot_regions = {});
+         const std::vector<char*>& slot_regions = {}, MoERowPool* pool = nullptr);
   ~MoEMLP();
   MoEMLP(const MoEMLP&) = delete;
   MoEMLP& operator=(const MoEMLP&) = delete;
@@ -170,7 +185,7 @@ class MoEMLP {
   void update_expert_bias(const GroupSum& sum);
   const std::vector<int64_t>& layers() const { return moe_layers_; }
   std::vector<float>& expert_bias(size_t i) { return bias_.at(i); }
-  // forget what the forwards since the last step counted (evaluation's routing)
+  // forget what the forwards since the last step counted (evaluation's routing), and give their rows back
   void discard_step();
 
  private:
@@ -182,6 +197,10 @@ class MoEMLP {
   Comm *ep_, *ep_host_, *etp_, *tp_host_, *cp_host_, *dp_host_;
   float loss_scale_ = 0;
   int64_t rows_cap_ = 0;  // the bound's rows (grows once past it, with a warning)
+  // moe_pools_rows: the stage's pool the states take their rows from (pool_: the chunks' or own_pool_)
+  bool pooled_ = false;
+  MoERowPool* pool_ = nullptr;
+  std::unique_ptr<MoERowPool> own_pool_;
   bool keep_act_ = true;  // moe_keeps_act: else act_ (scratch) holds the activations of the layer at hand
   // full recompute: the one set of kept rows every slot and layer uses (its device buffers; null otherwise)
   std::unique_ptr<LayerState> shared_rows_;
@@ -225,6 +244,10 @@ class MoEMLP {
   // the kept rows at the bound: allocated, or (from, a pooled slot's region) carved and advanced; with
   // full recompute the shared set's (grown first)
   void grow_state(LayerState& s, char** from = nullptr);
+  // with the pool: s's rows (etp ? Rx : R) taken from it (any rows of its last forward given back first),
+  // and given back once its backward is done
+  void take_rows(LayerState& s, int64_t layer);
+  void give_rows(LayerState& s);
   Buf act(const LayerState& s) const;  // the activations of s's rows: kept, or act_
   // ETP > 1: the expert-TP group's per-expert rows and the maps (LayerState); the rows of this rank in
   // xg_'s own block gathered over the group into expert-major `out`; partial sums `in` (expert-major

@@ -73,6 +73,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     e.shared_fc1_width = d.mlp.fc1_width(e.Fsl);
     e.shared_gate = m.moe_shared_expert_gate;
     e.dispatch_factor = m.moe_dispatch_bound_factor;
+    e.kept_factor = m.moe_kept_rows_factor;
     e.recompute_act = cfg.training.recompute_modules.moe_act;
     e.recompute_moe = cfg.training.recompute_modules.moe;
     e.allgather = m.moe_token_dispatcher_type == MoEDispatcher::AllGather;

@@ -106,6 +106,10 @@ int64_t pooled_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   return n;
 }
 
+int64_t moe_pool_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
+  return moe_layer_count(d) * moe_pool_layer_bytes(d, d.local_tokens(B * d.S), t, r);
+}
+
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
   int64_t n = tb(Nt * d.C, t);                 // dres: the input gradient, sent after the backward

@@ -232,12 +232,16 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   const Recompute mode = cfg.training.recompute;
   int64_t shared_by_mode[3] = {0, 0, 0};
   // interleaved (pooled_slots): the chunks' slots in one pool of in_flight.pool slots of the largest
-  // chunk's pooled_slot_bytes; else each chunk its own peak of slots
+  // chunk's pooled_slot_bytes, and as many of the largest chunk's share of the MoE rows' pool
+  // (moe_pool_slot_bytes); else each chunk its own peak of slots
   const bool pooled = pooled_slots(chunks, split);
   int64_t pool_by_mode[3] = {0, 0, 0};
-  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    int64_t slot = 0, rows = 0;
     for (const GPTDims& d : chunks)
-      if (pooled) pool_by_mode[int(r)] = std::max(pool_by_mode[int(r)], in_flight.pool * pooled_slot_bytes(d, B, r, dtype));
+      slot = std::max(slot, pooled_slot_bytes(d, B, r, dtype)), rows = std::max(rows, moe_pool_slot_bytes(d, B, r, dtype));
+    if (pooled) pool_by_mode[int(r)] = in_flight.pool * (slot + rows);
+  }
   for (size_t c = 0; c < chunks.size(); ++c) {
     const GPTDims& d = chunks[c];
     const int64_t stash = split ? weight_grad_stash_bytes(d, B, dtype) : 0;
@@ -539,12 +543,13 @@ std::vector<PlanSuggestion> suggest(const Config& c, const Plan& plan) {
           plan.world_size);
     }
   }
-  // MoE with EP > 1: the dispatch buffers at 1.1x the balanced load instead of the configured bound
-  if (c.model.is_moe() && c.parallel.expert_model_parallel_size > 1 && c.model.moe_dispatch_bound_factor > 1.1) {
+  // MoE with EP > 1: the dispatch buffers and the pool of kept rows at 1.1x the balanced load
+  const ModelConfig& mc = c.model;
+  if (mc.is_moe() && c.parallel.expert_model_parallel_size > 1 && (mc.moe_dispatch_bound_factor > 1.1 || mc.moe_kept_rows_factor > 1.1)) {
     Config v = c;
-    v.model.moe_dispatch_bound_factor = 1.1;
-    add("model.moe_dispatch_bound_factor=1.1", "for balanced routing (force-balanced or a well-balanced run): a layer "
-        "that receives more grows its buffers once, with a warning, past the plan", v, plan.world_size);
+    v.model.moe_dispatch_bound_factor = v.model.moe_kept_rows_factor = 1.1;
+    add("model.moe_dispatch_bound_factor=1.1 model.moe_kept_rows_factor=1.1", "for balanced routing (force-balanced or a "
+        "well-balanced run): a layer that receives more grows the buffers, with a warning, past the plan", v, plan.world_size);
   }
   add("training.recompute=full", rc == Recompute::Full ? already : "", with_recompute(c, Recompute::Full), plan.world_size);
   Config mb1 = c;

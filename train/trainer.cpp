@@ -265,6 +265,11 @@ void Trainer::setup_pipeline() {
     slot_pool_ = ops_->alloc_bytes(size_t(R * stride));
     stage_options.slot_pool = slot_pool_;
     stage_options.slot_stride = stride;
+    int64_t moe_rows = 0;  // the MoE layers' experts' rows in one pool of the chunks' too
+    for (const GPTDims& d : chunk_dims_)
+      moe_rows = std::max(moe_rows, moe_pool_slot_bytes(d, cfg_.training.micro_batch_size, cfg_.training.recompute, dtype_));
+    if (moe_rows > 0) moe_pool_ = std::make_unique<MoERowPool>(*ops_, R * moe_rows);
+    stage_options.moe_pool = moe_pool_.get();
     slots_.assign(size_t(v), R);
   }
   // received messages: as many per chunk as the training and the evaluation schedules hold at once

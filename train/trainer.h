@@ -139,6 +139,7 @@ class Trainer {
   std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
   void* shared_scratch_ = nullptr;  // the chunks' scratch within a pass (StageOptions::shared_scratch)
   void* slot_pool_ = nullptr;       // interleaved: the chunks' activation slots (StageOptions::slot_pool)
+  std::unique_ptr<MoERowPool> moe_pool_;  // and their MoE layers' experts' rows (StageOptions::moe_pool)
   SlotPool pool_[2];                // ... each micro-batch's slot in evaluation [0] and training [1]
   std::unique_ptr<AdamW> adamw_;
   std::vector<TensorSegment> norm_segments_;  // the gradient norm's table (grad_norm_segments)

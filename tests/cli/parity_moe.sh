@@ -139,9 +139,10 @@ run_case n_shared_expert_gate model.moe_shared_expert_intermediate_size=48 model
 run_case o_layer_freq_01      "model.moe_layer_freq=[0, 1]"
 # layouts: dropless, with the balancing losses whose counts and means cross ranks
 NP=2 run_case p_ep2_dp2       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2
-# the dispatch buffers planned for the balanced load only: routing past it grows them (a warning),
-# the same bits as p
-NP=2 run_case p1_ep2_bound_1  "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 model.moe_dispatch_bound_factor=1
+# the dispatch buffers and the pool of kept rows planned for the balanced load only: routing past it
+# grows them (warnings), the same bits as p
+NP=2 run_case p1_ep2_bound_1  "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 model.moe_dispatch_bound_factor=1 \
+  model.moe_kept_rows_factor=1
 NP=4 run_case q_ep4_dp4       "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=4 training.micro_batch_size=2
 NP=4 run_case r_ep2_tp2_sp_etp1 "${AUX[@]}" "${Z[@]}" parallel.expert_model_parallel_size=2 \
   parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true parallel.expert_tensor_parallel_size=1
@@ -205,11 +206,11 @@ NP=2 run_case v2_tp2_sp_edp2_distopt "${AUX[@]}" parallel.tensor_model_parallel_
 # interleaved 1F1B: 2 model chunks of one MoE layer per rank
 NP=2 run_case y_pp2_interleaved "${AUX[@]}" "${Z[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
   parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2
-# ... with EP 2 and the dispatch bound at the balanced load: the kept rows in the chunks' shared slot
-# pool, and rows past the bound grown apart (warnings, counted below)
+# ... with EP 2 and the dispatch bound and the pool at the balanced load: the experts' rows in the
+# chunks' shared pool, rows past the bound grown apart (warnings, counted below)
 NP=4 run_case y2_pp2_interleaved_ep2_bound_1 "${AUX[@]}" "${Z[@]}" model.num_layers=4 parallel.pipeline_model_parallel_size=2 \
   parallel.virtual_pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.expert_model_parallel_size=2 \
-  model.moe_dispatch_bound_factor=1
+  model.moe_dispatch_bound_factor=1 model.moe_kept_rows_factor=1
 if parity_selected y2_pp2_interleaved_ep2_bound_1; then
   grows=$(cat y2_pp2_interleaved_ep2_bound_1.tptrain.out y2_pp2_interleaved_ep2_bound_1.tptrain.err | grep -c "growing its dispatch buffers")
   if [ "$grows" -gt 0 ]; then pass "y2_grows ($grows growth warnings)"; else fail y2_grows "no row grew past the bound"; fi
@@ -234,14 +235,15 @@ NP=4 run_case z3_global_aux_dp2_pp2_recompute "${GLOBAL[@]}" parallel.data_paral
 
 if [ -s p_ep2_dp2.tptrain.jsonl ] && [ -s p1_ep2_bound_1.tptrain.jsonl ]; then
   grows=$(cat p1_ep2_bound_1.tptrain.out p1_ep2_bound_1.tptrain.err | grep -c "growing its dispatch buffers")
-  if [ "$grows" -gt 0 ] && "$PY" - p_ep2_dp2.tptrain.jsonl p1_ep2_bound_1.tptrain.jsonl <<'PYEOF'
+  pool=$(cat p1_ep2_bound_1.tptrain.out p1_ep2_bound_1.tptrain.err | grep -c "do not fit in the MoE layers' pool of kept rows")
+  if [ "$grows" -gt 0 ] && [ "$pool" -gt 0 ] && "$PY" - p_ep2_dp2.tptrain.jsonl p1_ep2_bound_1.tptrain.jsonl <<'PYEOF'
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 keys = ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss", "moe_max_imbalance")
 sys.exit(0 if len(a) == len(b) > 0 and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)
 PYEOF
-  then pass "dispatch_bound_1_grows_bitwise ($grows warnings, e.g. $(grep -m1 -o "layer [0-9]*: this rank's experts received [0-9]* rows, more than the planned [0-9]*" p1_ep2_bound_1.tptrain.out))"
-  else fail dispatch_bound_1_grows_bitwise "factor 1: $grows growth warnings, or metrics not bitwise those of factor 2 (p_ep2_dp2)"; fi
+  then pass "dispatch_bound_1_grows_bitwise ($grows dispatch and $pool pool growth warnings, e.g. $(grep -m1 -o "layer [0-9]*: this rank's experts received [0-9]* rows, more than the planned [0-9]*" p1_ep2_bound_1.tptrain.out))"
+  else fail dispatch_bound_1_grows_bitwise "factor 1: $grows dispatch / $pool pool growth warnings, or metrics not bitwise those of factor 2 (p_ep2_dp2)"; fi
 fi
 
 # the recompute modes change what is kept, not one bit of the run

@@ -42,6 +42,7 @@ MODEL_KEYS = {
     "moe_pad_expert_input_to_capacity": ("bool", False, None, False),
     "moe_token_dispatcher_type": ("str", "alltoall", None, False),  # where tokens travel: no math
     "moe_dispatch_bound_factor": ("float", 2.0, None, False),       # buffer sizes: no math
+    "moe_kept_rows_factor": ("float", 1.25, None, False),           # buffer sizes: no math
     "moe_router_dtype": ("str", "fp32", None, False),
 }
 # parallel.* keys: the expert layout (no math on one process)

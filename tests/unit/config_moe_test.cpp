@@ -72,6 +72,7 @@ TEST(ConfigMoE, BadCombinationsNameTheirKeys) {
              "model.moe_pad_expert_input_to_capacity: needs a capacity");
   EXPECT_HAS(moe_error({"model.moe_expert_capacity_factor=-1"}), "model.moe_expert_capacity_factor: must be > 0");
   EXPECT_HAS(moe_error({"model.moe_dispatch_bound_factor=0.5"}), "model.moe_dispatch_bound_factor: must be in [1, 1e6]");
+  EXPECT_HAS(moe_error({"model.moe_kept_rows_factor=0.9"}), "model.moe_kept_rows_factor: must be in [1, 1e6]");
   EXPECT_HAS(moe_error({"model.moe_router_load_balancing_type=none", "model.moe_aux_loss_coeff=0.01"}),
              "model.moe_aux_loss_coeff: is 0.01 with moe_router_load_balancing_type: none");
   EXPECT_HAS(moe_error({"model.moe_router_score_function=relu"}), "unknown value 'relu' (allowed: softmax | sigmoid)");

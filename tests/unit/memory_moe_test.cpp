@@ -285,19 +285,21 @@ TEST(MemoryMoE, WorkModelCountsEachLayersSpec) {
   EXPECT_NEAR(p.hardware_flops_per_iteration / (4 * per_mb), 1.0, 1e-12);
 }
 
-// The recompute modules by hand (bf16, EP 2 on 2 ranks, the 4 MoE layers' rows bound 2 x 64 x 2 = 256):
-// moe_act moves each layer's activations (256 x 48) from every in-flight micro-batch to one scratch
-// buffer, layernorm each layer's ln1 and ln2 (64 x 32) to one in the shared scratch; full recompute
-// (and the moe module) keeps no MoE rows per micro-batch and one set of them in the scratch. The plan then suggests the
-// modules and the dispatch bound at 1.1x, each planning less than the configured run.
+// The recompute modules by hand (bf16, EP 2 on 2 ranks, the 4 MoE layers' rows bound 2 x 64 x 2 = 256,
+// their pool's share 1.25 x 64 x 2 = 160 rows per layer and micro-batch): moe_act moves each layer's
+// activations (160 x 48 in the pool) from every in-flight micro-batch to one scratch buffer (256 x 48),
+// layernorm each layer's ln1 and ln2 (64 x 32) to one in the shared scratch; full recompute (and the moe
+// module) keeps no MoE rows per micro-batch and one set of them (at the bound) in the scratch. With the
+// pool at the dispatch bound a layer plans what a slot's own rows at the bound would. The plan then
+// suggests the modules and the dispatch bound at 1.1x, each planning less than the configured run.
 TEST(MemoryMoE, RecomputeModulesMoveKeptTensorsToOneScratch) {
   const std::string par = "expert_model_parallel_size: 2", bf16 = ", precision: bf16, recompute: ";
   const StageMemory sel = stage_memory(moe_config("", par, bf16 + "selective", 2), 0);
   const StageMemory act = stage_memory(moe_config("", par, bf16 + "selective, recompute_modules: [core_attn, moe_act]", 2), 0);
   const StageMemory norms = stage_memory(moe_config("", par, bf16 + "selective, recompute_modules: [core_attn, layernorm]", 2), 0);
-  const int64_t act_bytes = 256 * 48 * 2, norm_bytes = 64 * 32 * 2;
+  const int64_t act_bytes = 256 * 48 * 2, pooled_act_bytes = 160 * 48 * 2, norm_bytes = 64 * 32 * 2;
   ASSERT_GE(sel.in_flight, 1);
-  EXPECT_EQ(sel.activation_bytes - act.activation_bytes, int64_t(sel.in_flight) * 4 * act_bytes);
+  EXPECT_EQ(sel.activation_bytes - act.activation_bytes, int64_t(sel.in_flight) * 4 * pooled_act_bytes);
   EXPECT_EQ(act.workspace_bytes - sel.workspace_bytes, act_bytes);
   EXPECT_EQ(sel.activation_bytes - norms.activation_bytes, int64_t(sel.in_flight) * 4 * 2 * norm_bytes);
   EXPECT_EQ(norms.workspace_bytes - sel.workspace_bytes, norm_bytes);
@@ -305,7 +307,12 @@ TEST(MemoryMoE, RecomputeModulesMoveKeptTensorsToOneScratch) {
   GPTDims d = make_chunk_dims(moe_config("", par, bf16 + "full", 2), 1, 0, 1, 0).at(0);
   apply_expert_parallel(d, 2, 0, 1, 0);
   const int64_t rows = 2 * (256 * 32 + 256 * 48 + 256 * 48 + 128 * 32);
+  EXPECT_TRUE(moe_pools_rows(d.moe, Recompute::None));
+  EXPECT_EQ(moe_pool_layer_bytes(d, 64, DType::BF16, Recompute::None), 2 * 160 * (32 + 48 + 48));
+  EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::None), 2 * 160 * (32 + 48 + 48) + 2 * 128 * 32);
+  d.moe.kept_factor = d.moe.dispatch_factor;
   EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::None), rows);
+  d.moe.kept_factor = 1.25;
   EXPECT_EQ(moe_scratch_bytes(d, 64, DType::BF16, Recompute::Full) - moe_scratch_bytes(d, 64, DType::BF16, Recompute::None),
             rows);
   EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::Full), 0);
@@ -320,7 +327,7 @@ TEST(MemoryMoE, RecomputeModulesMoveKeptTensorsToOneScratch) {
   int64_t modules = -1, bound = -1;
   for (const PlanSuggestion& s : p.suggestions) {
     if (s.change.find("recompute_modules=[core_attn, moe_act, layernorm]") != std::string::npos) modules = s.peak_bytes;
-    if (s.change == "model.moe_dispatch_bound_factor=1.1") bound = s.peak_bytes;
+    if (s.change == "model.moe_dispatch_bound_factor=1.1 model.moe_kept_rows_factor=1.1") bound = s.peak_bytes;
   }
   const int64_t peak = p.stages.at(0).total_bytes();
   EXPECT_GT(modules, 0);
