@@ -184,6 +184,7 @@ class MoEMLP {
   // stage's MoE layers (global indices) and their biases (E fp32 each, for the checkpoint).
   void update_expert_bias(const GroupSum& sum);
   const std::vector<int64_t>& layers() const { return moe_layers_; }
+  const MoERowPool* pool() const { return pool_; }  // the pool its rows come from (null: none)
   std::vector<float>& expert_bias(size_t i) { return bias_.at(i); }
   // forget what the forwards since the last step counted (evaluation's routing), and give their rows back
   void discard_step();

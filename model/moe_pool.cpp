@@ -13,7 +13,7 @@ namespace {
 constexpr int64_t kAlign = 256;  // the GPU allocator's alignment (stage_bytes::kScratchAlign)
 }
 
-MoERowPool::MoERowPool(Ops& ops, int64_t bytes) : ops_(ops) {
+MoERowPool::MoERowPool(Ops& ops, int64_t bytes) : ops_(ops), planned_(bytes) {
   TPT_CHECK(bytes >= 0 && bytes % kAlign == 0);
   if (bytes > 0) regions_.push_back({static_cast<char*>(ops_.alloc_bytes(size_t(bytes))), bytes, {{0, bytes}}});
 }

@@ -26,6 +26,7 @@ class MoERowPool {
   char* take(int64_t bytes, const std::string& what);
   void give(char* block);  // a block take returned
   int64_t capacity() const;           // the bytes of its regions
+  int64_t planned() const { return planned_; }  // the first region's (what the plan counts)
   int64_t in_use() const { return in_use_; }
   int64_t peak() const { return peak_; }  // the most bytes in use at once
 
@@ -38,7 +39,7 @@ class MoERowPool {
   Ops& ops_;
   std::vector<Region> regions_;
   std::map<char*, std::pair<size_t, int64_t>> used_;  // block -> region, bytes
-  int64_t in_use_ = 0, peak_ = 0;
+  int64_t planned_ = 0, in_use_ = 0, peak_ = 0;
   char* fit(size_t region, int64_t bytes);
 };
 

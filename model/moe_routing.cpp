@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 #include "core/error.h"
 
@@ -44,13 +43,18 @@ void softmax(const float* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] /= s;
 }
 
-// the k largest of v (n) by value, ties to the lower index, in descending order; -inf entries last
+// the k largest of v (n) by value, ties to the lower index, in descending order; -inf entries last.
+// One pass in index order keeping out[0, m) sorted (an entry goes after every kept one of a value at
+// least its own, which all have lower indices): no allocation, O(n) for the few that enter.
 void topk(const float* v, int64_t n, int64_t k, int32_t* out) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-  std::copy(idx.begin(), idx.begin() + k, out);
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    if (m == k && !(x > v[out[k - 1]])) continue;  // not above the k-th (a tie keeps the lower index)
+    int64_t j = m < k ? m++ : k - 1;
+    for (; j > 0 && x > v[out[j - 1]]; --j) out[j] = out[j - 1];
+    out[j] = int32_t(i);
+  }
 }
 
 // top-k of scores (E), group-limited when o.groups: only the experts of the group_topk groups with
@@ -156,7 +160,12 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
   const bool scores = o.score == MoEScore::Sigmoid || o.pre_softmax;
   if (scores) r.scores.resize(size_t(T * E));
   else r.topk_softmax.resize(size_t(T * k));
+  // tokens route independently: in parallel (OpenMP, the backend's threads); every sum over tokens
+  // below runs in token order, so the result does not depend on the threads
+#pragma omp parallel
+  {
   std::vector<float> sel(static_cast<size_t>(k)), biased(static_cast<size_t>(E));
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const float* zt = z + t * E;
     int32_t* ch = r.chosen.data() + t * k;
@@ -185,6 +194,7 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
     if (o.scaling != 0)
       for (int64_t j = 0; j < k; ++j) p[j] *= float(o.scaling);
   }
+  }
   r.expert = r.chosen;
   if (o.capacity_factor != 0) drop_over_capacity(r, o);
   r.counts.assign(size_t(E), 0.0);
@@ -199,15 +209,18 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
     const bool per_seq = o.balancing == MoEBalancing::SeqAuxLoss;
     const int64_t groups = per_seq ? B : 1;  // the loss's token sets: sequences, or the micro-batch
     std::vector<float> s(static_cast<size_t>(T * E));
-    std::vector<int32_t> top(static_cast<size_t>(k));
+    std::vector<int32_t> top(static_cast<size_t>(T * k));
     std::vector<double> fp(static_cast<size_t>(2 * groups * E), 0.0);  // [f (groups, E) | P (groups, E)]
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      aux_scores(z + t * E, o, s.data() + t * E);
+      topk(s.data() + t * E, E, k, top.data() + t * k);
+    }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t g = per_seq ? seq_of(t) : 0;
       TPT_CHECK(g >= 0 && g < groups);
-      float* st = s.data() + t * E;
-      aux_scores(z + t * E, o, st);
-      topk(st, E, k, top.data());
-      for (int32_t e : top) fp[size_t(g * E + e)] += 1;
+      const float* st = s.data() + t * E;
+      for (int64_t j = 0; j < k; ++j) fp[size_t(g * E + top[size_t(t * k + j)])] += 1;
       for (int64_t e = 0; e < E; ++e) fp[size_t(groups * E + g * E + e)] += st[e];
     }
     sum(fp);
@@ -233,6 +246,7 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
       }
       r.aux += c * dot;
     }
+#pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const int64_t g = per_seq ? seq_of(t) : 0;
       aux_scores_backward(z + t * E, s.data() + t * E, grad.data() + g * E, o, r.dlogits_aux.data() + t * E);
@@ -240,18 +254,23 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
   }
   if (o.z_coeff != 0) {  // Megatron's z_loss_func on this rank's tokens, coefficient / (TP x CP)
     const double c = o.z_coeff / double(group_size);
+    std::vector<double> lse(static_cast<size_t>(T));
+#pragma omp parallel
+    {
     std::vector<float> sm(static_cast<size_t>(E));
-    double sq = 0;
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const float* zt = z + t * E;
       const float m = *std::max_element(zt, zt + E);
       double se = 0;
       for (int64_t e = 0; e < E; ++e) se += std::exp(double(zt[e] - m));
-      const double lse = double(m) + std::log(se);
-      sq += lse * lse;
+      const double l = lse[size_t(t)] = double(m) + std::log(se);
       softmax(zt, E, sm.data());
-      for (int64_t e = 0; e < E; ++e) r.dlogits_aux[size_t(t * E + e)] += float(c * 2.0 * lse / double(T) * sm[size_t(e)]);
+      for (int64_t e = 0; e < E; ++e) r.dlogits_aux[size_t(t * E + e)] += float(c * 2.0 * l / double(T) * sm[size_t(e)]);
     }
+    }
+    double sq = 0;
+    for (double l : lse) sq += l * l;
     r.z_mean = sq / double(T);
     r.z = c * r.z_mean;
   }
@@ -261,7 +280,10 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
 void routing_backward(const Routing& r, const float* dprob, const RouterOptions& o, float loss_scale, float* dlogits) {
   const int64_t E = o.E, k = o.k, T = r.T;
   std::fill(dlogits, dlogits + T * E, 0.0f);
+#pragma omp parallel
+  {
   std::vector<float> dp(static_cast<size_t>(k));
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const int32_t* ch = r.chosen.data() + t * k;
     float* dz = dlogits + t * E;
@@ -292,6 +314,7 @@ void routing_backward(const Routing& r, const float* dprob, const RouterOptions&
       }
       for (int64_t j = 0; j < k; ++j) dz[ch[j]] += dq[size_t(j)] * s[ch[j]] * (1 - s[ch[j]]);
     }
+  }
   }
   if (!r.dlogits_aux.empty())
     for (int64_t i = 0; i < T * E; ++i) dlogits[i] += loss_scale * r.dlogits_aux[size_t(i)];

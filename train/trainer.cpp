@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <spdlog/spdlog.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -82,6 +83,7 @@ void Trainer::setup_backend() {
     cuda_options.cudnn_deterministic = cfg_.training.deterministic;
     ops_ = make_cuda_ops(grid_.cuda_device, cuda_options);
     on_gpu_ = true;
+    omp_set_num_threads(threads);  // the host's own work (MoE routing, model/moe_routing.cpp) on this rank's cores
 #else
     internal_error("a GPU grid_, but this tptrain was built without CUDA");
 #endif

@@ -59,6 +59,15 @@ void Trainer::reserve_backend_workspace() {
 void Trainer::report_allocator_calls(int64_t first_iteration) {
   double later = double(allocator_calls_later_);
   if (grid_.world_size > 1) grid_.world->all_reduce(&later, 1, ReduceOp::Max);
+  // the MoE layers' pool of kept rows: the most any rank's held at once, over what it planned
+  double fullest = 0;
+  for (const auto& stage : stages_)
+    if (const MoERowPool* p = stage->moe() ? stage->moe()->pool() : nullptr; p && p->planned() > 0)
+      fullest = std::max(fullest, double(p->peak()) / double(p->planned()));
+  if (grid_.world_size > 1) grid_.world->all_reduce(&fullest, 1, ReduceOp::Max);
+  if (grid_.world_rank == 0 && fullest > 0)
+    spdlog::info("memory: the MoE layers' pool of kept rows peaked at {:.1f}% of its planned bytes on the fullest rank "
+                 "(model.moe_kept_rows_factor {} x the balanced load)", 100 * fullest, cfg_.model.moe_kept_rows_factor);
   if (grid_.world_rank != 0 || iteration_ <= first_iteration) return;
   if (later == 0)
     spdlog::info("memory: no device allocation or free in iterations {}..{} (after the first); on rank 0 {} "
