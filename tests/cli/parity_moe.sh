@@ -175,6 +175,9 @@ NP=4 run_case s_ep2_pp2_distopt "${AUX[@]}" "${Z[@]}" parallel.expert_model_para
   parallel.pipeline_model_parallel_size=2 training.micro_batch_size=2 parallel.distributed_optimizer=true
 NP=2 run_case t_pp2_zbh1      "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
   training.micro_batch_size=2
+# ... with EP 2: each layer's experts' rows from the pool, given back at the end of B
+NP=4 run_case t2_ep2_pp2_zbh1 "${AUX[@]}" parallel.pipeline_model_parallel_size=2 parallel.pipeline_schedule=zb-h1 \
+  training.micro_batch_size=2 parallel.expert_model_parallel_size=2
 NP=1 run_case u_full_recompute "${AUX[@]}" "${Z[@]}" training.recompute=full
 # selective recompute with moe_act (the experts' activations rerun from their fc1 outputs in
 # backward; bitwise the same run without it, below): EP 2 with SwiGLU experts, and interleaved 1F1B

@@ -346,6 +346,9 @@ compare moe_gelu_fp16_selective 1 1 1 "${MOE[@]}" training.precision=fp16 traini
 compare moe_shared_gate_pp2_zb_bf16 2 1 2 "${MOE[@]}" model.moe_shared_expert_intermediate_size=32 \
   model.moe_shared_expert_gate=true training.precision=bf16 parallel.pipeline_schedule=zb-h1
 compare moe_pp2_zb_bf16 2 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1
+# EP 2 (a pool of the experts' rows per chunk; at 2x the balanced load no layer outgrows it here)
+compare moe_ep2_pp2_zb_bf16 4 1 2 "${MOE[@]}" training.precision=bf16 parallel.pipeline_schedule=zb-h1 \
+  parallel.expert_model_parallel_size=2 model.moe_kept_rows_factor=2
 compare moe_pp2_full_fp32 2 1 2 "${MOE[@]}" training.recompute=full "model.moe_layer_freq=[0, 1, 0, 1]"
 # interleaved: each slot of the rank's pool holds its MoE layers' kept rows after its dense tensors
 # (rank 0: layer 0 MoE with a gated shared expert in chunk 0, layer 2 dense in chunk 1), also with EP 2
