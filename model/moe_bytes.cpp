@@ -17,9 +17,6 @@ int64_t moe_rows_bound(const MoEDims& m, int64_t Nt) {
   return int64_t(std::ceil(double(balanced) * m.dispatch_factor));
 }
 
-
-
-
 bool moe_shares_rows(const MoEDims& m, Recompute r) {
   return r == Recompute::Full || (r == Recompute::Selective && m.recompute_moe);
 }
