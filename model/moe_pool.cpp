@@ -48,9 +48,10 @@ char* MoERowPool::take(int64_t bytes, const std::string& what) {
   TPT_CHECK(bytes > 0 && bytes % kAlign == 0);
   for (size_t i = 0; i < regions_.size(); ++i)
     if (char* p = fit(i, bytes)) return p;
-  // a region of an eighth of the pool at least, so that a lasting imbalance grows it a few times, not per block
+  // a region of 4 such blocks: a lasting imbalance grows it now and then, not per block, and never by
+  // much more than it asked for (on a GPU near its memory's end)
   const int64_t cap = capacity();
-  const int64_t grow = std::max(bytes, (cap / 8 + kAlign - 1) / kAlign * kAlign);
+  const int64_t grow = 4 * bytes;
   spdlog::warn("WARNING: {} ({} bytes) do not fit in the MoE layers' pool of kept rows ({} bytes, {} in use); "
                "growing it by {} bytes (one allocation now, not in the plan; model.moe_kept_rows_factor plans more)",
                what, bytes, cap, in_use_, grow);

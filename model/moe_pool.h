@@ -3,8 +3,8 @@
 // received, from one region planned for the layers' mean load (model.moe_kept_rows_factor x the
 // balanced load, docs/MOE.md "Buffers"), and gives them back after its backward -- as Megatron's
 // dropless dispatch allocates what arrives. Blocks come first fit (lowest address) and are given
-// back in any order, neighbours merged. A block that fits nowhere grows the pool by a region (one
-// device allocation, with a warning): never a drop.
+// back in any order, neighbours merged. A block that fits nowhere grows the pool by a region of four
+// such blocks (one device allocation, with a warning): never a drop.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -31,7 +31,7 @@ TEST(MoERowPool, FirstFitMergesAndGrows) {
   const int64_t calls = ops->allocator_calls();
   char* d = pool.take(512, "d");  // holes of 256 at 256 and at 768: fits in neither
   EXPECT_EQ(ops->allocator_calls(), calls + 1);
-  EXPECT_EQ(pool.capacity(), 4 * 256 + 512);  // grown by the block (an eighth of the pool is less)
+  EXPECT_EQ(pool.capacity(), 4 * 256 + 4 * 512);  // grown by a region of four such blocks
   pool.give(a);                               // merges with the hole after it: 512 at the start
   EXPECT_EQ(pool.take(512, "e"), a);
   EXPECT_EQ(pool.in_use(), 512 + 256 + 512);
