@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "core/error.h"
 #include "model/chunks.h"
@@ -45,6 +46,10 @@ Config apply(const Config& base, const SearchEntry& e) {
   if (e.etp > 0) p.expert_model_parallel_size = e.ep, p.expert_tensor_parallel_size = e.etp;
   c.training.micro_batch_size = e.micro_batch_size;
   c.training.recompute = e.recompute;
+  if (e.modules) {
+    c.training.recompute_modules.layernorm = true;
+    c.training.recompute_modules.moe_act = c.model.is_moe();
+  }
   if (e.memory_options >= 1) c.optimizer.store_param_remainders = true;
   if (e.memory_options >= 2) c.parallel.grad_reduce_in_bf16 = true;
   if (e.memory_options >= 3) {
@@ -61,6 +66,11 @@ int max_memory_options(const Config& c) {
   const OptimizerConfig& o = c.optimizer;
   if (o.exp_avg_dtype != StateDType::BF16 || o.exp_avg_sq_dtype != StateDType::BF16) return 3;
   return !bf16_grads(c) ? 2 : !o.store_param_remainders ? 1 : 0;
+}
+
+// the modules' --set argument (no spaces: the text report's --set lines go to a shell as they are)
+std::string modules_argument(const SearchEntry& e) {
+  return std::string("training.recompute_modules=[core_attn,") + (e.etp > 0 ? "moe_act," : "") + "layernorm]";
 }
 
 std::vector<std::string> set_arguments(const SearchEntry& e) {
@@ -82,6 +92,7 @@ std::vector<std::string> set_arguments(const SearchEntry& e) {
           "training.micro_batch_size=" + std::to_string(e.micro_batch_size),
           "training.recompute=" + name_of(e.recompute)};
   sets.insert(sets.begin() + 1, experts.begin(), experts.end());
+  if (e.modules) sets.push_back(modules_argument(e));
   if (e.memory_options >= 1) sets.push_back("optimizer.store_param_remainders=true");
   if (e.memory_options >= 2) sets.push_back("parallel.grad_reduce_in_bf16=true");
   if (e.memory_options >= 3)
@@ -118,6 +129,7 @@ std::string SearchEntry::layout() const {
                   std::to_string(dp);
   if (v > 1) s += " v" + std::to_string(v);
   s += " mbs" + std::to_string(micro_batch_size) + " " + name_of(schedule) + " " + name_of(recompute);
+  if (modules) s += etp > 0 ? "+moe_act+layernorm" : "+layernorm";
   if (sequence_parallel) s += " SP";
   if (distributed_optimizer) s += " DO";
   if (memory_options >= 1) s += " +R";
@@ -128,6 +140,8 @@ std::string SearchEntry::layout() const {
 
 SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus) {
   SearchResult r;
+  const RecomputeModules& rm = cfg.training.recompute_modules;
+  const bool search_modules = !rm.layernorm && !rm.moe_act && !rm.moe;  // else the configured ones
   r.base = cfg;
   r.options = options;
   r.gpus = gpus;
@@ -178,37 +192,48 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               e.schedule = schedule, e.sequence_parallel = sp, e.distributed_optimizer = dist;
               e.recompute = Recompute::Selective;  // valid with every schedule; the memory holds all three modes
               Config c = apply(cfg, e);
-              r.considered += schedule == PipelineSchedule::ZeroBubbleH1 ? 2 : 3;
+              r.considered += (schedule == PipelineSchedule::ZeroBubbleH1 ? 2 : 3) + (search_modules ? 1 : 0);
               try {
                 resolve_parallel(c, gpus);
                 check_plannable(c);
               } catch (const InputError&) {
                 continue;
               }
-              // the stages' memory per memory-option level: level 0 planned in full, the others (which
-              // change only the model state's bytes) from it when a mode first needs them
-              std::vector<std::vector<StageMemory>> stages_by_level(size_t(max_level + 1));
-              for (int s = 0; s < pp; ++s) stages_by_level[0].push_back(stage_memory(c, s, true, &layouts));
-              auto stages_at = [&](int level) -> const std::vector<StageMemory>& {
-                std::vector<StageMemory>& st = stages_by_level[size_t(level)];
+              // the stages' memory per memory-option level, without and with the recompute modules:
+              // level 0 planned in full when a mode first needs it, the others (which change only the
+              // model state's bytes) from it
+              std::vector<std::vector<StageMemory>> stages_by_level[2];
+              for (auto& v : stages_by_level) v.resize(size_t(max_level + 1));
+              std::function<const std::vector<StageMemory>&(int, bool)> stages_at = [&](int level, bool mod)
+                  -> const std::vector<StageMemory>& {
+                std::vector<StageMemory>& st = stages_by_level[mod][size_t(level)];
                 if (st.empty()) {
                   SearchEntry y = e;
                   y.memory_options = level;
+                  y.modules = mod;
                   const Config cl = apply(c, y);
-                  st = stages_by_level[0];
-                  for (StageMemory& m : st) set_model_state_bytes(cl, m);
+                  if (level == 0) {
+                    for (int s = 0; s < pp; ++s) st.push_back(stage_memory(cl, s, true, &layouts));
+                  } else {
+                    st = stages_at(0, mod);
+                    for (StageMemory& m : st) set_model_state_bytes(cl, m);
+                  }
                 }
                 return st;
               };
-              for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+              std::vector<std::pair<Recompute, bool>> modes = {
+                  {Recompute::None, false}, {Recompute::Selective, false}, {Recompute::Full, false}};
+              if (search_modules) modes.insert(modes.begin() + 2, {Recompute::Selective, true});
+              for (const auto& [mode, mod] : modes) {
                 if (mode == Recompute::Full && schedule == PipelineSchedule::ZeroBubbleH1) continue;
                 ++r.valid;
                 SearchEntry x = e;
                 x.recompute = mode;
+                x.modules = mod;
                 for (int level = 0; level <= max_level; ++level) {  // the cheapest options that fit
                   x.memory_options = level;
                   x.stage_bytes.clear();
-                  for (const StageMemory& st : stages_at(level))
+                  for (const StageMemory& st : stages_at(level, mod))
                     x.stage_bytes.push_back(st.total_bytes() - st.activation_bytes - st.workspace_bytes +
                                             st.activation_and_workspace_by_mode[int(mode)]);
                   x.peak_bytes = *std::max_element(x.stage_bytes.begin(), x.stage_bytes.end());
@@ -216,7 +241,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
                 }
                 if (double(x.peak_bytes) > limit) continue;
                 Config cx = apply(c, x);
-                x.time = estimate_step_time(cx, options.hw, gpn, stages_at(x.memory_options), cache);
+                x.time = estimate_step_time(cx, options.hw, gpn, stages_at(x.memory_options, mod), cache);
                 x.sets = set_arguments(x);
                 r.entries.push_back(std::move(x));
               }
@@ -290,6 +315,9 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"num_microbatches", e.num_microbatches},
                        {"pipeline_schedule", name_of(e.schedule)},
                        {"recompute", name_of(e.recompute)},
+                       {"recompute_modules", e.modules ? (e.etp > 0 ? std::vector<std::string>{"core_attn", "moe_act", "layernorm"}
+                                                                    : std::vector<std::string>{"core_attn", "layernorm"})
+                                                       : std::vector<std::string>{}},
                        {"sequence_parallel", e.sequence_parallel},
                        {"distributed_optimizer", e.distributed_optimizer},
                        {"memory_options", e.memory_options},

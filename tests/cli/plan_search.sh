@@ -134,7 +134,8 @@ PY
 # --- Mixture-of-Experts: EP and ETP searched (issue 39 part 5). configs/moe-tiny.yaml (8 experts) on 16
 # GPUs: every EP that divides the experts with ETP x EP dividing TP x CP x DP (ETP 1, or TP: with TP > 1
 # both are listed), in the layout's name and its --set lines; the first
-# layout of each EP through plain `tptrain plan` gets the same step time and stage bytes; with the
+# layout of each EP through plain `tptrain plan` gets the same step time and stage bytes, and so do
+# layouts with the recompute modules (moe_act, layernorm); with the
 # median peak as the usable memory the search keeps exactly the unlimited search's layouts under it ---
 MOE=$TPTRAIN_SRC/configs/moe-tiny.yaml
 "$TPTRAIN" plan --config "$MOE" --search --gpus 16 --json --top 0 > "$W/moe.json" 2> "$W/moe.err" || bad "MoE search exit $?"
@@ -164,6 +165,20 @@ for ep in (1, 2, 4, 8):
                                   capture_output=True, text=True, check=True).stdout)
     check(abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12, "EP %d: step %r vs plan %r" % (ep, x["time"]["step_time_s"], p["step_time_s"]))
     check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"], "EP %d: stage bytes differ from the plan's" % ep)
+# selective recompute with Megatron's recipe modules (the config lists none): listed, selected by its
+# --set lines, planned as `tptrain plan` plans them, and below the same layout's plain selective peak
+mods = [x for x in L if "selective+moe_act+layernorm" in x["layout"]]
+check(len(mods) > 0, "no selective+moe_act+layernorm layout")
+for x in mods[:2]:
+    check("training.recompute_modules=[core_attn,moe_act,layernorm]" in x["set"] and
+          x["recompute_modules"] == ["core_attn", "moe_act", "layernorm"], "modules' --set of %s" % x["layout"])
+    sets = [a for kv in x["set"] for a in ("--set", kv)]
+    p = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--world-size", "16", "--json"] + sets,
+                                  capture_output=True, text=True, check=True).stdout)
+    check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"] and
+          abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12, "%s: plan disagrees" % x["layout"])
+    plain = [y for y in L if y["layout"] == x["layout"].replace("selective+moe_act+layernorm", "selective")]
+    check(not plain or plain[0]["peak_bytes"] > x["peak_bytes"], "%s: not below plain selective" % x["layout"])
 limit = small["usable_memory_fraction"] * gib * 2**30
 want = sorted(x["layout"] for x in L if x["peak_bytes"] <= limit)
 got = sorted(x["layout"] for x in small["layouts"])
