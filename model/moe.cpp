@@ -298,8 +298,7 @@ void MoEMLP::take_rows(LayerState& s, int64_t layer) {
   const std::vector<int64_t> sizes = moe_rows_tensor_bytes(d_, t_, keep_act_, n, s.R);
   int64_t bytes = 0;
   for (int64_t b : sizes) bytes += carve_bytes(b);
-  s.block = pool_->take(std::max<int64_t>(bytes, stage_bytes::kScratchAlign),
-                        "MoE layer " + std::to_string(layer) + ": its experts' " + std::to_string(n) + " rows");
+  s.block = pool_->take(std::max<int64_t>(bytes, stage_bytes::kScratchAlign), layer, n);
   // rows_tensor_bytes' order
   std::vector<Buf*> bufs = {&s.xin, &s.fc1};
   if (keep_act_) bufs.push_back(&s.act);

@@ -6,11 +6,12 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/stage_bytes.h"
 
 namespace tpt {
 
 namespace {
-constexpr int64_t kAlign = 256;  // the GPU allocator's alignment (stage_bytes::kScratchAlign)
+constexpr int64_t kAlign = stage_bytes::kScratchAlign;
 }
 
 MoERowPool::MoERowPool(Ops& ops, int64_t bytes) : ops_(ops), planned_(bytes) {
@@ -44,7 +45,7 @@ char* MoERowPool::fit(size_t region, int64_t bytes) {
   return nullptr;
 }
 
-char* MoERowPool::take(int64_t bytes, const std::string& what) {
+char* MoERowPool::take(int64_t bytes, int64_t layer, int64_t rows) {
   TPT_CHECK(bytes > 0 && bytes % kAlign == 0);
   for (size_t i = 0; i < regions_.size(); ++i)
     if (char* p = fit(i, bytes)) return p;
@@ -52,9 +53,9 @@ char* MoERowPool::take(int64_t bytes, const std::string& what) {
   // much more than it asked for (on a GPU near its memory's end)
   const int64_t cap = capacity();
   const int64_t grow = 4 * bytes;
-  spdlog::warn("WARNING: {} ({} bytes) do not fit in the MoE layers' pool of kept rows ({} bytes, {} in use); "
-               "growing it by {} bytes (one allocation now, not in the plan; model.moe_kept_rows_factor plans more)",
-               what, bytes, cap, in_use_, grow);
+  spdlog::warn("WARNING: MoE layer {}: its experts' {} rows ({} bytes) do not fit in the MoE layers' pool of kept "
+               "rows ({} bytes, {} in use); growing it by {} bytes (one allocation now, not in the plan; "
+               "model.moe_kept_rows_factor plans more)", layer, rows, bytes, cap, in_use_, grow);
   regions_.push_back({static_cast<char*>(ops_.alloc_bytes(size_t(grow))), grow, {{0, grow}}});
   char* p = fit(regions_.size() - 1, bytes);
   TPT_CHECK(p);

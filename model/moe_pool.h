@@ -8,7 +8,6 @@
 #pragma once
 #include <cstdint>
 #include <map>
-#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -22,8 +21,9 @@ class MoERowPool {
   ~MoERowPool();
   MoERowPool(const MoERowPool&) = delete;
   MoERowPool& operator=(const MoERowPool&) = delete;
-  // a block of `bytes` (a multiple of 256, > 0); `what` names the rows in the warning when the pool grows
-  char* take(int64_t bytes, const std::string& what);
+  // a block of `bytes` (a multiple of 256, > 0) for `rows` of MoE layer `layer` (named in the warning
+  // when the pool grows)
+  char* take(int64_t bytes, int64_t layer, int64_t rows);
   void give(char* block);  // a block take returned
   int64_t capacity() const;           // the bytes of its regions
   int64_t planned() const { return planned_; }  // the first region's (what the plan counts)

@@ -27,25 +27,25 @@ TEST(MoERowPool, FirstFitMergesAndGrows) {
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
   const int64_t before = ops->allocator_calls();
   MoERowPool pool(*ops, 4 * 256);
-  char* a = pool.take(256, "a");
-  char* b = pool.take(256, "b");
-  char* c = pool.take(256, "c");
+  char* a = pool.take(256, 0, 1);
+  char* b = pool.take(256, 0, 1);
+  char* c = pool.take(256, 0, 1);
   EXPECT_EQ(b, a + 256);
   EXPECT_EQ(c, a + 512);
   pool.give(b);
-  EXPECT_EQ(pool.take(256, "b2"), a + 256);  // the lowest hole
+  EXPECT_EQ(pool.take(256, 0, 1), a + 256);  // the lowest hole
   pool.give(a + 256);
   const int64_t calls = ops->allocator_calls();
-  char* d = pool.take(512, "d");  // holes of 256 at 256 and at 768: fits in neither
+  char* d = pool.take(512, 0, 1);  // holes of 256 at 256 and at 768: fits in neither
   EXPECT_EQ(ops->allocator_calls(), calls + 1);
   EXPECT_EQ(pool.capacity(), 4 * 256 + 4 * 512);  // grown by a region of four such blocks
   pool.give(a);                               // merges with the hole after it: 512 at the start
-  EXPECT_EQ(pool.take(512, "e"), a);
+  EXPECT_EQ(pool.take(512, 0, 1), a);
   EXPECT_EQ(pool.in_use(), 512 + 256 + 512);
   EXPECT_EQ(pool.peak(), 512 + 256 + 512);
   pool.give(a), pool.give(c), pool.give(d);
   EXPECT_EQ(pool.in_use(), 0);
-  EXPECT_EQ(pool.take(4 * 256, "all"), a);  // everything merged back into one block
+  EXPECT_EQ(pool.take(4 * 256, 0, 1), a);  // everything merged back into one block
   EXPECT_GT(ops->allocator_calls(), before);
 }
 
@@ -57,7 +57,7 @@ TEST(MoERowPool, RandomTakesAndGivesNeverOverlap) {
   for (int step = 0; step < 4000; ++step) {
     if (live.size() < 32 || (live.size() < 64 && rng() % 2 == 0)) {
       const int64_t bytes = 256 * int64_t(1 + rng() % 12);
-      char* p = pool.take(bytes, "random");
+      char* p = pool.take(bytes, 0, 1);
       // no live block overlaps [p, p + bytes)
       auto next = live.lower_bound(p);
       if (next != live.end()) {
@@ -104,7 +104,7 @@ TEST(MoERowPool, TheSchedulesOrderFitsAQuarterAboveTheMean) {
         std::vector<char*>& b = held[{a.mb, a.chunk}];
         for (int l = 0; l < layers; ++l) {
           const double f = std::max(0.0, load[size_t(a.chunk * layers + l)] + noise(rng));
-          b.push_back(pool.take(256 * std::max<int64_t>(1, int64_t(std::llround(f * double(mean)))), "layer"));
+          b.push_back(pool.take(256 * std::max<int64_t>(1, int64_t(std::llround(f * double(mean)))), l, 1));
         }
       } else if (a.kind == Action::Kind::Backward) {
         std::vector<char*>& b = held.at({a.mb, a.chunk});
