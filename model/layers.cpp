@@ -48,6 +48,11 @@ void MLPActivation::activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t F
   else ops.gelu_forward(act, pre, N * Fl);
 }
 
+void MLPActivation::activation_backward(Ops& ops, Buf dpre, CBuf dact, CBuf pre, int64_t N, int64_t Fl) const {
+  if (swiglu) ops.swiglu_backward(dpre, dact, pre, N, Fl);
+  else ops.gelu_backward(dpre, dact, pre, N * Fl);
+}
+
 void QKVLayout::to_heads(Ops& ops, Buf heads, CBuf gemm_out, int64_t N) const {
   if (grouped) ops.qkv_regroup(heads, gemm_out, N, KV, H / KV, D, true);
   else TPT_CHECK(heads.p == gemm_out.p);

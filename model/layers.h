@@ -58,6 +58,8 @@ struct MLPActivation {
   void recompute_activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t Fl) const;
   // act (N, Fl) = the activation of pre (N, fc1_width), either kind (the experts' moe_act recompute)
   void activation(Ops& ops, Buf act, CBuf pre, int64_t N, int64_t Fl) const;
+  // dpre (N, fc1_width) = d pre from dact (N, Fl), either kind (unfused: the experts' weighted activations)
+  void activation_backward(Ops& ops, Buf dpre, CBuf dact, CBuf pre, int64_t N, int64_t Fl) const;
 };
 
 // Local heads of a rank: H query heads, KV key/value heads (KV = H without grouped-query attention), D

@@ -15,6 +15,12 @@
 // the group's assignments to its own experts (expert-major, the group's token order within: the same
 // rows, in the same order, as the all-to-all brings), weighs its experts' outputs into partial outputs
 // of all the group's tokens, and reduce-scatters them over EP back to the tokens' ranks.
+// Each row's routing probability is applied in its expert, as Megatron-core applies it (the weighted
+// activation, with the fc2 bias weighted too): fc2 reads p x act, so the rows come back weighted and
+// are summed unweighted; the probability's gradient d(p act) . act (+ dy . fc2 bias) is formed where
+// the activations are, and only those numbers (one per row) travel back. No layer keeps its returned
+// rows (docs/MOE.md). The probabilities go to the experts' ranks with the rows (a host all-to-all of
+// one float per row).
 #include "model/moe.h"
 
 #include <spdlog/spdlog.h>
@@ -78,7 +84,8 @@ Fp8Linear* shared_fp8(const MoETPMappings& tp, bool fc2) { return tp.fp8 ? tp.fp
 }  // namespace
 
 void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, const std::vector<int64_t>& rows,
-                         CBuf xin, Buf fc1, Buf act, Buf out, const std::function<Fp8Linear*(int64_t)>& fp8) {
+                         CBuf xin, Buf fc1, Buf act, Buf out, const std::function<Fp8Linear*(int64_t)>& fp8,
+                         const MoERowWeights* pw) {
   const MoEDims& m = d.moe;
   const int64_t C = d.C;
   int64_t off = 0;
@@ -87,15 +94,23 @@ void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, c
     if (n == 0) continue;
     d.mlp.forward(ops, act + off * m.Fel, fc1 + off * m.fc1_width, xin + off * C, w.fc1 + e * m.fc1_width * C,
                   w.fc1_bias ? w.fc1_bias + e * m.fc1_width : CBuf{}, n, C, m.Fel, expert_fp8(fp8, m, e, false));
-    linear_forward(ops, expert_fp8(fp8, m, e, true), out + off * C, act + off * m.Fel, w.fc2 + e * C * m.Fel,
-                   w.fc2_bias ? w.fc2_bias + e * C : CBuf{}, n, m.Fel, C);
+    const CBuf bias = w.fc2_bias ? w.fc2_bias + e * C : CBuf{};
+    CBuf in = act + off * m.Fel;
+    if (pw) {  // fc2 of p x act (rounded once), then + p x bias
+      ops.gather_rows(pw->wact + off * m.Fel, in, pw->ident, pw->p + off, n, m.Fel);
+      in = pw->wact + off * m.Fel;
+    }
+    linear_forward(ops, expert_fp8(fp8, m, e, true), out + off * C, in, w.fc2 + e * C * m.Fel, pw ? CBuf{} : bias,
+                   n, m.Fel, C);
+    if (pw && bias) ops.combine_rows(out + off * C, bias, pw->zeros, pw->p + off, n, 1, C, true);
     off += n;
   }
 }
 
 struct MoEMLP::LayerState {
-  Buf xin, fc1, act, ret;  // (cap, C), (cap, fc1_width), (cap, Fe): expert-major rows; (T k, C) send order
+  Buf xin, fc1, act;  // (cap, C), (cap, fc1_width), (cap, Fe): expert-major rows
   int64_t cap = 0;
+  std::vector<float> row_p;  // the experts' rows' probabilities (expert-major, over the expert-TP group)
   Buf sh_fc1, sh_act, sh_y;  // the shared expert: (N, shared_fc1_width), (N, Fsl), its output (T, C)
   float* gate = nullptr;     // (T) sigmoid of the gate's logits
   std::vector<float> gate_host;
@@ -112,7 +127,7 @@ struct MoEMLP::LayerState {
   std::vector<int32_t> tp_regroup, tp_scatter;
   MoESendOrder group_order;  // allgather: the EP group's assignments to this rank's experts
   std::vector<double> global_f;  // global_aux_loss: the mean counts the forward used (full recompute reuses them)
-  char* block = nullptr;         // moe_pools_rows: the pool's block holding xin, fc1, act (and ret with allgather)
+  char* block = nullptr;         // moe_pools_rows: the pool's block holding xin, fc1, act
 };
 
 Buf MoEMLP::alloc(int64_t n, DType t) {
@@ -147,7 +162,6 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
       return b;
     };
     grow_state(s, from);
-    if (!m.gathers_tokens()) s.ret = take(Nt * k * C, t);
     if (m.Fs) {
       const int64_t N = d.gemm_tokens(Nt);
       s.sh_fc1 = take(N * m.shared_fc1_width, t);
@@ -179,9 +193,6 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     pool_ = own_pool_.get();
   }
   logits_ = alloc(Nt * m.E, DType::F32).f32();
-  dprob_ = alloc(Nt * k, DType::F32).f32();
-  row_w_ = alloc(Nt * k, DType::F32).f32();
-  comb_w_ = alloc(Nt * k, DType::F32).f32();
   perm_ = static_cast<int32_t*>(alloc(Nt * k, DType::I32).p);
   comb_ = static_cast<int32_t*>(alloc(Nt * k, DType::I32).p);
   if (t != DType::F32) {
@@ -198,9 +209,6 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     if (t != DType::F32) wire_ = alloc(Tg * C, t);
     perm_g_ = static_cast<int32_t*>(alloc(Tg * k, DType::I32).p);
     comb_g_ = static_cast<int32_t*>(alloc(Tg * k, DType::I32).p);
-    row_w_g_ = alloc(Tg * k, DType::F32).f32();
-    comb_w_g_ = alloc(Tg * k, DType::F32).f32();
-    dprob_g_ = alloc(Tg * k, DType::F32).f32();
   }
   dx_ = alloc(Nt * C, t);
   if (m.Fs) {
@@ -244,9 +252,10 @@ void MoEMLP::discard_step() {
   for (auto& c : bias_counts_) std::fill(c.begin(), c.end(), 0.0);
 }
 
-// the scratch whose size is the rows bound: bufA, dact, dfc (the expert-TP group's rows), with EP > 1
-// or ETP > 1 bufB, with the all-to-all over EP > 1 its regroup maps, with ETP > 1 the padded gather
-// and its maps
+// the scratch whose size is the rows bound: bufA, dact, dfc (the expert-TP group's rows), the rows'
+// probabilities, their d probabilities (two parts), the index lists, the weighted activations (and with
+// biases the weighted d outputs), with EP > 1 or ETP > 1 bufB, with the all-to-all over EP > 1 its
+// regroup maps, with ETP > 1 the padded gather and its maps
 void MoEMLP::alloc_rows_scratch() {
   const MoEDims& m = d_.moe;
   const int64_t xcap = m.etp * rows_cap_;
@@ -254,6 +263,18 @@ void MoEMLP::alloc_rows_scratch() {
   dact_ = alloc(xcap * m.Fel, t_);
   if (!keep_act_) act_ = alloc(xcap * m.Fel, t_);
   dfc_ = alloc(xcap * m.fc1_width, t_);
+  row_p_ = alloc(xcap, DType::F32).f32();
+  row_dot_ = alloc(xcap, DType::F32).f32();
+  row_dot_bias_ = alloc(xcap, DType::F32).f32();
+  row_ident_ = static_cast<int32_t*>(alloc(xcap, DType::I32).p);
+  row_zero_ = static_cast<int32_t*>(alloc(xcap, DType::I32).p);
+  std::vector<int32_t> id(static_cast<size_t>(xcap));
+  for (int64_t i = 0; i < xcap; ++i) id[size_t(i)] = int32_t(i);
+  ops_.to_device(Buf(row_ident_, DType::I32), id.data(), xcap);
+  std::fill(id.begin(), id.end(), 0);
+  ops_.to_device(Buf(row_zero_, DType::I32), id.data(), xcap);
+  wact_ = alloc(xcap * m.Fel, t_);
+  if (m.bias) wdy_ = alloc(xcap * d_.C, t_);
   if (m.ep > 1 || m.etp > 1) bufB_ = alloc(xcap * d_.C, t_);
   if (m.ep > 1 && !m.gathers_tokens()) {
     regroup_ = static_cast<int32_t*>(alloc(rows_cap_, DType::I32).p);
@@ -274,7 +295,6 @@ void MoEMLP::grow_state(LayerState& s, char** from) {
     grow_state(*shared_rows_);
     const LayerState& k = *shared_rows_;
     s.cap = k.cap, s.xin = k.xin, s.fc1 = k.fc1, s.act = k.act;
-    if (m.gathers_tokens()) s.ret = k.ret;
     return;
   }
   const int64_t xcap = m.etp * rows_cap_;
@@ -288,21 +308,19 @@ void MoEMLP::grow_state(LayerState& s, char** from) {
   s.xin = take(xcap * d_.C);
   s.fc1 = take(xcap * m.fc1_width);
   if (keep_act_) s.act = take(xcap * m.Fel);
-  if (m.gathers_tokens()) s.ret = take(rows_cap_ * d_.C);  // the experts' output rows
 }
 
 void MoEMLP::take_rows(LayerState& s, int64_t layer) {
   if (!pooled_) return;
   give_rows(s);  // a forward without backward (evaluation) left them
   const int64_t n = d_.moe.etp > 1 ? s.Rx : s.R;
-  const std::vector<int64_t> sizes = moe_rows_tensor_bytes(d_, t_, keep_act_, n, s.R);
+  const std::vector<int64_t> sizes = moe_rows_tensor_bytes(d_, t_, keep_act_, n);
   int64_t bytes = 0;
   for (int64_t b : sizes) bytes += carve_bytes(b);
   s.block = pool_->take(std::max<int64_t>(bytes, stage_bytes::kScratchAlign), layer, n);
   // rows_tensor_bytes' order
   std::vector<Buf*> bufs = {&s.xin, &s.fc1};
   if (keep_act_) bufs.push_back(&s.act);
-  if (d_.moe.gathers_tokens()) bufs.push_back(&s.ret);
   char* at = s.block;
   for (size_t i = 0; i < bufs.size(); ++i) {
     *bufs[i] = Buf(at, t_);
@@ -352,6 +370,35 @@ void MoEMLP::tp_plan(LayerState& s, const std::vector<int64_t>& own_rows, int64_
         s.expert_rows[size_t(e)] += 1;
       }
   s.Rx = int64_t(s.tp_regroup.size());
+}
+
+void MoEMLP::set_row_probs(LayerState& s, const std::vector<float>& own) {
+  TPT_CHECK(int64_t(own.size()) == s.R);
+  if (d_.moe.etp > 1) {  // every group rank's padded block, then the experts' rows over the group
+    std::vector<float> block(own), all(static_cast<size_t>(d_.moe.etp * s.Rmax));
+    block.resize(size_t(s.Rmax), 0.0f);
+    tp_host_->all_gather(all.data(), block.data(), s.Rmax);
+    s.row_p.resize(size_t(s.Rx));
+    for (int64_t j = 0; j < s.Rx; ++j) s.row_p[size_t(j)] = all[size_t(s.tp_regroup[size_t(j)])];
+  } else {
+    s.row_p = own;
+  }
+  ops_.to_device(row_p_, s.row_p.data(), int64_t(s.row_p.size()));
+}
+
+std::vector<float> MoEMLP::own_row_dprob(const LayerState& s, int64_t rows, bool bias) {
+  std::vector<float> dp(static_cast<size_t>(rows)), db(bias ? size_t(rows) : 0);
+  ops_.to_host(dp.data(), row_dot_, rows);
+  if (bias) {
+    ops_.to_host(db.data(), row_dot_bias_, rows);
+    for (int64_t j = 0; j < rows; ++j) dp[size_t(j)] += db[size_t(j)];
+  }
+  if (d_.moe.etp == 1) return dp;
+  tp_host_->all_reduce(dp.data(), rows, ReduceOp::Sum);  // the activations' shards' partial dots
+  std::vector<float> own(static_cast<size_t>(s.R));
+  const int64_t at = d_.moe.etp_rank * s.Rmax;
+  for (int64_t j = 0; j < s.R; ++j) own[size_t(j)] = dp[size_t(s.tp_scatter[size_t(at + j)])];
+  return own;
 }
 
 void MoEMLP::tp_upload(const LayerState& s) {
@@ -458,7 +505,6 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   const std::vector<int64_t>& per_expert = o.per_expert;
   ops_.to_device(Buf(perm_, DType::I32), o.perm.data(), o.n_send);
   ops_.to_device(Buf(comb_, DType::I32), o.comb.data(), T * k);
-  ops_.to_device(comb_w_, o.comb_w.data(), T * k);
 
   // dispatch: the rows to their experts' owners, expert-major in s.xin (with ETP > 1 this rank's in
   // the padded gather's own block first, then gathered over the expert-TP group)
@@ -468,6 +514,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     s.R = o.n_send;
     s.expert_rows = per_expert;
     if (etp) tp_plan(s, per_expert, layer), tp_upload(s);
+    set_row_probs(s, o.row_w);
     ops_.gather_rows(etp ? tp_own_block(s) : s.xin, x, perm_, nullptr, o.n_send, C);  // R <= T k = the state's rows
   } else if (ag) {  // every EP rank's tokens and routing; the group's rows for this rank's experts
     ep_->all_gather(tokens_.p, x.p, T * C, t_);
@@ -487,9 +534,9 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     grow_state(s);
     if (etp) tp_plan(s, std::vector<int64_t>(s.expert_rows), layer), tp_upload(s);
     take_rows(s, layer);
+    set_row_probs(s, g.row_w);
     ops_.to_device(Buf(perm_g_, DType::I32), g.perm.data(), g.n_send);
     ops_.to_device(Buf(comb_g_, DType::I32), g.comb.data(), Tg * k);
-    ops_.to_device(comb_w_g_, g.comb_w.data(), Tg * k);
     ops_.gather_rows(etp ? tp_own_block(s) : s.xin, tokens_, perm_g_, nullptr, s.R, C);
   } else {
     const int P = m.ep;
@@ -529,29 +576,34 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
     ops_.to_device(Buf(inverse_, DType::I32), s.inverse.data(), s.R);
     ops_.gather_rows(etp ? tp_own_block(s) : s.xin, bufA_, regroup_, nullptr, s.R, C);
+    // the rows' probabilities with them (source-major), expert-major
+    std::vector<float> p(static_cast<size_t>(s.R)), own(static_cast<size_t>(s.R));
+    ep_host_->all_to_all_v(o.row_w.data(), s.send_rows, p.data(), s.recv_rows, DType::F32);
+    for (int64_t j = 0; j < s.R; ++j) own[size_t(j)] = p[size_t(s.regroup[size_t(j)])];
+    set_row_probs(s, own);
   }
   if (etp) tp_gather(s, s.xin);
-  // the experts: fc1 with its activation, fc2, on each local expert's contiguous rows (with ETP > 1
-  // partial sums over the group; fc2's bias added by etp rank 0 alone)
+  // the experts: fc1 with its activation, fc2 of the weighted activation, on each local expert's
+  // contiguous rows (with ETP > 1 partial sums over the group; fc2's bias added by etp rank 0 alone)
   MoEParams<CBuf> ws = w;
   if (m.etp_rank != 0) ws.fc2_bias = CBuf{};
-  const Buf out = (m.ep == 1 || ag) && !etp ? s.ret : bufB_;
-  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, act(s), out, tp.fp8);
-  const Buf own = etp ? tp_reduce(s, out) : out;  // this rank's rows, expert-major
+  const Buf out = m.ep == 1 && !etp ? send_ : bufB_;
+  const MoERowWeights pw = row_weights();
+  moe_experts_forward(ops_, d_, ws, s.expert_rows, s.xin, s.fc1, act(s), out, tp.fp8, &pw);
+  const Buf own = etp ? tp_reduce(s, out) : out;  // this rank's weighted rows, expert-major
   if (ag) {
-    // the group's tokens' weighted sums of this rank's experts' rows, summed over EP to their ranks
-    if (etp) ops_.copy(s.ret, own, s.R * C);
-    ops_.combine_rows(tokens_, s.ret, comb_g_, comb_w_g_, Tg, k, C, false);
+    // the group's tokens' sums of this rank's experts' rows, summed over EP to their ranks
+    ops_.combine_rows(tokens_, own, comb_g_, nullptr, Tg, k, C, false);
     ep_reduce_scatter(y, tokens_);
   } else {
+    CBuf ret = own;  // the rows in send order (with EP 1 the experts' order)
     if (m.ep > 1) {  // back to the tokens' ranks, in their send order
       ops_.gather_rows(bufA_, own, inverse_, nullptr, s.R, C);
-      ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), s.ret.p, elems(C, s.send_rows), t_);
-    } else if (etp) {
-      ops_.copy(s.ret, own, o.n_send * C);
+      ep_->all_to_all_v(bufA_.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
+      ret = send_;
     }
-    // y (T, C) = sum over each token's kept choices of weight x expert output
-    ops_.combine_rows(y, s.ret, comb_, comb_w_, T, k, C, false);
+    // y (T, C) = sum over each token's kept choices of its weighted expert outputs
+    ops_.combine_rows(y, ret, comb_, nullptr, T, k, C, false);
   }
   if (m.Fs) shared_forward(s, w, x, y, tp);  // + the shared expert
 }
@@ -614,25 +666,15 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   const MoESendOrder& o = ag ? s.group_order : s.order;
   ops_.to_device(Buf(ag ? perm_g_ : perm_, DType::I32), o.perm.data(), o.n_send);
   ops_.to_device(Buf(ag ? comb_g_ : comb_, DType::I32), o.comb.data(), ag ? Tg * k : T * k);
-  ops_.to_device(ag ? row_w_g_ : row_w_, o.row_w.data(), o.n_send);
-  std::vector<float> dprob(static_cast<size_t>(T * k));
-  // this rank's rows' d outputs expert-major (with ETP > 1 in the padded gather's own block), then the group's
+  ops_.to_device(row_p_, s.row_p.data(), int64_t(s.row_p.size()));
+  // the d outputs of this rank's rows, expert-major (with ETP > 1 in the padded gather's own block),
+  // then the group's: dy of each row's token (the probability is applied in the experts)
   Buf dout = etp ? tp_own_block(s) : m.ep > 1 ? bufB_ : send_;
   if (ag) {
-    // the EP group's dy; d weights of the group's assignments to this rank's experts (0 elsewhere),
-    // summed over EP to the tokens' ranks; d expert outputs: weight x dy of the row's token
     ep_->all_gather(tokens_.p, dy.p, T * C, t_);
-    ops_.row_dots(dprob_g_, tokens_, s.ret, comb_g_, Tg, k, C);
-    std::vector<float> group(static_cast<size_t>(Tg * k));
-    ops_.to_host(group.data(), dprob_g_, Tg * k);
-    ep_host_->reduce_scatter(dprob.data(), group.data(), T * k);
-    ops_.gather_rows(dout, tokens_, perm_g_, row_w_g_, s.R, C);
+    ops_.gather_rows(dout, tokens_, perm_g_, nullptr, s.R, C);
   } else {
-    // d weights: dy of each token against its choices' expert outputs
-    ops_.row_dots(dprob_, dy, s.ret, comb_, T, k, C);
-    ops_.to_host(dprob.data(), dprob_, T * k);
-    // d expert outputs in send order: weight x dy of the row's token
-    ops_.gather_rows(send_, dy, perm_, row_w_, o.n_send, C);
+    ops_.gather_rows(send_, dy, perm_, nullptr, o.n_send, C);
   }
   if (m.ep > 1 && !ag) {
     ops_.to_device(Buf(regroup_, DType::I32), s.regroup.data(), s.R);
@@ -646,30 +688,59 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
     tp_gather(s, bufB_);
     dout = bufB_;
   }
-  // the experts' backward: fc2 and the activation (dfc), fc1 (d input rows: into bufA, or with ETP > 1
-  // over each expert's d output rows in bufB, partial sums over the group); fc2's bias gradient on etp
-  // rank 0 alone (summed over TP with the other TP-replicated tensors')
+  // the experts' backward: fc2 of the weighted activations (d weighted activations into dact), each
+  // row's d probability (dact . act, + dy . fc2 bias), d act = p dact through the activation (dfc),
+  // fc1 (d input rows: into bufA, or with ETP > 1 over each expert's d output rows in bufB, partial
+  // sums over the group); fc2's bias (and its gradient, of p dy) on etp rank 0 alone (summed over TP
+  // with the other TP-replicated tensors')
   const Buf dxin = etp ? bufB_ : bufA_;
-  const Buf fc2_bias = m.etp_rank == 0 ? g.fc2_bias : Buf{};
+  const bool bias = m.bias && m.etp_rank == 0;
   const Buf a = act(s);
-  if (!keep_act_) {  // moe_act: the activations again from the kept fc1 outputs, before fc2's weight gradient reads them
-    int64_t rows = 0;
-    for (int64_t n : s.expert_rows) rows += n;
-    if (rows) d_.mlp.activation(ops_, a, s.fc1, rows, m.Fel);
-  }
+  int64_t rows = 0;
+  for (int64_t n : s.expert_rows) rows += n;
+  if (!keep_act_ && rows)  // moe_act: the activations again from the kept fc1 outputs
+    d_.mlp.activation(ops_, a, s.fc1, rows, m.Fel);
+  if (rows) ops_.gather_rows(wact_, a, row_ident_, row_p_, rows, m.Fel);  // fc2's input again: p x act
   int64_t off = 0;
   for (int64_t e = 0; e < El; ++e) {
     const int64_t n = s.expert_rows[size_t(e)];
     if (n == 0) continue;
-    d_.mlp.backward(ops_, dfc_ + off * m.fc1_width, dact_ + off * m.Fel, g.fc2 + e * C * m.Fel,
-                    fc2_bias ? fc2_bias + e * C : Buf{}, dout + off * C, a + off * m.Fel,
-                    w.fc2 + e * C * m.Fel, s.fc1 + off * m.fc1_width, n, m.Fel, C, expert_fp8(tp.fp8, m, e, true));
+    const Buf dact = dact_ + off * m.Fel, wact = wact_ + off * m.Fel, dyr = dout + off * C;
+    linear_backward(ops_, expert_fp8(tp.fp8, m, e, true), dact, g.fc2 + e * C * m.Fel, Buf{}, dyr, wact,
+                    w.fc2 + e * C * m.Fel, n, m.Fel, C, false);
+    ops_.row_dots(row_dot_ + off, dact, a + off * m.Fel, row_ident_, n, 1, m.Fel);
+    if (bias) {
+      ops_.row_dots(row_dot_bias_ + off, dyr, w.fc2_bias + e * C, row_zero_, n, 1, C);
+      ops_.gather_rows(wdy_, dyr, row_ident_, row_p_ + off, n, C);
+      ops_.bias_backward(g.fc2_bias + e * C, wdy_, n, C);
+    }
+    ops_.gather_rows(wact, dact, row_ident_, row_p_ + off, n, m.Fel);  // d act (fc2 has read wact)
+    d_.mlp.activation_backward(ops_, dfc_ + off * m.fc1_width, wact, s.fc1 + off * m.fc1_width, n, m.Fel);
     linear_backward(ops_, expert_fp8(tp.fp8, m, e, false), dxin + off * C, g.fc1 + e * m.fc1_width * C,
                     g.fc1_bias ? g.fc1_bias + e * m.fc1_width : Buf{}, dfc_ + off * m.fc1_width, s.xin + off * C,
                     w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
     off += n;
   }
   give_rows(s);  // the experts' rows are read (the stream orders their next writer after)
+  // the routing probabilities' gradient: this rank's rows' (expert-major), back to their tokens' choices
+  const std::vector<float> own = own_row_dprob(s, rows, bias);
+  std::vector<float> dprob(static_cast<size_t>(T * k), 0.0f);
+  if (ag) {  // the group's assignments (0 but for this rank's experts), summed over EP to the tokens' ranks
+    std::vector<float> group(static_cast<size_t>(Tg * k), 0.0f);
+    for (int64_t i = 0; i < Tg * k; ++i)
+      if (o.comb[size_t(i)] >= 0) group[size_t(i)] = own[size_t(o.comb[size_t(i)])];
+    ep_host_->reduce_scatter(dprob.data(), group.data(), T * k);
+  } else {
+    std::vector<float> sent(own);  // in send order
+    if (m.ep > 1) {
+      std::vector<float> src(static_cast<size_t>(s.R));
+      for (int64_t j = 0; j < s.R; ++j) src[size_t(s.regroup[size_t(j)])] = own[size_t(j)];
+      sent.assign(size_t(o.n_send), 0.0f);
+      ep_host_->all_to_all_v(src.data(), s.recv_rows, sent.data(), s.send_rows, DType::F32);
+    }
+    for (int64_t i = 0; i < T * k; ++i)
+      if (o.comb[size_t(i)] >= 0) dprob[size_t(i)] = sent[size_t(o.comb[size_t(i)])];
+  }
   Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1
   if (ag) {  // the group's tokens' partial d inputs, summed over EP to their ranks
     ops_.combine_rows(tokens_, drows, comb_g_, nullptr, Tg, k, C, false);

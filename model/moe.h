@@ -69,7 +69,7 @@ bool moe_shares_rows(const MoEDims& m, Recompute r);
 // EP > 1 unless one set serves all (moe_shares_rows). Else each layer and slot keeps them at the bound.
 bool moe_pools_rows(const MoEDims& m, Recompute r);
 // Bytes one MoE layer keeps per micro-batch of Nt tokens under recompute mode r (its experts'
-// inputs, fc1 outputs and activations on the bound's rows, the returned rows, the shared expert's;
+// inputs, fc1 outputs and activations on the bound's rows, the shared expert's;
 // none with full recompute, whose layers share one set, rebuilt before each layer's backward; with
 // pooled rows its share of the pool, moe_pool_layer_bytes) and the stage's MoE scratch (with that one
 // set), in dtype t: what MoEMLP allocates (activation_bytes_per_microbatch / scratch_bytes add them).
@@ -78,9 +78,8 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
 // The same per layer, tensor by tensor in MoEMLP's order (a pooled slot carves them one by one),
 // without the pool's share.
 std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
-// The experts' rows of a layer in MoEMLP's order: xin, fc1[, act] on n rows of the expert-TP group;
-// with the allgather dispatcher ret, its experts' output rows (R, this rank's).
-std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, int64_t n, int64_t R);
+// The experts' rows of a layer in MoEMLP's order: xin, fc1[, act] on n rows of the expert-TP group.
+std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, int64_t n);
 // A layer's share of the pool per micro-batch (0 unless moe_pools_rows): its rows' block at
 // model.moe_kept_rows_factor x the balanced load (the expert-TP group's rows), a multiple of 256 bytes.
 int64_t moe_pool_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r);
@@ -122,13 +121,24 @@ struct MoESendOrder {
 };
 MoESendOrder moe_send_order(const Routing& r, int64_t E);
 
+// The routing probabilities applied in the experts (Megatron-core's weighted activation): p (R) each
+// row's probability on the device, wact (R, Fe) the weighted activations fc2 reads, ident (R) 0, 1, ...
+// and zeros (R) the index lists that scale rows and add the weighted fc2 bias.
+struct MoERowWeights {
+  const float* p = nullptr;
+  Buf wact;
+  const int32_t* ident = nullptr;
+  const int32_t* zeros = nullptr;
+};
+
 // The experts' forward on expert-major rows: expert e (of w's rows.size() experts) takes the next
 // rows[e] rows of xin (R, C) and writes fc1 (R, fc1_width) with its activation act (R, Fe) and its
 // output out (R, C) there, in one GEMM pair (d.mlp's fc1 + activation, fc2) per expert with rows;
 // through FP8 where fp8 gives them (MoETPMappings::fp8's slots; the local experts are d.moe.expert_begin ...).
+// With pw each row's output is weighted by its probability: fc2 of p x act, plus p x fc2's bias.
 void moe_experts_forward(Ops& ops, const GPTDims& d, const MoEParams<CBuf>& w, const std::vector<int64_t>& rows,
                          CBuf xin, Buf fc1, Buf act, Buf out,
-                         const std::function<Fp8Linear*(int64_t slot)>& fp8 = {});
+                         const std::function<Fp8Linear*(int64_t slot)>& fp8 = {}, const MoERowWeights* pw = nullptr);
 
 // What the balancing losses and the routing looked like over the micro-batches since the last take.
 struct MoEStats {
@@ -215,10 +225,21 @@ class MoEMLP {
   std::vector<std::vector<double>> global_counts_;
   std::vector<int64_t> global_steps_;
   // scratch (moe_scratch_bytes)
-  float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr, *row_w_ = nullptr, *comb_w_ = nullptr;
-  float* dprob_ = nullptr;
+  float *x32_ = nullptr, *w32_ = nullptr, *logits_ = nullptr, *dx32_ = nullptr;
   int32_t *perm_ = nullptr, *comb_ = nullptr, *regroup_ = nullptr, *inverse_ = nullptr;
   Buf send_, bufA_, bufB_, dact_, dfc_, tmp_, dx_, act_;
+  // the probabilities applied in the experts (the GEMMs' rows): the rows' probabilities, their
+  // weighted activations, the index lists 0, 1, ... and 0, ...; in backward the rows' d probabilities
+  // (d weighted activation . activation; d output . fc2 bias) and, with biases, the weighted d outputs
+  float *row_p_ = nullptr, *row_dot_ = nullptr, *row_dot_bias_ = nullptr;
+  int32_t *row_ident_ = nullptr, *row_zero_ = nullptr;
+  Buf wact_, wdy_;
+  MoERowWeights row_weights() const { return {row_p_, wact_, row_ident_, row_zero_}; }
+  // the experts' rows' probabilities (s.row_p, uploaded) from this rank's own rows' (expert-major)
+  void set_row_probs(LayerState& s, const std::vector<float>& own);
+  // this rank's own rows' d probabilities (expert-major) from the experts' backward (summed over the
+  // expert-TP group)
+  std::vector<float> own_row_dprob(const LayerState& s, int64_t rows, bool bias);
   Buf y_;  // the moe recompute module: the rerun's output (Nt, C), not needed
   // ETP > 1: the padded all-gather / reduce-scatter buffer (etp blocks of the largest rank's rows) and
   // the maps between it and the experts' rows (expert-major over the group)
@@ -229,7 +250,6 @@ class MoEMLP {
   // assignments to this rank's experts (model/moe.cpp)
   Buf tokens_, wire_;
   int32_t *perm_g_ = nullptr, *comb_g_ = nullptr;
-  float *row_w_g_ = nullptr, *comb_w_g_ = nullptr, *dprob_g_ = nullptr;
   void ep_reduce_scatter(Buf out, CBuf group_tokens);
   // the shared expert's scratch: d fc1 output, d activation (N), d output x gate, gate logits (Nt)
   Buf sh_dfc_, sh_dact_, sh_dy_, sh_part_, gate_logit_;

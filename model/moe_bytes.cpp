@@ -27,23 +27,21 @@ bool moe_keeps_act(const MoEDims& m, Recompute r) {
 
 bool moe_pools_rows(const MoEDims& m, Recompute r) { return m.ep > 1 && !moe_shares_rows(m, r); }
 
-std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, int64_t n, int64_t R) {
+std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, int64_t n) {
   const MoEDims& m = d.moe;
   std::vector<int64_t> v = {tb(n * d.C, t), tb(n * m.fc1_width, t)};
   if (act) v.push_back(tb(n * m.Fel, t));
-  if (m.gathers_tokens()) v.push_back(tb(R * d.C, t));
   return v;
 }
 
 namespace {
-// one set of kept rows in MoEMLP's order: the experts' rows at the bound (not with pooled rows); ret
-// (alltoall: the returned rows); the shared expert's
+// one set of kept rows in MoEMLP's order: the experts' rows at the bound (not with pooled rows); the
+// shared expert's (the returned rows are not kept: the probabilities are applied in the experts)
 std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bool act, bool rows = true) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), N = d.gemm_tokens(Nt);
   std::vector<int64_t> v;
-  if (rows) v = moe_rows_tensor_bytes(d, t, act, m.etp * cap, cap);
-  if (!m.gathers_tokens()) v.push_back(tb(Nt * m.router.k * d.C, t));
+  if (rows) v = moe_rows_tensor_bytes(d, t, act, m.etp * cap);
   if (m.Fs) {  // the shared expert's fc1, act, y; gate
     for (int64_t n : {N * m.shared_fc1_width, N * m.Fsl, Nt * d.C}) v.push_back(tb(n, t));
     if (m.shared_gate) v.push_back(4 * Nt);
@@ -62,7 +60,7 @@ int64_t moe_pool_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r)
   if (!moe_pools_rows(m, r)) return 0;
   const int64_t rows = int64_t(std::ceil(double(Nt * m.router.k) * m.kept_factor));
   int64_t n = 0;
-  for (int64_t b : moe_rows_tensor_bytes(d, t, moe_keeps_act(m, r), m.etp * rows, rows)) n += carve_bytes(b);
+  for (int64_t b : moe_rows_tensor_bytes(d, t, moe_keeps_act(m, r), m.etp * rows)) n += carve_bytes(b);
   return n;
 }
 
@@ -80,18 +78,20 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
     for (int64_t b : kept_tensor_bytes(d, Nt, t, true)) n += b;
     if (r == Recompute::Selective) n += tb(Nt * d.C, t);  // the moe module's rerun output
   }
-  n += 4 * (Nt * E + 5 * Nt * k);  // logits; d prob, row weights, combine weights (fp32); perm, comb (int32)
+  n += 4 * (Nt * E + 2 * Nt * k);  // logits (fp32); perm, comb (int32)
   if (t != DType::F32) n += 4 * (2 * Nt * C + E * C) + tb(Nt * C, t);  // x32, dx32, w32; tmp
   const int64_t xcap = m.etp * cap;  // the rows of the experts' GEMMs (the expert-TP group's)
   const bool ag = m.gathers_tokens();
   n += tb((ag ? 0 : Nt * k * C) + cap * C + xcap * (m.Fel + m.fc1_width), t);  // send (alltoall), bufA, dact, dfc
+  // the rows' probabilities, d probabilities (2), index lists (2); weighted activations; weighted d outputs
+  n += 4 * 5 * xcap + tb(xcap * m.Fel, t) + (m.bias ? tb(xcap * C, t) : 0);
   if (m.ep > 1 || m.etp > 1) n += tb(xcap * C, t);                             // bufB
   if (!moe_keeps_act(m, r)) n += tb(xcap * m.Fel, t);                           // act (moe_act)
   if (m.ep > 1 && !ag) n += 4 * 2 * cap;                                        // regroup, inverse
   if (m.etp > 1) n += tb(xcap * C, t) + 4 * 2 * xcap;              // the padded gather, its maps
   if (m.gathers_tokens()) {  // the EP group's tokens, their 16-bit staging, its assignments' maps
     const int64_t Tg = m.ep * Nt;
-    n += tb(Tg * C, t) * (t == DType::F32 ? 1 : 2) + 4 * 5 * Tg * k;
+    n += tb(Tg * C, t) * (t == DType::F32 ? 1 : 2) + 4 * 2 * Tg * k;
   }
   n += tb(Nt * C, t);                                        // dx
   if (m.Fs) {  // the shared expert's d fc1, d act, partial sums (N); d y x gate (Nt); gate logits, identity

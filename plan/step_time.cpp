@@ -323,11 +323,12 @@ class Model {
     // an MoE layer: the experts' activation on their rows; the router's fp32 softmax / top-k over
     // Nt x E scores (read, write, the top-k's read and the k probabilities); the permutation: the
     // tokens gathered into expert-ordered rows (Nt C read, rows C written), the rows scattered back
-    // (read, written) and the weighted combine (rows read, Nt written)
+    // (read, written) and the combine (rows read, Nt written); the probabilities applied to the
+    // activations (read, written; backward: twice that)
     const double E = k.moe.local * k.moe.ep;
-    const double mef = k.moe_layers > 0 ? memory_bound(cb_ * (10.0 * Nt * C + act * rows * k.moe.ffn + k.rope_elems +
-                                                              3.0 * rows * C + 2.0 * Nt * C) +
-                                                           4.0 * Nt * E * 3.0, 14)
+    const double mef = k.moe_layers > 0 ? memory_bound(cb_ * (10.0 * Nt * C + (act + 2.0) * rows * k.moe.ffn +
+                                                              k.rope_elems + 3.0 * rows * C + 2.0 * Nt * C) +
+                                                           4.0 * Nt * E * 3.0, 15)
                                         : 0.0;
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // the CP ring (CP peers are TP apart; parallel/context_parallel.cpp): CP - 1 steps passing a K/V

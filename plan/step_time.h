@@ -31,8 +31,8 @@
 //               (memory bound, Nt x E); the local experts' fc1 and fc2 as one grouped GEMM each (the
 //               experts' output tiles quantised over the SMs together, one launch; a small per-expert
 //               M gives the short-reduction and tile-waste terms of gemm()); the permutation (the
-//               tokens gathered into expert-ordered rows and scattered back, the weighted combine) as
-//               memory-bound bytes; with EP > 1 per layer a dispatch and a combine all-to-all forward
+//               tokens gathered into expert-ordered rows and scattered back, the combine, the
+//               probabilities applied to the activations) as memory-bound bytes; with EP > 1 per layer a dispatch and a combine all-to-all forward
 //               and both again backward (serialised), each split into the bytes to EP peers in the
 //               rank's node (NVLink) and those to other nodes (the network), latency + the larger of
 //               the two; the busiest rank's rows x --moe-imbalance; the experts' gradients reduced over

@@ -303,13 +303,14 @@ TEST(MemoryMoE, RecomputeModulesMoveKeptTensorsToOneScratch) {
   EXPECT_EQ(act.workspace_bytes - sel.workspace_bytes, act_bytes);
   EXPECT_EQ(sel.activation_bytes - norms.activation_bytes, int64_t(sel.in_flight) * 4 * 2 * norm_bytes);
   EXPECT_EQ(norms.workspace_bytes - sel.workspace_bytes, norm_bytes);
-  // full recompute: the kept rows (xin 256 x 32, fc1 256 x 48, act 256 x 48, returned 128 x 32) once
+  // full recompute: the kept rows (xin 256 x 32, fc1 256 x 48, act 256 x 48) once; no layer keeps
+  // the rows its experts return (the probabilities are applied in the experts)
   GPTDims d = make_chunk_dims(moe_config("", par, bf16 + "full", 2), 1, 0, 1, 0).at(0);
   apply_expert_parallel(d, 2, 0, 1, 0);
-  const int64_t rows = 2 * (256 * 32 + 256 * 48 + 256 * 48 + 128 * 32);
+  const int64_t rows = 2 * (256 * 32 + 256 * 48 + 256 * 48);
   EXPECT_TRUE(moe_pools_rows(d.moe, Recompute::None));
   EXPECT_EQ(moe_pool_layer_bytes(d, 64, DType::BF16, Recompute::None), 2 * 160 * (32 + 48 + 48));
-  EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::None), 2 * 160 * (32 + 48 + 48) + 2 * 128 * 32);
+  EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::None), 2 * 160 * (32 + 48 + 48));
   d.moe.kept_factor = d.moe.dispatch_factor;
   EXPECT_EQ(moe_layer_bytes(d, 64, DType::BF16, Recompute::None), rows);
   d.moe.kept_factor = 1.25;
