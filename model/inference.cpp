@@ -173,9 +173,14 @@ void GPTInference::moe_mlp(int64_t l, const float* ln2, float* y, int64_t n) {
   float* xin = fit(moe_xin_, n * k * C);
   float* out = fit(moe_out_, n * k * C);
   ops_.gather_rows(xin, ln2, o.perm.data(), nullptr, o.n_send, C);
+  // the probabilities applied in the experts, as training applies them (model/moe.h)
+  moe_ident_.resize(size_t(o.n_send));
+  for (int64_t i = 0; i < o.n_send; ++i) moe_ident_[size_t(i)] = int32_t(i);
+  moe_zero_.assign(size_t(o.n_send), 0);
+  const MoERowWeights pw{o.row_w.data(), fit(moe_wact_, n * k * m.Fel), moe_ident_.data(), moe_zero_.data()};
   moe_experts_forward(ops_, d_, w, o.per_expert, xin, fit(moe_fc1_, n * k * m.fc1_width), fit(moe_act_, n * k * m.Fel),
-                      out);
-  ops_.combine_rows(y, out, o.comb.data(), o.comb_w.data(), n, k, C, false);
+                      out, {}, &pw);
+  ops_.combine_rows(y, out, o.comb.data(), nullptr, n, k, C, false);
   if (!m.Fs) return;
   // the shared expert on every token: y += shared(x), times sigmoid(x . gate) with the gate
   float* sh_act = fit(moe_act_, n * m.Fs);  // the experts' rows are spent: their scratch serves again

@@ -79,7 +79,8 @@ class GPTInference {
   std::vector<std::vector<float>> expert_bias_;  // per layer (E) with the expert bias
   // MoE scratch, grown to the largest call (n k rows): the experts' input rows, fc1 output, activation,
   // output rows (expert-major); the shared expert's (n rows) reuse the last three
-  std::vector<float> moe_xin_, moe_fc1_, moe_act_, moe_out_;
+  std::vector<float> moe_xin_, moe_fc1_, moe_act_, moe_wact_, moe_out_;
+  std::vector<int32_t> moe_ident_, moe_zero_;  // the rows' index lists (MoERowWeights)
 };
 
 // Next-token choice. Greedy: the id of the largest logit, the lowest id among equal ones.

@@ -61,7 +61,6 @@ MoESendOrder moe_send_order(const Routing& r, int64_t E) {
   o.perm.assign(size_t(o.n_send), 0);
   o.row_w.assign(size_t(o.n_send), 0.0f);
   o.comb.assign(size_t(r.T * k), -1);
-  o.comb_w.assign(size_t(r.T * k), 0.0f);
   std::vector<int64_t> next(start.begin(), start.end() - 1);
   for (int64_t a = 0; a < r.T * k; ++a) {
     const int32_t e = r.expert[size_t(a)];
@@ -70,7 +69,6 @@ MoESendOrder moe_send_order(const Routing& r, int64_t E) {
     o.perm[size_t(row)] = int32_t(a / k);
     o.row_w[size_t(row)] = r.prob[size_t(a)];
     o.comb[size_t(a)] = int32_t(row);
-    o.comb_w[size_t(a)] = r.prob[size_t(a)];
   }
   return o;
 }

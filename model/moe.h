@@ -114,9 +114,8 @@ struct MoETPMappings {
 struct MoESendOrder {
   std::vector<int64_t> per_expert;  // (E) the rows of each expert
   std::vector<int32_t> perm;        // (n_send) the token of each send row
-  std::vector<float> row_w;         // (n_send) the weight of each send row
+  std::vector<float> row_w;         // (n_send) the probability of each send row
   std::vector<int32_t> comb;        // (T k) the send row of assignment (t, j), -1 where dropped
-  std::vector<float> comb_w;        // (T k) its weight (0 where dropped)
   int64_t n_send = 0;
 };
 MoESendOrder moe_send_order(const Routing& r, int64_t E);
