@@ -26,6 +26,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
@@ -487,6 +488,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
     }
     f = s.global_f;
   };
+  const auto t0 = std::chrono::steady_clock::now();  // the host's routing, timed (host_routing_ms)
   s.routing = route(z.data(), T, m.router, [&](int64_t t) { return (token_begin_ + t) / d_.S; }, B_, group, sum,
                     m.router.expert_bias ? bias_[size_t(mi)].data() : nullptr, average);
   const Routing& r = s.routing;
@@ -499,6 +501,7 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
   }
   // the send order: assignments by expert, token order within
   s.order = moe_send_order(r, E);
+  host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const MoESendOrder& o = s.order;
   const std::vector<int64_t>& per_expert = o.per_expert;
   ops_.to_device(Buf(perm_, DType::I32), o.perm.data(), o.n_send);
@@ -755,7 +758,9 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   }
   // + the router's
   std::vector<float> dlogits(static_cast<size_t>(T * E));
+  const auto t0 = std::chrono::steady_clock::now();
   routing_backward(s.routing, dprob.data(), m.router, loss_scale_, dlogits.data());
+  host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ops_.to_device(logits_, dlogits.data(), T * E);
   const float* x32 = router_input(x);
   const float* w32 = router_weight(w.router);

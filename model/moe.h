@@ -194,6 +194,9 @@ class MoEMLP {
   void update_expert_bias(const GroupSum& sum);
   const std::vector<int64_t>& layers() const { return moe_layers_; }
   const MoERowPool* pool() const { return pool_; }  // the pool its rows come from (null: none)
+  // ms the host spent routing so far (route with its counts' all-reduce, the send order, the routing's
+  // backward): time the device waits for (docs/MOE.md "The router")
+  double host_routing_ms() const { return host_ms_; }
   std::vector<float>& expert_bias(size_t i) { return bias_.at(i); }
   // forget what the forwards since the last step counted (evaluation's routing), and give their rows back
   void discard_step();
@@ -206,6 +209,7 @@ class MoEMLP {
   int64_t Nt_, B_, token_begin_;
   Comm *ep_, *ep_host_, *etp_, *tp_host_, *cp_host_, *dp_host_;
   float loss_scale_ = 0;
+  double host_ms_ = 0;  // host_routing_ms
   int64_t rows_cap_ = 0;  // the bound's rows (grows once past it, with a warning)
   // moe_pools_rows: the stage's pool the states take their rows from (pool_: the chunks' or own_pool_)
   bool pooled_ = false;

@@ -15,8 +15,10 @@
 #      (logging.profile_ops) of the 124M micro-batch-16 run; with --models llama8b (in the default
 #      list) 2 layers of the Llama-3-8B shape (hidden 4096, 32 heads, 8 KV groups, SwiGLU 14336, RoPE
 #      base 500000, untied vocabulary 128256, no biases) at seq 4096, micro-batch 1, next to the same
-#      layers in PyTorch (scripts/bench_torch.py --llama), and its op profile; with llama8b-fp8 (last in
-#      the default list) the same layers in FP8 (hybrid; tensorwise, blockwise, delayed) against it.
+#      layers in PyTorch (scripts/bench_torch.py --llama), and its op profile; with qwen3moe 2 MoE layers
+#      of the Qwen3-30B-A3B shape (128 experts, top 8) at seq 4096, micro-batch 1, EP 1, its op profile
+#      and the time the GPU waited for the host's routing; with llama8b-fp8 (last in the default list)
+#      the same Llama layers in FP8 (hybrid; tensorwise, blockwise, delayed) against llama8b's run.
 #
 #   bash scripts/gpu_check.sh                         build here (needs the Debian packages of
 #                                                     scripts/setup.sh, CMake and CUDA), then check
@@ -33,8 +35,9 @@
 #                                                     spdlog, fmt, OpenBLAS, libgomp, libgfortran,
 #                                                     libstdc++, cudart); the binaries and lib/ also
 #                                                     packed as DIR.tar.xz (under 60 MiB, or it fails)
-# Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m llama8b llama8b-fp8"
-# (llama8b-fp8: the Llama layers in FP8, hybrid, each recipe, each against llama8b's bf16 run), --iters N
+# Options: --peak-tflops X (default 989: H100/H200 dense bf16), --models "124m 350m llama8b qwen3moe llama8b-fp8"
+# (qwen3moe: 2 Qwen3-30B-A3B MoE layers on one GPU, with the host's routing time; llama8b-fp8: the Llama
+# layers in FP8, hybrid, each recipe, each against llama8b's bf16 run), --iters N
 # (default 8, the first 3 are warm-up), --out DIR (logs; default /tmp/tptrain_gpu_check),
 # --budget SECONDS (default 480), --skip-tests. PYTHON=... names the python3 with PyTorch (default python3).
 #
@@ -49,7 +52,7 @@ cd "$(dirname "$0")/.."
 SRC=$PWD
 
 DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of the script's logic on a machine without a GPU
-BUILD="" LIBS="" PEAK=989 MODELS="124m 350m llama8b llama8b-fp8" ITERS=8 OUT=/tmp/tptrain_gpu_check BUDGET=480 PREPARE="" TESTS=1
+BUILD="" LIBS="" PEAK=989 MODELS="124m 350m llama8b qwen3moe llama8b-fp8" ITERS=8 OUT=/tmp/tptrain_gpu_check BUDGET=480 PREPARE="" TESTS=1
 while (($#)); do
   case $1 in
     --build-dir) BUILD=$2; shift 2 ;;
@@ -361,6 +364,7 @@ bench() {  # name layers hidden heads params(M) [micro-batch; default: the large
                  name, label, seq, mb, a / k, b / k, c / k, 100 * c / k / peak, peak, k, loss
         }' "$metrics" | tee "$OUT/$name-mb$mb.result"
       grep -m2 -E "WARNING: cuDNN attention|WARNING: rank [0-9]+: cuDNN" "$log"  # shapes cuDNN refused, workspaces beyond the plan
+      grep -m1 -o "moe: routing on the host took .*" "$log"  # MoE: what the GPU waited for
       local tps
       tps=$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' "$OUT/$name-mb$mb.result")
       [ -n "$tps" ] && [ -z "$NO_TORCH" ] && side_by_side "$name" "$L" "$C" "$H" "$mb" "$tps"
@@ -390,6 +394,8 @@ bench() {  # name layers hidden heads params(M) [micro-batch; default: the large
   say "$name: does not fit even with micro-batch 1"; status=1
 }
 
+# Qwen3-MoE's layer (configs/qwen3-30b-a3b.yaml) but its experts' count, width and top-k
+QWEN3MOE=", ffn_hidden_size: 6144, group_query_attention: true, num_query_groups: 4, kv_channels: 128, normalization: RMSNorm, layernorm_epsilon: 1.0e-6, swiglu: true, position_embedding_type: rope, rotary_base: 1000000, untie_embeddings_and_output_weights: true, add_bias_linear: false, qk_layernorm: true, moe_aux_loss_coeff: 1.0e-3"
 for m in $MODELS; do
   case $m in
     124m) bench gpt2-124m 12 768 12 124 16 --profile  # the shape of llm.c's and PyTorch's figures
@@ -406,6 +412,11 @@ for m in $MODELS; do
         MODEL_EXTRA=", ffn_hidden_size: 14336, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, rotary_base: 500000, group_query_attention: true, num_query_groups: 8, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
           bench "llama3-8b-2layers-fp8-$r" 2 4096 32 1490 1 $([ $r = tensorwise ] && echo --profile)
       done ;;
+    qwen3moe)  # 2 layers of Qwen3-30B-A3B's shape (configs/qwen3-30b-a3b.yaml: 128 SwiGLU experts of width
+      # 768, top 8, aux loss) on one GPU (EP 1) + its embeddings (1.87B parameters; the plan: 35 GiB); no PyTorch beside it.
+      # Its log's "moe: routing on the host" line is the time the GPU waited for the host's routing.
+      SEQ=4096 VOCAB=151936 NO_TORCH=1 MODEL_EXTRA="$QWEN3MOE, num_moe_experts: 128, moe_ffn_hidden_size: 768, moe_router_topk: 8" \
+        bench qwen3-30b-a3b-2layers 2 2048 32 1870 1 --profile ;;
     tiny) mem_gib=1 bench tiny 2 128 2 13 "" --profile ;;  # for a dry run of this script
     tinyllama) SEQ=64 TORCH_EXTRA="--llama --groups 2 --ffn 256 --vocab 50304" \
       MODEL_EXTRA=", ffn_hidden_size: 256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, group_query_attention: true, num_query_groups: 2, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
@@ -416,7 +427,9 @@ for m in $MODELS; do
         MODEL_EXTRA=", ffn_hidden_size: 256, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, group_query_attention: true, num_query_groups: 2, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
           mem_gib=1 bench "tinyllama-fp8-$r" 2 128 4 13 2 $([ $r = tensorwise ] && echo --profile)
       done ;;
-    *) say "unknown model '$m' (124m | 350m | llama8b | llama8b-fp8)"; status=1 ;;
+    tinymoe) SEQ=64 NO_TORCH=1 MODEL_EXTRA="$QWEN3MOE, num_moe_experts: 8, moe_ffn_hidden_size: 64, moe_router_topk: 2" \
+      mem_gib=1 bench tinymoe 2 128 4 13 2 --profile ;;  # a dry run of qwen3moe
+    *) say "unknown model '$m' (124m | 350m | llama8b | llama8b-fp8 | qwen3moe)"; status=1 ;;
   esac
 done
 say "done (status $status; logs in $OUT)"

@@ -180,7 +180,8 @@ class Trainer {
   BackendWorkspace workspace_;
   int64_t allocator_calls_reserved_ = 0, allocator_calls_first_ = 0, allocator_calls_later_ = 0;
   void reserve_backend_workspace();
-  // After training: whether iterations after the first called the device allocator (all ranks).
+  // After training: whether iterations after the first called the device allocator (all ranks); the
+  // MoE layers' pool peak and their routing's host time.
   void report_allocator_calls(int64_t first_iteration);
 
   // checkpoint: train/trainer_checkpoint.cpp (docs/ARCHITECTURE.md "Checkpoint format")

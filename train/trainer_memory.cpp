@@ -68,6 +68,17 @@ void Trainer::report_allocator_calls(int64_t first_iteration) {
   if (grid_.world_rank == 0 && fullest > 0)
     spdlog::info("memory: the MoE layers' pool of kept rows peaked at {:.1f}% of its planned bytes on the fullest rank "
                  "(model.moe_kept_rows_factor {} x the balanced load)", 100 * fullest, cfg_.model.moe_kept_rows_factor);
+  // the MoE layers' routing on the host, per iteration run, on the busiest rank: time the device waits for
+  double routing_ms = 0;
+  bool moe = false;
+  for (const auto& stage : stages_)
+    if (stage->moe()) routing_ms += stage->moe()->host_routing_ms(), moe = true;
+  if (grid_.world_size > 1) grid_.world->all_reduce(&routing_ms, 1, ReduceOp::Max);
+  const int64_t run = iteration_ - first_iteration + 1;  // the iterations this run trained
+  if (grid_.world_rank == 0 && moe && run > 0)
+    spdlog::info("moe: routing on the host took {:.2f} ms per iteration on the busiest rank (route, send order, the "
+                 "routing's backward; evaluation's forwards included): the device waits for it",
+                 routing_ms / double(run));
   if (grid_.world_rank != 0 || iteration_ <= first_iteration) return;
   if (later == 0)
     spdlog::info("memory: no device allocation or free in iterations {}..{} (after the first); on rank 0 {} "

@@ -251,6 +251,13 @@ PYEOF
   else fail dispatch_bound_1_grows_bitwise "factor 1: $grows dispatch / $pool pool growth warnings, pool peak '$peak', or metrics not bitwise those of factor 2 (p_ep2_dp2)"; fi
 fi
 
+# the host's routing time, logged at the end of an MoE run (what a GPU waits for: docs/MOE.md "The router")
+if [ -s p_ep2_dp2.tptrain.jsonl ]; then
+  routing=$(cat p_ep2_dp2.tptrain.out p_ep2_dp2.tptrain.err | grep -o "routing on the host took [0-9.]* ms per iteration" | grep -o "[0-9.]* ms")
+  if "$PY" -c "import sys; sys.exit(0 if float('${routing% ms}' or 0) > 0 else 1)"; then pass "host_routing_logged ($routing per iteration)"
+  else fail host_routing_logged "no 'routing on the host took ... ms per iteration' line with a positive time in p_ep2_dp2's log"; fi
+fi
+
 # the recompute modes change what is kept, not one bit of the run
 same_bits moe_act_bitwise u2_ep2_swiglu_moe_act u2_ep2_swiglu_selective
 same_bits full_recompute_shared_rows_bitwise u4_ep2_full_bound_1 p_ep2_dp2
