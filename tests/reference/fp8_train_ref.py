@@ -238,9 +238,9 @@ def enable_fp8(model, t):
 
 def _fp8_apply_one(stacked, opts):
     """A MoE layer's stacked expert maps (moe_ref._Linear3): expert e's GEMM in FP8 with opts[e]."""
-    def apply_one(e, x):
+    def apply_one(e, x, bias=True):
         fn = Fp8BlockLinearFn if opts[e].get("blockwise") else Fp8LinearFn
-        return fn.apply(x, stacked.weight[e], stacked.bias[e] if hasattr(stacked, "bias") else None, opts[e])
+        return fn.apply(x, stacked.weight[e], stacked.bias[e] if bias and hasattr(stacked, "bias") else None, opts[e])
     return apply_one
 
 

@@ -290,9 +290,9 @@ class _Linear3(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.zeros(E, n_out))
 
-    def apply_one(self, e, x):                       # x (n, in) -> (n, out) with expert e's map
+    def apply_one(self, e, x, bias=True):            # x (n, in) -> (n, out) with expert e's map
         y = x @ self.weight[e].t()
-        return y + self.bias[e] if hasattr(self, "bias") else y
+        return y + self.bias[e] if bias and hasattr(self, "bias") else y
 
 
 class _Experts(nn.Module):
@@ -303,14 +303,18 @@ class _Experts(nn.Module):
         self.fc1 = _Linear3(E, (2 if a["swiglu"] else 1) * self.Fe, C, a["bias"])
         self.fc2 = _Linear3(E, C, self.Fe, a["bias"])
 
-    def forward(self, e, x):                         # expert e on rows x (n, C) -> (n, C)
+    def forward(self, e, x, p):
+        """Expert e on rows x (n, C) with their routing probabilities p (n, 1) -> its weighted rows (n, C):
+        the probabilities applied inside the expert, as Megatron-core (and tptrain: docs/MOE.md
+        "Dispatch") applies them -- fc2 of p x act, plus p x fc2's bias."""
         h = self.fc1.apply_one(e, x)
         if self.swiglu:
             gate, up = h.split(self.Fe, dim=-1)
             h = gate * torch.sigmoid(gate) * up
         else:
             h = F.gelu(h, approximate="tanh")
-        return self.fc2.apply_one(e, h)
+        y = self.fc2.apply_one(e, p * h, bias=False)
+        return y + p * self.fc2.bias[e] if hasattr(self.fc2, "bias") else y
 
 
 class _Vector(nn.Module):
@@ -351,7 +355,7 @@ class MoEMLP(nn.Module):
         for e in range(E):                           # padding to capacity: FLOPs only, not computed here
             rows = torch.nonzero(kept[:, e]).flatten()
             if rows.numel():
-                y = y.index_add(0, rows, probs[rows, e:e + 1] * self.experts(e, xs[rows]))
+                y = y.index_add(0, rows, self.experts(e, xs[rows], probs[rows, e:e + 1]))
         if moe["Fs"]:
             sh = self.shared_experts(xs)
             if moe["shared_gate"]:
