@@ -385,15 +385,19 @@ void MoEMLP::set_row_probs(LayerState& s, const std::vector<float>& own) {
   ops_.to_device(row_p_, s.row_p.data(), int64_t(s.row_p.size()));
 }
 
-std::vector<float> MoEMLP::own_row_dprob(const LayerState& s, int64_t rows, bool bias) {
+std::vector<float> MoEMLP::fetch_row_dots(int64_t rows, bool bias) {
   std::vector<float> dp(static_cast<size_t>(rows)), db(bias ? size_t(rows) : 0);
   ops_.to_host(dp.data(), row_dot_, rows);
   if (bias) {
     ops_.to_host(db.data(), row_dot_bias_, rows);
     for (int64_t j = 0; j < rows; ++j) dp[size_t(j)] += db[size_t(j)];
   }
+  return dp;
+}
+
+std::vector<float> MoEMLP::own_row_dprob(const LayerState& s, std::vector<float> dp) {
   if (d_.moe.etp == 1) return dp;
-  tp_host_->all_reduce(dp.data(), rows, ReduceOp::Sum);  // the activations' shards' partial dots
+  tp_host_->all_reduce(dp.data(), int64_t(dp.size()), ReduceOp::Sum);  // the activations' shards' partial dots
   std::vector<float> own(static_cast<size_t>(s.R));
   const int64_t at = d_.moe.etp_rank * s.Rmax;
   for (int64_t j = 0; j < s.R; ++j) own[size_t(j)] = dp[size_t(s.tp_scatter[size_t(at + j)])];
@@ -702,8 +706,10 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
   if (!keep_act_ && rows)  // moe_act: the activations again from the kept fc1 outputs
     d_.mlp.activation(ops_, a, s.fc1, rows, m.Fel);
   if (rows) ops_.gather_rows(wact_, a, row_ident_, row_p_, rows, m.Fel);  // fc2's input again: p x act
-  int64_t off = 0;
-  for (int64_t e = 0; e < El; ++e) {
+  // fc2's backward and the rows' d probabilities first; their dots come to the host (waiting for these
+  // GEMMs alone) before fc1's backward is queued, so the host's part of the probabilities' gradient and
+  // the routing's backward run while the device computes fc1's backward and the way back
+  for (int64_t e = 0, off = 0; e < El; off += s.expert_rows[size_t(e)], ++e) {
     const int64_t n = s.expert_rows[size_t(e)];
     if (n == 0) continue;
     const Buf dact = dact_ + off * m.Fel, wact = wact_ + off * m.Fel, dyr = dout + off * C;
@@ -717,14 +723,32 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
     }
     ops_.gather_rows(wact, dact, row_ident_, row_p_ + off, n, m.Fel);  // d act (fc2 has read wact)
     d_.mlp.activation_backward(ops_, dfc_ + off * m.fc1_width, wact, s.fc1 + off * m.fc1_width, n, m.Fel);
+  }
+  std::vector<float> dots = fetch_row_dots(rows, bias);
+  for (int64_t e = 0, off = 0; e < El; off += s.expert_rows[size_t(e)], ++e) {
+    const int64_t n = s.expert_rows[size_t(e)];
+    if (n == 0) continue;
     linear_backward(ops_, expert_fp8(tp.fp8, m, e, false), dxin + off * C, g.fc1 + e * m.fc1_width * C,
                     g.fc1_bias ? g.fc1_bias + e * m.fc1_width : Buf{}, dfc_ + off * m.fc1_width, s.xin + off * C,
                     w.fc1 + e * m.fc1_width * C, n, C, m.fc1_width, false);
-    off += n;
   }
   give_rows(s);  // the experts' rows are read (the stream orders their next writer after)
+  Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1
+  if (ag) {  // the group's tokens' partial d inputs, summed over EP to their ranks
+    ops_.combine_rows(tokens_, drows, comb_g_, nullptr, Tg, k, C, false);
+    ep_reduce_scatter(dx, tokens_);
+  } else {
+    if (m.ep > 1) {
+      const Buf back = etp ? bufA_ : bufB_;  // free by now
+      ops_.gather_rows(back, drows, inverse_, nullptr, s.R, C);
+      ep_->all_to_all_v(back.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
+      drows = send_;
+    }
+    // dx (T, C) = sum of the token's rows' input gradients
+    ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
+  }
   // the routing probabilities' gradient: this rank's rows' (expert-major), back to their tokens' choices
-  const std::vector<float> own = own_row_dprob(s, rows, bias);
+  const std::vector<float> own = own_row_dprob(s, std::move(dots));
   std::vector<float> dprob(static_cast<size_t>(T * k), 0.0f);
   if (ag) {  // the group's assignments (0 but for this rank's experts), summed over EP to the tokens' ranks
     std::vector<float> group(static_cast<size_t>(Tg * k), 0.0f);
@@ -741,20 +765,6 @@ CBuf MoEMLP::backward(int slot, int64_t layer, const MoEParams<CBuf>& w, const M
     }
     for (int64_t i = 0; i < T * k; ++i)
       if (o.comb[size_t(i)] >= 0) dprob[size_t(i)] = sent[size_t(o.comb[size_t(i)])];
-  }
-  Buf drows = etp ? tp_reduce(s, dxin) : dxin;  // d input rows: this rank's expert-major, in send order with EP 1
-  if (ag) {  // the group's tokens' partial d inputs, summed over EP to their ranks
-    ops_.combine_rows(tokens_, drows, comb_g_, nullptr, Tg, k, C, false);
-    ep_reduce_scatter(dx, tokens_);
-  } else {
-    if (m.ep > 1) {
-      const Buf back = etp ? bufA_ : bufB_;  // free by now
-      ops_.gather_rows(back, drows, inverse_, nullptr, s.R, C);
-      ep_->all_to_all_v(back.p, elems(C, s.recv_rows), send_.p, elems(C, s.send_rows), t_);
-      drows = send_;
-    }
-    // dx (T, C) = sum of the token's rows' input gradients
-    ops_.combine_rows(dx, drows, comb_, nullptr, T, k, C, false);
   }
   // + the router's
   std::vector<float> dlogits(static_cast<size_t>(T * E));

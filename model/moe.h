@@ -240,9 +240,10 @@ class MoEMLP {
   MoERowWeights row_weights() const { return {row_p_, wact_, row_ident_, row_zero_}; }
   // the experts' rows' probabilities (s.row_p, uploaded) from this rank's own rows' (expert-major)
   void set_row_probs(LayerState& s, const std::vector<float>& own);
-  // this rank's own rows' d probabilities (expert-major) from the experts' backward (summed over the
-  // expert-TP group)
-  std::vector<float> own_row_dprob(const LayerState& s, int64_t rows, bool bias);
+  // the experts' rows' d probabilities from their backward (to the host: waits for it); this rank's own
+  // rows' of them (expert-major; summed over the expert-TP group)
+  std::vector<float> fetch_row_dots(int64_t rows, bool bias);
+  std::vector<float> own_row_dprob(const LayerState& s, std::vector<float> dots);
   Buf y_;  // the moe recompute module: the rerun's output (Nt, C), not needed
   // ETP > 1: the padded all-gather / reduce-scatter buffer (etp blocks of the largest rank's rows) and
   // the maps between it and the experts' rows (expert-major over the group)
