@@ -103,6 +103,21 @@ void drop_over_capacity(Routing& r, const RouterOptions& o) {
   }
 }
 
+// Whether chosen (k indices) is the set of s's k largest (E) with no tie at its edge: exactly k
+// entries at least the smallest chosen one. Then it is what topk(s) would choose, in another order
+// (the counts read only the set), and is copied to top. The aux scores are a monotone function of
+// what the router chose from (all but the expert bias and the groups), so this holds but for ties
+// that rounding makes, where topk decides: topk's time, once per token instead of twice.
+bool same_top_set(const float* s, int64_t E, int64_t k, const int32_t* chosen, int32_t* top) {
+  float lo = std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < k; ++j) lo = std::min(lo, s[chosen[j]]);
+  int64_t at_least = 0;
+  for (int64_t e = 0; e < E; ++e) at_least += s[e] >= lo;
+  if (at_least != k) return false;
+  std::copy_n(chosen, k, top);
+  return true;
+}
+
 // The balancing losses' scores (softmax over E, or sigmoid normalised over E) of one token.
 void aux_scores(const float* z, const RouterOptions& o, float* s) {
   if (o.score == MoEScore::Softmax) return softmax(z, o.E, s);
@@ -213,8 +228,10 @@ Routing route(const float* z, int64_t T, const RouterOptions& o, const std::func
     std::vector<double> fp(static_cast<size_t>(2 * groups * E), 0.0);  // [f (groups, E) | P (groups, E)]
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
+      const float* st = s.data() + t * E;
       aux_scores(z + t * E, o, s.data() + t * E);
-      topk(s.data() + t * E, E, k, top.data() + t * k);
+      if (!same_top_set(st, E, k, r.chosen.data() + t * k, top.data() + t * k))
+        topk(st, E, k, top.data() + t * k);
     }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t g = per_seq ? seq_of(t) : 0;

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -66,6 +67,46 @@ TEST(MoERouting, ThreadsDoNotChangeTheBits) {
       EXPECT_GT(a.aux, 0);
       EXPECT_GT(a.z, 0);
     }
+}
+
+// The aux loss counts the top-k of its own scores (Megatron's compute_routing_scores_for_aux_loss:
+// torch.topk of softmax(z)), not the router's choice among the logits: they differ where softmax
+// rounds two logits to one score. Against a sort of the scores and a double-precision sum.
+TEST(MoERouting, AuxLossCountsTheTopKOfItsOwnScores) {
+  const int64_t E = 8, k = 2;
+  for (int levels : {0, 3}) {
+    const int64_t T = 64;
+    std::vector<float> z = logits(T, E, levels, 9);
+    // token 0: after expert 2, logits 1e-8 apart round to one softmax score; the router takes expert
+    // 1 second (the larger logit), the aux scores' top-k the lower index, expert 0
+    std::fill(z.begin(), z.begin() + E, -4.0f);
+    z[0] = 0.0f, z[1] = 1e-8f, z[2] = 1.0f;
+    RouterOptions o;
+    o.E = E, o.k = k, o.aux_coeff = 1e-2;
+    const Routing r = route(z.data(), T, o, [](int64_t) { return 0; }, 1, 1, [](std::vector<double>&) {});
+    ASSERT_EQ(r.chosen[1], 1);
+    std::vector<double> f(static_cast<size_t>(E), 0.0), P(static_cast<size_t>(E), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* zt = z.data() + t * E;
+      const float m = *std::max_element(zt, zt + E);
+      std::vector<float> s(static_cast<size_t>(E));
+      float sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += s[size_t(e)] = std::exp(zt[e] - m);
+      for (float& v : s) v /= sum;
+      std::vector<int32_t> idx(static_cast<size_t>(E));
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+      if (t == 0) {
+        ASSERT_EQ(idx[1], 0);
+      }
+      for (int64_t j = 0; j < k; ++j) f[size_t(idx[size_t(j)])] += 1;
+      for (int64_t e = 0; e < E; ++e) P[size_t(e)] += s[size_t(e)];
+    }
+    double dot = 0;
+    for (int64_t e = 0; e < E; ++e) dot += f[size_t(e)] * P[size_t(e)];
+    const double aux = o.aux_coeff * double(E) / (double(k) * double(T) * double(T)) * dot;
+    EXPECT_NEAR(r.aux, aux, 1e-12 * aux) << "levels " << levels;
+  }
 }
 
 }  // namespace
