@@ -283,7 +283,8 @@ class Ops {
   virtual void scale(Buf x, float s, int64_t n) = 0;
   // FP8 (docs/FP8.md): out (n) = the E4M3 / E5M2 codes of fp32(in * *scale) (core/fp8.h: nearest even,
   // saturated), and *amax = max(*amax, max |in|) (core/fp8.h fp8_amax_step: a NaN in in makes it a NaN);
-  // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device.
+  // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device. out null:
+  // the amax alone (scale unread; current scaling's first pass, whose codes nothing reads).
   virtual void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) = 0;
   // Current scaling's scales from the reduced amaxes, on the device (no read to the host): for i < n
   // (at most kFp8MaxScales), scale[i] = core/fp8.h fp8_scale_from_amax(amax[i], 1, t[i], margin) and

@@ -17,7 +17,7 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 int64_t Fp8State::state_floats(const Fp8LinearOptions& o, const Fp8ScratchSizes& f, int64_t gemms) {
   if (o.blockwise) return round_up(f.inp_blocks + f.w_blocks + f.dout_blocks, 64);
-  return round_up(o.delayed ? 3 * kTensors * gemms : 3 * kTensors + 1, 64);
+  return round_up(o.delayed ? 3 * kTensors * gemms : 3 * kTensors, 64);
 }
 
 namespace {
@@ -69,9 +69,6 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     scale_.assign(size_t(T), 1.0f);
     history_.assign(size_t(T * o_.history_len), 0.0f);
     scales_loaded();
-  } else {
-    const float one = 1.0f;
-    ops_.to_device(state_ + 3 * kTensors, &one, 1);
   }
 }
 
@@ -177,12 +174,11 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
   float* amax = state_;
   float* scale = state_ + kTensors;
   float* scale_inv = state_ + 2 * kTensors;
-  const float* one = state_ + 3 * kTensors;
-  // all on the device, nothing read to the host: the amax pass (the codes of scale 1 are overwritten
-  // below), the reduction over the groups (device groups), the scales
+  // all on the device, nothing read to the host: the amax pass (no codes), the reduction over the
+  // groups (device groups), the scales
   ops_.zero(amax, kTensors);
   for (int i = 0; i < kTensors; ++i)
-    if (n[i] && !(i == kW && reuse)) ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), one, amax + i);
+    if (n[i] && !(i == kW && reuse)) ops_.fp8_quantize(nullptr, x[i], n[i], type(i), nullptr, amax + i);
   float* kept_si = kw ? kept_scales_ + kw->scales : nullptr;  // the kept weight's scale_inv, then its amax
   if (reuse) ops_.copy(amax + kW, kept_si + 1, 1);  // the kept copy's (reduced already: the group's maximum again)
   fp8_amax_reduce(amax, kTensors, groups_[size_t(g)].data(), 2);  // every rank of a tensor's parts: the same amax

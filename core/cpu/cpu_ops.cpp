@@ -250,7 +250,7 @@ class CpuOps final : public Ops {
     store(x, f, n);
   }
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
-    cpu::fp8_quantize(out, in(inp, n, 0), n, t, *scale, amax);
+    cpu::fp8_quantize(out, in(inp, n, 0), n, t, out ? *scale : 1.0f, amax);
   }
   void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
                           int margin) override {

@@ -11,10 +11,15 @@ namespace tpt::cpu {
 
 void fp8_quantize(uint8_t* out, const float* x, int64_t n, Fp8Type t, float scale, float* amax) {
   uint32_t m = fp8_abs_bits(*amax);
+  if (!out) {  // the amax alone
 #pragma omp parallel for reduction(max : m) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = fp32_to_fp8(x[i] * scale, t);
-    m = std::max(m, fp8_abs_bits(x[i]));
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, fp8_abs_bits(x[i]));
+  } else {
+#pragma omp parallel for reduction(max : m) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = fp32_to_fp8(x[i] * scale, t);
+      m = std::max(m, fp8_abs_bits(x[i]));
+    }
   }
   *amax = bits_to_float(m);
 }

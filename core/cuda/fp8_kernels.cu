@@ -18,14 +18,15 @@ struct MaxBits {
   __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return a > b ? a : b; }
 };
 
-template <class T>
+// kCodes false: the amax alone (Ops::fp8_quantize with out null: current scaling's first pass)
+template <class T, bool kCodes>
 __global__ void fp8_quantize_kernel(uint8_t* out, const T* in, int64_t n, Fp8Type t, const float* scale,
                                     float* amax) {
-  const float s = *scale;
+  const float s = kCodes ? *scale : 1.0f;
   uint32_t m = 0;
   TPT_GRID_LOOP(i, n) {
     const float x = ld(in, i);
-    out[i] = fp32_to_fp8(x * s, t);
+    if constexpr (kCodes) out[i] = fp32_to_fp8(x * s, t);
     m = m > fp8_abs_bits(x) ? m : fp8_abs_bits(x);
   }
   m = block_reduce(m, MaxBits{}, 0u);
@@ -34,7 +35,7 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const T* in, int64_t n, Fp8Typ
 
 // The same, 8 elements a thread: one 16-byte load per 8 16-bit values (two for fp32) and one 8-byte
 // store of their codes (the byte-per-thread kernel above reached 400 GB/s on an H200)
-template <class T>
+template <class T, bool kCodes>
 __global__ void fp8_quantize8_kernel(uint8_t* out, const T* in, int64_t n8, Fp8Type t, const float* scale,
                                      float* amax) {
   struct alignas(16) Eight {
@@ -44,7 +45,7 @@ __global__ void fp8_quantize8_kernel(uint8_t* out, const T* in, int64_t n8, Fp8T
     uint8_t c[8];
     uint2 u;
   };
-  const float s = *scale;
+  const float s = kCodes ? *scale : 1.0f;
   uint32_t m = 0;
   TPT_GRID_LOOP(v, n8) {
     const Eight e = reinterpret_cast<const Eight*>(in)[v];
@@ -52,10 +53,10 @@ __global__ void fp8_quantize8_kernel(uint8_t* out, const T* in, int64_t n8, Fp8T
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const float x = to_f32(e.x[k]);
-      o.c[k] = fp32_to_fp8(x * s, t);
+      if constexpr (kCodes) o.c[k] = fp32_to_fp8(x * s, t);
       m = m > fp8_abs_bits(x) ? m : fp8_abs_bits(x);
     }
-    reinterpret_cast<uint2*>(out)[v] = o.u;
+    if constexpr (kCodes) reinterpret_cast<uint2*>(out)[v] = o.u;
   }
   m = block_reduce(m, MaxBits{}, 0u);
   if (threadIdx.x == 0 && m) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
@@ -192,10 +193,15 @@ void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scal
   dispatch(in.t, [&](auto tag) {
     using T = decltype(tag);
     const auto a = reinterpret_cast<uintptr_t>(in.p), b = reinterpret_cast<uintptr_t>(out);
-    if (n % 8 == 0 && a % 16 == 0 && b % 8 == 0)
-      fp8_quantize8_kernel<T><<<blocks_for(n / 8), kThreads, 0, s>>>(out, typed<T>(in), n / 8, t, scale, amax);
+    const bool wide = n % 8 == 0 && a % 16 == 0 && b % 8 == 0;
+    if (wide && out)
+      fp8_quantize8_kernel<T, true><<<blocks_for(n / 8), kThreads, 0, s>>>(out, typed<T>(in), n / 8, t, scale, amax);
+    else if (wide)  // the amax alone: a third less traffic than with the codes
+      fp8_quantize8_kernel<T, false><<<blocks_for(n / 8), kThreads, 0, s>>>(out, typed<T>(in), n / 8, t, scale, amax);
+    else if (out)
+      fp8_quantize_kernel<T, true><<<blocks_for(n), kThreads, 0, s>>>(out, typed<T>(in), n, t, scale, amax);
     else
-      fp8_quantize_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out, typed<T>(in), n, t, scale, amax);
+      fp8_quantize_kernel<T, false><<<blocks_for(n), kThreads, 0, s>>>(out, typed<T>(in), n, t, scale, amax);
     TPT_CUDA_LAUNCHED();
   });
 }

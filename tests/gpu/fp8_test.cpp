@@ -1,7 +1,7 @@
 // The CUDA backend's FP8 kernels against the CPU emulation (docs/FP8.md): Ops::fp8_quantize's codes
-// and amax, and Ops::fp8_quantize_blocks' codes and block scales, bit for bit, for fp32 / bf16 / fp16
-// inputs of awkward sizes over the whole FP8 range and beyond (saturation), with infinities, signed
-// zeros, subnormals and a NaN. The FP8 GEMMs (Ops::fp8_linear_forward / backward: cuBLASLt's FP8
+// and amax (and its amax alone), and Ops::fp8_quantize_blocks' codes and block scales, bit for bit,
+// for fp32 / bf16 / fp16 inputs of awkward sizes over the whole FP8 range and beyond (saturation),
+// with infinities, signed zeros, subnormals and a NaN. The FP8 GEMMs (Ops::fp8_linear_forward / backward: cuBLASLt's FP8
 // matmul, or the fallback where it has none) against a double-precision sum of the decoded operands,
 // within a bound derived from the accumulation (see gemm_bound), for tensor scales (E4M3, and E5M2
 // output gradients) and block scales, aligned shapes (cuBLASLt's FP8 on Hopper: it must run there) and
@@ -53,6 +53,10 @@ TEST(GpuFp8, QuantizeAndAmaxBitwiseAsCpu) {
           for (size_t i = 0; i < n; ++i) diff += hc[i] != hg[i];
           EXPECT_EQ(diff, 0u);
           EXPECT_TRUE(bitwise(am.gpu.host(), am.cpu.host()));
+          // no output: the amax alone (current scaling's first pass), the same bits as with the codes
+          Pair a2(*cpu, *gpu, VecF{amax0});
+          gpu->fp8_quantize(nullptr, in.gpu, int64_t(n), t, nullptr, a2.gpu);
+          EXPECT_TRUE(bitwise(a2.gpu.host(), am.cpu.host())) << "amax only";
         }
 }
 

@@ -88,6 +88,9 @@ TEST(Fp8, OpsQuantizeAsTheReference) {
     float a = 0.0f;
     ops->fp8_quantize(out.data(), xs.data(), n, t, &s, &a);
     EXPECT_TRUE(same(a, from_hex(amax))) << line.substr(0, 60);
+    float alone = 0.0f;  // no output: the amax alone (current scaling's first pass)
+    ops->fp8_quantize(nullptr, xs.data(), n, t, nullptr, &alone);
+    EXPECT_TRUE(same(alone, from_hex(amax))) << "amax only " << line.substr(0, 60);
     for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(int(out[i]), codes[i]) << fmt << " x " << xs[i];
     float a16 = 0.5f;  // a running amax: max(0.5, the tensor's)
     ops->fp8_quantize(out.data(), CBuf(b16.data(), DType::BF16), n, t, &s, &a16);
