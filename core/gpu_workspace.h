@@ -55,13 +55,15 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t KV,
                                                bool deterministic);
 
 // Context parallelism's ring blocks through cuDNN (CudnnAttention::ring_*): each block is up to four
-// (query chunk, key chunk) pairs of c = T / 2 tokens, each one SDPA call whose results are staged
-// and then merged / added in fp32 by our kernels. The staging buffer, 256-byte aligned parts, holds
-// the larger of the forward's (the pair's O (B, c, H D) 16-bit and stats (B, H, c) fp32) and the
-// backward's (dQ (B, c, H D) and dK|dV (B, c, 2 KV D), 16-bit, and the query chunk's stats (B, H, c)
-// fp32, packed as cuDNN before 9.26 wants them). cuDNN's own workspace for a pair is
-// cudnn_attention_workspace_bytes(B, H, KV, c, D, deterministic) (the unmasked pairs' as the causal's).
-inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D);
+// (query chunk, key chunk) pairs of c = T / 2 tokens, run as SDPA calls of up to `rows` = T query
+// rows (core/cuda/attention/ring_calls.h: a block's pairs as one call where they form one rectangle)
+// whose results are staged and then merged / added in fp32 by our kernels. The staging buffer,
+// 256-byte aligned parts, holds the larger of the forward's (the call's O (B, rows, H D) 16-bit and
+// stats (B, H, rows) fp32) and the backward's (dQ (B, rows, H D) and dK|dV (B, rows, 2 KV D), 16-bit,
+// and a query chunk's stats fp32, packed as cuDNN before 9.26 wants them). cuDNN's own workspace is
+// cudnn_attention_workspace_bytes(B, H, KV, Sq, D, deterministic) of the calls' query rows Sq (the
+// unmasked calls' as the causal's): T where the backward's calls are merged, c where they are not.
+inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t rows, int64_t H, int64_t KV, int64_t D);
 
 // The cuBLASLt FP8 GEMMs' workspace (core/cuda/fp8_gemm.h) for the largest input, weight and output
 // gradient (elements: bytes of codes) and their most block scales (0 without blockwise scaling) of a
@@ -118,11 +120,11 @@ inline int64_t cudnn_attention_workspace_bytes(int64_t B, int64_t H, int64_t KV,
   return softmax_sum + B * H * tq * tk * 2 + (KV < H ? 2 * B * H * T * D * 2 : 0);
 }
 
-inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t c, int64_t H, int64_t KV, int64_t D) {
-  if (B <= 0 || c <= 0 || H <= 0) return 0;
+inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t rows, int64_t H, int64_t KV, int64_t D) {
+  if (B <= 0 || rows <= 0 || H <= 0) return 0;
   auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
-  const int64_t o = up(B * c * H * D * 2), stats = up(B * H * c * 4);
-  return std::max(o + stats, o + up(B * c * 2 * KV * D * 2) + stats);
+  const int64_t o = up(B * rows * H * D * 2), stats = up(B * H * rows * 4);
+  return std::max(o + stats, o + up(B * rows * 2 * KV * D * 2) + stats);
 }
 
 }  // namespace tpt

@@ -329,11 +329,12 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
     const int64_t N = micro_batch * d.S, Nt = d.local_tokens(N);
     // cuDNN's attention (bf16 / fp16, head dimension a multiple of 8): one shape for every layer
     const AttentionShape a = attention_shape(d, micro_batch, dtype);
-    // (CP: per pair of the ring's c = T / 2 token chunks, and the pairs' staging, its own buffer)
+    // (CP: the ring's calls, a block's pairs of c = T / 2 token chunks merged except in the
+    // deterministic backward, and their staging, its own buffer)
     if (a.B > 0 && dtype != DType::F32 && d.D % 8 == 0) {
-      const int64_t T = a.ring ? a.T / 2 : a.T;
-      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, a.KV, T, a.D, deterministic));
-      if (a.ring) ring_staging = std::max(ring_staging, cudnn_ring_staging_bytes(a.B, T, a.H, a.KV, a.D));
+      const int64_t Sq = a.ring && deterministic ? a.T / 2 : a.T;
+      w.attention = std::max(w.attention, cudnn_attention_workspace_bytes(a.B, a.H, a.KV, Sq, a.D, deterministic));
+      if (a.ring) ring_staging = std::max(ring_staging, cudnn_ring_staging_bytes(a.B, a.T, a.H, a.KV, a.D));
     }
     // column sums: the norms' weight (and LayerNorm bias) gradients over this rank's rows; bias
     // gradients of the GEMMs summed apart from them (zb-h1's input-gradient part, SP's row-parallel

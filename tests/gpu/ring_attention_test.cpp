@@ -88,35 +88,41 @@ TEST(GpuRingAttention, BlocksMatchCpuAndRepeatBitwise) {
           }
 }
 
-// cuDNN's SDPA per pair of chunks (causal on the diagonal pairs, unmasked below, none above) in bf16
-// and fp16, G < H and G = H, at CP 1..4: each block's out, lse, dq, dkv against the CPU kernel, the
-// calls asserted to be cuDNN's; and (deterministic, the default) two runs' gradients bitwise equal.
+// cuDNN's SDPA on the blocks' calls (core/cuda/attention/ring_calls.h: a block's pairs merged, causal
+// on the own chunks, unmasked below, none above) in bf16 and fp16, G < H and G = H, at CP 1..4, with
+// the deterministic backward (a call per pair) and the nondeterministic one (merged): each block's
+// out, lse, dq, dkv against the CPU kernel, the calls asserted to be cuDNN's; and deterministic, two
+// runs' gradients bitwise equal.
 TEST(GpuRingAttention, CudnnBlocksMatchCpuAndRepeatBitwise) {
   if (!cuda::cudnn_attention_built()) GTEST_SKIP() << "built without cuDNN (TPTRAIN_CUDNN)";
   const char* env = std::getenv("TPTRAIN_CUDNN_ATTENTION");
   if (env && std::strcmp(env, "0") == 0) GTEST_SKIP() << "TPTRAIN_CUDNN_ATTENTION=0";
   auto cpu = cpu_ops();
-  auto gpu = gpu_ops();
   const int64_t B = 2, c = 64, H = 4;
-  for (DType t : {DType::BF16, DType::F16})
-    for (int64_t KV : {1, 4})
-      for (int64_t D : {64, 128})
-        for (int cp = 1; cp <= 4; ++cp) {
-          SCOPED_TRACE(std::string(dtype_name(t)) + " KV " + std::to_string(KV) + " D " + std::to_string(D) + " cp " +
-                       std::to_string(cp));
-          const double tol = 2e-2 + ulp(t);
-          for (int r = 0; r < cp; ++r) {
-            const cuda::CudnnAttentionStats s0 = cuda::cudnn_attention_stats();
-            const VecF first = check_ring_blocks(*cpu, *gpu, t, B, c, H, KV, D, cp, r, tol);
-            const cuda::CudnnAttentionStats s1 = cuda::cudnn_attention_stats();
-            ASSERT_EQ(s1.ring_forward - s0.ring_forward, cp) << "cuDNN did not run the forward (the log says why)";
-            ASSERT_EQ(s1.ring_backward - s0.ring_backward, cp) << "cuDNN did not run the backward (the log says why)";
-            if (cp == 4 && D == 64) {
-              EXPECT_TRUE(bitwise(check_ring_blocks(*cpu, *gpu, t, B, c, H, KV, D, cp, r, tol), first))
-                  << "two runs, rank " << r;
+  for (bool det : {true, false}) {
+    CudaOptions o;
+    o.cudnn_deterministic = det;
+    auto gpu = gpu_ops(o);
+    for (DType t : {DType::BF16, DType::F16})
+      for (int64_t KV : {1, 4})
+        for (int64_t D : {64, 128})
+          for (int cp = 1; cp <= 4; ++cp) {
+            SCOPED_TRACE(std::string(det ? "deterministic " : "nondeterministic ") + dtype_name(t) + " KV " +
+                         std::to_string(KV) + " D " + std::to_string(D) + " cp " + std::to_string(cp));
+            const double tol = 2e-2 + ulp(t);
+            for (int r = 0; r < cp; ++r) {
+              const cuda::CudnnAttentionStats s0 = cuda::cudnn_attention_stats();
+              const VecF first = check_ring_blocks(*cpu, *gpu, t, B, c, H, KV, D, cp, r, tol);
+              const cuda::CudnnAttentionStats s1 = cuda::cudnn_attention_stats();
+              ASSERT_EQ(s1.ring_forward - s0.ring_forward, cp) << "cuDNN did not run the forward (the log says why)";
+              ASSERT_EQ(s1.ring_backward - s0.ring_backward, cp) << "cuDNN did not run the backward (the log says why)";
+              if (det && cp == 4 && D == 64) {
+                EXPECT_TRUE(bitwise(check_ring_blocks(*cpu, *gpu, t, B, c, H, KV, D, cp, r, tol), first))
+                    << "two runs, rank " << r;
+              }
             }
           }
-        }
+  }
 }
 
 // A benchmark, not a check (skipped unless TPTRAIN_RING_BENCH=1; scripts/ring_bench.sh runs it): on

@@ -323,10 +323,16 @@ TEST(Memory, GpuBackendWorkspaceCountsCudnnAttentionByMode) {
   const StageMemory tp2 = stage_memory(
       config(gpt2, "parallel: {tensor_model_parallel_size: 2}\n" + train + "}", 2), 0);
   EXPECT_EQ(tp2.backend.attention, B * (H / 2) * T * 4 + B * (H / 2) * T * T * 2);
-  // CP 2: c = 256, every term over 1 MiB
+  // CP 2: chunks of c = 256 tokens, every term over 1 MiB. The staging holds a block's merged call,
+  // 2c query rows; cuDNN's workspace a pair's c rows in the deterministic backward (a call per
+  // pair), else a merged call's 2c
   const int64_t c = T / 4;
-  EXPECT_EQ(stage_memory(config(gpt2, "parallel: {context_parallel_size: 2}\n" + train + "}", 2), 0).backend.attention,
-            B * H * c * 4 + B * H * c * c * 2 + B * c * H * D * 2 + B * c * 2 * H * D * 2 + B * H * c * 4);
+  const std::string cp2 = "parallel: {context_parallel_size: 2}\n" + train;
+  const int64_t staging = B * 2 * c * H * D * 2 + B * 2 * c * 2 * H * D * 2 + B * H * 2 * c * 4;
+  EXPECT_EQ(stage_memory(config(gpt2, cp2 + "}", 2), 0).backend.attention,
+            B * H * c * 4 + B * H * c * c * 2 + staging);
+  EXPECT_EQ(stage_memory(config(gpt2, cp2 + ", deterministic: false}", 2), 0).backend.attention,
+            B * H * 2 * c * 4 + B * H * 2 * c * D * 4 + staging);
   // grouped-query attention, deterministic: 2 Llama-3-8B layers at seq 4096, micro-batch 1, as on the H200
   const std::string llama =
       "num_layers: 2, hidden_size: 4096, num_attention_heads: 32, ffn_hidden_size: 14336, seq_length: 4096, "

@@ -1,14 +1,15 @@
 // Context parallelism's ring attention (parallel/context_parallel.h) on CP thread ranks of the CPU
 // backend against a direct full-sequence causal attention written here in double precision: the
 // forward output, the log-sum-exp and the gradients of q, k and v, for CP 1..4 with grouped-query
-// attention (G < H), fp32 and bf16 storage, also on the CP groups of a TP x CP grid; and the token
-// layout of the load-balanced chunks.
+// attention (G < H), fp32 and bf16 storage, also on the CP groups of a TP x CP grid; the token
+// layout of the load-balanced chunks; and the GPU's cuDNN calls of each ring block (their masks).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "core/cuda/attention/ring_calls.h"
 #include "core/ops.h"
 #include "parallel/context_parallel.h"
 #include "parallel/thread_comm.h"
@@ -204,6 +205,58 @@ TEST(RingAttention, ChunkLayoutIsLoadBalanced) {
   EXPECT_EQ(work[0], work[1]);
   EXPECT_EQ(work[1], work[2]);
   EXPECT_EQ(work[0] * cp, S * (S + 1) / 2);
+}
+
+// The cuDNN calls of every ring block (core/cuda/attention/ring_calls.h), per pair and merged: each
+// (query token, key token) of the block is in exactly one call and there masked as RingBlock::visible
+// says (a call's causal mask: its key row <= its query row, its rows being the chunks' in local
+// order); merged, every block of CP 1..8 is one call of a shape that ring_shapes(true) lists (the
+// graphs the GPU builds at start-up).
+TEST(RingCalls, CoverEveryVisiblePairOnceWithItsMask) {
+  const int64_t c = 3;
+  for (int cp = 1; cp <= 8; ++cp)
+    for (int r = 0; r < cp; ++r)
+      for (int s = 0; s < cp; ++s) {
+        RingBlock b = cp_local_block(c, cp, r);
+        const int src = ((r - s) % cp + cp) % cp;  // RingAttention::block
+        b.k_chunks[0] = src, b.k_chunks[1] = 2 * cp - 1 - src;
+        for (bool merge : {false, true}) {
+          SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(r) + " step " + std::to_string(s) +
+                       (merge ? " merged" : " per pair"));
+          const std::vector<cuda::RingCall> calls = cuda::ring_calls(b, merge);
+          std::vector<int> seen(size_t(4 * c * c), 0), masked(size_t(4 * c * c), 0);
+          for (const cuda::RingCall& k : calls)
+            for (int64_t i = 0; i < k.qn * c; ++i)
+              for (int64_t j = 0; j < k.kn * c; ++j) {
+                const size_t at = size_t((k.q0 * c + i) * 2 * c + k.k0 * c + j);
+                ++seen[at];
+                masked[at] = k.causal && j > i;
+              }
+          for (int64_t t = 0; t < 2 * c; ++t) {
+            int64_t n[2];
+            b.visible(t, n);
+            for (int64_t key = 0; key < 2 * c; ++key) {
+              const bool visible = key % c < n[key / c];
+              const size_t at = size_t(t * 2 * c + key);
+              if (visible) {
+                EXPECT_EQ(seen[at], 1) << "query " << t << " key " << key;
+                EXPECT_FALSE(masked[at]) << "query " << t << " key " << key;
+              } else {
+                EXPECT_TRUE(seen[at] == 0 || masked[at]) << "query " << t << " key " << key;
+              }
+            }
+          }
+          if (merge) {
+            ASSERT_EQ(calls.size(), 1u);
+            bool listed = false;
+            for (const cuda::RingCall& k : cuda::ring_shapes(true))
+              listed = listed || (k.qn == calls[0].qn && k.kn == calls[0].kn && k.causal == calls[0].causal);
+            EXPECT_TRUE(listed) << calls[0].qn << " x " << calls[0].kn << (calls[0].causal ? " causal" : "");
+          } else {
+            for (const cuda::RingCall& k : calls) EXPECT_TRUE(k.qn == 1 && k.kn == 1);
+          }
+        }
+      }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/cuda/attention/cudnn_attention.h"
 
 #include "core/cuda/attention/ring_attention.h"
+#include "core/cuda/attention/ring_calls.h"
 #include "core/cuda/cuda_util.h"
 #include "core/gpu_workspace.h"
 
@@ -126,9 +127,11 @@ std::string last_cudnn_error() {
 }
 
 enum class Dir : int { Forward = 0, Backward = 1 };
-// the whole causal sequence (attention_forward / backward), or a ring block's pair of chunks
-enum class Mode : int { Whole = 0, RingCausal = 1, RingFull = 2 };
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;  // B, T, H, KV, D, dtype, Dir, Mode
+// A graph's mode: the whole causal sequence (attention_forward / backward), or one call of a ring
+// block, qn query chunks (1 or 2, of c = T / 2 tokens) against kn key chunks, causal or unmasked.
+constexpr int kWhole = 0;
+int ring_mode(int qn, int kn, bool causal) { return 1 + int(causal) + 2 * (qn - 1) + 4 * (kn - 1); }
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;  // B, T, H, KV, D, dtype, Dir, mode
 
 // The shapes every graph needs: 16-bit, head dimension a multiple of 8 (the engines' 16-byte rows).
 bool shape_ok(DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
@@ -159,7 +162,7 @@ struct CudnnAttention::Impl {
   // the built graphs; null where cuDNN refused the shape (asked once)
   std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
   DeviceBuffer workspace;
-  DeviceBuffer staging;  // the ring pairs' results (core/gpu_workspace.h cudnn_ring_staging_bytes)
+  DeviceBuffer staging;  // the ring calls' results (core/gpu_workspace.h cudnn_ring_staging_bytes)
 
   Impl(cudaStream_t s, bool det, int64_t* calls) : stream(s), deterministic(det), workspace(calls), staging(calls) {}
   ~Impl() {
@@ -195,8 +198,10 @@ struct CudnnAttention::Impl {
     if (it != graphs.end()) return it->second.get();
     const auto [B, T, H, KV, D, dt, dir, mode] = key;
     const DType t = DType(dt);
-    const Layout L = Mode(mode) == Mode::Whole ? Layout::whole(B, T, H, KV, D) : Layout::ring(B, T, H, KV, D);
-    const bool causal = Mode(mode) != Mode::RingFull;
+    const bool whole = mode == kWhole;
+    const int qn = 1 + ((mode - 1) >> 1 & 1), kn = 1 + ((mode - 1) >> 2 & 1);
+    const bool causal = whole || ((mode - 1) & 1);
+    const Layout L = whole ? Layout::whole(B, T, H, KV, D) : Layout::ring(B, T, H, KV, D, qn, kn);
     std::shared_ptr<fe::graph::Graph> g;
     last_build_error = "unsupported";
     try {
@@ -207,8 +212,9 @@ struct CudnnAttention::Impl {
     }
     if (!g) {
       (void)cudaGetLastError();  // what a failed build may leave behind is no later kernel's error
-      spdlog::warn("WARNING: cuDNN attention {}{} ({}): no cuDNN graph: {}; the own attention kernels run it",
-                   Mode(mode) == Mode::Whole ? "" : Mode(mode) == Mode::RingCausal ? "ring causal pair " : "ring pair ",
+      const std::string ring = whole ? "" : "ring call (" + std::to_string(qn) + " x " + std::to_string(kn) +
+                                                   (causal ? " chunks, causal) " : " chunks) ");
+      spdlog::warn("WARNING: cuDNN attention {}{} ({}): no cuDNN graph: {}; the own attention kernels run it", ring,
                    Dir(dir) == Dir::Forward ? "forward" : "backward", shape_text(B, T, H, KV, D, t),
                    last_build_error);
     }
@@ -247,12 +253,13 @@ struct CudnnAttention::Impl {
   // --, element (b, h, t, d) of a (B, T, W) array (W = heads' columns and more) at b*T*W + t*W + c +
   // h*D + d: strides (T*W, D, W, 1), the part's column c going into the pointer. Whole sequence:
   // q, k, v and dq, dk, dv in qkv / dqkv (W = (H + 2 KV) D; columns 0, H*D, (H + KV)*D), out and
-  // dout (W = H*D); stats (B, H, T) fp32 is (B, H, T, 1) packed. A ring pair: c = T / 2 tokens of
-  // one query chunk (of qkv, out, dout) against one key chunk of kv (W = 2 KV D; k at column
-  // 0, v at KV*D), the chunk's first row going into the pointer; the forward's O and stats and the
-  // backward's dQ, dK|dV and the chunk's stats in the staging buffer, packed (B, c, H D), (B, H, c),
-  // (B, c, 2 KV D): cuDNN before 9.26 takes the backward's stats only packed (seen on an H200 with
-  // 9.19: "a non-ragged Stats input of sdpa_backward must be a packed BHSD tensor").
+  // dout (W = H*D); stats (B, H, T) fp32 is (B, H, T, 1) packed. A ring call: sq = qn c query rows
+  // (of qkv, out, dout; c = T / 2, the rank's chunks being contiguous rows) against sk = kn c key rows
+  // of kv (W = 2 KV D; k at column 0, v at KV*D), the first row going into the pointer; the
+  // forward's O and stats and the backward's dQ, dK|dV and stats in the staging buffer, packed
+  // (B, sq, H D), (B, H, sq), (B, sk, 2 KV D) -- the backward's stats are lse itself when sq = T:
+  // cuDNN before 9.26 takes them only packed (seen on an H200 with 9.19: "a non-ragged Stats input of
+  // sdpa_backward must be a packed BHSD tensor").
   struct Layout {
     std::vector<int64_t> dim, kv_dim, q, kv, o, stats_dim, stats, out, lse, dq, dkv;
     static std::vector<int64_t> rows(int64_t T, int64_t W, int64_t D) { return {T * W, D, W, 1}; }
@@ -262,11 +269,11 @@ struct CudnnAttention::Impl {
       const std::vector<int64_t> st{H * T, T, 1, 1};
       return {{B, H, T, D}, {B, KV, T, D}, x, x, o, {B, H, T, 1}, st, o, st, x, x};
     }
-    static Layout ring(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-      const int64_t c = T / 2, R = (H + 2 * KV) * D;
-      return {{B, H, c, D},         {B, KV, c, D},        rows(T, R, D),        rows(T, 2 * KV * D, D),
-              rows(c, H * D, D),    {B, H, c, 1},         {H * c, c, 1, 1},     rows(T, H * D, D),
-              {H * c, c, 1, 1},     rows(c, H * D, D),    rows(c, 2 * KV * D, D)};
+    static Layout ring(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int qn, int kn) {
+      const int64_t sq = qn * (T / 2), sk = kn * (T / 2), R = (H + 2 * KV) * D;
+      return {{B, H, sq, D},        {B, KV, sk, D},       rows(T, R, D),          rows(T, 2 * KV * D, D),
+              rows(sq, H * D, D),   {B, H, sq, 1},        {H * sq, sq, 1, 1},     rows(T, H * D, D),
+              {H * sq, sq, 1, 1},   rows(sq, H * D, D),   rows(sk, 2 * KV * D, D)};
     }
   };
 
@@ -279,7 +286,7 @@ struct CudnnAttention::Impl {
   static float scale_of(int64_t D) { return 1.0f / std::sqrt(float(D)); }
 
   // causal: cuDNN's top-left diagonal, query t sees keys 0..t (the whole sequence, a ring block's
-  // own chunk); else every key
+  // own chunks); else every key
   std::shared_ptr<fe::graph::Graph> build_forward(const Layout& L, DType t, bool causal) {
     auto g = new_graph(t);
     auto q = input(*g, "Q", kQ, L.dim, L.q);
@@ -359,7 +366,7 @@ CudnnAttention::Prepared CudnnAttention::prepare(int64_t B, int64_t T, int64_t H
   const bool usable = (t == DType::BF16 || t == DType::F16) && D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 &&
                       H % KV == 0 && impl_->ready();
   for (Dir dir : {Dir::Forward, Dir::Backward}) {
-    fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir), int(Mode::Whole)}) : nullptr;
+    fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir), kWhole}) : nullptr;
     int64_t ws = 0;
     if (g && g->get_workspace_size(ws).is_good()) (dir == Dir::Forward ? r.forward : r.backward) = ws;
   }
@@ -375,7 +382,7 @@ bool CudnnAttention::forward(Buf out, float* lse, CBuf qkv, int64_t B, int64_t T
                       T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) && aligned16(out.p) &&
                       aligned16(lse) && impl_->ready();
   fe::graph::Graph* g =
-      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward), int(Mode::Whole)}) : nullptr;
+      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Forward), kWhole}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
@@ -397,7 +404,7 @@ bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const flo
                       D % 8 == 0 && B > 0 && T > 0 && H > 0 && KV > 0 && H % KV == 0 && D > 0 && aligned16(qkv.p) &&
                       aligned16(dqkv.p) && aligned16(dout.p) && aligned16(out.p) && aligned16(lse) && impl_->ready();
   fe::graph::Graph* g =
-      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward), int(Mode::Whole)}) : nullptr;
+      usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(Dir::Backward), kWhole}) : nullptr;
   if (!g) {
     ++g_fell_back;
     return false;
@@ -424,31 +431,21 @@ bool CudnnAttention::backward(Buf dqkv, CBuf dout, CBuf qkv, CBuf out, const flo
 
 namespace {
 
-// A ring block's (query chunk, key chunk) pairs that see anything, in a fixed order: a query chunk
-// sees an earlier key chunk whole and its own causally (RingBlock: chunk positions q_chunks,
-// k_chunks).
-struct RingPair {
-  int qi, kj;
-  Mode mode;
-};
-std::vector<RingPair> ring_pairs(const RingBlock& blk) {
-  std::vector<RingPair> p;
-  for (int qi = 0; qi < 2; ++qi)
-    for (int kj = 0; kj < 2; ++kj)
-      if (blk.q_chunks[qi] >= blk.k_chunks[kj])
-        p.push_back({qi, kj, blk.q_chunks[qi] == blk.k_chunks[kj] ? Mode::RingCausal : Mode::RingFull});
-  return p;
-}
+// Whether a direction's calls are merged: the forward's always; the backward's unless deterministic,
+// whose workspace (B H Sq Sk 16-bit, core/gpu_workspace.h) a merged call would double (4x the
+// own K/V's causal call).
+bool ring_merges(Dir dir, bool deterministic) { return dir == Dir::Forward || !deterministic; }
 
 int64_t up256(int64_t n) { return (n + 255) / 256 * 256; }
 
-// The graphs of the pairs in direction dir; none (the call handed back, counted) when the call cannot
-// run (usable false) or cuDNN refuses a pair's shape.
-std::vector<fe::graph::Graph*> ring_graphs(CudnnAttention::Impl& impl, bool usable, const std::vector<RingPair>& pairs,
+// The graphs of the calls in direction dir; none (the call handed back, counted) when the call cannot
+// run (usable false) or cuDNN refuses a call's shape.
+std::vector<fe::graph::Graph*> ring_graphs(CudnnAttention::Impl& impl, bool usable, const std::vector<RingCall>& calls,
                                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t, Dir dir) {
   std::vector<fe::graph::Graph*> g;
-  for (const RingPair& p : pairs) {
-    fe::graph::Graph* x = usable ? impl.graph(Key{B, T, H, KV, D, int(t), int(dir), int(p.mode)}) : nullptr;
+  for (const RingCall& p : calls) {
+    fe::graph::Graph* x =
+        usable ? impl.graph(Key{B, T, H, KV, D, int(t), int(dir), ring_mode(p.qn, p.kn, p.causal)}) : nullptr;
     usable = usable && x;
     g.push_back(x);
   }
@@ -466,8 +463,9 @@ CudnnAttention::Prepared CudnnAttention::prepare_ring(int64_t B, int64_t T, int6
   int64_t most = 0;
   for (Dir dir : {Dir::Forward, Dir::Backward}) {
     int64_t asked = 0;
-    for (Mode mode : {Mode::RingCausal, Mode::RingFull}) {
-      fe::graph::Graph* g = usable ? impl_->graph(Key{B, T, H, KV, D, int(t), int(dir), int(mode)}) : nullptr;
+    for (const RingCall& p : ring_shapes(ring_merges(dir, impl_->deterministic))) {
+      const Key key{B, T, H, KV, D, int(t), int(dir), ring_mode(p.qn, p.kn, p.causal)};
+      fe::graph::Graph* g = usable ? impl_->graph(key) : nullptr;
       int64_t ws = 0;
       if (!g || g->get_workspace_size(ws).is_bad()) asked = -1;
       if (asked >= 0) asked = std::max(asked, ws);
@@ -477,7 +475,7 @@ CudnnAttention::Prepared CudnnAttention::prepare_ring(int64_t B, int64_t T, int6
   }
   if (usable) {
     impl_->workspace.reserve(size_t(most));
-    impl_->staging.reserve(size_t(cudnn_ring_staging_bytes(B, T / 2, H, KV, D)));
+    impl_->staging.reserve(size_t(cudnn_ring_staging_bytes(B, T, H, KV, D)));
   }
   r.held = int64_t(impl_->workspace.capacity() + impl_->staging.capacity());
   return r;
@@ -487,25 +485,26 @@ bool CudnnAttention::ring_forward(float* out, float* lse, CBuf qkv, CBuf kv, int
                                   int64_t KV, int64_t D, const RingBlock& blk) {
   const DType t = qkv.t;
   const int64_t c = T / 2, HD = H * D, KD = KV * D, R = HD + 2 * KD, e = dtype_bytes(t);
-  // every pair's pointers 16-byte aligned: the chunks' first rows (c tokens on)
+  // every call's pointers 16-byte aligned: the chunks' first rows (c tokens on)
   bool usable = T == 2 * blk.c && kv.t == t && shape_ok(t, B, c, H, KV, D) && aligned16(qkv.p) && aligned16(kv.p) &&
                 impl_->ready();
-  const std::vector<RingPair> pairs = ring_pairs(blk);
-  const std::vector<fe::graph::Graph*> g = ring_graphs(*impl_, usable, pairs, B, T, H, KV, D, t, Dir::Forward);
+  const std::vector<RingCall> calls = ring_calls(blk, ring_merges(Dir::Forward, impl_->deterministic));
+  const std::vector<fe::graph::Graph*> g = ring_graphs(*impl_, usable, calls, B, T, H, KV, D, t, Dir::Forward);
   if (g.empty()) return false;
   auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
   auto* y = static_cast<char*>(const_cast<void*>(kv.p));
-  auto* o = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, c, H, KV, D))));
-  auto* stats = reinterpret_cast<float*>(o + up256(B * c * HD * e));
-  bool written[2] = {!blk.first, !blk.first};  // first: a query chunk's first pair writes out and lse
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const RingPair& p = pairs[i];
-    char* k = y + p.kj * c * 2 * KD * e;
+  auto* o = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, T, H, KV, D))));
+  auto* stats = reinterpret_cast<float*>(o + up256(B * T * HD * e));
+  // first: a query chunk's first call writes out and lse (a call of both chunks is the block's only one)
+  bool written[2] = {!blk.first, !blk.first};
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const RingCall& p = calls[i];
+    char* k = y + p.k0 * c * 2 * KD * e;
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
-        {kQ, x + p.qi * c * R * e}, {kK, k}, {kV, k + KD * e}, {kO, o}, {kStats, stats}};
-    impl_->execute(*g[i], pack, "ring forward", B, c, H, KV, D, t);
-    ring_merge_pair(out, lse, CBuf{o, t}, stats, B, T, H, D, p.qi * c, !written[p.qi], impl_->stream);
-    written[p.qi] = true;
+        {kQ, x + p.q0 * c * R * e}, {kK, k}, {kV, k + KD * e}, {kO, o}, {kStats, stats}};
+    impl_->execute(*g[i], pack, "ring forward", B, p.qn * c, H, KV, D, t);
+    ring_merge_rows(out, lse, CBuf{o, t}, stats, B, T, H, D, p.q0 * c, p.qn * c, !written[p.q0], impl_->stream);
+    for (int j = p.q0; j < p.q0 + p.qn; ++j) written[j] = true;
   }
   ++g_ring_forward;
   return true;
@@ -515,42 +514,45 @@ bool CudnnAttention::ring_backward(float* dq, float* dkv, CBuf dout, CBuf out, c
                                    int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const RingBlock& blk) {
   const DType t = qkv.t;
   const int64_t c = T / 2, HD = H * D, KD = KV * D, R = HD + 2 * KD, e = dtype_bytes(t);
-  // lse's second chunk starts c floats on: c a multiple of 4 keeps it 16-byte aligned
   bool usable = T == 2 * blk.c && kv.t == t && dout.t == t && out.t == t && lse && shape_ok(t, B, c, H, KV, D) &&
                 c % 4 == 0 && aligned16(qkv.p) && aligned16(kv.p) && aligned16(dout.p) && aligned16(out.p) &&
                 aligned16(lse) && impl_->ready();
-  const std::vector<RingPair> pairs = ring_pairs(blk);
-  const std::vector<fe::graph::Graph*> g = ring_graphs(*impl_, usable, pairs, B, T, H, KV, D, t, Dir::Backward);
+  const std::vector<RingCall> calls = ring_calls(blk, ring_merges(Dir::Backward, impl_->deterministic));
+  const std::vector<fe::graph::Graph*> g = ring_graphs(*impl_, usable, calls, B, T, H, KV, D, t, Dir::Backward);
   if (g.empty()) return false;
   auto* x = static_cast<char*>(const_cast<void*>(qkv.p));
   auto* y = static_cast<char*>(const_cast<void*>(kv.p));
   auto* o = static_cast<char*>(const_cast<void*>(out.p));
   auto* dy = static_cast<char*>(const_cast<void*>(dout.p));
-  auto* gq = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, c, H, KV, D))));
-  char* gkv = gq + up256(B * c * HD * e);
-  auto* st = reinterpret_cast<float*>(gkv + up256(B * c * 2 * KD * e));  // the query chunk's lse, packed
+  auto* gq = static_cast<char*>(impl_->staging.get(size_t(cudnn_ring_staging_bytes(B, T, H, KV, D))));
+  char* gkv = gq + up256(B * T * HD * e);
+  auto* st = reinterpret_cast<float*>(gkv + up256(B * T * 2 * KD * e));  // one query chunk's lse, packed
   int64_t staged = -1;
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const RingPair& p = pairs[i];
-    char* k = y + p.kj * c * 2 * KD * e;
-    if (staged != p.qi) {  // (B, H, c) of lse (B, H, T)
-      TPT_CUDA_CHECK(cudaMemcpy2DAsync(st, size_t(c) * 4, lse + p.qi * c, size_t(T) * 4, size_t(c) * 4, size_t(B * H),
-                                       cudaMemcpyDeviceToDevice, impl_->stream));
-      staged = p.qi;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const RingCall& p = calls[i];
+    char* k = y + p.k0 * c * 2 * KD * e;
+    float* stats = const_cast<float*>(lse);  // both query chunks: lse (B, H, T) is packed as it is
+    if (p.qn == 1) {
+      if (staged != p.q0) {  // (B, H, c) of lse (B, H, T)
+        TPT_CUDA_CHECK(cudaMemcpy2DAsync(st, size_t(c) * 4, lse + p.q0 * c, size_t(T) * 4, size_t(c) * 4,
+                                         size_t(B * H), cudaMemcpyDeviceToDevice, impl_->stream));
+        staged = p.q0;
+      }
+      stats = st;
     }
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
-        {kQ, x + p.qi * c * R * e},
+        {kQ, x + p.q0 * c * R * e},
         {kK, k},
         {kV, k + KD * e},
-        {kO, o + p.qi * c * HD * e},
-        {kdO, dy + p.qi * c * HD * e},
-        {kStats, st},
+        {kO, o + p.q0 * c * HD * e},
+        {kdO, dy + p.q0 * c * HD * e},
+        {kStats, stats},
         {kdQ, gq},
         {kdK, gkv},
         {kdV, gkv + KD * e}};
-    impl_->execute(*g[i], pack, "ring backward", B, c, H, KV, D, t);
-    ring_add_rows(dq + p.qi * c * HD, T * HD, CBuf{gq, t}, B, c * HD, impl_->stream);
-    ring_add_rows(dkv + p.kj * c * 2 * KD, T * 2 * KD, CBuf{gkv, t}, B, c * 2 * KD, impl_->stream);
+    impl_->execute(*g[i], pack, "ring backward", B, p.qn * c, H, KV, D, t);
+    ring_add_rows(dq + p.q0 * c * HD, T * HD, CBuf{gq, t}, B, p.qn * c * HD, impl_->stream);
+    ring_add_rows(dkv + p.k0 * c * 2 * KD, T * 2 * KD, CBuf{gkv, t}, B, p.kn * c * 2 * KD, impl_->stream);
   }
   ++g_ring_backward;
   return true;

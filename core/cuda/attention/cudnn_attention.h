@@ -74,15 +74,16 @@ class CudnnAttention {
 
   // Context parallelism's ring blocks (the Ops methods attention_block_forward / backward, core/ops.h):
   // the block's (query chunk, key chunk) pairs -- c = T / 2 tokens each; a pair is seen whole, causally
-  // (the same chunk: cuDNN's causal mask) or not at all (skipped) -- each one cuDNN SDPA call on
-  // strided views of qkv and kv. Forward: the pair's O (16-bit) and stats (cuDNN's natural-log
-  // log-sum-exp, the interface's lse) into the staging buffer, merged into out / lse in fp32 by
-  // ring_merge_pair (the online-softmax rule as the fallback kernel's). Backward: cuDNN's SDPA
-  // backward given the final (merged) out and lse -- P = exp(S - lse), D = rowsum(dO o out), so each
-  // pair's gradients are exact --, its dQ and dK|dV (16-bit) added into dq / dkv in fp32 by
-  // ring_add_rows, pairs in a fixed order; with `deterministic` cuDNN's ordered algorithm, so the
-  // whole block is bitwise reproducible. Same refusals as forward / backward (and T odd), handed
-  // back with nothing done; the caller then runs its own kernels.
+  // (the same chunk: cuDNN's causal mask) or not at all (skipped) -- as cuDNN SDPA calls on strided
+  // views of qkv and kv, one per block where its pairs form one rectangle (ring_calls.h: the forward's
+  // always, the backward's unless deterministic), else one per pair. Forward: the call's O (16-bit)
+  // and stats (cuDNN's natural-log log-sum-exp, the interface's lse) into the staging buffer, merged
+  // into out / lse in fp32 by ring_merge_rows (the online-softmax rule as the fallback kernel's).
+  // Backward: cuDNN's SDPA backward given the final (merged) out and lse -- P = exp(S - lse),
+  // D = rowsum(dO o out), so each call's gradients are exact --, its dQ and dK|dV (16-bit) added into
+  // dq / dkv in fp32 by ring_add_rows, calls in a fixed order; with `deterministic` cuDNN's ordered
+  // algorithm, so the whole block is bitwise reproducible. Same refusals as forward / backward (and T
+  // odd), handed back with nothing done; the caller then runs its own kernels.
   Prepared prepare_ring(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType t);
   bool ring_forward(float* out, float* lse, CBuf qkv, CBuf kv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                     const RingBlock& blk);

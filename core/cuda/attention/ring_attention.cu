@@ -247,20 +247,20 @@ __global__ void __launch_bounds__(kBlockThreads) ring_backward_dkv_kernel(float*
   }
 }
 
-// the merged lse of a row that held `old` and a pair's `add`
+// the merged lse of a row that held `old` and a call's `add`
 __device__ inline float lse_merge(float old, float add) { return fmaxf(old, add) + log1pf(expf(-fabsf(old - add))); }
 
-// a block per (pair row i, sequence b): every head's channels, then (after all have read the old lse)
+// a block per (call row i, sequence b): every head's channels, then (after all have read the old lse)
 // every head's lse
 template <class X>
 __global__ void ring_merge_kernel(float* out, float* lse, const X* o, const float* stats, int64_t T, int64_t H,
-                                  int64_t D, int64_t t0, bool write) {
-  const int64_t i = blockIdx.x, b = blockIdx.y, c = T / 2, HD = H * D;
+                                  int64_t D, int64_t t0, int64_t n, bool write) {
+  const int64_t i = blockIdx.x, b = blockIdx.y, HD = H * D;
   float* y = out + (b * T + t0 + i) * HD;
-  const X* op = o + (b * c + i) * HD;
+  const X* op = o + (b * n + i) * HD;
   for (int64_t e = threadIdx.x; e < HD; e += blockDim.x) {
     const int64_t h = e / D;
-    const float add = stats[(b * H + h) * c + i];
+    const float add = stats[(b * H + h) * n + i];
     if (write) {
       y[e] = ld(op, e);
     } else {
@@ -271,7 +271,7 @@ __global__ void ring_merge_kernel(float* out, float* lse, const X* o, const floa
   __syncthreads();
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     float* l = lse + (b * H + h) * T + t0 + i;
-    const float add = stats[(b * H + h) * c + i];
+    const float add = stats[(b * H + h) * n + i];
     *l = write ? add : lse_merge(*l, add);
   }
 }
@@ -330,13 +330,13 @@ void ring_block_backward(float* dq, float* dkv, CBuf dout, CBuf out, const float
   });
 }
 
-void ring_merge_pair(float* out, float* lse, CBuf o, const float* stats, int64_t B, int64_t T, int64_t H, int64_t D,
-                     int64_t t0, bool write, cudaStream_t s) {
-  if (B * T * H * D == 0) return;
+void ring_merge_rows(float* out, float* lse, CBuf o, const float* stats, int64_t B, int64_t T, int64_t H, int64_t D,
+                     int64_t t0, int64_t n, bool write, cudaStream_t s) {
+  if (B * n * H * D == 0) return;
   dispatch(o.t, [&](auto tag) {
     using X = decltype(tag);
-    ring_merge_kernel<X><<<dim3(unsigned(T / 2), unsigned(B)), kThreads, 0, s>>>(out, lse, typed<X>(o), stats, T, H,
-                                                                                 D, t0, write);
+    ring_merge_kernel<X><<<dim3(unsigned(n), unsigned(B)), kThreads, 0, s>>>(out, lse, typed<X>(o), stats, T, H, D,
+                                                                            t0, n, write);
     TPT_CUDA_LAUNCHED();
   });
 }
