@@ -84,7 +84,7 @@ t0=$SECONDS
 # first builds measured on a 2-core machine: tptrain alone 3.4 min (2026-12-01, no CUDA files); all
 # targets with the CUDA files 8.6 min (2026-12-02, while other builds shared the machine)
 if [ -x "$BUILD_DIR/tptrain" ]; then echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ (what changed only)"
-else echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ with $(nproc) jobs (a first build on 2 cores takes about $([ "$BUILD_TARGETS" = tptrain ] && echo 4.5 || echo 6) minutes)"; fi
+else echo "setup: building $BUILD_TARGETS in $BUILD_DIR/ with $(nproc) jobs (a first build on 2 cores took $([ "$BUILD_TARGETS" = tptrain ] && echo 4.5 || echo 7 to 15) minutes)"; fi
 set +e
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target $BUILD_TARGETS 2>&1 | {
   shown=0 last=$SECONDS
