@@ -28,11 +28,26 @@ std::string this_host() {
   gethostname(buf, sizeof(buf) - 1);
   return buf;
 }
+
+#ifdef TPTRAIN_HAVE_MPI
+// Whether an MPI launcher started this process: a variable that mpirun / mpiexec (OpenMPI, MPICH,
+// Intel MPI, MVAPICH), SLURM's srun, Cray's aprun / PALS or LSF's jsrun put in every rank's
+// environment, or TPTRAIN_MPI_INIT (any other launcher). A process started on its own is the only
+// rank and does not start MPI: OpenMPI's singleton start-up spawns its daemon (orted), ~0.4 s of
+// every single-process run on a 2-core machine.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "MPI_LOCALNRANKS",
+                        "MV2_COMM_WORLD_RANK", "SLURM_PROCID", "ALPS_APP_PE", "PALS_RANKID", "JSM_NAMESPACE_RANK",
+                        "TPTRAIN_MPI_INIT"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+#endif
 }  // namespace
 
 void runtime_init(int* argc, char*** argv) {
 #ifdef TPTRAIN_HAVE_MPI
-  if (!g_mpi_started) {
+  if (!g_mpi_started && launched_by_mpi()) {
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -7,7 +7,8 @@
 
 namespace tpt {
 
-// MPI_Init (no-op without MPI). Safe to call once.
+// MPI_Init where an MPI launcher started the process (grid.cpp's launched_by_mpi; TPTRAIN_MPI_INIT=1
+// for another launcher); a process started on its own is one rank without MPI. No-op without MPI. Safe to call once.
 void runtime_init(int* argc, char*** argv);
 void runtime_finalize();
 int runtime_world_size();

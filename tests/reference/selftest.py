@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Self-checks of the PyTorch reference (gpt_ref.py) and its helpers, independent of tptrain.
 
-  selftest.py [--work DIR] [--quick]
+  selftest.py [--work DIR] [--quick] [--only NAMES] [--skip NAMES]
 
 Checks: autograd vs finite differences (torch.autograd.gradcheck, float64) of the loss in all
 parameters; the accumulated micro-batch gradient vs the full-batch gradient; the loaded model vs an
@@ -342,6 +342,7 @@ def main(argv=None):
     p.add_argument("--work", help="scratch directory (default: a temporary one)")
     p.add_argument("--quick", action="store_true", help="skip the gradchecks (the slowest checks)")
     p.add_argument("--only", help="comma-separated substrings: run the checks whose names contain one")
+    p.add_argument("--skip", help="comma-separated substrings: skip the checks whose names contain one")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     work = a.work or tempfile.mkdtemp(prefix="gpt_ref_selftest_")
@@ -351,6 +352,8 @@ def main(argv=None):
         if a.quick and fn.__name__.startswith("gradcheck"):
             continue
         if a.only and not any(w in fn.__name__ for w in a.only.split(",")):
+            continue
+        if a.skip and any(w in fn.__name__ for w in a.skip.split(",")):
             continue
         ran += 1
         try:
