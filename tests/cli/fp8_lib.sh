@@ -1,6 +1,7 @@
 # Sourced by the FP8 training tests (tests/cli/fp8.sh, fp8_moe.sh) after lib.sh: their data and
 # config, tptrain and the emulated-FP8 reference on the config $CFG (default $W/cfg.yaml), and the
 # comparison of their losses.
+source "$TPTRAIN_SRC/tests/cli/ref_lib.sh"  # ref_py: the reference runs forked from one Python
 
 # fp8_setup WHAT [MODEL_KEYS]: ends the test (skipped) without torch / numpy / yaml; else the tokens in
 # $W/data and $W/cfg.yaml: GPT, 4 layers of hidden 64, bf16, 20 steps (MODEL_KEYS: ", key: value" more)
@@ -31,8 +32,8 @@ tpt() {  # name np args...: tptrain's metrics in $W/name.jsonl
 }
 ref() {  # name args...: the reference's metrics in $W/name.jsonl
   local name=$1; shift
-  timeout 300 "$PY" "$TPTRAIN_SRC/tests/reference/gpt_ref.py" --config "${CFG:-$W/cfg.yaml}" --out "$W/$name.jsonl" "$@" \
-    > "$W/$name.log" 2>&1 || { echo "  ($name: the reference failed)"; tail -5 "$W/$name.log"; return 1; }
+  ref_py "$W/$name.log" "$TPTRAIN_SRC/tests/reference/gpt_ref.py" --config "${CFG:-$W/cfg.yaml}" --out "$W/$name.jsonl" "$@" \
+    || { echo "  ($name: the reference failed)"; tail -5 "$W/$name.log"; return 1; }
 }
 # within A B TOL [FAR BTOL]: max |loss A - loss B| over A's iterations (each in B; at least MIN_STEPS,
 # default 1) <= TOL; with FAR, max |loss FAR - loss B| > BTOL

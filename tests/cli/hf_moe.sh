@@ -30,6 +30,7 @@ source "$TPTRAIN_SRC/tests/cli/lib.sh"
 export PYTHONDONTWRITEBYTECODE=1
 REF=$TPTRAIN_SRC/tests/reference
 source "$TPTRAIN_SRC/tests/cli/hf_lib.sh"
+source "$TPTRAIN_SRC/tests/cli/ref_lib.sh"  # ref_py: the reference runs forked from one Python
 TOL=(--loss-abs 1e-5 --gradnorm-rel 1e-4 --lr-rel 1e-6 --min-iters 6)
 COMMON=(--layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --experts 4 --topk 2)
 
@@ -79,7 +80,7 @@ GRID_ETP2=("${GRID[@]/expert_tensor_parallel_size=1/expert_tensor_parallel_size=
 # --- (a) training from init_from = the reference from the same files --------------------------------
 for n in mx qw qn q3 q3n; do
   c=$W/cfg_$n.yaml; [ $n = mx ] && c=$W/cfg.yaml
-  timeout 120 $PY "$REF/gpt_ref.py" --config "$c" --out "$W/ref_$n.jsonl" --threads 1 > "$W/ref_$n.log" 2>&1 &&
+  REF_TIMEOUT=120 ref_py "$W/ref_$n.log" "$REF/gpt_ref.py" --config "$c" --out "$W/ref_$n.jsonl" --threads 1 &&
     grep -q "Hugging Face .* weights from $W/$n" "$W/ref_$n.log" || { bad "reference gpt_ref.py --init $W/$n"; tail -3 "$W/ref_$n.log"; }
 done
 tptrain mx1 1 && compare mx1 ref_mx "Mixtral (bf16, 3 shards), 1 rank = reference" "${TOL[@]}"

@@ -22,6 +22,7 @@ mkdir -p "$WORK" || { echo "cannot create TPTRAIN_WORK=$WORK"; exit 1; }
 cd "$WORK" || exit 1
 echo "$NAME: tptrain=${TPTRAIN:-<unset>} src=$SRC work=$WORK python=$PY"
 source "$SRC/scripts/env.sh"  # mpirun as root, oversubscribed
+source "$SRC/tests/cli/ref_lib.sh"  # ref_py: the reference runs forked from one Python
 
 passed=0
 failed=0
@@ -61,8 +62,8 @@ parity_case() {
   echo
   echo "== case $name: ${sets[*]}"
 
-  if ! timeout "$TIMEOUT" "$PY" "$REF/gpt_ref.py" --config cfg.yaml "${sets[@]}" \
-      --set "logging.metrics_file=$mt" --out "$mr" > "$name.ref.log" 2>&1; then
+  if ! REF_TIMEOUT=$TIMEOUT ref_py "$name.ref.log" "$REF/gpt_ref.py" --config cfg.yaml "${sets[@]}" \
+      --set "logging.metrics_file=$mt" --out "$mr"; then
     show "$name.ref.log"
     fail "$name" "reference gpt_ref.py failed"
     return
