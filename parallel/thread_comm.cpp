@@ -232,18 +232,24 @@ class ThreadComm final : public DeferringComm {
                        const std::vector<int64_t>& recv_counts, DType t) override {
     const Outgoing mine{static_cast<const char*>(send), send_counts.data()};
     const std::vector<int64_t> ro = all_to_all_offsets(recv_counts);
+    // A mismatch is raised after the collective's second arrival: thrown inside it, this member's
+    // counts and buffers were freed while the others still read them (ASan, 2026-12-06)
+    std::string mismatch;
     collective(&mine, recv, bytes(ro.back(), t), [&](char* result) {
-      for (int p = 0; p < size(); ++p) {
+      for (int p = 0; p < size() && mismatch.empty(); ++p) {
         const Outgoing& peer = *g_->published<Outgoing>(p);
         const int64_t offset = std::accumulate(peer.counts, peer.counts + rank_, int64_t(0));
-        if (peer.counts[rank_] != recv_counts[size_t(p)])
-          internal_error("all_to_all_v: rank " + std::to_string(rank_) + " expected " +
-                         std::to_string(recv_counts[size_t(p)]) + " elements from rank " + std::to_string(p) +
-                         ", which sends " + std::to_string(peer.counts[rank_]));
+        if (peer.counts[rank_] != recv_counts[size_t(p)]) {
+          mismatch = "all_to_all_v: rank " + std::to_string(rank_) + " expected " +
+                     std::to_string(recv_counts[size_t(p)]) + " elements from rank " + std::to_string(p) +
+                     ", which sends " + std::to_string(peer.counts[rank_]);
+          break;
+        }
         const size_t n = bytes(recv_counts[size_t(p)], t);  // a peer that sends none may pass null buffers
         if (n > 0) std::memcpy(result + bytes(ro[size_t(p)], t), peer.send + bytes(offset, t), n);
       }
     });
+    if (!mismatch.empty()) internal_error(mismatch);
   }
 
  private:
