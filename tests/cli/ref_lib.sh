@@ -13,7 +13,11 @@ ref_py() {
     req=$(mktemp "$REF_SERVER_DIR/request.XXXXXX")
     printf '%s\n' "$PWD" "$log" "${REF_TIMEOUT:-300}" "$@" > "$req"
     echo "$req" >&"$REF_SERVER_W"
-    if read -r rc <&"$REF_SERVER_R"; then rm -f "$req"; return "$rc"; fi
+    # the server kills the run after its timeout; waits of 5 s at a time, checking that it lives
+    while :; do
+      if read -r -t 5 rc <&"$REF_SERVER_R"; then rm -f "$req"; return "$rc"; fi
+      kill -0 "$REF_SERVER_PID" 2>/dev/null || break
+    done
     echo "ref_py: the fork server ended (its log: $REF_SERVER_DIR/server.log):" >> "$log"
     tail -n 20 "$REF_SERVER_DIR/server.log" >> "$log" 2>/dev/null
     return 1
@@ -22,14 +26,16 @@ ref_py() {
 }
 
 # The server: two FIFOs in a folder of its own; it ends when this shell closes them (at its exit).
+# This shell opens both read-write, which never blocks: a server that dies before it opens them
+# (no python3, no torch) must not hang the test; ref_py then sees it gone.
 ref_server_start() {
   REF_SERVER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tptrain_ref.XXXXXX")
   mkfifo "$REF_SERVER_DIR/requests" "$REF_SERVER_DIR/responses"
   "$PY" "$(cd "$(dirname "${BASH_SOURCE[0]}")/../reference" && pwd)/forkserver.py" \
     "$REF_SERVER_DIR/requests" "$REF_SERVER_DIR/responses" > "$REF_SERVER_DIR/server.log" 2>&1 &
   REF_SERVER_PID=$!
-  exec {REF_SERVER_W}> "$REF_SERVER_DIR/requests"  # the server opens them in this order
-  exec {REF_SERVER_R}< "$REF_SERVER_DIR/responses"
+  exec {REF_SERVER_W}<> "$REF_SERVER_DIR/requests"
+  exec {REF_SERVER_R}<> "$REF_SERVER_DIR/responses"
   trap 'ref_server_stop' EXIT
 }
 
