@@ -68,8 +68,8 @@ inline int64_t cudnn_ring_staging_bytes(int64_t B, int64_t rows, int64_t H, int6
 // The cuBLASLt FP8 GEMMs' workspace (core/cuda/fp8_gemm.h) for the largest input, weight and output
 // gradient (elements: bytes of codes) and their most block scales (0 without blockwise scaling) of a
 // stage's FP8 GEMMs (model/fp8_linear.h Fp8ScratchSizes), 256-byte aligned parts:
-//   T0  a transposed weight or output gradient   max(w, dout) bytes
-//   T1  a transposed input                       inp bytes
+//   T0  a transposed weight or output gradient   max(w, dout) bytes  } for operands given without their
+//   T1  a transposed input                       inp bytes           } t_codes (none in training: 0, 0, 0)
 //   S0, S1  the two operands' block scales in cuBLASLt's layouts: rows padded to 4, at most 4 x blocks fp32;
 //           or a tensor scale copied to a 16-byte aligned address (cuBLASLt's call refuses others)
 struct Fp8WorkspaceParts {

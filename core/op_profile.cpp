@@ -273,7 +273,14 @@ class ProfiledOps final : public Ops {
     timed("scale gradients", 0, 2.0 * double(dtype_size(n, x.t)), [&] { in_.scale(x, s, n); });
   }
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
-    timed("fp8 quantize", 0, double(dtype_size(n, inp.t) + n), [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
+    timed(out ? "fp8 quantize" : "fp8 amax", 0, double(dtype_size(n, inp.t) + (out ? n : 0)),
+          [&] { in_.fp8_quantize(out, inp, n, t, scale, amax); });
+  }
+  void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf inp, int64_t rows, int64_t cols, Fp8Type t,
+                          const float* scale, float* amax) override {
+    const int64_t n = rows * cols;
+    timed("fp8 cast transpose", 0, double(dtype_size(n, inp.t) + (out ? n : 0) + (out_t ? n : 0)),
+          [&] { in_.fp8_cast_transpose(out, out_t, inp, rows, cols, t, scale, amax); });
   }
   void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
                           int margin) override {
@@ -283,9 +290,9 @@ class ProfiledOps final : public Ops {
     timed("fp8 transpose", 0, 2.0 * double(rows * cols), [&] { in_.fp8_transpose(out, in, rows, cols); });
   }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
-                           int margin, float* scale_inv) override {
+                           int margin, float* scale_inv, bool transposed) override {
     timed("fp8 quantize blocks", 0, double(dtype_size(rows * cols, inp.t) + rows * cols),
-          [&] { in_.fp8_quantize_blocks(out, inp, rows, cols, br, bc, t, margin, scale_inv); });
+          [&] { in_.fp8_quantize_blocks(out, inp, rows, cols, br, bc, t, margin, scale_inv, transposed); });
   }
 
   void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,

@@ -86,16 +86,18 @@ struct RingBlock {
 // *scale_inv (one fp32 on the device: 1 / the scale it was quantized with, core/fp8.h); with blocks
 // (block_rows > 0, Ops::fp8_quantize_blocks) times the scale_inv of its block: element (r, c) of the
 // row-major (rows, cols) codes reads scale_inv[(r / block_rows) * ceil(cols / block_cols) + c / block_cols].
-// t_codes (optional, a weight's): the same codes transposed, (cols, rows) -- Transformer Engine's
-// columnwise copy, kept with the weight's codes once per step -- which a GEMM that reads the operand
-// transposed takes instead of transposing the codes itself (the scales stay as for codes).
+// t_codes (optional): the same codes transposed, (cols, rows) -- Transformer Engine's columnwise copy: a
+// weight's, kept with its codes once per step, or an output gradient's or input's, made in their cast
+// (Ops::fp8_cast_transpose, fp8_quantize_blocks transposed) -- which a GEMM that reads the operand
+// transposed takes instead of transposing the codes itself (the scales stay as for codes). Either may be
+// null where no GEMM reads that layout (the weight gradient's input: t_codes alone).
 struct Fp8Operand {
   const uint8_t* codes = nullptr;
   Fp8Type t = Fp8Type::E4M3;
   const float* scale_inv = nullptr;
   int64_t block_rows = 0, block_cols = 0, cols = 0;
   const uint8_t* t_codes = nullptr;
-  explicit operator bool() const { return codes != nullptr; }
+  explicit operator bool() const { return codes != nullptr || t_codes != nullptr; }
 };
 
 // One entry of the multi-tensor optimizer calls (Ops::grad_stats, Ops::adamw_segments): n fp32
@@ -286,6 +288,11 @@ class Ops {
   // Transformer Engine's fused cast + amax. scale and amax: one fp32 each on the device. out null:
   // the amax alone (scale unread; current scaling's first pass, whose codes nothing reads).
   virtual void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) = 0;
+  // The same for in (rows, cols) in one pass, writing its codes as out (rows, cols) and / or transposed
+  // as out_t (cols, rows) (either may be null): Transformer Engine's cast + transpose, the rowwise and
+  // columnwise copies of a GEMM input that two GEMMs read along different dimensions (docs/FP8.md).
+  virtual void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf in, int64_t rows, int64_t cols, Fp8Type t,
+                                  const float* scale, float* amax) = 0;
   // Current scaling's scales from the reduced amaxes, on the device (no read to the host): for i < n
   // (at most kFp8MaxScales), scale[i] = core/fp8.h fp8_scale_from_amax(amax[i], 1, t[i], margin) and
   // scale_inv[i] = 1 / scale[i].
@@ -297,9 +304,10 @@ class Ops {
   // Blockwise (docs/FP8.md "Blockwise scaling"): in (rows, cols) in blocks of (block_rows, block_cols)
   // (the last ones cut by the edges); each block's codes with its own scale core/fp8.h fp8_block_scale
   // (its amax, margin, a power of two), scale_inv (one per block, row-major over the block grid) = 1 /
-  // that scale. No amax leaves the call: blocks never span ranks.
+  // that scale. No amax leaves the call: blocks never span ranks. transposed: out holds the codes as
+  // (cols, rows), the columnwise copy (the scales as without).
   virtual void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows,
-                                   int64_t block_cols, Fp8Type t, int margin, float* scale_inv) = 0;
+                                   int64_t block_cols, Fp8Type t, int margin, float* scale_inv, bool transposed) = 0;
   // FP8 GEMMs (docs/FP8.md "GEMM path"): linear_forward / linear_backward with FP8 operands, fp32
   // accumulation, outputs as there (out, gelu_pre, dinp in their dtype, rounded once; dw fp32 +=).
   // CPU: exact emulation -- each operand decoded and multiplied by its scale_inv in fp32, then the fp32

@@ -62,6 +62,7 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     block_cap_[i] = blocks[i];
     codes_[i] = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(std::max<int64_t>(caps[i], 1))));
   }
+  if (fp8_both_layouts(o_)) t_codes_ = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(std::max<int64_t>(f.dout, 1))));
   const int64_t T = kTensors * gemms;
   state_ = ops_.alloc(state_floats(o_, f, gemms));
   if (o_.blockwise) return;  // the block scales: written by every quantization
@@ -74,6 +75,7 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
 
 Fp8State::~Fp8State() {
   for (uint8_t* c : codes_) ops_.free(c);
+  ops_.free(t_codes_);
   ops_.free(kept_codes_);
   ops_.free(kept_scales_);
   ops_.free(state_);
@@ -120,8 +122,22 @@ Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
 }
 
 void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
-                        const int64_t* brows, const int64_t* bcols) {
+                        const int64_t* brows, const int64_t* bcols, const int* layouts) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
+  auto layout = [&](int i) { return layouts ? layouts[i] : int(kRow); };
+  // where tensor i's codes go in its layouts: rowwise into codes (null: not made), columnwise into
+  // codes_[i], or beside rowwise codes into t_codes_; the operand reads them with scale_inv
+  auto cast = [&](int i, uint8_t* codes, const float* scale, float* amax, const float* scale_inv) {
+    const int L = layout(i);
+    uint8_t* row = L & kRow ? codes : nullptr;
+    uint8_t* col = !(L & kCol) ? nullptr : row ? t_codes_ : codes_[i];
+    TPT_CHECK(!(L & kCol) || (cols && col && cols[i] > 0 && n[i] % cols[i] == 0));
+    if (col) ops_.fp8_cast_transpose(row, col, x[i], n[i] / cols[i], cols[i], type(i), scale, amax);
+    else ops_.fp8_quantize(row, x[i], n[i], type(i), scale, amax);
+    Fp8Operand o{row, type(i), scale_inv};
+    o.t_codes = col;
+    return o;
+  };
   KeptWeight* kw = n[kW] ? kept(g, x[kW], n[kW]) : nullptr;  // the weight's kept copy (src null: to make)
   const bool reuse = kw && kw->src;
   auto keep = [&] {  // the copy just made is current; its columnwise (transposed) copy
@@ -145,10 +161,12 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
         uint8_t* codes = codes_[i];
         float* si = scale_inv;
         if (i == kW && kw) codes = kept_codes_ + kw->codes, si = kept_scales_ + kw->scales;
+        const bool t = layout(i) == kCol;  // one layout: the codes, or their transpose
+        TPT_CHECK(layout(i) == kRow || (t && i != kW));
         if (!(i == kW && reuse))
-          ops_.fp8_quantize_blocks(codes, x[i], rows, cols[i], brows[i], bcols[i], type(i), o_.margin, si);
+          ops_.fp8_quantize_blocks(codes, x[i], rows, cols[i], brows[i], bcols[i], type(i), o_.margin, si, t);
         if (i == kW && kw && !reuse) keep();
-        q[i] = Fp8Operand{codes, type(i), si, brows[i], bcols[i], cols[i]};
+        q[i] = Fp8Operand{t ? nullptr : codes, type(i), si, brows[i], bcols[i], cols[i], t ? codes : nullptr};
         if (i == kW && kw) q[i] = kept_operand(q[i]);
       }
       scale_inv += block_cap_[i];
@@ -161,13 +179,17 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
       q[i] = Fp8Operand{};
       if (!n[i]) continue;
       const int64_t k = g * kTensors + i;
-      uint8_t* codes = i == kW && kw ? kept_codes_ + kw->codes : codes_[i];
-      if (!(i == kW && reuse)) {  // a kept weight's amax was recorded when its copy was made this step
-        ops_.fp8_quantize(codes, x[i], n[i], type(i), state_ + T + k, state_ + k);
-        if (i == kW && kw) keep();
+      TPT_CHECK(i != kW || layout(i) == kRow);
+      if (i == kW && kw) {
+        uint8_t* codes = kept_codes_ + kw->codes;
+        if (!reuse) {  // a kept weight's amax was recorded when its copy was made this step
+          ops_.fp8_quantize(codes, x[i], n[i], type(i), state_ + T + k, state_ + k);
+          keep();
+        }
+        q[i] = kept_operand(Fp8Operand{codes, type(i), state_ + 2 * T + k});
+        continue;
       }
-      q[i] = Fp8Operand{codes, type(i), state_ + 2 * T + k};
-      if (i == kW && kw) q[i] = kept_operand(q[i]);
+      q[i] = cast(i, codes_[i], state_ + T + k, state_ + k, state_ + 2 * T + k);
     }
     return;
   }
@@ -198,8 +220,8 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
       q[i] = kept_operand(Fp8Operand{kept_codes_ + kw->codes, type(i), kept_si});
       continue;
     }
-    ops_.fp8_quantize(codes_[i], x[i], n[i], type(i), scale + i, amax + i);
-    q[i] = Fp8Operand{codes_[i], type(i), scale_inv + i};
+    TPT_CHECK(i != kW || layout(i) == kRow);
+    q[i] = cast(i, codes_[i], scale + i, amax + i, scale_inv + i);
   }
 }
 
@@ -231,17 +253,23 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
       ops.fp8_linear_backward(dinp, nullptr, q[Fp8State::kDout], Fp8Operand{}, q[Fp8State::kW], N, I, O, accumulate_dinp,
                               gelu_pre);
     }
-    if (fp8_dw) {  // dw += dout^T @ inp: both 128 x 1 over the tokens
+    if (fp8_dw) {  // dw += dout^T @ inp: both 128 x 1 over the tokens, written transposed (K-major)
       const CBuf x[kT] = {inp, CBuf{}, dout};
       const int64_t n[kT] = {N * I, 0, N * O}, cols[kT] = {I, 1, O}, br[kT] = {B, 1, B}, bc[kT] = {1, 1, 1};
-      state_->quantize(index_, x, n, q, cols, br, bc);
+      const int layouts[kT] = {Fp8State::kCol, Fp8State::kRow, Fp8State::kCol};
+      state_->quantize(index_, x, n, q, cols, br, bc, layouts);
       ops.fp8_linear_backward(Buf{}, dw, q[Fp8State::kDout], q[Fp8State::kInp], Fp8Operand{}, N, I, O, false, CBuf{});
     }
   } else if (dinp || fp8_dw) {
+    // the input columnwise (the weight gradient reads it transposed), the output gradient rowwise for
+    // the input gradient and columnwise for the weight gradient, each made in its cast
     const CBuf x[Fp8State::kTensors] = {fp8_dw ? inp : CBuf{}, dinp ? w : CBuf{}, dout};
     const int64_t n[Fp8State::kTensors] = {fp8_dw ? N * I : 0, dinp ? O * I : 0, N * O};
+    const int64_t cols[Fp8State::kTensors] = {I, I, O};
+    const int layouts[Fp8State::kTensors] = {Fp8State::kCol, Fp8State::kRow,
+                                             (dinp ? Fp8State::kRow : 0) | (fp8_dw ? Fp8State::kCol : 0)};
     Fp8Operand q[Fp8State::kTensors];
-    state_->quantize(index_, x, n, q);
+    state_->quantize(index_, x, n, q, cols, nullptr, nullptr, layouts);
     ops.fp8_linear_backward(dinp, fp8_dw ? dw : nullptr, q[Fp8State::kDout], q[Fp8State::kInp], q[Fp8State::kW], N, I,
                             O, accumulate_dinp, gelu_pre);
   }
@@ -308,6 +336,7 @@ std::vector<Fp8Weight> fp8_weights(const GPTDims& d, int64_t begin, int64_t end)
 int64_t fp8_scratch_bytes(const GPTDims& d, int64_t B, const Fp8LinearOptions& o, int64_t begin, int64_t end) {
   const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
   return std::max<int64_t>(f.inp, 1) + std::max<int64_t>(f.w, 1) + std::max<int64_t>(f.dout, 1) +
+         (fp8_both_layouts(o) ? std::max<int64_t>(f.dout, 1) : 0) +
          4 * Fp8State::state_floats(o, f, fp8_gemms_per_layer(d) * (end - begin)) +
          Fp8State::weight_cache_bytes(o, fp8_weights(d, begin, end));
 }

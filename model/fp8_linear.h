@@ -19,6 +19,8 @@
 // Formats: activations and weights E4M3; output gradients E4M3 (fp8_format: e4m3) or E5M2 (hybrid).
 // Every call quantizes what it reads again (the activation again for the weight gradient): the same values
 // and scale give the same codes, so a split backward (ZB-H1) and recompute give what one backward gives.
+// The backward's casts write the layouts its GEMMs read (Layout): the input columnwise only, the output
+// gradient rowwise and columnwise in one pass (Ops::fp8_cast_transpose), so no GEMM transposes codes.
 // The weights are the exception where Fp8State is given their shapes (GPTStage): a weight's codes and
 // scales are kept from its first quantization until weights_changed() (the trainer calls it when a
 // training step or an evaluation begins), with their transpose (Fp8Operand::t_codes, for the input
@@ -53,6 +55,12 @@ struct Fp8LinearOptions {
 };
 
 constexpr int64_t kFp8Block = 128;
+
+// Whether a backward makes an output gradient's codes in both layouts (current and delayed scaling with
+// FP8 weight gradients: the input gradient reads them rowwise, the weight gradient columnwise), which
+// takes a second scratch of the largest output gradient's codes; blockwise scaling quantizes the two
+// GEMMs' operands apart (other blocks), each in one layout.
+inline bool fp8_both_layouts(const Fp8LinearOptions& o) { return o.wgrad && !o.blockwise; }
 
 // The codes' scratch of a stage's FP8 GEMMs (elements of the largest input, weight and output gradient),
 // and with blockwise scaling the scales of their blocks (the most any of the GEMMs' layouts needs).
@@ -136,15 +144,21 @@ class Fp8State {
 
  private:
   friend class Fp8Linear;
-  // quantizes x[i] (n[i] elements; n[i] == 0: none) into codes_[i] and returns the operands;
-  // blockwise: x[i] is (n[i] / cols[i], cols[i]) in blocks of (brows[i], bcols[i])
+  // What a GEMM reads of an input: its codes (rowwise), their transpose (columnwise: the weight
+  // gradient's output gradient and input), or both (current and delayed scaling's output gradient when
+  // one backward makes both gradients), made in one pass (Ops::fp8_cast_transpose).
+  enum Layout { kRow = 1, kCol = 2 };
+  // quantizes x[i] (n[i] elements, (n[i] / cols[i], cols[i]); n[i] == 0: none) into codes_[i] (and
+  // t_codes_ where both layouts) in the layouts[i] (null: rowwise) and returns the operands;
+  // blockwise: in blocks of (brows[i], bcols[i]), one layout
   void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols = nullptr,
-                const int64_t* brows = nullptr, const int64_t* bcols = nullptr);
+                const int64_t* brows = nullptr, const int64_t* bcols = nullptr, const int* layouts = nullptr);
 
   Ops& ops_;
   Fp8LinearOptions o_;
   std::vector<Fp8Linear> gemms_;
   uint8_t* codes_[kTensors] = {};
+  uint8_t* t_codes_ = nullptr;  // the output gradient's columnwise copy beside its codes (fp8_both_layouts)
   int64_t cap_[kTensors] = {}, block_cap_[kTensors] = {};
   float* state_ = nullptr;  // on the device, state_floats
   std::vector<float> scale_, history_;  // host

@@ -249,6 +249,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     Fp8LinearOptions fo;
     fo.delayed = cfg.training.fp8_recipe == Fp8Recipe::Delayed;
     fo.blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
+    fo.wgrad = cfg.training.fp8_wgrad;
     const auto [fp8_begin, fp8_end] = cfg.training.fp8_layer_range(cfg.model.num_layers);
     const int64_t fp8 = f ? fp8_scratch_bytes(d, B, fo, std::max(fp8_begin, d.layer_begin), std::min(fp8_end, d.layer_end)) : 0;
     const int64_t own_slots = pooled ? 0 : slots[c];
@@ -297,12 +298,14 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
     m.attention_workspace_by_mode[0] = det.attention;
     m.attention_workspace_by_mode[1] = nondet.attention;
     m.backend = cfg.training.deterministic ? det : nondet;
-    for (const GPTDims& d : chunks)  // cuBLASLt's FP8 GEMMs: transposed codes and block scales
+    // cuBLASLt's FP8 GEMMs: block scales in its layouts, no transposed codes (the model gives every
+    // operand a GEMM reads transposed in that layout: the weights' kept copies, the casts' columnwise codes)
+    for (const GPTDims& d : chunks)
       if (fp8_layers(cfg, d) > 0) {
         const Fp8ScratchSizes f = fp8_scratch_sizes(d, B);
         const bool blocks = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
         const int64_t max_blocks = blocks ? std::max({f.inp_blocks, f.w_blocks, f.dout_blocks}) : 0;
-        m.backend.fp8 = std::max(m.backend.fp8, cuda_fp8_workspace(f.inp, f.w, f.dout, max_blocks).total);
+        m.backend.fp8 = std::max(m.backend.fp8, cuda_fp8_workspace(0, 0, 0, max_blocks).total);
       }
     m.backend.fp8 = device_buffer_bytes(m.backend.fp8);
   }

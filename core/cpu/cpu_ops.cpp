@@ -250,7 +250,11 @@ class CpuOps final : public Ops {
     store(x, f, n);
   }
   void fp8_quantize(uint8_t* out, CBuf inp, int64_t n, Fp8Type t, const float* scale, float* amax) override {
-    cpu::fp8_quantize(out, in(inp, n, 0), n, t, out ? *scale : 1.0f, amax);
+    cpu::fp8_quantize(out, nullptr, in(inp, n, 0), 1, n, t, out ? *scale : 1.0f, amax);
+  }
+  void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf inp, int64_t rows, int64_t cols, Fp8Type t,
+                          const float* scale, float* amax) override {
+    cpu::fp8_quantize(out, out_t, in(inp, rows * cols, 0), rows, cols, t, out || out_t ? *scale : 1.0f, amax);
   }
   void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
                           int margin) override {
@@ -262,8 +266,8 @@ class CpuOps final : public Ops {
       for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
   }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
-                           int margin, float* scale_inv) override {
-    cpu::fp8_quantize_blocks(out, in(inp, rows * cols, 0), rows, cols, br, bc, t, margin, scale_inv);
+                           int margin, float* scale_inv, bool transposed) override {
+    cpu::fp8_quantize_blocks(out, in(inp, rows * cols, 0), rows, cols, br, bc, t, margin, scale_inv, transposed);
   }
 
   // FP8 GEMMs, emulated exactly: the operands decoded (a table of the 256 codes) and multiplied by their
@@ -276,9 +280,14 @@ class CpuOps final : public Ops {
   void fp8_linear_backward(Buf dinp, Buf dw, Fp8Operand dout, Fp8Operand inp, Fp8Operand w, int64_t N, int64_t I,
                            int64_t O, bool accumulate_dinp, CBuf gelu_pre) override {
     TPT_CHECK(!(gelu_pre && accumulate_dinp));
-    const float* dy = dequantize(dout, N * O, 0);
-    if (dinp) input_grad_staged(dinp, dy, dequantize(row_major(w, O, I), O * I, 2), N, I, O, accumulate_dinp, gelu_pre);
-    if (dw) weight_grad(dw, dy, dequantize(inp, N * I, 1), N, I, O);
+    // each GEMM reads the layout the GPU's does: the input gradient dout's codes and w's transposed ones,
+    // the weight gradient dout's and inp's transposed ones -- each where given
+    if (dinp)
+      input_grad_staged(dinp, dequantize(dout, N * O, 0), dequantize(row_major(w, O, I, 0), O * I, 2), N, I, O,
+                        accumulate_dinp, gelu_pre);
+    if (dw)
+      weight_grad(dw, dequantize(row_major(dout, N, O, 0), N * O, 0), dequantize(row_major(inp, N, I, 1), N * I, 1),
+                  N, I, O);
   }
 
   void gather_rows(Buf out, CBuf inp, const int32_t* idx, const float* scale, int64_t R, int64_t C) override {
@@ -491,16 +500,17 @@ class CpuOps final : public Ops {
     return s;
   }
   // an FP8 operand's n values as fp32 in staging slot `slot`: fp8_to_fp32(code) * scale_inv
-  // The weight of the input gradient's GEMM as the GPU reads it: from its transposed codes where kept
-  // (transposed back here, so that the emulation checks them), else its codes.
-  Fp8Operand row_major(Fp8Operand w, int64_t O, int64_t I) {
-    if (!w.t_codes) return w;
-    codes_.resize(size_t(O * I));
-    fp8_transpose(codes_.data(), w.t_codes, I, O);
-    w.codes = codes_.data();
-    return w;
+  // An operand (rows, cols) of a GEMM that reads it transposed, as the GPU reads it: from its transposed
+  // codes where given (transposed back into buffer k here, so that the emulation checks them), else
+  // its codes.
+  Fp8Operand row_major(Fp8Operand x, int64_t rows, int64_t cols, int k) {
+    if (!x.t_codes) return x;
+    codes_[k].resize(size_t(rows * cols));
+    fp8_transpose(codes_[k].data(), x.t_codes, cols, rows);
+    x.codes = codes_[k].data();
+    return x;
   }
-  std::vector<uint8_t> codes_;
+  std::vector<uint8_t> codes_[2];
   const float* dequantize(const Fp8Operand& x, int64_t n, int slot) {
     float* f = stage(slot, n);
     cpu::fp8_dequantize(f, x, n);

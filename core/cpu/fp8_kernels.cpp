@@ -9,23 +9,35 @@
 
 namespace tpt::cpu {
 
-void fp8_quantize(uint8_t* out, const float* x, int64_t n, Fp8Type t, float scale, float* amax) {
+void fp8_quantize(uint8_t* out, uint8_t* out_t, const float* x, int64_t rows, int64_t cols, Fp8Type t, float scale,
+                  float* amax) {
+  const int64_t n = rows * cols;
   uint32_t m = fp8_abs_bits(*amax);
-  if (!out) {  // the amax alone
+  if (!out && !out_t) {  // the amax alone
 #pragma omp parallel for reduction(max : m) schedule(static)
     for (int64_t i = 0; i < n; ++i) m = std::max(m, fp8_abs_bits(x[i]));
-  } else {
+  } else if (!out_t) {
 #pragma omp parallel for reduction(max : m) schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       out[i] = fp32_to_fp8(x[i] * scale, t);
       m = std::max(m, fp8_abs_bits(x[i]));
     }
+  } else {
+#pragma omp parallel for reduction(max : m) schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = x[r * cols + c];
+        const uint8_t q = fp32_to_fp8(v * scale, t);
+        if (out) out[r * cols + c] = q;
+        out_t[c * rows + r] = q;
+        m = std::max(m, fp8_abs_bits(v));
+      }
   }
   *amax = bits_to_float(m);
 }
 
 void fp8_quantize_blocks(uint8_t* out, const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
-                         int margin, float* scale_inv) {
+                         int margin, float* scale_inv, bool transposed) {
   TPT_CHECK(br > 0 && bc > 0);
   const int64_t gc = (cols + bc - 1) / bc, blocks = (rows + br - 1) / br * gc;
 #pragma omp parallel for schedule(static)
@@ -36,7 +48,8 @@ void fp8_quantize_blocks(uint8_t* out, const float* x, int64_t rows, int64_t col
       for (int64_t c = c0; c < c1; ++c) amax = fp8_amax_step(amax, x[r * cols + c]);
     const float s = fp8_block_scale(amax, t, margin);
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c) out[r * cols + c] = fp32_to_fp8(x[r * cols + c] * s, t);
+      for (int64_t c = c0; c < c1; ++c)
+        out[transposed ? c * rows + r : r * cols + c] = fp32_to_fp8(x[r * cols + c] * s, t);
     scale_inv[b] = 1.0f / s;
   }
 }

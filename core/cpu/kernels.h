@@ -52,11 +52,14 @@ void combine_rows(float* out, const float* in, const int32_t* idx, const float* 
                   bool accumulate);
 void row_dots(float* out, const float* a, const float* b, const int32_t* idx, int64_t N, int64_t K, int64_t C);
 
-// FP8 (fp8_kernels.cpp; core/ops.h fp8_quantize, fp8_quantize_blocks): x's codes with one scale (amax
-// = max(amax, max |x|)) or with a power-of-two scale per block; an operand decoded times its scale_inv(s)
-void fp8_quantize(uint8_t* out, const float* x, int64_t n, Fp8Type t, float scale, float* amax);
+// FP8 (fp8_kernels.cpp; core/ops.h fp8_quantize, fp8_cast_transpose, fp8_quantize_blocks): x (rows, cols)'s
+// codes with one scale (amax = max(amax, max |x|)) into out and / or transposed into out_t (either may
+// be null), or with a power-of-two scale per block (transposed: out is (cols, rows)); an operand
+// decoded times its scale_inv(s)
+void fp8_quantize(uint8_t* out, uint8_t* out_t, const float* x, int64_t rows, int64_t cols, Fp8Type t, float scale,
+                  float* amax);
 void fp8_quantize_blocks(uint8_t* out, const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
-                         int margin, float* scale_inv);
+                         int margin, float* scale_inv, bool transposed);
 void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n);
 
 }  // namespace tpt::cpu

@@ -484,6 +484,10 @@ class CudaOps final : public Ops {
   void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax) override {
     cuda::fp8_quantize(out, in, n, t, scale, amax, stream_);
   }
+  void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf in, int64_t rows, int64_t cols, Fp8Type t,
+                          const float* scale, float* amax) override {
+    cuda::fp8_cast_transpose(out, out_t, in, rows, cols, t, scale, amax, stream_);
+  }
   void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n,
                           int margin) override {
     cuda::fp8_current_scales(scale, scale_inv, amax, t, n, margin, stream_);
@@ -492,8 +496,8 @@ class CudaOps final : public Ops {
     cuda::fp8_transpose(out, in, rows, cols, stream_);
   }
   void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
-                           int margin, float* scale_inv) override {
-    cuda::fp8_quantize_blocks(out, in, rows, cols, br, bc, t, margin, scale_inv, stream_);
+                           int margin, float* scale_inv, bool transposed) override {
+    cuda::fp8_quantize_blocks(out, in, rows, cols, br, bc, t, margin, scale_inv, transposed, stream_);
   }
   void fp8_linear_forward(Buf out, Fp8Operand inp, Fp8Operand w, CBuf bias, int64_t N, int64_t I, int64_t O,
                           Buf gelu_pre) override {

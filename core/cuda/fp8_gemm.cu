@@ -69,13 +69,15 @@ Side side(const Fp8Operand& x, const uint8_t* codes, int64_t R, int64_t K, bool 
 Fp8GemmStats fp8_gemm_stats() { return {g_fp8.load(), g_fallback.load()}; }
 
 // C (M, Nc) = A (M, K) B (Nc, K)^T. FP8: both K-major codes (a, b). The fallback: the operands xa, xb
-// decoded as stored (na, nb elements), read as fa, fb say (ld, trans; pointers set when decoded).
+// decoded as stored (na, nb elements; their codes, or with ta / tb their t_codes), read as fa, fb say
+// (ld, trans; pointers set when decoded).
 struct Fp8Gemms::Gemm {
   int64_t M = 0, Nc = 0, K = 0;
   Side a, b;
   bool fast_accum = false;
   bool fp8 = false;  // try cuBLASLt's FP8 (scalings it takes, shapes a multiple of 16)
   const Fp8Operand *xa = nullptr, *xb = nullptr;
+  bool ta = false, tb = false;
   int64_t na = 0, nb = 0;
   Operand fa, fb;
 };
@@ -101,8 +103,8 @@ float* Fp8Gemms::run_fallback(const Gemm& g, float* C, float beta) {
   float* fa = reinterpret_cast<float*>(base);
   float* fb = reinterpret_cast<float*>(base + ba);
   if (!C) C = reinterpret_cast<float*>(base + ba + bb);
-  fp8_dequantize(fa, *g.xa, g.na, stream_);
-  fp8_dequantize(fb, *g.xb, g.nb, stream_);
+  fp8_dequantize(fa, *g.xa, g.na, g.ta, stream_);
+  fp8_dequantize(fb, *g.xb, g.nb, g.tb, stream_);
   Operand A = g.fa, B = g.fb;
   A.p = fa, B.p = fb;
   gemm_.run(g.M, g.Nc, g.K, A, B, C, DType::F32, g.Nc, 0, 1, 1.0f, beta, DType::F32);
@@ -156,7 +158,10 @@ void Fp8Gemms::backward(Buf dinp, Buf dw, const Fp8Operand& dout, const Fp8Opera
   const bool blockwise = (dout && dout.block_rows > 0) || (inp && inp.block_rows > 0) || (w && w.block_rows > 0);
   const int64_t blocks =
       blockwise ? std::max({N * cdiv(O, B), cdiv(O, B) * cdiv(I, B), cdiv(N, B) * std::max(O, I)}) : 0;
-  const Fp8WorkspaceParts wp = cuda_fp8_workspace(dw ? N * I : 0, dinp ? O * I : 0, dw ? N * O : 0, blocks);
+  // transposed codes in the workspace only for operands that come without them (model/fp8_linear.h gives
+  // every one: the kept weights', the casts' columnwise codes)
+  const Fp8WorkspaceParts wp = cuda_fp8_workspace(dw && !inp.t_codes ? N * I : 0, dinp && !w.t_codes ? O * I : 0,
+                                                  dw && !dout.t_codes ? N * O : 0, blocks);
   char* ws = static_cast<char*>(work_.get(size_t(wp.total)));
   auto* t0 = reinterpret_cast<uint8_t*>(ws + wp.t0);
   auto* t1 = reinterpret_cast<uint8_t*>(ws + wp.t1);
@@ -165,6 +170,7 @@ void Fp8Gemms::backward(Buf dinp, Buf dw, const Fp8Operand& dout, const Fp8Opera
   const bool shapes = N % 16 == 0 && I % 16 == 0 && O % 16 == 0;
   if (dinp && I > 0) {  // dinp (N, I) = / += dout (N, O) @ w (O, I): B = w^T (I, O)
     const DType t = dinp.t;
+    TPT_CHECK(dout.codes);  // read rowwise
     Gemm g;
     g.M = N, g.Nc = I, g.K = O;
     g.a = side(dout, dout.codes, N, O, false, s0, stream_);
@@ -199,15 +205,18 @@ void Fp8Gemms::backward(Buf dinp, Buf dw, const Fp8Operand& dout, const Fp8Opera
   Gemm g;
   g.M = O, g.Nc = I, g.K = N;
   const bool fp8 = shapes && aligned16(dw.p);
-  if (fp8) {
-    fp8_transpose(t0, dout.codes, N, O, stream_);
-    fp8_transpose(t1, inp.codes, N, I, stream_);
-  }
-  g.a = side(dout, t0, O, N, true, s0, stream_);
-  g.b = side(inp, t1, I, N, true, s1, stream_);
-  g.fp8 = fp8 && g.a.ok && g.b.ok;
+  // the columnwise codes made in the casts, else transposed here
+  const uint8_t* dt = dout.t_codes ? dout.t_codes : t0;
+  const uint8_t* it = inp.t_codes ? inp.t_codes : t1;
+  if (fp8 && !dout.t_codes) fp8_transpose(t0, dout.codes, N, O, stream_);
+  if (fp8 && !inp.t_codes) fp8_transpose(t1, inp.codes, N, I, stream_);
+  g.a = side(dout, dt, O, N, true, s0, stream_);
+  g.b = side(inp, it, I, N, true, s1, stream_);
+  g.fp8 = fp8 && g.a.ok && g.b.ok && aligned16(dt) && aligned16(it);
   g.xa = &dout, g.xb = &inp, g.na = N * O, g.nb = N * I;
-  g.fa = Operand{nullptr, O, true}, g.fb = Operand{nullptr, I};
+  g.ta = dout.t_codes != nullptr, g.tb = inp.t_codes != nullptr;  // the fallback decodes what is there
+  g.fa = g.ta ? Operand{nullptr, N} : Operand{nullptr, O, true};
+  g.fb = g.tb ? Operand{nullptr, N, true} : Operand{nullptr, I};
   if (run_fp8(g, dw.p, dw.t, 1.0f)) return;
   if (dw.t == DType::F32) {
     run_fallback(g, dw.f32(), 1.0f);

@@ -4,9 +4,9 @@
 //
 // cuBLASLt's FP8 on Hopper takes both operands K-major (core/cuda/gemm.h Fp8Args). The forward's
 // operands are stored that way; the input gradient reads the weight transposed (its kept columnwise
-// copy, Fp8Operand::t_codes, else transposed into the workspace) and the weight gradient the output
-// gradient and the input transposed, so those codes are transposed into the workspace first
-// (Transformer Engine makes them in its cast; here each backward makes its own). Block scales
+// copy, Fp8Operand::t_codes) and the weight gradient the output gradient and the input transposed (their
+// columnwise codes, made in their casts as Transformer Engine does: Ops::fp8_cast_transpose); an operand
+// given without its transposed codes is transposed into the workspace first. Block scales
 // are copied into cuBLASLt's layouts (rows padded to 4). The forward accumulates as cuBLASLt's fast FP8
 // mode does with tensor scales (Transformer Engine's default), the gradients' GEMMs and every blockwise
 // GEMM in fp32 ("split accumulation"). Outputs, epilogues and roundings as Ops::linear_forward /

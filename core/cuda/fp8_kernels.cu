@@ -1,9 +1,10 @@
 // FP8 kernels (docs/FP8.md): the fused quantize + amax of Ops::fp8_quantize, per element through
 // core/fp8.h's conversion (so its codes are the CPU emulation's bit for bit), the amax as the maximum
 // of |x|'s bit patterns: a block reduction, then one atomicMax per block (order-free: deterministic).
-// Blockwise quantization (one thread block per scale block, core/fp8.h fp8_block_scale), and what the
-// cuBLASLt FP8 GEMMs need around them (core/cuda/fp8_gemm.cu): transposed codes, block scales in
-// cuBLASLt's layouts, and the fallback's decoding to fp32.
+// The cast + transpose (both layouts of a GEMM input in one pass, tiles through shared memory).
+// Blockwise quantization (one thread block per scale block, core/fp8.h fp8_block_scale; its codes
+// along rows, or transposed), and what the cuBLASLt FP8 GEMMs need around them (core/cuda/fp8_gemm.cu):
+// transposed codes, block scales in cuBLASLt's layouts, and the fallback's decoding to fp32.
 #include <cstdint>
 
 #include "core/cuda/device_util.h"
@@ -62,9 +63,84 @@ __global__ void fp8_quantize8_kernel(uint8_t* out, const T* in, int64_t n8, Fp8T
   if (threadIdx.x == 0 && m) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
 }
 
+// Ops::fp8_cast_transpose, 8 elements a thread (rows and cols multiples of 8, the pointers aligned): a
+// 64 x 64 tile a thread block, read with 16-byte loads and its codes stored (8 bytes a thread) along
+// out's rows and, through shared memory, along out_t's
+constexpr int kCt8 = 64;
+template <class T>
+__global__ void __launch_bounds__(kThreads) fp8_cast_transpose8_kernel(uint8_t* out, uint8_t* out_t, const T* in,
+                                                                       int64_t rows, int64_t cols, int64_t tiles_c,
+                                                                       Fp8Type t, const float* scale, float* amax) {
+  struct alignas(16) Eight {
+    T x[8];
+  };
+  union Codes {
+    uint8_t c[8];
+    uint2 u;
+  };
+  __shared__ alignas(8) uint8_t tile[kCt8][kCt8 + 8];
+  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kCt8, c0 = int64_t(blockIdx.x % tiles_c) * kCt8;
+  const float s = *scale;
+  uint32_t m = 0;
+  for (int k = threadIdx.x; k < kCt8 * kCt8 / 8; k += blockDim.x) {
+    const int r = k / (kCt8 / 8), v = k % (kCt8 / 8);
+    const int64_t gr = r0 + r, gc = c0 + 8 * v;
+    if (gr >= rows || gc >= cols) continue;
+    const Eight e = *reinterpret_cast<const Eight*>(in + gr * cols + gc);
+    Codes o;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float x = to_f32(e.x[j]);
+      o.c[j] = fp32_to_fp8(x * s, t);
+      m = m > fp8_abs_bits(x) ? m : fp8_abs_bits(x);
+    }
+    if (out) *reinterpret_cast<uint2*>(out + gr * cols + gc) = o.u;
+    *reinterpret_cast<uint2*>(&tile[r][8 * v]) = o.u;
+  }
+  m = block_reduce(m, MaxBits{}, 0u);  // (synchronises the block: the tile is whole)
+  if (threadIdx.x == 0 && m && amax) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
+  for (int k = threadIdx.x; k < kCt8 * kCt8 / 8; k += blockDim.x) {
+    const int c = k / (kCt8 / 8), v = k % (kCt8 / 8);
+    const int64_t gc = c0 + c, gr = r0 + 8 * v;
+    if (gc >= cols || gr >= rows) continue;
+    Codes o;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o.c[j] = tile[8 * v + j][c];
+    *reinterpret_cast<uint2*>(out_t + gc * rows + gr) = o.u;
+  }
+}
+
+// The same for any shape: a 32 x 32 tile a thread block, an element a thread per row of 32
+template <class T>
+__global__ void __launch_bounds__(kThreads) fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const T* in,
+                                                                      int64_t rows, int64_t cols, int64_t tiles_c,
+                                                                      Fp8Type t, const float* scale, float* amax) {
+  __shared__ uint8_t tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * 32, c0 = int64_t(blockIdx.x % tiles_c) * 32;
+  const int lane = threadIdx.x % 32, step = blockDim.x / 32;
+  const float s = *scale;
+  uint32_t m = 0;
+  for (int k = threadIdx.x / 32; k < 32; k += step) {
+    const int64_t r = r0 + k, c = c0 + lane;
+    if (r >= rows || c >= cols) continue;
+    const float x = ld(in, r * cols + c);
+    const uint8_t q = fp32_to_fp8(x * s, t);
+    if (out) out[r * cols + c] = q;
+    tile[k][lane] = q;
+    m = m > fp8_abs_bits(x) ? m : fp8_abs_bits(x);
+  }
+  m = block_reduce(m, MaxBits{}, 0u);
+  if (threadIdx.x == 0 && m && amax) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
+  for (int k = threadIdx.x / 32; k < 32; k += step) {
+    const int64_t c = c0 + k, r = r0 + lane;  // out_t (cols, rows): row c, column r
+    if (c < cols && r < rows) out_t[c * rows + r] = tile[lane][k];
+  }
+}
+
 template <class T>
 __global__ void fp8_quantize_blocks_kernel(uint8_t* out, const T* in, int64_t rows, int64_t cols, int64_t br,
-                                           int64_t bc, int64_t gc, Fp8Type t, int margin, float* scale_inv) {
+                                           int64_t bc, int64_t gc, Fp8Type t, int margin, float* scale_inv,
+                                           bool transposed) {
   const int64_t b = blockIdx.x, r0 = b / gc * br, c0 = b % gc * bc;
   const int64_t h = min(br, rows - r0), w = min(bc, cols - c0), n = h * w;
   uint32_t m = 0;
@@ -74,8 +150,8 @@ __global__ void fp8_quantize_blocks_kernel(uint8_t* out, const T* in, int64_t ro
   }
   const float s = fp8_block_scale(bits_to_float(block_reduce(m, MaxBits{}, 0u)), t, margin);
   for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-    const int64_t i = (r0 + k / w) * cols + c0 + k % w;
-    out[i] = fp32_to_fp8(ld(in, i) * s, t);
+    const int64_t r = r0 + k / w, c = c0 + k % w;
+    out[transposed ? c * rows + r : r * cols + c] = fp32_to_fp8(ld(in, r * cols + c) * s, t);
   }
   if (threadIdx.x == 0) scale_inv[b] = 1.0f / s;
 }
@@ -103,12 +179,17 @@ __global__ void fp8_relayout_scales_kernel(float* out, const float* in, int64_t 
   }
 }
 
-__global__ void fp8_dequantize_kernel(float* out, Fp8Operand x, int64_t n) {
+__global__ void fp8_dequantize_kernel(float* out, Fp8Operand x, int64_t n, bool transposed) {
   const int64_t gc = x.block_rows > 0 ? (x.cols + x.block_cols - 1) / x.block_cols : 0;
+  const int64_t rows = x.block_rows > 0 ? n / x.cols : 0;
+  const uint8_t* codes = transposed ? x.t_codes : x.codes;
   TPT_GRID_LOOP(i, n) {
-    const float s = x.block_rows > 0 ? x.scale_inv[i / x.cols / x.block_rows * gc + i % x.cols / x.block_cols]
-                                     : *x.scale_inv;
-    out[i] = fp8_to_fp32(x.codes[i], x.t) * s;
+    float s = *x.scale_inv;
+    if (x.block_rows > 0) {  // element (r, c): at i of the codes (rows, cols) or of their transpose
+      const int64_t r = transposed ? i % rows : i / x.cols, c = transposed ? i / rows : i % x.cols;
+      s = x.scale_inv[r / x.block_rows * gc + c / x.block_cols];
+    }
+    out[i] = fp8_to_fp32(codes[i], x.t) * s;
   }
 }
 
@@ -120,7 +201,7 @@ __global__ void bias_store_kernel(T* out, const float* acc, const T* bias, int64
 }  // namespace
 
 void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
-                         int margin, float* scale_inv, cudaStream_t s) {
+                         int margin, float* scale_inv, bool transposed, cudaStream_t s) {
   TPT_CHECK(br > 0 && bc > 0);
   if (rows <= 0 || cols <= 0) return;
   const int64_t gc = (cols + bc - 1) / bc, blocks = (rows + br - 1) / br * gc;
@@ -129,7 +210,7 @@ void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int6
   dispatch(in.t, [&](auto tag) {
     using T = decltype(tag);
     fp8_quantize_blocks_kernel<T><<<unsigned(blocks), threads, 0, s>>>(out, typed<T>(in), rows, cols, br, bc, gc, t,
-                                                                       margin, scale_inv);
+                                                                       margin, scale_inv, transposed);
     TPT_CUDA_LAUNCHED();
   });
 }
@@ -149,10 +230,11 @@ void fp8_relayout_scales(float* out, const float* in, int64_t ni, int64_t nj, in
   TPT_CUDA_LAUNCHED();
 }
 
-void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n, cudaStream_t s) {
-  TPT_CHECK(x.codes && x.scale_inv && (x.block_rows == 0 || (x.cols > 0 && x.block_cols > 0)));
+void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n, bool transposed, cudaStream_t s) {
+  TPT_CHECK((transposed ? x.t_codes : x.codes) && x.scale_inv &&
+            (x.block_rows == 0 || (x.cols > 0 && x.block_cols > 0)));
   if (n <= 0) return;
-  fp8_dequantize_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, x, n);
+  fp8_dequantize_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, x, n, transposed);
   TPT_CUDA_LAUNCHED();
 }
 
@@ -186,6 +268,28 @@ void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const
   for (int i = 0; i < n; ++i) types.t[i] = t[i];
   fp8_current_scales_kernel<<<1, Ops::kFp8MaxScales, 0, s>>>(scale, scale_inv, amax, types, n, margin);
   TPT_CUDA_LAUNCHED();
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf in, int64_t rows, int64_t cols, Fp8Type t,
+                        const float* scale, float* amax, cudaStream_t s) {
+  if (!out_t) return fp8_quantize(out, in, rows * cols, t, scale, amax, s);
+  if (rows <= 0 || cols <= 0) return;
+  dispatch(in.t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto a = reinterpret_cast<uintptr_t>(in.p), b = reinterpret_cast<uintptr_t>(out),
+               c = reinterpret_cast<uintptr_t>(out_t);
+    const bool wide = rows % 8 == 0 && cols % 8 == 0 && a % 16 == 0 && b % 8 == 0 && c % 8 == 0;
+    const int64_t tile = wide ? kCt8 : 32, tiles_c = (cols + tile - 1) / tile,
+                  blocks = (rows + tile - 1) / tile * tiles_c;
+    TPT_CHECK(blocks < (int64_t(1) << 31));
+    if (wide)
+      fp8_cast_transpose8_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(out, out_t, typed<T>(in), rows, cols, tiles_c,
+                                                                          t, scale, amax);
+    else
+      fp8_cast_transpose_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(out, out_t, typed<T>(in), rows, cols, tiles_c,
+                                                                         t, scale, amax);
+    TPT_CUDA_LAUNCHED();
+  });
 }
 
 void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s) {

@@ -32,17 +32,21 @@ void scale(Buf x, float a, int64_t n, cudaStream_t s);  // fp32, or the bf16 gra
 void fp8_quantize(uint8_t* out, CBuf in, int64_t n, Fp8Type t, const float* scale, float* amax, cudaStream_t s);
 void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const Fp8Type* t, int n, int margin,
                         cudaStream_t s);
+// Ops::fp8_cast_transpose: tiles through shared memory, the codes written along rows both ways
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf in, int64_t rows, int64_t cols, Fp8Type t,
+                        const float* scale, float* amax, cudaStream_t s);
 // Ops::fp8_quantize_blocks: one thread block per scale block, its amax, power-of-two scale and codes
 void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
-                         Fp8Type t, int margin, float* scale_inv, cudaStream_t s);
+                         Fp8Type t, int margin, float* scale_inv, bool transposed, cudaStream_t s);
 // The FP8 GEMMs' operand preparation (core/cuda/fp8_gemm.cu): out (cols, rows) = the transpose of the
 // codes in (rows, cols); a scale grid's relayout, out[j * ld + i] = in[i * si + j * sj] for i < ni,
 // j < nj (0 for ni <= i < ld); and the fallback's decoding, out (n fp32) = value * its scale_inv
-// (core/ops.h Fp8Operand, as the CPU emulation).
+// (core/ops.h Fp8Operand, as the CPU emulation): of its codes, or (transposed) of its t_codes, out then
+// (cols, rows).
 void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols, cudaStream_t s);
 void fp8_relayout_scales(float* out, const float* in, int64_t ni, int64_t nj, int64_t si, int64_t sj, int64_t ld,
                          cudaStream_t s);
-void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n, cudaStream_t s);
+void fp8_dequantize(float* out, const Fp8Operand& x, int64_t n, bool transposed, cudaStream_t s);
 // out (N, C) = acc (N, C fp32) + bias (C; may be null), rounded once to out's dtype
 void bias_store(Buf out, const float* acc, CBuf bias, int64_t N, int64_t C, cudaStream_t s);
 // dst = src converted (any pair of dtypes; equal dtypes are a copy)

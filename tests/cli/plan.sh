@@ -257,9 +257,11 @@ compare dp4_distopt_bf16 4 1 1 training.precision=bf16 parallel.distributed_opti
 compare single_bf16_remainders 1 1 1 training.precision=bf16 optimizer.store_param_remainders=true
 compare dp4_distopt_bf16_remainders 4 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true
 # FP8 training (tensorwise, CPU): each chunk's scratch for the codes of the largest GEMM input, weight and
-# output gradient, and its scales
+# output gradient (twice: rowwise and columnwise), and its scales
 compare fp8_tp2_sp_hybrid 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=tensorwise \
   parallel.sequence_parallel=true
+# fp8_wgrad: false: the output gradients in one layout (no second scratch)
+compare fp8_nowgrad 1 1 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_wgrad=false
 # delayed scaling: each chunk's scales and amaxes of its FP8 GEMM inputs on the device (2 chunks per
 # rank, layers 0 and 3 in bf16: rank 0's chunk of layer 0 has none), and with an asynchronous save the
 # host copy of the scales and histories (checked against the plan at the first save)

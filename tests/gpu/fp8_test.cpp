@@ -1,12 +1,12 @@
 // The CUDA backend's FP8 kernels against the CPU emulation (docs/FP8.md): Ops::fp8_quantize's codes
-// and amax (and its amax alone), and Ops::fp8_quantize_blocks' codes and block scales, bit for bit,
-// for fp32 / bf16 / fp16 inputs of awkward sizes over the whole FP8 range and beyond (saturation),
+// and amax (and its amax alone), Ops::fp8_cast_transpose's codes in both layouts, and
+// Ops::fp8_quantize_blocks' codes (also transposed) and block scales, bit for bit, for fp32 / bf16 / fp16 inputs of awkward sizes over the whole FP8 range and beyond (saturation),
 // with infinities, signed zeros, subnormals and a NaN. The FP8 GEMMs (Ops::fp8_linear_forward / backward: cuBLASLt's FP8
 // matmul, or the fallback where it has none) against a double-precision sum of the decoded operands,
 // within a bound derived from the accumulation (see gemm_bound), for tensor scales (E4M3, and E5M2
 // output gradients) and block scales, aligned shapes (cuBLASLt's FP8 on Hopper: it must run there) and
 // odd ones (the fallback), with bias, GELU, an accumulated input gradient and fp32 / bf16 weight
-// gradients.
+// gradients, the weight gradient's operands given as codes or as their columnwise copies alone.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -78,6 +78,36 @@ struct Bytes {
   uint8_t* p() const { return static_cast<uint8_t*>(d.buf().p); }
 };
 
+// Both layouts in one pass against the CPU's, on the wide path (rows and columns multiples of 8: whole
+// 64 x 64 tiles and cut ones) and the narrow one (odd shapes), with and without the rowwise codes.
+TEST(GpuFp8, CastTransposeBitwiseAsCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape& sh : {Shape{64, 64}, Shape{256, 384}, Shape{72, 200}, Shape{8, 8}, Shape{37, 53}, Shape{1, 1000},
+                          Shape{1000, 1}, Shape{130, 96}})
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
+      for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2})
+        for (bool rowwise : {true, false}) {
+          SCOPED_TRACE(std::to_string(sh.rows) + " x " + std::to_string(sh.cols) + " " + dtype_name(dt) +
+                       (t == Fp8Type::E4M3 ? " e4m3" : " e5m2") + (rowwise ? " both" : " columnwise"));
+          const size_t n = size_t(sh.rows * sh.cols);
+          const VecF x = fp8_inputs(n, uint32_t(n + 3 * int(t)), n > 1);
+          Pair in(*cpu, *gpu, x, dt), sc(*cpu, *gpu, VecF{0.37f}), am(*cpu, *gpu, VecF{0.5f});
+          Bytes rc(*cpu, std::vector<uint8_t>(n)), rg(*gpu, std::vector<uint8_t>(n));
+          Bytes tc(*cpu, std::vector<uint8_t>(n)), tg(*gpu, std::vector<uint8_t>(n));
+          cpu->fp8_cast_transpose(rowwise ? rc.p() : nullptr, tc.p(), in.cpu, sh.rows, sh.cols, t, sc.cpu, am.cpu);
+          gpu->fp8_cast_transpose(rowwise ? rg.p() : nullptr, tg.p(), in.gpu, sh.rows, sh.cols, t, sc.gpu, am.gpu);
+          EXPECT_TRUE(tg.host(*gpu) == tc.host(*cpu)) << "columnwise codes";
+          if (rowwise) {
+            EXPECT_TRUE(rg.host(*gpu) == rc.host(*cpu)) << "rowwise codes";
+          }
+          EXPECT_TRUE(bitwise(am.gpu.host(), am.cpu.host())) << "amax";
+        }
+}
+
 TEST(GpuFp8, QuantizeBlocksBitwiseAsCpu) {
   auto cpu = cpu_ops();
   auto gpu = gpu_ops();
@@ -87,20 +117,22 @@ TEST(GpuFp8, QuantizeBlocksBitwiseAsCpu) {
   for (const Case& c : {Case{3, 300, 1, 128}, Case{257, 129, 128, 128}, Case{300, 70, 128, 1}, Case{1, 5, 1, 128}})
     for (DType dt : {DType::F32, DType::BF16})
       for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2})
-        for (int margin : {0, 2}) {
-          SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " in " + std::to_string(c.br) +
-                       " x " + std::to_string(c.bc) + " " + dtype_name(dt) + " margin " + std::to_string(margin));
-          const size_t n = size_t(c.rows * c.cols);
-          const VecF x = fp8_inputs(n, uint32_t(n + margin), n > 1);
-          const int64_t blocks = (c.rows + c.br - 1) / c.br * ((c.cols + c.bc - 1) / c.bc);
-          Pair in(*cpu, *gpu, x, dt);
-          Pair si(*cpu, *gpu, VecF(size_t(blocks), -1.0f));
-          Bytes qc(*cpu, std::vector<uint8_t>(n)), qg(*gpu, std::vector<uint8_t>(n));
-          cpu->fp8_quantize_blocks(qc.p(), in.cpu, c.rows, c.cols, c.br, c.bc, t, margin, si.cpu);
-          gpu->fp8_quantize_blocks(qg.p(), in.gpu, c.rows, c.cols, c.br, c.bc, t, margin, si.gpu);
-          EXPECT_TRUE(qg.host(*gpu) == qc.host(*cpu)) << "codes";
-          EXPECT_TRUE(bitwise(si.gpu.host(), si.cpu.host())) << "block scales";
-        }
+        for (int margin : {0, 2})
+          for (bool tr : {false, true}) {
+            SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " in " + std::to_string(c.br) +
+                         " x " + std::to_string(c.bc) + " " + dtype_name(dt) + " margin " + std::to_string(margin) +
+                         (tr ? " transposed" : ""));
+            const size_t n = size_t(c.rows * c.cols);
+            const VecF x = fp8_inputs(n, uint32_t(n + margin), n > 1);
+            const int64_t blocks = (c.rows + c.br - 1) / c.br * ((c.cols + c.bc - 1) / c.bc);
+            Pair in(*cpu, *gpu, x, dt);
+            Pair si(*cpu, *gpu, VecF(size_t(blocks), -1.0f));
+            Bytes qc(*cpu, std::vector<uint8_t>(n)), qg(*gpu, std::vector<uint8_t>(n));
+            cpu->fp8_quantize_blocks(qc.p(), in.cpu, c.rows, c.cols, c.br, c.bc, t, margin, si.cpu, tr);
+            gpu->fp8_quantize_blocks(qg.p(), in.gpu, c.rows, c.cols, c.br, c.bc, t, margin, si.gpu, tr);
+            EXPECT_TRUE(qg.host(*gpu) == qc.host(*cpu)) << "codes";
+            EXPECT_TRUE(bitwise(si.gpu.host(), si.cpu.host())) << "block scales";
+          }
 }
 
 // ---- the FP8 GEMMs
@@ -148,13 +180,24 @@ HostQ quantize(const VecF& x, int64_t rows, int64_t cols, Fp8Type t, int64_t br,
   return q;
 }
 
-// A HostQ on the GPU, as an Fp8Operand.
+// A HostQ on the GPU, as an Fp8Operand: its codes, or (columnwise, q (rows, cols)) their transpose alone
+// as t_codes, the scales as for the codes.
 struct DevQ {
   Bytes codes;
   Dev scale_inv;
   Fp8Operand op;
   DevQ(Ops& ops, const HostQ& q) : codes(ops, q.codes), scale_inv(ops, q.scale_inv) {
     op = Fp8Operand{codes.p(), q.t, scale_inv.f32(), q.br, q.bc, q.cols};
+  }
+  DevQ(Ops& ops, const HostQ& q, int64_t rows) : codes(ops, transposed(q.codes, rows)), scale_inv(ops, q.scale_inv) {
+    op = Fp8Operand{nullptr, q.t, scale_inv.f32(), q.br, q.bc, q.cols, codes.p()};
+  }
+  static std::vector<uint8_t> transposed(const std::vector<uint8_t>& c, int64_t rows) {
+    const int64_t cols = int64_t(c.size()) / rows;
+    std::vector<uint8_t> t(c.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) t[size_t(k * rows + r)] = c[size_t(r * cols + k)];
+    return t;
   }
 };
 
@@ -260,9 +303,15 @@ void check_fp8_linear(const GemmCase& c, bool bias_on, bool gelu, bool accumulat
   reference(qg2.values, 1, O, qx2.values, 1, I, O, I, N, ref, mag);  // dout^T (O, N), inp^T (I, N)
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += w0[i], mag[i] += std::fabs(w0[i]);
   EXPECT_TRUE(within(dwg.host(), ref, mag, bwd_acc, dw_t == DType::BF16 ? 1.0 / 128 : 0.0, 1e-9)) << "weight gradient";
-  // aligned shapes on a GPU with FP8 tensor cores run cuBLASLt's FP8 (3 GEMMs), never the fallback
+  // the same operands as their columnwise codes alone (as the casts make them for the model): the same
+  // GEMM, bit for bit (cuBLASLt's without a transpose of its own, or the fallback decoding them)
+  DevQ tg2(*gpu, qg2, N), tx2(*gpu, qx2, N);
+  Dev dwt(*gpu, w0, dw_t);
+  gpu->fp8_linear_backward(Buf{}, dwt, tg2.op, tx2.op, Fp8Operand{}, N, I, O, false, CBuf{});
+  EXPECT_TRUE(bitwise(dwt.host(), dwg.host())) << "weight gradient from the columnwise codes";
+  // aligned shapes on a GPU with FP8 tensor cores run cuBLASLt's FP8 (4 GEMMs), never the fallback
   if (fp8_tensor_cores() && N % 128 == 0 && I % 128 == 0 && O % 128 == 0) {
-    EXPECT_EQ(cuda::fp8_gemm_stats().fp8 - before, 3) << "cuBLASLt's FP8 GEMMs ran";
+    EXPECT_EQ(cuda::fp8_gemm_stats().fp8 - before, 4) << "cuBLASLt's FP8 GEMMs ran";
   }
 }
 

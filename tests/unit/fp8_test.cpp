@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config_test_util.h"
@@ -104,6 +106,48 @@ TEST(Fp8, OpsQuantizeAsTheReference) {
     ++cases;
   }
   EXPECT_EQ(cases, 36);
+}
+
+// Ops::fp8_cast_transpose and fp8_quantize_blocks' transposed codes: each code core/fp8.h's scalar rule
+// (bitwise as the reference above) at its place in each layout, and the amax as the running fold.
+TEST(Fp8, CastTransposeLayoutsAsTheScalarRule) {
+  auto ops = make_cpu_ops(2);
+  const int64_t rows = 37, cols = 53, n = rows * cols;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> e(-20.0f, 12.0f), sign(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = std::copysign(std::exp2(e(gen)), sign(gen));
+  x[3] = INFINITY, x[100] = -0.0f, x[7 * cols + 2] = 1e6f;
+  for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2}) {
+    const float s = 3.7f;
+    std::vector<uint8_t> out(static_cast<size_t>(n)), out_t(out.size()), only_t(out.size());
+    float a = 0.5f, a2 = 0.5f, want = 0.5f;
+    ops->fp8_cast_transpose(out.data(), out_t.data(), x.data(), rows, cols, t, &s, &a);
+    ops->fp8_cast_transpose(nullptr, only_t.data(), x.data(), rows, cols, t, &s, &a2);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = x[size_t(r * cols + c)];
+        want = fp8_amax_step(want, v);
+        const int code = fp32_to_fp8(v * s, t);
+        ASSERT_EQ(int(out[size_t(r * cols + c)]), code) << r << ", " << c;
+        ASSERT_EQ(int(out_t[size_t(c * rows + r)]), code) << r << ", " << c;
+        ASSERT_EQ(int(only_t[size_t(c * rows + r)]), code) << r << ", " << c;
+      }
+    EXPECT_TRUE(same(a, want));
+    EXPECT_TRUE(same(a2, want));
+    // blocks (128 x 1 and 1 x 16, cut at the edges): the transposed codes are the codes transposed, the
+    // scales the same
+    for (auto [br, bc] : {std::pair<int64_t, int64_t>{128, 1}, {1, 16}}) {
+      const int64_t blocks = (rows + br - 1) / br * ((cols + bc - 1) / bc);
+      std::vector<float> si(static_cast<size_t>(blocks)), si_t(si.size());
+      ops->fp8_quantize_blocks(out.data(), x.data(), rows, cols, br, bc, t, 0, si.data(), false);
+      ops->fp8_quantize_blocks(out_t.data(), x.data(), rows, cols, br, bc, t, 0, si_t.data(), true);
+      EXPECT_EQ(si, si_t);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(out_t[size_t(c * rows + r)], out[size_t(r * cols + c)]) << br << " x " << bc << " " << r << ", " << c;
+    }
+  }
 }
 
 TEST(Fp8, DelayedScalingHistoryAsTheReference) {
