@@ -188,6 +188,28 @@ class Model {
     const double compute = 2 * m * n * k / (hw_.peak_tflops * 1e12 * hw_.gemm_efficiency * shape);
     return std::max(compute, memory_bound((m * k + k * n + m * n) * cb_, 0)) + hw_.kernel_overhead_us * 1e-6;
   }
+  // Bytes per element of the FP8 casts of a linear layer's GEMM inputs (model/fp8_linear.cpp): each reads
+  // the 16-bit tensor once, current scaling (tensorwise) once more for its amax first, and writes a byte
+  // per layout it makes. The input: its rowwise codes in forward, its columnwise codes again in
+  // backward for an FP8 weight gradient; the output gradient: both layouts in one cast (blockwise: two
+  // casts, 1 x 128 for the input gradient and 128 x 1 for the weight gradient), its rowwise codes alone
+  // with fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
+  // written).
+  struct Fp8Casts {
+    double input = 0, input_again = 0, output_grad = 0, weight = 0;
+  };
+  Fp8Casts fp8_casts() const {
+    const TrainingConfig& t = c_.training;
+    const bool wgrad = t.fp8_wgrad, blockwise = t.fp8_recipe == Fp8Recipe::Blockwise;
+    const double read = cb_ + (t.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0);
+    Fp8Casts c;
+    c.input = read + 1.0;
+    c.input_again = wgrad ? read + 1.0 : 0.0;
+    c.output_grad = !wgrad ? read + 1.0 : blockwise ? 2.0 * (read + 1.0) : read + 2.0;
+    c.weight = read + 3.0;
+    return c;
+  }
+
   // The same GEMM with FP8 operands (1 byte each; the output in the compute dtype).
   double gemm_fp8(double m, double n, double k) const {
     const double tiles = std::ceil(m / 128) * std::ceil(n / 128), waves = std::ceil(tiles / hw_.sms);
@@ -262,15 +284,15 @@ class Model {
     }
     // an MoE layer's: QKV, projection, the router on the rank's Nt tokens, and each local expert's
     // fc1 and fc2 on its share of the rows (the balanced load)
-    // an FP8 layer's (docs/FP8.md): the GEMMs on FP8 operands, and the casts of their inputs (FP8 codes
-    // and their transpose; the weights' once per step: over the step's M micro-batches)
+    // an FP8 layer's (docs/FP8.md): the GEMMs on FP8 operands, and the casts of their inputs as
+    // model/fp8_linear.cpp makes them (fp8_casts); the weights' once per step: over the step's M
+    // micro-batches
     double f8f = 0, f8b = 0, f8w = 0;
+    const Fp8Casts cast = fp8_casts();
+    const double M = double(c_.training.global_batch_size) /
+                     double(int64_t(c_.training.micro_batch_size) * c_.parallel.data_parallel_size);
     if (k.fp8_layers > 0) {
       const TrainingConfig& t = c_.training;
-      const double amax_read = t.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0;
-      const double cast = cb_ + amax_read + 2.0;  // read (+ the amax pass), codes + transposed codes
-      const double M = double(c_.training.global_batch_size) /
-                       double(int64_t(c_.training.micro_batch_size) * c_.parallel.data_parallel_size);
       double xf = 0, wb = 0, yb = 0;
       for (const ChunkWork::Linear& l : k.linears) {
         f8f += gemm_fp8(N, l.out, l.in);
@@ -278,13 +300,14 @@ class Model {
         f8w += t.fp8_wgrad ? gemm_fp8(l.in, l.out, N) : gemm(l.in, l.out, N);
         xf += N * l.in, wb += l.in * l.out, yb += N * l.out;
       }
-      const double n = double(k.linears.size());
-      f8f += memory_bound(xf * cast + wb * cast / M, int(n));
-      f8b += memory_bound(yb * cast, int(n));
+      const int n = int(k.linears.size());
+      f8f += memory_bound(xf * cast.input + wb * cast.weight / M, n);
+      f8b += memory_bound(yb * cast.output_grad, n);
+      f8w += memory_bound(xf * cast.input_again, n);
     }
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
-    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8y = 0;
+    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8y = 0, m8wt = 0;
     const bool wgrad8 = c_.training.fp8_wgrad;
     for (const ChunkWork::Linear& l : k.moe.linears) {
       const bool router = l.split == LinearSplit::Replicated;
@@ -295,7 +318,7 @@ class Model {
       m8f += router ? gemm(rows, l.out, l.in) : gemm_fp8(rows, l.out, l.in);
       m8b += router ? gemm(rows, l.in, l.out) : gemm_fp8(rows, l.in, l.out);
       m8w += router || !wgrad8 ? gemm(l.in, l.out, rows) : gemm_fp8(l.in, l.out, rows);
-      if (!router) m8x += rows * l.in, m8y += rows * l.out;
+      if (!router) m8x += rows * l.in, m8y += rows * l.out, m8wt += l.in * l.out;
     }
     const double imb = hw_.moe_imbalance, rows = k.moe.rows * imb;  // the busiest EP rank's rows
     if (k.moe_layers > 0) {
@@ -306,13 +329,12 @@ class Model {
         (f8 ? m8b : mgb) += grouped_gemm(El, rows / El, C, F1, f8) + grouped_gemm(El, rows / El, Fe, C, f8);
         (f8 ? m8w : mgw) += grouped_gemm(El, C, F1, rows / El, w8) + grouped_gemm(El, Fe, C, rows / El, w8);
       }
-      m8x += rows * (C + Fe), m8y += rows * (F1 + C);
+      m8x += rows * (C + Fe), m8y += rows * (F1 + C), m8wt += El * (C * F1 + Fe * C);
     }
-    if (k.fp8_moe_layers > 0) {  // the casts: inputs (and the experts' weights once per step), gradients
-      const double amax_read = c_.training.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0;
-      const double cast = cb_ + amax_read + 2.0;
-      m8f += memory_bound(m8x * cast, 4);
-      m8b += memory_bound(m8y * cast, 4);
+    if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
+      m8f += memory_bound(m8x * cast.input + m8wt * cast.weight / M, 4);
+      m8b += memory_bound(m8y * cast.output_grad, 4);
+      m8w += memory_bound(m8x * cast.input_again, 4);
     }
     // the CP ring's blocks on the fallback kernel: flash attention's time x its measured slowdown
     const double attention_eff = hw_.attention_efficiency / (k.cp_fallback ? hw_.cp_fallback_slowdown : 1.0);

@@ -18,7 +18,8 @@
 #      layers in PyTorch (scripts/bench_torch.py --llama), and its op profile; with qwen3moe 2 MoE layers
 #      of the Qwen3-30B-A3B shape (128 experts, top 8) at seq 4096, micro-batch 1, EP 1, its op profile
 #      and the time the GPU waited for the host's routing; with llama8b-fp8 (last in the default list)
-#      the same Llama layers in FP8 (hybrid; tensorwise, blockwise, delayed) against llama8b's run.
+#      the same Llama layers in FP8 (hybrid; tensorwise, blockwise, delayed) against llama8b's run, after
+#      the FP8 casts' bandwidth at the Llama layer's shapes beside a device copy's (GpuFp8.BenchmarkCasts).
 #
 #   bash scripts/gpu_check.sh                         build here (needs the Debian packages of
 #                                                     scripts/setup.sh, CMake and CUDA), then check
@@ -64,7 +65,7 @@ while (($#)); do
     --budget) BUDGET=$2; shift 2 ;;
     --prepare) PREPARE=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -406,6 +407,11 @@ for m in $MODELS; do
       MODEL_EXTRA=", ffn_hidden_size: 14336, normalization: RMSNorm, swiglu: true, position_embedding_type: rope, rotary_base: 500000, group_query_attention: true, num_query_groups: 8, untie_embeddings_and_output_weights: true, add_bias_linear: false" \
         bench llama3-8b-2layers 2 4096 32 1490 1 --profile ;;
     llama8b-fp8)  # the same 2 layers in FP8 (hybrid), each recipe, against the bf16 run of llama8b
+      if [ "$DEVICE" = cuda ] && [ -x "$GTESTS" ]; then  # first the casts' bandwidth beside a device copy's
+        TPTRAIN_FP8_BENCH=1 timeout 120 "$GTESTS" --gtest_filter=GpuFp8.BenchmarkCasts >"$OUT/fp8_cast_bench.log" 2>&1 ||
+          say "the FP8 cast benchmark failed ($OUT/fp8_cast_bench.log)"
+        grep "fp8 cast bench" "$OUT/fp8_cast_bench.log"
+      fi
       for r in tensorwise blockwise delayed; do
         SEQ=4096 VOCAB=128256 NO_TORCH=1 LABEL="fp8 hybrid $r" BF16_OF=llama3-8b-2layers \
         TRAINING_EXTRA=", fp8_format: hybrid, fp8_recipe: $r" \

@@ -9,7 +9,10 @@
 // gradients, the weight gradient's operands given as codes or as their columnwise copies alone.
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "core/cuda/fp8_gemm.h"
@@ -35,7 +38,8 @@ TEST(GpuFp8, QuantizeAndAmaxBitwiseAsCpu) {
   auto gpu = gpu_ops();
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2})
-      for (size_t n : {size_t(1), size_t(1000), size_t(65536), size_t(300007)})
+      // (8 << 20) + 64: more than one pass of the 8-wide kernel's grid of resident blocks
+      for (size_t n : {size_t(1), size_t(1000), size_t(65536), size_t(300007), (size_t(8) << 20) + 64})
         for (bool nan : {false, true}) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + (t == Fp8Type::E4M3 ? " e4m3 n " : " e5m2 n ") +
                        std::to_string(n) + (nan ? " nan" : ""));
@@ -114,8 +118,11 @@ TEST(GpuFp8, QuantizeBlocksBitwiseAsCpu) {
   struct Case {
     int64_t rows, cols, br, bc;
   };
-  for (const Case& c : {Case{3, 300, 1, 128}, Case{257, 129, 128, 128}, Case{300, 70, 128, 1}, Case{1, 5, 1, 128}})
-    for (DType dt : {DType::F32, DType::BF16})
+  // the kernel for any block (the first four), and the fast ones: 1 x 128 blocks along whole rows (an
+  // odd count of them: a half warp idle), 128 x 1 blocks written transposed (bf16 values, 128 x 32 tiles)
+  for (const Case& c : {Case{3, 300, 1, 128}, Case{257, 129, 128, 128}, Case{300, 70, 128, 1}, Case{1, 5, 1, 128},
+                        Case{3, 384, 1, 128}, Case{64, 1024, 1, 128}, Case{256, 192, 128, 1}, Case{128, 64, 128, 1}})
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
       for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2})
         for (int margin : {0, 2})
           for (bool tr : {false, true}) {
@@ -327,6 +334,59 @@ TEST(GpuFp8, LinearGemmsMatchTheDecodedOperandsProducts) {
                        (bias ? " bias" : "") + (gelu ? " gelu" : "") + " dw " + dtype_name(dw_t));
           check_fp8_linear(c, bias, gelu, !gelu, dw_t);
         }
+}
+
+// The casts' bandwidth (a benchmark: TPTRAIN_FP8_BENCH=1; scripts/gpu_check.sh runs it with
+// llama8b-fp8): each FP8 cast of a Llama-3-8B layer's bf16 tensors at seq 4096 (micro-batch 1) --
+// current scaling's amax pass, the cast, the cast + transpose (both layouts, and the columnwise codes
+// alone), blockwise 1 x 128, 128 x 1 transposed and 128 x 128 -- in GB/s (bytes read + written) beside
+// a device copy of the same tensor, and each as a fraction of the copy's.
+TEST(GpuFp8, BenchmarkCasts) {
+  const char* env = std::getenv("TPTRAIN_FP8_BENCH");
+  if (!env || std::strcmp(env, "1") != 0) GTEST_SKIP() << "a benchmark: TPTRAIN_FP8_BENCH=1 runs it";
+  auto gpu = gpu_ops();
+  Ops& ops = *gpu;
+  struct Shape {
+    const char* what;
+    int64_t rows, cols;
+  };
+  for (const Shape& sh : {Shape{"activation (tokens x hidden)", 4096, 4096}, Shape{"activation (tokens x ffn)", 4096, 14336},
+                          Shape{"weight (ffn x hidden)", 14336, 4096}}) {
+    const int64_t n = sh.rows * sh.cols;
+    Dev x(ops, randn(size_t(n), 17, 3.0f), DType::BF16), y(ops, size_t(n), DType::BF16);
+    Dev codes(ops, size_t(n / 4)), t_codes(ops, size_t(n / 4)), scale(ops, VecF{0.5f}), amax(ops, VecF{0.0f});
+    Dev si(ops, size_t(n / 128 + 64));
+    uint8_t* c = static_cast<uint8_t*>(codes.buf().p);
+    uint8_t* ct = static_cast<uint8_t*>(t_codes.buf().p);
+    const double copy = time_ms(ops, [&] { ops.copy(y, x, n); }, 20);
+    const double copy_gbs = 4.0 * double(n) / copy / 1e6;
+    std::printf("fp8 cast bench: %s %lld x %lld bf16: device copy %.1f us, %.0f GB/s\n", sh.what, (long long)sh.rows,
+                (long long)sh.cols, copy * 1e3, copy_gbs);
+    struct Op {
+      const char* name;
+      double bytes;  // per element: read + written
+      std::function<void()> f;
+    };
+    const Op cases[] = {
+        {"amax alone", 2.0, [&] { ops.fp8_quantize(nullptr, x, n, Fp8Type::E4M3, nullptr, amax); }},
+        {"cast", 3.0, [&] { ops.fp8_quantize(c, x, n, Fp8Type::E4M3, scale, amax); }},
+        {"cast + transpose (both)", 4.0,
+         [&] { ops.fp8_cast_transpose(c, ct, x, sh.rows, sh.cols, Fp8Type::E5M2, scale, amax); }},
+        {"cast + transpose (columnwise)", 3.0,
+         [&] { ops.fp8_cast_transpose(nullptr, ct, x, sh.rows, sh.cols, Fp8Type::E4M3, scale, amax); }},
+        {"blockwise 1 x 128", 3.0 + 4.0 / 128,
+         [&] { ops.fp8_quantize_blocks(c, x, sh.rows, sh.cols, 1, 128, Fp8Type::E4M3, 0, si, false); }},
+        {"blockwise 128 x 1 transposed", 3.0 + 4.0 / 128,
+         [&] { ops.fp8_quantize_blocks(ct, x, sh.rows, sh.cols, 128, 1, Fp8Type::E5M2, 0, si, true); }},
+        {"blockwise 128 x 128", 3.0,
+         [&] { ops.fp8_quantize_blocks(c, x, sh.rows, sh.cols, 128, 128, Fp8Type::E4M3, 0, si, false); }},
+    };
+    for (const Op& o : cases) {
+      const double ms = time_ms(ops, o.f, 20), gbs = o.bytes * double(n) / ms / 1e6;
+      std::printf("fp8 cast bench:   %-30s %8.1f us %6.0f GB/s  %.2f of the copy's\n", o.name, ms * 1e3, gbs,
+                  gbs / copy_gbs);
+    }
+  }
 }
 
 }  // namespace

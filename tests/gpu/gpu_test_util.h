@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -147,6 +148,17 @@ inline CudaOptions own_attention() {
   CudaOptions o;
   o.cudnn_attention = false;
   return o;
+}
+
+// Milliseconds per call of f on the backend's stream (the benchmarks): one call first (graphs built,
+// algorithms chosen), then the mean of reps.
+inline double time_ms(Ops& ops, const std::function<void()>& f, int reps) {
+  f();
+  ops.clear_marks();
+  const int64_t a = ops.mark();
+  for (int i = 0; i < reps; ++i) f();
+  const int64_t b = ops.mark();
+  return (ops.mark_ms(b) - ops.mark_ms(a)) / reps;
 }
 
 }  // namespace tpt::gpu_test

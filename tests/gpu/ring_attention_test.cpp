@@ -136,15 +136,6 @@ TEST(GpuRingAttention, BenchmarkRingBlocksAgainstWholeSequence) {
   if (!env || std::strcmp(env, "1") != 0) GTEST_SKIP() << "a benchmark: TPTRAIN_RING_BENCH=1 runs it";
   const int64_t B = 1, H = 32, KV = 8, D = 128;
   const DType t = DType::BF16;
-  // ms per call of f on the backend's stream, after one call that builds the graphs
-  auto time_ms = [](Ops& ops, const std::function<void()>& f) {
-    f();
-    ops.clear_marks();
-    const int64_t a = ops.mark();
-    for (int i = 0; i < 3; ++i) f();
-    const int64_t b = ops.mark();
-    return (ops.mark_ms(b) - ops.mark_ms(a)) / 3;
-  };
   for (int64_t S : {16384, 32768}) {
     CudaOptions nondet;
     nondet.cudnn_deterministic = false;
@@ -156,7 +147,7 @@ TEST(GpuRingAttention, BenchmarkRingBlocksAgainstWholeSequence) {
     const double whole = time_ms(*gpu, [&] {
       gpu->attention_forward(out, lse, qkv, B, S, H, KV, D);
       gpu->attention_backward(dqkv, scratch, dout, qkv, out, lse, B, S, H, KV, D);
-    });
+    }, 3);
     const auto s1 = cuda::cudnn_attention_stats();
     EXPECT_EQ(s1.fell_back, s0.fell_back) << "cuDNN did not run the whole sequence";
     for (bool det : {false, true}) {
@@ -176,7 +167,7 @@ TEST(GpuRingAttention, BenchmarkRingBlocksAgainstWholeSequence) {
           for (int r = 0; r < cp; ++r)
             for (int s = 0; s < cp; ++s)
               ops.attention_block_backward(dq, dkv, dout, out, lr, qkv, kv, B, T, H, KV, D, ring_step(T / 2, cp, r, s));
-        });
+        }, 3);
         const auto r1 = cuda::cudnn_attention_stats();
         EXPECT_EQ(r1.ring_fell_back, r0.ring_fell_back) << "cuDNN did not run the ring blocks";
         std::printf("ring bench: S %lld, CP %d, %s ring backward: whole sequence %.3f ms, ring blocks %.3f ms, "

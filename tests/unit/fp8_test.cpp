@@ -17,6 +17,10 @@
 #include "core/fp8.h"
 #include "core/ops.h"
 
+#if TPTRAIN_HAVE_CUDA
+#include <cuda_fp8.h>
+#endif
+
 namespace tpt {
 namespace {
 
@@ -186,6 +190,45 @@ TEST(Fp8, EveryCodeDecodesAndEncodesBack) {
     }
     EXPECT_EQ(fp8_to_fp32(fp8_max_code(t), t), fp8_max(t));
   }
+}
+
+// The CUDA casts convert on compute capability 8.9+ with the conversion instruction
+// (cvt.rn.satfinite.{e4m3,e5m2}x2.f32; core/cuda/fp8_kernels.cu fp8_pair), NaNs excepted. cuda_fp8.h's
+// host code is NVIDIA's model of that instruction: here it must give core/fp8.h's codes for every fp32
+// pattern with its 12 low bits zero and their neighbours one ulp away (every tie of both formats --
+// 20 or more dropped bits in a normal, more in a subnormal -- and the values just off it, the
+// saturation past max, infinities, zeros, subnormals), a million random patterns, and the pair
+// conversion's byte order (the first value in the low byte). A NaN: the instruction's is positive,
+// the rule keeps the sign, so the kernels take NaNs through the rule.
+TEST(Fp8, HardwareConversionIsTheScalarRule) {
+#if !TPTRAIN_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA: no cuda_fp8.h";
+#else
+  std::mt19937 gen(7);
+  for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2}) {
+    const __nv_fp8_interpretation_t hw = t == Fp8Type::E4M3 ? __NV_E4M3 : __NV_E5M2;
+    int64_t checked = 0, differ = 0;
+    auto check = [&](uint32_t bits) {
+      const float x = bits_to_float(bits);
+      if (std::isnan(x)) return;
+      ++checked;
+      const int a = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, hw), b = fp32_to_fp8(x, t);
+      if (a != b && ++differ <= 5) ADD_FAILURE() << (t == Fp8Type::E4M3 ? "e4m3 " : "e5m2 ") << std::hex << bits
+                                                 << ": instruction " << a << ", rule " << b;
+    };
+    for (uint64_t hi = 0; hi < (uint64_t(1) << 20); ++hi) {
+      const uint32_t p = uint32_t(hi << 12);
+      check(p), check(p + 1), check(p - 1);
+    }
+    for (int i = 0; i < 1000000; ++i) check(uint32_t(gen()));
+    EXPECT_EQ(differ, 0) << "of " << checked;
+    float2 two;
+    two.x = 3.0f, two.y = -448.0f;
+    EXPECT_EQ(int(__nv_cvt_float2_to_fp8x2(two, __NV_SATFINITE, hw)), fp32_to_fp8(3.0f, t) | fp32_to_fp8(-448.0f, t) << 8);
+    EXPECT_EQ(int(__nv_cvt_float_to_fp8(NAN, __NV_SATFINITE, hw)), 0x7F);
+    EXPECT_EQ(int(fp32_to_fp8(-NAN, t)), 0xFF);
+  }
+#endif
 }
 
 using config_test::error_of_set;
