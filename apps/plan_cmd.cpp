@@ -193,16 +193,23 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               "[s*%d, (s+1)*%d), TP groups are %d adjacent ranks\n",
               p.tp, cp_axis.c_str(), p.pp, p.dp, p.world_size, rank_formula, p.tp * p.cp * p.dp, p.tp * p.cp * p.dp,
               p.tp);
-  if (p.cp > 1)
+  if (p.cp > 1) {
+    // the calls of core/cuda/attention/ring_calls.h: a step's visible chunk pairs as one call, but in
+    // cuDNN's deterministic backward (its workspace grows with the call's rows times its keys)
+    const std::string kernel =
+        p.cp_attention_kernel != "cudnn"
+            ? "the fallback kernel (shared-memory tiles, no atomics; the step time prices it at its measured slowdown "
+              "against flash attention, docs/PLAN.md)"
+        : c.training.deterministic
+            ? "cuDNN's SDPA (where libcudnn.so.9 loads): forward one call per ring step, backward one per pair of "
+              "token chunks (training.deterministic: cuDNN's deterministic backward; one call per step with false)"
+            : "cuDNN's SDPA (where libcudnn.so.9 loads): one call per ring step, forward and backward";
     std::printf("context parallel: CP %d: each CP rank holds %lld of a "
                 "sequence's %d tokens (2 of %d chunks); the attention ring sends %s per rank per iteration; "
                 "gradients reduced over DP x CP = %d; on GPUs its blocks run %s\n",
                 p.cp, (long long)(m.seq_length / p.cp), m.seq_length, 2 * p.cp, bytes(double(p.cp_comm_bytes)).c_str(),
-                p.dp * p.cp,
-                p.cp_attention_kernel == "cudnn"
-                    ? "cuDNN's SDPA per pair of token chunks (where libcudnn.so.9 loads)"
-                    : "the fallback kernel (shared-memory tiles, no atomics; the step time prices it at its "
-                      "measured slowdown against flash attention, docs/PLAN.md)");
+                p.dp * p.cp, kernel.c_str());
+  }
   if (m.is_moe())
     std::printf("mixture of experts: %d experts (width %d) per MoE layer, top-%d: %s expert parameters, %s active per "
                 "token; EP %d (each rank holds %d experts per layer), expert data-parallel EDP %d (the experts' "

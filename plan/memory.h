@@ -119,8 +119,8 @@ BackendWorkspace gpu_backend_workspace(const std::vector<GPTDims>& chunks, int64
 // The attention calls of a rank holding those chunks, for Ops::reserve_workspace (with context
 // parallelism the ring blocks': ring, T the rank's tokens).
 AttentionShape attention_shape(const GPTDims& d, int64_t micro_batch, DType dtype);
-// The kernel CudaOps runs a CP ring block with: "cudnn" (cuDNN's SDPA per pair of token chunks:
-// bf16 / fp16, head dimension a multiple of 8, chunks a multiple of 4 tokens -- where libcudnn.so.9
+// The kernel CudaOps runs a CP ring block with: "cudnn" (cuDNN's SDPA, a step's chunk pairs in one
+// call but in the deterministic backward, core/cuda/attention/ring_calls.h: bf16 / fp16, head dimension a multiple of 8, chunks a multiple of 4 tokens -- where libcudnn.so.9
 // loads and builds the graphs, else the fallback), "fallback" (core/cuda/attention/ring_attention.cu,
 // a warp per row, the other operand's rows staged in shared memory, dQ and dK/dV in two kernels
 // without atomics).

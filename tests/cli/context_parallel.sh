@@ -175,7 +175,9 @@ then ok "plan: Llama 3 8B at seq 32768 on 64 GPUs suggests a CP that fits 80 GB 
 else bad "plan: Llama 3 8B at seq 32768 suggests CP"; cat "$W/l8.err"; fi
 if "$TPTRAIN" plan --config "${L8[@]}" --set $CP=2 > "$W/l8cp.txt" 2>&1 && grep -q "^fits: yes" "$W/l8cp.txt" &&
    grep -q "^grid: TP 2 x CP 2 x PP 1 x DP 16 = 64 ranks" "$W/l8cp.txt" && grep -q "^context parallel: CP 2" "$W/l8cp.txt" &&
-   grep -q "on GPUs its blocks run cuDNN's SDPA per pair of token chunks" "$W/l8cp.txt" &&
+   grep -q "on GPUs its blocks run cuDNN's SDPA (where libcudnn.so.9 loads): forward one call per ring step, backward one per pair of token chunks" "$W/l8cp.txt" &&
+   "$TPTRAIN" plan --config "${L8[@]}" --set $CP=2 --set training.deterministic=false > "$W/l8cpn.txt" 2>&1 &&
+   grep -q "its blocks run cuDNN's SDPA (where libcudnn.so.9 loads): one call per ring step, forward and backward" "$W/l8cpn.txt" &&
    "$TPTRAIN" plan --config "${L8[@]}" --set $CP=2 --set training.precision=fp32 > "$W/l8cp32.txt" 2>&1 &&
    grep -q "its blocks run the fallback kernel" "$W/l8cp32.txt"
 then ok "plan: Llama 3 8B at seq 32768 with CP 2 fits, shows the CP axis and the ring blocks' kernel (cuDNN in bf16, the fallback in fp32)"
