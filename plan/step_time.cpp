@@ -303,7 +303,7 @@ class Model {
       const int n = int(k.linears.size());
       f8f += memory_bound(xf * cast.input + wb * cast.weight / M, n);
       f8b += memory_bound(yb * cast.output_grad, n);
-      f8w += memory_bound(xf * cast.input_again, n);
+      if (cast.input_again > 0) f8w += memory_bound(xf * cast.input_again, n);
     }
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
@@ -334,7 +334,7 @@ class Model {
     if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
       m8f += memory_bound(m8x * cast.input + m8wt * cast.weight / M, 4);
       m8b += memory_bound(m8y * cast.output_grad, 4);
-      m8w += memory_bound(m8x * cast.input_again, 4);
+      if (cast.input_again > 0) m8w += memory_bound(m8x * cast.input_again, 4);
     }
     // the CP ring's blocks on the fallback kernel: flash attention's time x its measured slowdown
     const double attention_eff = hw_.attention_efficiency / (k.cp_fallback ? hw_.cp_fallback_slowdown : 1.0);

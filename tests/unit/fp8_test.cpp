@@ -17,7 +17,7 @@
 #include "core/fp8.h"
 #include "core/ops.h"
 
-#if TPTRAIN_HAVE_CUDA
+#ifdef TPTRAIN_HAVE_CUDA
 #include <cuda_fp8.h>
 #endif
 
@@ -201,7 +201,7 @@ TEST(Fp8, EveryCodeDecodesAndEncodesBack) {
 // conversion's byte order (the first value in the low byte). A NaN: the instruction's is positive,
 // the rule keeps the sign, so the kernels take NaNs through the rule.
 TEST(Fp8, HardwareConversionIsTheScalarRule) {
-#if !TPTRAIN_HAVE_CUDA
+#ifndef TPTRAIN_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA: no cuda_fp8.h";
 #else
   std::mt19937 gen(7);
