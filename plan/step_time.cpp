@@ -192,20 +192,22 @@ class Model {
   // the 16-bit tensor once, current scaling (tensorwise) once more for its amax first, and writes a byte
   // per layout it makes. The input: its rowwise codes in forward, its columnwise codes again in
   // backward for an FP8 weight gradient; the output gradient: both layouts in one cast (blockwise: two
-  // casts, 1 x 128 for the input gradient and 128 x 1 for the weight gradient), its rowwise codes alone
-  // with fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
-  // written).
+  // casts, 1 x 128 for the input gradient and 128 x 1 for the weight gradient; zb-h1 too: B casts it
+  // rowwise, W columnwise), its rowwise codes alone with fp8_wgrad false; a weight once per step, with
+  // the transpose of its codes (a byte read, a byte written).
   struct Fp8Casts {
     double input = 0, input_again = 0, output_grad = 0, weight = 0;
   };
   Fp8Casts fp8_casts() const {
     const TrainingConfig& t = c_.training;
-    const bool wgrad = t.fp8_wgrad, blockwise = t.fp8_recipe == Fp8Recipe::Blockwise;
+    const bool wgrad = t.fp8_wgrad,
+               split = schedule_kind(c_.parallel.pipeline_schedule, model_chunks(c_)) == ScheduleKind::ZeroBubbleH1;
+    const bool blockwise = t.fp8_recipe == Fp8Recipe::Blockwise;
     const double read = cb_ + (t.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0);
     Fp8Casts c;
     c.input = read + 1.0;
     c.input_again = wgrad ? read + 1.0 : 0.0;
-    c.output_grad = !wgrad ? read + 1.0 : blockwise ? 2.0 * (read + 1.0) : read + 2.0;
+    c.output_grad = !wgrad ? read + 1.0 : blockwise || split ? 2.0 * (read + 1.0) : read + 2.0;
     c.weight = read + 3.0;
     return c;
   }
