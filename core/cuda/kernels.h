@@ -35,7 +35,8 @@ void fp8_current_scales(float* scale, float* scale_inv, const float* amax, const
 // Ops::fp8_cast_transpose: tiles through shared memory, the codes written along rows both ways
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf in, int64_t rows, int64_t cols, Fp8Type t,
                         const float* scale, float* amax, cudaStream_t s);
-// Ops::fp8_quantize_blocks: one thread block per scale block, its amax, power-of-two scale and codes
+// Ops::fp8_quantize_blocks: each block's amax, power-of-two scale and codes (1 x 128 blocks a half warp
+// each, 128 x 1 transposed blocks from a warp's 128 x 32 tile, other blocks one thread block each)
 void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
                          Fp8Type t, int margin, float* scale_inv, bool transposed, cudaStream_t s);
 // The FP8 GEMMs' operand preparation (core/cuda/fp8_gemm.cu): out (cols, rows) = the transpose of the
