@@ -199,7 +199,7 @@ TEST(Fp8, EveryCodeDecodesAndEncodesBack) {
 // 20 or more dropped bits in a normal, more in a subnormal -- and the values just off it, the
 // saturation past max, infinities, zeros, subnormals), a million random patterns, and the pair
 // conversion's byte order (the first value in the low byte). A NaN: the instruction's is positive,
-// the rule keeps the sign, so the kernels take NaNs through the rule.
+// the rule keeps the sign, so the kernels set a NaN's code as the rule's after the instruction.
 TEST(Fp8, HardwareConversionIsTheScalarRule) {
 #ifndef TPTRAIN_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA: no cuda_fp8.h";
