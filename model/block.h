@@ -56,6 +56,10 @@ struct BlockActs {
   Buf fc1;                                     // (N, fc1_width) fc1's output (before GELU / SwiGLU)
   Buf gelu;                                    // (N, Fl) the activation (fc2's input); GELU: the stage's
                                                // shared buffer, recomputed from fc1 in backward
+  // FP8 layers (GPTDims::fp8_saved_inputs): ln1's, ln2's and the activation's FP8 codes for the
+  // weight gradients of QKV, fc1 and fc2; where one is saved, its 16-bit tensor above is the stage's
+  // shared scratch, unread in backward
+  Fp8SavedInput ln1_q, ln2_q, act_q;
 };
 
 // The block's sizes and parts (model/layers.h). positions: the N tokens' positions on the device for

@@ -122,15 +122,17 @@ Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
 }
 
 void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
-                        const int64_t* brows, const int64_t* bcols, const int* layouts) {
+                        const int64_t* brows, const int64_t* bcols, const int* layouts, uint8_t* inp_col) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
   auto layout = [&](int i) { return layouts ? layouts[i] : int(kRow); };
   // where tensor i's codes go in its layouts: rowwise into codes (null: not made), columnwise into
-  // codes_[i], or beside rowwise codes into t_codes_; the operand reads them with scale_inv
+  // codes_[i], or beside rowwise codes into t_codes_ (the input's into inp_col); the operand reads them
+  // with scale_inv
   auto cast = [&](int i, uint8_t* codes, const float* scale, float* amax, const float* scale_inv) {
     const int L = layout(i);
     uint8_t* row = L & kRow ? codes : nullptr;
-    uint8_t* col = !(L & kCol) ? nullptr : row ? t_codes_ : codes_[i];
+    uint8_t* col = !(L & kCol) ? nullptr : !row ? codes_[i] : i == kInp && inp_col ? inp_col : t_codes_;
+    TPT_CHECK(!(row && col && col == t_codes_) || i == kDout);
     TPT_CHECK(!(L & kCol) || (cols && col && cols[i] > 0 && n[i] % cols[i] == 0));
     if (col) ops_.fp8_cast_transpose(row, col, x[i], n[i] / cols[i], cols[i], type(i), scale, amax);
     else ops_.fp8_quantize(row, x[i], n[i], type(i), scale, amax);
@@ -229,20 +231,39 @@ namespace {
 constexpr int64_t B = kFp8Block;
 }  // namespace
 
-void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre) {
-  const CBuf x[Fp8State::kTensors] = {inp, w, CBuf{}};
-  const int64_t n[Fp8State::kTensors] = {N * I, O * I, 0};
+void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre,
+                        const Fp8SavedInput& save) {
+  constexpr int kT = Fp8State::kTensors;
+  const Fp8LinearOptions& o = state_->o_;
+  TPT_CHECK(!save || (o.wgrad && save.scale_inv));
+  const CBuf x[kT] = {inp, w, CBuf{}};
+  const int64_t n[kT] = {N * I, O * I, 0};
   // blockwise: the input 1 x 128 and the weight 128 x 128 along the reduction over I
-  const int64_t cols[Fp8State::kTensors] = {I, I, 1}, br[Fp8State::kTensors] = {1, B, 1}, bc[Fp8State::kTensors] = {B, B, 1};
-  Fp8Operand q[Fp8State::kTensors];
-  state_->quantize(index_, x, n, q, cols, br, bc);
-  state_->ops_.fp8_linear_forward(out, q[Fp8State::kInp], q[Fp8State::kW], bias, N, I, O, gelu_pre);
+  const int64_t cols[kT] = {I, I, 1}, br[kT] = {1, B, 1}, bc[kT] = {B, B, 1};
+  // the saved input: current and delayed scaling cast it in both layouts at once (the columnwise
+  // codes into save), blockwise scaling again in 128 x 1 blocks below
+  const bool both = save && !o.blockwise;
+  const int layouts[kT] = {Fp8State::kRow | (both ? Fp8State::kCol : 0), Fp8State::kRow, Fp8State::kRow};
+  Fp8Operand q[kT];
+  state_->quantize(index_, x, n, q, cols, br, bc, layouts, both ? save.codes : nullptr);
+  Ops& ops = state_->ops_;
+  if (both) ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
+  else if (save)  // the weight gradient's quantization (Fp8Linear::backward), made here
+    ops.fp8_quantize_blocks(save.codes, inp, N, I, B, 1, state_->type(Fp8State::kInp), o.margin, save.scale_inv, true);
+  ops.fp8_linear_forward(out, q[Fp8State::kInp], q[Fp8State::kW], bias, N, I, O, gelu_pre);
 }
 
 void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
-                         int64_t O, bool accumulate_dinp, CBuf gelu_pre) {
+                         int64_t O, bool accumulate_dinp, CBuf gelu_pre, const Fp8SavedInput& saved) {
   Ops& ops = state_->ops_;
   const bool fp8_dw = dw && state_->o_.wgrad;
+  TPT_CHECK(!saved || state_->o_.wgrad);
+  const bool cast_inp = fp8_dw && !saved;  // the input's columnwise codes: cast here, or the saved ones
+  // the saved input as the weight gradient's operand
+  auto saved_operand = [&] {
+    if (!state_->o_.blockwise) return Fp8Operand{nullptr, state_->type(Fp8State::kInp), saved.scale_inv, 0, 0, 0, saved.codes};
+    return Fp8Operand{nullptr, state_->type(Fp8State::kInp), saved.scale_inv, B, 1, I, saved.codes};
+  };
   if (state_->o_.blockwise) {  // two calls: each GEMM's operands in blocks along its own reduction
     constexpr int kT = Fp8State::kTensors;
     Fp8Operand q[kT];
@@ -254,22 +275,24 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
                               gelu_pre);
     }
     if (fp8_dw) {  // dw += dout^T @ inp: both 128 x 1 over the tokens, written transposed (K-major)
-      const CBuf x[kT] = {inp, CBuf{}, dout};
-      const int64_t n[kT] = {N * I, 0, N * O}, cols[kT] = {I, 1, O}, br[kT] = {B, 1, B}, bc[kT] = {1, 1, 1};
+      const CBuf x[kT] = {cast_inp ? inp : CBuf{}, CBuf{}, dout};
+      const int64_t n[kT] = {cast_inp ? N * I : 0, 0, N * O}, cols[kT] = {I, 1, O}, br[kT] = {B, 1, B}, bc[kT] = {1, 1, 1};
       const int layouts[kT] = {Fp8State::kCol, Fp8State::kRow, Fp8State::kCol};
       state_->quantize(index_, x, n, q, cols, br, bc, layouts);
+      if (saved) q[Fp8State::kInp] = saved_operand();
       ops.fp8_linear_backward(Buf{}, dw, q[Fp8State::kDout], q[Fp8State::kInp], Fp8Operand{}, N, I, O, false, CBuf{});
     }
   } else if (dinp || fp8_dw) {
     // the input columnwise (the weight gradient reads it transposed), the output gradient rowwise for
     // the input gradient and columnwise for the weight gradient, each made in its cast
-    const CBuf x[Fp8State::kTensors] = {fp8_dw ? inp : CBuf{}, dinp ? w : CBuf{}, dout};
-    const int64_t n[Fp8State::kTensors] = {fp8_dw ? N * I : 0, dinp ? O * I : 0, N * O};
+    const CBuf x[Fp8State::kTensors] = {cast_inp ? inp : CBuf{}, dinp ? w : CBuf{}, dout};
+    const int64_t n[Fp8State::kTensors] = {cast_inp ? N * I : 0, dinp ? O * I : 0, N * O};
     const int64_t cols[Fp8State::kTensors] = {I, I, O};
     const int layouts[Fp8State::kTensors] = {Fp8State::kCol, Fp8State::kRow,
                                              (dinp ? Fp8State::kRow : 0) | (fp8_dw ? Fp8State::kCol : 0)};
     Fp8Operand q[Fp8State::kTensors];
     state_->quantize(index_, x, n, q, cols, nullptr, nullptr, layouts);
+    if (fp8_dw && saved) q[Fp8State::kInp] = saved_operand();
     ops.fp8_linear_backward(dinp, fp8_dw ? dw : nullptr, q[Fp8State::kDout], q[Fp8State::kInp], q[Fp8State::kW], N, I,
                             O, accumulate_dinp, gelu_pre);
   }

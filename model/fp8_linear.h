@@ -19,6 +19,9 @@
 // Formats: activations and weights E4M3; output gradients E4M3 (fp8_format: e4m3) or E5M2 (hybrid).
 // Every call quantizes what it reads again (the activation again for the weight gradient): the same values
 // and scale give the same codes, so a split backward (ZB-H1) and recompute give what one backward gives.
+// Where GPTStage saves a layer input's codes instead (Fp8SavedInput: ln_1's, ln_2's and SwiGLU's outputs,
+// GPTDims::fp8_saved_inputs), the forward's cast writes them for the weight gradient, which reads them
+// in place of the 16-bit input it no longer keeps -- the codes its own cast would have made.
 // The backward's casts write the layouts its GEMMs read (Layout): the input columnwise only, the output
 // gradient rowwise and columnwise in one pass (Ops::fp8_cast_transpose), so no GEMM transposes codes.
 // The weights are the exception where Fp8State is given their shapes (GPTStage): a weight's codes and
@@ -31,6 +34,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "core/ops.h"
 
 namespace tpt {
@@ -74,12 +78,33 @@ struct Fp8Weight {
   int64_t O = 0, I = 0;
 };
 
+// A linear layer's input saved by its forward for the weight gradient as FP8 codes, in place of the
+// 16-bit tensor (Transformer Engine's saved FP8 input; GPTDims::fp8_saved_inputs says which): the
+// columnwise codes (I, N) -- the input's codes transposed, the weight gradient's layout -- and their
+// scale_inv: one float, or with blockwise scaling one per 128 x 1 block, as the backward's own cast of
+// the same values with the same scale would make them (so the losses are those without it, bit for bit).
+struct Fp8SavedInput {
+  uint8_t* codes = nullptr;
+  float* scale_inv = nullptr;
+  explicit operator bool() const { return codes != nullptr; }
+};
+// what GPTStage allocates for an (N, I) input's: the codes' bytes and the scales' floats, each padded to
+// 256 bytes (a multiple of both backends' allocation alignment: the plan counts what is allocated)
+inline int64_t fp8_saved_code_bytes(int64_t N, int64_t I) { return (N * I + 255) / 256 * 256; }
+inline int64_t fp8_saved_scale_floats(bool blockwise, int64_t N, int64_t I) {
+  return ((blockwise ? (N + kFp8Block - 1) / kFp8Block * I : 1) + 63) / 64 * 64;
+}
+
 // One GEMM of one layer (Fp8State::gemm): Ops::linear_forward / linear_backward's contract in FP8.
+// save (forward): where the input's columnwise codes go for the backward, made in the same cast as
+// the forward's rowwise ones (blockwise: a second cast, 128 x 1); saved (backward): those, read for the
+// weight gradient instead of casting inp again (inp then unread: may be empty).
 class Fp8Linear {
  public:
-  void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {});
+  void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {},
+               const Fp8SavedInput& save = {});
   void backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
-                bool accumulate_dinp, CBuf gelu_pre = {});
+                bool accumulate_dinp, CBuf gelu_pre = {}, const Fp8SavedInput& saved = {});
 
  private:
   friend class Fp8State;
@@ -151,8 +176,10 @@ class Fp8State {
   // quantizes x[i] (n[i] elements, (n[i] / cols[i], cols[i]); n[i] == 0: none) into codes_[i] (and
   // t_codes_ where both layouts) in the layouts[i] (null: rowwise) and returns the operands;
   // blockwise: in blocks of (brows[i], bcols[i]), one layout
+  // inp_col: where the input's columnwise codes go when it is cast in both layouts (else t_codes_)
   void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols = nullptr,
-                const int64_t* brows = nullptr, const int64_t* bcols = nullptr, const int* layouts = nullptr);
+                const int64_t* brows = nullptr, const int64_t* bcols = nullptr, const int* layouts = nullptr,
+                uint8_t* inp_col = nullptr);
 
   Ops& ops_;
   Fp8LinearOptions o_;
@@ -180,14 +207,18 @@ class Fp8State {
 };
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.
+// save / saved: the input's FP8 codes for the weight gradient (Fp8Linear; only with fp8).
 inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I,
-                           int64_t O, Buf gelu_pre = {}) {
-  if (fp8) fp8->forward(out, inp, w, bias, N, I, O, gelu_pre);
+                           int64_t O, Buf gelu_pre = {}, const Fp8SavedInput& save = {}) {
+  TPT_CHECK(fp8 || !save);
+  if (fp8) fp8->forward(out, inp, w, bias, N, I, O, gelu_pre, save);
   else ops.linear_forward(out, inp, w, bias, N, I, O, gelu_pre);
 }
 inline void linear_backward(Ops& ops, Fp8Linear* fp8, Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w,
-                            int64_t N, int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {}) {
-  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
+                            int64_t N, int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {},
+                            const Fp8SavedInput& saved = {}) {
+  TPT_CHECK(fp8 || !saved);
+  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved);
   else ops.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
 }
 

@@ -143,10 +143,28 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.atty = buf(r, N * d.Cl);
     la.lse = f32(r, B_ * d.Hl * d.S);
   };
-  Buf shared_norm{};  // the layernorm recompute module: ln1 / ln2 of the layer at hand (keeps_norms)
-  auto layer_acts = [&](const LayerActs* shared_core, bool moe, Region* r) {  // layer_tensor_bytes
+  // an input's FP8 codes (N, I) saved for its weight gradient (Fp8SavedInput): the codes, their scales
+  auto fp8_saved = [&](Region* r, int64_t I) {
+    const int64_t codes = fp8_saved_code_bytes(N, I), floats = fp8_saved_scale_floats(d.fp8_blockwise, N, I);
+    Fp8SavedInput q;
+    if (r) {
+      q.codes = static_cast<uint8_t*>(r->carve(codes));
+    } else {
+      q.codes = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(codes)));
+      owned_.push_back(q.codes);
+    }
+    q.scale_inv = f32(r, floats);
+    return q;
+  };
+  // ln1 / ln2 of the layer at hand: with the layernorm recompute module (keeps_norms), or where the
+  // layer saves their FP8 codes instead (GPTDims::fp8_saved_inputs)
+  Buf shared_norm{};
+  auto layer_acts = [&](const LayerActs* shared_core, int64_t layer, Region* r) {  // layer_tensor_bytes
+    const bool moe = layer >= 0 && d.moe.is_moe(layer);  // -1: full recompute's
+    const GPTDims::Fp8Saved q = d.fp8_saved_inputs(layer, opt_.recompute);
     LayerActs la;
-    la.ln1 = shared_norm.p ? shared_norm : buf(r, Nt * d.C);
+    if (q.ln1) la.ln1 = shared_norm, la.ln1_q = fp8_saved(r, d.C);
+    else la.ln1 = shared_norm.p && !d.keeps_norms(opt_.recompute) ? shared_norm : buf(r, Nt * d.C);
     la.ln1_stats = norm_stats(Nt, r);
     la.qkv = buf(r, N * d.qkv_width);
     if (d.qk_norm) {
@@ -156,11 +174,14 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la, r);
     la.x_mid = buf(r, Nt * d.C);
-    la.ln2 = shared_norm.p ? shared_norm : buf(r, Nt * d.C);
+    if (q.ln2) la.ln2 = shared_norm, la.ln2_q = fp8_saved(r, d.C);
+    else la.ln2 = shared_norm.p && !d.keeps_norms(opt_.recompute) ? shared_norm : buf(r, Nt * d.C);
     la.ln2_stats = norm_stats(Nt, r);
     if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
       la.fc1 = buf(r, N * d.fc1_width);
-      la.gelu = d.mlp.swiglu ? buf(r, N * d.Fl) : dact_;  // GELU: recomputed in backward (recompute_activation)
+      // GELU: recomputed in backward (recompute_activation); SwiGLU's saved in FP8: only its codes kept
+      if (q.act) la.gelu = dact_, la.act_q = fp8_saved(r, d.Fl);
+      else la.gelu = d.mlp.swiglu ? buf(r, N * d.Fl) : dact_;
     }
     la.x_out = buf(r, Nt * d.C);
     return la;
@@ -177,8 +198,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   if (d.qk_norm) qk_din_ = buf(&sc, N * d.Cl);
   LayerActs shared_core{};
   if (opt_.recompute == Recompute::Selective) attention_core(shared_core, &sc);
-  if (!d.keeps_norms(opt_.recompute)) shared_norm = buf(&sc, Nt * d.C);
-  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, false, &sc));
+  if (shares_norm_scratch(d, opt_.recompute)) shared_norm = buf(&sc, Nt * d.C);
+  if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, -1, &sc));
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(sc.carve(bytes), opt_.dtype)};
   TPT_CHECK(sc.used == shared_bytes);
   if (opt_.fp8) {  // the codes of the largest input, weight and output gradient of the four linear GEMMs
@@ -195,6 +216,10 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       for (int64_t l = fp8_begin_; l < fp8_end_; ++l)
         for (int64_t s = kFp8GemmsPerLayer; s < G; ++s) fp8_->set_amax_groups((l - fp8_begin_) * G + s, etp, nullptr);
     }
+  }
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {  // saved FP8 inputs: made by the layer's FP8 GEMMs
+    const GPTDims::Fp8Saved q = d.fp8_saved_inputs(l, opt_.recompute);
+    TPT_CHECK(!(q.ln1 || q.ln2 || q.act) || fp8_slot(l, 0) != nullptr);
   }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
@@ -221,7 +246,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
         la.x_out = buf(r, Nt * d.C);
         a->layers.push_back(la);
       } else {
-        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, d.moe.is_moe(l), r));
+        a->layers.push_back(layer_acts(opt_.recompute == Recompute::Selective ? &shared_core : nullptr, l, r));
       }
     }
     if (d.last_stage()) {
@@ -240,7 +265,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   dres_ = alloc(Nt * d.C);
   if (d.rot) {
     TPT_CHECK(int64_t(d.inv_freq.size()) == d.rot / 2);
-    inv_freq_ = alloc_f32(d.rot / 2);
+    inv_freq_ = alloc_f32(rope_inv_freq_floats(d));
     ops_.to_device(inv_freq_, d.inv_freq.data(), d.rot / 2);
   }
   if (d.last_stage()) {
@@ -433,7 +458,8 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   // attention: QKV (column-parallel by heads or groups) in the attention's heads layout, q and k rotated
   s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], s.Nt, s.C);
   const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
-  linear_forward(ops, fp8(kQkv), qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width());
+  linear_forward(ops, fp8(kQkv), qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width(), {},
+                 a.ln1_q);
   s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
   if (s.qk_norm) {  // each head's q and k normalised over its D channels (a.atty: scratch until the attention)
     TPT_CHECK(w.q_norm >= 0 && w.k_norm >= 0);
@@ -450,8 +476,9 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   if (tp && tp->mlp) {
     y = tp->mlp(a.ln2);
   } else {
-    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8(kFc1));
-    linear_forward(ops, fp8(kFc2), tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C);
+    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8(kFc1), a.ln2_q);
+    linear_forward(ops, fp8(kFc2), tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C,
+                   {}, a.act_q);
     y = row_output(tmp, w.bias[kFc2]);
   }
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
@@ -486,12 +513,13 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     if (!d.sequence_parallel) ops_.copy(stashed, dy.dout, N * d.C);
     return RowGrad{stashed, dy.dbias};
   };
-  // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called)
+  // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called;
+  // nor where the input's FP8 codes were saved)
   auto gemm_backward = [&](DensePart p, Buf dinp, Buf dw, Buf dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I,
-                           int64_t O) {
+                           int64_t O, const Fp8SavedInput& saved) {
     Fp8Linear* fp8 = fp8_for(layer, p);
     if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
-    else linear_backward(ops_, fp8, dinp, dw, dbias, dout, inp(), wt, N, I, O, false);
+    else linear_backward(ops_, fp8, dinp, dw, dbias, dout, saved ? CBuf{} : inp(), wt, N, I, O, false, {}, saved);
   };
   // the layernorm recompute module: each norm's output again from its kept input and statistics
   // (the same op on the same values), before the first read of it
@@ -508,10 +536,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     const Buf dfc = split ? stash->dy[kFc1] : dfc_;
     RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
     if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
-    s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout, a.gelu,
-                   w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2));
+    s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout,
+                   a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2), a.act_q);
     gemm_backward(kFc1, dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
-                  w.weight[kFc1], d.C, d.fc1_width);
+                  w.weight[kFc1], d.C, d.fc1_width, a.ln2_q);
     dln2 = input_grad_to_tokens(dln_, tmp_);
   }
   s.norm.backward(ops_, dres, gw.weight[kLn2], gw.bias[kLn2], dln2, a.x_mid, w.weight[kLn2], a.ln2_stats, Nt, d.C);
@@ -519,7 +547,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   RowGrad dy{};
   dy = row_grad(gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
-  gemm_backward(kProj, datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C);
+  gemm_backward(kProj, datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C,
+                Fp8SavedInput{});
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
   const Buf dqkv = split ? stash->dy[kQkv] : dqkv_;
   const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
@@ -532,7 +561,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
                        a.qk_stats, datt_, qk_din_, s.qkv, N);
   s.qkv.from_heads(ops_, dqkv, dheads, N);
   if (norms && !split) s.norm.forward(ops_, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], Nt, d.C);
-  gemm_backward(kQkv, dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C, d.qkv_width);
+  gemm_backward(kQkv, dln_, gw.weight[kQkv], gw.bias[kQkv], dqkv, [&] { return gather_tokens(a.ln1, tmp_); }, w.weight[kQkv], d.C,
+                d.qkv_width, a.ln1_q);
   CBuf dln1 = input_grad_to_tokens(dln_, tmp_);
   s.norm.backward(ops_, dres, gw.weight[kLn1], gw.bias[kLn1], dln1, x_in, w.weight[kLn1], a.ln1_stats, Nt, d.C);
 }
@@ -552,20 +582,22 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
   // MLP (an MoE layer's finished in B)
   if (!d.moe.is_moe(layer)) {
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
-    linear_backward(ops_, fp8_for(layer, kFc2), Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2], a.gelu, w.weight[kFc2], N,
-                         d.Fl, d.C, false);
+    linear_backward(ops_, fp8_for(layer, kFc2), Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2],
+                    a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], N, d.Fl, d.C, false, {}, a.act_q);
     if (norms) d.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
-    CBuf ln2 = gather_tokens(a.ln2, tmp_);  // sequence parallel: gathered again, as in the full backward
+    // sequence parallel: gathered again, as in the full backward; FP8: or its saved codes
+    CBuf ln2 = a.ln2_q ? CBuf{} : gather_tokens(a.ln2, tmp_);
     linear_backward(ops_, fp8_for(layer, kFc1), Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
-                         false);
+                    false, {}, a.ln2_q);
   }
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   linear_backward(ops_, fp8_for(layer, kProj), Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
   if (norms) d.norm.forward(ops_, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], Nt, d.C);
-  CBuf ln1 = gather_tokens(a.ln1, tmp_);
-  linear_backward(ops_, fp8_for(layer, kQkv), Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C, d.qkv_width, false);
+  CBuf ln1 = a.ln1_q ? CBuf{} : gather_tokens(a.ln1, tmp_);
+  linear_backward(ops_, fp8_for(layer, kQkv), Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C,
+                  d.qkv_width, false, {}, a.ln1_q);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,

@@ -57,6 +57,16 @@ struct GPTDims {
   // are not kept but rerun from the kept inputs and statistics in backward (keeps_norms)
   bool recompute_norms = false;
   bool keeps_norms(Recompute r) const { return !(r == Recompute::Selective && recompute_norms); }
+  // FP8 training with FP8 weight gradients (model/fp8_linear.h): the FP8 layers [fp8_saved_begin,
+  // fp8_saved_end) keep the inputs of their linear layers' weight gradients as the forward's FP8
+  // codes (Fp8SavedInput, Transformer Engine's saved FP8 inputs) in place of the 16-bit tensors, where
+  // nothing else reads those in backward (fp8_saved_inputs); fp8_blockwise: a scale per 128 x 1 block
+  int64_t fp8_saved_begin = 0, fp8_saved_end = 0;
+  bool fp8_blockwise = false;
+  struct Fp8Saved {
+    bool ln1 = false, ln2 = false, act = false;  // QKV's, fc1's, fc2's input
+  };
+  Fp8Saved fp8_saved_inputs(int64_t layer, Recompute r) const;
   bool learned_positions() const { return rot == 0; }
   QKVLayout qkv_layout() const { return {grouped_qkv, Hl, kv_heads, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)

@@ -26,16 +26,16 @@ void Norm::backward(Ops& ops, Buf dx, Buf dw, Buf db, CBuf dout, CBuf x, CBuf w,
 }
 
 void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C, int64_t Fl,
-                            Fp8Linear* fp8) const {
-  if (!swiglu) return linear_forward(ops, fp8, act, x, w, b, N, C, Fl, /*gelu_pre=*/pre);  // GELU in the GEMM's epilogue
-  linear_forward(ops, fp8, pre, x, w, b, N, C, 2 * Fl);
+                            Fp8Linear* fp8, const Fp8SavedInput& save) const {
+  if (!swiglu) return linear_forward(ops, fp8, act, x, w, b, N, C, Fl, /*gelu_pre=*/pre, save);  // GELU in the GEMM's epilogue
+  linear_forward(ops, fp8, pre, x, w, b, N, C, 2 * Fl, {}, save);
   ops.swiglu_forward(act, pre, N, Fl);
 }
 
 void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, Buf dw2, Buf db2, CBuf dout, CBuf act, CBuf w2,
-                             CBuf pre, int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8) const {
-  if (!swiglu) return linear_backward(ops, fp8, dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre);
-  linear_backward(ops, fp8, dact, dw2, db2, dout, act, w2, N, Fl, C, false);
+                             CBuf pre, int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8, const Fp8SavedInput& saved) const {
+  if (!swiglu) return linear_backward(ops, fp8, dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre, saved);
+  linear_backward(ops, fp8, dact, dw2, db2, dout, act, w2, N, Fl, C, false, {}, saved);
   ops.swiglu_backward(dpre, dact, pre, N, Fl);
 }
 

@@ -14,10 +14,9 @@
 
 #include "core/config.h"
 #include "core/ops.h"
+#include "model/fp8_linear.h"
 
 namespace tpt {
-
-class Fp8Linear;  // model/fp8_linear.h
 
 // A norm's per-token statistics: LayerNorm keeps mean and rstd, RMSNorm rstd only (mean unused).
 struct NormStats {
@@ -45,13 +44,15 @@ struct MLPActivation {
   // fc1's output width for Fl activations: Fl, or 2 Fl ([gate_r; up_r] of this TP rank)
   int64_t fc1_width(int64_t Fl) const { return swiglu ? 2 * Fl : Fl; }
   // fc1 and the activation: pre (N, fc1_width) = x (N, C) @ w^T + b, act (N, Fl) = activation(pre)
-  // fp8: the GEMM in FP8 (model/fp8_linear.h), null: Ops's.
+  // fp8: the GEMM in FP8 (model/fp8_linear.h), null: Ops's; save: where x's FP8 codes go for fc1's
+  // weight gradient (Fp8SavedInput).
   void forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C, int64_t Fl,
-               Fp8Linear* fp8 = nullptr) const;
+               Fp8Linear* fp8 = nullptr, const Fp8SavedInput& save = {}) const;
   // fc2's backward through its input and the activation: dpre (N, fc1_width) = d pre from dout (N, C);
-  // with dw2 (and db2) also fc2's weight (bias) gradient from act. dact (N, Fl): scratch for SwiGLU.
+  // with dw2 (and db2) also fc2's weight (bias) gradient from act, or from act's saved FP8 codes
+  // (act then unread). dact (N, Fl): scratch for SwiGLU.
   void backward(Ops& ops, Buf dpre, Buf dact, Buf dw2, Buf db2, CBuf dout, CBuf act, CBuf w2, CBuf pre,
-                int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8 = nullptr) const;
+                int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8 = nullptr, const Fp8SavedInput& saved = {}) const;
   // GELU: act = gelu(pre) again from the kept pre-activation (as stored), before fc2's weight gradient
   // reads it: a layer keeps only pre, and act lives in one buffer the layers share (llm.c's
   // recompute). SwiGLU keeps its activation: nothing to do.

@@ -1,6 +1,7 @@
 // Parameter layout of one (tp_rank, pp_rank) shard of the GPT, and its counter-based init.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -8,6 +9,19 @@
 #include "model/gpt.h"
 
 namespace tpt {
+
+GPTDims::Fp8Saved GPTDims::fp8_saved_inputs(int64_t l, Recompute r) const {
+  Fp8Saved s;
+  if (l < fp8_saved_begin || l >= fp8_saved_end || r == Recompute::Full) return s;  // full: nothing kept
+  // the norms' outputs where kept whole: not with sequence parallelism (kept per TP block, gathered
+  // again in backward) nor the layernorm recompute module (not kept); ln_2's not in an MoE layer,
+  // whose router reads it in backward. SwiGLU's output (GELU's is recomputed from fc1's).
+  const bool norms = keeps_norms(r) && !sequence_parallel, dense = !moe.is_moe(l);
+  s.ln1 = norms;
+  s.ln2 = norms && dense;
+  s.act = dense && mlp.swiglu;
+  return s;
+}
 
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   const ModelConfig& m = cfg.model;
@@ -50,6 +64,10 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
   d.qk_norm = m.qk_layernorm;
   d.recompute_norms = cfg.training.recompute_modules.layernorm;
+  if (cfg.training.fp8_format != Fp8Format::None && cfg.training.fp8_wgrad) {
+    std::tie(d.fp8_saved_begin, d.fp8_saved_end) = cfg.training.fp8_layer_range(m.num_layers);
+    d.fp8_blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
+  }
   d.Vl = d.Vp / tp;
   d.vocab_begin = d.Vl * tp_rank;
   d.position_ids = cfg.data.reset_position_ids;

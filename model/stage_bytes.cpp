@@ -19,15 +19,21 @@ namespace {
 // constructor's order (layer_acts): the residual stream and the norms on this rank's Nt tokens, the
 // TP-sharded GEMM outputs on all N (QKV, fc1 and SwiGLU's activation; GELU's is recomputed from fc1's
 // output in backward, in the shared dact_). An MoE layer's MLP keeps its rows in MoEMLP
-// (moe_layer_bytes) instead of fc1's output.
+// (moe_layer_bytes) instead of fc1's output. q: the inputs an FP8 layer saves as FP8 codes and their
+// scales (GPTDims::fp8_saved_inputs) in place of the 16-bit tensors.
 std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false,
-                                        bool norms = true) {
+                                        bool norms = true, GPTDims::Fp8Saved q = {}) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N), qk = qk_norm_rows(d, N);
   std::vector<int64_t> v;
   auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
     for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(rows));
   };
-  if (norms) v.push_back(tb(Nt * d.C, t));  // ln1 (not with the layernorm recompute module)
+  auto saved = [&](int64_t I) {  // Fp8SavedInput: N x I codes, their scales
+    v.push_back(fp8_saved_code_bytes(N, I));
+    v.push_back(fb(fp8_saved_scale_floats(d.fp8_blockwise, N, I)));
+  };
+  if (q.ln1) saved(d.C);
+  else if (norms) v.push_back(tb(Nt * d.C, t));  // ln1 (not with the layernorm recompute module)
   stats(Nt);
   v.push_back(tb(N * d.qkv_width, t));
   if (d.qk_norm) {  // the q/k norms' inputs and statistics
@@ -36,11 +42,13 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
   }
   if (with_core) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));  // attention output, lse
   v.push_back(tb(Nt * d.C, t));  // x_mid
-  if (norms) v.push_back(tb(Nt * d.C, t));  // ln2
+  if (q.ln2) saved(d.C);
+  else if (norms) v.push_back(tb(Nt * d.C, t));  // ln2
   stats(Nt);
   if (!moe) {
     v.push_back(tb(N * d.fc1_width, t));
-    if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
+    if (q.act) saved(d.Fl);
+    else if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
   }
   v.push_back(tb(Nt * d.C, t));  // x_out
   return v;
@@ -57,7 +65,7 @@ std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompu
   if (d.grouped_qkv) v.push_back(tb(N * d.qkv_width, t));
   if (d.qk_norm) v.push_back(tb(N * d.Cl, t));
   if (r == Recompute::Selective) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));
-  if (!d.keeps_norms(r)) v.push_back(tb(d.local_tokens(N) * d.C, t));  // ln1 / ln2 of the layer at hand
+  if (shares_norm_scratch(d, r)) v.push_back(tb(d.local_tokens(N) * d.C, t));  // ln1 / ln2 of the layer at hand
   if (r == Recompute::Full)
     for (int64_t b : layer_tensor_bytes(d, B, t, true)) v.push_back(b);
   v.push_back(tp_gather_bytes(N * d.C, t, d.tp));
@@ -75,7 +83,9 @@ std::vector<int64_t> slot_tensor_bytes(const GPTDims& d, int64_t B, Recompute r,
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
     if (r == Recompute::Full) v.push_back(tb(Nt * d.C, t));
     else
-      for (int64_t b : layer_tensor_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l), d.keeps_norms(r))) v.push_back(b);
+      for (int64_t b : layer_tensor_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l), d.keeps_norms(r),
+                                          d.fp8_saved_inputs(l, r)))
+        v.push_back(b);
   }
   if (d.last_stage()) {
     v.push_back(tb(Nt * d.C, t));
@@ -113,7 +123,7 @@ int64_t moe_pool_slot_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
 int64_t scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N);
   int64_t n = tb(Nt * d.C, t);                 // dres: the input gradient, sent after the backward
-  if (d.rot) n += fb(d.rot / 2);               // RoPE's inverse frequencies
+  if (d.rot) n += fb(rope_inv_freq_floats(d));  // RoPE's inverse frequencies
   if (d.last_stage()) n += tb(N * d.Vl, t) + fb(4 * N);  // logits, cross-entropy rows (loss to backward)
   if (d.cp > 1) n += RingAttention::buffer_bytes(B, d.S, d.Hl, d.kv_heads, d.D, t);  // the CP ring's blocks
   if (moe_layer_count(d) > 0) n += moe_scratch_bytes(d, Nt, t, r);

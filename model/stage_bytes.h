@@ -19,6 +19,19 @@ inline int64_t qk_norm_rows(const GPTDims& d, int64_t N) { return d.qk_norm ? N 
 inline constexpr int64_t kScratchAlign = 256;
 inline int64_t carve_bytes(int64_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
+// whether the stage's shared scratch holds a norm output (Nt, C) for the layers that keep none: with
+// the layernorm recompute module, or where FP8 layers save the norms' codes instead (GPTDims::fp8_saved_inputs)
+inline bool shares_norm_scratch(const GPTDims& d, Recompute r) {
+  if (!d.keeps_norms(r)) return true;
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
+    if (d.fp8_saved_inputs(l, r).ln1) return true;
+  return false;
+}
+
+// RoPE's rot / 2 inverse frequencies as allocated: padded to 256 bytes (both backends' allocations are
+// multiples of it; 32 bytes at head dim 16 took 64 on the CPU, which the plan did not count)
+inline int64_t rope_inv_freq_floats(const GPTDims& d) { return (d.rot / 2 + 63) / 64 * 64; }
+
 // the stage's MoE layers
 inline int64_t moe_layer_count(const GPTDims& d) {
   int64_t n = 0;

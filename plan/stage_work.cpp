@@ -85,11 +85,21 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   w.kv_block = d.cp > 1 ? w.N * 2.0 * double(d.kv_heads * d.D) : 0.0;
   w.cp_fallback = d.cp > 1 && cp_attention_kernel(d, compute_dtype(c)) == "fallback";
   w.vocab_rows = double(d.Vl);
-  // GPTStage's FP8 layers, dense and MoE
+  // GPTStage's FP8 layers, dense and MoE, and which of their GEMMs' inputs they save as FP8 codes
   if (c.training.fp8_format != Fp8Format::None) {
     const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
-    for (int64_t l = std::max(begin, d.layer_begin); l < std::min(end, d.layer_end); ++l)
-      (d.moe.any() && d.moe.is_moe(l) ? w.fp8_moe_layers : w.fp8_layers) += 1.0;
+    auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q) {
+      std::vector<const LinearSpec*> specs = spec.linears();
+      for (size_t i = 0; i < specs.size(); ++i)
+        linears[i].fp8_saved = (specs[i]->name == "attn.qkv" && q.ln1) || (specs[i]->name == "mlp.fc1" && q.ln2) ||
+                               (specs[i]->name == "mlp.fc2" && q.act);
+    };
+    for (int64_t l = std::max(begin, d.layer_begin); l < std::min(end, d.layer_end); ++l) {
+      const bool moe = d.moe.any() && d.moe.is_moe(l);
+      (moe ? w.fp8_moe_layers : w.fp8_layers) += 1.0;  // the same inputs saved in every FP8 layer of a kind
+      if (moe) mark(w.moe.linears, d.moe_layer, d.fp8_saved_inputs(l, c.training.recompute));
+      else mark(w.linears, d.layer, d.fp8_saved_inputs(l, c.training.recompute));
+    }
   }
   return w;
 }

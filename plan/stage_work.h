@@ -22,6 +22,7 @@ struct ChunkWork {
   struct Linear {
     double in = 0, out = 0;
     LinearSplit split = LinearSplit::Column;
+    bool fp8_saved = false;  // in an FP8 layer its input is saved as FP8 codes (GPTDims::fp8_saved_inputs)
   };
   std::vector<Linear> linears;
   // per MoE layer: its layer spec's linear layers (attn.qkv, attn.proj on all N tokens; mlp.router,

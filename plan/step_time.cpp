@@ -191,12 +191,13 @@ class Model {
   // Bytes per element of the FP8 casts of a linear layer's GEMM inputs (model/fp8_linear.cpp): each reads
   // the 16-bit tensor once, current scaling (tensorwise) once more for its amax first, and writes a byte
   // per layout it makes. The input: its rowwise codes in forward, its columnwise codes again in
-  // backward for an FP8 weight gradient; the output gradient: both layouts in one cast (blockwise: two
+  // backward for an FP8 weight gradient, or, where its codes are saved (GPTDims::fp8_saved_inputs),
+  // both layouts in forward (blockwise: two casts) and none in backward; the output gradient: both layouts in one cast (blockwise: two
   // casts, 1 x 128 for the input gradient and 128 x 1 for the weight gradient; zb-h1 too: B casts it
   // rowwise, W columnwise), its rowwise codes alone with fp8_wgrad false; a weight once per step, with
   // the transpose of its codes (a byte read, a byte written).
   struct Fp8Casts {
-    double input = 0, input_again = 0, output_grad = 0, weight = 0;
+    double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0;
   };
   Fp8Casts fp8_casts() const {
     const TrainingConfig& t = c_.training;
@@ -207,6 +208,7 @@ class Model {
     Fp8Casts c;
     c.input = read + 1.0;
     c.input_again = wgrad ? read + 1.0 : 0.0;
+    c.input_saved = blockwise ? 2.0 * (read + 1.0) : read + 2.0;
     c.output_grad = !wgrad ? read + 1.0 : blockwise || split ? 2.0 * (read + 1.0) : read + 2.0;
     c.weight = read + 3.0;
     return c;
@@ -295,21 +297,21 @@ class Model {
                      double(int64_t(c_.training.micro_batch_size) * c_.parallel.data_parallel_size);
     if (k.fp8_layers > 0) {
       const TrainingConfig& t = c_.training;
-      double xf = 0, wb = 0, yb = 0;
+      double xf = 0, xs = 0, wb = 0, yb = 0;  // inputs cast again in backward, saved, weights, output gradients
       for (const ChunkWork::Linear& l : k.linears) {
         f8f += gemm_fp8(N, l.out, l.in);
         f8b += gemm_fp8(N, l.in, l.out);
         f8w += t.fp8_wgrad ? gemm_fp8(l.in, l.out, N) : gemm(l.in, l.out, N);
-        xf += N * l.in, wb += l.in * l.out, yb += N * l.out;
+        (l.fp8_saved ? xs : xf) += N * l.in, wb += l.in * l.out, yb += N * l.out;
       }
       const int n = int(k.linears.size());
-      f8f += memory_bound(xf * cast.input + wb * cast.weight / M, n);
+      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + wb * cast.weight / M, n);
       f8b += memory_bound(yb * cast.output_grad, n);
-      if (cast.input_again > 0) f8w += memory_bound(xf * cast.input_again, n);
+      if (cast.input_again > 0 && xf > 0) f8w += memory_bound(xf * cast.input_again, n);
     }
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
-    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8y = 0, m8wt = 0;
+    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8xs = 0, m8y = 0, m8wt = 0;
     const bool wgrad8 = c_.training.fp8_wgrad;
     for (const ChunkWork::Linear& l : k.moe.linears) {
       const bool router = l.split == LinearSplit::Replicated;
@@ -320,7 +322,7 @@ class Model {
       m8f += router ? gemm(rows, l.out, l.in) : gemm_fp8(rows, l.out, l.in);
       m8b += router ? gemm(rows, l.in, l.out) : gemm_fp8(rows, l.in, l.out);
       m8w += router || !wgrad8 ? gemm(l.in, l.out, rows) : gemm_fp8(l.in, l.out, rows);
-      if (!router) m8x += rows * l.in, m8y += rows * l.out, m8wt += l.in * l.out;
+      if (!router) (l.fp8_saved ? m8xs : m8x) += rows * l.in, m8y += rows * l.out, m8wt += l.in * l.out;
     }
     const double imb = hw_.moe_imbalance, rows = k.moe.rows * imb;  // the busiest EP rank's rows
     if (k.moe_layers > 0) {
@@ -334,7 +336,7 @@ class Model {
       m8x += rows * (C + Fe), m8y += rows * (F1 + C), m8wt += El * (C * F1 + Fe * C);
     }
     if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
-      m8f += memory_bound(m8x * cast.input + m8wt * cast.weight / M, 4);
+      m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8wt * cast.weight / M, 4);
       m8b += memory_bound(m8y * cast.output_grad, 4);
       if (cast.input_again > 0) m8w += memory_bound(m8x * cast.input_again, 4);
     }

@@ -23,6 +23,7 @@
 #    reduction 3.1e-3 / 7.8e-3; tests/unit/fp8_linear_test.cpp checks the reduction itself tightly);
 #    PP 2 (1F1B, zb-h1) and full recompute bit for bit, DP 2 within 2e-4, CP 2 within 4e-3 (margin 18);
 #    resume from a checkpoint bit for bit.
+#  - (i), (j): the Llama shape with FP8 weight gradients, from the inputs' saved FP8 codes.
 #  - Delayed scaling (fp8_recipe: delayed), (d)-(f) and its layouts and checkpoints below; blockwise
 #    scaling (fp8_recipe: blockwise), (g)-(h) and its layouts.
 set -u
@@ -75,6 +76,20 @@ if grep -q "the linear GEMMs of layers 1..2 in FP8 (the others bf16), weight gra
    within c_tpt c_ref 1e-2 c_bf16 2e-2; then
   ok "(c) Llama e4m3, fp8_wgrad false, first/last layers bf16, margin 18: the reference's losses (1e-2), far from bf16's"
 else bad "(c) Llama e4m3, fp8_wgrad false, first/last layers bf16"; fi
+
+# (i) the Llama shape with FP8 weight gradients (the default), hybrid, margin 18: its layers save ln_1's,
+#     ln_2's and SwiGLU's outputs as the forward's FP8 codes for the weight gradients (docs/FP8.md "Saved
+#     inputs"; the reference casts them again in backward): the reference's losses within 1e-2, far from
+#     bf16's; zb-h1 (W reads the saved codes after B) and 1F1B on PP 2 give one rank's bit for bit
+I=(--set training.fp8_format=hybrid "${TW[@]}" --set training.fp8_margin=18 "${LLAMA[@]}")
+tpt i_tpt 1 "${I[@]}" && ref i_ref "${I[@]}"
+if within i_tpt i_ref 1e-2 c_bf16 2e-2; then ok "(i) Llama hybrid, FP8 weight gradients from saved codes, margin 18: the reference's losses (1e-2), far from bf16's"
+else bad "(i) Llama hybrid, FP8 weight gradients"; fi
+tpt i_zb 2 "${I[@]}" --set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=zb-h1
+tpt i_pp2 2 "${I[@]}" --set parallel.pipeline_model_parallel_size=2
+for r in i_zb i_pp2; do
+  if within "$r" i_tpt 0; then ok "(i) $r: 1 rank's losses bit for bit"; else bad "(i) $r"; fi
+done
 
 # ---- layouts: TP 2 with sequence parallelism against 1 rank (the amaxes reduced over TP)
 for m in 0 18; do
@@ -208,6 +223,13 @@ HL=(--set training.fp8_format=e4m3 --set training.fp8_recipe=blockwise --set tra
 tpt h_tpt 1 "${HL[@]}" && ref h_ref "${HL[@]}" && tpt h_bf16 1 "${LLAMA[@]}" --set model.ffn_hidden_size=512
 if within h_tpt h_ref 1e-2 h_bf16 5e-2; then ok "(h) Llama e4m3 blockwise, fp8_wgrad false: the reference's losses (1e-2), far from bf16's"
 else bad "(h) Llama e4m3 blockwise"; fi
+# (j) ... with FP8 weight gradients, hybrid: the saved codes in 128 x 1 blocks with their scales (the
+#     reference's losses within 1e-2)
+JL=(--set training.fp8_format=hybrid --set training.fp8_recipe=blockwise --set training.fp8_margin=18
+    "${LLAMA[@]}" --set model.ffn_hidden_size=512)
+tpt j_tpt 1 "${JL[@]}" && ref j_ref "${JL[@]}"
+if within j_tpt j_ref 1e-2 h_bf16 5e-2; then ok "(j) Llama hybrid blockwise, FP8 weight gradients from saved codes: the reference's losses (1e-2), far from bf16's"
+else bad "(j) Llama hybrid blockwise, FP8 weight gradients"; fi
 # ... on TP 2 + sequence parallelism (per rank QKV 256, SwiGLU 2 x 256: whole 128-blocks), 1 rank's
 # losses within 4e-3 (measured 3.9e-4)
 tpt h_tp2 2 "${HL[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true

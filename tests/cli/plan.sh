@@ -272,6 +272,13 @@ compare fp8_delayed_vp2 2 1 2 training.precision=bf16 training.fp8_format=hybrid
 # multiple of 128)
 compare fp8_blockwise_tp2_sp 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=blockwise \
   parallel.sequence_parallel=true model.hidden_size=256
+# FP8 layers saving their GEMM inputs' codes (docs/FP8.md "Saved inputs"): ln_1's, ln_2's and SwiGLU's
+# outputs as FP8 codes with their scales (blockwise: one per 128 x 1 block) in place of the bf16
+# tensors, which take one shared scratch; with selective recompute (its shared attention core too)
+compare fp8_saved_blockwise_swiglu 1 1 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=blockwise \
+  model.hidden_size=256 model.swiglu=true model.ffn_hidden_size=256 model.normalization=RMSNorm
+compare fp8_saved_tensorwise_selective 2 1 2 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=tensorwise \
+  model.swiglu=true model.ffn_hidden_size=128 training.recompute=selective
 # the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16

@@ -51,6 +51,16 @@ double max_rel(const float* got, const std::vector<double>& want) {
   return err / ref;
 }
 
+// hybrid options of recipe 0 (tensorwise), 1 (delayed), 2 (blockwise)
+Fp8LinearOptions hybrid_recipe(int recipe) {
+  Fp8LinearOptions o;
+  o.hybrid = true;
+  o.delayed = recipe == 1;
+  o.blockwise = recipe == 2;
+  return o;
+}
+const char* recipe_name(int recipe) { return recipe == 0 ? "tensorwise" : recipe == 1 ? "delayed" : "blockwise"; }
+
 struct Case {
   bool hybrid, wgrad, gelu;
   int margin;
@@ -283,11 +293,8 @@ TEST(Fp8Linear, KeptWeightCopiesAsQuantizingEveryCall) {
   const int64_t N = 16, I = 256, O = 128;
   auto ops = make_cpu_ops(1);
   for (int recipe = 0; recipe < 3; ++recipe) {
-    SCOPED_TRACE(recipe == 0 ? "tensorwise" : recipe == 1 ? "delayed" : "blockwise");
-    Fp8LinearOptions o;
-    o.hybrid = true;
-    o.delayed = recipe == 1;
-    o.blockwise = recipe == 2;
+    SCOPED_TRACE(recipe_name(recipe));
+    const Fp8LinearOptions o = hybrid_recipe(recipe);
     Fp8ScratchSizes f{N * I, O * I, N * O, N * I, O * I, N * O};
     Fp8State every(*ops, o, f, 1), kept(*ops, o, f, 1, {Fp8Weight{O, I}});
     std::vector<float> w = random(size_t(O * I), 8, 0.1f), w2 = w;
@@ -325,6 +332,72 @@ TEST(Fp8Linear, KeptWeightCopiesAsQuantizingEveryCall) {
     // another weight at another address is quantized at once, without weights_changed
     kept.gemm(0)->forward(std::vector<float>(size_t(N * O)).data(), x.data(), w2.data(), CBuf{}, N, I, O);
     EXPECT_EQ(kept.weight_quantizations(), 4);
+  }
+}
+
+// Saved FP8 inputs (Fp8SavedInput, as GPTStage's FP8 layers keep ln_1's, ln_2's and SwiGLU's outputs):
+// every recipe gives the outputs and gradients of casting the input again in backward, bit for bit, with
+// the backward never reading the input (passed empty). Two micro-batches' forwards before their
+// backwards in reverse order, the second input 50x the first: a saved scale read from the state the
+// next call overwrites (current scaling), or codes of the other micro-batch, would show; 160 rows cut
+// the last 128 x 1 blocks (blockwise). Delayed scaling records the same amaxes.
+TEST(Fp8Linear, SavedInputAsCastingAgain) {
+  const int64_t N = 160, I = 256, O = 128;
+  auto ops = make_cpu_ops(1);
+  for (int recipe = 0; recipe < 3; ++recipe) {
+    SCOPED_TRACE(recipe_name(recipe));
+    const Fp8LinearOptions o = hybrid_recipe(recipe);
+    Fp8ScratchSizes f{N * I, O * I, N * O, N * I, O * I, N * O};
+    Fp8State again(*ops, o, f, 1), saving(*ops, o, f, 1);
+    if (o.delayed) {  // scales of an earlier step (2 for the input, 1/4 for the output gradient)
+      std::vector<float> amax = {224.0f, 0.0f, 229376.0f};
+      again.update(amax.data()), saving.update(amax.data());
+      again.begin_step(), saving.begin_step();
+    }
+    const std::vector<float> w = random(size_t(O * I), 8, 0.1f);
+    std::vector<float> x[2] = {random(size_t(N * I), 7, 1.0f), random(size_t(N * I), 17, 50.0f)};
+    std::vector<float> dy[2] = {random(size_t(N * O), 9, 0.01f), random(size_t(N * O), 19, 0.02f)};
+    std::vector<uint8_t> codes[2];
+    std::vector<float> scales[2];
+    Fp8SavedInput saved[2];
+    for (int m = 0; m < 2; ++m) {
+      codes[m].assign(size_t(N * I), 0);
+      scales[m].assign(size_t(fp8_saved_scale_floats(o.blockwise, N, I)), 0.0f);
+      saved[m] = Fp8SavedInput{codes[m].data(), scales[m].data()};
+    }
+    std::vector<float> y[2][2], dx[2][2], dw[2][2];  // [casting again, saving][micro-batch]
+    for (int m = 0; m < 2; ++m) {
+      y[0][m].assign(size_t(N * O), 0.0f), y[1][m] = y[0][m];
+      again.gemm(0)->forward(y[0][m].data(), x[m].data(), w.data(), CBuf{}, N, I, O);
+      saving.gemm(0)->forward(y[1][m].data(), x[m].data(), w.data(), CBuf{}, N, I, O, {}, saved[m]);
+    }
+    for (int m = 1; m >= 0; --m) {
+      for (int k = 0; k < 2; ++k) dx[k][m].assign(size_t(N * I), 0.0f), dw[k][m].assign(size_t(O * I), 0.0f);
+      if (o.blockwise) {  // its two calls, as a split backward
+        again.gemm(0)->backward(dx[0][m].data(), nullptr, nullptr, dy[m].data(), CBuf{}, w.data(), N, I, O, false);
+        again.gemm(0)->backward(Buf{}, dw[0][m].data(), nullptr, dy[m].data(), x[m].data(), CBuf{}, N, I, O, false);
+        saving.gemm(0)->backward(dx[1][m].data(), nullptr, nullptr, dy[m].data(), CBuf{}, w.data(), N, I, O, false, {},
+                                 saved[m]);
+        saving.gemm(0)->backward(Buf{}, dw[1][m].data(), nullptr, dy[m].data(), CBuf{}, CBuf{}, N, I, O, false, {},
+                                 saved[m]);
+      } else {
+        again.gemm(0)->backward(dx[0][m].data(), dw[0][m].data(), nullptr, dy[m].data(), x[m].data(), w.data(), N, I,
+                                O, false);
+        saving.gemm(0)->backward(dx[1][m].data(), dw[1][m].data(), nullptr, dy[m].data(), CBuf{}, w.data(), N, I, O,
+                                 false, {}, saved[m]);
+      }
+    }
+    for (int m = 0; m < 2; ++m) {
+      EXPECT_EQ(y[0][m], y[1][m]) << "micro-batch " << m;
+      EXPECT_EQ(dx[0][m], dx[1][m]) << "micro-batch " << m;
+      EXPECT_EQ(dw[0][m], dw[1][m]) << "micro-batch " << m;
+    }
+    EXPECT_NE(dw[1][0], dw[1][1]);
+    if (o.delayed) {
+      std::vector<float> a(3), b(3);
+      again.read_amaxes(a.data()), saving.read_amaxes(b.data());
+      EXPECT_EQ(a, b);
+    }
   }
 }
 
