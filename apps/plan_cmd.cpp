@@ -230,10 +230,15 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
   const std::string moments = opt.exp_avg_dtype == StateDType::FP32 && opt.exp_avg_sq_dtype == StateDType::FP32
                                   ? "Adam moments in fp32"
                                   : "Adam moments in " + name_of(opt.exp_avg_dtype) + " / " + name_of(opt.exp_avg_sq_dtype);
-  std::printf("storage: every tensor in its own dtype -- activations, workspace, pipeline messages and the "
+  // FP8 layers with FP8 weight gradients keep some GEMM inputs as FP8 codes (GPTDims::fp8_saved_inputs)
+  const std::string saved = c.training.fp8_format != Fp8Format::None && c.training.fp8_wgrad
+                                ? " (in FP8 layers, the norms' and SwiGLU's outputs that only the weight gradients "
+                                  "read are kept as FP8 codes: docs/FP8.md \"Saved inputs\")"
+                                : "";
+  std::printf("storage: every tensor in its own dtype -- activations%s, workspace, pipeline messages and the "
               "compute copy of the weights in the compute dtype; %s, gradients in %s, %s (what tptrain's "
               "backends allocate)\n\n",
-              masters.c_str(), bf16_grads(c) ? "bf16 (reduced in bf16)" : "fp32", moments.c_str());
+              saved.c_str(), masters.c_str(), bf16_grads(c) ? "bf16 (reduced in bf16)" : "fp32", moments.c_str());
   // GiB for real models, MiB for the small CPU configs
   int64_t largest = 0;
   for (const StageMemory& s : p.stages) largest = std::max(largest, s.total_bytes());

@@ -87,7 +87,9 @@ void Trainer::log_setup() {
                  recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
                  cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
                                        "unquantized)" : "",
-                 t.fp8_wgrad ? "from FP8 inputs" : "in bf16 (fp8_wgrad: false)");
+                 t.fp8_wgrad ? "from FP8 inputs (the norms' and SwiGLU's outputs kept as the forward's FP8 codes where "
+                               "nothing else reads them)"
+                             : "in bf16 (fp8_wgrad: false)");
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)

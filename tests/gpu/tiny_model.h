@@ -75,8 +75,16 @@ struct DataParallel {
 
 // fp8 (optional): every layer's linear GEMMs in FP8 with these options (current or blockwise scaling:
 // delayed scaling's per-step update is the trainer's).
-inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& cfg = tiny_config(),
+// The config says FP8 too (make_dims: the layers save their inputs' FP8 codes for the weight gradients,
+// docs/FP8.md "Saved inputs").
+inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& config = tiny_config(),
                      DataParallel dp = {}, const Fp8LinearOptions* fp8 = nullptr) {
+  Config cfg = config;
+  if (fp8) {
+    cfg.training.fp8_format = fp8->hybrid ? Fp8Format::Hybrid : Fp8Format::E4M3;
+    cfg.training.fp8_recipe = fp8->blockwise ? Fp8Recipe::Blockwise : Fp8Recipe::Tensorwise;
+    cfg.training.fp8_wgrad = fp8->wgrad;
+  }
   const GPTDims d = make_dims(cfg, tp.size(), tp.rank(), 1, 0);
   const ParamLayout layout = make_param_layout(d);
   VecF host(size_t(layout.total));
