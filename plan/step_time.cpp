@@ -192,10 +192,11 @@ class Model {
   // the 16-bit tensor once, current scaling (tensorwise) once more for its amax first, and writes a byte
   // per layout it makes. The input: its rowwise codes in forward, its columnwise codes again in
   // backward for an FP8 weight gradient, or, where its codes are saved (GPTDims::fp8_saved_inputs),
-  // both layouts in forward (blockwise: two casts) and none in backward; the output gradient: both layouts in one cast (blockwise: two
-  // casts, 1 x 128 for the input gradient and 128 x 1 for the weight gradient; zb-h1 too: B casts it
-  // rowwise, W columnwise), its rowwise codes alone with fp8_wgrad false; a weight once per step, with
-  // the transpose of its codes (a byte read, a byte written).
+  // both layouts in forward (blockwise: two casts) and none in backward; the output gradient: both
+  // layouts in one cast (blockwise: two casts, 1 x 128 for the input gradient and 128 x 1 for the
+  // weight gradient; zb-h1 too: B casts it rowwise, W columnwise), its rowwise codes alone with
+  // fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
+  // written).
   struct Fp8Casts {
     double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0;
   };
