@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "data/run_data.h"
+#include "model/gpt.h"
 #include "model/layers.h"
 #include "plan/calibrate.h"
 #include "plan/memory.h"
@@ -231,7 +232,8 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                                   ? "Adam moments in fp32"
                                   : "Adam moments in " + name_of(opt.exp_avg_dtype) + " / " + name_of(opt.exp_avg_sq_dtype);
   // FP8 layers with FP8 weight gradients keep some GEMM inputs as FP8 codes (GPTDims::fp8_saved_inputs)
-  const std::string saved = c.training.fp8_format != Fp8Format::None && c.training.fp8_wgrad
+  const bool saves = make_dims(c, c.parallel.tensor_model_parallel_size, 0, 1, 0).saves_fp8_inputs(c.training.recompute);
+  const std::string saved = saves
                                 ? " (in FP8 layers, the norms' and SwiGLU's outputs that only the weight gradients "
                                   "read are kept as FP8 codes: docs/FP8.md \"Saved inputs\")"
                                 : "";

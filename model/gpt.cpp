@@ -217,9 +217,12 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
         for (int64_t s = kFp8GemmsPerLayer; s < G; ++s) fp8_->set_amax_groups((l - fp8_begin_) * G + s, etp, nullptr);
     }
   }
-  for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {  // saved FP8 inputs: made by the layer's FP8 GEMMs
-    const GPTDims::Fp8Saved q = d.fp8_saved_inputs(l, opt_.recompute);
-    TPT_CHECK(!(q.ln1 || q.ln2 || q.act) || fp8_slot(l, 0) != nullptr);
+  if (d.saves_fp8_inputs(opt_.recompute)) {  // saved FP8 inputs: made by the layers' FP8 GEMMs, as sized
+    TPT_CHECK(opt_.fp8 && opt_.fp8_options.wgrad && opt_.fp8_options.blockwise == d.fp8_blockwise);
+    for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
+      const GPTDims::Fp8Saved q = d.fp8_saved_inputs(l, opt_.recompute);
+      TPT_CHECK(!(q.ln1 || q.ln2 || q.act) || fp8_slot(l, 0) != nullptr);
+    }
   }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);

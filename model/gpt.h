@@ -67,6 +67,7 @@ struct GPTDims {
     bool ln1 = false, ln2 = false, act = false;  // QKV's, fc1's, fc2's input
   };
   Fp8Saved fp8_saved_inputs(int64_t layer, Recompute r) const;
+  bool saves_fp8_inputs(Recompute r) const;  // any of [layer_begin, layer_end)
   bool learned_positions() const { return rot == 0; }
   QKVLayout qkv_layout() const { return {grouped_qkv, Hl, kv_heads, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)

@@ -23,6 +23,14 @@ GPTDims::Fp8Saved GPTDims::fp8_saved_inputs(int64_t l, Recompute r) const {
   return s;
 }
 
+bool GPTDims::saves_fp8_inputs(Recompute r) const {
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
+    const Fp8Saved s = fp8_saved_inputs(l, r);
+    if (s.ln1 || s.ln2 || s.act) return true;
+  }
+  return false;
+}
+
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   const ModelConfig& m = cfg.model;
   GPTDims d;

@@ -299,16 +299,19 @@ class Model {
     if (k.fp8_layers > 0) {
       const TrainingConfig& t = c_.training;
       double xf = 0, xs = 0, wb = 0, yb = 0;  // inputs cast again in backward, saved, weights, output gradients
+      int saved = 0;
       for (const ChunkWork::Linear& l : k.linears) {
         f8f += gemm_fp8(N, l.out, l.in);
         f8b += gemm_fp8(N, l.in, l.out);
         f8w += t.fp8_wgrad ? gemm_fp8(l.in, l.out, N) : gemm(l.in, l.out, N);
         (l.fp8_saved ? xs : xf) += N * l.in, wb += l.in * l.out, yb += N * l.out;
+        saved += l.fp8_saved ? 1 : 0;
       }
-      const int n = int(k.linears.size());
-      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + wb * cast.weight / M, n);
+      // the casts' kernels: one per GEMM and pass, blockwise a second for each saved input in forward
+      const int n = int(k.linears.size()), blockwise = t.fp8_recipe == Fp8Recipe::Blockwise ? saved : 0;
+      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + wb * cast.weight / M, n + blockwise);
       f8b += memory_bound(yb * cast.output_grad, n);
-      if (cast.input_again > 0 && xf > 0) f8w += memory_bound(xf * cast.input_again, n);
+      if (cast.input_again > 0 && xf > 0) f8w += memory_bound(xf * cast.input_again, n - saved);
     }
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)

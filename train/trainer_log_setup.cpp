@@ -87,9 +87,11 @@ void Trainer::log_setup() {
                  recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
                  cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
                                        "unquantized)" : "",
-                 t.fp8_wgrad ? "from FP8 inputs (the norms' and SwiGLU's outputs kept as the forward's FP8 codes where "
-                               "nothing else reads them)"
-                             : "in bf16 (fp8_wgrad: false)");
+                 !t.fp8_wgrad ? "in bf16 (fp8_wgrad: false)"
+                 : make_dims(cfg_, cfg_.parallel.tensor_model_parallel_size, 0, 1, 0).saves_fp8_inputs(t.recompute)
+                     ? "from FP8 inputs (the norms' and SwiGLU's outputs kept as the forward's FP8 codes where "
+                       "nothing else reads them)"
+                     : "from FP8 inputs");
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)
