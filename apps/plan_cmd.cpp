@@ -232,8 +232,7 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
                                   ? "Adam moments in fp32"
                                   : "Adam moments in " + name_of(opt.exp_avg_dtype) + " / " + name_of(opt.exp_avg_sq_dtype);
   // FP8 layers with FP8 weight gradients keep some GEMM inputs as FP8 codes (GPTDims::fp8_saved_inputs)
-  const bool saves = make_dims(c, c.parallel.tensor_model_parallel_size, 0, 1, 0).saves_fp8_inputs(c.training.recompute);
-  const std::string saved = saves
+  const std::string saved = fp8_saves_inputs(c)
                                 ? " (in FP8 layers, the norms' and SwiGLU's outputs that only the weight gradients "
                                   "read are kept as FP8 codes: docs/FP8.md \"Saved inputs\")"
                                 : "";

@@ -67,7 +67,11 @@ struct GPTDims {
     bool ln1 = false, ln2 = false, act = false;  // QKV's, fc1's, fc2's input
   };
   Fp8Saved fp8_saved_inputs(int64_t layer, Recompute r) const;
-  bool saves_fp8_inputs(Recompute r) const;  // any of [layer_begin, layer_end)
+  Fp8Saved fp8_saved_by_any(Recompute r) const;  // what any of [layer_begin, layer_end) saves
+  bool saves_fp8_inputs(Recompute r) const {
+    const Fp8Saved s = fp8_saved_by_any(r);
+    return s.ln1 || s.ln2 || s.act;
+  }
   bool learned_positions() const { return rot == 0; }
   QKVLayout qkv_layout() const { return {grouped_qkv, Hl, kv_heads, D}; }
   bool position_ids = false;  // data.reset_position_ids: positions come with the tokens (else 0..S-1)
@@ -96,6 +100,8 @@ struct GPTDims {
   const LayerSpec& spec(int64_t l) const { return moe.is_moe(l) ? moe_layer : layer; }
 };
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank);
+// whether the config's FP8 layers save any input's FP8 codes (GPTDims::fp8_saved_inputs over all layers)
+bool fp8_saves_inputs(const Config& cfg);
 // d as CP rank cp_rank of parallel.context_parallel_size sees it (unchanged with CP 1).
 void apply_context_parallel(GPTDims& d, const Config& cfg, int cp_rank);
 // d as EP rank ep_rank of parallel.expert_model_parallel_size and expert-TP rank etp_rank of etp

@@ -23,12 +23,17 @@ GPTDims::Fp8Saved GPTDims::fp8_saved_inputs(int64_t l, Recompute r) const {
   return s;
 }
 
-bool GPTDims::saves_fp8_inputs(Recompute r) const {
+GPTDims::Fp8Saved GPTDims::fp8_saved_by_any(Recompute r) const {
+  Fp8Saved any;
   for (int64_t l = layer_begin; l < layer_end; ++l) {
     const Fp8Saved s = fp8_saved_inputs(l, r);
-    if (s.ln1 || s.ln2 || s.act) return true;
+    any.ln1 |= s.ln1, any.ln2 |= s.ln2, any.act |= s.act;
   }
-  return false;
+  return any;
+}
+
+bool fp8_saves_inputs(const Config& cfg) {
+  return make_dims(cfg, cfg.parallel.tensor_model_parallel_size, 0, 1, 0).saves_fp8_inputs(cfg.training.recompute);
 }
 
 GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {

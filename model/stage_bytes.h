@@ -21,12 +21,7 @@ inline int64_t carve_bytes(int64_t bytes) { return (bytes + kScratchAlign - 1) /
 
 // whether the stage's shared scratch holds a norm output (Nt, C) for the layers that keep none: with
 // the layernorm recompute module, or where FP8 layers save the norms' codes instead (GPTDims::fp8_saved_inputs)
-inline bool shares_norm_scratch(const GPTDims& d, Recompute r) {
-  if (!d.keeps_norms(r)) return true;
-  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
-    if (d.fp8_saved_inputs(l, r).ln1) return true;
-  return false;
-}
+inline bool shares_norm_scratch(const GPTDims& d, Recompute r) { return !d.keeps_norms(r) || d.fp8_saved_by_any(r).ln1; }
 
 // RoPE's rot / 2 inverse frequencies as allocated: padded to 256 bytes (both backends' allocations are
 // multiples of it; 32 bytes at head dim 16 took 64 on the CPU, which the plan did not count)

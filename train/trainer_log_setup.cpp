@@ -88,7 +88,7 @@ void Trainer::log_setup() {
                  cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
                                        "unquantized)" : "",
                  !t.fp8_wgrad ? "in bf16 (fp8_wgrad: false)"
-                 : make_dims(cfg_, cfg_.parallel.tensor_model_parallel_size, 0, 1, 0).saves_fp8_inputs(t.recompute)
+                 : fp8_saves_inputs(cfg_)
                      ? "from FP8 inputs (the norms' and SwiGLU's outputs kept as the forward's FP8 codes where "
                        "nothing else reads them)"
                      : "from FP8 inputs");
