@@ -123,11 +123,13 @@ TPT_HOST_DEVICE inline float round_to_fp16(float f) { return fp16_to_fp32(fp32_t
 // what parameters used in compute, activations, pipeline messages and activation gradients are
 // stored as (master weights, weight gradients and optimizer state are always fp32). F64, I32 and
 // I64 are the further types the communicators carry (parallel/comm.h: losses and flags in double,
-// token counts in int64).
-enum class DType { F32, BF16, F16, F64, I32, I64 };
+// token counts in int64), and U8 the bytes they move (FP8 codes: sequence parallelism's gathers of
+// FP8 layers' inputs, model/fp8_linear.h).
+enum class DType { F32, BF16, F16, F64, I32, I64, U8 };
 
 inline int dtype_bytes(DType t) {
   switch (t) {
+    case DType::U8: return 1;
     case DType::BF16:
     case DType::F16: return 2;
     case DType::F32:

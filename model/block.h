@@ -84,6 +84,9 @@ struct BlockMappings {
   std::function<CBuf(CBuf ln2)> mlp;
   // FP8 training (model/fp8_linear.h): the layer's linear GEMMs in FP8; null: in the compute dtype
   Fp8Linear* fp8[kDenseParts] = {};  // by DensePart (kQkv, kProj, kFc1, kFc2)
+  // sequence parallelism with current or delayed scaling: the FP8 GEMMs' inputs ln1 and ln2 gathered
+  // as codes (Fp8TokenGather) instead of by gather_tokens; null: gathered in the compute dtype
+  const Fp8TokenGather* fp8_gather = nullptr;
 };
 
 // x_out = block(x_in), both (Nt, C); tmp: (N, C) scratch; qkv_tmp: (N, qkv_width) scratch for the QKV GEMM's

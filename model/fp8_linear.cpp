@@ -122,15 +122,16 @@ Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
 }
 
 void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
-                        const int64_t* brows, const int64_t* bcols, const int* layouts, uint8_t* inp_col) {
+                        const int64_t* brows, const int64_t* bcols, const int* layouts, uint8_t* inp_col,
+                        uint8_t* inp_row) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
   auto layout = [&](int i) { return layouts ? layouts[i] : int(kRow); };
-  // where tensor i's codes go in its layouts: rowwise into codes (null: not made), columnwise into
-  // codes_[i], or beside rowwise codes into t_codes_ (the input's into inp_col); the operand reads them
-  // with scale_inv
-  auto cast = [&](int i, uint8_t* codes, const float* scale, float* amax, const float* scale_inv) {
+  // where tensor i's codes go in its layouts: rowwise into codes_[i] (the input's into inp_row, if given),
+  // columnwise into codes_[i], or beside rowwise codes into t_codes_ (the input's into inp_col); the
+  // operand reads them with scale_inv
+  auto cast = [&](int i, const float* scale, float* amax, const float* scale_inv) {
     const int L = layout(i);
-    uint8_t* row = L & kRow ? codes : nullptr;
+    uint8_t* row = !(L & kRow) ? nullptr : i == kInp && inp_row ? inp_row : codes_[i];
     uint8_t* col = !(L & kCol) ? nullptr : !row ? codes_[i] : i == kInp && inp_col ? inp_col : t_codes_;
     TPT_CHECK(!(row && col && col == t_codes_) || i == kDout);
     TPT_CHECK(!(L & kCol) || (cols && col && cols[i] > 0 && n[i] % cols[i] == 0));
@@ -191,7 +192,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
         q[i] = kept_operand(Fp8Operand{codes, type(i), state_ + 2 * T + k});
         continue;
       }
-      q[i] = cast(i, codes_[i], state_ + T + k, state_ + k, state_ + 2 * T + k);
+      q[i] = cast(i, state_ + T + k, state_ + k, state_ + 2 * T + k);
     }
     return;
   }
@@ -223,7 +224,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
       continue;
     }
     TPT_CHECK(i != kW || layout(i) == kRow);
-    q[i] = cast(i, codes_[i], scale + i, amax + i, scale_inv + i);
+    q[i] = cast(i, scale + i, amax + i, scale_inv + i);
   }
 }
 
@@ -232,36 +233,55 @@ constexpr int64_t B = kFp8Block;
 }  // namespace
 
 void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre,
-                        const Fp8SavedInput& save) {
+                        const Fp8SavedInput& save, const Fp8TokenGather* sp) {
   constexpr int kT = Fp8State::kTensors;
   const Fp8LinearOptions& o = state_->o_;
-  TPT_CHECK(!save || (o.wgrad && save.scale_inv));
+  TPT_CHECK(!save || (o.wgrad && save.scale_inv && save.shard == (sp != nullptr)));
+  TPT_CHECK(!sp || (!o.blockwise && sp->gather && sp->Nt > 0 && sp->Nt <= N));
   const CBuf x[kT] = {inp, w, CBuf{}};
-  const int64_t n[kT] = {N * I, O * I, 0};
+  const int64_t n[kT] = {(sp ? sp->Nt : N) * I, O * I, 0};
   // blockwise: the input 1 x 128 and the weight 128 x 128 along the reduction over I
   const int64_t cols[kT] = {I, I, 1}, br[kT] = {1, B, 1}, bc[kT] = {B, B, 1};
   // the saved input: current and delayed scaling cast it in both layouts at once (the columnwise
-  // codes into save), blockwise scaling again in 128 x 1 blocks below
-  const bool both = save && !o.blockwise;
+  // codes into save), blockwise scaling again in 128 x 1 blocks below; with sp its shard's rowwise codes
+  const bool both = save && !o.blockwise && !sp;
   const int layouts[kT] = {Fp8State::kRow | (both ? Fp8State::kCol : 0), Fp8State::kRow, Fp8State::kRow};
+  // sp: the shard's codes into the saved shard, or in place into its rows of the gathered codes
+  uint8_t* const gathered = state_->codes_[Fp8State::kInp];
+  uint8_t* shard = !sp ? nullptr : save ? save.codes : gathered + int64_t(sp->rank) * sp->Nt * I;
   Fp8Operand q[kT];
-  state_->quantize(index_, x, n, q, cols, br, bc, layouts, both ? save.codes : nullptr);
+  state_->quantize(index_, x, n, q, cols, br, bc, layouts, both ? save.codes : nullptr, shard);
   Ops& ops = state_->ops_;
-  if (both) ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
+  if (both || (save && sp)) ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
   else if (save)  // the weight gradient's quantization (Fp8Linear::backward), made here
     ops.fp8_quantize_blocks(save.codes, inp, N, I, B, 1, state_->type(Fp8State::kInp), o.margin, save.scale_inv, true);
+  if (sp) {  // the TP group's codes, every rank's cast with the same scale
+    sp->gather(gathered, shard, sp->Nt * I);
+    q[Fp8State::kInp].codes = gathered;
+  }
   ops.fp8_linear_forward(out, q[Fp8State::kInp], q[Fp8State::kW], bias, N, I, O, gelu_pre);
 }
 
 void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
-                         int64_t O, bool accumulate_dinp, CBuf gelu_pre, const Fp8SavedInput& saved) {
+                         int64_t O, bool accumulate_dinp, CBuf gelu_pre, const Fp8SavedInput& saved,
+                         const Fp8TokenGather* sp) {
   Ops& ops = state_->ops_;
   const bool fp8_dw = dw && state_->o_.wgrad;
   TPT_CHECK(!saved || state_->o_.wgrad);
+  TPT_CHECK(!saved.shard || (sp && sp->scratch && !state_->o_.blockwise));
   const bool cast_inp = fp8_dw && !saved;  // the input's columnwise codes: cast here, or the saved ones
-  // the saved input as the weight gradient's operand
+  // the saved input as the weight gradient's operand (after the casts below, which leave the input's
+  // scratch unused): a saved shard gathered (rowwise, into sp's scratch) and transposed into that scratch
   auto saved_operand = [&] {
-    if (!state_->o_.blockwise) return Fp8Operand{nullptr, state_->type(Fp8State::kInp), saved.scale_inv, 0, 0, 0, saved.codes};
+    const Fp8Type t = state_->type(Fp8State::kInp);
+    if (saved.shard) {
+      uint8_t* col = state_->codes_[Fp8State::kInp];
+      TPT_CHECK(N * I <= state_->cap_[Fp8State::kInp]);
+      sp->gather(sp->scratch, saved.codes, sp->Nt * I);
+      ops.fp8_transpose(col, sp->scratch, N, I);
+      return Fp8Operand{nullptr, t, saved.scale_inv, 0, 0, 0, col};
+    }
+    if (!state_->o_.blockwise) return Fp8Operand{nullptr, t, saved.scale_inv, 0, 0, 0, saved.codes};
     return Fp8Operand{nullptr, state_->type(Fp8State::kInp), saved.scale_inv, B, 1, I, saved.codes};
   };
   if (state_->o_.blockwise) {  // two calls: each GEMM's operands in blocks along its own reduction

@@ -32,6 +32,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
@@ -83,10 +84,28 @@ struct Fp8Weight {
 // columnwise codes (I, N) -- the input's codes transposed, the weight gradient's layout -- and their
 // scale_inv: one float, or with blockwise scaling one per 128 x 1 block, as the backward's own cast of
 // the same values with the same scale would make them (so the losses are those without it, bit for bit).
+// shard (sequence parallelism, with Fp8TokenGather): this rank's Nt rows' rowwise codes (Nt, I), which
+// the backward gathers over the TP group and transposes (as Transformer Engine saves the local FP8 shard
+// and all-gathers it again).
 struct Fp8SavedInput {
   uint8_t* codes = nullptr;
   float* scale_inv = nullptr;
+  bool shard = false;
   explicit operator bool() const { return codes != nullptr; }
+};
+
+// Sequence parallelism's all-gather of an FP8 GEMM's input as codes (current and delayed scaling;
+// Transformer Engine's FP8 all-gather): the forward is given this rank's Nt of the N rows, casts them with
+// the scale of the whole tensor (current scaling: their amax reduced over the TP group as before; delayed:
+// the step's) and gathers the codes -- a byte per element on the wire instead of two, and the codes a cast
+// of the gathered 16-bit tensor makes, so the results are bit for bit those of gathering in bf16.
+// gather(full, shard, n): the TP group's shards of n bytes, in rank order, into full (shard may be
+// full + rank * n); scratch: N x I bytes the backward gathers a saved shard into (the stage's tmp_).
+struct Fp8TokenGather {
+  std::function<void(uint8_t* full, const uint8_t* shard, int64_t n)> gather;
+  int64_t Nt = 0;
+  int rank = 0;
+  uint8_t* scratch = nullptr;
 };
 // what GPTStage allocates for an (N, I) input's: the codes' bytes and the scales' floats, each padded to
 // 256 bytes (a multiple of both backends' allocation alignment: the plan counts what is allocated)
@@ -99,12 +118,15 @@ inline int64_t fp8_saved_scale_floats(bool blockwise, int64_t N, int64_t I) {
 // save (forward): where the input's columnwise codes go for the backward, made in the same cast as
 // the forward's rowwise ones (blockwise: a second cast, 128 x 1); saved (backward): those, read for the
 // weight gradient instead of casting inp again (inp then unread: may be empty).
+// sp (forward): inp is this rank's (sp->Nt, I) rows, gathered as codes (Fp8TokenGather; save then gets the
+// shard's rowwise codes); (backward) the gather of a saved shard.
 class Fp8Linear {
  public:
   void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {},
-               const Fp8SavedInput& save = {});
+               const Fp8SavedInput& save = {}, const Fp8TokenGather* sp = nullptr);
   void backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
-                bool accumulate_dinp, CBuf gelu_pre = {}, const Fp8SavedInput& saved = {});
+                bool accumulate_dinp, CBuf gelu_pre = {}, const Fp8SavedInput& saved = {},
+                const Fp8TokenGather* sp = nullptr);
 
  private:
   friend class Fp8State;
@@ -176,10 +198,11 @@ class Fp8State {
   // quantizes x[i] (n[i] elements, (n[i] / cols[i], cols[i]); n[i] == 0: none) into codes_[i] (and
   // t_codes_ where both layouts) in the layouts[i] (null: rowwise) and returns the operands;
   // blockwise: in blocks of (brows[i], bcols[i]), one layout
-  // inp_col: where the input's columnwise codes go when it is cast in both layouts (else t_codes_)
+  // inp_col: where the input's columnwise codes go when it is cast in both layouts (else t_codes_);
+  // inp_row: where its rowwise codes go (else codes_[kInp])
   void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols = nullptr,
                 const int64_t* brows = nullptr, const int64_t* bcols = nullptr, const int* layouts = nullptr,
-                uint8_t* inp_col = nullptr);
+                uint8_t* inp_col = nullptr, uint8_t* inp_row = nullptr);
 
   Ops& ops_;
   Fp8LinearOptions o_;
@@ -207,18 +230,20 @@ class Fp8State {
 };
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.
-// save / saved: the input's FP8 codes for the weight gradient (Fp8Linear; only with fp8).
+// save / saved: the input's FP8 codes for the weight gradient; sp: the input gathered as codes
+// (Fp8Linear; only with fp8).
 inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I,
-                           int64_t O, Buf gelu_pre = {}, const Fp8SavedInput& save = {}) {
-  TPT_CHECK(fp8 || !save);
-  if (fp8) fp8->forward(out, inp, w, bias, N, I, O, gelu_pre, save);
+                           int64_t O, Buf gelu_pre = {}, const Fp8SavedInput& save = {},
+                           const Fp8TokenGather* sp = nullptr) {
+  TPT_CHECK(fp8 || (!save && !sp));
+  if (fp8) fp8->forward(out, inp, w, bias, N, I, O, gelu_pre, save, sp);
   else ops.linear_forward(out, inp, w, bias, N, I, O, gelu_pre);
 }
 inline void linear_backward(Ops& ops, Fp8Linear* fp8, Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w,
                             int64_t N, int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {},
-                            const Fp8SavedInput& saved = {}) {
+                            const Fp8SavedInput& saved = {}, const Fp8TokenGather* sp = nullptr) {
   TPT_CHECK(fp8 || !saved);
-  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved);
+  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved, sp);
   else ops.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
 }
 

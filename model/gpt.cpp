@@ -143,10 +143,12 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     la.atty = buf(r, N * d.Cl);
     la.lse = f32(r, B_ * d.Hl * d.S);
   };
-  // an input's FP8 codes (N, I) saved for its weight gradient (Fp8SavedInput): the codes, their scales
-  auto fp8_saved = [&](Region* r, int64_t I) {
-    const int64_t codes = fp8_saved_code_bytes(N, I), floats = fp8_saved_scale_floats(d.fp8_blockwise, N, I);
+  // an input's FP8 codes (rows, I) saved for its weight gradient (Fp8SavedInput): the codes, their
+  // scales; a norm's with sequence parallelism this rank's Nt tokens' (a shard, gathered in backward)
+  auto fp8_saved = [&](Region* r, int64_t rows, int64_t I) {
+    const int64_t codes = fp8_saved_code_bytes(rows, I), floats = fp8_saved_scale_floats(d.fp8_blockwise, rows, I);
     Fp8SavedInput q;
+    q.shard = rows < N;
     if (r) {
       q.codes = static_cast<uint8_t*>(r->carve(codes));
     } else {
@@ -163,7 +165,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     const bool moe = layer >= 0 && d.moe.is_moe(layer);  // -1: full recompute's
     const GPTDims::Fp8Saved q = d.fp8_saved_inputs(layer, opt_.recompute);
     LayerActs la;
-    if (q.ln1) la.ln1 = shared_norm, la.ln1_q = fp8_saved(r, d.C);
+    if (q.ln1) la.ln1 = shared_norm, la.ln1_q = fp8_saved(r, Nt, d.C);
     else la.ln1 = shared_norm.p && !d.keeps_norms(opt_.recompute) ? shared_norm : buf(r, Nt * d.C);
     la.ln1_stats = norm_stats(Nt, r);
     la.qkv = buf(r, N * d.qkv_width);
@@ -174,13 +176,13 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     if (shared_core) la.atty = shared_core->atty, la.lse = shared_core->lse;
     else attention_core(la, r);
     la.x_mid = buf(r, Nt * d.C);
-    if (q.ln2) la.ln2 = shared_norm, la.ln2_q = fp8_saved(r, d.C);
+    if (q.ln2) la.ln2 = shared_norm, la.ln2_q = fp8_saved(r, Nt, d.C);
     else la.ln2 = shared_norm.p && !d.keeps_norms(opt_.recompute) ? shared_norm : buf(r, Nt * d.C);
     la.ln2_stats = norm_stats(Nt, r);
     if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
       la.fc1 = buf(r, N * d.fc1_width);
       // GELU: recomputed in backward (recompute_activation); SwiGLU's saved in FP8: only its codes kept
-      if (q.act) la.gelu = dact_, la.act_q = fp8_saved(r, d.Fl);
+      if (q.act) la.gelu = dact_, la.act_q = fp8_saved(r, N, d.Fl);
       else la.gelu = d.mlp.swiglu ? buf(r, N * d.Fl) : dact_;
     }
     la.x_out = buf(r, Nt * d.C);
@@ -224,6 +226,16 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       TPT_CHECK(!(q.ln1 || q.ln2 || q.act) || fp8_slot(l, 0) != nullptr);
     }
   }
+  // sequence parallelism: the FP8 layers' QKV and fc1 inputs gathered over TP as codes (into the
+  // input's codes scratch in forward, a saved shard into tmp_ in backward)
+  for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
+    if (d.fp8_gathers_codes(l)) {
+      TPT_CHECK(fp8_slot(l, 0) != nullptr && !opt_.fp8_options.blockwise);
+      fp8_gather_.gather = [this](uint8_t* full, const uint8_t* shard, int64_t n) {
+        gather_from_sequence_parallel_region_codes(tp_, full, shard, n);
+      };
+      fp8_gather_.Nt = Nt, fp8_gather_.rank = d.tp_rank, fp8_gather_.scratch = static_cast<uint8_t*>(tmp_.p);
+    }
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
     ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.kv_heads, d.D, opt_.dtype);
@@ -427,6 +439,10 @@ Fp8Linear* GPTStage::fp8_for(int64_t layer, DensePart part) const {
   return fp8_slot(layer, part == kQkv ? 0 : part == kProj ? 1 : part == kFc1 ? 2 : 3);  // fp8_state_entries' slots
 }
 
+const Fp8TokenGather* GPTStage::fp8_gather(int64_t layer) const {
+  return d_.fp8_gathers_codes(layer) ? &fp8_gather_ : nullptr;
+}
+
 Fp8Linear* GPTStage::fp8_slot(int64_t layer, int64_t slot) const {
   if (!fp8_ || layer < fp8_begin_ || layer >= fp8_end_) return nullptr;
   const int64_t G = fp8_gemms_per_layer(d_);
@@ -442,6 +458,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
   tp.row_parallel_output = [&](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   tp.bias_in_gemm = row_bias_in_gemm();
   for (DensePart p : {kQkv, kProj, kFc1, kFc2}) tp.fp8[p] = fp8_for(layer, p);
+  tp.fp8_gather = fp8_gather(layer);
   if (d_.moe.is_moe(layer))  // the MoE MLP on this rank's tokens (x_out holds y until the residual add)
     tp.mlp = [&](CBuf ln2) {
       moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(layer), recording_);
@@ -454,15 +471,17 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
 void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in, Buf x_out, Buf tmp, Buf qkv_tmp,
                    const BlockShape& s, const std::function<void(BlockActs&)>& attention_core,
                    const BlockMappings* tp) {
-  auto gather = [&](CBuf ln) { return tp ? tp->gather_tokens(ln) : ln; };
   auto row_output = [&](Buf partial, CBuf bias) { return tp ? tp->row_parallel_output(partial, bias) : CBuf(partial); };
   const bool bias_in_gemm = !tp || tp->bias_in_gemm;
   auto fp8 = [&](DensePart p) { return tp ? tp->fp8[p] : nullptr; };
+  // a column-parallel GEMM's input: gathered over TP here, or as FP8 codes in its GEMM (sp)
+  auto sp = [&](DensePart p) { return tp && fp8(p) ? tp->fp8_gather : nullptr; };
+  auto gather = [&](DensePart p, CBuf ln) { return !tp || sp(p) ? ln : tp->gather_tokens(ln); };
   // attention: QKV (column-parallel by heads or groups) in the attention's heads layout, q and k rotated
   s.norm.forward(ops, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], s.Nt, s.C);
   const Buf qkv_out = s.qkv.grouped ? qkv_tmp : a.qkv;
-  linear_forward(ops, fp8(kQkv), qkv_out, gather(a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width(), {},
-                 a.ln1_q);
+  linear_forward(ops, fp8(kQkv), qkv_out, gather(kQkv, a.ln1), w.weight[kQkv], w.bias[kQkv], s.N, s.C, s.qkv.width(),
+                 {}, a.ln1_q, sp(kQkv));
   s.qkv.to_heads(ops, a.qkv, qkv_out, s.N);
   if (s.qk_norm) {  // each head's q and k normalised over its D channels (a.atty: scratch until the attention)
     TPT_CHECK(w.q_norm >= 0 && w.k_norm >= 0);
@@ -479,7 +498,8 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   if (tp && tp->mlp) {
     y = tp->mlp(a.ln2);
   } else {
-    s.mlp.forward(ops, a.gelu, a.fc1, gather(a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8(kFc1), a.ln2_q);
+    s.mlp.forward(ops, a.gelu, a.fc1, gather(kFc1, a.ln2), w.weight[kFc1], w.bias[kFc1], s.N, s.C, s.Fl, fp8(kFc1),
+                  a.ln2_q, sp(kFc1));
     linear_forward(ops, fp8(kFc2), tmp, a.gelu, w.weight[kFc2], bias_in_gemm ? w.bias[kFc2] : nullptr, s.N, s.Fl, s.C,
                    {}, a.act_q);
     y = row_output(tmp, w.bias[kFc2]);
@@ -522,7 +542,9 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
                            int64_t O, const Fp8SavedInput& saved) {
     Fp8Linear* fp8 = fp8_for(layer, p);
     if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
-    else linear_backward(ops_, fp8, dinp, dw, dbias, dout, saved ? CBuf{} : inp(), wt, N, I, O, false, {}, saved);
+    else
+      linear_backward(ops_, fp8, dinp, dw, dbias, dout, saved ? CBuf{} : inp(), wt, N, I, O, false, {}, saved,
+                      fp8_gather(layer));
   };
   // the layernorm recompute module: each norm's output again from its kept input and statistics
   // (the same op on the same values), before the first read of it
@@ -591,7 +613,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
     // sequence parallel: gathered again, as in the full backward; FP8: or its saved codes
     CBuf ln2 = a.ln2_q ? CBuf{} : gather_tokens(a.ln2, tmp_);
     linear_backward(ops_, fp8_for(layer, kFc1), Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
-                    false, {}, a.ln2_q);
+                    false, {}, a.ln2_q, fp8_gather(layer));
   }
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
@@ -600,7 +622,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
   if (norms) d.norm.forward(ops_, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], Nt, d.C);
   CBuf ln1 = a.ln1_q ? CBuf{} : gather_tokens(a.ln1, tmp_);
   linear_backward(ops_, fp8_for(layer, kQkv), Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C,
-                  d.qkv_width, false, {}, a.ln1_q);
+                  d.qkv_width, false, {}, a.ln1_q, fp8_gather(layer));
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,

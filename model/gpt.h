@@ -57,12 +57,17 @@ struct GPTDims {
   // are not kept but rerun from the kept inputs and statistics in backward (keeps_norms)
   bool recompute_norms = false;
   bool keeps_norms(Recompute r) const { return !(r == Recompute::Selective && recompute_norms); }
-  // FP8 training with FP8 weight gradients (model/fp8_linear.h): the FP8 layers [fp8_saved_begin,
-  // fp8_saved_end) keep the inputs of their linear layers' weight gradients as the forward's FP8
-  // codes (Fp8SavedInput, Transformer Engine's saved FP8 inputs) in place of the 16-bit tensors, where
-  // nothing else reads those in backward (fp8_saved_inputs); fp8_blockwise: a scale per 128 x 1 block
-  int64_t fp8_saved_begin = 0, fp8_saved_end = 0;
-  bool fp8_blockwise = false;
+  // FP8 training (model/fp8_linear.h): the FP8 layers [fp8_begin, fp8_end) (none: 0, 0), fp8_wgrad (FP8
+  // weight gradients), fp8_blockwise (blockwise scaling). With FP8 weight gradients they keep the inputs
+  // of their linear layers' weight gradients as the forward's FP8 codes (Fp8SavedInput, Transformer
+  // Engine's saved FP8 inputs) in place of the 16-bit tensors, where nothing else reads those in
+  // backward (fp8_saved_inputs).
+  int64_t fp8_begin = 0, fp8_end = 0;
+  bool fp8_wgrad = false, fp8_blockwise = false;
+  bool fp8_layer(int64_t l) const { return l >= fp8_begin && l < fp8_end; }
+  // Sequence parallelism with current or delayed scaling: an FP8 layer gathers the inputs of QKV and
+  // fc1 (ln1's and a dense layer's ln2's outputs) over TP as FP8 codes (Fp8TokenGather), not in 16 bits.
+  bool fp8_gathers_codes(int64_t l) const { return sequence_parallel && !fp8_blockwise && fp8_layer(l); }
   struct Fp8Saved {
     bool ln1 = false, ln2 = false, act = false;  // QKV's, fc1's, fc2's input
   };
@@ -395,6 +400,10 @@ class GPTStage {
   int64_t fp8_begin_ = 0, fp8_end_ = 0;
   Fp8Linear* fp8_for(int64_t layer, DensePart part) const;
   Fp8Linear* fp8_slot(int64_t layer, int64_t slot) const;  // slot of fp8_gemms_per_layer (null: bf16)
+  // sequence parallelism: the gather of a layer's FP8 GEMM inputs as codes (null: in 16 bits;
+  // GPTDims::fp8_gathers_codes)
+  Fp8TokenGather fp8_gather_;
+  const Fp8TokenGather* fp8_gather(int64_t layer) const;
   Buf alloc(int64_t n);    // n elements of the compute dtype
   float* alloc_f32(int64_t n);
 };

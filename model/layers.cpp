@@ -26,9 +26,9 @@ void Norm::backward(Ops& ops, Buf dx, Buf dw, Buf db, CBuf dout, CBuf x, CBuf w,
 }
 
 void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C, int64_t Fl,
-                            Fp8Linear* fp8, const Fp8SavedInput& save) const {
-  if (!swiglu) return linear_forward(ops, fp8, act, x, w, b, N, C, Fl, /*gelu_pre=*/pre, save);  // GELU in the GEMM's epilogue
-  linear_forward(ops, fp8, pre, x, w, b, N, C, 2 * Fl, {}, save);
+                            Fp8Linear* fp8, const Fp8SavedInput& save, const Fp8TokenGather* sp) const {
+  if (!swiglu) return linear_forward(ops, fp8, act, x, w, b, N, C, Fl, /*gelu_pre=*/pre, save, sp);  // GELU in the GEMM's epilogue
+  linear_forward(ops, fp8, pre, x, w, b, N, C, 2 * Fl, {}, save, sp);
   ops.swiglu_forward(act, pre, N, Fl);
 }
 

@@ -45,9 +45,9 @@ struct MLPActivation {
   int64_t fc1_width(int64_t Fl) const { return swiglu ? 2 * Fl : Fl; }
   // fc1 and the activation: pre (N, fc1_width) = x (N, C) @ w^T + b, act (N, Fl) = activation(pre)
   // fp8: the GEMM in FP8 (model/fp8_linear.h), null: Ops's; save: where x's FP8 codes go for fc1's
-  // weight gradient (Fp8SavedInput).
+  // weight gradient (Fp8SavedInput); sp: x is this rank's tokens, gathered as FP8 codes (Fp8TokenGather).
   void forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, int64_t N, int64_t C, int64_t Fl,
-               Fp8Linear* fp8 = nullptr, const Fp8SavedInput& save = {}) const;
+               Fp8Linear* fp8 = nullptr, const Fp8SavedInput& save = {}, const Fp8TokenGather* sp = nullptr) const;
   // fc2's backward through its input and the activation: dpre (N, fc1_width) = d pre from dout (N, C);
   // with dw2 (and db2) also fc2's weight (bias) gradient from act, or from act's saved FP8 codes
   // (act then unread). dact (N, Fl): scratch for SwiGLU.

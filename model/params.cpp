@@ -12,11 +12,12 @@ namespace tpt {
 
 GPTDims::Fp8Saved GPTDims::fp8_saved_inputs(int64_t l, Recompute r) const {
   Fp8Saved s;
-  if (l < fp8_saved_begin || l >= fp8_saved_end || r == Recompute::Full) return s;  // full: nothing kept
-  // the norms' outputs where kept whole: not with sequence parallelism (kept per TP block, gathered
-  // again in backward) nor the layernorm recompute module (not kept); ln_2's not in an MoE layer,
-  // whose router reads it in backward. SwiGLU's output (GELU's is recomputed from fc1's).
-  const bool norms = keeps_norms(r) && !sequence_parallel, dense = !moe.is_moe(l);
+  if (!fp8_wgrad || !fp8_layer(l) || r == Recompute::Full) return s;  // full: nothing kept
+  // the norms' outputs where kept: not with the layernorm recompute module (not kept); with sequence
+  // parallelism this rank's tokens' codes, where the forward gathers them as codes (fp8_gathers_codes:
+  // not blockwise, whose 128 x 1 blocks would run across the TP ranks' tokens); ln_2's not in an MoE
+  // layer, whose router reads it in backward. SwiGLU's output (GELU's is recomputed from fc1's).
+  const bool norms = keeps_norms(r) && (!sequence_parallel || fp8_gathers_codes(l)), dense = !moe.is_moe(l);
   s.ln1 = norms;
   s.ln2 = norms && dense;
   s.act = dense && mlp.swiglu;
@@ -77,8 +78,9 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
   d.qk_norm = m.qk_layernorm;
   d.recompute_norms = cfg.training.recompute_modules.layernorm;
-  if (cfg.training.fp8_format != Fp8Format::None && cfg.training.fp8_wgrad) {
-    std::tie(d.fp8_saved_begin, d.fp8_saved_end) = cfg.training.fp8_layer_range(m.num_layers);
+  if (cfg.training.fp8_format != Fp8Format::None) {
+    std::tie(d.fp8_begin, d.fp8_end) = cfg.training.fp8_layer_range(m.num_layers);
+    d.fp8_wgrad = cfg.training.fp8_wgrad;
     d.fp8_blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
   }
   d.Vl = d.Vp / tp;

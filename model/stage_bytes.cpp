@@ -28,11 +28,11 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
   auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
     for (int i = 0; i < d.norm.stats_per_token(); ++i) v.push_back(fb(rows));
   };
-  auto saved = [&](int64_t I) {  // Fp8SavedInput: N x I codes, their scales
-    v.push_back(fp8_saved_code_bytes(N, I));
-    v.push_back(fb(fp8_saved_scale_floats(d.fp8_blockwise, N, I)));
+  auto saved = [&](int64_t rows, int64_t I) {  // Fp8SavedInput: rows x I codes, their scales
+    v.push_back(fp8_saved_code_bytes(rows, I));
+    v.push_back(fb(fp8_saved_scale_floats(d.fp8_blockwise, rows, I)));
   };
-  if (q.ln1) saved(d.C);
+  if (q.ln1) saved(Nt, d.C);  // with sequence parallelism this rank's tokens' (gathered in backward)
   else if (norms) v.push_back(tb(Nt * d.C, t));  // ln1 (not with the layernorm recompute module)
   stats(Nt);
   v.push_back(tb(N * d.qkv_width, t));
@@ -42,12 +42,12 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
   }
   if (with_core) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));  // attention output, lse
   v.push_back(tb(Nt * d.C, t));  // x_mid
-  if (q.ln2) saved(d.C);
+  if (q.ln2) saved(Nt, d.C);
   else if (norms) v.push_back(tb(Nt * d.C, t));  // ln2
   stats(Nt);
   if (!moe) {
     v.push_back(tb(N * d.fc1_width, t));
-    if (q.act) saved(d.Fl);
+    if (q.act) saved(N, d.Fl);
     else if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
   }
   v.push_back(tb(Nt * d.C, t));  // x_out

@@ -18,13 +18,15 @@ const char* type_name(DType t) {
     case DType::F64: return "f64";
     case DType::I32: return "i32";
     case DType::I64: return "i64";
+    case DType::U8: return "u8";
   }
   return "?";
 }
 
 // Reductions take the 32- and 64-bit types, and BF16 sums (comm.h: the bf16 gradient buffer's, rounded
-// at each addition in the backend's order).
+// at each addition in the backend's order); bytes are moved only.
 void check_reducible(DType t, const char* what, ReduceOp op = ReduceOp::Sum) {
+  if (t == DType::U8) internal_error(std::string(what) + " of u8 elements: bytes are moved, not reduced, by a communicator");
   if (t == DType::F16 || (t == DType::BF16 && op != ReduceOp::Sum))
     internal_error(std::string(what) + " of " + type_name(t) +
                    " elements: 16-bit values are moved, not reduced, by a communicator (but bf16 sums; reduce "

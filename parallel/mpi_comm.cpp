@@ -35,6 +35,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::I64: return MPI_INT64_T;
     case DType::BF16:
     case DType::F16: return MPI_UINT16_T;
+    case DType::U8: return MPI_UINT8_T;
   }
   return MPI_BYTE;
 }

@@ -201,6 +201,7 @@ class NcclComm final : public Comm {
       case DType::I64: return ncclInt64;
       case DType::BF16: return ncclBfloat16;
       case DType::F16: return ncclFloat16;
+      case DType::U8: return ncclUint8;
     }
     return ncclUint8;
   }

@@ -58,6 +58,11 @@ inline void gather_from_sequence_parallel_region_forward(Comm& tp, Buf full, CBu
                                                          const TPWire* wire = nullptr) {
   sp_all_gather(tp, full, shard, n, wire);
 }
+// The same gather of n bytes per rank: an FP8 GEMM input's codes (model/fp8_linear.h Fp8TokenGather), cast
+// with one scale on every rank; shard may be full + rank * n.
+inline void gather_from_sequence_parallel_region_codes(Comm& tp, uint8_t* full, const uint8_t* shard, int64_t n) {
+  tp.all_gather(full, shard, n, DType::U8);
+}
 // Its backward: the column-parallel GEMM's input gradient (tp * n, partial on each rank) summed over
 // TP, this rank's tokens kept (n).
 inline void gather_from_sequence_parallel_region_backward(Comm& tp, Buf dshard, CBuf dfull, int64_t n,

@@ -168,9 +168,10 @@ void reduce_published(void* result, DType t, const Group& g, int64_t offset, int
       }
       return;
     }
-    case DType::F16: break;  // never reduced (parallel/comm.h); Comm refuses it before
+    case DType::F16:
+    case DType::U8: break;  // never reduced (parallel/comm.h); Comm refuses them before
   }
-  internal_error("threads as ranks: a reduction of f16 elements");
+  internal_error("threads as ranks: a reduction of f16 or u8 elements");
 }
 
 // What a member publishes for an all_to_all_v: its send buffer and counts.

@@ -481,10 +481,12 @@ StageWork stage_work(const Config& c, int s) {
     w.bwd_flops += bwd;
     if (k.tp > 1) {
       // per layer: forward one all-reduce after each row-parallel layer, backward one of each
-      // column-parallel layer's input gradient
+      // column-parallel layer's input gradient; an all-gather of FP8 codes (sequence parallelism) half
+      // an all-reduce of a byte per element
       const double act = k.N * k.C * cb, rows = k.row_parallel_layers();
-      w.fwd_tp_bytes += rows * act + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
-      w.bwd_tp_bytes += k.column_parallel_layers() * act + (k.last ? act : 0) + (r == Recompute::Full ? rows * act : 0);
+      const double fwd_layers = rows * act - k.fp8_code_gathers() * k.N * k.C * (cb - 1) / 2;
+      w.fwd_tp_bytes += fwd_layers + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
+      w.bwd_tp_bytes += k.column_parallel_layers() * act + (k.last ? act : 0) + (r == Recompute::Full ? fwd_layers : 0);
     }
     if (k.moe.ep > 1) {  // per MoE layer: the rows out and back forward, their gradients backward (and full recompute's rerun)
       const double a2a = k.moe_layers * 2 * k.dispatch_bytes(cb);

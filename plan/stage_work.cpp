@@ -52,6 +52,13 @@ double ChunkWork::column_parallel_layers() const {
   return dense_layers() * column_parallel() + moe_layers * moe_column_parallel();
 }
 
+double ChunkWork::fp8_code_gathers() const {
+  double dense = 0, moe_layer = 0;
+  for (const Linear& l : linears) dense += l.fp8_gathered;
+  for (const Linear& l : moe.linears) moe_layer += l.fp8_gathered;
+  return fp8_layers * dense + fp8_moe_layers * moe_layer;
+}
+
 ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   ChunkWork w;
   const double B = c.training.micro_batch_size, S = double(d.S);
@@ -88,17 +95,20 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   // GPTStage's FP8 layers, dense and MoE, and which of their GEMMs' inputs they save as FP8 codes
   if (c.training.fp8_format != Fp8Format::None) {
     const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
-    auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q) {
+    auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q,
+                    bool gathers) {
       std::vector<const LinearSpec*> specs = spec.linears();
-      for (size_t i = 0; i < specs.size(); ++i)
+      for (size_t i = 0; i < specs.size(); ++i) {
+        linears[i].fp8_gathered = gathers && (specs[i]->name == "attn.qkv" || specs[i]->name == "mlp.fc1");
         linears[i].fp8_saved = (specs[i]->name == "attn.qkv" && q.ln1) || (specs[i]->name == "mlp.fc1" && q.ln2) ||
                                (specs[i]->name == "mlp.fc2" && q.act);
+      }
     };
     for (int64_t l = std::max(begin, d.layer_begin); l < std::min(end, d.layer_end); ++l) {
       const bool moe = d.moe.any() && d.moe.is_moe(l);
       (moe ? w.fp8_moe_layers : w.fp8_layers) += 1.0;  // the same inputs saved in every FP8 layer of a kind
-      if (moe) mark(w.moe.linears, d.moe_layer, d.fp8_saved_inputs(l, c.training.recompute));
-      else mark(w.linears, d.layer, d.fp8_saved_inputs(l, c.training.recompute));
+      if (moe) mark(w.moe.linears, d.moe_layer, d.fp8_saved_inputs(l, c.training.recompute), d.fp8_gathers_codes(l));
+      else mark(w.linears, d.layer, d.fp8_saved_inputs(l, c.training.recompute), d.fp8_gathers_codes(l));
     }
   }
   return w;

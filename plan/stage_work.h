@@ -23,6 +23,10 @@ struct ChunkWork {
     double in = 0, out = 0;
     LinearSplit split = LinearSplit::Column;
     bool fp8_saved = false;  // in an FP8 layer its input is saved as FP8 codes (GPTDims::fp8_saved_inputs)
+    // in an FP8 layer with sequence parallelism its input is cast on this rank's Nt tokens and gathered
+    // over TP as FP8 codes (GPTDims::fp8_gathers_codes); saved, the shard's codes (gathered and
+    // transposed again in backward)
+    bool fp8_gathered = false;
   };
   std::vector<Linear> linears;
   // per MoE layer: its layer spec's linear layers (attn.qkv, attn.proj on all N tokens; mlp.router,
@@ -64,6 +68,9 @@ struct ChunkWork {
   // the same summed over the chunk's layers, dense and MoE
   double row_parallel_layers() const;
   double column_parallel_layers() const;
+  // the inputs a micro-batch's forward gathers over TP as FP8 codes (Linear::fp8_gathered) in the chunk's
+  // FP8 layers, dense and MoE: each a byte per element on the wire instead of the compute dtype's
+  double fp8_code_gathers() const;
   // bytes one EP rank sends in one of an MoE layer's all-to-alls (its rows to the other EP ranks'
   // experts, or back) in dtype bytes cb: rows C (EP - 1) / EP on average; 0 with EP 1
   double dispatch_bytes(double cb) const { return moe.ep > 1 ? moe.rows * C * cb * (moe.ep - 1) / moe.ep : 0.0; }

@@ -196,7 +196,9 @@ class Model {
   // layouts in one cast (blockwise: two casts, 1 x 128 for the input gradient and 128 x 1 for the
   // weight gradient; zb-h1 too: B casts it rowwise, W columnwise), its rowwise codes alone with
   // fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
-  // written).
+  // written). An input gathered as codes with sequence parallelism (ChunkWork::Linear::fp8_gathered) is
+  // cast on this rank's tokens, rowwise (input); saved, its codes gathered again in backward are
+  // transposed (a byte read, a byte written).
   struct Fp8Casts {
     double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0;
   };
@@ -298,24 +300,31 @@ class Model {
                      double(int64_t(c_.training.micro_batch_size) * c_.parallel.data_parallel_size);
     if (k.fp8_layers > 0) {
       const TrainingConfig& t = c_.training;
-      double xf = 0, xs = 0, wb = 0, yb = 0;  // inputs cast again in backward, saved, weights, output gradients
-      int saved = 0;
+      // inputs cast in forward and again in backward, saved (both layouts in forward), saved shards'
+      // transposes in backward; weights, output gradients
+      double xf = 0, xa = 0, xs = 0, xt = 0, wb = 0, yb = 0;
+      int saved = 0, shards = 0;
       for (const ChunkWork::Linear& l : k.linears) {
         f8f += gemm_fp8(N, l.out, l.in);
         f8b += gemm_fp8(N, l.in, l.out);
         f8w += t.fp8_wgrad ? gemm_fp8(l.in, l.out, N) : gemm(l.in, l.out, N);
-        (l.fp8_saved ? xs : xf) += N * l.in, wb += l.in * l.out, yb += N * l.out;
+        const double rows = l.fp8_gathered ? Nt : N;  // the forward's cast
+        if (l.fp8_saved && l.fp8_gathered) xf += rows * l.in, xt += N * l.in, ++shards;
+        else if (l.fp8_saved) xs += N * l.in;
+        else xf += rows * l.in, xa += N * l.in;
+        wb += l.in * l.out, yb += N * l.out;
         saved += l.fp8_saved ? 1 : 0;
       }
       // the casts' kernels: one per GEMM and pass, blockwise a second for each saved input in forward
       const int n = int(k.linears.size()), blockwise = t.fp8_recipe == Fp8Recipe::Blockwise ? saved : 0;
       f8f += memory_bound(xf * cast.input + xs * cast.input_saved + wb * cast.weight / M, n + blockwise);
       f8b += memory_bound(yb * cast.output_grad, n);
-      if (cast.input_again > 0 && xf > 0) f8w += memory_bound(xf * cast.input_again, n - saved);
+      if ((cast.input_again > 0 && xa > 0) || xt > 0)
+        f8w += memory_bound(xa * cast.input_again + xt * 2.0, (cast.input_again > 0 ? n - saved : 0) + shards);
     }
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
-    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8xs = 0, m8y = 0, m8wt = 0;
+    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8xa = 0, m8xs = 0, m8xt = 0, m8y = 0, m8wt = 0;
     const bool wgrad8 = c_.training.fp8_wgrad;
     for (const ChunkWork::Linear& l : k.moe.linears) {
       const bool router = l.split == LinearSplit::Replicated;
@@ -326,7 +335,11 @@ class Model {
       m8f += router ? gemm(rows, l.out, l.in) : gemm_fp8(rows, l.out, l.in);
       m8b += router ? gemm(rows, l.in, l.out) : gemm_fp8(rows, l.in, l.out);
       m8w += router || !wgrad8 ? gemm(l.in, l.out, rows) : gemm_fp8(l.in, l.out, rows);
-      if (!router) (l.fp8_saved ? m8xs : m8x) += rows * l.in, m8y += rows * l.out, m8wt += l.in * l.out;
+      if (router) continue;
+      if (l.fp8_saved && l.fp8_gathered) m8x += Nt * l.in, m8xt += rows * l.in;
+      else if (l.fp8_saved) m8xs += rows * l.in;
+      else m8x += (l.fp8_gathered ? Nt : rows) * l.in, m8xa += rows * l.in;
+      m8y += rows * l.out, m8wt += l.in * l.out;
     }
     const double imb = hw_.moe_imbalance, rows = k.moe.rows * imb;  // the busiest EP rank's rows
     if (k.moe_layers > 0) {
@@ -337,12 +350,12 @@ class Model {
         (f8 ? m8b : mgb) += grouped_gemm(El, rows / El, C, F1, f8) + grouped_gemm(El, rows / El, Fe, C, f8);
         (f8 ? m8w : mgw) += grouped_gemm(El, C, F1, rows / El, w8) + grouped_gemm(El, Fe, C, rows / El, w8);
       }
-      m8x += rows * (C + Fe), m8y += rows * (F1 + C), m8wt += El * (C * F1 + Fe * C);
+      m8x += rows * (C + Fe), m8xa += rows * (C + Fe), m8y += rows * (F1 + C), m8wt += El * (C * F1 + Fe * C);
     }
     if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
       m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8wt * cast.weight / M, 4);
       m8b += memory_bound(m8y * cast.output_grad, 4);
-      if (cast.input_again > 0) m8w += memory_bound(m8x * cast.input_again, 4);
+      if (cast.input_again > 0 || m8xt > 0) m8w += memory_bound(m8xa * cast.input_again + m8xt * 2.0, 4);
     }
     // the CP ring's blocks on the fallback kernel: flash attention's time x its measured slowdown
     const double attention_eff = hw_.attention_efficiency / (k.cp_fallback ? hw_.cp_fallback_slowdown : 1.0);
@@ -361,6 +374,10 @@ class Model {
                                                            4.0 * Nt * E * 3.0, 15)
                                         : 0.0;
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
+    // with sequence parallelism, what the all-gathers of FP8 codes (a byte per element) save against the
+    // compute dtype's (ChunkWork::fp8_code_gathers)
+    const double code_gathers =
+        k.fp8_code_gathers() * (collective(N * C * cb_, k.tp, 1, 1.0) - collective(N * C, k.tp, 1, 1.0));
     // the CP ring (CP peers are TP apart; parallel/context_parallel.cpp): CP - 1 steps passing a K/V
     // block, each started before the step's attention and waited for after it, so exposed only where
     // it takes longer than the step's block (af / CP: the chunk layout gives every step the same
@@ -385,13 +402,14 @@ class Model {
     w.attn_b += layers * 2.5 * af;
     w.elem_f += dense * ef + moe * mef;
     w.elem_b += dense * 2 * ef + moe * 2 * mef;
-    w.tp_f += k.row_parallel_layers() * tpc;     // after each row-parallel layer
+    w.tp_f += k.row_parallel_layers() * tpc - code_gathers;  // after each row-parallel layer
     w.tp_b += k.column_parallel_layers() * tpc;  // each column-parallel layer's input gradient
     w.cp_f += layers * cpf;
     w.cp_b += layers * cpb;
     w.ep_f += moe * 2 * epc;
     w.ep_b += moe * 2 * epc;
-    if (rc == Recompute::Full) w.recompute += dense * layer_f + f8 * (f8f - gf) + moe_f + m8 * (m8f - mgf);
+    if (rc == Recompute::Full)
+      w.recompute += dense * layer_f + f8 * (f8f - gf) + moe_f + m8 * (m8f - mgf) - code_gathers;
     if (rc == Recompute::Selective) w.recompute += layers * (af + cpf);
     if (rc == Recompute::Selective && c_.training.recompute_modules.moe_act)  // the experts' activations again
       w.recompute += moe * memory_bound(cb_ * act * rows * k.moe.ffn, 1);

@@ -82,7 +82,9 @@ void Trainer::log_setup() {
                                                 "TP x CP; a MoE expert's over its rows on the rank and expert TP)"
                                               : "tensorwise (current scaling: each GEMM input's own amax, maximum over "
                                                 "TP x CP)");
-    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}",
+    const bool gathers_codes = cfg_.parallel.sequence_parallel && cfg_.parallel.tensor_model_parallel_size > 1 &&
+                               t.fp8_recipe != Fp8Recipe::Blockwise;  // GPTDims::fp8_gathers_codes
+    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}{}",
                  name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",
                  recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
                  cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
@@ -91,7 +93,8 @@ void Trainer::log_setup() {
                  : fp8_saves_inputs(cfg_)
                      ? "from FP8 inputs (the norms' and SwiGLU's outputs kept as the forward's FP8 codes where "
                        "nothing else reads them)"
-                     : "from FP8 inputs");
+                     : "from FP8 inputs",
+                 gathers_codes ? "; sequence parallelism gathers the inputs of QKV and of a dense MLP's fc1 as FP8 codes" : "");
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)

@@ -191,7 +191,8 @@ void dispatch(DType t, F&& f) {
     case DType::F16: f(fp16{}); return;
     case DType::F64:
     case DType::I32:
-    case DType::I64: break;  // the communicators' further types, no storage type of a kernel
+    case DType::I64:
+    case DType::U8: break;  // the communicators' further types, no storage type of a kernel
   }
   internal_error("a kernel on a buffer of neither f32, bf16 nor f16");
 }

@@ -10,10 +10,10 @@
 
 namespace tpt::test {
 
-inline const DType kCommTypes[] = {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64};
+inline const DType kCommTypes[] = {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64, DType::U8};
 
 inline const char* comm_type_name(DType t) {
-  const char* names[] = {"f32", "bf16", "f16", "f64", "i32", "i64"};
+  const char* names[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "u8"};
   return names[int(t)];
 }
 
