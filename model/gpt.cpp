@@ -229,13 +229,11 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   // sequence parallelism: the FP8 layers' QKV and fc1 inputs gathered over TP as codes (into the
   // input's codes scratch in forward, a saved shard into tmp_ in backward)
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
-    if (d.fp8_gathers_codes(l)) {
-      TPT_CHECK(fp8_slot(l, 0) != nullptr && !opt_.fp8_options.blockwise);
-      fp8_gather_.gather = [this](uint8_t* full, const uint8_t* shard, int64_t n) {
-        gather_from_sequence_parallel_region_codes(tp_, full, shard, n);
-      };
-      fp8_gather_.Nt = Nt, fp8_gather_.rank = d.tp_rank, fp8_gather_.scratch = static_cast<uint8_t*>(tmp_.p);
-    }
+    TPT_CHECK(!d.fp8_gathers_codes(l) || (fp8_slot(l, 0) != nullptr && !opt_.fp8_options.blockwise));
+  fp8_gather_.gather = [this](uint8_t* full, const uint8_t* shard, int64_t n) {
+    gather_from_sequence_parallel_region_codes(tp_, full, shard, n);
+  };
+  fp8_gather_.Nt = Nt, fp8_gather_.rank = d.tp_rank, fp8_gather_.scratch = static_cast<uint8_t*>(tmp_.p);
   if (d.cp > 1) {  // scratch_bytes counts its buffers
     TPT_CHECK(opt_.cp != nullptr && opt_.cp->size() == d.cp && opt_.cp->rank() == d.cp_rank);
     ring_ = std::make_unique<RingAttention>(ops_, *opt_.cp, B_, d.S, d.Hl, d.kv_heads, d.D, opt_.dtype);

@@ -400,8 +400,8 @@ class GPTStage {
   int64_t fp8_begin_ = 0, fp8_end_ = 0;
   Fp8Linear* fp8_for(int64_t layer, DensePart part) const;
   Fp8Linear* fp8_slot(int64_t layer, int64_t slot) const;  // slot of fp8_gemms_per_layer (null: bf16)
-  // sequence parallelism: the gather of a layer's FP8 GEMM inputs as codes (null: in 16 bits;
-  // GPTDims::fp8_gathers_codes)
+  // sequence parallelism: the gather of a layer's FP8 GEMM inputs as codes, where the layer gathers
+  // them so (GPTDims::fp8_gathers_codes; else null: in 16 bits)
   Fp8TokenGather fp8_gather_;
   const Fp8TokenGather* fp8_gather(int64_t layer) const;
   Buf alloc(int64_t n);    // n elements of the compute dtype
