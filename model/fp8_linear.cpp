@@ -238,6 +238,9 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
   const Fp8LinearOptions& o = state_->o_;
   TPT_CHECK(!save || (o.wgrad && save.scale_inv && save.shard == (sp != nullptr)));
   TPT_CHECK(!sp || (!o.blockwise && sp->gather && sp->Nt > 0 && sp->Nt <= N));
+  // current scaling: the shards' amaxes must meet over the TP group (the first reduction), or each rank
+  // would cast its shard with a scale of its own
+  TPT_CHECK(!sp || o.delayed || state_->groups_[size_t(index_)][0] != nullptr);
   const CBuf x[kT] = {inp, w, CBuf{}};
   const int64_t n[kT] = {(sp ? sp->Nt : N) * I, O * I, 0};
   // blockwise: the input 1 x 128 and the weight 128 x 128 along the reduction over I
@@ -271,7 +274,7 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
   TPT_CHECK(!saved.shard || (sp && sp->scratch && !state_->o_.blockwise));
   const bool cast_inp = fp8_dw && !saved;  // the input's columnwise codes: cast here, or the saved ones
   // the saved input as the weight gradient's operand (after the casts below, which leave the input's
-  // scratch unused): a saved shard gathered (rowwise, into sp's scratch) and transposed into that scratch
+  // codes scratch unused): a saved shard gathered (rowwise, into sp's scratch) and transposed into it
   auto saved_operand = [&] {
     const Fp8Type t = state_->type(Fp8State::kInp);
     if (saved.shard) {
@@ -282,7 +285,7 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
       return Fp8Operand{nullptr, t, saved.scale_inv, 0, 0, 0, col};
     }
     if (!state_->o_.blockwise) return Fp8Operand{nullptr, t, saved.scale_inv, 0, 0, 0, saved.codes};
-    return Fp8Operand{nullptr, state_->type(Fp8State::kInp), saved.scale_inv, B, 1, I, saved.codes};
+    return Fp8Operand{nullptr, t, saved.scale_inv, B, 1, I, saved.codes};
   };
   if (state_->o_.blockwise) {  // two calls: each GEMM's operands in blocks along its own reduction
     constexpr int kT = Fp8State::kTensors;
