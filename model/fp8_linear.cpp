@@ -123,15 +123,15 @@ Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
 
 void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
                         const int64_t* brows, const int64_t* bcols, const int* layouts, uint8_t* inp_col,
-                        uint8_t* inp_row) {
+                        uint8_t* const* rows) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
   auto layout = [&](int i) { return layouts ? layouts[i] : int(kRow); };
-  // where tensor i's codes go in its layouts: rowwise into codes_[i] (the input's into inp_row, if given),
-  // columnwise into codes_[i], or beside rowwise codes into t_codes_ (the input's into inp_col); the
-  // operand reads them with scale_inv
+  // where tensor i's codes go in its layouts: rowwise into codes_[i] (or rows[i]), columnwise into
+  // codes_[i], or beside rowwise codes into t_codes_ (the input's into inp_col); the operand reads them
+  // with scale_inv
   auto cast = [&](int i, const float* scale, float* amax, const float* scale_inv) {
     const int L = layout(i);
-    uint8_t* row = !(L & kRow) ? nullptr : i == kInp && inp_row ? inp_row : codes_[i];
+    uint8_t* row = !(L & kRow) ? nullptr : rows && rows[i] ? rows[i] : codes_[i];
     uint8_t* col = !(L & kCol) ? nullptr : !row ? codes_[i] : i == kInp && inp_col ? inp_col : t_codes_;
     TPT_CHECK(!(row && col && col == t_codes_) || i == kDout);
     TPT_CHECK(!(L & kCol) || (cols && col && cols[i] > 0 && n[i] % cols[i] == 0));
@@ -253,7 +253,8 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
   uint8_t* const gathered = state_->codes_[Fp8State::kInp];
   uint8_t* shard = !sp ? nullptr : save ? save.codes : gathered + int64_t(sp->rank) * sp->Nt * I;
   Fp8Operand q[kT];
-  state_->quantize(index_, x, n, q, cols, br, bc, layouts, both ? save.codes : nullptr, shard);
+  uint8_t* const rows[kT] = {shard, nullptr, nullptr};
+  state_->quantize(index_, x, n, q, cols, br, bc, layouts, both ? save.codes : nullptr, rows);
   Ops& ops = state_->ops_;
   if (both || (save && sp)) ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
   else if (save)  // the weight gradient's quantization (Fp8Linear::backward), made here
@@ -267,11 +268,15 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
 
 void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                          int64_t O, bool accumulate_dinp, CBuf gelu_pre, const Fp8SavedInput& saved,
-                         const Fp8TokenGather* sp) {
+                         const Fp8TokenGather* sp, const Fp8TokenGather* dout_sp) {
   Ops& ops = state_->ops_;
   const bool fp8_dw = dw && state_->o_.wgrad;
   TPT_CHECK(!saved || state_->o_.wgrad);
   TPT_CHECK(!saved.shard || (sp && sp->scratch && !state_->o_.blockwise));
+  // a gathered output gradient's codes serve both GEMMs: the whole backward, with an FP8 weight gradient
+  // (a bf16 one would read the gathered 16-bit tensor), no bias gradient here (it is the shard's)
+  TPT_CHECK(!dout_sp || (!state_->o_.blockwise && dinp && fp8_dw && !dbias && dout_sp->gather && dout_sp->Nt > 0 &&
+                         (state_->o_.delayed || state_->groups_[size_t(index_)][0] != nullptr)));
   const bool cast_inp = fp8_dw && !saved;  // the input's columnwise codes: cast here, or the saved ones
   // the saved input as the weight gradient's operand (after the casts below, which leave the input's
   // codes scratch unused): a saved shard gathered (rowwise, into sp's scratch) and transposed into it
@@ -308,13 +313,23 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
   } else if (dinp || fp8_dw) {
     // the input columnwise (the weight gradient reads it transposed), the output gradient rowwise for
     // the input gradient and columnwise for the weight gradient, each made in its cast
+    // dout_sp: the output gradient's shard cast rowwise in place into its rows of the gathered codes
+    constexpr int kD = Fp8State::kDout;
+    uint8_t* const gathered = state_->codes_[kD];
+    uint8_t* const rows[Fp8State::kTensors] = {nullptr, nullptr,
+                                               dout_sp ? gathered + int64_t(dout_sp->rank) * dout_sp->Nt * O : nullptr};
     const CBuf x[Fp8State::kTensors] = {cast_inp ? inp : CBuf{}, dinp ? w : CBuf{}, dout};
-    const int64_t n[Fp8State::kTensors] = {cast_inp ? N * I : 0, dinp ? O * I : 0, N * O};
+    const int64_t n[Fp8State::kTensors] = {cast_inp ? N * I : 0, dinp ? O * I : 0, (dout_sp ? dout_sp->Nt : N) * O};
     const int64_t cols[Fp8State::kTensors] = {I, I, O};
-    const int layouts[Fp8State::kTensors] = {Fp8State::kCol, Fp8State::kRow,
-                                             (dinp ? Fp8State::kRow : 0) | (fp8_dw ? Fp8State::kCol : 0)};
+    const int layouts[Fp8State::kTensors] = {
+        Fp8State::kCol, Fp8State::kRow, (dinp ? Fp8State::kRow : 0) | (fp8_dw && !dout_sp ? Fp8State::kCol : 0)};
     Fp8Operand q[Fp8State::kTensors];
-    state_->quantize(index_, x, n, q, cols, nullptr, nullptr, layouts);
+    state_->quantize(index_, x, n, q, cols, nullptr, nullptr, layouts, nullptr, rows);
+    if (dout_sp) {  // the TP group's codes (one scale), and their transpose for the weight gradient
+      dout_sp->gather(gathered, rows[kD], dout_sp->Nt * O);
+      ops.fp8_transpose(state_->t_codes_, gathered, N, O);
+      q[kD].codes = gathered, q[kD].t_codes = state_->t_codes_;
+    }
     if (fp8_dw && saved) q[Fp8State::kInp] = saved_operand();
     ops.fp8_linear_backward(dinp, fp8_dw ? dw : nullptr, q[Fp8State::kDout], q[Fp8State::kInp], q[Fp8State::kW], N, I,
                             O, accumulate_dinp, gelu_pre);

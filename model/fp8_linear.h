@@ -119,14 +119,17 @@ inline int64_t fp8_saved_scale_floats(bool blockwise, int64_t N, int64_t I) {
 // the forward's rowwise ones (blockwise: a second cast, 128 x 1); saved (backward): those, read for the
 // weight gradient instead of casting inp again (inp then unread: may be empty).
 // sp (forward): inp is this rank's (sp->Nt, I) rows, gathered as codes (Fp8TokenGather; save then gets the
-// shard's rowwise codes); (backward) the gather of a saved shard.
+// shard's rowwise codes); (backward) the gather of a saved shard. dout_sp (backward, current and delayed
+// scaling with FP8 weight gradients, a whole backward): dout is this rank's (Nt, O) rows of a row-parallel
+// GEMM's output gradient, gathered as codes (Transformer Engine's FP8 all-gather of grad_output), its
+// columnwise codes the gathered rowwise ones transposed; the bias gradient is the caller's (dbias null).
 class Fp8Linear {
  public:
   void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {},
                const Fp8SavedInput& save = {}, const Fp8TokenGather* sp = nullptr);
   void backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
                 bool accumulate_dinp, CBuf gelu_pre = {}, const Fp8SavedInput& saved = {},
-                const Fp8TokenGather* sp = nullptr);
+                const Fp8TokenGather* sp = nullptr, const Fp8TokenGather* dout_sp = nullptr);
 
  private:
   friend class Fp8State;
@@ -199,10 +202,10 @@ class Fp8State {
   // t_codes_ where both layouts) in the layouts[i] (null: rowwise) and returns the operands;
   // blockwise: in blocks of (brows[i], bcols[i]), one layout
   // inp_col: where the input's columnwise codes go when it is cast in both layouts (else t_codes_);
-  // inp_row: where its rowwise codes go (else codes_[kInp])
+  // rows: where each tensor's rowwise codes go (null, or a null entry: codes_[i])
   void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols = nullptr,
                 const int64_t* brows = nullptr, const int64_t* bcols = nullptr, const int* layouts = nullptr,
-                uint8_t* inp_col = nullptr, uint8_t* inp_row = nullptr);
+                uint8_t* inp_col = nullptr, uint8_t* const* rows = nullptr);
 
   Ops& ops_;
   Fp8LinearOptions o_;
@@ -230,8 +233,8 @@ class Fp8State {
 };
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.
-// save / saved: the input's FP8 codes for the weight gradient; sp: the input gathered as codes
-// (Fp8Linear; only with fp8).
+// save / saved: the input's FP8 codes for the weight gradient; sp: the input gathered as codes; dout_sp:
+// the output gradient gathered as codes (Fp8Linear; only with fp8).
 inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I,
                            int64_t O, Buf gelu_pre = {}, const Fp8SavedInput& save = {},
                            const Fp8TokenGather* sp = nullptr) {
@@ -241,9 +244,10 @@ inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, 
 }
 inline void linear_backward(Ops& ops, Fp8Linear* fp8, Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w,
                             int64_t N, int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {},
-                            const Fp8SavedInput& saved = {}, const Fp8TokenGather* sp = nullptr) {
-  TPT_CHECK(fp8 || !saved);
-  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved, sp);
+                            const Fp8SavedInput& saved = {}, const Fp8TokenGather* sp = nullptr,
+                            const Fp8TokenGather* dout_sp = nullptr) {
+  TPT_CHECK(fp8 || (!saved && !dout_sp));
+  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved, sp, dout_sp);
   else ops.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
 }
 

@@ -378,9 +378,9 @@ CBuf GPTStage::row_parallel_output(Buf partial, Buf shard, CBuf bias) {
 GPTStage::RowGrad GPTStage::row_parallel_output_grad(CBuf dout, Buf full, Buf dbias) {
   if (!d_.sequence_parallel) return {dout, dbias};
   const int64_t Nt = d_.local_tokens(B_ * d_.S);
-  reduce_scatter_to_sequence_parallel_region_backward(tp_, full, dout, Nt * d_.C, wire());
+  if (full) reduce_scatter_to_sequence_parallel_region_backward(tp_, full, dout, Nt * d_.C, wire());
   if (dbias) ops_.bias_backward(dbias, dout, Nt, d_.C);  // column sums of this rank's rows
-  return {full, nullptr};
+  return {full ? CBuf(full) : dout, nullptr};
 }
 
 namespace {
@@ -525,11 +525,18 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
-  // d of a row-parallel GEMM's output (N, C) for its backward: with a stash and sequence parallelism
-  // all-gathered straight into it, without sequence parallelism dres itself copied there (dres
+  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes in its whole backward (sequence
+  // parallelism, FP8 weight gradients; GPTDims::fp8_gathers_codes): its Fp8TokenGather, else null
+  auto dout_gather = [&](DensePart p) {
+    const bool codes = (p == kProj || p == kFc2) && !split && opt_.fp8_options.wgrad && fp8_for(layer, p);
+    return codes ? fp8_gather(layer) : nullptr;
+  };
+  // d of a row-parallel GEMM's output (N, C) for its backward: with sequence parallelism all-gathered
+  // (into tmp_, or with a stash straight into it), or left as this rank's tokens where its FP8 GEMM
+  // gathers the codes; without sequence parallelism dres itself, with a stash copied there (dres
   // changes below)
-  auto row_grad = [&](Buf dbias, Buf stashed) {
-    if (!split) return row_parallel_output_grad(dres, tmp_, dbias);
+  auto row_grad = [&](DensePart p, Buf dbias, Buf stashed) {
+    if (!split) return row_parallel_output_grad(dres, dout_gather(p) ? Buf{} : tmp_, dbias);
     const RowGrad dy = row_parallel_output_grad(dres, stashed, dbias);
     if (!d.sequence_parallel) ops_.copy(stashed, dy.dout, N * d.C);
     return RowGrad{stashed, dy.dbias};
@@ -542,7 +549,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
     else
       linear_backward(ops_, fp8, dinp, dw, dbias, dout, saved ? CBuf{} : inp(), wt, N, I, O, false, {}, saved,
-                      fp8_gather(layer));
+                      fp8_gather(layer), dout_gather(p));
   };
   // the layernorm recompute module: each norm's output again from its kept input and statistics
   // (the same op on the same values), before the first read of it
@@ -557,10 +564,11 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   } else {
     // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
     const Buf dfc = split ? stash->dy[kFc1] : dfc_;
-    RowGrad dy = row_grad(gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C)
+    RowGrad dy = row_grad(kFc2, gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C), or (Nt, C)
     if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
     s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout,
-                   a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2), a.act_q);
+                   a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2), a.act_q,
+                   dout_gather(kFc2));
     gemm_backward(kFc1, dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
                   w.weight[kFc1], d.C, d.fc1_width, a.ln2_q);
     dln2 = input_grad_to_tokens(dln_, tmp_);
@@ -569,7 +577,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
   RowGrad dy{};
-  dy = row_grad(gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
+  dy = row_grad(kProj, gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
   gemm_backward(kProj, datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C,
                 Fp8SavedInput{});
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped

@@ -342,7 +342,8 @@ class GPTStage {
   // Its backward, from d output (Nt, C): what the GEMM's backward reads (d output (N, C)) and the
   // bias gradient it accumulates -- dout and dbias themselves, or with sequence parallelism dout
   // all-gathered into `full` and no bias: its gradient, the sum over this rank's tokens (summed over
-  // TP with the other replicated gradients), is added to dbias here.
+  // TP with the other replicated gradients), is added to dbias here. `full` empty: dout not gathered
+  // (an FP8 GEMM gathers its codes, Fp8Linear::backward's dout_sp).
   struct RowGrad {
     CBuf dout;
     Buf dbias;

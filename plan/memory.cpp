@@ -486,7 +486,8 @@ StageWork stage_work(const Config& c, int s) {
       const double act = k.N * k.C * cb, rows = k.row_parallel_layers();
       const double fwd_layers = rows * act - k.fp8_code_gathers() * k.N * k.C * (cb - 1) / 2;
       w.fwd_tp_bytes += fwd_layers + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
-      w.bwd_tp_bytes += k.column_parallel_layers() * act + (k.last ? act : 0) + (r == Recompute::Full ? fwd_layers : 0);
+      w.bwd_tp_bytes += k.column_parallel_layers() * act - k.fp8_dout_code_gathers() * k.N * k.C * (cb - 1) / 2 +
+                        (k.last ? act : 0) + (r == Recompute::Full ? fwd_layers : 0);
     }
     if (k.moe.ep > 1) {  // per MoE layer: the rows out and back forward, their gradients backward (and full recompute's rerun)
       const double a2a = k.moe_layers * 2 * k.dispatch_bytes(cb);

@@ -59,6 +59,13 @@ double ChunkWork::fp8_code_gathers() const {
   return fp8_layers * dense + fp8_moe_layers * moe_layer;
 }
 
+double ChunkWork::fp8_dout_code_gathers() const {
+  double dense = 0, moe_layer = 0;
+  for (const Linear& l : linears) dense += l.fp8_dout_gathered;
+  for (const Linear& l : moe.linears) moe_layer += l.fp8_dout_gathered;
+  return fp8_layers * dense + fp8_moe_layers * moe_layer;
+}
+
 ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   ChunkWork w;
   const double B = c.training.micro_batch_size, S = double(d.S);
@@ -95,11 +102,15 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   // GPTStage's FP8 layers, dense and MoE, and which of their GEMMs' inputs they save as FP8 codes
   if (c.training.fp8_format != Fp8Format::None) {
     const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
+    // the output gradients gathered as codes: in GPTStage::block_backward's dout_gather (a whole backward)
+    const bool whole = c.training.fp8_wgrad && c.parallel.pipeline_schedule != PipelineSchedule::ZeroBubbleH1;
     auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q,
                     bool gathers) {
       std::vector<const LinearSpec*> specs = spec.linears();
       for (size_t i = 0; i < specs.size(); ++i) {
         linears[i].fp8_gathered = gathers && (specs[i]->name == "attn.qkv" || specs[i]->name == "mlp.fc1");
+        linears[i].fp8_dout_gathered =
+            gathers && whole && (specs[i]->name == "attn.proj" || specs[i]->name == "mlp.fc2");
         linears[i].fp8_saved = (specs[i]->name == "attn.qkv" && q.ln1) || (specs[i]->name == "mlp.fc1" && q.ln2) ||
                                (specs[i]->name == "mlp.fc2" && q.act);
       }

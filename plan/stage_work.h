@@ -27,6 +27,9 @@ struct ChunkWork {
     // over TP as FP8 codes (GPTDims::fp8_gathers_codes); saved, the shard's codes (gathered and
     // transposed again in backward)
     bool fp8_gathered = false;
+    // ... and (a row-parallel layer, with FP8 weight gradients and a whole backward: not zb-h1) its
+    // output gradient likewise, the gathered codes transposed for the weight gradient
+    bool fp8_dout_gathered = false;
   };
   std::vector<Linear> linears;
   // per MoE layer: its layer spec's linear layers (attn.qkv, attn.proj on all N tokens; mlp.router,
@@ -69,8 +72,10 @@ struct ChunkWork {
   double row_parallel_layers() const;
   double column_parallel_layers() const;
   // the inputs a micro-batch's forward gathers over TP as FP8 codes (Linear::fp8_gathered) in the chunk's
-  // FP8 layers, dense and MoE: each a byte per element on the wire instead of the compute dtype's
+  // FP8 layers, dense and MoE: each a byte per element on the wire instead of the compute dtype's; and
+  // the output gradients its backward gathers so (Linear::fp8_dout_gathered)
   double fp8_code_gathers() const;
+  double fp8_dout_code_gathers() const;
   // bytes one EP rank sends in one of an MoE layer's all-to-alls (its rows to the other EP ranks'
   // experts, or back) in dtype bytes cb: rows C (EP - 1) / EP on average; 0 with EP 1
   double dispatch_bytes(double cb) const { return moe.ep > 1 ? moe.rows * C * cb * (moe.ep - 1) / moe.ep : 0.0; }

@@ -198,7 +198,8 @@ class Model {
   // fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
   // written). An input gathered as codes with sequence parallelism (ChunkWork::Linear::fp8_gathered) is
   // cast on this rank's tokens, rowwise (input); saved, its codes gathered again in backward are
-  // transposed (a byte read, a byte written).
+  // transposed (a byte read, a byte written); an output gradient gathered so (fp8_dout_gathered) is cast
+  // on this rank's tokens rowwise (input's bytes) and its gathered codes transposed.
   struct Fp8Casts {
     double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0;
   };
@@ -302,8 +303,8 @@ class Model {
       const TrainingConfig& t = c_.training;
       // inputs cast in forward and again in backward, saved (both layouts in forward), saved shards'
       // transposes in backward; weights, output gradients
-      double xf = 0, xa = 0, xs = 0, xt = 0, wb = 0, yb = 0;
-      int saved = 0, shards = 0;
+      double xf = 0, xa = 0, xs = 0, xt = 0, wb = 0, yb = 0, ys = 0, yt = 0;  // ys, yt: gathered output gradients
+      int saved = 0, shards = 0, douts = 0;
       for (const ChunkWork::Linear& l : k.linears) {
         f8f += gemm_fp8(N, l.out, l.in);
         f8b += gemm_fp8(N, l.in, l.out);
@@ -312,19 +313,22 @@ class Model {
         if (l.fp8_saved && l.fp8_gathered) xf += rows * l.in, xt += N * l.in, ++shards;
         else if (l.fp8_saved) xs += N * l.in;
         else xf += rows * l.in, xa += N * l.in;
-        wb += l.in * l.out, yb += N * l.out;
+        if (l.fp8_dout_gathered) ys += Nt * l.out, yt += N * l.out, ++douts;
+        else yb += N * l.out;
+        wb += l.in * l.out;
         saved += l.fp8_saved ? 1 : 0;
       }
       // the casts' kernels: one per GEMM and pass, blockwise a second for each saved input in forward
       const int n = int(k.linears.size()), blockwise = t.fp8_recipe == Fp8Recipe::Blockwise ? saved : 0;
       f8f += memory_bound(xf * cast.input + xs * cast.input_saved + wb * cast.weight / M, n + blockwise);
-      f8b += memory_bound(yb * cast.output_grad, n);
+      f8b += memory_bound(yb * cast.output_grad + ys * cast.input + yt * 2.0, n + douts);
       if ((cast.input_again > 0 && xa > 0) || xt > 0)
         f8w += memory_bound(xa * cast.input_again + xt * 2.0, (cast.input_again > 0 ? n - saved : 0) + shards);
     }
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
-    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8xa = 0, m8xs = 0, m8xt = 0, m8y = 0, m8wt = 0;
+    double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8xa = 0, m8xs = 0, m8xt = 0, m8y = 0, m8ys = 0,
+           m8yt = 0, m8wt = 0;
     const bool wgrad8 = c_.training.fp8_wgrad;
     for (const ChunkWork::Linear& l : k.moe.linears) {
       const bool router = l.split == LinearSplit::Replicated;
@@ -339,7 +343,9 @@ class Model {
       if (l.fp8_saved && l.fp8_gathered) m8x += Nt * l.in, m8xt += rows * l.in;
       else if (l.fp8_saved) m8xs += rows * l.in;
       else m8x += (l.fp8_gathered ? Nt : rows) * l.in, m8xa += rows * l.in;
-      m8y += rows * l.out, m8wt += l.in * l.out;
+      if (l.fp8_dout_gathered) m8ys += Nt * l.out, m8yt += rows * l.out;
+      else m8y += rows * l.out;
+      m8wt += l.in * l.out;
     }
     const double imb = hw_.moe_imbalance, rows = k.moe.rows * imb;  // the busiest EP rank's rows
     if (k.moe_layers > 0) {
@@ -354,7 +360,7 @@ class Model {
     }
     if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
       m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8wt * cast.weight / M, 4);
-      m8b += memory_bound(m8y * cast.output_grad, 4);
+      m8b += memory_bound(m8y * cast.output_grad + m8ys * cast.input + m8yt * 2.0, 4);
       if (cast.input_again > 0 || m8xt > 0) m8w += memory_bound(m8xa * cast.input_again + m8xt * 2.0, 4);
     }
     // the CP ring's blocks on the fallback kernel: flash attention's time x its measured slowdown
@@ -375,9 +381,9 @@ class Model {
                                         : 0.0;
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // with sequence parallelism, what the all-gathers of FP8 codes (a byte per element) save against the
-    // compute dtype's (ChunkWork::fp8_code_gathers)
-    const double code_gathers =
-        k.fp8_code_gathers() * (collective(N * C * cb_, k.tp, 1, 1.0) - collective(N * C, k.tp, 1, 1.0));
+    // compute dtype's (ChunkWork::fp8_code_gathers, fp8_dout_code_gathers)
+    const double code_gather = collective(N * C * cb_, k.tp, 1, 1.0) - collective(N * C, k.tp, 1, 1.0);
+    const double code_gathers = k.fp8_code_gathers() * code_gather;
     // the CP ring (CP peers are TP apart; parallel/context_parallel.cpp): CP - 1 steps passing a K/V
     // block, each started before the step's attention and waited for after it, so exposed only where
     // it takes longer than the step's block (af / CP: the chunk layout gives every step the same
@@ -403,7 +409,7 @@ class Model {
     w.elem_f += dense * ef + moe * mef;
     w.elem_b += dense * 2 * ef + moe * 2 * mef;
     w.tp_f += k.row_parallel_layers() * tpc - code_gathers;  // after each row-parallel layer
-    w.tp_b += k.column_parallel_layers() * tpc;  // each column-parallel layer's input gradient
+    w.tp_b += k.column_parallel_layers() * tpc - k.fp8_dout_code_gathers() * code_gather;  // each column-parallel layer's input gradient
     w.cp_f += layers * cpf;
     w.cp_b += layers * cpb;
     w.ep_f += moe * 2 * epc;

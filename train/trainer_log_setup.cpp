@@ -94,7 +94,11 @@ void Trainer::log_setup() {
                      ? "from FP8 inputs (the norms' and SwiGLU's outputs kept as the forward's FP8 codes where "
                        "nothing else reads them)"
                      : "from FP8 inputs",
-                 gathers_codes ? "; sequence parallelism gathers the inputs of QKV and of a dense MLP's fc1 as FP8 codes" : "");
+                 !gathers_codes ? ""
+                 : t.fp8_wgrad && cfg_.parallel.pipeline_schedule != PipelineSchedule::ZeroBubbleH1
+                     ? "; sequence parallelism gathers the inputs of QKV and of a dense MLP's fc1 as FP8 codes, and "
+                       "the output gradients of the projection and of a dense MLP's fc2"
+                     : "; sequence parallelism gathers the inputs of QKV and of a dense MLP's fc1 as FP8 codes");
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)

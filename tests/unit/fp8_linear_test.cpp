@@ -401,17 +401,19 @@ TEST(Fp8Linear, SavedInputAsCastingAgain) {
   }
 }
 
-// Sequence parallelism's gather of the input as FP8 codes (Fp8TokenGather; current and delayed scaling):
-// on 2 thread ranks, each with its half of a column-parallel weight, the forward given the rank's half of
-// the rows (the second rank's 40x the first's, so a shard scaled by its own amax would give other codes)
-// casts them, gathers the codes and saves its shard's; the backward gathers that shard again and
-// transposes it for the weight gradient. Every output is bit for bit the one of the same GEMM given the
-// gathered 16-bit rows (and casting them again in backward), as GPTStage runs it without the gather.
+// Sequence parallelism's gathers as FP8 codes (Fp8TokenGather; current and delayed scaling): on 2 thread
+// ranks, each with its half of a weight, the forward given the rank's half of the rows (the second rank's
+// 40x the first's, so a shard scaled by its own amax would give other codes) casts them, gathers the codes
+// and saves its shard's; the backward gathers that shard again and transposes it for the weight gradient,
+// and given the output gradient's rows of the rank (a row-parallel GEMM's, the second rank's 40x too)
+// gathers its codes and transposes them. Every output is bit for bit the one of the same GEMM given the
+// gathered 16-bit rows (and casting them again in backward), as GPTStage runs it without the gathers.
 TEST(Fp8Linear, SequenceParallelGathersCodes) {
   const int64_t N = 48, Nt = N / 2, I = 64, O = 32;
-  std::vector<float> x = random(size_t(N * I), 21, 1.0f);
+  std::vector<float> x = random(size_t(N * I), 21, 1.0f), dy = random(size_t(N * O), 23, 0.01f);
   for (size_t i = size_t(Nt * I); i < x.size(); ++i) x[i] *= 40.0f;
-  const std::vector<float> w = random(size_t(2 * O * I), 22, 0.1f), dy = random(size_t(N * O), 23, 0.01f);
+  for (size_t i = size_t(Nt * O); i < dy.size(); ++i) dy[i] *= 40.0f;
+  const std::vector<float> w = random(size_t(2 * O * I), 22, 0.1f);
   for (int recipe = 0; recipe < 2; ++recipe) {
     SCOPED_TRACE(recipe_name(recipe));
     run_thread_ranks(2, 1, 1, false, [&](Grid& g) {
@@ -433,8 +435,9 @@ TEST(Fp8Linear, SequenceParallelGathersCodes) {
       sp.gather = [&](uint8_t* full, const uint8_t* in, int64_t n) { g.tp_group->all_gather(full, in, n, DType::U8); };
       sp.Nt = Nt, sp.rank = r, sp.scratch = scratch.data();
       // saving the shard's codes, or not (the forward's shard cast in place into the gathered codes, the
-      // backward given the gathered 16-bit rows)
-      for (const bool save : {true, false}) {
+      // backward given the gathered 16-bit rows); the output gradient gathered as codes, or given whole
+      for (const bool save : {true, false})
+      for (const bool dout_codes : {false, true}) {
         const Fp8SavedInput saved = save ? Fp8SavedInput{shard.data(), shard_scale.data(), true} : Fp8SavedInput{};
         std::vector<float> y[2], dx[2], dw[2];  // [plain, gathering]
         for (int k = 0; k < 2; ++k)
@@ -442,16 +445,18 @@ TEST(Fp8Linear, SequenceParallelGathersCodes) {
         plain.gemm(0)->forward(y[0].data(), x.data(), wr, CBuf{}, N, I, O);
         gathering.gemm(0)->forward(y[1].data(), x.data() + r * Nt * I, wr, CBuf{}, N, I, O, {}, saved, &sp);
         plain.gemm(0)->backward(dx[0].data(), dw[0].data(), nullptr, dy.data(), x.data(), wr, N, I, O, false);
-        gathering.gemm(0)->backward(dx[1].data(), dw[1].data(), nullptr, dy.data(), save ? CBuf{} : CBuf(x.data()), wr,
-                                    N, I, O, false, {}, saved, &sp);
-        EXPECT_EQ(y[0], y[1]) << "rank " << r << (save ? ", saved" : "");
-        EXPECT_EQ(dx[0], dx[1]) << "rank " << r << (save ? ", saved" : "");
-        EXPECT_EQ(dw[0], dw[1]) << "rank " << r << (save ? ", saved" : "");
+        gathering.gemm(0)->backward(dx[1].data(), dw[1].data(), nullptr, dout_codes ? dy.data() + r * Nt * O : dy.data(),
+                                    save ? CBuf{} : CBuf(x.data()), wr, N, I, O, false, {}, saved, &sp,
+                                    dout_codes ? &sp : nullptr);
+        const char* what = save ? (dout_codes ? ", saved, dout codes" : ", saved") : dout_codes ? ", dout codes" : "";
+        EXPECT_EQ(y[0], y[1]) << "rank " << r << what;
+        EXPECT_EQ(dx[0], dx[1]) << "rank " << r << what;
+        EXPECT_EQ(dw[0], dw[1]) << "rank " << r << what;
       }
-      if (o.delayed) {  // the shards' amaxes recorded; over the TP group the whole tensor's
+      if (o.delayed) {  // the shards' amaxes recorded; over the TP group the whole tensors'
         std::vector<float> a(3), b(3);
         plain.read_amaxes(a.data()), gathering.read_amaxes(b.data());
-        g.tp_group->all_reduce(b.data(), 1, ReduceOp::Max);
+        g.tp_group->all_reduce(a.data(), 3, ReduceOp::Max), g.tp_group->all_reduce(b.data(), 3, ReduceOp::Max);
         EXPECT_EQ(a, b) << "rank " << r;
       }
     });
