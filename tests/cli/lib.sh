@@ -4,6 +4,12 @@
 # line; its status is the test's); expect_exit2, same_dataset, fortune_files and fetch_reference, which several tests share.
 source "$TPTRAIN_SRC/scripts/env.sh"
 W=$TPTRAIN_WORK; rm -rf "$W"; mkdir -p "$W"
+# the test's own OpenMPI session directory (mpirun's and a lone tptrain's): tests side by side (ctest -j2)
+# otherwise share /tmp/ompi.<host>.<uid>, which one job's clean-up can remove while another creates its
+# own there (OpenMPI 4.1: "orte_session_dir failed ... No such file or directory"; cli_layouts, once in
+# CI, 2026-12-06)
+export OMPI_MCA_orte_tmpdir_base=/tmp/tpt-ompi-$(basename "$W")
+rm -rf "$OMPI_MCA_orte_tmpdir_base"
 PY=${PYTHON:-/usr/bin/python3}
 pass=0; fail=0
 ok() { echo "ok   $1"; pass=$((pass+1)); }
