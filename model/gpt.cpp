@@ -329,8 +329,12 @@ MoETPMappings GPTStage::moe_mappings(int64_t layer) {
   m.bias_in_gemm = row_bias_in_gemm();
   m.gather_tokens = [this](CBuf x) { return gather_tokens(x, tmp_); };
   m.row_parallel_output = [this](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
-  m.row_parallel_output_grad = [this](CBuf dy, Buf dbias) {
-    const RowGrad r = row_parallel_output_grad(dy, tmp_, dbias);
+  // sequence parallelism in an FP8 layer: the shared expert's fc1 input gathered as codes, and with FP8
+  // weight gradients fc2's output gradient (the MoE MLP's backward is whole, also in a split one's B)
+  m.fp8_gather = fp8_slot(layer, 0) ? fp8_gather(layer) : nullptr;
+  m.dout_codes = m.fp8_gather && opt_.fp8_options.wgrad;
+  m.row_parallel_output_grad = [this, codes = m.dout_codes](CBuf dy, Buf dbias) {
+    const RowGrad r = row_parallel_output_grad(dy, codes ? Buf{} : tmp_, dbias);
     return std::pair<CBuf, Buf>{r.dout, r.dbias};
   };
   m.input_grad_to_tokens = [this](Buf dfull) { return input_grad_to_tokens(dfull, tmp_); };

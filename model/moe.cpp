@@ -619,8 +619,9 @@ void MoEMLP::forward(int slot, int64_t layer, const MoEParams<CBuf>& w, CBuf x, 
 void MoEMLP::shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp) {
   const MoEDims& m = d_.moe;
   const int64_t T = Nt_, C = d_.C, N = tp.N;
-  d_.mlp.forward(ops_, s.sh_act, s.sh_fc1, tp.gather_tokens(x), w.shared_fc1, w.shared_fc1_bias, N, C, m.Fsl,
-                 shared_fp8(tp, false));
+  const Fp8TokenGather* sp = shared_fp8(tp, false) ? tp.fp8_gather : nullptr;  // fc1's input gathered as codes
+  d_.mlp.forward(ops_, s.sh_act, s.sh_fc1, sp ? x : tp.gather_tokens(x), w.shared_fc1, w.shared_fc1_bias, N, C, m.Fsl,
+                 shared_fp8(tp, false), {}, sp);
   linear_forward(ops_, shared_fp8(tp, true), sh_part_, s.sh_act, w.shared_fc2,
                  tp.bias_in_gemm ? w.shared_fc2_bias : CBuf{}, N, m.Fsl, C);
   ops_.copy(s.sh_y, tp.row_parallel_output(sh_part_, w.shared_fc2_bias), T * C);
@@ -650,9 +651,9 @@ void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEP
     ops_.gather_rows(sh_dy_, dy, identity_, s.gate, T, C);
     dys = sh_dy_;
   }
-  const auto [dout, dbias] = tp.row_parallel_output_grad(dys, g.shared_fc2_bias);
+  const auto [dout, dbias] = tp.row_parallel_output_grad(dys, g.shared_fc2_bias);  // (Nt, C) with dout_codes
   d_.mlp.backward(ops_, sh_dfc_, sh_dact_, g.shared_fc2, dbias, dout, s.sh_act, w.shared_fc2, s.sh_fc1, N, m.Fsl, C,
-                  shared_fp8(tp, true));
+                  shared_fp8(tp, true), {}, tp.dout_codes ? tp.fp8_gather : nullptr);
   linear_backward(ops_, shared_fp8(tp, false), sh_part_, g.shared_fc1, g.shared_fc1_bias, sh_dfc_,
                   tp.gather_tokens(x), w.shared_fc1, N, C, m.shared_fc1_width, false);
   ops_.accumulate(dx_, tp.input_grad_to_tokens(sh_part_), T * C);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "core/config.h"
 #include "model/chunks.h"
@@ -102,15 +103,19 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   // GPTStage's FP8 layers, dense and MoE, and which of their GEMMs' inputs they save as FP8 codes
   if (c.training.fp8_format != Fp8Format::None) {
     const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
-    // the output gradients gathered as codes: in GPTStage::block_backward's dout_gather (a whole backward)
-    const bool whole = c.training.fp8_wgrad && c.parallel.pipeline_schedule != PipelineSchedule::ZeroBubbleH1;
+    // the output gradients gathered as codes (FP8 weight gradients): in GPTStage::block_backward's
+    // dout_gather (a whole backward: not zb-h1's), and the shared expert's (an MoE MLP's backward is whole)
+    const bool wgrad = c.training.fp8_wgrad;
+    const bool whole = wgrad && c.parallel.pipeline_schedule != PipelineSchedule::ZeroBubbleH1;
     auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q,
                     bool gathers) {
       std::vector<const LinearSpec*> specs = spec.linears();
       for (size_t i = 0; i < specs.size(); ++i) {
-        linears[i].fp8_gathered = gathers && (specs[i]->name == "attn.qkv" || specs[i]->name == "mlp.fc1");
-        linears[i].fp8_dout_gathered =
-            gathers && whole && (specs[i]->name == "attn.proj" || specs[i]->name == "mlp.fc2");
+        const std::string& name = specs[i]->name;
+        linears[i].fp8_gathered =
+            gathers && (name == "attn.qkv" || name == "mlp.fc1" || name == "mlp.shared_experts.fc1");
+        linears[i].fp8_dout_gathered = gathers && ((whole && (name == "attn.proj" || name == "mlp.fc2")) ||
+                                                   (wgrad && name == "mlp.shared_experts.fc2"));
         linears[i].fp8_saved = (specs[i]->name == "attn.qkv" && q.ln1) || (specs[i]->name == "mlp.fc1" && q.ln2) ||
                                (specs[i]->name == "mlp.fc2" && q.act);
       }
