@@ -213,4 +213,8 @@ struct Plan {
 // (InputError on a bad grid).
 Plan make_plan(Config cfg, const PlanOptions& options);
 
+// When a stage does not fit: each change `tptrain plan` suggests (recompute, the distributed optimizer, the
+// memory options, ...) planned again on the same world, with its largest stage total (plan/suggest.cpp).
+std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan);
+
 }  // namespace tpt
