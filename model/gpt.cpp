@@ -331,7 +331,7 @@ MoETPMappings GPTStage::moe_mappings(int64_t layer) {
   m.row_parallel_output = [this](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   // sequence parallelism in an FP8 layer: the shared expert's fc1 input gathered as codes, and with FP8
   // weight gradients fc2's output gradient (the MoE MLP's backward is whole, also in a split one's B)
-  m.fp8_gather = fp8_slot(layer, 0) ? fp8_gather(layer) : nullptr;
+  m.fp8_gather = fp8_gather(layer);
   m.dout_codes = m.fp8_gather && opt_.fp8_options.wgrad;
   m.row_parallel_output_grad = [this, codes = m.dout_codes](CBuf dy, Buf dbias) {
     const RowGrad r = row_parallel_output_grad(dy, codes ? Buf{} : tmp_, dbias);

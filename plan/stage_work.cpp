@@ -53,17 +53,10 @@ double ChunkWork::column_parallel_layers() const {
   return dense_layers() * column_parallel() + moe_layers * moe_column_parallel();
 }
 
-double ChunkWork::fp8_code_gathers() const {
+double ChunkWork::fp8_linears(bool Linear::*flag) const {
   double dense = 0, moe_layer = 0;
-  for (const Linear& l : linears) dense += l.fp8_gathered;
-  for (const Linear& l : moe.linears) moe_layer += l.fp8_gathered;
-  return fp8_layers * dense + fp8_moe_layers * moe_layer;
-}
-
-double ChunkWork::fp8_dout_code_gathers() const {
-  double dense = 0, moe_layer = 0;
-  for (const Linear& l : linears) dense += l.fp8_dout_gathered;
-  for (const Linear& l : moe.linears) moe_layer += l.fp8_dout_gathered;
+  for (const Linear& l : linears) dense += l.*flag;
+  for (const Linear& l : moe.linears) moe_layer += l.*flag;
   return fp8_layers * dense + fp8_moe_layers * moe_layer;
 }
 

@@ -74,8 +74,10 @@ struct ChunkWork {
   // the inputs a micro-batch's forward gathers over TP as FP8 codes (Linear::fp8_gathered) in the chunk's
   // FP8 layers, dense and MoE: each a byte per element on the wire instead of the compute dtype's; and
   // the output gradients its backward gathers so (Linear::fp8_dout_gathered)
-  double fp8_code_gathers() const;
-  double fp8_dout_code_gathers() const;
+  double fp8_code_gathers() const { return fp8_linears(&Linear::fp8_gathered); }
+  double fp8_dout_code_gathers() const { return fp8_linears(&Linear::fp8_dout_gathered); }
+  // the chunk's FP8 layers' linear layers with `flag` set, dense and MoE
+  double fp8_linears(bool Linear::*flag) const;
   // bytes one EP rank sends in one of an MoE layer's all-to-alls (its rows to the other EP ranks'
   // experts, or back) in dtype bytes cb: rows C (EP - 1) / EP on average; 0 with EP 1
   double dispatch_bytes(double cb) const { return moe.ep > 1 ? moe.rows * C * cb * (moe.ep - 1) / moe.ep : 0.0; }
