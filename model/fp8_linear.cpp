@@ -122,17 +122,16 @@ Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
 }
 
 void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols,
-                        const int64_t* brows, const int64_t* bcols, const int* layouts, uint8_t* inp_col,
+                        const int64_t* brows, const int64_t* bcols, const int* layouts, uint8_t* const* cols_to,
                         uint8_t* const* rows) {
   for (int i = 0; i < kTensors; ++i) TPT_CHECK(n[i] <= cap_[i]);
   auto layout = [&](int i) { return layouts ? layouts[i] : int(kRow); };
   // where tensor i's codes go in its layouts: rowwise into codes_[i] (or rows[i]), columnwise into
-  // codes_[i], or beside rowwise codes into t_codes_ (the input's into inp_col); the operand reads them
-  // with scale_inv
+  // codes_[i], or beside rowwise codes into t_codes_ (or cols_to[i]); the operand reads them with scale_inv
   auto cast = [&](int i, const float* scale, float* amax, const float* scale_inv) {
     const int L = layout(i);
     uint8_t* row = !(L & kRow) ? nullptr : rows && rows[i] ? rows[i] : codes_[i];
-    uint8_t* col = !(L & kCol) ? nullptr : !row ? codes_[i] : i == kInp && inp_col ? inp_col : t_codes_;
+    uint8_t* col = !(L & kCol) ? nullptr : !row ? codes_[i] : cols_to && cols_to[i] ? cols_to[i] : t_codes_;
     TPT_CHECK(!(row && col && col == t_codes_) || i == kDout);
     TPT_CHECK(!(L & kCol) || (cols && col && cols[i] > 0 && n[i] % cols[i] == 0));
     if (col) ops_.fp8_cast_transpose(row, col, x[i], n[i] / cols[i], cols[i], type(i), scale, amax);
@@ -254,7 +253,8 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
   uint8_t* shard = !sp ? nullptr : save ? save.codes : gathered + int64_t(sp->rank) * sp->Nt * I;
   Fp8Operand q[kT];
   uint8_t* const rows[kT] = {shard, nullptr, nullptr};
-  state_->quantize(index_, x, n, q, cols, br, bc, layouts, both ? save.codes : nullptr, rows);
+  uint8_t* const cols_to[kT] = {both ? save.codes : nullptr, nullptr, nullptr};
+  state_->quantize(index_, x, n, q, cols, br, bc, layouts, cols_to, rows);
   Ops& ops = state_->ops_;
   if (both || (save && sp)) ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
   else if (save)  // the weight gradient's quantization (Fp8Linear::backward), made here
@@ -268,31 +268,41 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
 
 void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I,
                          int64_t O, bool accumulate_dinp, CBuf gelu_pre, const Fp8SavedInput& saved,
-                         const Fp8TokenGather* sp, const Fp8TokenGather* dout_sp) {
+                         const Fp8TokenGather* sp, const Fp8TokenGather* dout_sp, const Fp8SavedInput& dout_stash) {
   Ops& ops = state_->ops_;
-  const bool fp8_dw = dw && state_->o_.wgrad;
-  TPT_CHECK(!saved || state_->o_.wgrad);
-  TPT_CHECK(!saved.shard || (sp && sp->scratch && !state_->o_.blockwise));
+  const Fp8LinearOptions& o = state_->o_;
+  const bool fp8_dw = dw && o.wgrad;
+  // ZB-H1: B writes the weight gradient's output-gradient codes into dout_stash, W reads them
+  const bool stash_out = dout_stash && dinp, stash_in = dout_stash && !dinp;
+  TPT_CHECK(!saved || o.wgrad);
+  TPT_CHECK(!saved.shard || (sp && sp->scratch && !o.blockwise));
+  TPT_CHECK(!dout_stash || (o.wgrad && dout_stash.scale_inv && !dout_stash.shard && (stash_out ? !dw : fp8_dw && !dbias)));
   // a gathered output gradient's codes serve both GEMMs: the whole backward, with an FP8 weight gradient
-  // (a bf16 one would read the gathered 16-bit tensor), no bias gradient here (it is the shard's)
-  TPT_CHECK(!dout_sp || (!state_->o_.blockwise && dinp && fp8_dw && !dbias && dout_sp->gather && dout_sp->Nt > 0 &&
-                         (state_->o_.delayed || state_->groups_[size_t(index_)][0] != nullptr)));
+  // (a bf16 one would read the gathered 16-bit tensor), or B keeping them for W; no bias gradient here
+  // (it is the shard's)
+  TPT_CHECK(!dout_sp || (!o.blockwise && dinp && (fp8_dw || stash_out) && !dbias && dout_sp->gather &&
+                         dout_sp->Nt > 0 && (o.delayed || state_->groups_[size_t(index_)][0] != nullptr)));
   const bool cast_inp = fp8_dw && !saved;  // the input's columnwise codes: cast here, or the saved ones
+  const Fp8Type tx = state_->type(Fp8State::kInp), ty = state_->type(Fp8State::kDout);
   // the saved input as the weight gradient's operand (after the casts below, which leave the input's
   // codes scratch unused): a saved shard gathered (rowwise, into sp's scratch) and transposed into it
   auto saved_operand = [&] {
-    const Fp8Type t = state_->type(Fp8State::kInp);
     if (saved.shard) {
       uint8_t* col = state_->codes_[Fp8State::kInp];
       TPT_CHECK(N * I <= state_->cap_[Fp8State::kInp]);
       sp->gather(sp->scratch, saved.codes, sp->Nt * I);
       ops.fp8_transpose(col, sp->scratch, N, I);
-      return Fp8Operand{nullptr, t, saved.scale_inv, 0, 0, 0, col};
+      return Fp8Operand{nullptr, tx, saved.scale_inv, 0, 0, 0, col};
     }
-    if (!state_->o_.blockwise) return Fp8Operand{nullptr, t, saved.scale_inv, 0, 0, 0, saved.codes};
-    return Fp8Operand{nullptr, t, saved.scale_inv, B, 1, I, saved.codes};
+    if (!o.blockwise) return Fp8Operand{nullptr, tx, saved.scale_inv, 0, 0, 0, saved.codes};
+    return Fp8Operand{nullptr, tx, saved.scale_inv, B, 1, I, saved.codes};
   };
-  if (state_->o_.blockwise) {  // two calls: each GEMM's operands in blocks along its own reduction
+  // W's output gradient: B's columnwise codes (blockwise: its 128 x 1 blocks)
+  auto stashed_operand = [&] {
+    if (!o.blockwise) return Fp8Operand{nullptr, ty, dout_stash.scale_inv, 0, 0, 0, dout_stash.codes};
+    return Fp8Operand{nullptr, ty, dout_stash.scale_inv, B, 1, O, dout_stash.codes};
+  };
+  if (o.blockwise) {  // two calls: each GEMM's operands in blocks along its own reduction
     constexpr int kT = Fp8State::kTensors;
     Fp8Operand q[kT];
     if (dinp) {  // dinp = dout @ w: the output gradient 1 x 128 over O, the weight 128 x 128
@@ -302,34 +312,44 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
       ops.fp8_linear_backward(dinp, nullptr, q[Fp8State::kDout], Fp8Operand{}, q[Fp8State::kW], N, I, O, accumulate_dinp,
                               gelu_pre);
     }
+    if (stash_out)  // the weight gradient's quantization (below), made here
+      ops.fp8_quantize_blocks(dout_stash.codes, dout, N, O, B, 1, ty, o.margin, dout_stash.scale_inv, true);
     if (fp8_dw) {  // dw += dout^T @ inp: both 128 x 1 over the tokens, written transposed (K-major)
-      const CBuf x[kT] = {cast_inp ? inp : CBuf{}, CBuf{}, dout};
-      const int64_t n[kT] = {cast_inp ? N * I : 0, 0, N * O}, cols[kT] = {I, 1, O}, br[kT] = {B, 1, B}, bc[kT] = {1, 1, 1};
+      const CBuf x[kT] = {cast_inp ? inp : CBuf{}, CBuf{}, stash_in ? CBuf{} : dout};
+      const int64_t n[kT] = {cast_inp ? N * I : 0, 0, stash_in ? 0 : N * O}, cols[kT] = {I, 1, O},
+                    br[kT] = {B, 1, B}, bc[kT] = {1, 1, 1};
       const int layouts[kT] = {Fp8State::kCol, Fp8State::kRow, Fp8State::kCol};
-      state_->quantize(index_, x, n, q, cols, br, bc, layouts);
+      if (n[Fp8State::kInp] || n[Fp8State::kDout]) state_->quantize(index_, x, n, q, cols, br, bc, layouts);
       if (saved) q[Fp8State::kInp] = saved_operand();
+      if (stash_in) q[Fp8State::kDout] = stashed_operand();
       ops.fp8_linear_backward(Buf{}, dw, q[Fp8State::kDout], q[Fp8State::kInp], Fp8Operand{}, N, I, O, false, CBuf{});
     }
   } else if (dinp || fp8_dw) {
     // the input columnwise (the weight gradient reads it transposed), the output gradient rowwise for
-    // the input gradient and columnwise for the weight gradient, each made in its cast
-    // dout_sp: the output gradient's shard cast rowwise in place into its rows of the gathered codes
+    // the input gradient and columnwise for the weight gradient (or B's stash for W), each made in its
+    // cast; dout_sp: the output gradient's shard cast rowwise in place into its rows of the gathered codes
     constexpr int kD = Fp8State::kDout;
     uint8_t* const gathered = state_->codes_[kD];
     uint8_t* const rows[Fp8State::kTensors] = {nullptr, nullptr,
                                                dout_sp ? gathered + int64_t(dout_sp->rank) * dout_sp->Nt * O : nullptr};
-    const CBuf x[Fp8State::kTensors] = {cast_inp ? inp : CBuf{}, dinp ? w : CBuf{}, dout};
-    const int64_t n[Fp8State::kTensors] = {cast_inp ? N * I : 0, dinp ? O * I : 0, (dout_sp ? dout_sp->Nt : N) * O};
+    uint8_t* const cols_to[Fp8State::kTensors] = {nullptr, nullptr, stash_out ? dout_stash.codes : nullptr};
+    const CBuf x[Fp8State::kTensors] = {cast_inp ? inp : CBuf{}, dinp ? w : CBuf{}, stash_in ? CBuf{} : dout};
+    const int64_t n[Fp8State::kTensors] = {cast_inp ? N * I : 0, dinp ? O * I : 0,
+                                           stash_in ? 0 : (dout_sp ? dout_sp->Nt : N) * O};
     const int64_t cols[Fp8State::kTensors] = {I, I, O};
-    const int layouts[Fp8State::kTensors] = {
-        Fp8State::kCol, Fp8State::kRow, (dinp ? Fp8State::kRow : 0) | (fp8_dw && !dout_sp ? Fp8State::kCol : 0)};
+    const bool dout_col = (fp8_dw || stash_out) && !dout_sp;
+    const int layouts[Fp8State::kTensors] = {Fp8State::kCol, Fp8State::kRow,
+                                             (dinp ? Fp8State::kRow : 0) | (dout_col ? Fp8State::kCol : 0)};
     Fp8Operand q[Fp8State::kTensors];
-    state_->quantize(index_, x, n, q, cols, nullptr, nullptr, layouts, nullptr, rows);
+    if (n[0] || n[1] || n[2]) state_->quantize(index_, x, n, q, cols, nullptr, nullptr, layouts, cols_to, rows);
     if (dout_sp) {  // the TP group's codes (one scale), and their transpose for the weight gradient
       dout_sp->gather(gathered, rows[kD], dout_sp->Nt * O);
-      ops.fp8_transpose(state_->t_codes_, gathered, N, O);
-      q[kD].codes = gathered, q[kD].t_codes = state_->t_codes_;
+      uint8_t* t = stash_out ? dout_stash.codes : state_->t_codes_;
+      ops.fp8_transpose(t, gathered, N, O);
+      q[kD].codes = gathered, q[kD].t_codes = t;
     }
+    if (stash_out) ops.copy(dout_stash.scale_inv, q[kD].scale_inv, 1);
+    if (stash_in) q[kD] = stashed_operand();
     if (fp8_dw && saved) q[Fp8State::kInp] = saved_operand();
     ops.fp8_linear_backward(dinp, fp8_dw ? dw : nullptr, q[Fp8State::kDout], q[Fp8State::kInp], q[Fp8State::kW], N, I,
                             O, accumulate_dinp, gelu_pre);

@@ -19,6 +19,7 @@
 // Formats: activations and weights E4M3; output gradients E4M3 (fp8_format: e4m3) or E5M2 (hybrid).
 // Every call quantizes what it reads again (the activation again for the weight gradient): the same values
 // and scale give the same codes, so a split backward (ZB-H1) and recompute give what one backward gives.
+// (ZB-H1's B keeps the output gradient's codes for its W: Fp8Linear::backward's dout_stash.)
 // Where GPTStage saves a layer input's codes instead (Fp8SavedInput: ln_1's, ln_2's and SwiGLU's outputs,
 // GPTDims::fp8_saved_inputs), the forward's cast writes them for the weight gradient, which reads them
 // in place of the 16-bit input it no longer keeps -- the codes its own cast would have made.
@@ -120,16 +121,23 @@ inline int64_t fp8_saved_scale_floats(bool blockwise, int64_t N, int64_t I) {
 // weight gradient instead of casting inp again (inp then unread: may be empty).
 // sp (forward): inp is this rank's (sp->Nt, I) rows, gathered as codes (Fp8TokenGather; save then gets the
 // shard's rowwise codes); (backward) the gather of a saved shard. dout_sp (backward, current and delayed
-// scaling with FP8 weight gradients, a whole backward): dout is this rank's (Nt, O) rows of a row-parallel
-// GEMM's output gradient, gathered as codes (Transformer Engine's FP8 all-gather of grad_output), its
-// columnwise codes the gathered rowwise ones transposed; the bias gradient is the caller's (dbias null).
+// scaling with FP8 weight gradients, a whole backward or B with dout_stash): dout is this rank's (Nt, O)
+// rows of a row-parallel GEMM's output gradient, gathered as codes (Transformer Engine's FP8 all-gather of
+// grad_output), its columnwise codes the gathered rowwise ones transposed; the bias gradient is the
+// caller's (dbias null).
+// dout_stash (backward, FP8 weight gradients; ZB-H1's split backward): the weight gradient's output-gradient
+// operand kept as FP8 codes between the two parts -- B (dinp, no dw) writes dout's columnwise codes (O, N)
+// and their scale_inv there (current and delayed scaling: in the cast the input gradient's rowwise codes
+// come from; blockwise: its 128 x 1 cast), W (dw, no dinp) reads them instead of casting dout (then unread:
+// may be empty) -- the codes W's own cast would make, a byte per element kept instead of two.
 class Fp8Linear {
  public:
   void forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I, int64_t O, Buf gelu_pre = {},
                const Fp8SavedInput& save = {}, const Fp8TokenGather* sp = nullptr);
   void backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w, int64_t N, int64_t I, int64_t O,
                 bool accumulate_dinp, CBuf gelu_pre = {}, const Fp8SavedInput& saved = {},
-                const Fp8TokenGather* sp = nullptr, const Fp8TokenGather* dout_sp = nullptr);
+                const Fp8TokenGather* sp = nullptr, const Fp8TokenGather* dout_sp = nullptr,
+                const Fp8SavedInput& dout_stash = {});
 
  private:
   friend class Fp8State;
@@ -201,11 +209,11 @@ class Fp8State {
   // quantizes x[i] (n[i] elements, (n[i] / cols[i], cols[i]); n[i] == 0: none) into codes_[i] (and
   // t_codes_ where both layouts) in the layouts[i] (null: rowwise) and returns the operands;
   // blockwise: in blocks of (brows[i], bcols[i]), one layout
-  // inp_col: where the input's columnwise codes go when it is cast in both layouts (else t_codes_);
-  // rows: where each tensor's rowwise codes go (null, or a null entry: codes_[i])
+  // rows / cols_to: where each tensor's rowwise codes go, and its columnwise ones when it is cast in
+  // both layouts (null, or a null entry: codes_[i], t_codes_)
   void quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* q, const int64_t* cols = nullptr,
                 const int64_t* brows = nullptr, const int64_t* bcols = nullptr, const int* layouts = nullptr,
-                uint8_t* inp_col = nullptr, uint8_t* const* rows = nullptr);
+                uint8_t* const* cols_to = nullptr, uint8_t* const* rows = nullptr);
 
   Ops& ops_;
   Fp8LinearOptions o_;
@@ -234,7 +242,7 @@ class Fp8State {
 
 // A linear layer's GEMMs: through fp8 when given, else Ops's own.
 // save / saved: the input's FP8 codes for the weight gradient; sp: the input gathered as codes; dout_sp:
-// the output gradient gathered as codes (Fp8Linear; only with fp8).
+// the output gradient gathered as codes; dout_stash: B's output-gradient codes for W (Fp8Linear; only with fp8).
 inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t I,
                            int64_t O, Buf gelu_pre = {}, const Fp8SavedInput& save = {},
                            const Fp8TokenGather* sp = nullptr) {
@@ -245,9 +253,9 @@ inline void linear_forward(Ops& ops, Fp8Linear* fp8, Buf out, CBuf inp, CBuf w, 
 inline void linear_backward(Ops& ops, Fp8Linear* fp8, Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf w,
                             int64_t N, int64_t I, int64_t O, bool accumulate_dinp, CBuf gelu_pre = {},
                             const Fp8SavedInput& saved = {}, const Fp8TokenGather* sp = nullptr,
-                            const Fp8TokenGather* dout_sp = nullptr) {
-  TPT_CHECK(fp8 || (!saved && !dout_sp));
-  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved, sp, dout_sp);
+                            const Fp8TokenGather* dout_sp = nullptr, const Fp8SavedInput& dout_stash = {}) {
+  TPT_CHECK(fp8 || (!saved && !dout_sp && !dout_stash));
+  if (fp8) fp8->backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre, saved, sp, dout_sp, dout_stash);
   else ops.linear_backward(dinp, dw, dbias, dout, inp, w, N, I, O, accumulate_dinp, gelu_pre);
 }
 

@@ -32,10 +32,13 @@ struct GPTStage::LayerActs : BlockActs {  // model/block.h
 // output gradient dY of each of the layer's linear layers on all N tokens (N, out), in the compute
 // dtype, indexed by layer-spec part (null for the norms): attn.qkv's from the attention backward
 // through RoPE and the regroup, attn.proj's and mlp.fc2's the residual gradient (with sequence
-// parallelism all-gathered), mlp.fc1's fc2's input gradient through the activation's derivative.
+// parallelism all-gathered), mlp.fc1's fc2's input gradient through the activation's derivative; in
+// an FP8 layer with FP8 weight gradients (GPTDims::fp8_stashes_codes) dY's columnwise FP8 codes
+// instead, made by B's cast (Fp8Linear::backward's dout_stash), and B adds the biases' gradients.
 // W's other operand, the GEMM's input X, stays in the slot's activations (LayerActs).
 struct GPTStage::LayerStash {
   std::vector<Buf> dy;
+  std::vector<Fp8SavedInput> dy_q;
 };
 
 struct GPTStage::SlotActs {
@@ -271,8 +274,11 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     if (opt_.split_backward)  // weight_grad_stash_bytes
       for (int64_t l = d.layer_begin; l < d.layer_end; ++l) {
         LayerStash& st = a->stash.emplace_back();
-        for (const LayerPart& part : d.spec(l).parts)
-          st.dy.push_back(part.is_linear && stashed(part.linear) ? alloc(N * part.linear.out) : Buf{});
+        for (const LayerPart& part : d.spec(l).parts) {
+          const bool s = part.is_linear && stashed(part.linear), q = s && d.fp8_stashes_codes(l);
+          st.dy.push_back(s && !q ? alloc(N * part.linear.out) : Buf{});
+          st.dy_q.push_back(q ? fp8_saved(nullptr, N, part.linear.out) : Fp8SavedInput{});
+        }
       }
   }
   dres_ = alloc(Nt * d.C);
@@ -529,28 +535,33 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
-  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes in its whole backward (sequence
-  // parallelism, FP8 weight gradients; GPTDims::fp8_gathers_codes): its Fp8TokenGather, else null
+  // a split backward's stash of GEMM p's output gradient: 16-bit, or FP8 codes B's cast writes
+  auto stash16 = [&](DensePart p) { return split ? stash->dy[p] : Buf{}; };
+  auto stash8 = [&](DensePart p) { return split ? stash->dy_q[p] : Fp8SavedInput{}; };
+  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes (sequence parallelism, FP8 weight
+  // gradients; GPTDims::fp8_gathers_codes): its Fp8TokenGather, else null
   auto dout_gather = [&](DensePart p) {
-    const bool codes = (p == kProj || p == kFc2) && !split && opt_.fp8_options.wgrad && fp8_for(layer, p);
+    const bool codes = (p == kProj || p == kFc2) && opt_.fp8_options.wgrad && fp8_for(layer, p);
     return codes ? fp8_gather(layer) : nullptr;
   };
   // d of a row-parallel GEMM's output (N, C) for its backward: with sequence parallelism all-gathered
-  // (into tmp_, or with a stash straight into it), or left as this rank's tokens where its FP8 GEMM
-  // gathers the codes; without sequence parallelism dres itself, with a stash copied there (dres
-  // changes below)
-  auto row_grad = [&](DensePart p, Buf dbias, Buf stashed) {
-    if (!split) return row_parallel_output_grad(dres, dout_gather(p) ? Buf{} : tmp_, dbias);
+  // (into tmp_, or a 16-bit stash), or left as this rank's tokens where its FP8 GEMM gathers the codes;
+  // without sequence parallelism dres itself, or copied into a 16-bit stash (dres changes below)
+  auto row_grad = [&](DensePart p, Buf dbias) {
+    const Buf stashed = stash16(p);
+    if (!stashed) return row_parallel_output_grad(dres, dout_gather(p) ? Buf{} : tmp_, dbias);
     const RowGrad dy = row_parallel_output_grad(dres, stashed, dbias);
     if (!d.sequence_parallel) ops_.copy(stashed, dy.dout, N * d.C);
     return RowGrad{stashed, dy.dbias};
   };
   // one GEMM's backward: the whole call, or with a stash only the input gradient (inp() not called;
-  // nor where the input's FP8 codes were saved)
+  // nor where the input's FP8 codes were saved), with FP8 codes stashed also the bias gradient
   auto gemm_backward = [&](DensePart p, Buf dinp, Buf dw, Buf dbias, CBuf dout, auto&& inp, CBuf wt, int64_t I,
                            int64_t O, const Fp8SavedInput& saved) {
     Fp8Linear* fp8 = fp8_for(layer, p);
-    if (split) linear_backward(ops_, fp8, dinp, nullptr, nullptr, dout, CBuf{}, wt, N, I, O, false);
+    if (const Fp8SavedInput q = stash8(p); split)
+      linear_backward(ops_, fp8, dinp, nullptr, q ? dbias : nullptr, dout, CBuf{}, wt, N, I, O, false, {}, {}, nullptr,
+                      q ? dout_gather(p) : nullptr, q);
     else
       linear_backward(ops_, fp8, dinp, dw, dbias, dout, saved ? CBuf{} : inp(), wt, N, I, O, false, {}, saved,
                       fp8_gather(layer), dout_gather(p));
@@ -567,12 +578,13 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings(layer));
   } else {
     // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
-    const Buf dfc = split ? stash->dy[kFc1] : dfc_;
-    RowGrad dy = row_grad(kFc2, gw.bias[kFc2], split ? stash->dy[kFc2] : Buf{});  // (N, C), or (Nt, C)
+    const Buf dfc = stash16(kFc1) ? stash16(kFc1) : dfc_;
+    RowGrad dy = row_grad(kFc2, gw.bias[kFc2]);  // (N, C), or (Nt, C)
     if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
-    s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], split ? nullptr : dy.dbias, dy.dout,
-                   a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2), a.act_q,
-                   dout_gather(kFc2));
+    const bool b16 = stash16(kFc2).p != nullptr;  // B with a 16-bit stash: no weight or bias gradient
+    s.mlp.backward(ops_, dfc, dact_, split ? nullptr : gw.weight[kFc2], b16 ? nullptr : dy.dbias, dy.dout,
+                   a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], a.fc1, N, d.Fl, d.C, fp8_for(layer, kFc2),
+                   a.act_q, b16 ? nullptr : dout_gather(kFc2), stash8(kFc2));
     gemm_backward(kFc1, dln_, gw.weight[kFc1], gw.bias[kFc1], dfc, [&] { return gather_tokens(a.ln2, tmp_); },  // SP: gathered again
                   w.weight[kFc1], d.C, d.fc1_width, a.ln2_q);
     dln2 = input_grad_to_tokens(dln_, tmp_);
@@ -580,12 +592,11 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   s.norm.backward(ops_, dres, gw.weight[kLn2], gw.bias[kLn2], dln2, a.x_mid, w.weight[kLn2], a.ln2_stats, Nt, d.C);
   // attention
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  RowGrad dy{};
-  dy = row_grad(kProj, gw.bias[kProj], split ? stash->dy[kProj] : Buf{});
+  const RowGrad dy = row_grad(kProj, gw.bias[kProj]);
   gemm_backward(kProj, datt_, gw.weight[kProj], dy.dbias, dy.dout, [&] { return CBuf(a.atty); }, w.weight[kProj], d.Cl, d.C,
                 Fp8SavedInput{});
   // d QKV GEMM output: the attention's gradient in the heads layout, rotated back, regrouped
-  const Buf dqkv = split ? stash->dy[kQkv] : dqkv_;
+  const Buf dqkv = stash16(kQkv) ? stash16(kQkv) : dqkv_;
   const Buf dheads = d.grouped_qkv ? qkv_tmp_ : dqkv;
   if (ring_) ring_->backward(dheads, datt_, a.qkv, a.atty, a.lse);
   else ops_.attention_backward(dheads, datt_stats_, datt_, a.qkv, a.atty, a.lse, B_, d.S, d.Hl, d.kv_heads, d.D);
@@ -604,7 +615,8 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
 
 // W of a layer: the weight part of block_backward's four GEMM calls (the same dw, dbias, dout, inp;
 // no dinp), in the same order, so B then W adds what the full backward adds. The row-parallel biases'
-// gradients are in the GEMMs without sequence parallelism; with it B added them (row_parallel_output_grad).
+// gradients are in the GEMMs without sequence parallelism; with it B added them (row_parallel_output_grad),
+// as it added every bias gradient of a GEMM whose output gradient it stashed as FP8 codes (W reads those).
 // Writes only grads and scratch (tmp_ and the TP wire for the gathers, selective recompute's shared
 // attention output).
 void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, const LayerStash& st) {
@@ -613,26 +625,27 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
   const bool norms = !d.keeps_norms(opt_.recompute);  // the layernorm recompute module (as in B)
   const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
   const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
-  const bool sp = d.sequence_parallel;
+  // GEMM p's weight gradient from its stashed output gradient (its bias gradient too where B left it)
+  auto weight_grad = [&](DensePart p, CBuf inp, int64_t I, int64_t O, const Fp8SavedInput& saved) {
+    const Fp8SavedInput& q = st.dy_q[p];
+    const Buf dbias = q || (d.sequence_parallel && (p == kProj || p == kFc2)) ? nullptr : gw.bias[p];
+    linear_backward(ops_, fp8_for(layer, p), Buf{}, gw.weight[p], dbias, st.dy[p], inp, w.weight[p], N, I, O, false, {},
+                    saved, fp8_gather(layer), nullptr, q);
+  };
   // MLP (an MoE layer's finished in B)
   if (!d.moe.is_moe(layer)) {
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
-    linear_backward(ops_, fp8_for(layer, kFc2), Buf{}, gw.weight[kFc2], sp ? nullptr : gw.bias[kFc2], st.dy[kFc2],
-                    a.act_q ? CBuf{} : CBuf(a.gelu), w.weight[kFc2], N, d.Fl, d.C, false, {}, a.act_q);
+    weight_grad(kFc2, a.act_q ? CBuf{} : CBuf(a.gelu), d.Fl, d.C, a.act_q);
     if (norms) d.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
     // sequence parallel: gathered again, as in the full backward; FP8: or its saved codes
-    CBuf ln2 = a.ln2_q ? CBuf{} : gather_tokens(a.ln2, tmp_);
-    linear_backward(ops_, fp8_for(layer, kFc1), Buf{}, gw.weight[kFc1], gw.bias[kFc1], st.dy[kFc1], ln2, w.weight[kFc1], N, d.C, d.fc1_width,
-                    false, {}, a.ln2_q, fp8_gather(layer));
+    weight_grad(kFc1, a.ln2_q ? CBuf{} : gather_tokens(a.ln2, tmp_), d.C, d.fc1_width, a.ln2_q);
   }
   // attention: selective recompute dropped the attention output (its scratch copy is another
   // layer's or slot's by now); rerun from the kept QKV, the same op on the same values as in B
   if (opt_.recompute == Recompute::Selective) attention_core_forward(a);
-  linear_backward(ops_, fp8_for(layer, kProj), Buf{}, gw.weight[kProj], sp ? nullptr : gw.bias[kProj], st.dy[kProj], a.atty, w.weight[kProj], N, d.Cl, d.C, false);
+  weight_grad(kProj, a.atty, d.Cl, d.C, {});
   if (norms) d.norm.forward(ops_, a.ln1, a.ln1_stats, x_in, w.weight[kLn1], w.bias[kLn1], Nt, d.C);
-  CBuf ln1 = a.ln1_q ? CBuf{} : gather_tokens(a.ln1, tmp_);
-  linear_backward(ops_, fp8_for(layer, kQkv), Buf{}, gw.weight[kQkv], gw.bias[kQkv], st.dy[kQkv], ln1, w.weight[kQkv], N, d.C,
-                  d.qkv_width, false, {}, a.ln1_q, fp8_gather(layer));
+  weight_grad(kQkv, a.ln1_q ? CBuf{} : gather_tokens(a.ln1, tmp_), d.C, d.qkv_width, a.ln1_q);
 }
 
 void GPTStage::forward(int slot, const int32_t* tokens, CBuf hidden_in, const int32_t* positions,

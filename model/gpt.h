@@ -68,6 +68,9 @@ struct GPTDims {
   // Sequence parallelism with current or delayed scaling: an FP8 layer gathers the inputs of QKV and
   // fc1 (ln1's and a dense layer's ln2's outputs) over TP as FP8 codes (Fp8TokenGather), not in 16 bits.
   bool fp8_gathers_codes(int64_t l) const { return sequence_parallel && !fp8_blockwise && fp8_layer(l); }
+  // ZB-H1 (a split backward): an FP8 layer with FP8 weight gradients stashes its linear layers' output
+  // gradients for W as the FP8 codes B makes (Fp8Linear::backward's dout_stash), not in 16 bits.
+  bool fp8_stashes_codes(int64_t l) const { return fp8_wgrad && fp8_layer(l); }
   struct Fp8Saved {
     bool ln1 = false, ln2 = false, act = false;  // QKV's, fc1's, fc2's input
   };
@@ -231,8 +234,10 @@ bool is_fp8_state_name(const std::string& tensor);  // one of those (optional in
 // whatever the recompute mode): the output gradients dY of each of a transformer layer's linear
 // layers (d.layer's linears: N*out each), which a split backward's B stashes for its W, in the
 // compute dtype t on all N = B*S tokens -- for the dense block layers * N * (qkv_width (attn.qkv) + C
-// (attn.proj) + fc1_width (mlp.fc1) + C (mlp.fc2)) elements. The constructor allocates exactly that per
-// slot (up to the allocator's alignment, as above).
+// (attn.proj) + fc1_width (mlp.fc1) + C (mlp.fc2)) elements; in an FP8 layer with FP8 weight gradients
+// (GPTDims::fp8_stashes_codes) their columnwise FP8 codes and scales instead (fp8_saved_code_bytes,
+// fp8_saved_scale_floats). The constructor allocates exactly that per slot (up to the allocator's
+// alignment, as above).
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t);
 // Elements of one pipeline message (a stage's output or its input gradient) for micro-batches of B:
 // B*S*C, or B*S*C/tp with sequence parallelism.

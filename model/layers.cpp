@@ -34,11 +34,11 @@ void MLPActivation::forward(Ops& ops, Buf act, Buf pre, CBuf x, CBuf w, CBuf b, 
 
 void MLPActivation::backward(Ops& ops, Buf dpre, Buf dact, Buf dw2, Buf db2, CBuf dout, CBuf act, CBuf w2,
                              CBuf pre, int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8, const Fp8SavedInput& saved,
-                             const Fp8TokenGather* dout_sp) const {
+                             const Fp8TokenGather* dout_sp, const Fp8SavedInput& dout_stash) const {
   if (!swiglu)
     return linear_backward(ops, fp8, dpre, dw2, db2, dout, act, w2, N, Fl, C, false, /*gelu_pre=*/pre, saved, nullptr,
-                           dout_sp);
-  linear_backward(ops, fp8, dact, dw2, db2, dout, act, w2, N, Fl, C, false, {}, saved, nullptr, dout_sp);
+                           dout_sp, dout_stash);
+  linear_backward(ops, fp8, dact, dw2, db2, dout, act, w2, N, Fl, C, false, {}, saved, nullptr, dout_sp, dout_stash);
   ops.swiglu_backward(dpre, dact, pre, N, Fl);
 }
 

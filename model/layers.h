@@ -51,10 +51,10 @@ struct MLPActivation {
   // fc2's backward through its input and the activation: dpre (N, fc1_width) = d pre from dout (N, C);
   // with dw2 (and db2) also fc2's weight (bias) gradient from act, or from act's saved FP8 codes
   // (act then unread). dact (N, Fl): scratch for SwiGLU. dout_sp: dout is this rank's tokens, gathered
-  // as FP8 codes (Fp8Linear::backward).
+  // as FP8 codes; dout_stash: a split backward's B keeps dout's FP8 codes for W (Fp8Linear::backward).
   void backward(Ops& ops, Buf dpre, Buf dact, Buf dw2, Buf db2, CBuf dout, CBuf act, CBuf w2, CBuf pre,
                 int64_t N, int64_t Fl, int64_t C, Fp8Linear* fp8 = nullptr, const Fp8SavedInput& saved = {},
-                const Fp8TokenGather* dout_sp = nullptr) const;
+                const Fp8TokenGather* dout_sp = nullptr, const Fp8SavedInput& dout_stash = {}) const;
   // GELU: act = gelu(pre) again from the kept pre-activation (as stored), before fc2's weight gradient
   // reads it: a layer keeps only pre, and act lives in one buffer the layers share (llm.c's
   // recompute). SwiGLU keeps its activation: nothing to do.

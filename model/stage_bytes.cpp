@@ -138,11 +138,14 @@ int64_t shared_scratch_bytes(const GPTDims& d, int64_t B, Recompute r, DType t) 
 
 int64_t weight_grad_stash_bytes(const GPTDims& d, int64_t B, DType t) {
   const int64_t N = B * d.S;
-  int64_t n = 0;  // LayerStash: dY (N, out) of each stashed linear layer
+  int64_t n = 0, codes = 0;  // LayerStash: dY (N, out) of each stashed linear layer, or its FP8 codes
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
     for (const LinearSpec* lin : d.spec(l).linears())
-      if (stashed(*lin)) n += N * lin->out;
-  return tb(n, t);
+      if (!stashed(*lin)) continue;
+      else if (d.fp8_stashes_codes(l))
+        codes += fp8_saved_code_bytes(N, lin->out) + fb(fp8_saved_scale_floats(d.fp8_blockwise, N, lin->out));
+      else n += N * lin->out;
+  return tb(n, t) + codes;
 }
 
 }  // namespace tpt

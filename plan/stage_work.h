@@ -27,8 +27,8 @@ struct ChunkWork {
     // over TP as FP8 codes (GPTDims::fp8_gathers_codes); saved, the shard's codes (gathered and
     // transposed again in backward)
     bool fp8_gathered = false;
-    // ... and (a row-parallel layer, with FP8 weight gradients and a whole backward: not zb-h1) its
-    // output gradient likewise, the gathered codes transposed for the weight gradient
+    // ... and (a row-parallel layer, with FP8 weight gradients) its output gradient likewise, the
+    // gathered codes transposed for the weight gradient
     bool fp8_dout_gathered = false;
   };
   std::vector<Linear> linears;

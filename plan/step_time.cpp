@@ -194,7 +194,7 @@ class Model {
   // backward for an FP8 weight gradient, or, where its codes are saved (GPTDims::fp8_saved_inputs),
   // both layouts in forward (blockwise: two casts) and none in backward; the output gradient: both
   // layouts in one cast (blockwise: two casts, 1 x 128 for the input gradient and 128 x 1 for the
-  // weight gradient; zb-h1 too: B casts it rowwise, W columnwise), its rowwise codes alone with
+  // weight gradient; zb-h1's B makes both, W reads the columnwise ones it stashed), its rowwise codes alone with
   // fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
   // written). An input gathered as codes with sequence parallelism (ChunkWork::Linear::fp8_gathered) is
   // cast on this rank's tokens, rowwise (input); saved, its codes gathered again in backward are
@@ -205,15 +205,14 @@ class Model {
   };
   Fp8Casts fp8_casts() const {
     const TrainingConfig& t = c_.training;
-    const bool wgrad = t.fp8_wgrad,
-               split = schedule_kind(c_.parallel.pipeline_schedule, model_chunks(c_)) == ScheduleKind::ZeroBubbleH1;
+    const bool wgrad = t.fp8_wgrad;
     const bool blockwise = t.fp8_recipe == Fp8Recipe::Blockwise;
     const double read = cb_ + (t.fp8_recipe == Fp8Recipe::Tensorwise ? cb_ : 0.0);
     Fp8Casts c;
     c.input = read + 1.0;
     c.input_again = wgrad ? read + 1.0 : 0.0;
     c.input_saved = blockwise ? 2.0 * (read + 1.0) : read + 2.0;
-    c.output_grad = !wgrad ? read + 1.0 : blockwise || split ? 2.0 * (read + 1.0) : read + 2.0;
+    c.output_grad = !wgrad ? read + 1.0 : blockwise ? 2.0 * (read + 1.0) : read + 2.0;
     c.weight = read + 3.0;
     return c;
   }

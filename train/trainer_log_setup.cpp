@@ -85,13 +85,12 @@ void Trainer::log_setup() {
     const bool gathers_codes = cfg_.parallel.sequence_parallel && cfg_.parallel.tensor_model_parallel_size > 1 &&
                                t.fp8_recipe != Fp8Recipe::Blockwise;  // GPTDims::fp8_gathers_codes
     // and the output gradients (FP8 weight gradients; GPTStage's dout_gather, an MoE shared expert's)
-    const bool zb = cfg_.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1,
-               shared = cfg_.model.is_moe() && cfg_.model.moe_shared_expert_intermediate_size > 0;
-    const std::string dout_codes = !t.fp8_wgrad ? ""
-                                   : !zb        ? ", and the output gradients of the projection and fc2"
-                                   : shared     ? ", and the output gradients of the shared experts' fc2"
-                                                : "";
-    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}{}",
+    const std::string dout_codes = t.fp8_wgrad ? ", and the output gradients of the projection and fc2" : "";
+    // zb-h1: B stashes the output gradients for W as FP8 codes (GPTDims::fp8_stashes_codes)
+    const std::string stash = cfg_.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 && t.fp8_wgrad
+                                  ? "; zb-h1's B keeps the output gradients for W as FP8 codes"
+                                  : "";
+    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}{}{}",
                  name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",
                  recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
                  cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
@@ -102,7 +101,8 @@ void Trainer::log_setup() {
                        "nothing else reads them)"
                      : "from FP8 inputs",
                  !gathers_codes ? std::string()
-                                : "; sequence parallelism gathers the inputs of QKV and fc1 as FP8 codes" + dout_codes);
+                                : "; sequence parallelism gathers the inputs of QKV and fc1 as FP8 codes" + dout_codes,
+                 stash);
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)

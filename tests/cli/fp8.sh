@@ -99,6 +99,16 @@ tpt i_tp2 2 "${I[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel
 if grep -q "sequence parallelism gathers the inputs of QKV and fc1 as FP8 codes, and the output gradients of the projection and fc2" "$W/i_tp2.log" &&
    within i_tp2 i_tpt 6e-3; then ok "(i) on TP 2 + SP, gathering FP8 codes: 1 rank's losses (6e-3)"
 else bad "(i) on TP 2 + SP"; fi
+# ... and on TP 2 + SP x PP 2 with zb-h1, whose B gathers those output gradients as codes too and keeps
+# every linear layer's output-gradient codes for W (docs/FP8.md "ZB-H1"): 1F1B's losses on the same
+# layout bit for bit
+SPP=("${I[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
+     --set parallel.pipeline_model_parallel_size=2)
+tpt i_tp2_pp2 4 "${SPP[@]}"
+tpt i_tp2_zb 4 "${SPP[@]}" --set parallel.pipeline_schedule=zb-h1
+if grep -q "zb-h1's B keeps the output gradients for W as FP8 codes" "$W/i_tp2_zb.log" && within i_tp2_zb i_tp2_pp2 0; then
+  ok "(i) on TP 2 + SP x PP 2, zb-h1 keeping FP8 codes for W: 1F1B's losses bit for bit"
+else bad "(i) on TP 2 + SP x PP 2 with zb-h1"; fi
 
 # ---- layouts: TP 2 with sequence parallelism against 1 rank (the amaxes reduced over TP)
 for m in 0 18; do

@@ -279,6 +279,13 @@ compare fp8_saved_blockwise_swiglu 1 1 1 training.precision=bf16 training.fp8_fo
   model.hidden_size=256 model.swiglu=true model.ffn_hidden_size=256 model.normalization=RMSNorm
 compare fp8_saved_tensorwise_selective 2 1 2 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=tensorwise \
   model.swiglu=true model.ffn_hidden_size=128 training.recompute=selective
+# zb-h1's stash in FP8 layers: the output gradients' columnwise FP8 codes and scales B makes for W (with
+# sequence parallelism gathered as codes; blockwise one scale per 128 x 1 block), in 16 bits in the bf16
+# layers (layer 0 here)
+compare fp8_zb_tp2_sp 4 2 2 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=tensorwise \
+  parallel.sequence_parallel=true parallel.pipeline_schedule=zb-h1
+compare fp8_zb_blockwise_first_bf16 2 1 2 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=blockwise \
+  model.hidden_size=256 parallel.pipeline_schedule=zb-h1 training.first_last_layers_bf16=true training.num_layers_at_end_in_bf16=0
 # the precision-aware optimizer's bf16 moments (2 + 2 bytes per owned element)
 compare dp2_distopt_bf16_moments 2 1 1 training.precision=bf16 parallel.distributed_optimizer=true optimizer.store_param_remainders=true \
   optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16

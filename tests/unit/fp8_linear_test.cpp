@@ -265,23 +265,48 @@ TEST(Fp8Linear, BlockwiseScaling) {
       << "the weight gradient read the rowwise blocks";
 }
 
-// A split backward (input gradient, later the weight gradient) adds what one call adds, bit for bit.
+// A split backward (input gradient, later the weight gradient) adds what one call adds, bit for bit, in
+// every recipe: W casting the output gradient again, or reading the codes B stashed for it (dout_stash:
+// W then given no output gradient; B adds the bias gradient). A stash written with another scale, or
+// read with its blocks' scales lost, gives other weight gradients.
 TEST(Fp8Linear, SplitBackwardBitwise) {
-  const int64_t N = 16, I = 32, O = 24;
-  auto ops = make_cpu_ops(1);
-  Fp8LinearOptions o;
-  o.hybrid = true;
-  Fp8State lin_state(*ops, o, Fp8ScratchSizes{N * I, O * I, N * O}, 1);
-  Fp8Linear& lin = *lin_state.gemm(0);
+  const int64_t N = 256, I = 128, O = 256;
   const std::vector<float> x = random(size_t(N * I), 7, 1.0f), w = random(size_t(O * I), 8, 0.1f),
                            dy = random(size_t(N * O), 9, 0.01f);
-  std::vector<float> dx1(size_t(N * I)), dw1(size_t(O * I)), db1(static_cast<size_t>(O)), dx2 = dx1, dw2 = dw1, db2 = db1;
-  lin.backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, I, O, false);
-  lin.backward(dx2.data(), nullptr, nullptr, dy.data(), CBuf{}, w.data(), N, I, O, false);
-  lin.backward(Buf{}, dw2.data(), db2.data(), dy.data(), x.data(), CBuf{}, N, I, O, false);
-  EXPECT_EQ(dx1, dx2);
-  EXPECT_EQ(dw1, dw2);
-  EXPECT_EQ(db1, db2);
+  for (int recipe = 0; recipe < 3; ++recipe) {
+    SCOPED_TRACE(recipe_name(recipe));
+    auto ops = make_cpu_ops(1);
+    const Fp8LinearOptions o = hybrid_recipe(recipe);
+    const int64_t blocks = 2 * N * O / 128;  // the most block scales any layout of a tensor needs
+    Fp8State lin_state(*ops, o, Fp8ScratchSizes{N * I, O * I, N * O, blocks, blocks, blocks}, 1);
+    if (o.delayed) {  // scales of an earlier step
+      std::vector<float> amax = {4.0f, 0.5f, 0.3f};
+      lin_state.update(amax.data());
+      lin_state.begin_step();
+    }
+    Fp8Linear& lin = *lin_state.gemm(0);
+    std::vector<uint8_t> codes(size_t(fp8_saved_code_bytes(N, O)));
+    std::vector<float> scales(size_t(fp8_saved_scale_floats(o.blockwise, N, O)));
+    const Fp8SavedInput stash{codes.data(), scales.data()};
+    std::vector<float> dx[3], dw[3], db[3];  // [whole, split, split through the stash]
+    for (int k = 0; k < 3; ++k) dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f), db[k].assign(size_t(O), 0.0f);
+    lin.backward(dx[0].data(), dw[0].data(), db[0].data(), dy.data(), x.data(), w.data(), N, I, O, false);
+    lin.backward(dx[1].data(), nullptr, nullptr, dy.data(), CBuf{}, w.data(), N, I, O, false);
+    lin.backward(Buf{}, dw[1].data(), db[1].data(), dy.data(), x.data(), CBuf{}, N, I, O, false);
+    lin.backward(dx[2].data(), nullptr, db[2].data(), dy.data(), CBuf{}, w.data(), N, I, O, false, {}, {}, nullptr,
+                 nullptr, stash);
+    lin.backward(Buf{}, dw[2].data(), nullptr, CBuf{}, x.data(), CBuf{}, N, I, O, false, {}, {}, nullptr, nullptr, stash);
+    for (int k = 1; k < 3; ++k) {
+      EXPECT_EQ(dx[0], dx[k]) << k;
+      EXPECT_EQ(dw[0], dw[k]) << k;
+      EXPECT_EQ(db[0], db[k]) << k;
+    }
+    // the stash is what W reads: its scales halved, the weight gradient doubles
+    for (float& v : scales) v *= 0.5f;
+    std::vector<float> half(size_t(O * I), 0.0f);
+    lin.backward(Buf{}, half.data(), nullptr, CBuf{}, x.data(), CBuf{}, N, I, O, false, {}, {}, nullptr, nullptr, stash);
+    for (size_t i = 0; i < half.size(); i += 97) EXPECT_EQ(half[i], 0.5f * dw[0][i]) << i;
+  }
 }
 
 // Kept weight copies (Fp8State given the weights' shapes, as GPTStage): every recipe gives the outputs and
@@ -407,7 +432,8 @@ TEST(Fp8Linear, SavedInputAsCastingAgain) {
 // and saves its shard's; the backward gathers that shard again and transposes it for the weight gradient,
 // and given the output gradient's rows of the rank (a row-parallel GEMM's, the second rank's 40x too)
 // gathers its codes and transposes them. Every output is bit for bit the one of the same GEMM given the
-// gathered 16-bit rows (and casting them again in backward), as GPTStage runs it without the gathers.
+// gathered 16-bit rows (and casting them again in backward), as GPTStage runs it without the gathers;
+// also split (zb-h1), B gathering the output gradient's codes and stashing them for W.
 TEST(Fp8Linear, SequenceParallelGathersCodes) {
   const int64_t N = 48, Nt = N / 2, I = 64, O = 32;
   std::vector<float> x = random(size_t(N * I), 21, 1.0f), dy = random(size_t(N * O), 23, 0.01f);
@@ -452,6 +478,17 @@ TEST(Fp8Linear, SequenceParallelGathersCodes) {
         EXPECT_EQ(y[0], y[1]) << "rank " << r << what;
         EXPECT_EQ(dx[0], dx[1]) << "rank " << r << what;
         EXPECT_EQ(dw[0], dw[1]) << "rank " << r << what;
+        if (!dout_codes) continue;
+        // zb-h1: B gathers the output gradient's codes and stashes their transpose, W reads them
+        std::vector<uint8_t> stash_codes(size_t(N * O));
+        std::vector<float> stash_scale(1), dx2(size_t(N * I), 0.0f), dw2(size_t(O * I), 0.0f);
+        const Fp8SavedInput stash{stash_codes.data(), stash_scale.data()};
+        gathering.gemm(0)->backward(dx2.data(), nullptr, nullptr, dy.data() + r * Nt * O, CBuf{}, wr, N, I, O, false, {},
+                                    {}, nullptr, &sp, stash);
+        gathering.gemm(0)->backward(Buf{}, dw2.data(), nullptr, CBuf{}, save ? CBuf{} : CBuf(x.data()), CBuf{}, N, I, O,
+                                    false, {}, saved, &sp, nullptr, stash);
+        EXPECT_EQ(dx[0], dx2) << "rank " << r << what << ", split";
+        EXPECT_EQ(dw[0], dw2) << "rank " << r << what << ", split";
       }
       if (o.delayed) {  // the shards' amaxes recorded; over the TP group the whole tensors'
         std::vector<float> a(3), b(3);
