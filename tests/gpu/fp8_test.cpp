@@ -6,7 +6,8 @@
 // within a bound derived from the accumulation (see gemm_bound), for tensor scales (E4M3, and E5M2
 // output gradients) and block scales, aligned shapes (cuBLASLt's FP8 on Hopper: it must run there) and
 // odd ones (the fallback), with bias, GELU, an accumulated input gradient and fp32 / bf16 weight
-// gradients, the weight gradient's operands given as codes or as their columnwise copies alone.
+// gradients, the weight gradient's operands given as codes or as their columnwise copies alone. And
+// Fp8Linear's split backward (ZB-H1) through its FP8 stash as one backward, bit for bit.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "core/cuda/fp8_gemm.h"
 #include "core/math.h"
 #include "gpu_test_util.h"
+#include "model/fp8_linear.h"
 
 namespace tpt::gpu_test {
 namespace {
@@ -334,6 +336,43 @@ TEST(GpuFp8, LinearGemmsMatchTheDecodedOperandsProducts) {
                        (bias ? " bias" : "") + (gelu ? " gelu" : "") + " dw " + dtype_name(dw_t));
           check_fp8_linear(c, bias, gelu, !gelu, dw_t);
         }
+}
+
+// ZB-H1's split backward through Fp8Linear on the GPU (docs/FP8.md "ZB-H1"): B (the input gradient, and
+// the bias gradient) writing the output gradient's FP8 codes and scales into a stash -- current and delayed
+// scaling in the cast + transpose's columnwise layout, blockwise in its 128 x 1 cast -- and W reading them
+// for the weight gradient give what one backward gives, bit for bit (the same kernels on the same codes),
+// for each recipe, at an aligned shape (cuBLASLt's FP8 on a GPU with FP8 tensor cores).
+TEST(GpuFp8, SplitBackwardThroughTheStashAsOneCall) {
+  const int64_t N = 256, I = 384, O = 256;
+  auto gpu = gpu_ops();
+  const VecF x = randn(size_t(N * I), 31), w = randn(size_t(O * I), 32, 0.05f), dy = randn(size_t(N * O), 33, 1e-3f);
+  Dev dx_in(*gpu, x, DType::BF16), dw_in(*gpu, w, DType::BF16), ddy(*gpu, dy, DType::BF16);
+  for (int recipe = 0; recipe < 3; ++recipe) {
+    SCOPED_TRACE(recipe == 0 ? "tensorwise" : recipe == 1 ? "delayed" : "blockwise");
+    Fp8LinearOptions o;
+    o.hybrid = true, o.delayed = recipe == 1, o.blockwise = recipe == 2;
+    const int64_t blocks = 2 * N * O / 128;
+    Fp8State st(*gpu, o, Fp8ScratchSizes{N * I, O * I, N * O, blocks, blocks, blocks}, 1);
+    if (o.delayed) {  // scales of an earlier step
+      const float amax[3] = {4.0f, 0.5f, 0.004f};
+      st.update(amax);
+      st.begin_step();
+    }
+    Fp8Linear& lin = *st.gemm(0);
+    const VecF zero_x(size_t(N * I), 0.0f), zero_w(size_t(O * I), 0.0f), zero_b(size_t(O), 0.0f);
+    Dev dx1(*gpu, zero_x, DType::BF16), dx2(*gpu, zero_x, DType::BF16), dw1(*gpu, zero_w), dw2(*gpu, zero_w),
+        db1(*gpu, zero_b), db2(*gpu, zero_b);
+    Bytes codes(*gpu, std::vector<uint8_t>(size_t(fp8_saved_code_bytes(N, O))));
+    Dev scales(*gpu, size_t(fp8_saved_scale_floats(o.blockwise, N, O)));
+    const Fp8SavedInput stash{codes.p(), scales.f32()};
+    lin.backward(dx1, dw1, db1, ddy, dx_in, dw_in, N, I, O, false);
+    lin.backward(dx2, Buf{}, db2, ddy, CBuf{}, dw_in, N, I, O, false, {}, {}, nullptr, nullptr, stash);
+    lin.backward(Buf{}, dw2, Buf{}, CBuf{}, dx_in, CBuf{}, N, I, O, false, {}, {}, nullptr, nullptr, stash);
+    EXPECT_TRUE(bitwise(dx2.host(), dx1.host())) << "input gradient";
+    EXPECT_TRUE(bitwise(dw2.host(), dw1.host())) << "weight gradient";
+    EXPECT_TRUE(bitwise(db2.host(), db1.host())) << "bias gradient";
+  }
 }
 
 // The casts' bandwidth (a benchmark: TPTRAIN_FP8_BENCH=1; scripts/gpu_check.sh runs it with
