@@ -236,30 +236,50 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
   constexpr int kT = Fp8State::kTensors;
   const Fp8LinearOptions& o = state_->o_;
   TPT_CHECK(!save || (o.wgrad && save.scale_inv && save.shard == (sp != nullptr)));
-  TPT_CHECK(!sp || (!o.blockwise && sp->gather && sp->Nt > 0 && sp->Nt <= N));
+  // blockwise: the shards' 128 x 1 blocks of a saved input must not straddle two ranks' tokens
+  TPT_CHECK(!sp || (sp->gather && sp->Nt > 0 && sp->Nt <= N && (!o.blockwise || sp->Nt % B == 0)));
   // current scaling: the shards' amaxes must meet over the TP group (the first reduction), or each rank
   // would cast its shard with a scale of its own
-  TPT_CHECK(!sp || o.delayed || state_->groups_[size_t(index_)][0] != nullptr);
-  const CBuf x[kT] = {inp, w, CBuf{}};
-  const int64_t n[kT] = {(sp ? sp->Nt : N) * I, O * I, 0};
+  TPT_CHECK(!sp || o.delayed || o.blockwise || state_->groups_[size_t(index_)][0] != nullptr);
+  const bool block_sp = o.blockwise && sp;  // the shard's blocks cast below, not in quantize
+  const CBuf x[kT] = {block_sp ? CBuf{} : inp, w, CBuf{}};
+  const int64_t n[kT] = {block_sp ? 0 : (sp ? sp->Nt : N) * I, O * I, 0};
   // blockwise: the input 1 x 128 and the weight 128 x 128 along the reduction over I
   const int64_t cols[kT] = {I, I, 1}, br[kT] = {1, B, 1}, bc[kT] = {B, B, 1};
   // the saved input: current and delayed scaling cast it in both layouts at once (the columnwise
   // codes into save), blockwise scaling again in 128 x 1 blocks below; with sp its shard's rowwise codes
   const bool both = save && !o.blockwise && !sp;
   const int layouts[kT] = {Fp8State::kRow | (both ? Fp8State::kCol : 0), Fp8State::kRow, Fp8State::kRow};
-  // sp: the shard's codes into the saved shard, or in place into its rows of the gathered codes
+  // sp: the shard's codes into the saved shard (current and delayed scaling: the same codes), or in place
+  // into its rows of the gathered codes
   uint8_t* const gathered = state_->codes_[Fp8State::kInp];
-  uint8_t* shard = !sp ? nullptr : save ? save.codes : gathered + int64_t(sp->rank) * sp->Nt * I;
+  uint8_t* shard = !sp ? nullptr : save && !o.blockwise ? save.codes : gathered + int64_t(sp->rank) * sp->Nt * I;
   Fp8Operand q[kT];
   uint8_t* const rows[kT] = {shard, nullptr, nullptr};
   uint8_t* const cols_to[kT] = {both ? save.codes : nullptr, nullptr, nullptr};
   state_->quantize(index_, x, n, q, cols, br, bc, layouts, cols_to, rows);
   Ops& ops = state_->ops_;
-  if (both || (save && sp)) ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
-  else if (save)  // the weight gradient's quantization (Fp8Linear::backward), made here
-    ops.fp8_quantize_blocks(save.codes, inp, N, I, B, 1, state_->type(Fp8State::kInp), o.margin, save.scale_inv, true);
-  if (sp) {  // the TP group's codes, every rank's cast with the same scale
+  const Fp8Type tx = state_->type(Fp8State::kInp);
+  if (block_sp) {  // blockwise: the shard's 1 x 128 blocks (codes and scales) into its rows of the gathered ones
+    float* const si = state_->state_;  // the input's block scales (Fp8State::quantize's first region)
+    const int64_t per_rank = sp->Nt * ((I + B - 1) / B);
+    TPT_CHECK(N * ((I + B - 1) / B) <= state_->block_cap_[Fp8State::kInp]);
+    ops.fp8_quantize_blocks(shard, inp, sp->Nt, I, 1, B, tx, o.margin, si + sp->rank * per_rank, false);
+    sp->gather(reinterpret_cast<uint8_t*>(si), reinterpret_cast<uint8_t*>(si + sp->rank * per_rank), 4 * per_rank);
+    q[Fp8State::kInp] = Fp8Operand{nullptr, tx, si, 1, B, I};
+  }
+  if (both || (save && sp && !o.blockwise)) {
+    ops.copy(save.scale_inv, q[Fp8State::kInp].scale_inv, 1);
+  } else if (save && sp) {  // the shard's 128 x 1 blocks in the rows' layout (Nt, I), to be gathered in backward:
+    // cast transposed (the fast kernel's layout) into the output gradient's scratch, transposed back
+    TPT_CHECK(sp->Nt * I <= state_->cap_[Fp8State::kDout]);
+    uint8_t* const t = state_->codes_[Fp8State::kDout];
+    ops.fp8_quantize_blocks(t, inp, sp->Nt, I, B, 1, tx, o.margin, save.scale_inv, true);
+    ops.fp8_transpose(save.codes, t, I, sp->Nt);
+  } else if (save) {  // the weight gradient's quantization (Fp8Linear::backward), made here
+    ops.fp8_quantize_blocks(save.codes, inp, N, I, B, 1, tx, o.margin, save.scale_inv, true);
+  }
+  if (sp) {  // the TP group's codes, every rank's cast with the same scale (blockwise: its own blocks')
     sp->gather(gathered, shard, sp->Nt * I);
     q[Fp8State::kInp].codes = gathered;
   }
@@ -275,7 +295,7 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
   // ZB-H1: B writes the weight gradient's output-gradient codes into dout_stash, W reads them
   const bool stash_out = dout_stash && dinp, stash_in = dout_stash && !dinp;
   TPT_CHECK(!saved || o.wgrad);
-  TPT_CHECK(!saved.shard || (sp && sp->scratch && !o.blockwise));
+  TPT_CHECK(!saved.shard || (sp && sp->scratch));
   TPT_CHECK(!dout_stash || (o.wgrad && dout_stash.scale_inv && !dout_stash.shard && (stash_out ? !dw : fp8_dw && !dbias)));
   // a gathered output gradient's codes serve both GEMMs: the whole backward, with an FP8 weight gradient
   // (a bf16 one would read the gathered 16-bit tensor), or B keeping them for W; no bias gradient here
@@ -285,14 +305,20 @@ void Fp8Linear::backward(Buf dinp, Buf dw, Buf dbias, CBuf dout, CBuf inp, CBuf 
   const bool cast_inp = fp8_dw && !saved;  // the input's columnwise codes: cast here, or the saved ones
   const Fp8Type tx = state_->type(Fp8State::kInp), ty = state_->type(Fp8State::kDout);
   // the saved input as the weight gradient's operand (after the casts below, which leave the input's
-  // codes scratch unused): a saved shard gathered (rowwise, into sp's scratch) and transposed into it
+  // codes scratch and block scales unused): a saved shard gathered (its rows' layout, into sp's scratch)
+  // and transposed into it, with blockwise scaling its 128 x 1 blocks' scales gathered too
   auto saved_operand = [&] {
     if (saved.shard) {
       uint8_t* col = state_->codes_[Fp8State::kInp];
       TPT_CHECK(N * I <= state_->cap_[Fp8State::kInp]);
       sp->gather(sp->scratch, saved.codes, sp->Nt * I);
       ops.fp8_transpose(col, sp->scratch, N, I);
-      return Fp8Operand{nullptr, tx, saved.scale_inv, 0, 0, 0, col};
+      if (!o.blockwise) return Fp8Operand{nullptr, tx, saved.scale_inv, 0, 0, 0, col};
+      float* const si = state_->state_;
+      const int64_t per_rank = sp->Nt / B * I;
+      TPT_CHECK(sp->Nt % B == 0 && N / B * I <= state_->block_cap_[Fp8State::kInp]);
+      sp->gather(reinterpret_cast<uint8_t*>(si), reinterpret_cast<const uint8_t*>(saved.scale_inv), 4 * per_rank);
+      return Fp8Operand{nullptr, tx, si, B, 1, I, col};
     }
     if (!o.blockwise) return Fp8Operand{nullptr, tx, saved.scale_inv, 0, 0, 0, saved.codes};
     return Fp8Operand{nullptr, tx, saved.scale_inv, B, 1, I, saved.codes};

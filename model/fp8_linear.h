@@ -85,9 +85,9 @@ struct Fp8Weight {
 // columnwise codes (I, N) -- the input's codes transposed, the weight gradient's layout -- and their
 // scale_inv: one float, or with blockwise scaling one per 128 x 1 block, as the backward's own cast of
 // the same values with the same scale would make them (so the losses are those without it, bit for bit).
-// shard (sequence parallelism, with Fp8TokenGather): this rank's Nt rows' rowwise codes (Nt, I), which
-// the backward gathers over the TP group and transposes (as Transformer Engine saves the local FP8 shard
-// and all-gathers it again).
+// shard (sequence parallelism, with Fp8TokenGather): this rank's Nt rows' codes in the rows' layout (Nt, I)
+// -- rowwise, or with blockwise scaling its 128 x 1 blocks and their scales -- which the backward gathers
+// over the TP group and transposes (as Transformer Engine saves the local FP8 shard and all-gathers it again).
 struct Fp8SavedInput {
   uint8_t* codes = nullptr;
   float* scale_inv = nullptr;
@@ -95,11 +95,13 @@ struct Fp8SavedInput {
   explicit operator bool() const { return codes != nullptr; }
 };
 
-// Sequence parallelism's all-gather of an FP8 GEMM's input as codes (current and delayed scaling;
-// Transformer Engine's FP8 all-gather): the forward is given this rank's Nt of the N rows, casts them with
-// the scale of the whole tensor (current scaling: their amax reduced over the TP group as before; delayed:
-// the step's) and gathers the codes -- a byte per element on the wire instead of two, and the codes a cast
-// of the gathered 16-bit tensor makes, so the results are bit for bit those of gathering in bf16.
+// Sequence parallelism's all-gather of an FP8 GEMM's input as codes (Transformer Engine's FP8 all-gather):
+// the forward is given this rank's Nt of the N rows, casts them with the scale of the whole tensor
+// (current scaling: their amax reduced over the TP group as before; delayed: the step's; blockwise: each
+// row's own 1 x 128 blocks, whose scales are gathered too) and gathers the codes -- a byte per element on
+// the wire instead of two, and the codes a cast of the gathered 16-bit tensor makes, so the results are
+// bit for bit those of gathering in bf16 (blockwise: with Nt a multiple of 128, so that a saved shard's
+// 128 x 1 blocks are the gathered tensor's).
 // gather(full, shard, n): the TP group's shards of n bytes, in rank order, into full (shard may be
 // full + rank * n); scratch: N x I bytes the backward gathers a saved shard into (the stage's tmp_).
 struct Fp8TokenGather {
@@ -120,7 +122,7 @@ inline int64_t fp8_saved_scale_floats(bool blockwise, int64_t N, int64_t I) {
 // the forward's rowwise ones (blockwise: a second cast, 128 x 1); saved (backward): those, read for the
 // weight gradient instead of casting inp again (inp then unread: may be empty).
 // sp (forward): inp is this rank's (sp->Nt, I) rows, gathered as codes (Fp8TokenGather; save then gets the
-// shard's rowwise codes); (backward) the gather of a saved shard. dout_sp (backward, current and delayed
+// shard's codes: its rowwise ones, blockwise its 128 x 1 cast); (backward) the gather of a saved shard. dout_sp (backward, current and delayed
 // scaling with FP8 weight gradients, a whole backward or B with dout_stash): dout is this rank's (Nt, O)
 // rows of a row-parallel GEMM's output gradient, gathered as codes (Transformer Engine's FP8 all-gather of
 // grad_output), its columnwise codes the gathered rowwise ones transposed; the bias gradient is the

@@ -232,7 +232,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   // sequence parallelism: the FP8 layers' QKV and fc1 inputs gathered over TP as codes (into the
   // input's codes scratch in forward, a saved shard into tmp_ in backward)
   for (int64_t l = d.layer_begin; l < d.layer_end; ++l)
-    TPT_CHECK(!d.fp8_gathers_codes(l) || (fp8_slot(l, 0) != nullptr && !opt_.fp8_options.blockwise));
+    TPT_CHECK(!d.fp8_gathers_codes(l) || (fp8_slot(l, 0) != nullptr && (!d.fp8_blockwise || Nt % kFp8Block == 0)));
   fp8_gather_.gather = [this](uint8_t* full, const uint8_t* shard, int64_t n) {
     gather_from_sequence_parallel_region_codes(tp_, full, shard, n);
   };
@@ -336,9 +336,9 @@ MoETPMappings GPTStage::moe_mappings(int64_t layer) {
   m.gather_tokens = [this](CBuf x) { return gather_tokens(x, tmp_); };
   m.row_parallel_output = [this](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
   // sequence parallelism in an FP8 layer: the shared expert's fc1 input gathered as codes, and with FP8
-  // weight gradients fc2's output gradient (the MoE MLP's backward is whole, also in a split one's B)
+  // weight gradients (not blockwise) fc2's output gradient (the MoE MLP's backward is whole, also in B)
   m.fp8_gather = fp8_gather(layer);
-  m.dout_codes = m.fp8_gather && opt_.fp8_options.wgrad;
+  m.dout_codes = m.fp8_gather && opt_.fp8_options.wgrad && !d_.fp8_blockwise;
   m.row_parallel_output_grad = [this, codes = m.dout_codes](CBuf dy, Buf dbias) {
     const RowGrad r = row_parallel_output_grad(dy, codes ? Buf{} : tmp_, dbias);
     return std::pair<CBuf, Buf>{r.dout, r.dbias};
@@ -538,10 +538,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   // a split backward's stash of GEMM p's output gradient: 16-bit, or FP8 codes B's cast writes
   auto stash16 = [&](DensePart p) { return split ? stash->dy[p] : Buf{}; };
   auto stash8 = [&](DensePart p) { return split ? stash->dy_q[p] : Fp8SavedInput{}; };
-  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes (sequence parallelism, FP8 weight
-  // gradients; GPTDims::fp8_gathers_codes): its Fp8TokenGather, else null
+  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes (sequence parallelism, current and
+  // delayed scaling, FP8 weight gradients; GPTDims::fp8_gathers_codes): its Fp8TokenGather, else null
   auto dout_gather = [&](DensePart p) {
-    const bool codes = (p == kProj || p == kFc2) && opt_.fp8_options.wgrad && fp8_for(layer, p);
+    const bool codes = (p == kProj || p == kFc2) && opt_.fp8_options.wgrad && !d.fp8_blockwise && fp8_for(layer, p);
     return codes ? fp8_gather(layer) : nullptr;
   };
   // d of a row-parallel GEMM's output (N, C) for its backward: with sequence parallelism all-gathered

@@ -65,9 +65,13 @@ struct GPTDims {
   int64_t fp8_begin = 0, fp8_end = 0;
   bool fp8_wgrad = false, fp8_blockwise = false;
   bool fp8_layer(int64_t l) const { return l >= fp8_begin && l < fp8_end; }
-  // Sequence parallelism with current or delayed scaling: an FP8 layer gathers the inputs of QKV and
-  // fc1 (ln1's and a dense layer's ln2's outputs) over TP as FP8 codes (Fp8TokenGather), not in 16 bits.
-  bool fp8_gathers_codes(int64_t l) const { return sequence_parallel && !fp8_blockwise && fp8_layer(l); }
+  // Sequence parallelism: an FP8 layer gathers the inputs of QKV and fc1 (ln1's and a dense layer's
+  // ln2's outputs) over TP as FP8 codes (Fp8TokenGather), not in 16 bits; with blockwise scaling (codes
+  // and block scales) where a rank's tokens of every micro-batch are whole 128-token blocks (S / TP a
+  // multiple of kFp8Block), so no block of a saved shard's 128 x 1 quantization straddles two ranks.
+  bool fp8_gathers_codes(int64_t l) const {
+    return sequence_parallel && fp8_layer(l) && (!fp8_blockwise || (S / tp) % kFp8Block == 0);
+  }
   // ZB-H1 (a split backward): an FP8 layer with FP8 weight gradients stashes its linear layers' output
   // gradients for W as the FP8 codes B makes (Fp8Linear::backward's dout_stash), not in 16 bits.
   bool fp8_stashes_codes(int64_t l) const { return fp8_wgrad && fp8_layer(l); }

@@ -107,9 +107,9 @@ struct MoETPMappings {
   // FP8 layers (model/fp8_linear.h): the GEMM of a slot of the layer (model/gpt.h fp8_gemms_per_layer:
   // 2, 3 the shared expert's fc1, fc2; 4 + e, 4 + E + e global expert e's); empty: bf16
   std::function<Fp8Linear*(int64_t slot)> fp8;
-  // sequence parallelism with current or delayed scaling (GPTDims::fp8_gathers_codes): the shared expert's
-  // fc1 input gathered as FP8 codes in its GEMM (gather_tokens not called for it); with dout_codes also
-  // fc2's output gradient (FP8 weight gradients; row_parallel_output_grad then leaves it this rank's)
+  // sequence parallelism (GPTDims::fp8_gathers_codes): the shared expert's fc1 input gathered as FP8 codes
+  // in its GEMM (gather_tokens not called for it); with dout_codes also fc2's output gradient (current and
+  // delayed scaling, FP8 weight gradients; row_parallel_output_grad then leaves it this rank's)
   const Fp8TokenGather* fp8_gather = nullptr;
   bool dout_codes = false;
 };

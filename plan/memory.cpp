@@ -482,9 +482,9 @@ StageWork stage_work(const Config& c, int s) {
     if (k.tp > 1) {
       // per layer: forward one all-reduce after each row-parallel layer, backward one of each
       // column-parallel layer's input gradient; an all-gather of FP8 codes (sequence parallelism) half
-      // an all-reduce of a byte per element
+      // an all-reduce of a byte per element (blockwise: and the blocks' scales)
       const double act = k.N * k.C * cb, rows = k.row_parallel_layers();
-      const double fwd_layers = rows * act - k.fp8_code_gathers() * k.N * k.C * (cb - 1) / 2;
+      const double fwd_layers = rows * act - k.fp8_code_gathers() * k.N * k.C * (cb - k.fp8_gather_bytes) / 2;
       w.fwd_tp_bytes += fwd_layers + (k.first ? act : 0) + (k.last ? 3 * k.N * 4 : 0);
       w.bwd_tp_bytes += k.column_parallel_layers() * act - k.fp8_dout_code_gathers() * k.N * k.C * (cb - 1) / 2 +
                         (k.last ? act : 0) + (r == Recompute::Full ? fwd_layers : 0);

@@ -97,8 +97,10 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   if (c.training.fp8_format != Fp8Format::None) {
     const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
     // the output gradients gathered as codes (FP8 weight gradients): in GPTStage::block_backward's
-    // dout_gather (a whole backward, or zb-h1's B stashing the codes for W), and the shared expert's
-    const bool wgrad = c.training.fp8_wgrad;
+    // dout_gather (a whole backward, or zb-h1's B stashing the codes for W), and the shared expert's; not
+    // with blockwise scaling, whose gathers carry the 1 x 128 blocks' scales too
+    const bool wgrad = c.training.fp8_wgrad, blockwise = c.training.fp8_recipe == Fp8Recipe::Blockwise;
+    w.fp8_gather_bytes = blockwise ? 1.0 + 4.0 / double(kFp8Block) : 1.0;
     auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q,
                     bool gathers) {
       std::vector<const LinearSpec*> specs = spec.linears();
@@ -106,8 +108,8 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
         const std::string& name = specs[i]->name;
         linears[i].fp8_gathered =
             gathers && (name == "attn.qkv" || name == "mlp.fc1" || name == "mlp.shared_experts.fc1");
-        linears[i].fp8_dout_gathered =
-            gathers && wgrad && (name == "attn.proj" || name == "mlp.fc2" || name == "mlp.shared_experts.fc2");
+        linears[i].fp8_dout_gathered = gathers && wgrad && !blockwise &&
+                                       (name == "attn.proj" || name == "mlp.fc2" || name == "mlp.shared_experts.fc2");
         linears[i].fp8_saved = (specs[i]->name == "attn.qkv" && q.ln1) || (specs[i]->name == "mlp.fc1" && q.ln2) ||
                                (specs[i]->name == "mlp.fc2" && q.act);
       }

@@ -32,6 +32,7 @@ struct ChunkWork {
     bool fp8_dout_gathered = false;
   };
   std::vector<Linear> linears;
+  double fp8_gather_bytes = 1.0;  // per element of an FP8 code gather: a byte (blockwise + 4 / 128: the scales)
   // per MoE layer: its layer spec's linear layers (attn.qkv, attn.proj on all N tokens; mlp.router,
   // Replicated, on this rank's Nt) and its experts' GEMMs: `rows` rows (its Nt tokens' k choices,
   // the balanced load), over `local` experts of this rank, each (rows, C) . (C, fc1_width) and

@@ -198,7 +198,8 @@ class Model {
   // fp8_wgrad false; a weight once per step, with the transpose of its codes (a byte read, a byte
   // written). An input gathered as codes with sequence parallelism (ChunkWork::Linear::fp8_gathered) is
   // cast on this rank's tokens, rowwise (input); saved, its codes gathered again in backward are
-  // transposed (a byte read, a byte written); an output gradient gathered so (fp8_dout_gathered) is cast
+  // transposed (a byte read, a byte written), blockwise's shard cast a second time (128 x 1) and those
+  // codes transposed in forward; an output gradient gathered so (fp8_dout_gathered) is cast
   // on this rank's tokens rowwise (input's bytes) and its gathered codes transposed.
   struct Fp8Casts {
     double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0;
@@ -303,6 +304,7 @@ class Model {
       // inputs cast in forward and again in backward, saved (both layouts in forward), saved shards'
       // transposes in backward; weights, output gradients
       double xf = 0, xa = 0, xs = 0, xt = 0, wb = 0, yb = 0, ys = 0, yt = 0;  // ys, yt: gathered output gradients
+      double xb = 0;  // blockwise's saved shards: their second (128 x 1) cast, its codes transposed back
       int saved = 0, shards = 0, douts = 0;
       for (const ChunkWork::Linear& l : k.linears) {
         f8f += gemm_fp8(N, l.out, l.in);
@@ -312,6 +314,7 @@ class Model {
         if (l.fp8_saved && l.fp8_gathered) xf += rows * l.in, xt += N * l.in, ++shards;
         else if (l.fp8_saved) xs += N * l.in;
         else xf += rows * l.in, xa += N * l.in;
+        if (l.fp8_saved && l.fp8_gathered && t.fp8_recipe == Fp8Recipe::Blockwise) xb += rows * l.in;
         if (l.fp8_dout_gathered) ys += Nt * l.out, yt += N * l.out, ++douts;
         else yb += N * l.out;
         wb += l.in * l.out;
@@ -319,7 +322,8 @@ class Model {
       }
       // the casts' kernels: one per GEMM and pass, blockwise a second for each saved input in forward
       const int n = int(k.linears.size()), blockwise = t.fp8_recipe == Fp8Recipe::Blockwise ? saved : 0;
-      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + wb * cast.weight / M, n + blockwise);
+      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + xb * (cast.input + 2.0) + wb * cast.weight / M,
+                          n + blockwise + (xb > 0 ? shards : 0));
       f8b += memory_bound(yb * cast.output_grad + ys * cast.input + yt * 2.0, n + douts);
       if ((cast.input_again > 0 && xa > 0) || xt > 0)
         f8w += memory_bound(xa * cast.input_again + xt * 2.0, (cast.input_again > 0 ? n - saved : 0) + shards);
@@ -327,7 +331,7 @@ class Model {
     // an MoE layer's GEMMs: bf16 (mg*) and in an FP8 layer (m8*: all but the router's, which is the
     // replicated one on the rank's Nt tokens, with their inputs' casts as a dense FP8 layer's)
     double mgf = 0, mgb = 0, mgw = 0, m8f = 0, m8b = 0, m8w = 0, m8x = 0, m8xa = 0, m8xs = 0, m8xt = 0, m8y = 0, m8ys = 0,
-           m8yt = 0, m8wt = 0;
+           m8yt = 0, m8wt = 0, m8xb = 0;  // m8xb: blockwise's saved shards, as xb above
     const bool wgrad8 = c_.training.fp8_wgrad;
     for (const ChunkWork::Linear& l : k.moe.linears) {
       const bool router = l.split == LinearSplit::Replicated;
@@ -342,6 +346,7 @@ class Model {
       if (l.fp8_saved && l.fp8_gathered) m8x += Nt * l.in, m8xt += rows * l.in;
       else if (l.fp8_saved) m8xs += rows * l.in;
       else m8x += (l.fp8_gathered ? Nt : rows) * l.in, m8xa += rows * l.in;
+      if (l.fp8_saved && l.fp8_gathered && c_.training.fp8_recipe == Fp8Recipe::Blockwise) m8xb += Nt * l.in;
       if (l.fp8_dout_gathered) m8ys += Nt * l.out, m8yt += rows * l.out;
       else m8y += rows * l.out;
       m8wt += l.in * l.out;
@@ -358,7 +363,7 @@ class Model {
       m8x += rows * (C + Fe), m8xa += rows * (C + Fe), m8y += rows * (F1 + C), m8wt += El * (C * F1 + Fe * C);
     }
     if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
-      m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8wt * cast.weight / M, 4);
+      m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8xb * (cast.input + 2.0) + m8wt * cast.weight / M, 4);
       m8b += memory_bound(m8y * cast.output_grad + m8ys * cast.input + m8yt * 2.0, 4);
       if (cast.input_again > 0 || m8xt > 0) m8w += memory_bound(m8xa * cast.input_again + m8xt * 2.0, 4);
     }
@@ -381,7 +386,7 @@ class Model {
     const double tpc = collective(N * C * cb_, k.tp, 1, 2.0);  // one all-reduce (or all-gather + reduce-scatter)
     // with sequence parallelism, what the all-gathers of FP8 codes (a byte per element) save against the
     // compute dtype's (ChunkWork::fp8_code_gathers, fp8_dout_code_gathers)
-    const double code_gather = collective(N * C * cb_, k.tp, 1, 1.0) - collective(N * C, k.tp, 1, 1.0);
+    const double code_gather = collective(N * C * cb_, k.tp, 1, 1.0) - collective(N * C * k.fp8_gather_bytes, k.tp, 1, 1.0);
     const double code_gathers = k.fp8_code_gathers() * code_gather;
     // the CP ring (CP peers are TP apart; parallel/context_parallel.cpp): CP - 1 steps passing a K/V
     // block, each started before the step's attention and waited for after it, so exposed only where

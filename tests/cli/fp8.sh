@@ -253,6 +253,16 @@ else bad "(j) Llama hybrid blockwise, FP8 weight gradients"; fi
 # losses within 4e-3 (measured 3.9e-4)
 tpt h_tp2 2 "${HL[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
 if within h_tp2 h_tpt 4e-3; then ok "(h) Llama e4m3 blockwise on TP 2 + SP: 1 rank's losses (4e-3)"; else bad "(h) Llama blockwise on TP 2"; fi
+# (j) on TP 2 + SP at sequence 256 (micro-batch 1): a rank's 128 tokens are whole 128-token blocks, so
+# the layers gather QKV's and fc1's inputs as FP8 codes with their 1 x 128 blocks' scales and keep the
+# norms' shards' 128 x 1 codes (docs/FP8.md "Sequence parallelism"; the same bits as gathering in bf16,
+# by hand): 1 rank's losses within 4e-3
+J256=("${JL[@]}" --set model.seq_length=256 --set training.micro_batch_size=1 --set training.global_batch_size=4)
+tpt j256 1 "${J256[@]}"
+tpt j256_tp2 2 "${J256[@]}" --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true
+if grep -q "gathers the inputs of QKV and fc1 as FP8 codes (blockwise: with their blocks' scales" "$W/j256_tp2.log" &&
+   within j256_tp2 j256 4e-3; then ok "(j) Llama hybrid blockwise on TP 2 + SP, gathering FP8 codes: 1 rank's losses (4e-3)"
+else bad "(j) Llama blockwise on TP 2 + SP, gathering FP8 codes"; fi
 # layouts against 1 rank: no amax leaves a rank, and the blocks are the same wherever a GEMM's inputs
 # are whole: PP 2 within 1e-5 (measured 1.5e-7 at step 8, 0 elsewhere: the gradient norm summed per
 # stage differs from one rank's in the last bits, ~1e-10, and with clipping active a master weight's

@@ -272,6 +272,11 @@ compare fp8_delayed_vp2 2 1 2 training.precision=bf16 training.fp8_format=hybrid
 # multiple of 128)
 compare fp8_blockwise_tp2_sp 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=blockwise \
   parallel.sequence_parallel=true model.hidden_size=256
+# ... at sequence 256 (a rank's 128 tokens whole 128-token blocks): the norms' shards kept as 128 x 1 codes
+# and their scales (docs/FP8.md "Sequence parallelism")
+compare fp8_blockwise_tp2_sp_codes 2 2 1 training.precision=bf16 training.fp8_format=hybrid training.fp8_recipe=blockwise \
+  parallel.sequence_parallel=true model.hidden_size=256 model.seq_length=256 training.micro_batch_size=1 \
+  training.global_batch_size=4
 # FP8 layers saving their GEMM inputs' codes (docs/FP8.md "Saved inputs"): ln_1's, ln_2's and SwiGLU's
 # outputs as FP8 codes with their scales (blockwise: one per 128 x 1 block) in place of the bf16
 # tensors, which take one shared scratch; with selective recompute (its shared attention core too)

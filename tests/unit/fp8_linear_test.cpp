@@ -426,27 +426,31 @@ TEST(Fp8Linear, SavedInputAsCastingAgain) {
   }
 }
 
-// Sequence parallelism's gathers as FP8 codes (Fp8TokenGather; current and delayed scaling): on 2 thread
-// ranks, each with its half of a weight, the forward given the rank's half of the rows (the second rank's
-// 40x the first's, so a shard scaled by its own amax would give other codes) casts them, gathers the codes
-// and saves its shard's; the backward gathers that shard again and transposes it for the weight gradient,
-// and given the output gradient's rows of the rank (a row-parallel GEMM's, the second rank's 40x too)
-// gathers its codes and transposes them. Every output is bit for bit the one of the same GEMM given the
-// gathered 16-bit rows (and casting them again in backward), as GPTStage runs it without the gathers;
-// also split (zb-h1), B gathering the output gradient's codes and stashing them for W.
+// Sequence parallelism's gathers as FP8 codes (Fp8TokenGather): on 2 thread ranks, each with its half of
+// a weight, the forward given the rank's half of the rows (the second rank's 40x the first's, so a shard
+// scaled by its own amax would give other codes) casts them, gathers the codes and saves its shard's; the
+// backward gathers that shard again and transposes it for the weight gradient, and given the output
+// gradient's rows of the rank (a row-parallel GEMM's, the second rank's 40x too) gathers its codes and
+// transposes them. Every output is bit for bit the one of the same GEMM given the gathered 16-bit rows
+// (and casting them again in backward), as GPTStage runs it without the gathers; also split (zb-h1), B
+// gathering the output gradient's codes and stashing them for W. Blockwise scaling (the rows' 1 x 128
+// blocks and their scales gathered; a saved shard's 128 x 1 blocks, a rank's 128 tokens) gathers the
+// inputs alone.
 TEST(Fp8Linear, SequenceParallelGathersCodes) {
-  const int64_t N = 48, Nt = N / 2, I = 64, O = 32;
-  std::vector<float> x = random(size_t(N * I), 21, 1.0f), dy = random(size_t(N * O), 23, 0.01f);
-  for (size_t i = size_t(Nt * I); i < x.size(); ++i) x[i] *= 40.0f;
-  for (size_t i = size_t(Nt * O); i < dy.size(); ++i) dy[i] *= 40.0f;
-  const std::vector<float> w = random(size_t(2 * O * I), 22, 0.1f);
-  for (int recipe = 0; recipe < 2; ++recipe) {
+  for (int recipe = 0; recipe < 3; ++recipe) {
     SCOPED_TRACE(recipe_name(recipe));
+    const bool blockwise = recipe == 2;
+    const int64_t N = blockwise ? 256 : 48, Nt = N / 2, I = blockwise ? 256 : 64, O = blockwise ? 128 : 32;
+    std::vector<float> x = random(size_t(N * I), 21, 1.0f), dy = random(size_t(N * O), 23, 0.01f);
+    for (size_t i = size_t(Nt * I); i < x.size(); ++i) x[i] *= 40.0f;
+    for (size_t i = size_t(Nt * O); i < dy.size(); ++i) dy[i] *= 40.0f;
+    const std::vector<float> w = random(size_t(2 * O * I), 22, 0.1f);
     run_thread_ranks(2, 1, 1, false, [&](Grid& g) {
       auto ops = make_cpu_ops(1);
       Fp8LinearOptions o = hybrid_recipe(recipe);
       o.amax_groups[0] = g.tp_group.get();
-      const Fp8ScratchSizes f{N * I, O * I, N * O};
+      const int64_t blocks = 2 * N * std::max(I, O) / kFp8Block;
+      const Fp8ScratchSizes f{N * I, O * I, N * O, blocks, blocks, blocks};
       Fp8State plain(*ops, o, f, 1), gathering(*ops, o, f, 1);
       if (o.delayed) {  // scales of an earlier step
         std::vector<float> amax = {224.0f, 0.5f, 229376.0f};
@@ -456,7 +460,7 @@ TEST(Fp8Linear, SequenceParallelGathersCodes) {
       const int r = g.tp_rank;
       const float* wr = w.data() + r * O * I;  // this rank's rows of the weight
       std::vector<uint8_t> scratch(size_t(N * I)), shard(size_t(Nt * I));
-      std::vector<float> shard_scale(1);
+      std::vector<float> shard_scale(size_t(fp8_saved_scale_floats(blockwise, Nt, I)));
       Fp8TokenGather sp;
       sp.gather = [&](uint8_t* full, const uint8_t* in, int64_t n) { g.tp_group->all_gather(full, in, n, DType::U8); };
       sp.Nt = Nt, sp.rank = r, sp.scratch = scratch.data();
@@ -464,6 +468,7 @@ TEST(Fp8Linear, SequenceParallelGathersCodes) {
       // backward given the gathered 16-bit rows); the output gradient gathered as codes, or given whole
       for (const bool save : {true, false})
       for (const bool dout_codes : {false, true}) {
+        if (dout_codes && blockwise) continue;
         const Fp8SavedInput saved = save ? Fp8SavedInput{shard.data(), shard_scale.data(), true} : Fp8SavedInput{};
         std::vector<float> y[2], dx[2], dw[2];  // [plain, gathering]
         for (int k = 0; k < 2; ++k)
