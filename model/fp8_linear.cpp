@@ -247,7 +247,8 @@ void Fp8Linear::forward(Buf out, CBuf inp, CBuf w, CBuf bias, int64_t N, int64_t
   // blockwise: the input 1 x 128 and the weight 128 x 128 along the reduction over I
   const int64_t cols[kT] = {I, I, 1}, br[kT] = {1, B, 1}, bc[kT] = {B, B, 1};
   // the saved input: current and delayed scaling cast it in both layouts at once (the columnwise
-  // codes into save), blockwise scaling again in 128 x 1 blocks below; with sp its shard's rowwise codes
+  // codes into save), blockwise scaling again in 128 x 1 blocks below; with sp its shard's codes in the
+  // rows' layout (current and delayed: the rowwise ones)
   const bool both = save && !o.blockwise && !sp;
   const int layouts[kT] = {Fp8State::kRow | (both ? Fp8State::kCol : 0), Fp8State::kRow, Fp8State::kRow};
   // sp: the shard's codes into the saved shard (current and delayed scaling: the same codes), or in place

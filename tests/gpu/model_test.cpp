@@ -220,6 +220,28 @@ TEST(GpuModel, LlamaFp8TrainingMatchesTheCpuEmulation) {
   }
 }
 
+// ZB-H1's split backward in FP8 on the GPU (docs/FP8.md "ZB-H1"): B keeping each linear layer's output
+// gradient as the FP8 codes of its own cast (and adding the bias gradients), W reading them, trains the
+// LLaMA shape as the whole backward does, bit for bit (the same kernels on the same values: the
+// deterministic cuDNN backward), in current and blockwise scaling.
+TEST(GpuModel, LlamaFp8SplitBackwardAsTheWholeOne) {
+  Config cfg = tiny_llama_config();
+  cfg.model.seq_length = 32;
+  cfg.training.micro_batch_size = 2;
+  for (const bool blockwise : {false, true}) {
+    SCOPED_TRACE(blockwise ? "blockwise e4m3" : "tensorwise hybrid");
+    Fp8LinearOptions o;
+    o.blockwise = blockwise;
+    o.hybrid = !blockwise;
+    auto gpu = gpu_ops();
+    const Trained whole = train(*gpu, *dev, DType::BF16, 3, 2, cfg, {}, &o);
+    const Trained split = train(*gpu, *dev, DType::BF16, 3, 2, cfg, {}, &o, true);
+    EXPECT_TRUE(bitwise(split.first_grads, whole.first_grads)) << "step 1's gradients";
+    EXPECT_TRUE(bitwise(split.params, whole.params)) << "the parameters after 3 steps";
+    for (size_t k = 0; k < whole.losses.size(); ++k) EXPECT_EQ(split.losses[k], whole.losses[k]) << "step " << k + 1;
+  }
+}
+
 // fp16 storage (no loss scaling here: the tiny model's gradients stay in fp16's range).
 TEST(GpuModel, Fp16TrainingWithinTheMixedPrecisionTolerance) {
   auto cpu = cpu_ops();

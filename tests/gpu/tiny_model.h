@@ -77,8 +77,10 @@ struct DataParallel {
 // delayed scaling's per-step update is the trainer's).
 // The config says FP8 too (make_dims: the layers save their inputs' FP8 codes for the weight gradients,
 // docs/FP8.md "Saved inputs").
+// split: each backward as ZB-H1's B then W (StageOptions::split_backward; in FP8 layers the output
+// gradients stashed as FP8 codes, docs/FP8.md "ZB-H1").
 inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, const Config& config = tiny_config(),
-                     DataParallel dp = {}, const Fp8LinearOptions* fp8 = nullptr) {
+                     DataParallel dp = {}, const Fp8LinearOptions* fp8 = nullptr, bool split = false) {
   Config cfg = config;
   if (fp8) {
     cfg.training.fp8_format = fp8->hybrid ? Fp8Format::Hybrid : Fp8Format::E4M3;
@@ -96,6 +98,7 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
   if (copy) ops.convert(compute, params.buf(), layout.total);
   const int64_t B = cfg.training.micro_batch_size, S = d.S, N = B * S;
   StageOptions so{dtype, cfg.training.recompute};
+  so.split_backward = split;
   if (fp8) {
     TPT_CHECK(!fp8->delayed);
     so.fp8 = true;
@@ -126,7 +129,12 @@ inline Trained train(Ops& ops, Comm& tp, DType dtype, int steps, int micro, cons
       sum += stage.loss(0, dev_targets.ints(), 1.0f / float(N * (micro / dp_size)), true);
       std::function<void(int64_t)> layer_done;
       if (m + dp_size >= micro) layer_done = [&](int64_t l) { sync.layer_done(int(l - d.layer_begin)); };
-      stage.backward(0, CBuf{}, layer_done);
+      if (!split) {
+        stage.backward(0, CBuf{}, layer_done);
+        continue;
+      }
+      stage.backward(0, CBuf{}, {}, GPTStage::BackwardPart::Input);
+      stage.backward_weight(0, layer_done);
     }
     sync.finish();
     if (dp.host) dp.host->all_reduce(&sum, 1, ReduceOp::Sum);
