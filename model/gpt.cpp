@@ -335,10 +335,10 @@ MoETPMappings GPTStage::moe_mappings(int64_t layer) {
   m.bias_in_gemm = row_bias_in_gemm();
   m.gather_tokens = [this](CBuf x) { return gather_tokens(x, tmp_); };
   m.row_parallel_output = [this](Buf partial, CBuf bias) { return row_parallel_output(partial, dln_, bias); };
-  // sequence parallelism in an FP8 layer: the shared expert's fc1 input gathered as codes, and with FP8
-  // weight gradients (not blockwise) fc2's output gradient (the MoE MLP's backward is whole, also in B)
+  // sequence parallelism in an FP8 layer: the shared expert's fc1 input gathered as codes, and its fc2's
+  // output gradient (GPTDims::fp8_gathers_dout_codes; the MoE MLP's backward is whole, also in B)
   m.fp8_gather = fp8_gather(layer);
-  m.dout_codes = m.fp8_gather && opt_.fp8_options.wgrad && !d_.fp8_blockwise;
+  m.dout_codes = d_.fp8_gathers_dout_codes(layer);
   m.row_parallel_output_grad = [this, codes = m.dout_codes](CBuf dy, Buf dbias) {
     const RowGrad r = row_parallel_output_grad(dy, codes ? Buf{} : tmp_, dbias);
     return std::pair<CBuf, Buf>{r.dout, r.dbias};
@@ -538,11 +538,10 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   // a split backward's stash of GEMM p's output gradient: 16-bit, or FP8 codes B's cast writes
   auto stash16 = [&](DensePart p) { return split ? stash->dy[p] : Buf{}; };
   auto stash8 = [&](DensePart p) { return split ? stash->dy_q[p] : Fp8SavedInput{}; };
-  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes (sequence parallelism, current and
-  // delayed scaling, FP8 weight gradients; GPTDims::fp8_gathers_codes): its Fp8TokenGather, else null
+  // a row-parallel FP8 GEMM's output gradient gathered as FP8 codes (GPTDims::fp8_gathers_dout_codes):
+  // its Fp8TokenGather, else null
   auto dout_gather = [&](DensePart p) {
-    const bool codes = (p == kProj || p == kFc2) && opt_.fp8_options.wgrad && !d.fp8_blockwise && fp8_for(layer, p);
-    return codes ? fp8_gather(layer) : nullptr;
+    return (p == kProj || p == kFc2) && d.fp8_gathers_dout_codes(layer) ? fp8_gather(layer) : nullptr;
   };
   // d of a row-parallel GEMM's output (N, C) for its backward: with sequence parallelism all-gathered
   // (into tmp_, or a 16-bit stash), or left as this rank's tokens where its FP8 GEMM gathers the codes;

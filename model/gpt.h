@@ -72,6 +72,10 @@ struct GPTDims {
   bool fp8_gathers_codes(int64_t l) const {
     return sequence_parallel && fp8_layer(l) && (!fp8_blockwise || (S / tp) % kFp8Block == 0);
   }
+  // ... and with FP8 weight gradients and current or delayed scaling the output gradients of the
+  // row-parallel GEMMs (the projection's, fc2's, a shared expert's fc2's), in backward and zb-h1's B
+  // (blockwise scaling's two casts of them would need both layouts gathered: no fewer bytes than bf16)
+  bool fp8_gathers_dout_codes(int64_t l) const { return fp8_gathers_codes(l) && fp8_wgrad && !fp8_blockwise; }
   // ZB-H1 (a split backward): an FP8 layer with FP8 weight gradients stashes its linear layers' output
   // gradients for W as the FP8 codes B makes (Fp8Linear::backward's dout_stash), not in 16 bits.
   bool fp8_stashes_codes(int64_t l) const { return fp8_wgrad && fp8_layer(l); }

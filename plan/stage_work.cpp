@@ -96,20 +96,19 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
   // GPTStage's FP8 layers, dense and MoE, and which of their GEMMs' inputs they save as FP8 codes
   if (c.training.fp8_format != Fp8Format::None) {
     const auto [begin, end] = c.training.fp8_layer_range(c.model.num_layers);
-    // the output gradients gathered as codes (FP8 weight gradients): in GPTStage::block_backward's
-    // dout_gather (a whole backward, or zb-h1's B stashing the codes for W), and the shared expert's; not
-    // with blockwise scaling, whose gathers carry the 1 x 128 blocks' scales too
-    const bool wgrad = c.training.fp8_wgrad, blockwise = c.training.fp8_recipe == Fp8Recipe::Blockwise;
-    w.fp8_gather_bytes = blockwise ? 1.0 + 4.0 / double(kFp8Block) : 1.0;
+    // blockwise scaling's gathers carry the 1 x 128 blocks' scales too
+    w.fp8_gather_bytes = c.training.fp8_recipe == Fp8Recipe::Blockwise ? 1.0 + 4.0 / double(kFp8Block) : 1.0;
+    // gathers / douts: GPTDims::fp8_gathers_codes / fp8_gathers_dout_codes (GPTStage's and the shared
+    // expert's gathers; an MoE MLP's backward is whole, also in zb-h1's B)
     auto mark = [&](std::vector<ChunkWork::Linear>& linears, const LayerSpec& spec, const GPTDims::Fp8Saved& q,
-                    bool gathers) {
+                    bool gathers, bool douts) {
       std::vector<const LinearSpec*> specs = spec.linears();
       for (size_t i = 0; i < specs.size(); ++i) {
         const std::string& name = specs[i]->name;
         linears[i].fp8_gathered =
             gathers && (name == "attn.qkv" || name == "mlp.fc1" || name == "mlp.shared_experts.fc1");
-        linears[i].fp8_dout_gathered = gathers && wgrad && !blockwise &&
-                                       (name == "attn.proj" || name == "mlp.fc2" || name == "mlp.shared_experts.fc2");
+        linears[i].fp8_dout_gathered =
+            douts && (name == "attn.proj" || name == "mlp.fc2" || name == "mlp.shared_experts.fc2");
         linears[i].fp8_saved = (specs[i]->name == "attn.qkv" && q.ln1) || (specs[i]->name == "mlp.fc1" && q.ln2) ||
                                (specs[i]->name == "mlp.fc2" && q.act);
       }
@@ -117,8 +116,8 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
     for (int64_t l = std::max(begin, d.layer_begin); l < std::min(end, d.layer_end); ++l) {
       const bool moe = d.moe.any() && d.moe.is_moe(l);
       (moe ? w.fp8_moe_layers : w.fp8_layers) += 1.0;  // the same inputs saved in every FP8 layer of a kind
-      if (moe) mark(w.moe.linears, d.moe_layer, d.fp8_saved_inputs(l, c.training.recompute), d.fp8_gathers_codes(l));
-      else mark(w.linears, d.layer, d.fp8_saved_inputs(l, c.training.recompute), d.fp8_gathers_codes(l));
+      mark(moe ? w.moe.linears : w.linears, moe ? d.moe_layer : d.layer, d.fp8_saved_inputs(l, c.training.recompute),
+           d.fp8_gathers_codes(l), d.fp8_gathers_dout_codes(l));
     }
   }
   return w;

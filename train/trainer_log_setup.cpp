@@ -82,14 +82,14 @@ void Trainer::log_setup() {
                                                 "TP x CP; a MoE expert's over its rows on the rank and expert TP)"
                                               : "tensorwise (current scaling: each GEMM input's own amax, maximum over "
                                                 "TP x CP)");
-    // GPTDims::fp8_gathers_codes (blockwise: where each rank's tokens are whole 128-token blocks)
-    const bool blockwise = t.fp8_recipe == Fp8Recipe::Blockwise;
-    const bool gathers_codes = cfg_.parallel.tensor_model_parallel_size > 1 && dims_.fp8_gathers_codes(dims_.fp8_begin);
-    // and the output gradients (FP8 weight gradients, not blockwise; GPTStage's dout_gather, an MoE shared expert's)
+    // GPTDims::fp8_gathers_codes (blockwise: where each rank's tokens are whole 128-token blocks) and
+    // fp8_gathers_dout_codes
+    const int64_t l = dims_.fp8_begin;
+    const bool gathers_codes = cfg_.parallel.tensor_model_parallel_size > 1 && dims_.fp8_gathers_codes(l);
     const std::string dout_codes =
-        t.fp8_wgrad && !blockwise ? ", and the output gradients of the projection and fc2"
-        : blockwise               ? " (blockwise: with their blocks' scales; the output gradients in bf16)"
-                                  : "";
+        dims_.fp8_gathers_dout_codes(l) ? ", and the output gradients of the projection and fc2"
+        : t.fp8_recipe == Fp8Recipe::Blockwise ? " (blockwise: with their blocks' scales; the output gradients in bf16)"
+                                               : "";
     // zb-h1: B stashes the output gradients for W as FP8 codes (GPTDims::fp8_stashes_codes)
     const std::string stash = cfg_.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 && t.fp8_wgrad
                                   ? "; zb-h1's B keeps the output gradients for W as FP8 codes"

@@ -180,20 +180,31 @@ TEST(GpuModel, LlamaBf16LayernormRecomputeWithinTheMixedPrecisionTolerance) {
   }
 }
 
+// The LLaMA shape of the FP8 tests: sequence 32, micro-batch 2 (64 rows: every GEMM a multiple of 16)
+Config fp8_llama_config() {
+  Config cfg = tiny_llama_config();
+  cfg.model.seq_length = 32;
+  cfg.training.micro_batch_size = 2;
+  return cfg;
+}
+// the FP8 tests' two recipes: current scaling with E5M2 gradients, blockwise E4M3
+Fp8LinearOptions fp8_recipe(bool blockwise) {
+  Fp8LinearOptions o;
+  o.blockwise = blockwise;
+  o.hybrid = !blockwise;
+  return o;
+}
+
 // FP8 (docs/FP8.md): the LLaMA shape with sequence 32 and micro-batch 2, so that every linear GEMM is a
 // multiple of 16 (64 rows) and runs through cuBLASLt's FP8 on a GPU with FP8 tensor cores, against the
 // CPU backend's emulation: current scaling with E5M2 gradients (hybrid) and blockwise scaling. A code can
 // flip where the two backends' bf16 activations differ by a rounding, so the losses are held to the
 // mixed-precision tolerance, not to the emulation's bit.
 TEST(GpuModel, LlamaFp8TrainingMatchesTheCpuEmulation) {
-  Config cfg = tiny_llama_config();
-  cfg.model.seq_length = 32;
-  cfg.training.micro_batch_size = 2;
+  const Config cfg = fp8_llama_config();
   for (const bool blockwise : {false, true}) {
     SCOPED_TRACE(blockwise ? "blockwise e4m3" : "tensorwise hybrid");
-    Fp8LinearOptions o;
-    o.blockwise = blockwise;
-    o.hybrid = !blockwise;
+    const Fp8LinearOptions o = fp8_recipe(blockwise);
     auto cpu = cpu_ops();
     auto gpu = gpu_ops();
     const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
@@ -225,14 +236,10 @@ TEST(GpuModel, LlamaFp8TrainingMatchesTheCpuEmulation) {
 // LLaMA shape as the whole backward does, bit for bit (the same kernels on the same values: the
 // deterministic cuDNN backward), in current and blockwise scaling.
 TEST(GpuModel, LlamaFp8SplitBackwardAsTheWholeOne) {
-  Config cfg = tiny_llama_config();
-  cfg.model.seq_length = 32;
-  cfg.training.micro_batch_size = 2;
+  const Config cfg = fp8_llama_config();
   for (const bool blockwise : {false, true}) {
     SCOPED_TRACE(blockwise ? "blockwise e4m3" : "tensorwise hybrid");
-    Fp8LinearOptions o;
-    o.blockwise = blockwise;
-    o.hybrid = !blockwise;
+    const Fp8LinearOptions o = fp8_recipe(blockwise);
     auto gpu = gpu_ops();
     const Trained whole = train(*gpu, *dev, DType::BF16, 3, 2, cfg, {}, &o);
     const Trained split = train(*gpu, *dev, DType::BF16, 3, 2, cfg, {}, &o, true);
