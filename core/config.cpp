@@ -155,6 +155,7 @@ const std::vector<Field>& fields() {
       TPT_FIELD(training, fp8_amax_history_len),
       TPT_FIELD(training, fp8_amax_compute_algo, kDef, {"max", "most_recent"}),
       TPT_FIELD(training, fp8_wgrad),
+      TPT_FIELD(training, fp8_param_gather),
       TPT_FIELD(training, first_last_layers_bf16),
       TPT_FIELD(training, num_layers_at_start_in_bf16),
       TPT_FIELD(training, num_layers_at_end_in_bf16),

@@ -13,11 +13,33 @@ namespace tpt::config_detail {
 
 void resolve_fp8(const Config& c, const ModelKeys& keys) {
   const TrainingConfig& t = c.training;
-  if (t.fp8_format == Fp8Format::None) return;
   auto fail = [&](const std::string& key, const std::string& other, const std::string& reason) {
     keys.fail(key, other, reason);
     internal_error("config: ModelKeys::fail returned");
   };
+  if (t.fp8_param_gather) {  // FP8 parameters: cast from the distributed optimizer's fp32 master weights
+    if (t.fp8_format == Fp8Format::None)
+      fail("training.fp8_param_gather", "training.fp8_format",
+           "FP8 parameters need FP8 training (training.fp8_format: e4m3 or hybrid)");
+    if (!c.parallel.distributed_optimizer)
+      fail("training.fp8_param_gather", "parallel.distributed_optimizer",
+           "FP8 parameters are cast from the distributed optimizer's master weights: needs "
+           "parallel.distributed_optimizer: true");
+    if (t.fp8_recipe == Fp8Recipe::Blockwise)
+      fail("training.fp8_param_gather", "training.fp8_recipe",
+           "FP8 parameters are built for tensorwise and delayed scaling, not blockwise");
+    const OptimizerConfig& o = c.optimizer;
+    if (o.store_param_remainders)
+      fail("training.fp8_param_gather", "optimizer.store_param_remainders",
+           "the remainders complete a 16-bit weight copy that FP8 parameters do not keep");
+    for (const auto& [key, d] : {std::pair<const char*, StateDType>{"optimizer.main_params_dtype", o.main_params_dtype},
+                                 {"optimizer.exp_avg_dtype", o.exp_avg_dtype},
+                                 {"optimizer.exp_avg_sq_dtype", o.exp_avg_sq_dtype}})
+      if (d == StateDType::FP16)
+        fail("training.fp8_param_gather", key, "FP8 parameters are cast from fp32 master weights beside fp32 or bf16 "
+                                               "moments, not with scaled fp16 optimizer states");
+  }
+  if (t.fp8_format == Fp8Format::None) return;
   if (t.precision != Precision::BF16)
     fail("training.fp8_format", "training.precision",
          "FP8 training needs training.precision: bf16 (the GEMM outputs, norms and attention stay in bf16), got " +

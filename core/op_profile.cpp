@@ -158,6 +158,9 @@ class ProfiledOps final : public Ops {
   void to_device(Buf dev, const void* host, int64_t n) override {
     timed("to device", 0, double(dtype_size(n, dev.t)), [&] { in_.to_device(dev, host, n); });
   }
+  void master_copy(Buf dst, const float* master, int64_t n) override {
+    timed("master_copy", 0, double(4 * n + dtype_size(n, dst.t)), [&] { in_.master_copy(dst, master, n); });
+  }
   void convert(Buf dst, CBuf src, int64_t n) override {
     timed("convert", 0, double(dtype_size(n, src.t) + dtype_size(n, dst.t)), [&] { in_.convert(dst, src, n); });
   }

@@ -182,6 +182,9 @@ class Ops {
   virtual void to_device(Buf dev, const void* host, int64_t n) = 0;
   // dst (n) = src (n) converted to dst.t (rounded to nearest even when narrowing).
   virtual void convert(Buf dst, CBuf src, int64_t n) = 0;
+  // dst (n) = the compute copy of the fp32 master weights master (n) in dst.t, as an optimizer step
+  // writes it (core/dtype.h master_copy_bits: bf16 ties away from zero).
+  virtual void master_copy(Buf dst, const float* master, int64_t n) = 0;
 
   // ---- GEMMs: fp32 accumulation of the products of the stored values
   // out (N, O) = inp (N, I) @ w(O, I)^T + bias(O) [bias may be null].

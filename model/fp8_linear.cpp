@@ -32,7 +32,7 @@ int64_t kept_scale_floats(const Fp8LinearOptions& o, const Fp8Weight& w) {
 int64_t Fp8State::weight_cache_bytes(const Fp8LinearOptions& o, const std::vector<Fp8Weight>& weights) {
   int64_t codes = 0, floats = 0;
   for (const Fp8Weight& w : weights)  // the codes and their transpose
-    if (w.O * w.I > 0) codes += 2 * round_up(w.O * w.I, 256), floats += kept_scale_floats(o, w);
+    if (w.O * w.I > 0) codes += (w.param ? 1 : 2) * round_up(w.O * w.I, 256), floats += kept_scale_floats(o, w);
   return codes ? codes + 4 * round_up(floats, 64) : 0;
 }
 
@@ -49,8 +49,10 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     for (size_t g = 0; g < weights.size(); ++g) {
       const Fp8Weight& w = weights[g];
       if (w.O * w.I == 0) continue;
-      kept_[g] = KeptWeight{codes, codes + round_up(w.O * w.I, 256), floats, w.O, w.I};
-      codes += 2 * round_up(w.O * w.I, 256);
+      TPT_CHECK(!w.param || !o_.blockwise);
+      const int64_t rows = w.param ? 0 : round_up(w.O * w.I, 256);  // an FP8 parameter's are the parameter
+      kept_[g] = KeptWeight{codes, codes + rows, floats, w.O, w.I};
+      codes += rows + round_up(w.O * w.I, 256);
       floats += kept_scale_floats(o_, w);
     }
     kept_codes_ = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(codes)));
@@ -113,6 +115,65 @@ void Fp8State::scales_loaded() {
   ops_.zero(state_, T);
 }
 
+void Fp8State::set_param_codes(int64_t g, uint8_t* codes) {
+  TPT_CHECK(!o_.blockwise && g >= 0 && size_t(g) < kept_.size() && kept_[size_t(g)].O > 0 && codes);
+  KeptWeight& k = kept_[size_t(g)];
+  TPT_CHECK(k.t_codes == k.codes);  // made as an Fp8Weight::param: no rowwise copy of its own
+  k.param = codes;
+  k.src = nullptr;
+}
+
+void Fp8State::begin_param_amaxes() {
+  TPT_CHECK(!o_.delayed && !o_.blockwise);
+  for (const KeptWeight& k : kept_)
+    if (k.param) ops_.zero(kept_scales_ + k.scales + 1, 1);
+}
+
+void Fp8State::param_amax(int64_t g, CBuf x, int64_t n) {
+  const KeptWeight& k = kept_.at(size_t(g));
+  TPT_CHECK(k.param && !o_.delayed && n >= 0);
+  if (n) ops_.fp8_quantize(nullptr, x, n, type(kW), nullptr, kept_scales_ + k.scales + 1);
+}
+
+std::vector<float> Fp8State::param_amaxes() {
+  std::vector<float> out;
+  for (const KeptWeight& k : kept_)
+    if (k.param) {
+      out.push_back(0.0f);
+      ops_.to_host(&out.back(), CBuf(kept_scales_ + k.scales + 1), 1);
+    }
+  return out;
+}
+
+void Fp8State::set_param_amaxes(const std::vector<float>& amax) {
+  size_t i = 0;
+  const Fp8Type t = type(kW);
+  for (const KeptWeight& k : kept_)
+    if (k.param) {  // the reduced amax, and its scale_inv (the scale: made again by each cast_param)
+      TPT_CHECK(i < amax.size());
+      float* si = kept_scales_ + k.scales;
+      ops_.to_device(si + 1, &amax[i++], 1);
+      ops_.fp8_current_scales(state_ + kTensors + kW, si, si + 1, &t, 1, o_.margin);
+    }
+  TPT_CHECK(i == amax.size());
+}
+
+void Fp8State::cast_param(int64_t g, CBuf x, int64_t at, int64_t n) {
+  KeptWeight& k = kept_.at(size_t(g));
+  TPT_CHECK(k.param && at >= 0 && n >= 0 && at + n <= k.O * k.I);
+  k.src = nullptr;  // its transpose is made again
+  if (!n) return;
+  if (o_.delayed) {  // the step's scale; the amax recorded as the weight's quantization would
+    const int64_t T = kTensors * gemms(), j = g * kTensors + kW;
+    return ops_.fp8_quantize(k.param + at, x, n, type(kW), state_ + T + j, state_ + j);
+  }
+  const Fp8Type t = type(kW);
+  float* si = kept_scales_ + k.scales;
+  float* scale = state_ + kTensors + kW;  // a GEMM call's scratch between calls (its amax too)
+  ops_.fp8_current_scales(scale, si, si + 1, &t, 1, o_.margin);
+  ops_.fp8_quantize(k.param + at, x, n, t, scale, state_ + kW);
+}
+
 Fp8State::KeptWeight* Fp8State::kept(int64_t g, CBuf w, int64_t n) {
   if (kept_.empty() || kept_[size_t(g)].O == 0) return nullptr;
   KeptWeight* k = &kept_[size_t(g)];
@@ -141,12 +202,15 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
     return o;
   };
   KeptWeight* kw = n[kW] ? kept(g, x[kW], n[kW]) : nullptr;  // the weight's kept copy (src null: to make)
-  const bool reuse = kw && kw->src;
+  TPT_CHECK(!kw || !kw->param || (x[kW].t == DType::U8 && x[kW].p == kw->param));
+  // reuse: the weight's codes are there (kept this step, or an FP8 parameter's), not quantized again
+  const bool reuse = kw && (kw->src || kw->param);
   auto keep = [&] {  // the copy just made is current; its columnwise (transposed) copy
     kw->src = x[kW].p, kw->epoch = epoch_;
-    ops_.fp8_transpose(kept_codes_ + kw->t_codes, kept_codes_ + kw->codes, kw->O, kw->I);
+    ops_.fp8_transpose(kept_codes_ + kw->t_codes, rows_of(*kw), kw->O, kw->I);
     ++weight_quantizations_;
   };
+  if (kw && kw->param && !kw->src) keep();  // an FP8 parameter: its transpose, once per weights_changed()
   // the kept weight's operand: its codes, and their transpose
   auto kept_operand = [&](Fp8Operand q) {
     q.t_codes = kept_codes_ + kw->t_codes;
@@ -183,7 +247,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
       const int64_t k = g * kTensors + i;
       TPT_CHECK(i != kW || layout(i) == kRow);
       if (i == kW && kw) {
-        uint8_t* codes = kept_codes_ + kw->codes;
+        uint8_t* codes = rows_of(*kw);
         if (!reuse) {  // a kept weight's amax was recorded when its copy was made this step
           ops_.fp8_quantize(codes, x[i], n[i], type(i), state_ + T + k, state_ + k);
           keep();
@@ -219,7 +283,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
         ops_.copy(kept_si + 1, amax + i, 1);
         keep();
       }
-      q[i] = kept_operand(Fp8Operand{kept_codes_ + kw->codes, type(i), kept_si});
+      q[i] = kept_operand(Fp8Operand{rows_of(*kw), type(i), kept_si});
       continue;
     }
     TPT_CHECK(i != kW || layout(i) == kRow);
@@ -438,6 +502,12 @@ std::vector<Fp8Weight> fp8_weights(const GPTDims& d, int64_t begin, int64_t end)
       s[kFp8GemmsPerLayer + m.E + e] = {d.C, m.Fel};
     }
   }
+  if (d.fp8_params)  // the dense GEMMs' weights (model/params.cpp marks the same tensors ParamGroup::fp8)
+    for (int64_t l = begin; l < end; ++l)
+      for (int64_t slot = 0; slot < kFp8GemmsPerLayer; ++slot) {
+        Fp8Weight& x = w[size_t((l - begin) * G + slot)];
+        x.param = x.O * x.I > 0;
+      }
   return w;
 }
 

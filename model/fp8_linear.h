@@ -76,8 +76,11 @@ struct Fp8ScratchSizes {
 };
 
 // A GEMM's weight (O, I) whose FP8 copy Fp8State keeps (0 x 0: none, e.g. another EP rank's expert).
+// param: an FP8 parameter (training.fp8_param_gather): its rowwise codes are the parameter itself
+// (Fp8State::set_param_codes), Fp8State keeps only their transpose.
 struct Fp8Weight {
   int64_t O = 0, I = 0;
+  bool param = false;
 };
 
 // A linear layer's input saved by its forward for the weight gradient as FP8 codes, in place of the
@@ -185,6 +188,25 @@ class Fp8State {
   // (blockwise), in 256-byte allocations
   static int64_t weight_cache_bytes(const Fp8LinearOptions& options, const std::vector<Fp8Weight>& weights);
 
+  // FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"; Fp8Weight::param, not with
+  // blockwise scaling): GEMM g's weight is the O x I codes at `codes` (the trainer's parameter codes), made
+  // by cast_param from the master weights -- the codes and scale the weight's own quantization would give,
+  // so a GEMM reads them as a kept copy (the w it is given is those codes, DType::U8) and transposes them
+  // once per weights_changed(). A cast of all of a weight's parts on the ranks holding them:
+  //  - current scaling: param_amax of each part (after begin_param_amaxes), param_amaxes / set_param_amaxes
+  //    (host, one per FP8 parameter in GEMM order) around their reduction (max) over every rank holding a
+  //    part -- the weight's TP shards and its DP x CP owners -- then cast_param with the scale of that amax;
+  //  - delayed scaling: cast_param with the step's scale, recording the part's amax as a quantization
+  //    does (after begin_step).
+  // x: the part's values in the compute dtype (bf16, as the 16-bit weight would hold them), n elements
+  // from element `at` of the weight.
+  void set_param_codes(int64_t g, uint8_t* codes);
+  void begin_param_amaxes();
+  void param_amax(int64_t g, CBuf x, int64_t n);
+  std::vector<float> param_amaxes();
+  void set_param_amaxes(const std::vector<float>& amax);
+  void cast_param(int64_t g, CBuf x, int64_t at, int64_t n);
+
   // Current scaling: GEMM g's amax reductions instead of the options' (a MoE expert's: its expert-TP
   // group; every rank of a group must quantize the same GEMMs in the same order).
   void set_amax_groups(int64_t g, Comm* a, Comm* b) { groups_.at(size_t(g)) = {a, b}; }
@@ -233,7 +255,9 @@ class Fp8State {
     int64_t codes = 0, t_codes = 0, scales = 0, O = 0, I = 0;
     const void* src = nullptr;
     uint64_t epoch = 0;
+    uint8_t* param = nullptr;  // an FP8 parameter's codes (the rowwise copy; codes unused)
   };
+  uint8_t* rows_of(const KeptWeight& k) const { return k.param ? k.param : kept_codes_ + k.codes; }
   std::vector<KeptWeight> kept_;
   uint8_t* kept_codes_ = nullptr;
   float* kept_scales_ = nullptr;

@@ -81,6 +81,7 @@ float* GPTStage::alloc_f32(int64_t n) {
 
 CBuf GPTStage::p_opt(const std::string& name) const {
   const ParamInfo* info = layout_.find(name);
+  if (info && info->group.fp8) return fp8_param(*info);
   return info ? params_ + info->offset : CBuf{};
 }
 
@@ -90,9 +91,8 @@ Buf GPTStage::g_opt(const std::string& name) const {
 }
 
 CBuf GPTStage::p(const std::string& name) const {
-  const ParamInfo* info = layout_.find(name);
-  TPT_CHECK(info != nullptr);
-  return params_ + info->offset;
+  TPT_CHECK(layout_.find(name) != nullptr);
+  return p_opt(name);
 }
 
 Buf GPTStage::g(const std::string& name) const {
@@ -220,6 +220,7 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
       Comm* etp = d.moe.etp > 1 ? opt_.fp8_options.amax_groups[0] : nullptr;
       for (int64_t l = fp8_begin_; l < fp8_end_; ++l)
         for (int64_t s = kFp8GemmsPerLayer; s < G; ++s) fp8_->set_amax_groups((l - fp8_begin_) * G + s, etp, nullptr);
+      init_fp8_params();
     }
   }
   if (d.saves_fp8_inputs(opt_.recompute)) {  // saved FP8 inputs: made by the layers' FP8 GEMMs, as sized
@@ -472,7 +473,7 @@ void GPTStage::block_forward(int64_t layer, LayerActs& a, CBuf x_in, Buf x_out, 
       moe_->forward(slot_, layer, moe_params(layer), ln2, x_out, moe_mappings(layer), recording_);
       return CBuf(x_out);
     };
-  ::tpt::block_forward(ops_, block_params(layout_, d_.spec(layer), params_, layer), a, x_in, x_out, tmp_, qkv_tmp_,
+  ::tpt::block_forward(ops_, weights(layer), a, x_in, x_out, tmp_, qkv_tmp_,
                        block_shape(positions), [&](BlockActs&) { attention_core_forward(a); }, &tp);
 }
 
@@ -532,7 +533,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const BlockShape s = block_shape(positions);
-  const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
+  const BlockParams<CBuf> w = weights(layer);
   const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   const bool split = stash != nullptr;
   // a split backward's stash of GEMM p's output gradient: 16-bit, or FP8 codes B's cast writes
@@ -622,7 +623,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
   const GPTDims& d = d_;
   const int64_t N = B_ * d.S, Nt = d.local_tokens(N);
   const bool norms = !d.keeps_norms(opt_.recompute);  // the layernorm recompute module (as in B)
-  const BlockParams<CBuf> w = block_params(layout_, d_.spec(layer), params_, layer);
+  const BlockParams<CBuf> w = weights(layer);
   const BlockParams<Buf> gw = block_params(layout_, d_.spec(layer), grads_, layer);
   // GEMM p's weight gradient from its stashed output gradient (its bias gradient too where B left it)
   auto weight_grad = [&](DensePart p, CBuf inp, int64_t I, int64_t O, const Fp8SavedInput& saved) {

@@ -22,6 +22,9 @@
 
 namespace tpt {
 
+template <class P>
+struct BlockParams;  // model/block.h
+
 class Comm;
 class RingAttention;
 struct BlockShape;
@@ -65,6 +68,9 @@ struct GPTDims {
   int64_t fp8_begin = 0, fp8_end = 0;
   bool fp8_wgrad = false, fp8_blockwise = false;
   bool fp8_layer(int64_t l) const { return l >= fp8_begin && l < fp8_end; }
+  // training.fp8_param_gather: the FP8 layers' dense linear weights (fp8_state_entries' GEMMs but the
+  // experts') are FP8 parameters (ParamGroup::fp8): stored as codes only, after every other tensor
+  bool fp8_params = false;
   // Sequence parallelism: an FP8 layer gathers the inputs of QKV and fc1 (ln1's and a dense layer's
   // ln2's outputs) over TP as FP8 codes (Fp8TokenGather), not in 16 bits; with blockwise scaling (codes
   // and block scales) where a rank's tokens of every micro-batch are whole 128-token blocks (S / TP a
@@ -188,6 +194,10 @@ struct StageOptions {
   bool fp8 = false;
   Fp8LinearOptions fp8_options{};
   int64_t fp8_layer_begin = 0, fp8_layer_end = 0;
+  // FP8 parameters (GPTDims::fp8_params): the codes of the layout's FP8 parameters, element
+  // fp8_param_base of the layout at fp8_param_codes[0] (the trainer's; params holds none of them)
+  uint8_t* fp8_param_codes = nullptr;
+  int64_t fp8_param_base = 0;
 };
 
 // Bytes of activation storage that one micro-batch of B sequences keeps between its forward and
@@ -322,6 +332,13 @@ class GPTStage {
   // FP8 training: the scaling state of the stage's FP8 layers' GEMMs (null: none); GEMM g is slot
   // g % fp8_gemms_per_layer(d) of layer fp8_first_layer() + g / fp8_gemms_per_layer(d)
   Fp8State* fp8_state() const { return fp8_.get(); }
+  // FP8 parameters (StageOptions::fp8_param_codes): this chunk's, each a tensor of the layout and the
+  // GEMM of fp8_state() whose weight it is
+  struct Fp8Param {
+    const ParamInfo* info = nullptr;
+    int64_t gemm = 0;
+  };
+  const std::vector<Fp8Param>& fp8_params() const { return fp8_params_; }
   int64_t fp8_first_layer() const { return fp8_begin_; }
 
  private:
@@ -372,6 +389,9 @@ class GPTStage {
   CBuf p(const std::string& name) const;
   Buf g(const std::string& name) const;
   CBuf p_opt(const std::string& name) const;  // null where the architecture has no such tensor
+  BlockParams<CBuf> weights(int64_t layer) const;  // block_params of params_, FP8 parameters' codes (gpt_fp8.cpp)
+  CBuf fp8_param(const ParamInfo& info) const;     // an FP8 parameter's codes (DType::U8)
+  void init_fp8_params();                          // fp8_params_, and their codes to fp8_
   Buf g_opt(const std::string& name) const;
 
   GPTDims d_;
@@ -411,6 +431,7 @@ class GPTStage {
   // FP8 training: the linear GEMMs' quantization (null without it) of this stage's FP8 layers
   // [fp8_begin_, fp8_end_), and one GEMM of a layer (null: bf16)
   std::unique_ptr<Fp8State> fp8_;
+  std::vector<Fp8Param> fp8_params_;
   int64_t fp8_begin_ = 0, fp8_end_ = 0;
   Fp8Linear* fp8_for(int64_t layer, DensePart part) const;
   Fp8Linear* fp8_slot(int64_t layer, int64_t slot) const;  // slot of fp8_gemms_per_layer (null: bf16)

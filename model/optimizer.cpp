@@ -83,7 +83,7 @@ int64_t scale_table_floats(int64_t tensors) { return (3 * tensors + 63) / 64 * 6
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size,
              Buf master, bool master_sharded, CBuf grads, Buf compute, uint16_t* remainders, StateDTypes states,
-             ReduceMax reduce_max)
+             ReduceMax reduce_max, int64_t compute_end)
     : ops_(ops), reduce_max_(std::move(reduce_max)), tensors_(int64_t(layout.params.size())) {
   TPT_CHECK(!remainders || (compute.t == DType::BF16 && !master));
   for (DType t : {states.exp_avg, states.exp_avg_sq}) TPT_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
@@ -109,6 +109,13 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>&
       const int64_t lo = std::max(s.offset, r.offset), hi = std::min(s.offset + s.n, r.offset + r.n);
       if (lo < hi) segments_.push_back({lo, r.local + (lo - r.offset), hi - lo, s.decay, s.tensor});
     }
+  if (compute_end >= 0) {
+    TPT_CHECK(compute && !remainders && !scaled && master);
+    for (const TensorSegment& t : segments_) {
+      TPT_CHECK(t.offset >= compute_end || t.offset + t.n <= compute_end);
+      (t.offset < compute_end ? copied_ : uncopied_).push_back(t);
+    }
+  }
   buffers_.master = master;
   buffers_.master_sharded = master_sharded;
   buffers_.grads = grads;
@@ -159,6 +166,13 @@ void AdamW::step(const OptimizerConfig& o, double lr, int64_t step, float grad_s
   a.weight_decay = float(o.weight_decay);
   a.bias_correction1 = float(1.0 - std::pow(o.adam_beta1, double(step)));
   a.bias_correction2 = float(1.0 - std::pow(o.adam_beta2, double(step)));
+  if (!uncopied_.empty()) {  // the master weights with a compute copy, then those without
+    if (!copied_.empty()) ops_.adamw_segments(buffers_, copied_, a, grad_scale);
+    AdamWBuffers master_only = buffers_;
+    master_only.compute = {};
+    ops_.adamw_segments(master_only, uncopied_, a, grad_scale);
+    return;
+  }
   ops_.adamw_segments(buffers_, segments_, a, grad_scale);
   if (!buffers_.scaled()) return;
   // the tensors' amaxes over the stage, their new scales, the fp16 states written with them

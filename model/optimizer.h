@@ -90,10 +90,12 @@ class AdamW {
   // weights in its dtype, a buffer of the layout whose owned ranges each step refreshes as the
   // updated weights rounded to that dtype. remainders (optimizer.store_param_remainders; compute
   // bf16, master null): the master weights are compute's bits plus these low halves (core/dtype.h),
-  // indexed as master would be. reduce_max: needed with scaled states.
+  // indexed as master would be. reduce_max: needed with scaled states. compute_end: the compute copy
+  // covers the elements below it only (FP8 parameters lie above: the trainer casts those, docs/FP8.md
+  // "FP8 parameters"; not with scaled states or remainders); -1: all.
   AdamW(const ParamLayout& layout, Ops& ops, const std::vector<ShardRange>& owned, int64_t owned_size, Buf master,
         bool master_sharded, CBuf grads, Buf compute = {}, uint16_t* remainders = nullptr, StateDTypes states = {},
-        ReduceMax reduce_max = {});
+        ReduceMax reduce_max = {}, int64_t compute_end = -1);
   // Over the whole layout (no distributed optimizer): master = params, a buffer of the layout.
   AdamW(const ParamLayout& layout, Ops& ops, float* params, CBuf grads, Buf compute = {})
       : AdamW(layout, ops, {{0, layout.total, 0}}, layout.total, params, false, grads, compute) {}
@@ -132,6 +134,9 @@ class AdamW {
   // (flag; the alignment padding between tensors is zero everywhere and stays zero); with scaled
   // states one or more per tensor (TensorSegment::tensor: its index in the layout)
   std::vector<TensorSegment> segments_;
+  // with compute_end: segments_ in the part with a compute copy and the one without (whose step writes
+  // only the master weights)
+  std::vector<TensorSegment> copied_, uncopied_;
   int64_t tensors_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "model/gpt.h"
@@ -19,12 +20,13 @@ int64_t layer_of(const std::string& name) {
   return i > 2 && i < name.size() && name[i] == '.' ? layer : -1;
 }
 
-std::string group_name(ReplicaGroup g) {
-  switch (g) {
-    case ReplicaGroup::Dense: return "dense";
-    case ReplicaGroup::ExpertData: return "expert-data-parallel";
+std::string group_name(std::pair<ReplicaGroup, bool> g) {
+  const std::string fp8 = g.second ? " FP8-parameter" : "";
+  switch (g.first) {
+    case ReplicaGroup::Dense: return "dense" + fp8;
+    case ReplicaGroup::ExpertData: return "expert-data-parallel" + fp8;
   }
-  return "group " + std::to_string(int(g));
+  return "group " + std::to_string(int(g.first)) + fp8;
 }
 
 }  // namespace
@@ -36,17 +38,18 @@ std::vector<GradGroup> make_grad_groups(const ParamLayout& layout, const std::ve
   std::vector<const ParamInfo*> order;
   for (const ParamInfo& p : layout.params) order.push_back(&p);
   std::stable_sort(order.begin(), order.end(), [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
+  // (the FP8 parameters a span of their own: one replica group, another storage)
   std::vector<GradGroup> groups;
-  std::vector<ReplicaGroup> which;
+  std::vector<std::pair<ReplicaGroup, bool>> which;
   for (size_t i = 0; i < order.size(); ++i) {
-    const ReplicaGroup g = order[i]->group.replicas;
+    const std::pair<ReplicaGroup, bool> g{order[i]->group.replicas, order[i]->group.fp8};
     if (!which.empty() && which.back() == g) continue;
     if (std::find(which.begin(), which.end(), g) != which.end())
       internal_error("make_grad_groups: the " + group_name(g) + " group's tensors are not contiguous in the layout (" +
                      order[i]->name + ")");
     if (!groups.empty()) groups.back().span.n = order[i]->offset - groups.back().span.offset;
-    const ReplicaComm rc = replica_comm(g);
-    groups.push_back({rc.comm, rc.scale, {order[i]->offset, 0}, {}});
+    const ReplicaComm rc = replica_comm(g.first);
+    groups.push_back({rc.comm, rc.scale, {order[i]->offset, 0}, {}, g.second});
     which.push_back(g);
   }
   if (!groups.empty()) groups.back().span.n = layout.total - groups.back().span.offset;
@@ -66,7 +69,7 @@ std::vector<GradGroup> make_grad_groups(const ParamLayout& layout, const std::ve
     for (int64_t l : layers) {
       int64_t lo = INT64_MAX, hi = INT64_MIN;
       for (const ParamInfo& p : layout.params)
-        if (p.group.replicas == which[k] && layer_of(p.name) == l) {
+        if (p.group.replicas == which[k].first && p.group.fp8 == which[k].second && layer_of(p.name) == l) {
           lo = std::min(lo, p.offset);
           hi = std::max(hi, p.offset + p.numel);
         }

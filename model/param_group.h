@@ -53,6 +53,10 @@ struct ParamGroup {
   // TensorParallel only: each TP rank's gradient is a partial sum even without sequence parallelism
   // (the q/k norms of model.qk_layernorm: each rank normalises its own heads)
   bool partial_over_tp = false;
+  // An FP8 parameter (training.fp8_param_gather, GPTDims::fp8_params): stored as FP8 codes only, one byte
+  // per element, cast from the master weights and all-gathered as codes. The rank layout puts these after
+  // every other tensor (model/chunks.h make_rank_layout), a span of their own (GradGroup::fp8).
+  bool fp8 = false;
 };
 
 // How one replica group's gradients are summed: over `comm` (null or one rank: no sum), the sum

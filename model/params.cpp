@@ -82,6 +82,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     std::tie(d.fp8_begin, d.fp8_end) = cfg.training.fp8_layer_range(m.num_layers);
     d.fp8_wgrad = cfg.training.fp8_wgrad;
     d.fp8_blockwise = cfg.training.fp8_recipe == Fp8Recipe::Blockwise;
+    d.fp8_params = cfg.training.fp8_param_gather;
   }
   d.Vl = d.Vp / tp;
   d.vocab_begin = d.Vl * tp_rank;
@@ -261,6 +262,13 @@ ParamLayout make_param_layout(const GPTDims& d) {
       }
     }
   }
+  // FP8 parameters: the FP8 layers' dense GEMMs' weights (not the experts', which have their own group)
+  if (d.fp8_params)
+    for (int64_t l = std::max(d.layer_begin, d.fp8_begin); l < std::min(d.layer_end, d.fp8_end); ++l)
+      for (const Fp8StateEntry& e : fp8_state_entries(d.moe.is_moe(l), d.moe.E, d.moe.Fs > 0))
+        if (e.count == 1)
+          for (ParamInfo& p : b.layout.params)
+            if (p.name == "h." + std::to_string(l) + "." + e.gemm + ".weight") p.group.fp8 = true;
   if (d.last_stage()) {
     norm("ln_f");
     // the output layer: its own vocab-parallel lm_head.weight (initialised like the embedding), or the

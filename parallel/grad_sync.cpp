@@ -36,6 +36,7 @@ GradSync::GradSync(Ops& ops, Buf grads, std::vector<GradGroup> groups, Comm* emb
     g.scale = in.scale;
     g.span = in.span;
     g.layers = std::move(in.layers);
+    g.fp8 = in.fp8;
     g.distributed = options.distributed_optimizer && g.comm != nullptr;
     const int64_t unit = g.distributed ? kShardAlign * g.comm->size() : 1;
     TPT_CHECK(g.span.offset % kShardAlign == 0 && g.span.n % unit == 0 && int(g.layers.size()) == num_layers_);
@@ -174,24 +175,45 @@ void GradSync::sum_over_tp() {
 }
 
 void GradSync::start_param_gather(Buf params) {
+  gather(false, static_cast<char*>(params.p), 0, dtype_size(1, params.t));
+}
+
+void GradSync::start_code_gather(uint8_t* codes) {
+  gather(true, reinterpret_cast<char*>(codes), code_span().offset, 1);
+}
+
+GradRange GradSync::code_span() const {
+  GradRange r;
+  for (const Group& g : groups_)
+    if (g.fp8) {
+      if (r.n == 0) r.offset = g.span.offset;
+      r.n = g.span.offset + g.span.n - r.offset;
+    }
+  return r;
+}
+
+void GradSync::gather(bool fp8, char* base, int64_t first, int64_t element_bytes) {
   if (!distributed_) return;
+  bool started = false;
   for (Group& g : groups_) {
-    if (!g.distributed) continue;
+    if (!g.distributed || g.fp8 != fp8) continue;
     std::vector<Bucket*> order;  // forward order: ascending offsets
     for (Bucket& b : g.buckets) order.push_back(&b);
     std::sort(order.begin(), order.end(), [](const Bucket* a, const Bucket* b) { return a->range.offset < b->range.offset; });
     for (Bucket* b : order) {
       const int64_t block = b->range.n / g.comm->size();
-      auto* out = reinterpret_cast<float*>(static_cast<char*>(params.p) + dtype_size(b->range.offset, params.t));
-      const int64_t words = dtype_size(block, params.t) / 4;  // block is a multiple of kShardAlign
+      auto* out = reinterpret_cast<float*>(base + (b->range.offset - first) * element_bytes);
+      const int64_t words = block * element_bytes / 4;  // block is a multiple of kShardAlign
       b->param_ticket = g.comm->start_all_gather(out, out + g.comm->rank() * words, words);
     }
+    started = true;
   }
+  if (!started) return;
   if (overlap_param_gather_) {
     params_pending_ = true;
   } else {
     for (Group& g : groups_)
-      if (g.distributed) g.comm->wait_all();
+      if (g.distributed && g.fp8 == fp8) g.comm->wait_all();
   }
 }
 
@@ -199,7 +221,10 @@ void GradSync::wait_params(int i) {
   if (!params_pending_) return;
   if (i >= num_layers_ || num_layers_ == 0) {
     for (Group& g : groups_)
-      if (g.distributed) g.comm->wait_all();
+      if (g.distributed) {
+        g.comm->wait_all();
+        for (Bucket& b : g.buckets) b.param_ticket = -1;
+      }
     params_pending_ = false;
     return;
   }

@@ -59,6 +59,9 @@ struct GradGroup {
   // Its part of each of the stage's transformer layers (first layer first, ascending, disjoint,
   // inside span; every group lists every layer, n = 0 where the layer has none of its tensors).
   std::vector<GradRange> layers;
+  // FP8 parameters (model/param_group.h ParamGroup::fp8): the parameters of the span are FP8 codes, a byte
+  // each, all-gathered by start_code_gather (not start_param_gather)
+  bool fp8 = false;
 };
 
 struct GradSyncOptions {
@@ -111,7 +114,11 @@ class GradSync {
   // buffer of this layout in its own dtype) to all ranks of its group, group by group, bucket by
   // bucket in forward order.
   // Blocking unless overlap_param_gather; then wait_params(layer) waits for what a layer needs.
+  // Not the FP8 parameters' groups: start_code_gather gathers those, from `codes`, the span of the
+  // first such group (code_span()) a byte per element.
   void start_param_gather(Buf params);
+  void start_code_gather(uint8_t* codes);
+  GradRange code_span() const;  // the FP8 parameters' groups' spans, first to last ({} if none)
   // Before the forward of layer `i` (index into layers; -1: what comes before the first layer,
   // layers.size(): everything) on the first micro-batch: the buckets holding its parameters, in
   // every group.
@@ -135,11 +142,15 @@ class GradSync {
     GradRange span;
     std::vector<GradRange> layers;
     bool distributed = false;      // reduce-scattered into owned blocks (the distributed optimizer)
+    bool fp8 = false;              // its parameters are FP8 codes (GradGroup::fp8)
     std::vector<Bucket> buckets;   // backward order: the last layers' bucket first, then the rest
     std::vector<ShardRange> owned;  // ascending offsets
   };
   void make_buckets(Group& g, bool overlap, int64_t bucket_size);
   void start(Group& g, Bucket& b);
+  // the distributed groups' (fp8 or not) blocks of the parameters at `base` (element `first` of the
+  // buffer there), element_bytes each
+  void gather(bool fp8, char* base, int64_t first, int64_t element_bytes);
   void sum_over_tp();
 
   Ops& ops_;

@@ -189,7 +189,10 @@ void Trainer::setup_model() {
     remainders_ = static_cast<uint16_t*>(ops_->alloc(master_size, DType::BF16).p);
   else
     master_ = ops_->alloc(master_size, states.master);
-  params_compute_ = copy ? ops_->alloc(buffer_total_, dtype_) : master_;
+  code_span_ = grad_sync_->code_span();  // FP8 parameters: codes only, after the 16-bit copy's end
+  TPT_CHECK(code_span_.n == 0 || (copy && master_ && master_.t == DType::F32 && code_span_.offset + code_span_.n == buffer_total_));
+  if (code_span_.n) fp8_param_codes_ = static_cast<uint8_t*>(ops_->alloc_bytes(size_t(code_span_.n)));
+  params_compute_ = copy ? ops_->alloc(code_span_.n ? code_span_.offset : buffer_total_, dtype_) : master_;
   scaler_.scale = dtype_ == DType::F16 ? cfg_.optimizer.initial_loss_scale : 1.0;
   // scaled fp16 states: a tensor's amax over every rank that holds a part of it (the stage's TP x DP x CP)
   ReduceMax reduce_max;
@@ -201,7 +204,7 @@ void Trainer::setup_model() {
     };
   adamw_ = std::make_unique<AdamW>(layout_, *ops_, grad_sync_->owned(), grad_sync_->owned_size(), master_,
                                    master_sharded_, grads_, copy ? params_compute_ : Buf{},
-                                   remainders_, states, std::move(reduce_max));
+                                   remainders_, states, std::move(reduce_max), code_span_.n ? code_span_.offset : -1);
   master_from_host(host.data());
   norm_segments_ = grad_norm_segments(layout_, grad_sync_->owned(), grad_sync_->unique_ranges());
 }
@@ -254,7 +257,10 @@ void Trainer::setup_pipeline() {
     shared_scratch = std::max(shared_scratch, shared_scratch_bytes(d, cfg_.training.micro_batch_size,
                                                                    cfg_.training.recompute, dtype_));
   shared_scratch_ = ops_->alloc_bytes(size_t(shared_scratch));
+  shared_scratch_bytes_ = shared_scratch;
   stage_options.shared_scratch = shared_scratch_;
+  stage_options.fp8_param_codes = fp8_param_codes_;
+  stage_options.fp8_param_base = code_span_.offset;
   // interleaved: the chunks' activation slots in one pool, each micro-batch's slot assigned by the
   // schedules (pool_slots), as many as the rank holds at once -- not each chunk's own peak
   if (pooled_slots(chunk_dims_, stage_options.split_backward)) {
@@ -321,6 +327,7 @@ Trainer::~Trainer() {
     for (const auto& chunk : grad_in_)
       for (Buf b : chunk) ops_->free(b.p);
     if (params_compute_.p != master_.p) ops_->free(params_compute_.p);
+    if (fp8_param_codes_) ops_->free(fp8_param_codes_);
     if (shared_scratch_) ops_->free(shared_scratch_);
     if (slot_pool_) ops_->free(slot_pool_);
   }
@@ -451,6 +458,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   const double t_fwd_bwd = schedule_clock_us();
   fp8_weights_changed();  // the last step updated them
   if (fp8_delayed()) fp8_begin_step();
+  fp8_cast_params();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
   if (cfg_.model.moe_router_enable_expert_bias) update_expert_bias();
   if (fp8_delayed()) fp8_update();
@@ -513,6 +521,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   const double t_opt = schedule_clock_us();
   adamw_->step(cfg_.optimizer, learning_rate(cfg_.optimizer, k), k, clip_scale);  // also refreshes the compute copy
   grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: the updated blocks to every DP rank
+  fp8_params_stale_ = true;  // (FP8 parameters: cast and gathered when the next step begins)
   const double t_opt_end = schedule_clock_us();
   trace_->record_span(k, "optimizer (AdamW)", "optimizer", t_opt, t_opt_end);
   timer_optimizer_s_ += (t_opt_end - t_opt) * 1e-6;
@@ -522,6 +531,7 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
 double Trainer::evaluate() {
   const int64_t G = cfg_.training.global_batch_size;
   fp8_weights_changed();
+  if (fp8_params_stale_) fp8_cast_params();
   double sum = 0;
   int64_t counted = 0;  // eval_iters * G * S without eod_mask_loss
   for (int64_t i = 0; i < cfg_.data.eval_iters; ++i) {

@@ -86,6 +86,12 @@ class Trainer {
     return cfg_.training.fp8_format != Fp8Format::None && cfg_.training.fp8_recipe == Fp8Recipe::Delayed;
   }
   void fp8_weights_changed();  // the FP8 layers' kept weight copies stale (a step or an evaluation begins)
+  // FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"): each stage's cast from this
+  // rank's master weights (its owned blocks; current scaling: the amaxes over TP x DP x CP first) and the
+  // all-gather of the codes over the replicas. Before each step (delayed scaling records the weights'
+  // amaxes there, as their quantization in the first forward would) and before an evaluation when the
+  // weights changed since the last cast.
+  void fp8_cast_params();
   void fp8_begin_step();
   void fp8_update();
   std::vector<CkptTensor> fp8_state_tensors();
@@ -134,10 +140,16 @@ class Trainer {
   Buf grads_;                 // buffer_total_ elements, fp32 or bf16 (bf16_grads)
   DType dtype_ = DType::F32;
   Buf params_compute_;  // the weights compute uses: master_ in fp32, else their bf16/fp16 copy
+  // FP8 parameters: their codes (the layout's span code_span_, after every 16-bit one: params_compute_
+  // ends there), and whether the master weights changed since their last cast
+  uint8_t* fp8_param_codes_ = nullptr;
+  GradRange code_span_;
+  bool fp8_params_stale_ = true;
   LossScaler scaler_;
   int consecutive_nan_ = 0;
   std::vector<std::unique_ptr<GPTStage>> stages_;  // one per chunk
   void* shared_scratch_ = nullptr;  // the chunks' scratch within a pass (StageOptions::shared_scratch)
+  int64_t shared_scratch_bytes_ = 0;
   void* slot_pool_ = nullptr;       // interleaved: the chunks' activation slots (StageOptions::slot_pool)
   std::unique_ptr<MoERowPool> moe_pool_;  // and their MoE layers' experts' rows (StageOptions::moe_pool)
   SlotPool pool_[2];                // ... each micro-batch's slot in evaluation [0] and training [1]

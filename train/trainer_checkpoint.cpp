@@ -436,7 +436,9 @@ void Trainer::master_from_host(const float* host, const float* scales) {
     }
     const float* from = stored.empty() ? host : stored.data();
     std::vector<uint16_t> bits, low;
-    for_each_owned(grad_sync_->owned(), layout_.total, [&](const ShardRange& r, int64_t n) {
+    // (not the FP8 parameters, after the copy's end: cast from the master weights before they are read)
+    const int64_t copy_end = code_span_.n ? code_span_.offset : layout_.total;
+    for_each_owned(grad_sync_->owned(), copy_end, [&](const ShardRange& r, int64_t n) {
       if (dtype_ == DType::F32) return ops_->to_device(params_compute_ + r.offset, from + r.offset, n);
       bits.resize(size_t(n));
       for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = master_copy_bits(from[r.offset + i], dtype_);
@@ -449,6 +451,7 @@ void Trainer::master_from_host(const float* host, const float* scales) {
   }
   grad_sync_->start_param_gather(params_compute_);  // distributed optimizer: every block to every DP rank
   grad_sync_->wait_params(INT_MAX);
+  fp8_params_stale_ = true;
 }
 
 void Trainer::master_to_host(float* host) const {

@@ -7,6 +7,9 @@
 // owners' amax), saved as one [E, ...] tensor per fc.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "parallel/tensor_parallel.h"
 #include "train/trainer.h"
 
@@ -38,6 +41,47 @@ void Trainer::fp8_update() {
       f->update(amax.data() + at);
       at += size_t(Fp8State::kTensors * f->gemms());
     }
+}
+
+void Trainer::fp8_cast_params() {
+  if (!fp8_param_codes_) return;
+  // each part of an FP8 parameter this rank owns (its master weights), in the compute dtype through the
+  // shared scratch (free between passes), in pieces of at most what it holds
+  const int64_t piece = std::max<int64_t>(1, shared_scratch_bytes_ / dtype_bytes(dtype_));
+  const Buf tmp(shared_scratch_, dtype_);
+  auto parts = [&](const std::function<void(Fp8State&, const GPTStage::Fp8Param&, CBuf, int64_t, int64_t)>& f) {
+    for (auto& stage : stages_)
+      for (const GPTStage::Fp8Param& p : stage->fp8_params())
+        for (const ShardRange& r : grad_sync_->owned()) {
+          const int64_t lo = std::max(r.offset, p.info->offset), hi = std::min(r.offset + r.n, p.info->offset + p.info->numel);
+          for (int64_t at = lo; at < hi; at += piece) {
+            const int64_t n = std::min(piece, hi - at);
+            const int64_t m = master_sharded_ ? r.local + (at - r.offset) : at;
+            ops_->master_copy(tmp, master_.f32() + m, n);  // as the 16-bit weight holds it
+            f(*stage->fp8_state(), p, tmp, at - p.info->offset, n);
+          }
+        }
+  };
+  if (!fp8_delayed()) {  // current scaling: the amax of each whole weight first (its TP shards, its owners)
+    for (auto& stage : stages_)
+      if (!stage->fp8_params().empty()) stage->fp8_state()->begin_param_amaxes();
+    parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t, int64_t n) { f.param_amax(p.gemm, x, n); });
+    std::vector<float> amax;
+    for (auto& stage : stages_)
+      if (!stage->fp8_params().empty())
+        for (float a : stage->fp8_state()->param_amaxes()) amax.push_back(a);
+    Comm* groups[2] = {grid_.tp > 1 ? grid_.tp_group.get() : nullptr, grid_.dp_cp_size() > 1 ? &grid_.dp_cp() : nullptr};
+    if (!amax.empty()) fp8_amax_reduce(amax.data(), int(amax.size()), groups, 2);
+    size_t at = 0;
+    for (auto& stage : stages_)
+      if (const size_t n = stage->fp8_params().size()) {
+        stage->fp8_state()->set_param_amaxes(std::vector<float>(amax.begin() + long(at), amax.begin() + long(at + n)));
+        at += n;
+      }
+  }
+  parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t at, int64_t n) { f.cast_param(p.gemm, x, at, n); });
+  grad_sync_->start_code_gather(fp8_param_codes_);  // the owned blocks' codes to every replica
+  fp8_params_stale_ = false;
 }
 
 namespace {

@@ -85,6 +85,13 @@ class CpuOps final : public Ops {
   }
   void to_host(void* host, CBuf dev, int64_t n) override { copy(Buf(host, dev.t), dev, n); }
   void to_device(Buf dev, const void* host, int64_t n) override { copy(dev, CBuf(host, dev.t), n); }
+  void master_copy(Buf dst, const float* master, int64_t n) override {
+    if (dst.t == DType::F32) return copy(dst, CBuf(master), n);
+    TPT_CHECK(dst.t == DType::BF16 || dst.t == DType::F16);
+    auto* out = static_cast<uint16_t*>(dst.p);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = master_copy_bits(master[i], dst.t);
+  }
   void convert(Buf dst, CBuf src, int64_t n) override {
     if (dst.t == src.t) return copy(dst, src, n);
     if (src.t == DType::F32) return store_f32(dst.p, dst.t, src.f32(), n);

@@ -301,6 +301,7 @@ class CudaOps final : public Ops {
     cuda::stream_wait(stream_);  // the host buffer may go away on return
   }
   void convert(Buf dst, CBuf src, int64_t n) override { cuda::convert(dst, src, n, stream_); }
+  void master_copy(Buf dst, const float* master, int64_t n) override { cuda::master_copy(dst, master, n, stream_); }
 
   // ---- GEMMs: operands as stored (fp32, or bf16 / fp16 on the tensor cores), fp32 accumulation,
   // outputs in their dtype; epilogues where cuBLASLt has them, else the separate kernels below

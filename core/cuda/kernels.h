@@ -119,6 +119,8 @@ void xent_loss_grad(Buf logits, float* losses, const float* row_max, const float
 // ---- the optimizer step (optimizer_kernels.cu) ----
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& a, bool decay, Buf compute,
            float grad_scale, cudaStream_t s);
+// dst = the compute copy of fp32 master weights (Ops::master_copy)
+void master_copy(Buf dst, const float* master, int64_t n, cudaStream_t s);
 // Multi-tensor: one launch per table of up to 512 segments (the table is the kernel's argument).
 // new_scales: null for Ops::adamw_segments, the new scales for Ops::adamw_store_scaled.
 void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,

@@ -207,6 +207,24 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWP
   });
 }
 
+template <class T>
+struct MasterCopyF {
+  T* dst;
+  const float* master;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < W; ++k) store_master_copy(dst + i + k, master[i + k]);
+  }
+};
+
+void master_copy(Buf dst, const float* master, int64_t n, cudaStream_t s) {
+  dispatch(dst.t, [&](auto tag) {
+    using T = decltype(tag);
+    launch_elementwise<1>(n, false, MasterCopyF<T>{typed<T>(dst), master}, s);
+  });
+}
+
 void adamw_segments(const AdamWBuffers& b, const TensorSegment* segs, int count, const AdamWParams& a,
                     float grad_scale, const float* new_scales, cudaStream_t s) {
   TPT_CHECK(!b.remainders || (b.compute.t == DType::BF16 && !b.master));
