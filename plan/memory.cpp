@@ -44,30 +44,37 @@ GPTDims make_chunk_dims_cp(const Config& c, int tp, int pp, int s) {
 
 // The parameter / gradient buffers of a rank's layout as the trainer sizes them (model/param_group.h
 // make_grad_groups, grad_buffer_size; GradSync::owned_size): one span per replica group, from its
-// first tensor to the next group's first (the dense group first, the experts' after it), each
-// padded with the distributed optimizer to whole blocks of kShardAlign x its ranks; the optimizer
-// owns 1 / ranks of each padded span (all of it without the distributed optimizer or on one rank).
+// first tensor to the next group's first (the dense group first, the experts' after it, then the FP8
+// parameters' over the dense ranks), each padded with the distributed optimizer to whole blocks of
+// kShardAlign x its ranks; the optimizer owns 1 / ranks of each padded span (all of it without the
+// distributed optimizer or on one rank).
 struct ReplicaBuffers {
   int64_t total = 0, owned = 0;
   int64_t expert_span = 0;  // the experts' span, padded (0 without experts)
+  int64_t code_span = 0;    // the FP8 parameters' span, padded (0 without them)
 };
 
 ReplicaBuffers replica_buffers(const ParamLayout& layout, int dense_ranks, int expert_ranks, bool distributed_optimizer) {
-  int64_t experts = layout.total;  // the expert group's first offset
-  for (const ParamInfo& p : layout.params)
-    if (p.group.replicas == ReplicaGroup::ExpertData) experts = std::min(experts, p.offset);
-  for (const ParamInfo& p : layout.params)
-    TPT_CHECK((p.group.replicas == ReplicaGroup::ExpertData) == (p.offset >= experts));  // two runs
-  auto owned = [&](int64_t padded, int ranks) { return distributed_optimizer && ranks > 1 ? padded / ranks : padded; };
+  std::vector<const ParamInfo*> order;
+  for (const ParamInfo& p : layout.params) order.push_back(&p);
+  std::stable_sort(order.begin(), order.end(), [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
+  auto kind = [](const ParamInfo& p) { return p.group.fp8 ? 2 : p.group.replicas == ReplicaGroup::ExpertData ? 1 : 0; };
+  std::vector<std::pair<int, int64_t>> runs;  // each span's kind and first offset, in layout order
+  for (const ParamInfo* p : order)
+    if (runs.empty() || runs.back().first != kind(*p)) {
+      for (const auto& r : runs) TPT_CHECK(r.first != kind(*p));  // one run per span
+      runs.push_back({kind(*p), runs.empty() ? 0 : p->offset});
+    }
   ReplicaBuffers b;
-  const int64_t dense = GradSync::buffer_size(experts, dense_ranks, distributed_optimizer);
-  TPT_CHECK(dense <= experts || experts == layout.total);  // the layout left the dense padding its room
-  b.total = dense;
-  b.owned = owned(dense, dense_ranks);
-  if (experts < layout.total) {
-    b.expert_span = GradSync::buffer_size(layout.total - experts, expert_ranks, distributed_optimizer);
-    b.total = experts + b.expert_span;
-    b.owned += owned(b.expert_span, expert_ranks);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const int64_t end = i + 1 < runs.size() ? runs[i + 1].second : layout.total;
+    const int ranks = runs[i].first == 1 ? expert_ranks : dense_ranks;
+    const int64_t padded = GradSync::buffer_size(end - runs[i].second, ranks, distributed_optimizer);
+    TPT_CHECK(i + 1 == runs.size() || runs[i].second + padded <= end);  // the layout left the padding its room
+    b.total = runs[i].second + padded;
+    b.owned += distributed_optimizer && ranks > 1 ? padded / ranks : padded;
+    if (runs[i].first == 1) b.expert_span = padded;
+    if (runs[i].first == 2) b.code_span = padded;
   }
   return b;
 }
@@ -183,8 +190,9 @@ void set_model_state_bytes(const Config& cfg, StageMemory& m) {
   // store_param_remainders (bf16): the master weight is the compute copy plus a 2-byte remainder;
   // main_params_dtype fp16: 2-byte master weights
   const StateDTypes states = state_dtypes(cfg.optimizer);  // fp32, or bf16 / fp16 (precision-aware)
+  // FP8 parameters: no compute copy of their span, its codes instead (a byte each)
   m.weight_bytes = dtype == DType::F32 && states.master == DType::F32 ? buffer * 4
-                   : dtype_size(buffer, dtype) +
+                   : dtype_size(buffer - m.code_buffer, dtype) + m.code_buffer +
                          (cfg.optimizer.store_param_remainders ? dtype_size(owned, DType::BF16)
                                                                : dtype_size(owned, states.master));
   m.gradient_bytes = buffer * (bf16_grads(cfg) ? 2 : 4);  // parallel.grad_reduce_in_bf16: bf16
@@ -225,6 +233,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   m.owned_elements = owned;
   m.tensors = int64_t(layout.params.size());
   m.expert_buffer = rb.expert_span;
+  m.code_buffer = rb.code_span;
   set_model_state_bytes(cfg, m);
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
   // gradients the deferred weight gradients read) and its own scratch.
@@ -605,7 +614,7 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     const int64_t dense = m.parameter_buffer - m.expert_buffer;
     const int64_t gb = bf16_grads(cfg) ? 2 : 4;
     int64_t dp_bytes = reps > 1 ? dense * gb : 0;
-    if (distributed && reps > 1) dp_bytes += dtype_size(dense, compute_dtype(cfg));
+    if (distributed && reps > 1) dp_bytes += dtype_size(dense - m.code_buffer, compute_dtype(cfg)) + m.code_buffer;
     if (plan.edp > 1) dp_bytes += m.expert_buffer * gb + (distributed ? dtype_size(m.expert_buffer, compute_dtype(cfg)) : 0);
     if (P > 1 && (s == 0 || s == P - 1)) {
       const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);

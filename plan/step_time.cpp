@@ -202,7 +202,7 @@ class Model {
   // codes transposed in forward; an output gradient gathered so (fp8_dout_gathered) is cast
   // on this rank's tokens rowwise (input's bytes) and its gathered codes transposed.
   struct Fp8Casts {
-    double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0;
+    double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0, dense_weight = 0;
   };
   Fp8Casts fp8_casts() const {
     const TrainingConfig& t = c_.training;
@@ -215,6 +215,11 @@ class Model {
     c.input_saved = blockwise ? 2.0 * (read + 1.0) : read + 2.0;
     c.output_grad = !wgrad ? read + 1.0 : blockwise ? 2.0 * (read + 1.0) : read + 2.0;
     c.weight = read + 3.0;
+    // FP8 parameters (training.fp8_param_gather): the dense weights' cast from the master weights on this
+    // rank's 1 / (DP x CP) of them (read the fp32 master, write and read the 16-bit value, write a byte),
+    // and the transpose of the gathered codes
+    const double reps = double(std::max(1, c_.parallel.data_parallel_size) * c_.parallel.context_parallel_size);
+    c.dense_weight = t.fp8_param_gather ? 2.0 + (4.0 + cb_ + read + 1.0) / reps : c.weight;
     return c;
   }
 
@@ -322,7 +327,7 @@ class Model {
       }
       // the casts' kernels: one per GEMM and pass, blockwise a second for each saved input in forward
       const int n = int(k.linears.size()), blockwise = t.fp8_recipe == Fp8Recipe::Blockwise ? saved : 0;
-      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + xb * (cast.input + 2.0) + wb * cast.weight / M,
+      f8f += memory_bound(xf * cast.input + xs * cast.input_saved + xb * (cast.input + 2.0) + wb * cast.dense_weight / M,
                           n + blockwise + (xb > 0 ? shards : 0));
       f8b += memory_bound(yb * cast.output_grad + ys * cast.input + yt * 2.0, n + douts);
       if ((cast.input_again > 0 && xa > 0) || xt > 0)
@@ -512,7 +517,8 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     const double experts = double(stages[size_t(s)].expert_buffer), dense = buffer - experts;
     const double buckets = std::max(1.0, std::ceil(buffer / double(std::max<int64_t>(1, c.parallel.ddp_bucket_size))));
     double grads = model.collective(dense * gb, reps, tp, distributed ? 1.0 : 2.0);
-    double params = distributed ? model.collective(dense * cb, reps, tp, 1.0) : 0.0;
+    const double codes = double(stages[size_t(s)].code_buffer);  // FP8 parameters: gathered as codes
+    double params = distributed ? model.collective((dense - codes) * cb + codes, reps, tp, 1.0) : 0.0;
     if (experts > 0) {
       grads += model.collective(experts * gb, edp, ep * etp, distributed ? 1.0 : 2.0);
       params += distributed ? model.collective(experts * cb, edp, ep * etp, 1.0) : 0.0;
