@@ -27,17 +27,17 @@ void resolve_fp8(const Config& c, const ModelKeys& keys) {
            "parallel.distributed_optimizer: true");
     if (t.fp8_recipe == Fp8Recipe::Blockwise)
       fail("training.fp8_param_gather", "training.fp8_recipe",
-           "FP8 parameters are built for tensorwise and delayed scaling, not blockwise");
+           "FP8 parameters are built for training.fp8_recipe tensorwise and delayed, not blockwise");
     const OptimizerConfig& o = c.optimizer;
     if (o.store_param_remainders)
       fail("training.fp8_param_gather", "optimizer.store_param_remainders",
-           "the remainders complete a 16-bit weight copy that FP8 parameters do not keep");
+           "optimizer.store_param_remainders completes a 16-bit weight copy that FP8 parameters do not keep");
     for (const auto& [key, d] : {std::pair<const char*, StateDType>{"optimizer.main_params_dtype", o.main_params_dtype},
                                  {"optimizer.exp_avg_dtype", o.exp_avg_dtype},
                                  {"optimizer.exp_avg_sq_dtype", o.exp_avg_sq_dtype}})
       if (d == StateDType::FP16)
         fail("training.fp8_param_gather", key, "FP8 parameters are cast from fp32 master weights beside fp32 or bf16 "
-                                               "moments, not with scaled fp16 optimizer states");
+                                               "moments, not with fp16 optimizer states (" + std::string(key) + ": fp16)");
   }
   if (t.fp8_format == Fp8Format::None) return;
   if (t.precision != Precision::BF16)

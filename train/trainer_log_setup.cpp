@@ -94,7 +94,11 @@ void Trainer::log_setup() {
     const std::string stash = cfg_.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 && t.fp8_wgrad
                                   ? "; zb-h1's B keeps the output gradients for W as FP8 codes"
                                   : "";
-    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}{}{}",
+    // training.fp8_param_gather: the FP8 layers' dense weights as FP8 parameters (docs/FP8.md "FP8 parameters")
+    const std::string params = t.fp8_param_gather ? "; FP8 parameters: the dense linear weights of those layers kept as "
+                                                    "FP8 codes only, cast from the master weights and all-gathered as codes"
+                                                  : "";
+    spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}{}{}{}",
                  name_of(t.fp8_format), t.fp8_format == Fp8Format::Hybrid ? "E4M3 forward, E5M2 output gradients" : "E4M3",
                  recipe, t.fp8_margin, begin, end - 1, begin > 0 || end < cfg_.model.num_layers ? " (the others bf16)" : "",
                  cfg_.model.is_moe() ? " (MoE layers: attention's, each expert's and the shared expert's; the router "
@@ -106,7 +110,7 @@ void Trainer::log_setup() {
                      : "from FP8 inputs",
                  !gathers_codes ? std::string()
                                 : "; sequence parallelism gathers the inputs of QKV and fc1 as FP8 codes" + dout_codes,
-                 stash);
+                 stash, params);
   }
   // plan: this rank's memory as the backend allocated it (its own buffers included), next to tptrain
   // plan's count (plan/memory.h)

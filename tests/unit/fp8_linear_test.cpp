@@ -360,6 +360,60 @@ TEST(Fp8Linear, KeptWeightCopiesAsQuantizingEveryCall) {
   }
 }
 
+// FP8 parameters (training.fp8_param_gather; Fp8State::set_param_codes, cast_param): the weight cast in
+// three parts, as the distributed optimizer's owners cast theirs (current scaling from the parts' amaxes,
+// one max), then read by the GEMMs as the parameter's codes, gives every output and gradient of the
+// quantized weight copy, bit for bit, over steps where the weight changes; delayed scaling records the
+// same amaxes. A stale cast (the weight moved, not cast again) would show at step 2.
+TEST(Fp8Linear, Fp8ParametersAsKeptCopies) {
+  const int64_t N = 16, I = 256, O = 128;
+  auto ops = make_cpu_ops(1);
+  for (int recipe = 0; recipe < 2; ++recipe) {
+    SCOPED_TRACE(recipe_name(recipe));
+    const Fp8LinearOptions o = hybrid_recipe(recipe);
+    Fp8ScratchSizes f{N * I, O * I, N * O, 0, 0, 0};
+    Fp8State kept(*ops, o, f, 1, {Fp8Weight{O, I}}), param(*ops, o, f, 1, {Fp8Weight{O, I, true}});
+    EXPECT_EQ(Fp8State::weight_cache_bytes(o, {Fp8Weight{O, I, true}}) + O * I,
+              Fp8State::weight_cache_bytes(o, {Fp8Weight{O, I}})) << "no rowwise copy of a parameter's codes";
+    std::vector<uint8_t> codes(size_t(O * I), 0);
+    param.set_param_codes(0, codes.data());
+    std::vector<float> w = random(size_t(O * I), 8, 0.1f);
+    const std::vector<float> x = random(size_t(N * I), 7, 1.0f), dy = random(size_t(N * O), 9, 0.01f);
+    const std::pair<int64_t, int64_t> parts[] = {{0, 1000}, {1000, 20000}, {20000, O * I}};
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) w[25000] *= 40.0f;  // the optimizer moved it: a new amax
+      kept.weights_changed(), param.weights_changed();
+      if (o.delayed) kept.begin_step(), param.begin_step();
+      if (!o.delayed) {
+        param.begin_param_amaxes();
+        for (const auto& [lo, hi] : parts) param.param_amax(0, w.data() + lo, hi - lo);
+        param.set_param_amaxes(param.param_amaxes());
+      }
+      for (const auto& [lo, hi] : parts) param.cast_param(0, w.data() + lo, lo, hi - lo);
+      for (int micro = 0; micro < 2; ++micro) {
+        std::vector<float> y[2], dx[2], dw[2];
+        for (int k = 0; k < 2; ++k) {
+          Fp8State& st = k ? param : kept;
+          const CBuf wk = k ? CBuf(codes.data(), DType::U8) : CBuf(w.data());
+          y[k].assign(size_t(N * O), 0.0f), dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f);
+          st.gemm(0)->forward(y[k].data(), x.data(), wk, CBuf{}, N, I, O);
+          st.gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), wk, N, I, O, false);
+        }
+        EXPECT_EQ(y[0], y[1]) << "step " << step << " micro-batch " << micro;
+        EXPECT_EQ(dx[0], dx[1]);
+        EXPECT_EQ(dw[0], dw[1]);
+      }
+      if (o.delayed) {
+        std::vector<float> a(3), b(3);
+        kept.read_amaxes(a.data()), param.read_amaxes(b.data());
+        EXPECT_EQ(a, b) << "the step's amaxes (the weight's from its cast)";
+        kept.update(a.data()), param.update(b.data());
+      }
+      EXPECT_EQ(param.weight_quantizations(), step + 1) << "its codes transposed once per step";
+    }
+  }
+}
+
 // Saved FP8 inputs (Fp8SavedInput, as GPTStage's FP8 layers keep ln_1's, ln_2's and SwiGLU's outputs):
 // every recipe gives the outputs and gradients of casting the input again in backward, bit for bit, with
 // the backward never reading the input (passed empty). Two micro-batches' forwards before their

@@ -3,6 +3,8 @@
 // from its own span's start, on its own communicator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -239,6 +241,41 @@ TEST(GradSync, OverlappedParameterGatherWaitsPerLayer) {
   sync.wait_params(0);   // nothing left
   const std::vector<std::string> waits = {"dp wait 0", "dp wait 1", "dp wait 2", "dp wait_all"};
   EXPECT_EQ(log, waits);
+}
+
+// FP8 parameters (GradGroup::fp8): the dense 16-bit span [0, 512) and the FP8 parameters' [512, 1024) over
+// the same "dp" (this rank 1 of 2): start_param_gather gathers the first only (4-byte words of 16-bit
+// values), start_code_gather the second, from the codes' buffer (element 512 at its byte 0) a byte per
+// element: words of 4 codes, its buckets' blocks at [0, 256) and [256, 512) of the codes.
+TEST(GradSync, Fp8ParametersGatheredAsCodes) {
+  std::vector<float> g(1024, 1.0f), codes(128, 0.0f);  // (codes: 512 bytes)
+  std::vector<uint16_t> p16(512);
+  std::vector<std::string> log;
+  // (each comm logs its gathers' word offsets from the buffer they write: the 16-bit copy, the codes)
+  LoggingComm dp(1, 2, log, reinterpret_cast<const float*>(p16.data()), "dp"), codes_dp(1, 2, log, codes.data(), "codes");
+  auto ops = make_cpu_ops(1);
+  std::vector<GradGroup> groups = {{&dp, 0.5f, {0, 512}, {{128, 200}, {328, 184}}},
+                                   {&dp, 0.5f, {512, 512}, {{512, 256}, {768, 256}}, true}};
+  GradSync sync(*ops, g.data(), groups, nullptr, GradRange{},
+                {.overlap = true, .bucket_size = 1, .distributed_optimizer = true});
+  EXPECT_EQ(sync.code_span().offset, 512);
+  EXPECT_EQ(sync.code_span().n, 512);
+  sync.start_param_gather(Buf(p16.data(), DType::BF16));
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.back(), "dp wait_all");
+  for (size_t i = 0; i + 1 < log.size(); ++i) {  // "dp all_gather words A+B ticket T", inside [0, 256) words
+    long a = -1, b = -1;
+    ASSERT_EQ(std::sscanf(log[i].c_str(), "dp all_gather words %ld+%ld", &a, &b), 2) << log[i];
+    EXPECT_LE(a + b, 256) << log[i] << ": only the 16-bit span's 512 values";
+  }
+  log.clear();
+  GradSync codes_sync(*ops, g.data(), {{&codes_dp, 0.5f, {0, 512}, {{128, 200}, {328, 184}}},
+                                       {&codes_dp, 0.5f, {512, 512}, {{512, 256}, {768, 256}}, true}},
+                      nullptr, GradRange{}, {.overlap = true, .bucket_size = 1, .distributed_optimizer = true});
+  codes_sync.start_code_gather(reinterpret_cast<uint8_t*>(codes.data()));
+  const std::vector<std::string> want = {"codes all_gather words 0+64 ticket 0", "codes all_gather words 64+64 ticket 1",
+                                         "codes wait_all"};
+  EXPECT_EQ(log, want);
 }
 
 // Two replica groups (parallel/grad_sync.h GradGroup): the dense one [0, 512) over "dp" (this rank
