@@ -57,6 +57,7 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     }
     kept_codes_ = static_cast<uint8_t*>(ops_.alloc_bytes(size_t(codes)));
     if (floats) kept_scales_ = ops_.alloc(round_up(floats, 64));
+    kept_scale_floats_ = floats;
   }
   const int64_t caps[kTensors] = {f.inp, f.w, f.dout}, blocks[kTensors] = {f.inp_blocks, f.w_blocks, f.dout_blocks};
   for (int i = 0; i < kTensors; ++i) {
@@ -136,26 +137,30 @@ void Fp8State::param_amax(int64_t g, CBuf x, int64_t n) {
 }
 
 std::vector<float> Fp8State::param_amaxes() {
-  std::vector<float> out;
+  std::vector<float> all(static_cast<size_t>(kept_scale_floats_)), out;  // one read of every kept weight's floats
+  if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);
   for (const KeptWeight& k : kept_)
-    if (k.param) {
-      out.push_back(0.0f);
-      ops_.to_host(&out.back(), CBuf(kept_scales_ + k.scales + 1), 1);
-    }
+    if (k.param) out.push_back(all[size_t(k.scales + 1)]);
   return out;
 }
 
 void Fp8State::set_param_amaxes(const std::vector<float>& amax) {
+  std::vector<float> all(static_cast<size_t>(kept_scale_floats_));
+  if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);
   size_t i = 0;
-  const Fp8Type t = type(kW);
   for (const KeptWeight& k : kept_)
-    if (k.param) {  // the reduced amax, and its scale_inv (the scale: made again by each cast_param)
+    if (k.param) {
       TPT_CHECK(i < amax.size());
-      float* si = kept_scales_ + k.scales;
-      ops_.to_device(si + 1, &amax[i++], 1);
-      ops_.fp8_current_scales(state_ + kTensors + kW, si, si + 1, &t, 1, o_.margin);
+      all[size_t(k.scales + 1)] = amax[i++];
     }
   TPT_CHECK(i == amax.size());
+  if (kept_scale_floats_) ops_.to_device(kept_scales_, all.data(), kept_scale_floats_);
+  const Fp8Type t = type(kW);
+  for (const KeptWeight& k : kept_)  // each reduced amax's scale_inv (the scale: made again by each cast_param)
+    if (k.param) {
+      float* si = kept_scales_ + k.scales;
+      ops_.fp8_current_scales(state_ + kTensors + kW, si, si + 1, &t, 1, o_.margin);
+    }
 }
 
 void Fp8State::cast_param(int64_t g, CBuf x, int64_t at, int64_t n) {

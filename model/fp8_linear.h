@@ -261,6 +261,7 @@ class Fp8State {
   std::vector<KeptWeight> kept_;
   uint8_t* kept_codes_ = nullptr;
   float* kept_scales_ = nullptr;
+  int64_t kept_scale_floats_ = 0;  // of them in use
   uint64_t epoch_ = 1;
   int64_t weight_quantizations_ = 0;
   KeptWeight* kept(int64_t g, CBuf w, int64_t n);  // GEMM g's entry for weight w (null: none kept)

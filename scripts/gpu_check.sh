@@ -269,6 +269,37 @@ elif ((TESTS)); then
   say "tptrain on 2 GPUs skipped (need mpirun and two GPUs)"
 fi
 
+# ---- 2c. FP8 parameters on one GPU (training.fp8_param_gather, docs/FP8.md "FP8 parameters") ----------
+# a small Llama shape in FP8 (hybrid; tensorwise, delayed) with and without FP8 parameters: the master
+# weights' 16-bit rounding (Ops::master_copy), their cast into the parameters' codes and the GEMMs reading
+# those must give the losses of the kept weight copies bit for bit (clip_grad 0: the gradient norm is
+# summed in another order, the FP8 parameters' span being last)
+fp8_params_gpu() {
+  cat >"$OUT/fp8p.yaml" <<YAML
+model: {num_layers: 2, hidden_size: 256, num_attention_heads: 4, ffn_hidden_size: 512, seq_length: 128, vocab_size: 50257,
+        normalization: RMSNorm, swiglu: true, position_embedding_type: rope, untie_embeddings_and_output_weights: true,
+        add_bias_linear: false}
+training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 8, precision: bf16, seed: 3, device: cuda,
+           fp8_format: hybrid}
+optimizer: {clip_grad: 0}
+parallel: {distributed_optimizer: true}
+data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
+YAML
+  local r pg
+  for r in tensorwise delayed; do
+    for pg in false true; do
+      timeout 90 "$TPTRAIN" --config "$OUT/fp8p.yaml" --set training.fp8_recipe=$r --set training.fp8_param_gather=$pg \
+        --set logging.metrics_file="$OUT/fp8p_${r}_$pg.jsonl" >"$OUT/fp8p_${r}_$pg.log" 2>&1 ||
+        { status=1; say "FP8 parameters: the $r run (fp8_param_gather $pg) FAILED ($OUT/fp8p_${r}_$pg.log)"; continue 2; }
+    done
+    if "$PY" "$SRC/tests/tools/compare_runs.py" "$OUT/fp8p_${r}_false.jsonl" "$OUT/fp8p_${r}_true.jsonl" --rel 0 \
+        --keys lm_loss >"$OUT/fp8p_${r}_compare.log" 2>&1; then say "FP8 parameters ($r) on the GPU: the losses without them bit for bit"
+    else status=1; say "FP8 parameters ($r) on the GPU differ: $(tail -2 "$OUT/fp8p_${r}_compare.log")"; fi
+    grep -h "^memory: allocated" "$OUT/fp8p_${r}_false.log" "$OUT/fp8p_${r}_true.log" | cut -c1-120
+  done
+}
+if ((TESTS)) && (($(left) > 120)); then fp8_params_gpu; fi
+
 # total GPU memory in GiB (nvidia-smi), 80 if unknown
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%.2f", $1/1024}')
 mem_gib=${mem_gib:-80}
