@@ -216,9 +216,9 @@ struct TrainingConfig {
   int fp8_amax_history_len = 1;               // delayed: amaxes kept per tensor
   std::string fp8_amax_compute_algo = "most_recent";  // delayed: max | most_recent of the history
   bool fp8_wgrad = true;                      // false: weight-gradient GEMMs in bf16
-  // Megatron's fp8_param_gather: the FP8 layers' linear weights (attention's, the dense MLP's, a shared
-  // expert's) kept as FP8 codes with no 16-bit copy, cast from the distributed optimizer's master weights
-  // and all-gathered as codes (docs/FP8.md "FP8 parameters")
+  // Megatron's fp8_param_gather: the FP8 layers' linear weights (attention's, the MLP's, the experts')
+  // kept as FP8 codes with no 16-bit copy, cast from the distributed optimizer's master weights and
+  // all-gathered as codes (docs/FP8.md "FP8 parameters")
   bool fp8_param_gather = false;
   bool first_last_layers_bf16 = false;        // the first / last layers' GEMMs in bf16
   int num_layers_at_start_in_bf16 = 1;

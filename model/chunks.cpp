@@ -22,12 +22,12 @@ int64_t replica_group_align(const Config& cfg) {
 
 ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks, int64_t group_align) {
   // the chunks' tensors in chunk order, each replica group's together (the experts after every dense
-  // tensor: model/param_group.h, then the FP8 parameters), at offsets recounted with the 64-byte tensor
-  // alignment; a group starts at a multiple of group_align
+  // tensor: model/param_group.h, then the FP8 parameters, dense then experts'), at offsets recounted with
+  // the 64-byte tensor alignment; a group starts at a multiple of group_align
   std::vector<ParamInfo> all;
   for (const GPTDims& d : chunks)
     for (ParamInfo& p : make_param_layout(d).params) all.push_back(std::move(p));
-  auto span = [](const ParamInfo& p) { return p.group.fp8 ? 2 : p.group.replicas == ReplicaGroup::Dense ? 0 : 1; };
+  auto span = [](const ParamInfo& p) { return (p.group.fp8 ? 2 : 0) + (p.group.replicas == ReplicaGroup::Dense ? 0 : 1); };
   std::stable_sort(all.begin(), all.end(), [&](const ParamInfo& a, const ParamInfo& b) { return span(a) < span(b); });
   ParamLayout rank;
   for (ParamInfo& p : all) {

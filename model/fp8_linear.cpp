@@ -137,23 +137,19 @@ void Fp8State::param_amax(int64_t g, CBuf x, int64_t n) {
 }
 
 std::vector<float> Fp8State::param_amaxes() {
-  std::vector<float> all(static_cast<size_t>(kept_scale_floats_)), out;  // one read of every kept weight's floats
-  if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);
-  for (const KeptWeight& k : kept_)
-    if (k.param) out.push_back(all[size_t(k.scales + 1)]);
+  std::vector<float> all(static_cast<size_t>(kept_scale_floats_)), out(size_t(gemms()), 0.0f);
+  if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);  // one read
+  for (size_t g = 0; g < kept_.size(); ++g)
+    if (kept_[g].param) out[g] = all[size_t(kept_[g].scales + 1)];
   return out;
 }
 
 void Fp8State::set_param_amaxes(const std::vector<float>& amax) {
+  TPT_CHECK(int64_t(amax.size()) == gemms());
   std::vector<float> all(static_cast<size_t>(kept_scale_floats_));
   if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);
-  size_t i = 0;
-  for (const KeptWeight& k : kept_)
-    if (k.param) {
-      TPT_CHECK(i < amax.size());
-      all[size_t(k.scales + 1)] = amax[i++];
-    }
-  TPT_CHECK(i == amax.size());
+  for (size_t g = 0; g < kept_.size(); ++g)
+    if (kept_[g].param) all[size_t(kept_[g].scales + 1)] = amax[g];
   if (kept_scale_floats_) ops_.to_device(kept_scales_, all.data(), kept_scale_floats_);
   const Fp8Type t = type(kW);
   for (const KeptWeight& k : kept_)  // each reduced amax's scale_inv (the scale: made again by each cast_param)
@@ -507,12 +503,8 @@ std::vector<Fp8Weight> fp8_weights(const GPTDims& d, int64_t begin, int64_t end)
       s[kFp8GemmsPerLayer + m.E + e] = {d.C, m.Fel};
     }
   }
-  if (d.fp8_params)  // the dense GEMMs' weights (model/params.cpp marks the same tensors ParamGroup::fp8)
-    for (int64_t l = begin; l < end; ++l)
-      for (int64_t slot = 0; slot < kFp8GemmsPerLayer; ++slot) {
-        Fp8Weight& x = w[size_t((l - begin) * G + slot)];
-        x.param = x.O * x.I > 0;
-      }
+  if (d.fp8_params)  // every kept weight (model/params.cpp marks the same tensors ParamGroup::fp8)
+    for (Fp8Weight& x : w) x.param = x.O * x.I > 0;
   return w;
 }
 

@@ -194,8 +194,10 @@ class Fp8State {
   // so a GEMM reads them as a kept copy (the w it is given is those codes, DType::U8) and transposes them
   // once per weights_changed(). A cast of all of a weight's parts on the ranks holding them:
   //  - current scaling: param_amax of each part (after begin_param_amaxes), param_amaxes / set_param_amaxes
-  //    (host, one per FP8 parameter in GEMM order) around their reduction (max) over every rank holding a
-  //    part -- the weight's TP shards and its DP x CP owners -- then cast_param with the scale of that amax;
+  //    (host, one per GEMM: 0 where its weight is no FP8 parameter of this rank, so that the vectors of all
+  //    ranks of a stage line up, the experts' by global index) around their reduction (max) over every
+  //    rank holding a part -- the weight's (expert-)TP shards and its owners: the stage's TP x DP x CP
+  //    ranks, the others bringing 0 -- then cast_param with the scale of that amax;
   //  - delayed scaling: cast_param with the step's scale, recording the part's amax as a quantization
   //    does (after begin_step).
   // x: the part's values in the compute dtype (bf16, as the 16-bit weight would hold them), n elements

@@ -68,8 +68,8 @@ struct GPTDims {
   int64_t fp8_begin = 0, fp8_end = 0;
   bool fp8_wgrad = false, fp8_blockwise = false;
   bool fp8_layer(int64_t l) const { return l >= fp8_begin && l < fp8_end; }
-  // training.fp8_param_gather: the FP8 layers' dense linear weights (fp8_state_entries' GEMMs but the
-  // experts') are FP8 parameters (ParamGroup::fp8): stored as codes only, after every other tensor
+  // training.fp8_param_gather: the weights of the FP8 layers' FP8 GEMMs (fp8_state_entries') are FP8
+  // parameters (ParamGroup::fp8): stored as codes only, after every other tensor
   bool fp8_params = false;
   // Sequence parallelism: an FP8 layer gathers the inputs of QKV and fc1 (ln1's and a dense layer's
   // ln2's outputs) over TP as FP8 codes (Fp8TokenGather), not in 16 bits; with blockwise scaling (codes
@@ -332,11 +332,12 @@ class GPTStage {
   // FP8 training: the scaling state of the stage's FP8 layers' GEMMs (null: none); GEMM g is slot
   // g % fp8_gemms_per_layer(d) of layer fp8_first_layer() + g / fp8_gemms_per_layer(d)
   Fp8State* fp8_state() const { return fp8_.get(); }
-  // FP8 parameters (StageOptions::fp8_param_codes): this chunk's, each a tensor of the layout and the
-  // GEMM of fp8_state() whose weight it is
+  // FP8 parameters (StageOptions::fp8_param_codes): this chunk's GEMM weights that are, each the GEMM of
+  // fp8_state() and its elements [at, at + n) of a tensor of the layout (an expert's: its part of the
+  // experts' tensor)
   struct Fp8Param {
     const ParamInfo* info = nullptr;
-    int64_t gemm = 0;
+    int64_t gemm = 0, at = 0, n = 0;
   };
   const std::vector<Fp8Param>& fp8_params() const { return fp8_params_; }
   int64_t fp8_first_layer() const { return fp8_begin_; }

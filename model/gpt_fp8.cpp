@@ -1,5 +1,5 @@
 // GPTStage's FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"): the FP8 layers'
-// dense linear weights read as the trainer's codes (StageOptions::fp8_param_codes), not from params_.
+// GEMM weights read as the trainer's codes (StageOptions::fp8_param_codes), not from params_.
 #include <string>
 
 #include "core/error.h"
@@ -27,14 +27,20 @@ BlockParams<CBuf> GPTStage::weights(int64_t layer) const {
 void GPTStage::init_fp8_params() {
   if (!d_.fp8_params || !fp8_) return;
   const int64_t G = fp8_gemms_per_layer(d_);
+  const MoEDims& m = d_.moe;
   for (int64_t l = fp8_begin_; l < fp8_end_; ++l)
-    for (const Fp8StateEntry& e : fp8_state_entries(d_.moe.is_moe(l), d_.moe.E, d_.moe.Fs > 0))
-      if (e.count == 1) {  // a dense GEMM's weight (the experts' are 16-bit parameters)
-        const ParamInfo* info = layout_.find("h." + std::to_string(l) + "." + e.gemm + ".weight");
-        TPT_CHECK(info != nullptr);
-        fp8_params_.push_back({info, (l - fp8_begin_) * G + e.slot});
-        fp8_->set_param_codes(fp8_params_.back().gemm, static_cast<uint8_t*>(const_cast<void*>(fp8_param(*info).p)));
+    for (const Fp8StateEntry& e : fp8_state_entries(m.is_moe(l), m.E, m.Fs > 0)) {
+      const ParamInfo* info = layout_.find("h." + std::to_string(l) + "." + e.gemm + ".weight");
+      TPT_CHECK(info != nullptr);
+      // a dense GEMM's weight, or each of the rank's experts' (El of the tensor's E: their slots)
+      const int64_t first = e.count == 1 ? 0 : m.expert_begin, count = e.count == 1 ? 1 : m.El;
+      const int64_t n = info->numel / count;
+      for (int64_t x = 0; x < count; ++x) {
+        fp8_params_.push_back({info, (l - fp8_begin_) * G + e.slot + first + x, x * n, n});
+        const Fp8Param& p = fp8_params_.back();
+        fp8_->set_param_codes(p.gemm, static_cast<uint8_t*>(const_cast<void*>(fp8_param(*info).p)) + p.at);
       }
+    }
 }
 
 }  // namespace tpt

@@ -262,13 +262,6 @@ ParamLayout make_param_layout(const GPTDims& d) {
       }
     }
   }
-  // FP8 parameters: the FP8 layers' dense GEMMs' weights (not the experts', which have their own group)
-  if (d.fp8_params)
-    for (int64_t l = std::max(d.layer_begin, d.fp8_begin); l < std::min(d.layer_end, d.fp8_end); ++l)
-      for (const Fp8StateEntry& e : fp8_state_entries(d.moe.is_moe(l), d.moe.E, d.moe.Fs > 0))
-        if (e.count == 1)
-          for (ParamInfo& p : b.layout.params)
-            if (p.name == "h." + std::to_string(l) + "." + e.gemm + ".weight") p.group.fp8 = true;
   if (d.last_stage()) {
     norm("ln_f");
     // the output layer: its own vocab-parallel lm_head.weight (initialised like the embedding), or the
@@ -312,6 +305,12 @@ ParamLayout make_param_layout(const GPTDims& d) {
     expert("fc2.weight", {m.E, d.C, m.Fe}, 2, I::Normal, out_std);
     if (m.bias) expert("fc2.bias", {m.E, d.C}, -1, I::Zeros, 0);
   }
+  // FP8 parameters: the weights of the FP8 layers' FP8 GEMMs (a shared expert's, the experts' too)
+  if (d.fp8_params)
+    for (int64_t l = std::max(d.layer_begin, d.fp8_begin); l < std::min(d.layer_end, d.fp8_end); ++l)
+      for (const Fp8StateEntry& e : fp8_state_entries(d.moe.is_moe(l), d.moe.E, d.moe.Fs > 0))
+        for (ParamInfo& p : b.layout.params)
+          if (p.name == "h." + std::to_string(l) + "." + e.gemm + ".weight") p.group.fp8 = true;
   return b.layout;
 }
 

@@ -50,15 +50,17 @@ GPTDims make_chunk_dims_cp(const Config& c, int tp, int pp, int s) {
 // distributed optimizer or on one rank).
 struct ReplicaBuffers {
   int64_t total = 0, owned = 0;
-  int64_t expert_span = 0;  // the experts' span, padded (0 without experts)
-  int64_t code_span = 0;    // the FP8 parameters' span, padded (0 without them)
+  int64_t expert_span = 0;  // the experts' spans, padded (0 without experts)
+  int64_t code_span = 0;    // the FP8 parameters' spans, padded (0 without them)
+  int64_t expert_codes = 0;  // of both, the experts' FP8 parameters' span
 };
 
 ReplicaBuffers replica_buffers(const ParamLayout& layout, int dense_ranks, int expert_ranks, bool distributed_optimizer) {
   std::vector<const ParamInfo*> order;
   for (const ParamInfo& p : layout.params) order.push_back(&p);
   std::stable_sort(order.begin(), order.end(), [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
-  auto kind = [](const ParamInfo& p) { return p.group.fp8 ? 2 : p.group.replicas == ReplicaGroup::ExpertData ? 1 : 0; };
+  // the span kinds in layout order (model/chunks.h make_rank_layout): dense, experts, then their FP8 parameters
+  auto kind = [](const ParamInfo& p) { return (p.group.fp8 ? 2 : 0) + (p.group.replicas == ReplicaGroup::ExpertData ? 1 : 0); };
   std::vector<std::pair<int, int64_t>> runs;  // each span's kind and first offset, in layout order
   for (const ParamInfo* p : order)
     if (runs.empty() || runs.back().first != kind(*p)) {
@@ -68,13 +70,15 @@ ReplicaBuffers replica_buffers(const ParamLayout& layout, int dense_ranks, int e
   ReplicaBuffers b;
   for (size_t i = 0; i < runs.size(); ++i) {
     const int64_t end = i + 1 < runs.size() ? runs[i + 1].second : layout.total;
-    const int ranks = runs[i].first == 1 ? expert_ranks : dense_ranks;
+    const bool experts = runs[i].first % 2 == 1, codes = runs[i].first >= 2;
+    const int ranks = experts ? expert_ranks : dense_ranks;
     const int64_t padded = GradSync::buffer_size(end - runs[i].second, ranks, distributed_optimizer);
     TPT_CHECK(i + 1 == runs.size() || runs[i].second + padded <= end);  // the layout left the padding its room
     b.total = runs[i].second + padded;
     b.owned += distributed_optimizer && ranks > 1 ? padded / ranks : padded;
-    if (runs[i].first == 1) b.expert_span = padded;
-    if (runs[i].first == 2) b.code_span = padded;
+    if (experts) b.expert_span += padded;
+    if (codes) b.code_span += padded;
+    if (experts && codes) b.expert_codes = padded;
   }
   return b;
 }
@@ -234,6 +238,7 @@ StageMemory stage_memory(const Config& cfg, int pp_rank, const std::vector<GPTDi
   m.tensors = int64_t(layout.params.size());
   m.expert_buffer = rb.expert_span;
   m.code_buffer = rb.code_span;
+  m.expert_code_buffer = rb.expert_codes;
   set_model_state_bytes(cfg, m);
   // Each chunk is a GPTStage with its slots' activations (and with zb-h1 the stashed output
   // gradients the deferred weight gradients read) and its own scratch.
@@ -614,8 +619,12 @@ Plan make_plan(Config cfg, const PlanOptions& o) {
     const int64_t dense = m.parameter_buffer - m.expert_buffer;
     const int64_t gb = bf16_grads(cfg) ? 2 : 4;
     int64_t dp_bytes = reps > 1 ? dense * gb : 0;
-    if (distributed && reps > 1) dp_bytes += dtype_size(dense - m.code_buffer, compute_dtype(cfg)) + m.code_buffer;
-    if (plan.edp > 1) dp_bytes += m.expert_buffer * gb + (distributed ? dtype_size(m.expert_buffer, compute_dtype(cfg)) : 0);
+    // (FP8 parameters: their spans gathered as codes, a byte per element)
+    const int64_t dense_codes = m.code_buffer - m.expert_code_buffer, expert_codes = m.expert_code_buffer;
+    if (distributed && reps > 1) dp_bytes += dtype_size(dense - dense_codes, compute_dtype(cfg)) + dense_codes;
+    if (plan.edp > 1)
+      dp_bytes += m.expert_buffer * gb +
+                  (distributed ? dtype_size(m.expert_buffer - expert_codes, compute_dtype(cfg)) + expert_codes : 0);
     if (P > 1 && (s == 0 || s == P - 1)) {
       const GPTDims d = make_dims(cfg, plan.tp, 0, P, s);
       if (!d.untied) dp_bytes += d.Vl * d.C * gb;

@@ -57,9 +57,10 @@ struct StageMemory {
   // optimizer's blocks over EDP ranks, the experts' data-parallel group)
   int64_t expert_parameters_per_rank = 0;
   int64_t expert_buffer = 0;
-  // FP8 parameters (training.fp8_param_gather): of parameter_buffer, their span (after every other, padded
-  // over the dense ranks), stored as FP8 codes (a byte each) with no compute copy, all-gathered as codes
-  int64_t code_buffer = 0;
+  // FP8 parameters (training.fp8_param_gather): of parameter_buffer, their spans (after every other, the
+  // dense one padded over the dense ranks, the experts' over EDP), stored as FP8 codes (a byte each) with
+  // no compute copy, all-gathered as codes; expert_code_buffer: the experts' (of expert_buffer too)
+  int64_t code_buffer = 0, expert_code_buffer = 0;
   int64_t owned_elements = 0;          // of parameter_buffer, what this rank's optimizer steps (1/DP: distributed)
   int64_t tensors = 0;                 // ParamLayout::params of the rank (fp16 optimizer states: a scale each)
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;

@@ -202,7 +202,7 @@ class Model {
   // codes transposed in forward; an output gradient gathered so (fp8_dout_gathered) is cast
   // on this rank's tokens rowwise (input's bytes) and its gathered codes transposed.
   struct Fp8Casts {
-    double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0, dense_weight = 0;
+    double input = 0, input_again = 0, input_saved = 0, output_grad = 0, weight = 0, dense_weight = 0, expert_weight = 0;
   };
   Fp8Casts fp8_casts() const {
     const TrainingConfig& t = c_.training;
@@ -215,11 +215,12 @@ class Model {
     c.input_saved = blockwise ? 2.0 * (read + 1.0) : read + 2.0;
     c.output_grad = !wgrad ? read + 1.0 : blockwise ? 2.0 * (read + 1.0) : read + 2.0;
     c.weight = read + 3.0;
-    // FP8 parameters (training.fp8_param_gather): the dense weights' cast from the master weights on this
-    // rank's 1 / (DP x CP) of them (read the fp32 master, write and read the 16-bit value, write a byte),
-    // and the transpose of the gathered codes
+    // FP8 parameters (training.fp8_param_gather): a weight's cast from the master weights on this rank's
+    // 1 / (DP x CP) of it (the experts': 1 / EDP; read the fp32 master, write and read the 16-bit value,
+    // write a byte), and the transpose of the gathered codes
     const double reps = double(std::max(1, c_.parallel.data_parallel_size) * c_.parallel.context_parallel_size);
     c.dense_weight = t.fp8_param_gather ? 2.0 + (4.0 + cb_ + read + 1.0) / reps : c.weight;
+    c.expert_weight = t.fp8_param_gather ? 2.0 + (4.0 + cb_ + read + 1.0) / expert_data_parallel_size(c_) : c.weight;
     return c;
   }
 
@@ -368,7 +369,7 @@ class Model {
       m8x += rows * (C + Fe), m8xa += rows * (C + Fe), m8y += rows * (F1 + C), m8wt += El * (C * F1 + Fe * C);
     }
     if (k.fp8_moe_layers > 0) {  // the casts of the GEMMs' inputs, output gradients and weights
-      m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8xb * (cast.input + 2.0) + m8wt * cast.weight / M, 4);
+      m8f += memory_bound(m8x * cast.input + m8xs * cast.input_saved + m8xb * (cast.input + 2.0) + m8wt * cast.expert_weight / M, 4);
       m8b += memory_bound(m8y * cast.output_grad + m8ys * cast.input + m8yt * 2.0, 4);
       if (cast.input_again > 0 || m8xt > 0) m8w += memory_bound(m8xa * cast.input_again + m8xt * 2.0, 4);
     }
@@ -517,11 +518,13 @@ StepTime estimate_step_time(const Config& c, const Hardware& hw, int gpus_per_no
     const double experts = double(stages[size_t(s)].expert_buffer), dense = buffer - experts;
     const double buckets = std::max(1.0, std::ceil(buffer / double(std::max<int64_t>(1, c.parallel.ddp_bucket_size))));
     double grads = model.collective(dense * gb, reps, tp, distributed ? 1.0 : 2.0);
-    const double codes = double(stages[size_t(s)].code_buffer);  // FP8 parameters: gathered as codes
+    // FP8 parameters: their spans gathered as codes, a byte per element
+    const double expert_codes = double(stages[size_t(s)].expert_code_buffer);
+    const double codes = double(stages[size_t(s)].code_buffer) - expert_codes;
     double params = distributed ? model.collective((dense - codes) * cb + codes, reps, tp, 1.0) : 0.0;
     if (experts > 0) {
       grads += model.collective(experts * gb, edp, ep * etp, distributed ? 1.0 : 2.0);
-      params += distributed ? model.collective(experts * cb, edp, ep * etp, 1.0) : 0.0;
+      params += distributed ? model.collective((experts - expert_codes) * cb + expert_codes, edp, ep * etp, 1.0) : 0.0;
     }
     const double backward = b[size_t(s)] + w[size_t(s)], slack = s * backward;
     double exposed = c.parallel.overlap_grad_reduce ? std::max(grads - backward - slack, grads / buckets)

@@ -169,7 +169,7 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
     f.training.fp8_param_gather = true;
     f.parallel.distributed_optimizer = true;
     add(std::string(par.distributed_optimizer ? "" : "parallel.distributed_optimizer=true ") + "training.fp8_param_gather=true",
-        "the FP8 layers' dense weights kept as FP8 codes only, no 16-bit copy: the same losses", f, plan.world_size);
+        "the FP8 layers' GEMM weights kept as FP8 codes only, no 16-bit copy: the same losses", f, plan.world_size);
   }
   // bf16 runs: the optimizer's storage options (plan --search's memory levels), cheapest first, each
   // with the ones before it

@@ -53,31 +53,32 @@ void Trainer::fp8_cast_params() {
     for (auto& stage : stages_)
       for (const GPTStage::Fp8Param& p : stage->fp8_params())
         for (const ShardRange& r : grad_sync_->owned()) {
-          const int64_t lo = std::max(r.offset, p.info->offset), hi = std::min(r.offset + r.n, p.info->offset + p.info->numel);
+          const int64_t begin = p.info->offset + p.at;
+          const int64_t lo = std::max(r.offset, begin), hi = std::min(r.offset + r.n, begin + p.n);
           for (int64_t at = lo; at < hi; at += piece) {
             const int64_t n = std::min(piece, hi - at);
             const int64_t m = master_sharded_ ? r.local + (at - r.offset) : at;
             ops_->master_copy(tmp, master_.f32() + m, n);  // as the 16-bit weight holds it
-            f(*stage->fp8_state(), p, tmp, at - p.info->offset, n);
+            f(*stage->fp8_state(), p, tmp, at - begin, n);
           }
         }
   };
-  if (!fp8_delayed()) {  // current scaling: the amax of each whole weight first (its TP shards, its owners)
+  if (!fp8_delayed()) {  // current scaling: the amax of each whole weight first, over the stage's ranks
+    std::vector<Fp8State*> states;
     for (auto& stage : stages_)
-      if (!stage->fp8_params().empty()) stage->fp8_state()->begin_param_amaxes();
+      if (!stage->fp8_params().empty()) states.push_back(stage->fp8_state());
+    for (Fp8State* f : states) f->begin_param_amaxes();
     parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t, int64_t n) { f.param_amax(p.gemm, x, n); });
-    std::vector<float> amax;
-    for (auto& stage : stages_)
-      if (!stage->fp8_params().empty())
-        for (float a : stage->fp8_state()->param_amaxes()) amax.push_back(a);
+    std::vector<float> amax;  // every GEMM of the rank's chunks (Fp8State::param_amaxes), one reduction per group
+    for (Fp8State* f : states)
+      for (float a : f->param_amaxes()) amax.push_back(a);
     Comm* groups[2] = {grid_.tp > 1 ? grid_.tp_group.get() : nullptr, grid_.dp_cp_size() > 1 ? &grid_.dp_cp() : nullptr};
     if (!amax.empty()) fp8_amax_reduce(amax.data(), int(amax.size()), groups, 2);
-    size_t at = 0;
-    for (auto& stage : stages_)
-      if (const size_t n = stage->fp8_params().size()) {
-        stage->fp8_state()->set_param_amaxes(std::vector<float>(amax.begin() + long(at), amax.begin() + long(at + n)));
-        at += n;
-      }
+    auto at = amax.begin();
+    for (Fp8State* f : states) {
+      f->set_param_amaxes(std::vector<float>(at, at + f->gemms()));
+      at += f->gemms();
+    }
   }
   parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t at, int64_t n) { f.cast_param(p.gemm, x, at, n); });
   grad_sync_->start_code_gather(fp8_param_codes_);  // the owned blocks' codes to every replica

@@ -94,8 +94,8 @@ void Trainer::log_setup() {
     const std::string stash = cfg_.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 && t.fp8_wgrad
                                   ? "; zb-h1's B keeps the output gradients for W as FP8 codes"
                                   : "";
-    // training.fp8_param_gather: the FP8 layers' dense weights as FP8 parameters (docs/FP8.md "FP8 parameters")
-    const std::string params = t.fp8_param_gather ? "; FP8 parameters: the dense linear weights of those layers kept as "
+    // training.fp8_param_gather: the FP8 layers' GEMM weights as FP8 parameters (docs/FP8.md "FP8 parameters")
+    const std::string params = t.fp8_param_gather ? "; FP8 parameters: the linear weights of those layers kept as "
                                                     "FP8 codes only, cast from the master weights and all-gathered as codes"
                                                   : "";
     spdlog::info("FP8: {} ({}), recipe {}, margin {}; the linear GEMMs of layers {}..{} in FP8{}{}, weight gradients {}{}{}{}",

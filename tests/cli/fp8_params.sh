@@ -12,8 +12,9 @@
 #  - bit for bit with clip_grad 0: GPT delayed (history 4, max) on DP 2 with the overlapped gradient
 #    reduction and parameter gathers (small buckets: the codes' gather waited for layer by layer); the
 #    Llama shape tensorwise on TP 2 + SP x DP 2 (the weight's amax over its TP shards and its owners) and
-#    on PP 2 zb-h1 x CP 2 with the first layer in bf16; an MoE GPT (shared expert: FP8 parameters; the
-#    experts: 16-bit, their own group) on EP 2 x DP 2; with evaluations between steps;
+#    on PP 2 zb-h1 x CP 2 with the first layer in bf16; an MoE GPT with a shared expert (every expert's
+#    weights FP8 parameters too, a span of their own over EDP) delayed on EP 2 x DP 4 and on TP 2 + SP
+#    with expert TP 2 x DP 2 (overlapped gathers); with evaluations between steps;
 #  - with clipping (1.0): within 2e-3 of the run without (measured: equal);
 #  - checkpoints hold the master weights, not codes: a run saved at step 4 resumes with FP8 parameters
 #    and without them, both the uninterrupted run's losses bit for bit;
@@ -73,6 +74,10 @@ sed 's/make_vocab_size_divisible_by: 8}/make_vocab_size_divisible_by: 8, num_moe
   "$W/cfg.yaml" > "$CFG"
 pair moe 4 "${DL[@]}" "${DIST[@]}" --set parallel.data_parallel_size=4 --set parallel.expert_model_parallel_size=2
 within moe_pg moe 0 && ok "MoE GPT (shared expert) delayed on EP 2 x DP 4: bit for bit" || bad "MoE GPT on EP 2"
+pair moe_etp 4 "${TW[@]}" "${DIST[@]}" --set parallel.data_parallel_size=2 --set parallel.tensor_model_parallel_size=2 \
+  --set parallel.sequence_parallel=true --set parallel.expert_tensor_parallel_size=2 --set parallel.overlap_param_gather=true \
+  --set parallel.overlap_grad_reduce=true --set parallel.ddp_bucket_size=3000
+within moe_etp_pg moe_etp 0 && ok "MoE GPT tensorwise on TP 2 + SP, expert TP 2 x DP 2: bit for bit" || bad "MoE GPT on expert TP 2"
 unset CFG
 CL=("${TW[@]}" --set parallel.distributed_optimizer=true --set parallel.data_parallel_size=2)
 pair clip 2 "${CL[@]}"
@@ -99,7 +104,7 @@ else bad "resume with FP8 parameters"; fi
 # memory: as planned, and less than without (the 16-bit copy and the kept rowwise codes of the FP8 layers'
 # dense weights replaced by their codes)
 alloc() { sed -n 's/^memory: allocated .* (\([0-9]*\) bytes) on rank 0 (plan: .* (\([0-9]*\) bytes).*/\1 \2/p' "$W/$1.log"; }
-for r in dp2 tp2 zbcp moe; do
+for r in dp2 tp2 zbcp moe moe_etp; do
   read -r a_pg p_pg <<< "$(alloc ${r}_pg)"
   read -r a_x _ <<< "$(alloc $r)"
   if [ -n "${a_pg:-}" ] && [ "$a_pg" = "$p_pg" ] && [ "$a_pg" -lt "$a_x" ]; then
