@@ -25,9 +25,6 @@ void resolve_fp8(const Config& c, const ModelKeys& keys) {
       fail("training.fp8_param_gather", "parallel.distributed_optimizer",
            "FP8 parameters are cast from the distributed optimizer's master weights: needs "
            "parallel.distributed_optimizer: true");
-    if (t.fp8_recipe == Fp8Recipe::Blockwise)
-      fail("training.fp8_param_gather", "training.fp8_recipe",
-           "FP8 parameters are built for training.fp8_recipe tensorwise and delayed, not blockwise");
     const OptimizerConfig& o = c.optimizer;
     if (o.store_param_remainders)
       fail("training.fp8_param_gather", "optimizer.store_param_remainders",

@@ -292,6 +292,14 @@ class ProfiledOps final : public Ops {
   void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) override {
     timed("fp8 transpose", 0, 2.0 * double(rows * cols), [&] { in_.fp8_transpose(out, in, rows, cols); });
   }
+  void fp8_block_amax(float* amax, CBuf inp, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc) override {
+    timed("fp8_block_amax", 0, double(dtype_size(n, inp.t)), [&] { in_.fp8_block_amax(amax, inp, at, n, cols, br, bc); });
+  }
+  void fp8_quantize_given_blocks(uint8_t* out, CBuf inp, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc,
+                                 Fp8Type t, const float* scale_inv) override {
+    timed("fp8_quantize_given_blocks", 0, double(dtype_size(n, inp.t) + n),
+          [&] { in_.fp8_quantize_given_blocks(out, inp, at, n, cols, br, bc, t, scale_inv); });
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv, bool transposed) override {
     timed("fp8 quantize blocks", 0, double(dtype_size(rows * cols, inp.t) + rows * cols),

@@ -311,6 +311,15 @@ class Ops {
   // (cols, rows), the columnwise copy (the scales as without).
   virtual void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows,
                                    int64_t block_cols, Fp8Type t, int margin, float* scale_inv, bool transposed) = 0;
+  // The same in parts (blockwise FP8 parameters, docs/FP8.md "FP8 parameters": a weight's parts cast by the
+  // ranks owning them): in holds elements [at, at + n) of a row-major matrix of `cols` columns. block_amax:
+  // amax[b] = max(amax[b], |in| over the part's elements of block b) (core/fp8.h fp8_amax_step, the blocks'
+  // grid row-major as above). quantize_given_blocks: out (n) = the codes of in * (1 / scale_inv[b]) with b
+  // the block of each element (scale_inv: 1 / a power-of-two fp8_block_scale, so 1 / scale_inv is it again).
+  virtual void fp8_block_amax(float* amax, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t block_rows,
+                              int64_t block_cols) = 0;
+  virtual void fp8_quantize_given_blocks(uint8_t* out, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t block_rows,
+                                         int64_t block_cols, Fp8Type t, const float* scale_inv) = 0;
   // FP8 GEMMs (docs/FP8.md "GEMM path"): linear_forward / linear_backward with FP8 operands, fp32
   // accumulation, outputs as there (out, gelu_pre, dinp in their dtype, rounded once; dw fp32 +=).
   // CPU: exact emulation -- each operand decoded and multiplied by its scale_inv in fp32, then the fp32

@@ -49,7 +49,6 @@ Fp8State::Fp8State(Ops& ops, const Fp8LinearOptions& options, const Fp8ScratchSi
     for (size_t g = 0; g < weights.size(); ++g) {
       const Fp8Weight& w = weights[g];
       if (w.O * w.I == 0) continue;
-      TPT_CHECK(!w.param || !o_.blockwise);
       const int64_t rows = w.param ? 0 : round_up(w.O * w.I, 256);  // an FP8 parameter's are the parameter
       kept_[g] = KeptWeight{codes, codes + rows, floats, w.O, w.I};
       codes += rows + round_up(w.O * w.I, 256);
@@ -117,44 +116,67 @@ void Fp8State::scales_loaded() {
 }
 
 void Fp8State::set_param_codes(int64_t g, uint8_t* codes) {
-  TPT_CHECK(!o_.blockwise && g >= 0 && size_t(g) < kept_.size() && kept_[size_t(g)].O > 0 && codes);
+  TPT_CHECK(g >= 0 && size_t(g) < kept_.size() && kept_[size_t(g)].O > 0 && codes);
   KeptWeight& k = kept_[size_t(g)];
   TPT_CHECK(k.t_codes == k.codes);  // made as an Fp8Weight::param: no rowwise copy of its own
   k.param = codes;
   k.src = nullptr;
 }
 
+// a kept weight's floats in kept_scales_: current scaling's scale_inv and amax; blockwise: its blocks' scale_inv
+int64_t Fp8State::kept_floats(const KeptWeight& k) const { return kept_scale_floats(o_, Fp8Weight{k.O, k.I}); }
+
 void Fp8State::begin_param_amaxes() {
-  TPT_CHECK(!o_.delayed && !o_.blockwise);
-  for (const KeptWeight& k : kept_)
-    if (k.param) ops_.zero(kept_scales_ + k.scales + 1, 1);
+  TPT_CHECK(!o_.delayed);
+  for (const KeptWeight& k : kept_)  // (blockwise: the blocks' amaxes where their scale_inv go)
+    if (k.param) o_.blockwise ? ops_.zero(kept_scales_ + k.scales, kept_floats(k)) : ops_.zero(kept_scales_ + k.scales + 1, 1);
 }
 
-void Fp8State::param_amax(int64_t g, CBuf x, int64_t n) {
+void Fp8State::param_amax(int64_t g, CBuf x, int64_t at, int64_t n) {
   const KeptWeight& k = kept_.at(size_t(g));
-  TPT_CHECK(k.param && !o_.delayed && n >= 0);
-  if (n) ops_.fp8_quantize(nullptr, x, n, type(kW), nullptr, kept_scales_ + k.scales + 1);
+  TPT_CHECK(k.param && !o_.delayed && at >= 0 && n >= 0 && at + n <= k.O * k.I);
+  if (!n) return;
+  if (o_.blockwise) return ops_.fp8_block_amax(kept_scales_ + k.scales, x, at, n, k.I, kFp8Block, kFp8Block);
+  ops_.fp8_quantize(nullptr, x, n, type(kW), nullptr, kept_scales_ + k.scales + 1);
 }
 
-std::vector<float> Fp8State::param_amaxes() {
-  std::vector<float> all(static_cast<size_t>(kept_scale_floats_)), out(size_t(gemms()), 0.0f);
+std::vector<float> Fp8State::param_amaxes(const std::vector<int64_t>& gemms) {
+  std::vector<float> all(static_cast<size_t>(kept_scale_floats_)), out;
   if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);  // one read
-  for (size_t g = 0; g < kept_.size(); ++g)
-    if (kept_[g].param) out[g] = all[size_t(kept_[g].scales + 1)];
+  for (int64_t g : gemms) {
+    const KeptWeight* k = size_t(g) < kept_.size() && kept_[size_t(g)].param ? &kept_[size_t(g)] : nullptr;
+    if (o_.blockwise) {
+      TPT_CHECK(k != nullptr);
+      out.insert(out.end(), all.begin() + k->scales, all.begin() + k->scales + kept_floats(*k));
+    } else {
+      out.push_back(k ? all[size_t(k->scales + 1)] : 0.0f);
+    }
+  }
   return out;
 }
 
-void Fp8State::set_param_amaxes(const std::vector<float>& amax) {
-  TPT_CHECK(int64_t(amax.size()) == gemms());
+void Fp8State::set_param_amaxes(const std::vector<int64_t>& gemms, const std::vector<float>& amax) {
   std::vector<float> all(static_cast<size_t>(kept_scale_floats_));
   if (kept_scale_floats_) ops_.to_host(all.data(), CBuf(kept_scales_), kept_scale_floats_);
-  for (size_t g = 0; g < kept_.size(); ++g)
-    if (kept_[g].param) all[size_t(kept_[g].scales + 1)] = amax[g];
-  if (kept_scale_floats_) ops_.to_device(kept_scales_, all.data(), kept_scale_floats_);
   const Fp8Type t = type(kW);
-  for (const KeptWeight& k : kept_)  // each reduced amax's scale_inv (the scale: made again by each cast_param)
-    if (k.param) {
-      float* si = kept_scales_ + k.scales;
+  size_t i = 0;
+  for (int64_t g : gemms) {
+    const KeptWeight* k = size_t(g) < kept_.size() && kept_[size_t(g)].param ? &kept_[size_t(g)] : nullptr;
+    if (o_.blockwise) {  // each block's scale_inv from its reduced amax, as fp8_quantize_blocks makes it
+      TPT_CHECK(k != nullptr && i + size_t(kept_floats(*k)) <= amax.size());
+      for (int64_t b = 0; b < kept_floats(*k); ++b) all[size_t(k->scales + b)] = 1.0f / fp8_block_scale(amax[i++], t, o_.margin);
+    } else {
+      TPT_CHECK(i < amax.size());
+      if (k) all[size_t(k->scales + 1)] = amax[i];
+      ++i;
+    }
+  }
+  TPT_CHECK(i == amax.size());
+  if (kept_scale_floats_) ops_.to_device(kept_scales_, all.data(), kept_scale_floats_);
+  if (o_.blockwise) return;
+  for (int64_t g : gemms)  // each reduced amax's scale_inv (the scale: made again by each cast_param)
+    if (size_t(g) < kept_.size() && kept_[size_t(g)].param) {
+      float* si = kept_scales_ + kept_[size_t(g)].scales;
       ops_.fp8_current_scales(state_ + kTensors + kW, si, si + 1, &t, 1, o_.margin);
     }
 }
@@ -164,6 +186,8 @@ void Fp8State::cast_param(int64_t g, CBuf x, int64_t at, int64_t n) {
   TPT_CHECK(k.param && at >= 0 && n >= 0 && at + n <= k.O * k.I);
   k.src = nullptr;  // its transpose is made again
   if (!n) return;
+  if (o_.blockwise)  // each element with its block's scale (set_param_amaxes)
+    return ops_.fp8_quantize_given_blocks(k.param + at, x, at, n, k.I, kFp8Block, kFp8Block, type(kW), kept_scales_ + k.scales);
   if (o_.delayed) {  // the step's scale; the amax recorded as the weight's quantization would
     const int64_t T = kTensors * gemms(), j = g * kTensors + kW;
     return ops_.fp8_quantize(k.param + at, x, n, type(kW), state_ + T + j, state_ + j);
@@ -227,7 +251,7 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
         TPT_CHECK(rows * cols[i] == n[i] && blocks <= block_cap_[i]);
         uint8_t* codes = codes_[i];
         float* si = scale_inv;
-        if (i == kW && kw) codes = kept_codes_ + kw->codes, si = kept_scales_ + kw->scales;
+        if (i == kW && kw) codes = rows_of(*kw), si = kept_scales_ + kw->scales;
         const bool t = layout(i) == kCol;  // one layout: the codes, or their transpose
         TPT_CHECK(layout(i) == kRow || (t && i != kW));
         if (!(i == kW && reuse))

@@ -188,25 +188,27 @@ class Fp8State {
   // (blockwise), in 256-byte allocations
   static int64_t weight_cache_bytes(const Fp8LinearOptions& options, const std::vector<Fp8Weight>& weights);
 
-  // FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"; Fp8Weight::param, not with
-  // blockwise scaling): GEMM g's weight is the O x I codes at `codes` (the trainer's parameter codes), made
-  // by cast_param from the master weights -- the codes and scale the weight's own quantization would give,
-  // so a GEMM reads them as a kept copy (the w it is given is those codes, DType::U8) and transposes them
-  // once per weights_changed(). A cast of all of a weight's parts on the ranks holding them:
-  //  - current scaling: param_amax of each part (after begin_param_amaxes), param_amaxes / set_param_amaxes
-  //    (host, one per GEMM: 0 where its weight is no FP8 parameter of this rank, so that the vectors of all
-  //    ranks of a stage line up, the experts' by global index) around their reduction (max) over every
-  //    rank holding a part -- the weight's (expert-)TP shards and its owners: the stage's TP x DP x CP
-  //    ranks, the others bringing 0 -- then cast_param with the scale of that amax;
+  // FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"; Fp8Weight::param): GEMM g's
+  // weight is the O x I codes at `codes` (the trainer's parameter codes), made by cast_param from the master
+  // weights -- the codes and scales the weight's own quantization would give, so a GEMM reads them as a kept
+  // copy (the w it is given is those codes, DType::U8) and transposes them once per weights_changed(). A
+  // cast of all of a weight's parts on the ranks holding them:
+  //  - current and blockwise scaling: param_amax of each part (after begin_param_amaxes), param_amaxes /
+  //    set_param_amaxes (host) around their reduction (max) over every rank holding a part, then
+  //    cast_param with the scale(s) of those amaxes. Current scaling: one amax per GEMM of `gemms` (0 where
+  //    its weight is no FP8 parameter of this rank, so that the vectors of a stage's ranks line up, the
+  //    experts' by global index), reduced over the weight's owners and its (expert-)TP shards: the stage's
+  //    TP x DP x CP ranks, the others bringing 0. Blockwise: every 128 x 128 block's amax of each weight of
+  //    `gemms` (all FP8 parameters), reduced over its owners only (the TP shards' blocks are their own);
   //  - delayed scaling: cast_param with the step's scale, recording the part's amax as a quantization
   //    does (after begin_step).
   // x: the part's values in the compute dtype (bf16, as the 16-bit weight would hold them), n elements
   // from element `at` of the weight.
   void set_param_codes(int64_t g, uint8_t* codes);
   void begin_param_amaxes();
-  void param_amax(int64_t g, CBuf x, int64_t n);
-  std::vector<float> param_amaxes();
-  void set_param_amaxes(const std::vector<float>& amax);
+  void param_amax(int64_t g, CBuf x, int64_t at, int64_t n);
+  std::vector<float> param_amaxes(const std::vector<int64_t>& gemms);
+  void set_param_amaxes(const std::vector<int64_t>& gemms, const std::vector<float>& amax);
   void cast_param(int64_t g, CBuf x, int64_t at, int64_t n);
 
   // Current scaling: GEMM g's amax reductions instead of the options' (a MoE expert's: its expert-TP
@@ -260,6 +262,7 @@ class Fp8State {
     uint8_t* param = nullptr;  // an FP8 parameter's codes (the rowwise copy; codes unused)
   };
   uint8_t* rows_of(const KeptWeight& k) const { return k.param ? k.param : kept_codes_ + k.codes; }
+  int64_t kept_floats(const KeptWeight& k) const;
   std::vector<KeptWeight> kept_;
   uint8_t* kept_codes_ = nullptr;
   float* kept_scales_ = nullptr;

@@ -217,10 +217,12 @@ class Model {
     c.weight = read + 3.0;
     // FP8 parameters (training.fp8_param_gather): a weight's cast from the master weights on this rank's
     // 1 / (DP x CP) of it (the experts': 1 / EDP; read the fp32 master, write and read the 16-bit value,
-    // write a byte), and the transpose of the gathered codes
+    // write a byte; current and blockwise scaling an amax pass before, the same but the byte), and the
+    // transpose of the gathered codes
     const double reps = double(std::max(1, c_.parallel.data_parallel_size) * c_.parallel.context_parallel_size);
-    c.dense_weight = t.fp8_param_gather ? 2.0 + (4.0 + cb_ + read + 1.0) / reps : c.weight;
-    c.expert_weight = t.fp8_param_gather ? 2.0 + (4.0 + cb_ + read + 1.0) / expert_data_parallel_size(c_) : c.weight;
+    const double cast = 4.0 + 2.0 * cb_ + 1.0 + (t.fp8_recipe == Fp8Recipe::Delayed ? 0.0 : 4.0 + 2.0 * cb_);
+    c.dense_weight = t.fp8_param_gather ? 2.0 + cast / reps : c.weight;
+    c.expert_weight = t.fp8_param_gather ? 2.0 + cast / expert_data_parallel_size(c_) : c.weight;
     return c;
   }
 

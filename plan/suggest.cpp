@@ -157,13 +157,13 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
   for (const auto& [what, cfg] : switches) fits = add(what, "", cfg, plan.world_size) || fits;
   if (!fits && !change.empty() && rc != Recompute::Full)
     add(change + " training.recompute=full", "", with_recompute(v, Recompute::Full), plan.world_size);
-  // FP8 training (tensorwise or delayed): FP8 parameters in place of the FP8 layers' 16-bit weight copy
+  // FP8 training: FP8 parameters in place of the FP8 layers' 16-bit weight copy
   // (the same losses; docs/FP8.md "FP8 parameters"), with the distributed optimizer they are cast from
   const TrainingConfig& t = c.training;
   const OptimizerConfig& opt = c.optimizer;
   const bool fp16_states = opt.main_params_dtype == StateDType::FP16 || opt.exp_avg_dtype == StateDType::FP16 ||
                            opt.exp_avg_sq_dtype == StateDType::FP16;
-  if (t.fp8_format != Fp8Format::None && t.fp8_recipe != Fp8Recipe::Blockwise && !t.fp8_param_gather &&
+  if (t.fp8_format != Fp8Format::None && !t.fp8_param_gather &&
       !opt.store_param_remainders && !fp16_states) {
     Config f = c;
     f.training.fp8_param_gather = true;

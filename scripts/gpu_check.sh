@@ -270,8 +270,9 @@ elif ((TESTS)); then
 fi
 
 # ---- 2c. FP8 parameters on one GPU (training.fp8_param_gather, docs/FP8.md "FP8 parameters") ----------
-# a small Llama shape in FP8 (hybrid; tensorwise, delayed) with and without FP8 parameters: the master
-# weights' 16-bit rounding (Ops::master_copy), their cast into the parameters' codes and the GEMMs reading
+# a small Llama shape in FP8 (hybrid; each recipe) with and without FP8 parameters: the master
+# weights' 16-bit rounding (Ops::master_copy), their cast into the parameters' codes (blockwise: the parts'
+# block amaxes and given-block casts) and the GEMMs reading
 # those must give the losses of the kept weight copies bit for bit (clip_grad 0: the gradient norm is
 # summed in another order, the FP8 parameters' span being last)
 fp8_params_gpu() {
@@ -286,7 +287,7 @@ parallel: {distributed_optimizer: true}
 data: {path: $OUT/tokens.bin, split: [100, 0, 0], eval_iters: 0}
 YAML
   local r pg
-  for r in tensorwise delayed; do
+  for r in tensorwise delayed blockwise; do
     for pg in false true; do
       timeout 90 "$TPTRAIN" --config "$OUT/fp8p.yaml" --set training.fp8_recipe=$r --set training.fp8_param_gather=$pg \
         --set logging.metrics_file="$OUT/fp8p_${r}_$pg.jsonl" >"$OUT/fp8p_${r}_$pg.log" 2>&1 ||

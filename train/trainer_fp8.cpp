@@ -63,21 +63,41 @@ void Trainer::fp8_cast_params() {
           }
         }
   };
-  if (!fp8_delayed()) {  // current scaling: the amax of each whole weight first, over the stage's ranks
-    std::vector<Fp8State*> states;
+  if (!fp8_delayed()) {  // current and blockwise scaling: the amaxes of each whole weight first
     for (auto& stage : stages_)
-      if (!stage->fp8_params().empty()) states.push_back(stage->fp8_state());
-    for (Fp8State* f : states) f->begin_param_amaxes();
-    parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t, int64_t n) { f.param_amax(p.gemm, x, n); });
-    std::vector<float> amax;  // every GEMM of the rank's chunks (Fp8State::param_amaxes), one reduction per group
-    for (Fp8State* f : states)
-      for (float a : f->param_amaxes()) amax.push_back(a);
-    Comm* groups[2] = {grid_.tp > 1 ? grid_.tp_group.get() : nullptr, grid_.dp_cp_size() > 1 ? &grid_.dp_cp() : nullptr};
-    if (!amax.empty()) fp8_amax_reduce(amax.data(), int(amax.size()), groups, 2);
-    auto at = amax.begin();
-    for (Fp8State* f : states) {
-      f->set_param_amaxes(std::vector<float>(at, at + f->gemms()));
-      at += f->gemms();
+      if (!stage->fp8_params().empty()) stage->fp8_state()->begin_param_amaxes();
+    parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t at, int64_t n) { f.param_amax(p.gemm, x, at, n); });
+    // the GEMMs whose amaxes are reduced together, and over which groups (Fp8State::param_amaxes): current
+    // scaling every GEMM of the rank's chunks over the stage's ranks; blockwise the dense weights' blocks over
+    // DP x CP, the experts' over EDP
+    const bool blockwise = cfg_.training.fp8_recipe == Fp8Recipe::Blockwise;
+    Comm* tp = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
+    Comm* dp_cp = grid_.dp_cp_size() > 1 ? &grid_.dp_cp() : nullptr;
+    Comm& edp = grid_.edp_group ? *grid_.edp_group : grid_.dp_cp();
+    for (const bool experts : {false, true}) {
+      if (!blockwise && experts) break;
+      std::vector<std::vector<int64_t>> gemms;  // per chunk, and where its amaxes begin
+      std::vector<size_t> begin;
+      std::vector<float> amax;
+      for (auto& stage : stages_) {
+        Fp8State* f = stage->fp8_state();
+        gemms.emplace_back();
+        begin.push_back(amax.size());
+        if (!f || stage->fp8_params().empty()) continue;
+        if (!blockwise)
+          for (int64_t g = 0; g < f->gemms(); ++g) gemms.back().push_back(g);
+        else
+          for (const GPTStage::Fp8Param& p : stage->fp8_params())
+            if ((p.info->group.replicas == ReplicaGroup::ExpertData) == experts) gemms.back().push_back(p.gemm);
+        for (float a : f->param_amaxes(gemms.back())) amax.push_back(a);
+      }
+      begin.push_back(amax.size());
+      Comm* groups[2] = {blockwise ? nullptr : tp, !blockwise ? dp_cp : experts ? &edp : dp_cp};
+      if (!amax.empty()) fp8_amax_reduce(amax.data(), int(amax.size()), groups, 2);
+      for (size_t c = 0; c < stages_.size(); ++c)
+        if (!gemms[c].empty())
+          stages_[c]->fp8_state()->set_param_amaxes(
+              gemms[c], std::vector<float>(amax.begin() + long(begin[c]), amax.begin() + long(begin[c + 1])));
     }
   }
   parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t at, int64_t n) { f.cast_param(p.gemm, x, at, n); });

@@ -272,6 +272,24 @@ class CpuOps final : public Ops {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
   }
+  void fp8_block_amax(float* amax, CBuf inp, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc) override {
+    const float* x = in(inp, n, 0);
+    const int64_t gc = (cols + bc - 1) / bc;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = at + i, b = e / cols / br * gc + e % cols / bc;
+      amax[b] = fp8_amax_step(amax[b], x[i]);
+    }
+  }
+  void fp8_quantize_given_blocks(uint8_t* out, CBuf inp, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc,
+                                 Fp8Type t, const float* scale_inv) override {
+    const float* x = in(inp, n, 0);
+    const int64_t gc = (cols + bc - 1) / bc;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = at + i;
+      out[i] = fp32_to_fp8(x[i] * (1.0f / scale_inv[e / cols / br * gc + e % cols / bc]), t);
+    }
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv, bool transposed) override {
     cpu::fp8_quantize_blocks(out, in(inp, rows * cols, 0), rows, cols, br, bc, t, margin, scale_inv, transposed);

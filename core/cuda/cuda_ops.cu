@@ -496,6 +496,13 @@ class CudaOps final : public Ops {
   void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) override {
     cuda::fp8_transpose(out, in, rows, cols, stream_);
   }
+  void fp8_block_amax(float* amax, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc) override {
+    cuda::fp8_block_amax(amax, in, at, n, cols, br, bc, stream_);
+  }
+  void fp8_quantize_given_blocks(uint8_t* out, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc,
+                                 Fp8Type t, const float* scale_inv) override {
+    cuda::fp8_quantize_given_blocks(out, in, at, n, cols, br, bc, t, scale_inv, stream_);
+  }
   void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                            int margin, float* scale_inv, bool transposed) override {
     cuda::fp8_quantize_blocks(out, in, rows, cols, br, bc, t, margin, scale_inv, transposed, stream_);

@@ -337,7 +337,50 @@ __global__ void bias_store_kernel(T* out, const float* acc, const T* bias, int64
   TPT_GRID_LOOP(i, N * C) st(out, i, bias ? acc[i] + ld(bias, i % C) : acc[i]);
 }
 
+// Blockwise FP8 parameters' parts (Ops::fp8_block_amax, fp8_quantize_given_blocks): element i of in is
+// element at + i of a (., cols) matrix in (br, bc) blocks, gc of them a row. The amax one atomicMax on the
+// bits per nonzero element (a step's cast of the rank's blocks of the weights, not a GEMM input's).
+template <class T>
+__global__ void fp8_block_amax_kernel(float* amax, const T* in, int64_t at, int64_t n, int64_t cols, int64_t br,
+                                      int64_t bc, int64_t gc) {
+  TPT_GRID_LOOP(i, n) {
+    const int64_t e = at + i;
+    const uint32_t m = fp8_abs_bits(ld(in, i));
+    if (m) atomicMax(reinterpret_cast<unsigned int*>(amax + e / cols / br * gc + e % cols / bc), m);
+  }
+}
+template <class T>
+__global__ void fp8_quantize_given_blocks_kernel(uint8_t* out, const T* in, int64_t at, int64_t n, int64_t cols,
+                                                 int64_t br, int64_t bc, int64_t gc, Fp8Type t, const float* scale_inv) {
+  TPT_GRID_LOOP(i, n) {
+    const int64_t e = at + i;
+    out[i] = fp8_one(ld(in, i) * (1.0f / scale_inv[e / cols / br * gc + e % cols / bc]), t);
+  }
+}
+
 }  // namespace
+
+void fp8_block_amax(float* amax, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc, cudaStream_t s) {
+  TPT_CHECK(br > 0 && bc > 0 && cols > 0 && at >= 0);
+  if (n <= 0) return;
+  dispatch(in.t, [&](auto tag) {
+    using T = decltype(tag);
+    fp8_block_amax_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(amax, typed<T>(in), at, n, cols, br, bc, (cols + bc - 1) / bc);
+    TPT_CUDA_LAUNCHED();
+  });
+}
+
+void fp8_quantize_given_blocks(uint8_t* out, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc,
+                               Fp8Type t, const float* scale_inv, cudaStream_t s) {
+  TPT_CHECK(br > 0 && bc > 0 && cols > 0 && at >= 0);
+  if (n <= 0) return;
+  dispatch(in.t, [&](auto tag) {
+    using T = decltype(tag);
+    fp8_quantize_given_blocks_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out, typed<T>(in), at, n, cols, br, bc,
+                                                                         (cols + bc - 1) / bc, t, scale_inv);
+    TPT_CUDA_LAUNCHED();
+  });
+}
 
 void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,
                          int margin, float* scale_inv, bool transposed, cudaStream_t s) {

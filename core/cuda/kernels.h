@@ -39,6 +39,11 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, CBuf in, int64_t rows, int
 // each, 128 x 1 transposed blocks from a warp's 128 x 32 tile, other blocks one thread block each)
 void fp8_quantize_blocks(uint8_t* out, CBuf in, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
                          Fp8Type t, int margin, float* scale_inv, bool transposed, cudaStream_t s);
+// Ops::fp8_block_amax, fp8_quantize_given_blocks (blockwise FP8 parameters' parts)
+void fp8_block_amax(float* amax, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t block_rows, int64_t block_cols,
+                    cudaStream_t s);
+void fp8_quantize_given_blocks(uint8_t* out, CBuf in, int64_t at, int64_t n, int64_t cols, int64_t block_rows,
+                               int64_t block_cols, Fp8Type t, const float* scale_inv, cudaStream_t s);
 // The FP8 GEMMs' operand preparation (core/cuda/fp8_gemm.cu): out (cols, rows) = the transpose of the
 // codes in (rows, cols); a scale grid's relayout, out[j * ld + i] = in[i * si + j * sj] for i < ni,
 // j < nj (0 for ni <= i < ld); and the fallback's decoding, out (n fp32) = value * its scale_inv

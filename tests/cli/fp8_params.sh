@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"): the FP8 layers' dense linear
-# weights kept as FP8 codes only, cast from the master weights on the ranks that own them and all-gathered
+# FP8 parameters (training.fp8_param_gather, docs/FP8.md "FP8 parameters"): the FP8 layers' linear
+# weights (experts' too) kept as FP8 codes only, cast from the master weights on the ranks that own them and all-gathered
 # as codes. Their codes are those the weights' own quantization makes (of the master weights rounded as
 # the 16-bit copy holds them, with the same scale), so the losses are those without FP8 parameters bit for
 # bit -- where the gradient norm does not enter the step: with optimizer.clip_grad 0. (FP8 parameters
@@ -15,6 +15,9 @@
 #    on PP 2 zb-h1 x CP 2 with the first layer in bf16; an MoE GPT with a shared expert (every expert's
 #    weights FP8 parameters too, a span of their own over EDP) delayed on EP 2 x DP 4 and on TP 2 + SP
 #    with expert TP 2 x DP 2 (overlapped gathers); with evaluations between steps;
+#  - blockwise (each 128 x 128 block's amax from its owners' parts, reduced over DP x CP, the experts' over
+#    EDP; hidden 256): the Llama shape on TP 2 + SP x DP 2, an MoE GPT on TP 2 + SP x DP 2 with expert TP 1
+#    (EDP 4), bit for bit;
 #  - with clipping (1.0): within 2e-3 of the run without (measured: equal);
 #  - checkpoints hold the master weights, not codes: a run saved at step 4 resumes with FP8 parameters
 #    and without them, both the uninterrupted run's losses bit for bit;
@@ -30,8 +33,6 @@ expect_exit2 pg_no_fp8 "training.fp8_param_gather: FP8 parameters need FP8 train
   timeout 20 "$TPTRAIN" --config "$BASE" --set training.fp8_param_gather=true
 expect_exit2 pg_no_dist "needs parallel.distributed_optimizer: true" \
   timeout 20 "$TPTRAIN" --config "$BASE" "${F8[@]}" --set parallel.distributed_optimizer=false --set training.fp8_param_gather=true
-expect_exit2 pg_blockwise "training.fp8_recipe" \
-  timeout 20 "$TPTRAIN" --config "$BASE" "${F8[@]}" --set training.fp8_recipe=blockwise --set training.fp8_param_gather=true
 expect_exit2 pg_remainders "optimizer.store_param_remainders" \
   timeout 20 "$TPTRAIN" --config "$BASE" "${F8[@]}" --set optimizer.store_param_remainders=true --set training.fp8_param_gather=true
 expect_exit2 pg_fp16_states "optimizer.exp_avg_dtype: fp16" \
@@ -79,6 +80,27 @@ pair moe_etp 4 "${TW[@]}" "${DIST[@]}" --set parallel.data_parallel_size=2 --set
   --set parallel.overlap_grad_reduce=true --set parallel.ddp_bucket_size=3000
 within moe_etp_pg moe_etp 0 && ok "MoE GPT tensorwise on TP 2 + SP, expert TP 2 x DP 2: bit for bit" || bad "MoE GPT on expert TP 2"
 unset CFG
+# blockwise scaling: every 128 x 128 block's amax from its owners' parts (a part cuts blocks and rows), so
+# every linear width a multiple of 128 per TP rank: hidden 256, 2 layers, 10 steps (fp8.sh's blockwise shape)
+sed -e 's/num_layers: 4, hidden_size: 64/num_layers: 2, hidden_size: 256/' -e 's/train_iters: 20/train_iters: 10/' \
+  "$W/cfg.yaml" > "$W/cfgb.yaml"
+export MIN_STEPS=10
+BW=(--set training.fp8_format=hybrid --set training.fp8_recipe=blockwise --set training.fp8_margin=18)
+CFG="$W/cfgb.yaml"
+pair bw_tp2 4 "${BW[@]}" "${LLAMA[@]}" --set model.ffn_hidden_size=512 "${DIST[@]}" --set parallel.tensor_model_parallel_size=2 \
+  --set parallel.sequence_parallel=true --set parallel.data_parallel_size=2 --set parallel.overlap_param_gather=true
+within bw_tp2_pg bw_tp2 0 && ok "Llama blockwise on TP 2 + SP x DP 2: bit for bit" || bad "Llama blockwise on TP 2 + SP x DP 2"
+CFG="$W/moeb.yaml"
+sed 's/make_vocab_size_divisible_by: 8}/make_vocab_size_divisible_by: 8, num_moe_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 128, moe_shared_expert_intermediate_size: 256}/' \
+  "$W/cfgb.yaml" > "$CFG"
+# expert TP 1 under TP 2: the experts' replicas (EDP 4) span both TP ranks, where DP x CP is 2 (reduced
+# over DP x CP instead, measured 7.2e-3 apart)
+pair bw_moe 4 "${BW[@]}" "${DIST[@]}" --set parallel.data_parallel_size=2 --set parallel.tensor_model_parallel_size=2 \
+  --set parallel.sequence_parallel=true --set parallel.expert_tensor_parallel_size=1
+within bw_moe_pg bw_moe 0 && ok "MoE GPT blockwise on TP 2 + SP x DP 2, expert TP 1 (the experts' blocks over EDP 4): bit for bit" ||
+  bad "MoE GPT blockwise"
+unset CFG
+export MIN_STEPS=20
 CL=("${TW[@]}" --set parallel.distributed_optimizer=true --set parallel.data_parallel_size=2)
 pair clip 2 "${CL[@]}"
 within clip_pg clip 2e-3 && ok "with clipping: within 2e-3 of the losses without FP8 parameters" || bad "with clipping"
@@ -104,7 +126,7 @@ else bad "resume with FP8 parameters"; fi
 # memory: as planned, and less than without (the 16-bit copy and the kept rowwise codes of the FP8 layers'
 # dense weights replaced by their codes)
 alloc() { sed -n 's/^memory: allocated .* (\([0-9]*\) bytes) on rank 0 (plan: .* (\([0-9]*\) bytes).*/\1 \2/p' "$W/$1.log"; }
-for r in dp2 tp2 zbcp moe moe_etp; do
+for r in dp2 tp2 zbcp moe moe_etp bw_tp2 bw_moe; do
   read -r a_pg p_pg <<< "$(alloc ${r}_pg)"
   read -r a_x _ <<< "$(alloc $r)"
   if [ -n "${a_pg:-}" ] && [ "$a_pg" = "$p_pg" ] && [ "$a_pg" -lt "$a_x" ]; then

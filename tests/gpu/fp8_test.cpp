@@ -144,6 +144,54 @@ TEST(GpuFp8, QuantizeBlocksBitwiseAsCpu) {
           }
 }
 
+// FP8 parameters (docs/FP8.md "FP8 parameters"): the master weights' 16-bit copy (Ops::master_copy: bf16
+// ties away from zero, fp16 to nearest even, near ties included), and a weight's parts -- cutting rows and
+// 128 x 128 blocks, at an offset into the matrix -- through fp8_block_amax, then fp8_quantize_given_blocks
+// with the blocks' scale_inv from those amaxes, against the CPU backend bit for bit; and the parts' codes
+// and scales those of fp8_quantize_blocks on the whole matrix.
+TEST(GpuFp8, Fp8ParameterCastsBitwiseAsCpu) {
+  auto cpu = cpu_ops();
+  auto gpu = gpu_ops();
+  VecF master = fp8_inputs(4099, 11, false);
+  for (size_t i = 0; i < 64; ++i)  // halfway between two bf16 values: where the two roundings differ
+    master[i] = bits_to_float((float_to_bits(master[i]) & 0xFFFF0000u) | 0x8000u);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Pair m(*cpu, *gpu, master), copy(*cpu, *gpu, VecF(master.size(), 0.0f), dt);
+    cpu->master_copy(copy.cpu, m.cpu.f32(), int64_t(master.size()));
+    gpu->master_copy(copy.gpu, m.gpu.f32(), int64_t(master.size()));
+    EXPECT_TRUE(bitwise(copy.gpu.host(), copy.cpu.host())) << "master_copy";
+  }
+  const int64_t rows = 300, cols = 260, n = rows * cols, gc = 3, blocks = 3 * gc;
+  const VecF x = fp8_inputs(size_t(n), 5, false);
+  const std::pair<int64_t, int64_t> parts[] = {{0, 1000}, {1000, 40000}, {40000, n}};
+  for (Fp8Type t : {Fp8Type::E4M3, Fp8Type::E5M2}) {
+    Pair amax(*cpu, *gpu, VecF(size_t(blocks), 0.0f));
+    for (const auto& [lo, hi] : parts) {
+      Pair part(*cpu, *gpu, VecF(x.begin() + lo, x.begin() + hi), DType::BF16);
+      cpu->fp8_block_amax(amax.cpu, part.cpu, lo, hi - lo, cols, 128, 128);
+      gpu->fp8_block_amax(amax.gpu, part.gpu, lo, hi - lo, cols, 128, 128);
+    }
+    EXPECT_TRUE(bitwise(amax.gpu.host(), amax.cpu.host())) << "block amaxes";
+    VecF si(static_cast<size_t>(blocks));
+    const VecF a = amax.cpu.host();
+    for (int64_t b = 0; b < blocks; ++b) si[size_t(b)] = 1.0f / fp8_block_scale(a[size_t(b)], t, 0);
+    Pair scale_inv(*cpu, *gpu, si);
+    Bytes qc(*cpu, std::vector<uint8_t>(size_t(n))), qg(*gpu, std::vector<uint8_t>(size_t(n)));
+    for (const auto& [lo, hi] : parts) {
+      Pair part(*cpu, *gpu, VecF(x.begin() + lo, x.begin() + hi), DType::BF16);
+      cpu->fp8_quantize_given_blocks(qc.p() + lo, part.cpu, lo, hi - lo, cols, 128, 128, t, scale_inv.cpu);
+      gpu->fp8_quantize_given_blocks(qg.p() + lo, part.gpu, lo, hi - lo, cols, 128, 128, t, scale_inv.gpu);
+    }
+    EXPECT_TRUE(qg.host(*gpu) == qc.host(*cpu)) << "codes of the parts";
+    Pair whole(*cpu, *gpu, x, DType::BF16), si_whole(*cpu, *gpu, VecF(size_t(blocks), -1.0f));
+    Bytes qw(*gpu, std::vector<uint8_t>(size_t(n)));
+    gpu->fp8_quantize_blocks(qw.p(), whole.gpu, rows, cols, 128, 128, t, 0, si_whole.gpu, false);
+    EXPECT_TRUE(qw.host(*gpu) == qg.host(*gpu)) << "the whole matrix's codes";
+    EXPECT_TRUE(bitwise(si_whole.gpu.host(), si)) << "the whole matrix's block scales";
+  }
+}
+
 // ---- the FP8 GEMMs
 
 // An FP8 operand on the host: codes of x (rows, cols) with one scale from the amax (block_rows 0) or a

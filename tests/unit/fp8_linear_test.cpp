@@ -362,16 +362,17 @@ TEST(Fp8Linear, KeptWeightCopiesAsQuantizingEveryCall) {
 
 // FP8 parameters (training.fp8_param_gather; Fp8State::set_param_codes, cast_param): the weight cast in
 // three parts, as the distributed optimizer's owners cast theirs (current scaling from the parts' amaxes,
-// one max), then read by the GEMMs as the parameter's codes, gives every output and gradient of the
-// quantized weight copy, bit for bit, over steps where the weight changes; delayed scaling records the
-// same amaxes. A stale cast (the weight moved, not cast again) would show at step 2.
+// one max; blockwise from each 128 x 128 block's, the parts cutting blocks and rows), then read by the
+// GEMMs as the parameter's codes, gives every output and gradient of the quantized weight copy, bit for
+// bit, over steps where the weight changes; delayed scaling records the same amaxes. A stale cast (the
+// weight moved, not cast again) would show at step 2.
 TEST(Fp8Linear, Fp8ParametersAsKeptCopies) {
   const int64_t N = 16, I = 256, O = 128;
   auto ops = make_cpu_ops(1);
-  for (int recipe = 0; recipe < 2; ++recipe) {
+  for (int recipe = 0; recipe < 3; ++recipe) {
     SCOPED_TRACE(recipe_name(recipe));
     const Fp8LinearOptions o = hybrid_recipe(recipe);
-    Fp8ScratchSizes f{N * I, O * I, N * O, 0, 0, 0};
+    Fp8ScratchSizes f{N * I, O * I, N * O, N * I, O * I, N * O};
     Fp8State kept(*ops, o, f, 1, {Fp8Weight{O, I}}), param(*ops, o, f, 1, {Fp8Weight{O, I, true}});
     EXPECT_EQ(Fp8State::weight_cache_bytes(o, {Fp8Weight{O, I, true}}) + O * I,
               Fp8State::weight_cache_bytes(o, {Fp8Weight{O, I}})) << "no rowwise copy of a parameter's codes";
@@ -381,13 +382,13 @@ TEST(Fp8Linear, Fp8ParametersAsKeptCopies) {
     const std::vector<float> x = random(size_t(N * I), 7, 1.0f), dy = random(size_t(N * O), 9, 0.01f);
     const std::pair<int64_t, int64_t> parts[] = {{0, 1000}, {1000, 20000}, {20000, O * I}};
     for (int step = 0; step < 3; ++step) {
-      if (step == 2) w[25000] *= 40.0f;  // the optimizer moved it: a new amax
+      if (step == 2) w[25000] *= 40.0f;  // the optimizer moved it: a new amax (of its block too)
       kept.weights_changed(), param.weights_changed();
       if (o.delayed) kept.begin_step(), param.begin_step();
       if (!o.delayed) {
         param.begin_param_amaxes();
-        for (const auto& [lo, hi] : parts) param.param_amax(0, w.data() + lo, hi - lo);
-        param.set_param_amaxes(param.param_amaxes());
+        for (const auto& [lo, hi] : parts) param.param_amax(0, w.data() + lo, lo, hi - lo);
+        param.set_param_amaxes({0}, param.param_amaxes({0}));
       }
       for (const auto& [lo, hi] : parts) param.cast_param(0, w.data() + lo, lo, hi - lo);
       for (int micro = 0; micro < 2; ++micro) {
@@ -397,7 +398,12 @@ TEST(Fp8Linear, Fp8ParametersAsKeptCopies) {
           const CBuf wk = k ? CBuf(codes.data(), DType::U8) : CBuf(w.data());
           y[k].assign(size_t(N * O), 0.0f), dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f);
           st.gemm(0)->forward(y[k].data(), x.data(), wk, CBuf{}, N, I, O);
-          st.gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), wk, N, I, O, false);
+          if (o.blockwise) {  // its two backward calls
+            st.gemm(0)->backward(dx[k].data(), nullptr, nullptr, dy.data(), CBuf{}, wk, N, I, O, false);
+            st.gemm(0)->backward(Buf{}, dw[k].data(), nullptr, dy.data(), x.data(), CBuf{}, N, I, O, false);
+          } else {
+            st.gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), wk, N, I, O, false);
+          }
         }
         EXPECT_EQ(y[0], y[1]) << "step " << step << " micro-batch " << micro;
         EXPECT_EQ(dx[0], dx[1]);
