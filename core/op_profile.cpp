@@ -159,7 +159,7 @@ class ProfiledOps final : public Ops {
     timed("to device", 0, double(dtype_size(n, dev.t)), [&] { in_.to_device(dev, host, n); });
   }
   void master_copy(Buf dst, const float* master, int64_t n) override {
-    timed("master_copy", 0, double(4 * n + dtype_size(n, dst.t)), [&] { in_.master_copy(dst, master, n); });
+    timed("master copy", 0, double(4 * n + dtype_size(n, dst.t)), [&] { in_.master_copy(dst, master, n); });
   }
   void convert(Buf dst, CBuf src, int64_t n) override {
     timed("convert", 0, double(dtype_size(n, src.t) + dtype_size(n, dst.t)), [&] { in_.convert(dst, src, n); });
@@ -293,11 +293,11 @@ class ProfiledOps final : public Ops {
     timed("fp8 transpose", 0, 2.0 * double(rows * cols), [&] { in_.fp8_transpose(out, in, rows, cols); });
   }
   void fp8_block_amax(float* amax, CBuf inp, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc) override {
-    timed("fp8_block_amax", 0, double(dtype_size(n, inp.t)), [&] { in_.fp8_block_amax(amax, inp, at, n, cols, br, bc); });
+    timed("fp8 block amax", 0, double(dtype_size(n, inp.t)), [&] { in_.fp8_block_amax(amax, inp, at, n, cols, br, bc); });
   }
   void fp8_quantize_given_blocks(uint8_t* out, CBuf inp, int64_t at, int64_t n, int64_t cols, int64_t br, int64_t bc,
                                  Fp8Type t, const float* scale_inv) override {
-    timed("fp8_quantize_given_blocks", 0, double(dtype_size(n, inp.t) + n),
+    timed("fp8 quantize given blocks", 0, double(dtype_size(n, inp.t) + n),
           [&] { in_.fp8_quantize_given_blocks(out, inp, at, n, cols, br, bc, t, scale_inv); });
   }
   void fp8_quantize_blocks(uint8_t* out, CBuf inp, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Type t,

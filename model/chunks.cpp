@@ -1,6 +1,7 @@
 #include "model/chunks.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/config.h"
 
@@ -16,8 +17,18 @@ std::vector<GPTDims> make_chunk_dims(const Config& cfg, int tp, int tp_rank, int
 }
 
 int64_t replica_group_align(const Config& cfg) {
-  const int64_t replicas = int64_t(std::max(1, cfg.parallel.data_parallel_size)) * cfg.parallel.context_parallel_size;
-  return kShardAlign * (cfg.parallel.distributed_optimizer ? replicas : 1);
+  const ParallelConfig& p = cfg.parallel;
+  const int64_t replicas = int64_t(std::max(1, p.data_parallel_size)) * p.context_parallel_size;
+  if (!p.distributed_optimizer) return kShardAlign;
+  // FP8 parameters: spans follow the experts' 16-bit one, which is padded over EDP: every span starts at a
+  // multiple of both groups' units, so that either's padding ends before the next span
+  int64_t unit = replicas;
+  if (cfg.training.fp8_param_gather && cfg.model.is_moe()) {
+    const int64_t etp = p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : p.tensor_model_parallel_size;
+    const int64_t folded = int64_t(p.tensor_model_parallel_size) * replicas, experts = etp * p.expert_model_parallel_size;
+    if (experts > 0 && folded % experts == 0) unit = std::lcm(unit, folded / experts);
+  }
+  return kShardAlign * unit;
 }
 
 ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks, int64_t group_align) {

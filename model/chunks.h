@@ -23,7 +23,8 @@ std::vector<GPTDims> make_chunk_dims(const Config& cfg, int tp, int tp_rank, int
 ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks, int64_t group_align = kShardAlign);
 // Where make_rank_layout starts a replica group (the MoE experts' after the dense tensors): a
 // multiple of kShardAlign, times the dense group's ranks with the distributed optimizer, so that the
-// dense span's padding to whole shards (parallel/grad_sync.h buffer_size) ends before it.
+// dense span's padding to whole shards (parallel/grad_sync.h buffer_size) ends before it (with FP8
+// parameters after an MoE model's experts: times the least common multiple of DP x CP and EDP).
 int64_t replica_group_align(const Config& cfg);
 // The rank's transformer layers (global indices, ascending) and where each lies in the layout.
 std::vector<int64_t> rank_layers(const std::vector<GPTDims>& chunks);

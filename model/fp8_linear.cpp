@@ -25,7 +25,7 @@ namespace {
 // (delayed: the GEMM's own scale_inv in the state)
 int64_t kept_scale_floats(const Fp8LinearOptions& o, const Fp8Weight& w) {
   if (o.blockwise) return (w.O + kFp8Block - 1) / kFp8Block * ((w.I + kFp8Block - 1) / kFp8Block);
-  return o.delayed ? 0 : 2;
+  return o.delayed ? (w.param ? 1 : 0) : 2;  // (delayed: an FP8 parameter's amax, Fp8State::param_amax)
 }
 }  // namespace
 
@@ -124,20 +124,21 @@ void Fp8State::set_param_codes(int64_t g, uint8_t* codes) {
 }
 
 // a kept weight's floats in kept_scales_: current scaling's scale_inv and amax; blockwise: its blocks' scale_inv
-int64_t Fp8State::kept_floats(const KeptWeight& k) const { return kept_scale_floats(o_, Fp8Weight{k.O, k.I}); }
+int64_t Fp8State::kept_floats(const KeptWeight& k) const { return kept_scale_floats(o_, Fp8Weight{k.O, k.I, k.param != nullptr}); }
+
+float* Fp8State::param_amax_slot(const KeptWeight& k) const { return kept_scales_ + k.scales + (o_.delayed ? 0 : 1); }
 
 void Fp8State::begin_param_amaxes() {
-  TPT_CHECK(!o_.delayed);
   for (const KeptWeight& k : kept_)  // (blockwise: the blocks' amaxes where their scale_inv go)
-    if (k.param) o_.blockwise ? ops_.zero(kept_scales_ + k.scales, kept_floats(k)) : ops_.zero(kept_scales_ + k.scales + 1, 1);
+    if (k.param) o_.blockwise ? ops_.zero(kept_scales_ + k.scales, kept_floats(k)) : ops_.zero(param_amax_slot(k), 1);
 }
 
 void Fp8State::param_amax(int64_t g, CBuf x, int64_t at, int64_t n) {
   const KeptWeight& k = kept_.at(size_t(g));
-  TPT_CHECK(k.param && !o_.delayed && at >= 0 && n >= 0 && at + n <= k.O * k.I);
+  TPT_CHECK(k.param && at >= 0 && n >= 0 && at + n <= k.O * k.I);
   if (!n) return;
   if (o_.blockwise) return ops_.fp8_block_amax(kept_scales_ + k.scales, x, at, n, k.I, kFp8Block, kFp8Block);
-  ops_.fp8_quantize(nullptr, x, n, type(kW), nullptr, kept_scales_ + k.scales + 1);
+  ops_.fp8_quantize(nullptr, x, n, type(kW), nullptr, param_amax_slot(k));
 }
 
 std::vector<float> Fp8State::param_amaxes(const std::vector<int64_t>& gemms) {
@@ -149,7 +150,7 @@ std::vector<float> Fp8State::param_amaxes(const std::vector<int64_t>& gemms) {
       TPT_CHECK(k != nullptr);
       out.insert(out.end(), all.begin() + k->scales, all.begin() + k->scales + kept_floats(*k));
     } else {
-      out.push_back(k ? all[size_t(k->scales + 1)] : 0.0f);
+      out.push_back(k ? all[size_t(param_amax_slot(*k) - kept_scales_)] : 0.0f);
     }
   }
   return out;
@@ -167,13 +168,13 @@ void Fp8State::set_param_amaxes(const std::vector<int64_t>& gemms, const std::ve
       for (int64_t b = 0; b < kept_floats(*k); ++b) all[size_t(k->scales + b)] = 1.0f / fp8_block_scale(amax[i++], t, o_.margin);
     } else {
       TPT_CHECK(i < amax.size());
-      if (k) all[size_t(k->scales + 1)] = amax[i];
+      if (k) all[size_t(param_amax_slot(*k) - kept_scales_)] = amax[i];
       ++i;
     }
   }
   TPT_CHECK(i == amax.size());
   if (kept_scale_floats_) ops_.to_device(kept_scales_, all.data(), kept_scale_floats_);
-  if (o_.blockwise) return;
+  if (o_.blockwise || o_.delayed) return;
   for (int64_t g : gemms)  // each reduced amax's scale_inv (the scale: made again by each cast_param)
     if (size_t(g) < kept_.size() && kept_[size_t(g)].param) {
       float* si = kept_scales_ + kept_[size_t(g)].scales;
@@ -188,10 +189,9 @@ void Fp8State::cast_param(int64_t g, CBuf x, int64_t at, int64_t n) {
   if (!n) return;
   if (o_.blockwise)  // each element with its block's scale (set_param_amaxes)
     return ops_.fp8_quantize_given_blocks(k.param + at, x, at, n, k.I, kFp8Block, kFp8Block, type(kW), kept_scales_ + k.scales);
-  if (o_.delayed) {  // the step's scale; the amax recorded as the weight's quantization would
-    const int64_t T = kTensors * gemms(), j = g * kTensors + kW;
-    return ops_.fp8_quantize(k.param + at, x, n, type(kW), state_ + T + j, state_ + j);
-  }
+  if (o_.delayed)  // the step's scale (the whole weight's amax is recorded where a GEMM first reads it)
+    return ops_.fp8_quantize(k.param + at, x, n, type(kW), state_ + kTensors * gemms() + g * kTensors + kW,
+                             param_amax_slot(k));
   const Fp8Type t = type(kW);
   float* si = kept_scales_ + k.scales;
   float* scale = state_ + kTensors + kW;  // a GEMM call's scratch between calls (its amax too)
@@ -235,7 +235,11 @@ void Fp8State::quantize(int64_t g, const CBuf* x, const int64_t* n, Fp8Operand* 
     ops_.fp8_transpose(kept_codes_ + kw->t_codes, rows_of(*kw), kw->O, kw->I);
     ++weight_quantizations_;
   };
-  if (kw && kw->param && !kw->src) keep();  // an FP8 parameter: its transpose, once per weights_changed()
+  if (kw && kw->param && !kw->src) {  // an FP8 parameter: its transpose, once per weights_changed()
+    if (o_.delayed)  // and its amax (reduced over its owners) recorded as the weight's quantization records it
+      ops_.fp8_quantize(nullptr, CBuf(param_amax_slot(*kw)), 1, type(kW), nullptr, state_ + g * kTensors + kW);
+    keep();
+  }
   // the kept weight's operand: its codes, and their transpose
   auto kept_operand = [&](Fp8Operand q) {
     q.t_codes = kept_codes_ + kw->t_codes;

@@ -193,15 +193,17 @@ class Fp8State {
   // weights -- the codes and scales the weight's own quantization would give, so a GEMM reads them as a kept
   // copy (the w it is given is those codes, DType::U8) and transposes them once per weights_changed(). A
   // cast of all of a weight's parts on the ranks holding them:
-  //  - current and blockwise scaling: param_amax of each part (after begin_param_amaxes), param_amaxes /
-  //    set_param_amaxes (host) around their reduction (max) over every rank holding a part, then
-  //    cast_param with the scale(s) of those amaxes. Current scaling: one amax per GEMM of `gemms` (0 where
-  //    its weight is no FP8 parameter of this rank, so that the vectors of a stage's ranks line up, the
-  //    experts' by global index), reduced over the weight's owners and its (expert-)TP shards: the stage's
-  //    TP x DP x CP ranks, the others bringing 0. Blockwise: every 128 x 128 block's amax of each weight of
-  //    `gemms` (all FP8 parameters), reduced over its owners only (the TP shards' blocks are their own);
-  //  - delayed scaling: cast_param with the step's scale, recording the part's amax as a quantization
-  //    does (after begin_step).
+  //  - param_amax of each part (after begin_param_amaxes), param_amaxes / set_param_amaxes (host) around
+  //    their reduction (max) over every rank holding a part, then cast_param. Current and delayed scaling:
+  //    one amax per GEMM of `gemms` (0 where its weight is no FP8 parameter of this rank, so that the vectors
+  //    of a stage's ranks line up, the experts' by global index), reduced over the weight's owners and its
+  //    (expert-)TP shards: the stage's TP x DP x CP ranks, the others bringing 0. Blockwise: every 128 x 128
+  //    block's amax of each weight of `gemms` (all FP8 parameters), reduced over its owners only (the TP
+  //    shards' blocks are their own);
+  //  - the cast: current scaling with the scale of that amax; blockwise with each block's; delayed with the
+  //    step's scale, the weight's amax recorded in the step's amaxes where a GEMM first reads its codes
+  //    after weights_changed() (as a kept copy's quantization records it: not by a rank that never uses
+  //    the weight in the step, e.g. an expert without tokens).
   // x: the part's values in the compute dtype (bf16, as the 16-bit weight would hold them), n elements
   // from element `at` of the weight.
   void set_param_codes(int64_t g, uint8_t* codes);
@@ -263,6 +265,7 @@ class Fp8State {
   };
   uint8_t* rows_of(const KeptWeight& k) const { return k.param ? k.param : kept_codes_ + k.codes; }
   int64_t kept_floats(const KeptWeight& k) const;
+  float* param_amax_slot(const KeptWeight& k) const;  // an FP8 parameter's amax (current and delayed scaling)
   std::vector<KeptWeight> kept_;
   uint8_t* kept_codes_ = nullptr;
   float* kept_scales_ = nullptr;

@@ -244,6 +244,19 @@ YAML
         >"$OUT/${name}_compare.log" 2>&1; then say "$name on 2 GPUs matches 2 CPU ranks: $(tail -1 "$OUT/${name}_compare.log")"
     else status=1; say "$name on 2 GPUs differs from CPU ranks: $(tail -2 "$OUT/${name}_compare.log")"; fi
   done
+  # FP8 parameters over NCCL (docs/FP8.md "FP8 parameters"): DP 2 with the distributed optimizer and the
+  # overlapped parameter gathers, hybrid FP8 (delayed), with and without them: the losses bit for bit
+  # (clip_grad 0) -- the casts of each rank's blocks, the amaxes' reduction and the codes' all-gather
+  for pg in false true; do
+    timeout 120 mpirun --allow-run-as-root -np 2 "$TPTRAIN" --config "$OUT/multi.yaml" --set training.device=cuda \
+      --set parallel.distributed_optimizer=true --set parallel.overlap_param_gather=true --set optimizer.clip_grad=0 \
+      --set training.fp8_format=hybrid --set training.fp8_param_gather=$pg \
+      --set logging.metrics_file="$OUT/fp8p_dp2_$pg.jsonl" >"$OUT/fp8p_dp2_$pg.log" 2>&1 ||
+      { status=1; say "FP8 parameters on 2 GPUs (fp8_param_gather $pg) FAILED ($OUT/fp8p_dp2_$pg.log)"; }
+  done
+  if "$PY" "$SRC/tests/tools/compare_runs.py" "$OUT/fp8p_dp2_false.jsonl" "$OUT/fp8p_dp2_true.jsonl" --rel 0 --keys lm_loss \
+      >"$OUT/fp8p_dp2_compare.log" 2>&1; then say "FP8 parameters on 2 GPUs (DP 2): the losses without them bit for bit"
+  else status=1; say "FP8 parameters on 2 GPUs differ: $(tail -2 "$OUT/fp8p_dp2_compare.log")"; fi
   local t0=$SECONDS rc
   TPTRAIN_FAULT=1:3 timeout 150 mpirun --allow-run-as-root -np 2 "$TPTRAIN" --config "$OUT/multi.yaml" \
     --set parallel.tensor_model_parallel_size=2 --set training.train_iters=50 --set training.device=cuda >"$OUT/fault.log" 2>&1

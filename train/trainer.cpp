@@ -461,7 +461,10 @@ Trainer::StepResult Trainer::train_step(int64_t k) {
   fp8_cast_params();
   double loss_sum = forward_backward((k - 1) * G, *train_data_, true);
   if (cfg_.model.moe_router_enable_expert_bias) update_expert_bias();
-  if (fp8_delayed()) fp8_update();
+  if (fp8_delayed()) {
+    fp8_update();
+    fp8_params_stale_ = true;  // new scales: FP8 parameters are cast again before they are read
+  }
   // gradients averaged over DP (buckets already started during the last backward finish here;
   // reduce-scattered with the distributed optimizer), the tied word embedding's summed over the
   // embedding group

@@ -63,13 +63,13 @@ void Trainer::fp8_cast_params() {
           }
         }
   };
-  if (!fp8_delayed()) {  // current and blockwise scaling: the amaxes of each whole weight first
+  {  // the amaxes of each whole weight first (delayed scaling: the ones the step records)
     for (auto& stage : stages_)
       if (!stage->fp8_params().empty()) stage->fp8_state()->begin_param_amaxes();
     parts([](Fp8State& f, const GPTStage::Fp8Param& p, CBuf x, int64_t at, int64_t n) { f.param_amax(p.gemm, x, at, n); });
     // the GEMMs whose amaxes are reduced together, and over which groups (Fp8State::param_amaxes): current
-    // scaling every GEMM of the rank's chunks over the stage's ranks; blockwise the dense weights' blocks over
-    // DP x CP, the experts' over EDP
+    // and delayed scaling every GEMM of the rank's chunks over the stage's ranks; blockwise the dense weights'
+    // blocks over DP x CP, the experts' over EDP
     const bool blockwise = cfg_.training.fp8_recipe == Fp8Recipe::Blockwise;
     Comm* tp = grid_.tp > 1 ? grid_.tp_group.get() : nullptr;
     Comm* dp_cp = grid_.dp_cp_size() > 1 ? &grid_.dp_cp() : nullptr;

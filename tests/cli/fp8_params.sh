@@ -79,6 +79,18 @@ pair moe_etp 4 "${TW[@]}" "${DIST[@]}" --set parallel.data_parallel_size=2 --set
   --set parallel.sequence_parallel=true --set parallel.expert_tensor_parallel_size=2 --set parallel.overlap_param_gather=true \
   --set parallel.overlap_grad_reduce=true --set parallel.ddp_bucket_size=3000
 within moe_etp_pg moe_etp 0 && ok "MoE GPT tensorwise on TP 2 + SP, expert TP 2 x DP 2: bit for bit" || bad "MoE GPT on expert TP 2"
+# expert TP 1 under TP 2 with the experts' biases: a 16-bit experts' span padded over EDP 4 before the FP8
+# parameters' spans, where DP x CP is 2 (every span starts at a multiple of both units: an expert width of
+# 40 once failed here); and `tptrain plan`'s suggestion of the key for that layout
+sed 's/moe_ffn_hidden_size: 64/moe_ffn_hidden_size: 40/' "$W/moe.yaml" > "$W/moe40.yaml"
+CFG="$W/moe40.yaml"
+M40=("${TW[@]}" "${DIST[@]}" --set parallel.data_parallel_size=2 --set parallel.tensor_model_parallel_size=2
+     --set parallel.sequence_parallel=true --set parallel.expert_tensor_parallel_size=1)
+pair moe40 4 "${M40[@]}"
+within moe40_pg moe40 0 && ok "MoE GPT with expert biases, expert TP 1 under TP 2 (EDP 4): bit for bit" || bad "MoE GPT, EDP 4, width 40"
+if timeout 60 "$TPTRAIN" plan --config "$CFG" --world-size 4 "${M40[@]}" --device-memory-gib 0.001 > "$W/plan40.log" 2>&1 &&
+   grep -q "^  training.fp8_param_gather=true " "$W/plan40.log"; then ok "plan suggests training.fp8_param_gather=true there"
+else bad "plan's suggestion for the EDP 4 layout"; sed 's/^/    /' "$W/plan40.log" | tail -3; fi
 unset CFG
 # blockwise scaling: every 128 x 128 block's amax from its owners' parts (a part cuts blocks and rows), so
 # every linear width a multiple of 128 per TP rank: hidden 256, 2 layers, 10 steps (fp8.sh's blockwise shape)
@@ -126,7 +138,7 @@ else bad "resume with FP8 parameters"; fi
 # memory: as planned, and less than without (the 16-bit copy and the kept rowwise codes of the FP8 layers'
 # dense weights replaced by their codes)
 alloc() { sed -n 's/^memory: allocated .* (\([0-9]*\) bytes) on rank 0 (plan: .* (\([0-9]*\) bytes).*/\1 \2/p' "$W/$1.log"; }
-for r in dp2 tp2 zbcp moe moe_etp bw_tp2 bw_moe; do
+for r in dp2 tp2 zbcp moe moe_etp moe40 bw_tp2 bw_moe; do
   read -r a_pg p_pg <<< "$(alloc ${r}_pg)"
   read -r a_x _ <<< "$(alloc $r)"
   if [ -n "${a_pg:-}" ] && [ "$a_pg" = "$p_pg" ] && [ "$a_pg" -lt "$a_x" ]; then
