@@ -38,7 +38,7 @@ ParamLayout make_rank_layout(const std::vector<GPTDims>& chunks, int64_t group_a
   std::vector<ParamInfo> all;
   for (const GPTDims& d : chunks)
     for (ParamInfo& p : make_param_layout(d).params) all.push_back(std::move(p));
-  auto span = [](const ParamInfo& p) { return (p.group.fp8 ? 2 : 0) + (p.group.replicas == ReplicaGroup::Dense ? 0 : 1); };
+  auto span = [](const ParamInfo& p) { return layout_span(p.group); };
   std::stable_sort(all.begin(), all.end(), [&](const ParamInfo& a, const ParamInfo& b) { return span(a) < span(b); });
   ParamLayout rank;
   for (ParamInfo& p : all) {

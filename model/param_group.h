@@ -59,6 +59,10 @@ struct ParamGroup {
   bool fp8 = false;
 };
 
+// The span of a rank's layout a tensor lies in, in layout order (model/chunks.h make_rank_layout): 0 the
+// dense tensors, 1 the experts', 2 the dense FP8 parameters, 3 the experts' FP8 parameters.
+inline int layout_span(const ParamGroup& g) { return (g.fp8 ? 2 : 0) + (g.replicas == ReplicaGroup::ExpertData ? 1 : 0); }
+
 // How one replica group's gradients are summed: over `comm` (null or one rank: no sum), the sum
 // multiplied by `scale` (1 / (DP x CP) for both groups: the mean over the global batch).
 struct ReplicaComm {

@@ -59,8 +59,7 @@ ReplicaBuffers replica_buffers(const ParamLayout& layout, int dense_ranks, int e
   std::vector<const ParamInfo*> order;
   for (const ParamInfo& p : layout.params) order.push_back(&p);
   std::stable_sort(order.begin(), order.end(), [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
-  // the span kinds in layout order (model/chunks.h make_rank_layout): dense, experts, then their FP8 parameters
-  auto kind = [](const ParamInfo& p) { return (p.group.fp8 ? 2 : 0) + (p.group.replicas == ReplicaGroup::ExpertData ? 1 : 0); };
+  auto kind = [](const ParamInfo& p) { return layout_span(p.group); };  // (model/param_group.h)
   std::vector<std::pair<int, int64_t>> runs;  // each span's kind and first offset, in layout order
   for (const ParamInfo* p : order)
     if (runs.empty() || runs.back().first != kind(*p)) {

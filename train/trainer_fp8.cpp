@@ -92,7 +92,8 @@ void Trainer::fp8_cast_params() {
         for (float a : f->param_amaxes(gemms.back())) amax.push_back(a);
       }
       begin.push_back(amax.size());
-      Comm* groups[2] = {blockwise ? nullptr : tp, !blockwise ? dp_cp : experts ? &edp : dp_cp};
+      Comm* owners = blockwise && experts ? &edp : dp_cp;  // (current and delayed: with the TP shards)
+      Comm* groups[2] = {blockwise ? nullptr : tp, owners};
       if (!amax.empty()) fp8_amax_reduce(amax.data(), int(amax.size()), groups, 2);
       for (size_t c = 0; c < stages_.size(); ++c)
         if (!gemms[c].empty())

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/fp8.h"
@@ -309,6 +310,28 @@ TEST(Fp8Linear, SplitBackwardBitwise) {
   }
 }
 
+// GEMM 0 of a and of b (weights wa, wb) on the same input and output gradient -- forward, then the backward
+// (blockwise: its two calls, input gradient and weight gradient) -- give the same y, dx and dw bit for bit.
+void expect_same_gemm(Fp8State& a, CBuf wa, Fp8State& b, CBuf wb, const std::vector<float>& x,
+                      const std::vector<float>& dy, int64_t N, int64_t I, int64_t O, const std::string& where) {
+  std::vector<float> y[2], dx[2], dw[2];
+  for (int k = 0; k < 2; ++k) {
+    Fp8State& st = k ? b : a;
+    const CBuf w = k ? wb : wa;
+    y[k].assign(size_t(N * O), 0.0f), dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f);
+    st.gemm(0)->forward(y[k].data(), x.data(), w, CBuf{}, N, I, O);
+    if (st.options().blockwise) {
+      st.gemm(0)->backward(dx[k].data(), nullptr, nullptr, dy.data(), CBuf{}, w, N, I, O, false);
+      st.gemm(0)->backward(Buf{}, dw[k].data(), nullptr, dy.data(), x.data(), CBuf{}, N, I, O, false);
+    } else {
+      st.gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), w, N, I, O, false);
+    }
+  }
+  EXPECT_EQ(y[0], y[1]) << where;
+  EXPECT_EQ(dx[0], dx[1]) << where;
+  EXPECT_EQ(dw[0], dw[1]) << where;
+}
+
 // Kept weight copies (Fp8State given the weights' shapes, as GPTStage): every recipe gives the outputs and
 // gradients of quantizing the weight in every call, bit for bit, while quantizing it once per
 // weights_changed(); a changed weight is quantized again after it, another weight address at once. The
@@ -328,24 +351,8 @@ TEST(Fp8Linear, KeptWeightCopiesAsQuantizingEveryCall) {
       if (step == 2) w[5] *= 7.0f;  // the optimizer moved it
       kept.weights_changed();
       if (o.delayed) every.begin_step(), kept.begin_step();
-      for (int micro = 0; micro < 2; ++micro) {
-        std::vector<float> y[2], dx[2], dw[2];
-        int k = 0;
-        for (Fp8State* st : {&every, &kept}) {
-          y[k].assign(size_t(N * O), 0.0f), dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f);
-          st->gemm(0)->forward(y[k].data(), x.data(), w.data(), CBuf{}, N, I, O);
-          if (o.blockwise) {  // its two backward calls
-            st->gemm(0)->backward(dx[k].data(), nullptr, nullptr, dy.data(), CBuf{}, w.data(), N, I, O, false);
-            st->gemm(0)->backward(Buf{}, dw[k].data(), nullptr, dy.data(), x.data(), CBuf{}, N, I, O, false);
-          } else {
-            st->gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), w.data(), N, I, O, false);
-          }
-          ++k;
-        }
-        EXPECT_EQ(y[0], y[1]) << "step " << step << " micro-batch " << micro;
-        EXPECT_EQ(dx[0], dx[1]);
-        EXPECT_EQ(dw[0], dw[1]);
-      }
+      for (int micro = 0; micro < 2; ++micro)
+        expect_same_gemm(every, CBuf(w.data()), kept, CBuf(w.data()), x, dy, N, I, O, "step " + std::to_string(step));
       if (o.delayed) {
         std::vector<float> a(3), b(3);
         every.read_amaxes(a.data()), kept.read_amaxes(b.data());
@@ -391,24 +398,9 @@ TEST(Fp8Linear, Fp8ParametersAsKeptCopies) {
       param.set_param_amaxes({0}, param.param_amaxes({0}));
       for (const auto& [lo, hi] : parts) param.cast_param(0, w.data() + lo, lo, hi - lo);
       // delayed scaling, step 1: the GEMM idle (an expert without tokens), its weight's amax not recorded
-      for (int micro = 0; micro < (o.delayed && step == 1 ? 0 : 2); ++micro) {
-        std::vector<float> y[2], dx[2], dw[2];
-        for (int k = 0; k < 2; ++k) {
-          Fp8State& st = k ? param : kept;
-          const CBuf wk = k ? CBuf(codes.data(), DType::U8) : CBuf(w.data());
-          y[k].assign(size_t(N * O), 0.0f), dx[k].assign(size_t(N * I), 0.0f), dw[k].assign(size_t(O * I), 0.0f);
-          st.gemm(0)->forward(y[k].data(), x.data(), wk, CBuf{}, N, I, O);
-          if (o.blockwise) {  // its two backward calls
-            st.gemm(0)->backward(dx[k].data(), nullptr, nullptr, dy.data(), CBuf{}, wk, N, I, O, false);
-            st.gemm(0)->backward(Buf{}, dw[k].data(), nullptr, dy.data(), x.data(), CBuf{}, N, I, O, false);
-          } else {
-            st.gemm(0)->backward(dx[k].data(), dw[k].data(), nullptr, dy.data(), x.data(), wk, N, I, O, false);
-          }
-        }
-        EXPECT_EQ(y[0], y[1]) << "step " << step << " micro-batch " << micro;
-        EXPECT_EQ(dx[0], dx[1]);
-        EXPECT_EQ(dw[0], dw[1]);
-      }
+      for (int micro = 0; micro < (o.delayed && step == 1 ? 0 : 2); ++micro)
+        expect_same_gemm(kept, CBuf(w.data()), param, CBuf(codes.data(), DType::U8), x, dy, N, I, O,
+                         "step " + std::to_string(step));
       if (o.delayed) {
         std::vector<float> a(3), b(3);
         kept.read_amaxes(a.data()), param.read_amaxes(b.data());
