@@ -379,8 +379,12 @@ void print_search(const SearchResult& r, int top, const std::string& path) {
               "SP: parallel.sequence_parallel, DO: parallel.distributed_optimizer (with overlap_param_gather); DP > 1 "
               "overlaps the gradient reduction. +R: needs optimizer.store_param_remainders to fit (exact), +R+G16: "
               "also the bf16 gradient buffer (parallel.grad_reduce_in_bf16: rounds per micro-batch and reduction), "
-              "+R+G16+M16: also bf16 Adam moments (the precision-aware optimizer: rounds them each step). Select one "
-              "with:\n");
+              "+R+G16+M16: also bf16 Adam moments (the precision-aware optimizer: rounds them each step)%s. Select one "
+              "with:\n",
+              r.base.training.fp8_format != Fp8Format::None
+                  ? "; FP8 with DO: +P8 in place of +R, FP8 parameters (training.fp8_param_gather: the FP8 layers' "
+                    "weights as codes only, exact)"
+                  : "");
   for (size_t i = 0; i < n; ++i) {
     std::printf("%4zu ", i + 1);
     for (const std::string& s : r.entries[i].sets) std::printf(" --set %s", s.c_str());

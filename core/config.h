@@ -368,6 +368,11 @@ nlohmann::json config_to_json(const Config& cfg);
 // Megatron's two ways to ask for it; docs/ARCHITECTURE.md "Numerics"), else fp32.
 bool bf16_grads(const Config& c);
 
+// Whether FP8 parameters (training.fp8_param_gather) can be turned on for this config with the
+// distributed optimizer: FP8 training, no optimizer.store_param_remainders, no fp16 optimizer state
+// (resolve_fp8's rules; what `tptrain plan` suggests and `plan --search` tries).
+bool fp8_param_gather_allowed(const Config& c);
+
 // Padded vocabulary: vocab_size rounded up to a multiple of make_vocab_size_divisible_by * TP.
 int padded_vocab_size(int vocab_size, int divisible_by, int tp);
 

@@ -72,3 +72,12 @@ void resolve_fp8(const Config& c, const ModelKeys& keys) {
 }
 
 }  // namespace tpt::config_detail
+
+namespace tpt {
+bool fp8_param_gather_allowed(const Config& c) {
+  const OptimizerConfig& o = c.optimizer;
+  return c.training.fp8_format != Fp8Format::None && !o.store_param_remainders &&
+         o.main_params_dtype != StateDType::FP16 && o.exp_avg_dtype != StateDType::FP16 &&
+         o.exp_avg_sq_dtype != StateDType::FP16;
+}
+}  // namespace tpt

@@ -166,9 +166,10 @@ void check_plannable(const Config& c) {
 
 const ParamLayout& RankLayoutCache::get(const Config& c, int pp_rank, const std::vector<GPTDims>& chunks) {
   const ParallelConfig& p = c.parallel;
-  const std::array<int64_t, 9> key = {p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
-                                      model_chunks(c), int64_t(p.sequence_parallel), replica_group_align(c),
-                                      p.expert_model_parallel_size, p.expert_tensor_parallel_size, pp_rank};
+  const std::array<int64_t, 10> key = {p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
+                                       model_chunks(c), int64_t(p.sequence_parallel), replica_group_align(c),
+                                       p.expert_model_parallel_size, p.expert_tensor_parallel_size,
+                                       int64_t(c.training.fp8_param_gather), pp_rank};
   auto [it, added] = layouts_.try_emplace(key);
   if (added) it->second = make_rank_layout(chunks, replica_group_align(c));
   return it->second;

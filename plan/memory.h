@@ -94,13 +94,13 @@ DType compute_dtype(const Config& cfg);
 
 // The rank layouts (make_rank_layout, model/chunks.h) of the layouts a search plans, by what its
 // layouts vary that they depend on: TP, CP, PP, the chunks, sequence parallelism, the replica groups'
-// alignment, EP, ETP and the stage. For one model config only (plan/search.cpp keeps one per search).
+// alignment, EP, ETP, FP8 parameters and the stage. For one model config only (plan/search.cpp keeps one per search).
 class RankLayoutCache {
  public:
   const ParamLayout& get(const Config& resolved, int pp_rank, const std::vector<GPTDims>& chunks);
 
  private:
-  std::map<std::array<int64_t, 9>, ParamLayout> layouts_;
+  std::map<std::array<int64_t, 10>, ParamLayout> layouts_;
 };
 
 // weight_bytes, gradient_bytes and optimizer_bytes of m (parameter_buffer, owned_elements) as cfg's

@@ -50,7 +50,7 @@ Config apply(const Config& base, const SearchEntry& e) {
     c.training.recompute_modules.layernorm = true;
     c.training.recompute_modules.moe_act = c.model.is_moe();
   }
-  if (e.memory_options >= 1) c.optimizer.store_param_remainders = true;
+  if (e.memory_options >= 1) (e.fp8_params ? c.training.fp8_param_gather : c.optimizer.store_param_remainders) = true;
   if (e.memory_options >= 2) c.parallel.grad_reduce_in_bf16 = true;
   if (e.memory_options >= 3) {
     c.optimizer.use_precision_aware_optimizer = true;
@@ -60,12 +60,14 @@ Config apply(const Config& base, const SearchEntry& e) {
 }
 
 // The memory options a bf16 config can still take (SearchEntry::memory_options), 0 if none: the highest
-// level that adds something the config does not already set (a level adds its option to the lower ones').
-int max_memory_options(const Config& c) {
+// level that adds something the config does not already set (a level adds its option to the lower ones');
+// fp8_params: level 1 is FP8 parameters (SearchEntry::fp8_params), not the remainders.
+int max_memory_options(const Config& c, bool fp8_params) {
   if (c.training.precision != Precision::BF16) return 0;
   const OptimizerConfig& o = c.optimizer;
   if (o.exp_avg_dtype != StateDType::BF16 || o.exp_avg_sq_dtype != StateDType::BF16) return 3;
-  return !bf16_grads(c) ? 2 : !o.store_param_remainders ? 1 : 0;
+  const bool exact = fp8_params ? c.training.fp8_param_gather : o.store_param_remainders;
+  return !bf16_grads(c) ? 2 : !exact ? 1 : 0;
 }
 
 // the modules' --set argument (no spaces: the text report's --set lines go to a shell as they are)
@@ -93,7 +95,8 @@ std::vector<std::string> set_arguments(const SearchEntry& e) {
           "training.recompute=" + name_of(e.recompute)};
   sets.insert(sets.begin() + 1, experts.begin(), experts.end());
   if (e.modules) sets.push_back(modules_argument(e));
-  if (e.memory_options >= 1) sets.push_back("optimizer.store_param_remainders=true");
+  if (e.memory_options >= 1)
+    sets.push_back(e.fp8_params ? "training.fp8_param_gather=true" : "optimizer.store_param_remainders=true");
   if (e.memory_options >= 2) sets.push_back("parallel.grad_reduce_in_bf16=true");
   if (e.memory_options >= 3)
     for (const char* s : {"optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
@@ -132,7 +135,7 @@ std::string SearchEntry::layout() const {
   if (modules) s += etp > 0 ? "+moe_act+layernorm" : "+layernorm";
   if (sequence_parallel) s += " SP";
   if (distributed_optimizer) s += " DO";
-  if (memory_options >= 1) s += " +R";
+  if (memory_options >= 1) s += fp8_params ? " +P8" : " +R";
   if (memory_options >= 2) s += "+G16";
   if (memory_options >= 3) s += "+M16";
   return s;
@@ -150,7 +153,6 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
   if (G <= 0) input_error("tptrain plan --search: training.global_batch_size is null (the search keeps the global batch: give it)");
   const double limit = options.usable_memory_fraction * options.device_memory_gib * kGiB;
   const int gpn = options.gpus_per_node;
-  const int max_level = max_memory_options(cfg);
   ScheduleCache cache;
   RankLayoutCache layouts;
   for (int tp : divisors(query_groups(m))) {
@@ -185,11 +187,16 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
             if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
             if (cp > 1 && m.seq_length % (2 * cp * (sp ? tp : 1)) != 0) continue;
             for (bool dist : {false, true}) {
-              if (dist && dp * cp == 1) continue;
+              // FP8 parameters need the distributed optimizer (with DP x CP 1 too: it casts their codes)
+              if (cfg.training.fp8_param_gather ? !dist : dist && dp * cp == 1) continue;
+              // level 1's exact option: FP8 parameters where they are allowed, else the remainders
+              const bool fp8_params = dist && fp8_param_gather_allowed(cfg);
+              const int max_level = max_memory_options(cfg, fp8_params);
               SearchEntry e;
               e.tp = tp, e.pp = pp, e.dp = dp, e.cp = cp, e.v = v, e.micro_batch_size = mbs, e.num_microbatches = M;
               e.ep = ep, e.etp = etp;
               e.schedule = schedule, e.sequence_parallel = sp, e.distributed_optimizer = dist;
+              e.fp8_params = fp8_params;
               e.recompute = Recompute::Selective;  // valid with every schedule; the memory holds all three modes
               Config c = apply(cfg, e);
               r.considered += (schedule == PipelineSchedule::ZeroBubbleH1 ? 2 : 3) + (search_modules ? 1 : 0);
@@ -201,7 +208,8 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               }
               // the stages' memory per memory-option level, without and with the recompute modules:
               // level 0 planned in full when a mode first needs it, the others (which change only the
-              // model state's bytes) from it
+              // model state's bytes) from it; FP8 parameters change the layout and the workspace too:
+              // their level 1 planned in full, the levels above it from it
               std::vector<std::vector<StageMemory>> stages_by_level[2];
               for (auto& v : stages_by_level) v.resize(size_t(max_level + 1));
               std::function<const std::vector<StageMemory>&(int, bool)> stages_at = [&](int level, bool mod)
@@ -212,10 +220,11 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
                   y.memory_options = level;
                   y.modules = mod;
                   const Config cl = apply(c, y);
-                  if (level == 0) {
+                  const int planned = e.fp8_params && level >= 1 ? 1 : 0;
+                  if (level == planned) {
                     for (int s = 0; s < pp; ++s) st.push_back(stage_memory(cl, s, true, &layouts));
                   } else {
-                    st = stages_at(0, mod);
+                    st = stages_at(planned, mod);
                     for (StageMemory& m : st) set_model_state_bytes(cl, m);
                   }
                 }
@@ -321,6 +330,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"sequence_parallel", e.sequence_parallel},
                        {"distributed_optimizer", e.distributed_optimizer},
                        {"memory_options", e.memory_options},
+                       {"fp8_param_gather", (e.fp8_params && e.memory_options >= 1) || r.base.training.fp8_param_gather},
                        {"stage_bytes", e.stage_bytes},
                        {"peak_bytes", e.peak_bytes},
                        {"bubble_fraction", e.time.bubble_s / e.time.pipeline_s},

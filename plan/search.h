@@ -26,19 +26,23 @@ struct SearchEntry {
   bool modules = false;
   bool sequence_parallel = false, distributed_optimizer = false;
   // The memory options the layout needs to fit, cheapest first (bf16 runs; none that the config
-  // already sets): 1 optimizer.store_param_remainders (exact, free); 2 also the bf16 gradient buffer
-  // (parallel.grad_reduce_in_bf16: rounded per micro-batch and reduction, costs accuracy; NeMo 24.09's
-  // choice with 1); 3 also the precision-aware optimizer's bf16 Adam moments (rounded each step).
-  // 0: as configured.
+  // already sets): 1 optimizer.store_param_remainders (exact, free), or with fp8_params FP8 parameters;
+  // 2 also the bf16 gradient buffer (parallel.grad_reduce_in_bf16: rounded per micro-batch and
+  // reduction, costs accuracy; NeMo 24.09's choice with 1); 3 also the precision-aware optimizer's
+  // bf16 Adam moments (rounded each step). 0: as configured.
   int memory_options = 0;
+  // level 1 is FP8 parameters (training.fp8_param_gather: the FP8 layers' weights as codes, no 16-bit
+  // copy; the same losses, NeMo's FP8 recipe) in place of the remainders, which they exclude: FP8
+  // runs with the distributed optimizer where fp8_param_gather_allowed
+  bool fp8_params = false;
   std::vector<int64_t> stage_bytes;  // total per rank of each stage
   int64_t peak_bytes = 0;
   StepTime time;
   std::vector<std::string> sets;     // the --set arguments that select it ("section.key=value")
   std::string layout() const;        // "TP4 PP6 DP8 v2 mbs1 1f1b selective SP DO"; MoE "TP2 EP8 ETP1 PP4 DP8 ...";
                                      // with the modules "selective+layernorm" (MoE "selective+moe_act+layernorm");
-                                     // memory options: " +R" (remainders), " +R+G16" (and bf16
-                                     // gradients), " +R+G16+M16" (and bf16 moments)
+                                     // memory options: " +R" (remainders; " +P8" FP8 parameters),
+                                     // " +R+G16" (and bf16 gradients), " +R+G16+M16" (and bf16 moments)
 };
 
 struct SearchResult {

@@ -159,23 +159,22 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
     add(change + " training.recompute=full", "", with_recompute(v, Recompute::Full), plan.world_size);
   // FP8 training: FP8 parameters in place of the FP8 layers' 16-bit weight copy
   // (the same losses; docs/FP8.md "FP8 parameters"), with the distributed optimizer they are cast from
-  const TrainingConfig& t = c.training;
-  const OptimizerConfig& opt = c.optimizer;
-  const bool fp16_states = opt.main_params_dtype == StateDType::FP16 || opt.exp_avg_dtype == StateDType::FP16 ||
-                           opt.exp_avg_sq_dtype == StateDType::FP16;
-  if (t.fp8_format != Fp8Format::None && !t.fp8_param_gather &&
-      !opt.store_param_remainders && !fp16_states) {
-    Config f = c;
+  const bool fp8_params = fp8_param_gather_allowed(c);
+  Config f = c;
+  std::string fp8_change;
+  if (fp8_params && !c.training.fp8_param_gather) {
     f.training.fp8_param_gather = true;
     f.parallel.distributed_optimizer = true;
-    add(std::string(par.distributed_optimizer ? "" : "parallel.distributed_optimizer=true ") + "training.fp8_param_gather=true",
-        "the FP8 layers' GEMM weights kept as FP8 codes only, no 16-bit copy: the same losses", f, plan.world_size);
+    fp8_change = std::string(par.distributed_optimizer ? "" : "parallel.distributed_optimizer=true ") +
+                 "training.fp8_param_gather=true";
+    add(fp8_change, "the FP8 layers' GEMM weights kept as FP8 codes only, no 16-bit copy: the same losses", f,
+        plan.world_size);
   }
   // bf16 runs: the optimizer's storage options (plan --search's memory levels), cheapest first, each
-  // with the ones before it
+  // with the ones before it; FP8 runs from FP8 parameters, which take the remainders' place
   if (c.training.precision == Precision::BF16) {
-    Config m = c;
-    std::string keys;
+    Config m = fp8_params ? f : c;
+    std::string keys = fp8_change;
     auto level = [&](bool needed, const std::string& key, const std::string& note, auto&& set) {
       if (!needed) return;
       set(m);
@@ -183,11 +182,12 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
       add(keys, note, m, plan.world_size);
     };
     const OptimizerConfig& o = c.optimizer;
-    level(!o.store_param_remainders, "optimizer.store_param_remainders=true",
+    level(!fp8_params && !o.store_param_remainders, "optimizer.store_param_remainders=true",
           "the fp32 master weights as the bf16 weights + 2-byte remainders: exact",
           [](Config& x) { x.optimizer.store_param_remainders = true; });
     level(!bf16_grads(c), "parallel.grad_reduce_in_bf16=true",
-          "and the bf16 gradient buffer (NeMo 24.09's pair): rounds the gradients to bf16",
+          fp8_params ? "and the bf16 gradient buffer: rounds the gradients to bf16"
+                     : "and the bf16 gradient buffer (NeMo 24.09's pair): rounds the gradients to bf16",
           [](Config& x) { x.parallel.grad_reduce_in_bf16 = true; });
     level(o.exp_avg_dtype != StateDType::BF16 || o.exp_avg_sq_dtype != StateDType::BF16,
           "optimizer.use_precision_aware_optimizer=true optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16",

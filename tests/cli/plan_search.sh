@@ -315,6 +315,83 @@ print(f"  the published one needs {by[name + ' +R+G16']['peak_bytes'] / 2**30:.2
 PY
   bad "Llama 405B search does not list the published layout as expected"
 
+# --- FP8 parameters as the memory level of FP8 runs with the distributed optimizer: NeMo's FP8 Llama 3 8B
+# (TP1 CP2 DP4 on 8 H100s) does not fit with a 16-bit copy of its weights; the search lists it with
+# training.fp8_param_gather (" +P8": exact, in the remainders' place, which it excludes; bf16 gradients
+# and moments above it); each kind of entry, selected with its --set lines, gets the search's time and
+# bytes from a plain plan; a config with FP8 parameters gets only distributed-optimizer layouts and no
+# remainders; one with the remainders keeps them --------------------------------------------------------
+L8=(--set model.num_layers=32 --set model.hidden_size=4096 --set model.num_attention_heads=32
+  --set model.group_query_attention=true --set model.num_query_groups=8 --set model.ffn_hidden_size=14336
+  --set model.vocab_size=128256 --set model.seq_length=8192 --set model.max_position_embeddings=8192
+  --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false
+  --set model.position_embedding_type=rope --set model.swiglu=true --set model.normalization=RMSNorm
+  --set training.global_batch_size=128 --set training.precision=bf16 --set training.fp8_format=hybrid
+  --set training.fp8_recipe=delayed)
+for v in plain pg rem; do
+  extra=()
+  [ $v = pg ] && extra=(--set training.fp8_param_gather=true --set parallel.distributed_optimizer=true)
+  [ $v = rem ] && extra=(--set optimizer.store_param_remainders=true)
+  "$TPTRAIN" plan --config "$GPT96" "${L8[@]}" "${extra[@]}" --search --gpus 8 --top 0 --json > "$W/l8_$v.json" \
+    2> "$W/l8_$v.err" || bad "FP8 Llama 3 8B search ($v): exit $? $(tail -2 "$W/l8_$v.err")"
+done
+$PYTHON - "$W" <<'PY' > "$W/l8_pick.txt" 2> "$W/l8_pick.err" && ok "FP8 Llama 3 8B on 8 GPUs: TP1 CP2 DP4 listed with +P8 only; FP8 parameters never with the remainders or without DO ($(head -1 "$W/l8_pick.txt"))" ||
+import json, sys
+w = sys.argv[1]
+load = lambda v: json.load(open(f"{w}/l8_{v}.json"))["layouts"]
+plain, pg, rem = load("plain"), load("pg"), load("rem")
+by = {l["layout"]: l for l in plain}
+name = "TP1 CP2 PP1 DP4 mbs1 1f1b none DO"
+assert name + " +P8" in by and name not in by and name + " +R" not in by, [n for n in by if n.startswith("TP1 CP2 PP1 DP4 mbs1")]
+for l in plain:
+    p8 = "training.fp8_param_gather=true" in l["set"]
+    assert p8 == (" +P8" in l["layout"]) == l["fp8_param_gather"], l["layout"]
+    assert not (p8 and ("optimizer.store_param_remainders=true" in l["set"] or not l["distributed_optimizer"])), l["layout"]
+    r = "optimizer.store_param_remainders=true" in l["set"]
+    assert (" +R" in l["layout"]) == r and (l["memory_options"] == 0 or r != l["distributed_optimizer"]), l["layout"]
+assert pg and all(l["distributed_optimizer"] and l["fp8_param_gather"] and not any("remainders" in s for s in l["set"]) for l in pg)
+assert rem and not any(" +P8" in l["layout"] or l["fp8_param_gather"] for l in rem)
+print(f"{by[name + ' +P8']['peak_bytes'] / 2**30:.2f} GiB")
+# one layout of each memory level with FP8 parameters, and one with the remainders, for the plain plans
+for level in (1, 2, 3):
+    for l in plain:
+        if l["memory_options"] == level and l["fp8_param_gather"]:
+            print(" ".join("--set " + s for s in l["set"]), l["time"]["step_time_s"], max(l["stage_bytes"]), sep="|")
+            break
+PY
+  bad "the FP8 Llama 3 8B searches: $(tail -3 "$W/l8_pick.err")"
+n=0
+while IFS='|' read -r sets step peak; do
+  n=$((n + 1))
+  # shellcheck disable=SC2086
+  "$TPTRAIN" plan --config "$GPT96" "${L8[@]}" --world-size 8 $sets --json > "$W/l8_p$n.json" 2>&1 &&
+    $PYTHON -c "
+import json, sys
+p = json.load(open('$W/l8_p$n.json'))
+sys.exit(0 if abs(p['step_time_s'] / $step - 1) < 1e-12 and max(s['total_bytes'] for s in p['stages']) == $peak else 1)" ||
+    bad "FP8 parameters entry $n: a plain plan differs from the search ($sets)"
+done < <(tail -n +2 "$W/l8_pick.txt")
+[ $n -eq 3 ] && ok "+P8, +P8+G16, +P8+G16+M16 entries: a plain plan of their --set lines gets their time and bytes" ||
+  bad "FP8 parameters: $n of the 3 levels found"
+
+# ... and a plain plan of NeMo's layout suggests the same ladder: FP8 parameters, then bf16 gradients,
+# then bf16 moments, no remainders
+"$TPTRAIN" plan --config "$GPT96" "${L8[@]}" --world-size 8 --set parallel.tensor_model_parallel_size=1 \
+  --set parallel.pipeline_model_parallel_size=1 --set parallel.virtual_pipeline_model_parallel_size=null \
+  --set parallel.sequence_parallel=false --set parallel.context_parallel_size=2 --set parallel.data_parallel_size=4 --set training.micro_batch_size=1 \
+  --set parallel.distributed_optimizer=true --json > "$W/l8_plain.json" 2>&1 &&
+  $PYTHON - "$W/l8_plain.json" <<'PY' && ok "FP8 Llama 3 8B's plain plan suggests FP8 parameters, then bf16 gradients, then bf16 moments" ||
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert not all(s["fits"] for s in j["stages"]), "fits without FP8 parameters"
+sug = [s for s in j["suggestions"] if "fp8_param_gather" in s["change"] or "remainders" in s["change"]]
+assert [s["change"].split()[:2] for s in sug] == [["training.fp8_param_gather=true"],
+    ["training.fp8_param_gather=true", "parallel.grad_reduce_in_bf16=true"],
+    ["training.fp8_param_gather=true", "parallel.grad_reduce_in_bf16=true"]], [s["change"] for s in sug]
+assert sug[0]["fits"] and [s["peak_bytes"] for s in sug] == sorted((s["peak_bytes"] for s in sug), reverse=True)
+PY
+  bad "the FP8 Llama 3 8B plain plan's suggestions: $(head -c 300 "$W/l8_plain.json")"
+
 "$TPTRAIN" plan --config "$GPT96" --search --gpus 7 > "$W/gpus7.txt" 2>&1
 if grep -q "no layout on 7 GPUs: .* 11 do not divide 7 GPUs and 1 leave a DP that does not divide the global batch of 1536" "$W/gpus7.txt"
 then ok "--gpus 7: the search says divisibility is the cause"; else bad "--gpus 7's message"; tail -2 "$W/gpus7.txt"; fi
