@@ -187,8 +187,10 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
             if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
             if (cp > 1 && m.seq_length % (2 * cp * (sp ? tp : 1)) != 0) continue;
             for (bool dist : {false, true}) {
-              // FP8 parameters need the distributed optimizer (with DP x CP 1 too: it casts their codes)
-              if (cfg.training.fp8_param_gather ? !dist : dist && dp * cp == 1) continue;
+              // the distributed optimizer where its states have replicas to shard over: DP x CP, or an
+              // MoE model's experts' EDP (TP x CP x DP / (ETP x EP)); FP8 parameters need it always
+              const bool replicas = dp * cp > 1 || (etp > 0 && tp * cp * dp / (etp * ep) > 1);
+              if (cfg.training.fp8_param_gather ? !dist : dist && !replicas) continue;
               // level 1's exact option: FP8 parameters where they are allowed, else the remainders
               const bool fp8_params = dist && fp8_param_gather_allowed(cfg);
               const int max_level = max_memory_options(cfg, fp8_params);

@@ -61,7 +61,7 @@ struct SearchResult {
 // groups with GQA) and the FFN within a node, PP dividing the layers, DP the rest, every micro-batch
 // size dividing the batch per DP rank (up to 16), virtual stages (interleaved 1F1B), zb-h1, recompute
 // none / selective / full (and selective with the layernorm and, for MoE, moe_act modules where the
-// config lists no module), sequence parallelism, the distributed optimizer (DP overlaps on); for a
+// config lists no module), sequence parallelism, the distributed optimizer (DP x CP > 1 or EDP > 1; DP overlaps on); for a
 // Mixture-of-Experts model EP dividing the experts and ETP 1 or TP, with ETP x EP dividing the stage's
 // TP x CP x DP ranks (Megatron's folding; resolve_parallel's rules decide which are valid). InputError
 // when the config has no global batch or nothing is a valid layout.

@@ -147,7 +147,8 @@ PY
 # GPUs: every EP that divides the experts with ETP x EP dividing TP x CP x DP (ETP 1, or TP: with TP > 1
 # both are listed), in the layout's name and its --set lines; the first
 # layout of each EP through plain `tptrain plan` gets the same step time and stage bytes, and so do
-# layouts with the recompute modules (moe_act, layernorm); with the
+# layouts with the recompute modules (moe_act, layernorm) and a DP 1 layout whose experts' replicas (EDP > 1)
+# take the distributed optimizer; with the
 # median peak as the usable memory the search keeps exactly the unlimited search's layouts under it ---
 MOE=$TPTRAIN_SRC/configs/moe-tiny.yaml
 "$TPTRAIN" plan --config "$MOE" --search --gpus 16 --json --top 0 > "$W/moe.json" 2> "$W/moe.err" || bad "MoE search exit $?"
@@ -191,6 +192,19 @@ for x in mods[:2]:
           abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12, "%s: plan disagrees" % x["layout"])
     plain = [y for y in L if y["layout"] == x["layout"].replace("selective+moe_act+layernorm", "selective")]
     check(not plain or plain[0]["peak_bytes"] > x["peak_bytes"], "%s: not below plain selective" % x["layout"])
+# the distributed optimizer where only the experts have replicas (on 2 GPUs: DP 1, EDP = TP x CP /
+# (ETP x EP) > 1): listed, planned as `tptrain plan` plans it, with less memory than without it
+L2 = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--search", "--gpus", "2", "--json", "--top", "0"],
+                               capture_output=True, text=True, check=True).stdout)["layouts"]
+edp = [x for x in L2 if x["dp"] * x["cp"] == 1 and x["tp"] * x["cp"] // (x["etp"] * x["ep"]) > 1 and x["distributed_optimizer"]]
+check(len(edp) > 0, "no DP 1 layout with the distributed optimizer over EDP > 1")
+for x in edp[:1]:
+    sets = [a for kv in x["set"] for a in ("--set", kv)]
+    p = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--world-size", "2", "--json"] + sets,
+                                  capture_output=True, text=True, check=True).stdout)
+    check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"], "%s: plan disagrees" % x["layout"])
+    without = [y for y in L2 if y["layout"] == x["layout"][:-len(" DO")]]
+    check(x["layout"].endswith(" DO") and (not without or without[0]["peak_bytes"] > x["peak_bytes"]), "%s: not below without DO" % x["layout"])
 limit = small["usable_memory_fraction"] * gib * 2**30
 want = sorted(x["layout"] for x in L if x["peak_bytes"] <= limit)
 got = sorted(x["layout"] for x in small["layouts"])
