@@ -48,7 +48,8 @@ Config apply(const Config& base, const SearchEntry& e) {
   c.training.recompute = e.recompute;
   if (e.modules) {
     c.training.recompute_modules.layernorm = true;
-    c.training.recompute_modules.moe_act = c.model.is_moe();
+    c.training.recompute_modules.moe_act = e.modules == 1 && c.model.is_moe();
+    c.training.recompute_modules.moe = e.modules == 2;
   }
   if (e.memory_options >= 1) (e.fp8_params ? c.training.fp8_param_gather : c.optimizer.store_param_remainders) = true;
   if (e.memory_options >= 2) c.parallel.grad_reduce_in_bf16 = true;
@@ -71,8 +72,16 @@ int max_memory_options(const Config& c, bool fp8_params) {
 }
 
 // the modules' --set argument (no spaces: the text report's --set lines go to a shell as they are)
+std::vector<std::string> module_names(const SearchEntry& e) {
+  if (e.modules == 2) return {"core_attn", "layernorm", "moe"};
+  if (e.modules == 1) return e.etp > 0 ? std::vector<std::string>{"core_attn", "moe_act", "layernorm"}
+                                       : std::vector<std::string>{"core_attn", "layernorm"};
+  return {};
+}
 std::string modules_argument(const SearchEntry& e) {
-  return std::string("training.recompute_modules=[core_attn,") + (e.etp > 0 ? "moe_act," : "") + "layernorm]";
+  std::string s = "training.recompute_modules=[";
+  for (const std::string& n : module_names(e)) s += (s.back() == '[' ? "" : ",") + n;
+  return s + "]";
 }
 
 std::vector<std::string> set_arguments(const SearchEntry& e) {
@@ -132,7 +141,8 @@ std::string SearchEntry::layout() const {
                   std::to_string(dp);
   if (v > 1) s += " v" + std::to_string(v);
   s += " mbs" + std::to_string(micro_batch_size) + " " + name_of(schedule) + " " + name_of(recompute);
-  if (modules) s += etp > 0 ? "+moe_act+layernorm" : "+layernorm";
+  for (const std::string& n : module_names(*this))
+    if (n != "core_attn") s += "+" + n;
   if (sequence_parallel) s += " SP";
   if (distributed_optimizer) s += " DO";
   if (memory_options >= 1) s += fp8_params ? " +P8" : " +R";
@@ -144,7 +154,8 @@ std::string SearchEntry::layout() const {
 SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus) {
   SearchResult r;
   const RecomputeModules& rm = cfg.training.recompute_modules;
-  const bool search_modules = !rm.layernorm && !rm.moe_act && !rm.moe;  // else the configured ones
+  // else the configured ones: the recipe's (1), and for an MoE model also layernorm + moe (2)
+  const int searched_modules = rm.layernorm || rm.moe_act || rm.moe ? 0 : cfg.model.is_moe() ? 2 : 1;
   r.base = cfg;
   r.options = options;
   r.gpus = gpus;
@@ -201,7 +212,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               e.fp8_params = fp8_params;
               e.recompute = Recompute::Selective;  // valid with every schedule; the memory holds all three modes
               Config c = apply(cfg, e);
-              r.considered += (schedule == PipelineSchedule::ZeroBubbleH1 ? 2 : 3) + (search_modules ? 1 : 0);
+              r.considered += (schedule == PipelineSchedule::ZeroBubbleH1 ? 2 : 3) + searched_modules;
               try {
                 resolve_parallel(c, gpus);
                 check_plannable(c);
@@ -212,9 +223,9 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               // level 0 planned in full when a mode first needs it, the others (which change only the
               // model state's bytes) from it; FP8 parameters change the layout and the workspace too:
               // their level 1 planned in full, the levels above it from it
-              std::vector<std::vector<StageMemory>> stages_by_level[2];
+              std::vector<std::vector<StageMemory>> stages_by_level[3];
               for (auto& v : stages_by_level) v.resize(size_t(max_level + 1));
-              std::function<const std::vector<StageMemory>&(int, bool)> stages_at = [&](int level, bool mod)
+              std::function<const std::vector<StageMemory>&(int, int)> stages_at = [&](int level, int mod)
                   -> const std::vector<StageMemory>& {
                 std::vector<StageMemory>& st = stages_by_level[mod][size_t(level)];
                 if (st.empty()) {
@@ -232,9 +243,9 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
                 }
                 return st;
               };
-              std::vector<std::pair<Recompute, bool>> modes = {
-                  {Recompute::None, false}, {Recompute::Selective, false}, {Recompute::Full, false}};
-              if (search_modules) modes.insert(modes.begin() + 2, {Recompute::Selective, true});
+              std::vector<std::pair<Recompute, int>> modes = {{Recompute::None, 0}, {Recompute::Selective, 0}};
+              for (int mod = 1; mod <= searched_modules; ++mod) modes.push_back({Recompute::Selective, mod});
+              modes.push_back({Recompute::Full, 0});
               for (const auto& [mode, mod] : modes) {
                 if (mode == Recompute::Full && schedule == PipelineSchedule::ZeroBubbleH1) continue;
                 ++r.valid;
@@ -326,9 +337,7 @@ nlohmann::json search_json(const SearchResult& r, int top) {
                        {"num_microbatches", e.num_microbatches},
                        {"pipeline_schedule", name_of(e.schedule)},
                        {"recompute", name_of(e.recompute)},
-                       {"recompute_modules", e.modules ? (e.etp > 0 ? std::vector<std::string>{"core_attn", "moe_act", "layernorm"}
-                                                                    : std::vector<std::string>{"core_attn", "layernorm"})
-                                                       : std::vector<std::string>{}},
+                       {"recompute_modules", module_names(e)},
                        {"sequence_parallel", e.sequence_parallel},
                        {"distributed_optimizer", e.distributed_optimizer},
                        {"memory_options", e.memory_options},

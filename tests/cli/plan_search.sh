@@ -147,7 +147,7 @@ PY
 # GPUs: every EP that divides the experts with ETP x EP dividing TP x CP x DP (ETP 1, or TP: with TP > 1
 # both are listed), in the layout's name and its --set lines; the first
 # layout of each EP through plain `tptrain plan` gets the same step time and stage bytes, and so do
-# layouts with the recompute modules (moe_act, layernorm) and a DP 1 layout whose experts' replicas (EDP > 1)
+# layouts with the recompute modules (moe_act and layernorm; layernorm and moe) and a DP 1 layout whose experts' replicas (EDP > 1)
 # take the distributed optimizer; with the
 # median peak as the usable memory the search keeps exactly the unlimited search's layouts under it ---
 MOE=$TPTRAIN_SRC/configs/moe-tiny.yaml
@@ -180,18 +180,21 @@ for ep in (1, 2, 4, 8):
     check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"], "EP %d: stage bytes differ from the plan's" % ep)
 # selective recompute with Megatron's recipe modules (the config lists none): listed, selected by its
 # --set lines, planned as `tptrain plan` plans them, and below the same layout's plain selective peak
-mods = [x for x in L if "selective+moe_act+layernorm" in x["layout"]]
-check(len(mods) > 0, "no selective+moe_act+layernorm layout")
-for x in mods[:2]:
-    check("training.recompute_modules=[core_attn,moe_act,layernorm]" in x["set"] and
-          x["recompute_modules"] == ["core_attn", "moe_act", "layernorm"], "modules' --set of %s" % x["layout"])
-    sets = [a for kv in x["set"] for a in ("--set", kv)]
-    p = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--world-size", "16", "--json"] + sets,
-                                  capture_output=True, text=True, check=True).stdout)
-    check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"] and
-          abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12, "%s: plan disagrees" % x["layout"])
-    plain = [y for y in L if y["layout"] == x["layout"].replace("selective+moe_act+layernorm", "selective")]
-    check(not plain or plain[0]["peak_bytes"] > x["peak_bytes"], "%s: not below plain selective" % x["layout"])
+# (layernorm and moe_act; and layernorm with moe: each MoE layer's MLP rerun before its backward)
+for name, modules in (("selective+moe_act+layernorm", ["core_attn", "moe_act", "layernorm"]),
+                      ("selective+layernorm+moe", ["core_attn", "layernorm", "moe"])):
+    mods = [x for x in L if name in x["layout"] and x["pp"] <= 2]  # 2 layers a stage or more: something to share
+    check(len(mods) > 0, "no %s layout" % name)
+    for x in mods[:2]:
+        check("training.recompute_modules=[%s]" % ",".join(modules) in x["set"] and
+              x["recompute_modules"] == modules, "modules' --set of %s" % x["layout"])
+        sets = [a for kv in x["set"] for a in ("--set", kv)]
+        p = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--world-size", "16", "--json"] + sets,
+                                      capture_output=True, text=True, check=True).stdout)
+        check([st["total_bytes"] for st in p["stages"]] == x["stage_bytes"] and
+              abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12, "%s: plan disagrees" % x["layout"])
+        plain = [y for y in L if y["layout"] == x["layout"].replace(name, "selective")]
+        check(not plain or plain[0]["peak_bytes"] > x["peak_bytes"], "%s: not below plain selective" % x["layout"])
 # the distributed optimizer where only the experts have replicas (on 2 GPUs: DP 1, EDP = TP x CP /
 # (ETP x EP) > 1): listed, planned as `tptrain plan` plans it, with less memory than without it
 L2 = json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--search", "--gpus", "2", "--json", "--top", "0"],
