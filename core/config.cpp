@@ -485,6 +485,13 @@ void validate(Config& c, const Ctx& ctx) {
     ctx.fail("training.recompute_modules", "model.num_moe_experts",
              std::string(t.recompute_modules.moe ? "moe reruns MoE layers" : "moe_act reruns MoE experts' activations") +
                  ": the model has none");
+  if (t.recompute_modules.mlp) {
+    bool dense = false;
+    for (int64_t l = 0; l < m.num_layers && !dense; ++l) dense = !m.is_moe_layer(l);
+    if (!dense)
+      ctx.fail("training.recompute_modules", "model.moe_layer_freq",
+               "mlp reruns the dense MLPs' fc1 and activation: every layer is an MoE layer (model.moe_layer_freq)");
+  }
   std::string length_key;
   const std::string length = run_length_error(c, t.global_batch_size ? t.global_batch_size : t.micro_batch_size, length_key);
   if (!length.empty()) ctx.fail(length_key, length);

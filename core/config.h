@@ -192,6 +192,7 @@ struct RecomputeModules {
   bool moe_act = false;
   bool layernorm = false;
   bool moe = false;
+  bool mlp = false;  // the dense MLPs' fc1 output and activation rerun in backward (Megatron's mlp)
   bool operator==(const RecomputeModules&) const = default;
 };
 

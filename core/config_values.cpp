@@ -227,9 +227,10 @@ std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
 }
 
 // training.recompute_modules: Megatron's module names as a list (or one name); core_attn must be
-// among them (tptrain's selective recompute is built around it), moe_act may be; the rest are refused.
+// among them (tptrain's selective recompute is built around it); moe_act, layernorm, moe and mlp may be;
+// shared_experts and mla_up_proj are refused.
 RecomputeModules parse_recompute_modules(const YAML::Node& v, const std::string& what) {
-  const std::string expected = "a list of modules: core_attn, and any of moe_act, layernorm, moe";
+  const std::string expected = "a list of modules: core_attn, and any of moe_act, layernorm, moe, mlp";
   if (!v.IsSequence() && !v.IsScalar()) input_error(what + ": expected " + expected + ", got " + describe(v));
   std::vector<std::string> names;
   if (v.IsScalar()) names.push_back(v.Scalar());
@@ -244,9 +245,10 @@ RecomputeModules parse_recompute_modules(const YAML::Node& v, const std::string&
     else if (n == "moe_act") r.moe_act = true;
     else if (n == "layernorm") r.layernorm = true;
     else if (n == "moe") r.moe = true;
-    else if (n == "mlp" || n == "shared_experts" || n == "mla_up_proj")
-      input_error(what + ": Megatron's module '" + n + "' is not built in tptrain (it reruns core_attn, moe_act, layernorm, moe)");
-    else input_error(what + ": unknown module '" + n + "' (allowed: core_attn | moe_act | layernorm | moe)");
+    else if (n == "mlp") r.mlp = true;
+    else if (n == "shared_experts" || n == "mla_up_proj")
+      input_error(what + ": Megatron's module '" + n + "' is not built in tptrain (it reruns core_attn, moe_act, layernorm, moe, mlp)");
+    else input_error(what + ": unknown module '" + n + "' (allowed: core_attn | moe_act | layernorm | moe | mlp)");
   }
   if (!core)
     input_error(what + ": must list core_attn: tptrain's selective recompute always reruns the attention core (" +
@@ -259,6 +261,7 @@ nlohmann::json recompute_modules_json(const RecomputeModules& r) {
   if (r.moe_act) a.push_back("moe_act");
   if (r.layernorm) a.push_back("layernorm");
   if (r.moe) a.push_back("moe");
+  if (r.mlp) a.push_back("mlp");
   return a;
 }
 

@@ -163,7 +163,8 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   };
   // ln1 / ln2 of the layer at hand: with the layernorm recompute module (keeps_norms), or where the
   // layer saves their FP8 codes instead (GPTDims::fp8_saved_inputs)
-  Buf shared_norm{};
+  Buf shared_norm{}, mlp_fc1{}, mlp_act{};  // and the mlp module's reruns (GPTDims::mlp_rerun)
+  Fp8SavedInput mlp_act_q{};
   auto layer_acts = [&](const LayerActs* shared_core, int64_t layer, Region* r) {  // layer_tensor_bytes
     const bool moe = layer >= 0 && d.moe.is_moe(layer);  // -1: full recompute's
     const GPTDims::Fp8Saved q = d.fp8_saved_inputs(layer, opt_.recompute);
@@ -183,10 +184,11 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
     else la.ln2 = shared_norm.p && !d.keeps_norms(opt_.recompute) ? shared_norm : buf(r, Nt * d.C);
     la.ln2_stats = norm_stats(Nt, r);
     if (!moe) {  // an MoE layer's MLP keeps its rows in moe_
-      la.fc1 = buf(r, N * d.fc1_width);
+      const bool keep = d.keeps_mlp(opt_.recompute, layer);  // else the mlp module's shared reruns
+      la.fc1 = keep ? buf(r, N * d.fc1_width) : mlp_fc1;
       // GELU: recomputed in backward (recompute_activation); SwiGLU's saved in FP8: only its codes kept
-      if (q.act) la.gelu = dact_, la.act_q = fp8_saved(r, N, d.Fl);
-      else la.gelu = d.mlp.swiglu ? buf(r, N * d.Fl) : dact_;
+      if (q.act) la.gelu = dact_, la.act_q = keep ? fp8_saved(r, N, d.Fl) : mlp_act_q;
+      else la.gelu = !d.mlp.swiglu ? dact_ : keep ? buf(r, N * d.Fl) : mlp_act;
     }
     la.x_out = buf(r, Nt * d.C);
     return la;
@@ -204,6 +206,9 @@ GPTStage::GPTStage(const GPTDims& d, const ParamLayout& layout, Ops& ops, Comm& 
   LayerActs shared_core{};
   if (opt_.recompute == Recompute::Selective) attention_core(shared_core, &sc);
   if (shares_norm_scratch(d, opt_.recompute)) shared_norm = buf(&sc, Nt * d.C);
+  if (const GPTDims::MlpRerun m = d.mlp_rerun(opt_.recompute); m.any)  // in shared_scratch_tensors' order
+    mlp_fc1 = buf(&sc, N * d.fc1_width), mlp_act = m.act16 ? buf(&sc, N * d.Fl) : Buf{},
+    mlp_act_q = m.act8 ? fp8_saved(&sc, N, d.Fl) : Fp8SavedInput{};
   if (opt_.recompute == Recompute::Full) recompute_acts_ = new LayerActs(layer_acts(nullptr, -1, &sc));
   if (const int64_t bytes = tp_gather_bytes(N * d.C, opt_.dtype, d.tp)) wire_ = TPWire{&ops_, Buf(sc.carve(bytes), opt_.dtype)};
   TPT_CHECK(sc.used == shared_bytes);
@@ -516,13 +521,6 @@ void block_forward(Ops& ops, const BlockParams<CBuf>& w, BlockActs& a, CBuf x_in
   ops.add(x_out, a.x_mid, y, s.Nt * s.C);
 }
 
-// Scores, softmax and the weighted sum of values: what selective recompute reruns in backward.
-void GPTStage::attention_core_forward(LayerActs& a) {
-  const GPTDims& d = d_;
-  if (ring_) ring_->forward(a.atty, a.lse, a.qkv);  // context parallelism: over the CP group's whole sequence
-  else ops_.attention_forward(a.atty, a.lse, a.qkv, B_, d.S, d.Hl, d.kv_heads, d.D);  // lse stays fp32
-}
-
 // dres: d block output on entry, d block input on exit (Nt, C).
 // With a stash (B of a split backward) each GEMM's backward computes only its input gradient
 // (Ops::linear_backward with no dw, dbias) and leaves its output gradient in the stash for
@@ -578,6 +576,7 @@ void GPTStage::block_backward(int64_t layer, LayerActs& a, CBuf x_in, Buf dres, 
     dln2 = moe_->backward(slot_, layer, moe_params(layer), moe_grads(layer), a.ln2, dres, moe_mappings(layer));
   } else {
     // MLP: fc2's input gradient through the activation's derivative (GELU's in the same GEMM)
+    if (!d.keeps_mlp(opt_.recompute, layer)) rerun_mlp(layer, a, w, norms);  // the mlp module
     const Buf dfc = stash16(kFc1) ? stash16(kFc1) : dfc_;
     RowGrad dy = row_grad(kFc2, gw.bias[kFc2]);  // (N, C), or (Nt, C)
     if (!split) s.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);  // fc2's weight gradient reads it
@@ -634,6 +633,7 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
   };
   // MLP (an MoE layer's finished in B)
   if (!d.moe.is_moe(layer)) {
+    if (!d.keeps_mlp(opt_.recompute, layer)) rerun_mlp(layer, a, w, false);  // the mlp module (again: B's is gone)
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
     weight_grad(kFc2, a.act_q ? CBuf{} : CBuf(a.gelu), d.Fl, d.C, a.act_q);
     if (norms) d.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);

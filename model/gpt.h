@@ -24,6 +24,7 @@ namespace tpt {
 
 template <class P>
 struct BlockParams;  // model/block.h
+struct BlockActs;
 
 class Comm;
 class RingAttention;
@@ -60,6 +61,19 @@ struct GPTDims {
   // are not kept but rerun from the kept inputs and statistics in backward (keeps_norms)
   bool recompute_norms = false;
   bool keeps_norms(Recompute r) const { return !(r == Recompute::Selective && recompute_norms); }
+  // training.recompute_modules lists mlp: with selective recompute a dense layer's fc1 output and
+  // activation (SwiGLU's, or its FP8 codes) are not kept but rerun in backward from ln2, into the stage's
+  // shared scratch (mlp_rerun); an MoE layer's MLP is not a dense one (keeps_mlp true)
+  bool recompute_mlp = false;
+  bool keeps_mlp(Recompute r, int64_t l) const {
+    return !(r == Recompute::Selective && recompute_mlp) || moe.is_moe(l);
+  }
+  // the shared tensors the stage's reruns write: fc1's output (any), the 16-bit activation (act16: a
+  // SwiGLU layer that keeps it in 16 bits) and the activation's FP8 codes (act8: fp8_saved_inputs' act)
+  struct MlpRerun {
+    bool any = false, act16 = false, act8 = false;
+  };
+  MlpRerun mlp_rerun(Recompute r) const;
   // FP8 training (model/fp8_linear.h): the FP8 layers [fp8_begin, fp8_end) (none: 0, 0), fp8_wgrad (FP8
   // weight gradients), fp8_blockwise (blockwise scaling). With FP8 weight gradients they keep the inputs
   // of their linear layers' weight gradients as the forward's FP8 codes (Fp8SavedInput, Transformer
@@ -357,7 +371,10 @@ class GPTStage {
   const char* output_weight() const { return d_.untied ? "lm_head.weight" : "wte.weight"; }
   // W of one layer (x_in: its input) from its stash (backward_weight)
   void block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, const LayerStash& stash);
-  void attention_core_forward(LayerActs& a);
+  void attention_core_forward(BlockActs& a);
+  // the mlp recompute module (GPTDims::keeps_mlp): a dense layer's fc1 output and activation (its FP8
+  // codes) again from ln2, which is rerun first unless ln2_ready (model/gpt_recompute.cpp)
+  void rerun_mlp(int64_t layer, BlockActs& a, const BlockParams<CBuf>& w, bool ln2_ready);
   // The TP mappings around the GEMMs, written once for both layouts of the LayerNorm / residual
   // regions (all N tokens, or with sequence parallelism this rank's Nt):
   // the input (N, C) of a column-parallel GEMM from this rank's LayerNorm output x (Nt, C): x itself,

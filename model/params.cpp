@@ -33,6 +33,18 @@ GPTDims::Fp8Saved GPTDims::fp8_saved_by_any(Recompute r) const {
   return any;
 }
 
+GPTDims::MlpRerun GPTDims::mlp_rerun(Recompute r) const {
+  MlpRerun m;
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
+    if (keeps_mlp(r, l)) continue;
+    const bool act8 = fp8_saved_inputs(l, r).act;
+    m.any = true;
+    m.act8 |= act8;
+    m.act16 |= mlp.swiglu && !act8;
+  }
+  return m;
+}
+
 bool fp8_saves_inputs(const Config& cfg) {
   return make_dims(cfg, cfg.parallel.tensor_model_parallel_size, 0, 1, 0).saves_fp8_inputs(cfg.training.recompute);
 }
@@ -78,6 +90,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
   d.qkv_bias = m.add_bias_linear || m.add_qkv_bias;
   d.qk_norm = m.qk_layernorm;
   d.recompute_norms = cfg.training.recompute_modules.layernorm;
+  d.recompute_mlp = cfg.training.recompute_modules.mlp;
   if (cfg.training.fp8_format != Fp8Format::None) {
     std::tie(d.fp8_begin, d.fp8_end) = cfg.training.fp8_layer_range(m.num_layers);
     d.fp8_wgrad = cfg.training.fp8_wgrad;

@@ -22,7 +22,7 @@ namespace {
 // (moe_layer_bytes) instead of fc1's output. q: the inputs an FP8 layer saves as FP8 codes and their
 // scales (GPTDims::fp8_saved_inputs) in place of the 16-bit tensors.
 std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bool with_core, bool moe = false,
-                                        bool norms = true, GPTDims::Fp8Saved q = {}) {
+                                        bool norms = true, GPTDims::Fp8Saved q = {}, bool mlp = true) {
   const int64_t N = B * d.S, Nt = d.local_tokens(N), qk = qk_norm_rows(d, N);
   std::vector<int64_t> v;
   auto stats = [&](int64_t rows) {  // NormStats: LayerNorm's mean and rstd, RMSNorm's rstd
@@ -45,7 +45,7 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
   if (q.ln2) saved(Nt, d.C);
   else if (norms) v.push_back(tb(Nt * d.C, t));  // ln2
   stats(Nt);
-  if (!moe) {
+  if (!moe && mlp) {  // (not with the mlp recompute module: the stage's shared mlp_rerun tensors)
     v.push_back(tb(N * d.fc1_width, t));
     if (q.act) saved(N, d.Fl);
     else if (d.mlp.swiglu) v.push_back(tb(N * d.Fl, t));
@@ -57,7 +57,8 @@ std::vector<int64_t> layer_tensor_bytes(const GPTDims& d, int64_t B, DType t, bo
 // The stage's shared scratch (StageOptions::shared_scratch), tensor by tensor in the constructor's
 // order: dln, tmp (N, C); dqkv; datt and its row statistics; dfc; dact; qkv_tmp (grouped-query
 // attention); qk_din (q/k norms); the attention core selective recompute rebuilds (and with the
-// layernorm module the norm output), or the layer full recompute rebuilds; the 16-bit TP sums' gather buffer.
+// layernorm module the norm output, with the mlp module fc1's output and the activation), or the layer
+// full recompute rebuilds; the 16-bit TP sums' gather buffer.
 std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompute r, DType t) {
   const int64_t N = B * d.S;
   std::vector<int64_t> v = {tb(N * d.C, t),         tb(N * d.C, t), tb(N * d.qkv_width, t), tb(N * d.Cl, t),
@@ -66,6 +67,11 @@ std::vector<int64_t> shared_scratch_tensors(const GPTDims& d, int64_t B, Recompu
   if (d.qk_norm) v.push_back(tb(N * d.Cl, t));
   if (r == Recompute::Selective) v.push_back(tb(N * d.Cl, t)), v.push_back(fb(B * d.Hl * d.S));
   if (shares_norm_scratch(d, r)) v.push_back(tb(d.local_tokens(N) * d.C, t));  // ln1 / ln2 of the layer at hand
+  if (const GPTDims::MlpRerun m = d.mlp_rerun(r); m.any) {  // the mlp module's reruns: fc1, the activation
+    v.push_back(tb(N * d.fc1_width, t));
+    if (m.act16) v.push_back(tb(N * d.Fl, t));
+    if (m.act8) v.push_back(fp8_saved_code_bytes(N, d.Fl)), v.push_back(fb(fp8_saved_scale_floats(d.fp8_blockwise, N, d.Fl)));
+  }
   if (r == Recompute::Full)
     for (int64_t b : layer_tensor_bytes(d, B, t, true)) v.push_back(b);
   v.push_back(tp_gather_bytes(N * d.C, t, d.tp));
@@ -84,7 +90,7 @@ std::vector<int64_t> slot_tensor_bytes(const GPTDims& d, int64_t B, Recompute r,
     if (r == Recompute::Full) v.push_back(tb(Nt * d.C, t));
     else
       for (int64_t b : layer_tensor_bytes(d, B, t, r == Recompute::None, d.moe.is_moe(l), d.keeps_norms(r),
-                                          d.fp8_saved_inputs(l, r)))
+                                          d.fp8_saved_inputs(l, r), d.keeps_mlp(r, l)))
         v.push_back(b);
   }
   if (d.last_stage()) {

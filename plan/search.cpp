@@ -49,7 +49,8 @@ Config apply(const Config& base, const SearchEntry& e) {
   if (e.modules) {
     c.training.recompute_modules.layernorm = true;
     c.training.recompute_modules.moe_act = e.modules == 1 && c.model.is_moe();
-    c.training.recompute_modules.moe = e.modules == 2;
+    c.training.recompute_modules.moe = e.modules == 2 && c.model.is_moe();
+    c.training.recompute_modules.mlp = e.modules == 2 && !c.model.is_moe();
   }
   if (e.memory_options >= 1) (e.fp8_params ? c.training.fp8_param_gather : c.optimizer.store_param_remainders) = true;
   if (e.memory_options >= 2) c.parallel.grad_reduce_in_bf16 = true;
@@ -73,7 +74,7 @@ int max_memory_options(const Config& c, bool fp8_params) {
 
 // the modules' --set argument (no spaces: the text report's --set lines go to a shell as they are)
 std::vector<std::string> module_names(const SearchEntry& e) {
-  if (e.modules == 2) return {"core_attn", "layernorm", "moe"};
+  if (e.modules == 2) return {"core_attn", "layernorm", e.etp > 0 ? "moe" : "mlp"};
   if (e.modules == 1) return e.etp > 0 ? std::vector<std::string>{"core_attn", "moe_act", "layernorm"}
                                        : std::vector<std::string>{"core_attn", "layernorm"};
   return {};
@@ -154,8 +155,8 @@ std::string SearchEntry::layout() const {
 SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int gpus) {
   SearchResult r;
   const RecomputeModules& rm = cfg.training.recompute_modules;
-  // else the configured ones: the recipe's (1), and for an MoE model also layernorm + moe (2)
-  const int searched_modules = rm.layernorm || rm.moe_act || rm.moe ? 0 : cfg.model.is_moe() ? 2 : 1;
+  // else the configured ones: the recipe's (1), and layernorm with mlp (dense) or moe (MoE) (2)
+  const int searched_modules = rm.layernorm || rm.moe_act || rm.moe || rm.mlp ? 0 : 2;
   r.base = cfg;
   r.options = options;
   r.gpus = gpus;

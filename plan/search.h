@@ -22,8 +22,9 @@ struct SearchEntry {
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   Recompute recompute = Recompute::None;
   // selective recompute with the modules Megatron's recipes add (training.recompute_modules), searched
-  // when the config lists none: 0 none; 1 layernorm, and for MoE moe_act; 2 (MoE) layernorm and moe
-  // (each MoE layer's MLP rerun before its backward: one set of kept rows for all layers)
+  // when the config lists none: 0 none; 1 layernorm, and for MoE moe_act; 2 layernorm and for a dense
+  // model mlp (fc1's output and the activation rerun in backward), for MoE moe (each MoE layer's MLP
+  // rerun before its backward: one set of kept rows for all layers)
   int modules = 0;
   bool sequence_parallel = false, distributed_optimizer = false;
   // The memory options the layout needs to fit, cheapest first (bf16 runs; none that the config
@@ -41,8 +42,8 @@ struct SearchEntry {
   StepTime time;
   std::vector<std::string> sets;     // the --set arguments that select it ("section.key=value")
   std::string layout() const;        // "TP4 PP6 DP8 v2 mbs1 1f1b selective SP DO"; MoE "TP2 EP8 ETP1 PP4 DP8 ...";
-                                     // with the modules "selective+layernorm" (MoE "selective+moe_act+layernorm",
-                                     // "selective+layernorm+moe");
+                                     // with the modules "selective+layernorm", "selective+layernorm+mlp" (MoE
+                                     // "selective+moe_act+layernorm", "selective+layernorm+moe");
                                      // memory options: " +R" (remainders; " +P8" FP8 parameters),
                                      // " +R+G16" (and bf16 gradients), " +R+G16+M16" (and bf16 moments)
 };
@@ -62,8 +63,8 @@ struct SearchResult {
 // Every layout of cfg's model on `gpus` GPUs at its global batch: TP dividing the heads (the key/value
 // groups with GQA) and the FFN within a node, PP dividing the layers, DP the rest, every micro-batch
 // size dividing the batch per DP rank (up to 16), virtual stages (interleaved 1F1B), zb-h1, recompute
-// none / selective / full (and selective with the layernorm and, for MoE, moe_act modules, and for MoE
-// with layernorm and moe, where the config lists no module), sequence parallelism, the distributed optimizer (DP x CP > 1 or EDP > 1; DP overlaps on); for a
+// none / selective / full (and selective with the layernorm and, for MoE, moe_act modules, and with
+// layernorm and mlp, for MoE moe, where the config lists no module), sequence parallelism, the distributed optimizer (DP x CP > 1 or EDP > 1; DP overlaps on); for a
 // Mixture-of-Experts model EP dividing the experts and ETP 1 or TP, with ETP x EP dividing the stage's
 // TP x CP x DP ranks (Megatron's folding; resolve_parallel's rules decide which are valid). InputError
 // when the config has no global batch or nothing is a valid layout.

@@ -443,6 +443,27 @@ class Model {
       const double route = memory_bound(cb_ * (3.0 * rows * C + 2.0 * Nt * C + act * rows * k.moe.ffn) + 4.0 * Nt * E * 3.0, 6);
       w.recompute += mlp_share * ((moe - m8) * mgf + m8 * m8f) + moe * (route + 2 * epc);
     }
+    if (rc == Recompute::Selective && c_.training.recompute_modules.mlp && k.linears.size() == 4) {
+      // the mlp module (GPTStage::rerun_mlp): each dense layer's fc1 and activation again (zb-h1: in B and
+      // again in W), ln2 first where an FP8 layer kept only its codes (the layernorm module's rerun is
+      // priced above), fc1's input gathered again under sequence parallelism (an FP8 layer gathering
+      // codes: fp8_gather_bytes an element); an FP8 layer's fc1 on FP8 operands after its input's cast,
+      // and where it saves the activation's codes fc2's forward too, whose cast writes them
+      const ChunkWork::Linear &fc1 = k.linears[2], &fc2 = k.linears[3];
+      const double runs = c_.parallel.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 ? 2.0 : 1.0;
+      const double act_pass = memory_bound(cb_ * act * N * k.ffn_local, 1);
+      const double gather16 = Nt < N ? collective(N * C * cb_, k.tp, 1, 1.0) : 0.0;
+      const double bf16_rerun = gemm(N, fc1.out, fc1.in) + act_pass + gather16;
+      double fp8_rerun = 0;
+      if (f8 > 0) {
+        fp8_rerun = gemm_fp8(N, fc1.out, fc1.in) + act_pass +
+                    (fc1.fp8_gathered ? collective(N * C * k.fp8_gather_bytes, k.tp, 1, 1.0) : gather16) +
+                    memory_bound((fc1.fp8_gathered ? Nt : N) * C * (fc1.fp8_saved ? cast.input_saved : cast.input), 1);
+        if (fc1.fp8_saved && !c_.training.recompute_modules.layernorm) fp8_rerun += memory_bound(cb_ * 2.0 * Nt * C, 1);
+        if (fc2.fp8_saved) fp8_rerun += gemm_fp8(N, fc2.out, fc2.in) + memory_bound(N * fc2.in * cast.input_saved, 1);
+      }
+      w.recompute += runs * ((dense - f8) * bf16_rerun + f8 * fp8_rerun);
+    }
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);

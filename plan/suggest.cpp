@@ -59,6 +59,14 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
           "and each MoE layer's MLP rerun before its backward (its dispatch too): one set of kept rows", v,
           plan.world_size);
     }
+    bool dense = false;  // the mlp module: a dense layer's fc1 output and activation rerun in backward
+    for (int64_t l = 0; l < c.model.num_layers && !dense; ++l) dense = !c.model.is_moe_layer(l);
+    if (dense && !(rc == Recompute::Selective && c.training.recompute_modules.mlp)) {
+      Config u = with_recompute(c, Recompute::Selective);
+      u.training.recompute_modules.layernorm = u.training.recompute_modules.mlp = true;
+      add("training.recompute=selective \"training.recompute_modules=[core_attn, layernorm, mlp]\"",
+          "and the dense MLPs' fc1 output and activation rerun in backward", u, plan.world_size);
+    }
   }
   // MoE with EP > 1: the dispatch buffers and the pool of kept rows at 1.1x the balanced load
   const ModelConfig& mc = c.model;

@@ -23,7 +23,8 @@
 # reference with precision.sh's bf16 bound (the reference computes in fp32 only), and not bitwise
 # equal to tptrain's fp32 run; model.qk_layernorm (Qwen3's q/k norms, kv_channels 16): (o) on the
 # Llama shape (RMSNorm), (p) on GPT-2 (LayerNorm), (q) the Llama shape on TP 2 x PP 2 with zb-h1 and
-# selective recompute (the norms' weight gradients summed over TP without sequence parallelism), (r) on
+# selective recompute (the norms' weight gradients summed over TP without sequence parallelism), and with the
+# layernorm and mlp recompute modules, (r) on
 # TP 2 with sequence parallelism and the distributed optimizer, (s) on TP 2 x CP 2 x PP 2 with full
 # recompute.
 set -u -o pipefail
@@ -175,6 +176,10 @@ NP=4 run_case q2_llama_qk_tp2_pp2_zb_selective_layernorm "${LLAMA[@]}" "${QK[@]}
 same_bits layernorm_recompute_bitwise q_llama_qk_tp2_pp2_zb_selective q2_llama_qk_tp2_pp2_zb_selective_layernorm
 NP=2 run_case q3_gpt2_tp2_sp_layernorm_recompute parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
   training.recompute=selective "training.recompute_modules=[core_attn, layernorm]"
+# the mlp recompute module (fc1's output and SwiGLU's rerun in backward from the rerun ln2, gathered over
+# TP again): the Llama shape on TP 2 with sequence parallelism (tests/cli/recompute_mlp.sh: bit for bit)
+NP=2 run_case q4_llama_tp2_sp_mlp_recompute "${LLAMA[@]}" parallel.tensor_model_parallel_size=2 \
+  parallel.sequence_parallel=true training.recompute=selective "training.recompute_modules=[core_attn, layernorm, mlp]"
 NP=2 run_case r_llama_qk_tp2_sp_distopt "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \
   parallel.sequence_parallel=true parallel.distributed_optimizer=true training.micro_batch_size=4
 NP=8 run_case s_llama_qk_tp2_cp2_pp2_full "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \

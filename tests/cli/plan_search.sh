@@ -44,6 +44,27 @@ PY
 ); then ok "first layout via --set: plan agrees ($out)"
 else bad "first layout via --set: ${out:-}"; cat "$W/first.err"; fi
 
+# --- a dense model's selective recompute with the layernorm and mlp modules (fc1's output and the
+# activation rerun in backward): listed, and a plain plan of its --set lines agrees, with less activation
+# memory and more recompute time than the same layout's plain selective --------------------------------
+if out=$($PYTHON - "$TPTRAIN" "$GPT96" "$W/s1.json" <<'PY'
+import json, subprocess, sys
+tptrain, cfg, s = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+by = {x["layout"]: x for x in s["layouts"]}
+mlp = [x for x in s["layouts"] if "selective+layernorm+mlp" in x["layout"] and x["layout"].replace("+layernorm+mlp", "") in by]
+assert mlp, "no selective+layernorm+mlp layout with a plain selective twin"
+x = mlp[0]
+assert "training.recompute_modules=[core_attn,layernorm,mlp]" in x["set"] and x["recompute_modules"] == ["core_attn", "layernorm", "mlp"]
+plan = lambda sets: json.loads(subprocess.run([tptrain, "plan", "--config", cfg, "--world-size", "192", "--json"] +
+                                              [a for kv in sets for a in ("--set", kv)], capture_output=True, text=True, check=True).stdout)
+p, q = plan(x["set"]), plan(by[x["layout"].replace("+layernorm+mlp", "")]["set"])
+assert [st["total_bytes"] for st in p["stages"]] == x["stage_bytes"] and abs(p["step_time_s"] / x["time"]["step_time_s"] - 1) < 1e-12
+assert p["stages"][0]["activation_bytes"] < q["stages"][0]["activation_bytes"] and p["time"]["recompute_s"] > q["time"]["recompute_s"]
+print("%s: activations %.2f -> %.2f GiB, recompute %.3f -> %.3f s" % (x["layout"], q["stages"][0]["activation_bytes"] / 2**30,
+      p["stages"][0]["activation_bytes"] / 2**30, q["time"]["recompute_s"], p["time"]["recompute_s"]))
+PY
+); then ok "the mlp module in the search ($out)"; else bad "the mlp module in the search: $out"; fi
+
 # --- configs/gpt96.yaml: the fastest TP 4 x PP 6 layout on 192 GPUs without memory options, and it fits 80 GiB
 "$TPTRAIN" plan --config "$GPT96" --json > "$W/gpt96.json" 2>&1
 if out=$($PYTHON - "$W/s1.json" "$W/gpt96.json" <<'PY'

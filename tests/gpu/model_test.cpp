@@ -158,15 +158,9 @@ TEST(GpuModel, LlamaBf16TrainingWithinTheMixedPrecisionTolerance) {
   }
 }
 
-// Selective recompute with the layernorm module (the norm outputs rerun from the kept inputs and
-// statistics in backward, with the plain norm kernel where the forward ran the fused residual one):
-// bf16 on the GPU within the mixed-precision tolerance of the CPU's, and within a few bf16 steps of
-// the GPU run that keeps the norm outputs.
-TEST(GpuModel, LlamaBf16LayernormRecomputeWithinTheMixedPrecisionTolerance) {
-  Config kept = tiny_llama_config();
-  kept.training.recompute = Recompute::Selective;
-  Config cfg = kept;
-  cfg.training.recompute_modules.layernorm = true;
+// A recompute module: cfg (kept with it) trained in bf16 on the GPU within the mixed-precision tolerance
+// of the CPU's, and within `tol` of the GPU run with `kept` (0: bit for bit).
+void expect_as_kept(const Config& kept, const Config& cfg, double tol, const char* what) {
   auto cpu = cpu_ops();
   auto gpu = gpu_ops();
   const Trained c16 = train(*cpu, *host, DType::BF16, 4, 2, cfg);
@@ -174,10 +168,33 @@ TEST(GpuModel, LlamaBf16LayernormRecomputeWithinTheMixedPrecisionTolerance) {
   const Trained g16_kept = train(*gpu, *dev, DType::BF16, 4, 2, kept);
   for (size_t k = 0; k < c16.losses.size(); ++k) {
     EXPECT_NEAR(g16.losses[k], c16.losses[k], 2e-2) << "step " << k + 1 << " vs CPU bf16";
-    EXPECT_NEAR(g16.losses[k], g16_kept.losses[k], 2e-3) << "step " << k + 1 << " vs the GPU keeping the norms";
-    std::printf("llama layernorm recompute step %zu: loss cpu bf16 %.6f gpu bf16 %.6f (kept: %.6f)\n", k + 1,
+    EXPECT_NEAR(g16.losses[k], g16_kept.losses[k], tol) << "step " << k + 1 << " vs the GPU run keeping them";
+    std::printf("llama %s recompute step %zu: loss cpu bf16 %.6f gpu bf16 %.6f (kept: %.6f)\n", what, k + 1,
                 c16.losses[k], g16.losses[k], g16_kept.losses[k]);
   }
+}
+
+// Selective recompute with the layernorm module (the norm outputs rerun from the kept inputs and
+// statistics in backward, with the plain norm kernel where the forward ran the fused residual one):
+// within a few bf16 steps of the GPU run that keeps the norm outputs.
+TEST(GpuModel, LlamaBf16LayernormRecomputeWithinTheMixedPrecisionTolerance) {
+  Config kept = tiny_llama_config();
+  kept.training.recompute = Recompute::Selective;
+  Config cfg = kept;
+  cfg.training.recompute_modules.layernorm = true;
+  expect_as_kept(kept, cfg, 2e-3, "layernorm");
+}
+
+// ... and with the mlp module too (fc1's output and SwiGLU's rerun in backward by the forward's own
+// calls): the GPU run that keeps them bit for bit (the same kernels on the same values; on the CPU
+// tests/cli/recompute_mlp.sh holds the same).
+TEST(GpuModel, LlamaBf16MlpRecomputeAsTheKeptRun) {
+  Config kept = tiny_llama_config();
+  kept.training.recompute = Recompute::Selective;
+  kept.training.recompute_modules.layernorm = true;
+  Config cfg = kept;
+  cfg.training.recompute_modules.mlp = true;
+  expect_as_kept(kept, cfg, 0.0, "mlp");
 }
 
 // The LLaMA shape of the FP8 tests: sequence 32, micro-batch 2 (64 rows: every GEMM a multiple of 16)
