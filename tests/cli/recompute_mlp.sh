@@ -6,8 +6,9 @@
 # the GPT (GELU, biases) and Llama (SwiGLU) shapes: 1 rank; TP 2 + SP (ln2 gathered again); PP 2 zb-h1 x CP 2
 # (W reruns the MLP a second time); PP 2 interleaved (pooled slots); with the layernorm module and FP8
 # tensorwise on TP 2 + SP (ln2's FP8 codes gathered in the GEMM, the activation's saved codes rewritten by
-# fc2's forward); FP8 delayed on PP 2 zb-h1 x TP 2 + SP; FP8 blockwise on TP 2 + SP (hidden 256); an MoE
-# model's dense layers (model.moe_layer_freq) on EP 2.
+# fc2's forward); FP8 delayed on PP 2 zb-h1 x TP 2 + SP; FP8 blockwise on TP 2 + SP (hidden 256); FP8
+# parameters (the rerun reads the weights' codes) on TP 2 + SP x DP 2; an MoE model's dense layers
+# (model.moe_layer_freq) on EP 2.
 set -u
 source "$TPTRAIN_SRC/tests/cli/lib.sh"
 source "$TPTRAIN_SRC/tests/cli/fp8_lib.sh"
@@ -55,6 +56,9 @@ pair llama_fp8_delayed_zb 4 "${LLAMA[@]}" "${TP2SP[@]}" --set parallel.pipeline_
 pair llama_fp8_blockwise 2 "${LLAMA[@]}" "${TP2SP[@]}" --set model.num_layers=2 --set model.hidden_size=256 \
   --set model.ffn_hidden_size=256 --set model.seq_length=256 --set training.micro_batch_size=1 \
   --set training.global_batch_size=4 --set training.fp8_format=hybrid --set training.fp8_recipe=blockwise
+pair llama_fp8_params 4 "${LLAMA[@]}" "${TP2SP[@]}" --set parallel.data_parallel_size=2 \
+  --set parallel.distributed_optimizer=true --set training.fp8_format=hybrid --set training.fp8_recipe=tensorwise \
+  --set training.fp8_param_gather=true
 pair moe_dense_layers 2 "${LLAMA[@]}" --set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=32 \
   --set model.moe_router_topk=2 "--set" "model.moe_layer_freq=[0,1,0,1]" --set parallel.expert_model_parallel_size=2 \
   --set training.fp8_format=hybrid --set training.fp8_recipe=tensorwise
