@@ -631,12 +631,12 @@ void GPTStage::block_backward_weight(int64_t layer, LayerActs& a, CBuf x_in, con
     linear_backward(ops_, fp8_for(layer, p), Buf{}, gw.weight[p], dbias, st.dy[p], inp, w.weight[p], N, I, O, false, {},
                     saved, fp8_gather(layer), nullptr, q);
   };
-  // MLP (an MoE layer's finished in B)
-  if (!d.moe.is_moe(layer)) {
-    if (!d.keeps_mlp(opt_.recompute, layer)) rerun_mlp(layer, a, w, false);  // the mlp module (again: B's is gone)
+  if (!d.moe.is_moe(layer)) {  // MLP (an MoE layer's finished in B)
+    const bool kept = d.keeps_mlp(opt_.recompute, layer);  // else the mlp module (again: B's is gone), ln2 first
+    if (!kept) rerun_mlp(layer, a, w, false);
     d.mlp.recompute_activation(ops_, a.gelu, a.fc1, N, d.Fl);
     weight_grad(kFc2, a.act_q ? CBuf{} : CBuf(a.gelu), d.Fl, d.C, a.act_q);
-    if (norms) d.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
+    if (norms && kept) d.norm.forward(ops_, a.ln2, a.ln2_stats, a.x_mid, w.weight[kLn2], w.bias[kLn2], Nt, d.C);
     // sequence parallel: gathered again, as in the full backward; FP8: or its saved codes
     weight_grad(kFc1, a.ln2_q ? CBuf{} : gather_tokens(a.ln2, tmp_), d.C, d.fc1_width, a.ln2_q);
   }

@@ -203,8 +203,10 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
               // MoE model's experts' EDP (TP x CP x DP / (ETP x EP)); FP8 parameters need it always
               const bool replicas = dp * cp > 1 || (etp > 0 && tp * cp * dp / (etp * ep) > 1);
               if (cfg.training.fp8_param_gather ? !dist : dist && !replicas) continue;
-              // level 1's exact option: FP8 parameters where they are allowed, else the remainders
-              const bool fp8_params = dist && fp8_param_gather_allowed(cfg);
+              // level 1's exact option: FP8 parameters where they are allowed and the dense weights have
+              // replicas (at DP x CP 1 the remainders, unsharded, save more), else the remainders
+              const bool fp8_params =
+                  dist && fp8_param_gather_allowed(cfg) && (dp * cp > 1 || cfg.training.fp8_param_gather);
               const int max_level = max_memory_options(cfg, fp8_params);
               SearchEntry e;
               e.tp = tp, e.pp = pp, e.dp = dp, e.cp = cp, e.v = v, e.micro_batch_size = mbs, e.num_microbatches = M;

@@ -35,7 +35,7 @@ struct SearchEntry {
   int memory_options = 0;
   // level 1 is FP8 parameters (training.fp8_param_gather: the FP8 layers' weights as codes, no 16-bit
   // copy; the same losses, NeMo's FP8 recipe) in place of the remainders, which they exclude: FP8
-  // runs with the distributed optimizer where fp8_param_gather_allowed
+  // runs with the distributed optimizer and DP x CP > 1 where fp8_param_gather_allowed
   bool fp8_params = false;
   std::vector<int64_t> stage_bytes;  // total per rank of each stage
   int64_t peak_bytes = 0;

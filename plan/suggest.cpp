@@ -43,19 +43,26 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
   const std::string already = "already configured";
   if (rc == Recompute::None)
     add("training.recompute=selective", "", with_recompute(c, Recompute::Selective), plan.world_size);
-  // selective recompute with every module that applies (Megatron's --recompute-modules)
+  // selective recompute with every module that applies (Megatron's --recompute-modules), each change
+  // named with the whole list it plans (the configured modules kept)
+  auto modules_change = [](const RecomputeModules& r) {
+    std::string s = "training.recompute=selective \"training.recompute_modules=[core_attn";
+    for (const auto& [on, name] : {std::pair<bool, const char*>{r.moe_act, "moe_act"}, {r.layernorm, "layernorm"},
+                                   {r.moe, "moe"}, {r.mlp, "mlp"}})
+      if (on) s += std::string(", ") + name;
+    return s + "]\"";
+  };
   if (rc != Recompute::Full) {
     Config v = with_recompute(c, Recompute::Selective);
     v.training.recompute_modules.layernorm = true;
     v.training.recompute_modules.moe_act = c.model.is_moe();
     if (!(rc == Recompute::Selective && v.training.recompute_modules == c.training.recompute_modules))
-      add(std::string("training.recompute=selective \"training.recompute_modules=[core_attn, ") +
-              (v.training.recompute_modules.moe_act ? "moe_act, " : "") + "layernorm]\"",
-          "the norm outputs (and the experts' activations) rerun in backward", v, plan.world_size);
+      add(modules_change(v.training.recompute_modules), "the norm outputs (and the experts' activations) rerun in backward",
+          v, plan.world_size);
     if (c.model.is_moe() && !(rc == Recompute::Selective && c.training.recompute_modules.moe)) {
       v.training.recompute_modules.moe_act = false;
       v.training.recompute_modules.moe = true;
-      add("training.recompute=selective \"training.recompute_modules=[core_attn, layernorm, moe]\"",
+      add(modules_change(v.training.recompute_modules),
           "and each MoE layer's MLP rerun before its backward (its dispatch too): one set of kept rows", v,
           plan.world_size);
     }
@@ -64,8 +71,8 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
     if (dense && !(rc == Recompute::Selective && c.training.recompute_modules.mlp)) {
       Config u = with_recompute(c, Recompute::Selective);
       u.training.recompute_modules.layernorm = u.training.recompute_modules.mlp = true;
-      add("training.recompute=selective \"training.recompute_modules=[core_attn, layernorm, mlp]\"",
-          "and the dense MLPs' fc1 output and activation rerun in backward", u, plan.world_size);
+      add(modules_change(u.training.recompute_modules), "and the dense MLPs' fc1 output and activation rerun in backward",
+          u, plan.world_size);
     }
   }
   // MoE with EP > 1: the dispatch buffers and the pool of kept rows at 1.1x the balanced load

@@ -4,7 +4,7 @@
 # backward from ln2 -- the same calls on the same values, so every loss and gradient norm equals the run
 # without the module bit for bit -- and the stage allocates less, as planned (plan = allocation). Pairs on
 # the GPT (GELU, biases) and Llama (SwiGLU) shapes: 1 rank; TP 2 + SP (ln2 gathered again); PP 2 zb-h1 x CP 2
-# (W reruns the MLP a second time); PP 2 interleaved (pooled slots); with the layernorm module and FP8
+# with the layernorm module (W reruns ln2 and the MLP a second time); PP 2 interleaved (pooled slots); with the layernorm module and FP8
 # tensorwise on TP 2 + SP (ln2's FP8 codes gathered in the GEMM, the activation's saved codes rewritten by
 # fc2's forward); FP8 delayed on PP 2 zb-h1 x TP 2 + SP; FP8 blockwise on TP 2 + SP (hidden 256); FP8
 # parameters (the rerun reads the weights' codes) on TP 2 + SP x DP 2; an MoE model's dense layers
@@ -45,7 +45,7 @@ PYEOF
 }
 pair gpt 1
 pair llama_tp2sp 2 "${LLAMA[@]}" "${TP2SP[@]}"
-pair llama_zb_cp 4 "${LLAMA[@]}" --set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=zb-h1 \
+BASE="core_attn, layernorm" pair llama_zb_cp 4 "${LLAMA[@]}" --set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=zb-h1 \
   --set parallel.context_parallel_size=2
 pair gpt_interleaved 2 --set parallel.pipeline_model_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=2
 BASE="core_attn, layernorm" pair llama_ln_fp8_tw 2 "${LLAMA[@]}" "${TP2SP[@]}" --set training.fp8_format=hybrid \
