@@ -224,7 +224,8 @@ void print_report(const Plan& p, const Config& c, const std::string& path) {
               schedule_that_runs(c.parallel).c_str(), name_of(c.training.precision).c_str(),
               (name_of(c.training.recompute) + (c.training.recompute_modules.moe_act ? " +moe_act" : "") +
                (c.training.recompute_modules.layernorm ? " +layernorm" : "") +
-               (c.training.recompute_modules.moe ? " +moe" : "") + (c.training.recompute_modules.mlp ? " +mlp" : "")).c_str());
+               (c.training.recompute_modules.moe ? " +moe" : "") + (c.training.recompute_modules.mlp ? " +mlp" : "") +
+               (c.training.recompute_modules.shared_experts ? " +shared_experts" : "")).c_str());
   const OptimizerConfig& opt = c.optimizer;
   const std::string masters = opt.store_param_remainders ? "master weights as the bf16 weights + 2-byte remainders"
                                                        : "master weights in fp32";

@@ -485,6 +485,10 @@ void validate(Config& c, const Ctx& ctx) {
     ctx.fail("training.recompute_modules", "model.num_moe_experts",
              std::string(t.recompute_modules.moe ? "moe reruns MoE layers" : "moe_act reruns MoE experts' activations") +
                  ": the model has none");
+  if (t.recompute_modules.shared_experts && m.moe_shared_expert_intermediate_size == 0)
+    ctx.fail("training.recompute_modules", "model.moe_shared_expert_intermediate_size",
+             "shared_experts reruns the MoE shared expert's fc1 and activation: the model has none "
+             "(model.moe_shared_expert_intermediate_size)");
   if (t.recompute_modules.mlp) {
     bool dense = false;
     for (int64_t l = 0; l < m.num_layers && !dense; ++l) dense = !m.is_moe_layer(l);

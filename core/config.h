@@ -193,6 +193,7 @@ struct RecomputeModules {
   bool layernorm = false;
   bool moe = false;
   bool mlp = false;  // the dense MLPs' fc1 output and activation rerun in backward (Megatron's mlp)
+  bool shared_experts = false;  // the MoE shared expert's fc1 output and activation rerun in backward
   bool operator==(const RecomputeModules&) const = default;
 };
 

@@ -227,10 +227,10 @@ std::optional<std::vector<double>> parse_split(const YAML::Node& v) {
 }
 
 // training.recompute_modules: Megatron's module names as a list (or one name); core_attn must be
-// among them (tptrain's selective recompute is built around it); moe_act, layernorm, moe and mlp may be;
-// shared_experts and mla_up_proj are refused.
+// among them (tptrain's selective recompute is built around it); moe_act, layernorm, moe, mlp and
+// shared_experts may be; mla_up_proj (no MLA here) is refused.
 RecomputeModules parse_recompute_modules(const YAML::Node& v, const std::string& what) {
-  const std::string expected = "a list of modules: core_attn, and any of moe_act, layernorm, moe, mlp";
+  const std::string expected = "a list of modules: core_attn, and any of moe_act, layernorm, moe, mlp, shared_experts";
   if (!v.IsSequence() && !v.IsScalar()) input_error(what + ": expected " + expected + ", got " + describe(v));
   std::vector<std::string> names;
   if (v.IsScalar()) names.push_back(v.Scalar());
@@ -246,9 +246,11 @@ RecomputeModules parse_recompute_modules(const YAML::Node& v, const std::string&
     else if (n == "layernorm") r.layernorm = true;
     else if (n == "moe") r.moe = true;
     else if (n == "mlp") r.mlp = true;
-    else if (n == "shared_experts" || n == "mla_up_proj")
-      input_error(what + ": Megatron's module '" + n + "' is not built in tptrain (it reruns core_attn, moe_act, layernorm, moe, mlp)");
-    else input_error(what + ": unknown module '" + n + "' (allowed: core_attn | moe_act | layernorm | moe | mlp)");
+    else if (n == "shared_experts") r.shared_experts = true;
+    else if (n == "mla_up_proj")
+      input_error(what + ": Megatron's module '" + n + "' is not built in tptrain (it has no multi-latent attention; it reruns "
+                  "core_attn, moe_act, layernorm, moe, mlp, shared_experts)");
+    else input_error(what + ": unknown module '" + n + "' (allowed: core_attn | moe_act | layernorm | moe | mlp | shared_experts)");
   }
   if (!core)
     input_error(what + ": must list core_attn: tptrain's selective recompute always reruns the attention core (" +
@@ -262,6 +264,7 @@ nlohmann::json recompute_modules_json(const RecomputeModules& r) {
   if (r.layernorm) a.push_back("layernorm");
   if (r.moe) a.push_back("moe");
   if (r.mlp) a.push_back("mlp");
+  if (r.shared_experts) a.push_back("shared_experts");
   return a;
 }
 

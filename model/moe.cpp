@@ -50,30 +50,6 @@ std::vector<int64_t> elems(int64_t C, std::vector<int64_t> rows) {
 // equal the allocations when each tensor's bytes are multiples of 256 (docs/PLAN.md)
 }  // namespace
 
-MoESendOrder moe_send_order(const Routing& r, int64_t E) {
-  const int64_t k = r.k;
-  MoESendOrder o;
-  o.per_expert.assign(size_t(E), 0);
-  std::vector<int64_t> start(size_t(E) + 1, 0);
-  for (int32_t e : r.expert)
-    if (e >= 0) o.per_expert[size_t(e)] += 1;
-  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] = start[size_t(e)] + o.per_expert[size_t(e)];
-  o.n_send = start[size_t(E)];
-  o.perm.assign(size_t(o.n_send), 0);
-  o.row_w.assign(size_t(o.n_send), 0.0f);
-  o.comb.assign(size_t(r.T * k), -1);
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t a = 0; a < r.T * k; ++a) {
-    const int32_t e = r.expert[size_t(a)];
-    if (e < 0) continue;
-    const int64_t row = next[size_t(e)]++;
-    o.perm[size_t(row)] = int32_t(a / k);
-    o.row_w[size_t(row)] = r.prob[size_t(a)];
-    o.comb[size_t(a)] = int32_t(row);
-  }
-  return o;
-}
-
 namespace {
 // local expert e's fc1 (second: fc2) in FP8, or null
 Fp8Linear* expert_fp8(const std::function<Fp8Linear*(int64_t)>& fp8, const MoEDims& m, int64_t e, bool fc2) {
@@ -163,12 +139,16 @@ MoEMLP::MoEMLP(const GPTDims& d, Ops& ops, DType t, int64_t Nt, int64_t B, int64
     grow_state(s, from);
     if (m.Fs) {
       const int64_t N = d.gemm_tokens(Nt);
-      s.sh_fc1 = take(N * m.shared_fc1_width, t);
-      s.sh_act = take(N * m.Fsl, t);
+      s.sh_fc1 = sh_fc1_.p ? sh_fc1_ : take(N * m.shared_fc1_width, t);
+      s.sh_act = sh_act_.p ? sh_act_ : take(N * m.Fsl, t);
       s.sh_y = take(Nt * C, t);
       if (m.shared_gate) s.gate = take(Nt, DType::F32).f32();
     }
   };
+  if (m.Fs && !moe_keeps_shared(m, recompute)) {  // the shared_experts module's one pair (moe_scratch_bytes)
+    sh_fc1_ = alloc(d.gemm_tokens(Nt) * m.shared_fc1_width, t);
+    sh_act_ = alloc(d.gemm_tokens(Nt) * m.Fsl, t);
+  }
   // allocation order: per slot and layer its kept rows (with full recompute one set, shared), then the scratch
   TPT_CHECK(slot_regions.empty() || (int(slot_regions.size()) == slots && !moe_shares_rows(m, recompute)));
   if (moe_shares_rows(m, recompute)) {
@@ -650,6 +630,11 @@ void MoEMLP::shared_backward(LayerState& s, const MoEParams<CBuf>& w, const MoEP
     ops_.linear_backward(dx_, g.gate, nullptr, gate_logit_, x, w.gate, T, C, 1, true);
     ops_.gather_rows(sh_dy_, dy, identity_, s.gate, T, C);
     dys = sh_dy_;
+  }
+  if (sh_fc1_.p) {  // the shared_experts module: fc1's output and the activation again, as shared_forward made them
+    const Fp8TokenGather* sp = shared_fp8(tp, false) ? tp.fp8_gather : nullptr;
+    d_.mlp.forward(ops_, s.sh_act, s.sh_fc1, sp ? x : tp.gather_tokens(x), w.shared_fc1, w.shared_fc1_bias, N, C, m.Fsl,
+                   shared_fp8(tp, false), {}, sp);
   }
   const auto [dout, dbias] = tp.row_parallel_output_grad(dys, g.shared_fc2_bias);  // (Nt, C) with dout_codes
   d_.mlp.backward(ops_, sh_dfc_, sh_dact_, g.shared_fc2, dbias, dout, s.sh_act, w.shared_fc2, s.sh_fc1, N, m.Fsl, C,

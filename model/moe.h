@@ -50,8 +50,9 @@ struct MoEDims {
   double kept_factor = 1.25;   // model.moe_kept_rows_factor (moe_pool_layer_bytes)
   // training.recompute_modules lists moe_act: with selective recompute the experts' activations are
   // not kept but rerun from their fc1 outputs in backward (moe_keeps_act); moe: the whole MoE MLP is
-  // rerun before its backward, as full recompute does (moe_shares_rows)
-  bool recompute_act = false, recompute_moe = false;
+  // rerun before its backward, as full recompute does (moe_shares_rows); shared_experts: the shared
+  // expert's fc1 output and activation are not kept but rerun in backward (moe_keeps_shared)
+  bool recompute_act = false, recompute_moe = false, recompute_shared = false;
   bool any() const { return E > 0; }
   bool is_moe(int64_t layer) const { return E > 0 && layers.at(size_t(layer)) != 0; }
 };
@@ -62,6 +63,9 @@ int64_t moe_rows_bound(const MoEDims& m, int64_t Nt);
 // Whether a layer keeps its experts' activations under recompute mode r (not with selective
 // recompute and moe_act, whose backward reruns them into one scratch buffer).
 bool moe_keeps_act(const MoEDims& m, Recompute r);
+// Whether a layer keeps its shared expert's fc1 output and activation (not with selective recompute and
+// shared_experts, whose backward reruns them into one scratch pair; the shared set of moe_shares_rows keeps them).
+bool moe_keeps_shared(const MoEDims& m, Recompute r);
 // Whether one set of kept rows serves every slot and layer (full recompute, or selective with the moe
 // module: each layer's MoE MLP is rerun right before its backward).
 bool moe_shares_rows(const MoEDims& m, Recompute r);
@@ -113,18 +117,6 @@ struct MoETPMappings {
   const Fp8TokenGather* fp8_gather = nullptr;
   bool dout_codes = false;
 };
-
-// The send order of one layer's routing (r.T tokens, k choices each): the assignments listed by
-// expert, token order within an expert (with EP 1 also the experts' row order), and the maps between
-// assignments and send rows. Dropped assignments (expert -1) have no row.
-struct MoESendOrder {
-  std::vector<int64_t> per_expert;  // (E) the rows of each expert
-  std::vector<int32_t> perm;        // (n_send) the token of each send row
-  std::vector<float> row_w;         // (n_send) the probability of each send row
-  std::vector<int32_t> comb;        // (T k) the send row of assignment (t, j), -1 where dropped
-  int64_t n_send = 0;
-};
-MoESendOrder moe_send_order(const Routing& r, int64_t E);
 
 // The routing probabilities applied in the experts (Megatron-core's weighted activation): p (R) each
 // row's probability on the device, wact (R, Fe) the weighted activations fc2 reads, ident (R) 0, 1, ...
@@ -263,6 +255,9 @@ class MoEMLP {
   void ep_reduce_scatter(Buf out, CBuf group_tokens);
   // the shared expert's scratch: d fc1 output, d activation (N), d output x gate, gate logits (Nt)
   Buf sh_dfc_, sh_dact_, sh_dy_, sh_part_, gate_logit_;
+  // the shared_experts module (moe_keeps_shared false): every layer's shared fc1 output and activation,
+  // rerun in backward
+  Buf sh_fc1_, sh_act_;
   float *gate_f32_ = nullptr;
   int32_t* identity_ = nullptr;  // (Nt) 0, 1, ...: the gate's per-token scaling through combine_rows
   void shared_forward(LayerState& s, const MoEParams<CBuf>& w, CBuf x, Buf y, const MoETPMappings& tp);

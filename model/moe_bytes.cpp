@@ -25,6 +25,10 @@ bool moe_keeps_act(const MoEDims& m, Recompute r) {
   return moe_shares_rows(m, r) || !(r == Recompute::Selective && m.recompute_act);
 }
 
+bool moe_keeps_shared(const MoEDims& m, Recompute r) {
+  return moe_shares_rows(m, r) || !(r == Recompute::Selective && m.recompute_shared);
+}
+
 bool moe_pools_rows(const MoEDims& m, Recompute r) { return m.ep > 1 && !moe_shares_rows(m, r); }
 
 std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, int64_t n) {
@@ -36,14 +40,17 @@ std::vector<int64_t> moe_rows_tensor_bytes(const GPTDims& d, DType t, bool act, 
 
 namespace {
 // one set of kept rows in MoEMLP's order: the experts' rows at the bound (not with pooled rows); the
-// shared expert's (the returned rows are not kept: the probabilities are applied in the experts)
-std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bool act, bool rows = true) {
+// shared expert's (fc1's output and the activation not with the shared_experts module; the returned rows
+// are not kept: the probabilities are applied in the experts)
+std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bool act, bool rows = true,
+                                       bool shared = true) {
   const MoEDims& m = d.moe;
   const int64_t cap = moe_rows_bound(m, Nt), N = d.gemm_tokens(Nt);
   std::vector<int64_t> v;
   if (rows) v = moe_rows_tensor_bytes(d, t, act, m.etp * cap);
   if (m.Fs) {  // the shared expert's fc1, act, y; gate
-    for (int64_t n : {N * m.shared_fc1_width, N * m.Fsl, Nt * d.C}) v.push_back(tb(n, t));
+    if (shared) v.push_back(tb(N * m.shared_fc1_width, t)), v.push_back(tb(N * m.Fsl, t));
+    v.push_back(tb(Nt * d.C, t));
     if (m.shared_gate) v.push_back(4 * Nt);
   }
   return v;
@@ -52,7 +59,7 @@ std::vector<int64_t> kept_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, bo
 
 std::vector<int64_t> moe_layer_tensor_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
   if (moe_shares_rows(d.moe, r)) return {};  // the layers' one set is scratch
-  return kept_tensor_bytes(d, Nt, t, moe_keeps_act(d.moe, r), !moe_pools_rows(d.moe, r));
+  return kept_tensor_bytes(d, Nt, t, moe_keeps_act(d.moe, r), !moe_pools_rows(d.moe, r), moe_keeps_shared(d.moe, r));
 }
 
 int64_t moe_pool_layer_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
@@ -98,6 +105,7 @@ int64_t moe_scratch_bytes(const GPTDims& d, int64_t Nt, DType t, Recompute r) {
     const int64_t N = d.gemm_tokens(Nt);
     n += tb(N * (m.shared_fc1_width + m.Fsl + C), t);
     if (m.shared_gate) n += tb(Nt * C + Nt, t) + 4 * 2 * Nt;
+    if (!moe_keeps_shared(m, r)) n += tb(N * (m.shared_fc1_width + m.Fsl), t);  // the shared_experts module's rerun
   }
   return n;
 }

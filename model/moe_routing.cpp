@@ -1,6 +1,6 @@
 // The router's host math (model/moe_routing.h), after Megatron's topk_routing_with_score_function,
 // apply_router_token_dropping, compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func
-// and z_loss_func (megatron/core/transformer/moe/moe_utils.py).
+// and z_loss_func (megatron/core/transformer/moe/moe_utils.py); the send order of a routing.
 #include "model/moe_routing.h"
 
 #include <algorithm>
@@ -335,6 +335,31 @@ void routing_backward(const Routing& r, const float* dprob, const RouterOptions&
   }
   if (!r.dlogits_aux.empty())
     for (int64_t i = 0; i < T * E; ++i) dlogits[i] += loss_scale * r.dlogits_aux[size_t(i)];
+}
+
+// The send order of a routing (model/moe.h): each expert's assignments in token order, experts in turn.
+MoESendOrder moe_send_order(const Routing& r, int64_t E) {
+  const int64_t k = r.k;
+  MoESendOrder o;
+  o.per_expert.assign(size_t(E), 0);
+  std::vector<int64_t> start(size_t(E) + 1, 0);
+  for (int32_t e : r.expert)
+    if (e >= 0) o.per_expert[size_t(e)] += 1;
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] = start[size_t(e)] + o.per_expert[size_t(e)];
+  o.n_send = start[size_t(E)];
+  o.perm.assign(size_t(o.n_send), 0);
+  o.row_w.assign(size_t(o.n_send), 0.0f);
+  o.comb.assign(size_t(r.T * k), -1);
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t a = 0; a < r.T * k; ++a) {
+    const int32_t e = r.expert[size_t(a)];
+    if (e < 0) continue;
+    const int64_t row = next[size_t(e)]++;
+    o.perm[size_t(row)] = int32_t(a / k);
+    o.row_w[size_t(row)] = r.prob[size_t(a)];
+    o.comb[size_t(a)] = int32_t(row);
+  }
+  return o;
 }
 
 }  // namespace tpt

@@ -71,4 +71,16 @@ void add_bias_counts(const Routing& r, const RouterOptions& o, std::vector<doubl
 // d logits (T, E) from d prob (T, k), plus loss_scale x the balancing losses' d logits.
 void routing_backward(const Routing& r, const float* dprob, const RouterOptions& o, float loss_scale, float* dlogits);
 
+// The send order of one layer's routing (r.T tokens, k choices each): the assignments listed by
+// expert, token order within an expert (with EP 1 also the experts' row order), and the maps between
+// assignments and send rows. Dropped assignments (expert -1) have no row.
+struct MoESendOrder {
+  std::vector<int64_t> per_expert;  // (E) the rows of each expert
+  std::vector<int32_t> perm;        // (n_send) the token of each send row
+  std::vector<float> row_w;         // (n_send) the probability of each send row
+  std::vector<int32_t> comb;        // (T k) the send row of assignment (t, j), -1 where dropped
+  int64_t n_send = 0;
+};
+MoESendOrder moe_send_order(const Routing& r, int64_t E);  // model/moe_routing.cpp
+
 }  // namespace tpt

@@ -123,6 +123,7 @@ GPTDims make_dims(const Config& cfg, int tp, int tp_rank, int pp, int pp_rank) {
     e.kept_factor = m.moe_kept_rows_factor;
     e.recompute_act = cfg.training.recompute_modules.moe_act;
     e.recompute_moe = cfg.training.recompute_modules.moe;
+    e.recompute_shared = cfg.training.recompute_modules.shared_experts;
     e.allgather = m.moe_token_dispatcher_type == MoEDispatcher::AllGather;
     d.moe_layer = make_moe_layer_spec(d);
   }

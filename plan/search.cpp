@@ -156,7 +156,7 @@ SearchResult search_layouts(const Config& cfg, const PlanOptions& options, int g
   SearchResult r;
   const RecomputeModules& rm = cfg.training.recompute_modules;
   // else the configured ones: the recipe's (1), and layernorm with mlp (dense) or moe (MoE) (2)
-  const int searched_modules = rm.layernorm || rm.moe_act || rm.moe || rm.mlp ? 0 : 2;
+  const int searched_modules = rm.layernorm || rm.moe_act || rm.moe || rm.mlp || rm.shared_experts ? 0 : 2;
   r.base = cfg;
   r.options = options;
   r.gpus = gpus;

@@ -83,6 +83,8 @@ ChunkWork chunk_work(const Config& c, const GPTDims& d) {
     w.moe.local = double(d.moe.El);
     w.moe.fc1_width = double(d.moe.fc1_width);
     w.moe.ffn = double(d.moe.Fe);
+    w.moe.shared_fc1_width = double(d.moe.shared_fc1_width);
+    w.moe.shared_ffn = double(d.moe.Fsl);
     w.moe.ep = d.moe.ep;
     w.moe.etp = d.moe.etp;
   }

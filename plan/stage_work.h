@@ -41,6 +41,7 @@ struct ChunkWork {
   struct Experts {
     std::vector<Linear> linears;
     double rows = 0, local = 0, fc1_width = 0, ffn = 0;
+    double shared_fc1_width = 0, shared_ffn = 0;  // the shared expert's fc1 output and activation widths (rank)
     int ep = 1, etp = 1;
   } moe;
   // per layer forward: scores and the weighted sum, their causal half (2 N S_all Hl D; with context

@@ -464,6 +464,21 @@ class Model {
       }
       w.recompute += runs * ((dense - f8) * bf16_rerun + f8 * fp8_rerun);
     }
+    const RecomputeModules& rm = c_.training.recompute_modules;
+    if (rc == Recompute::Selective && rm.shared_experts && !rm.moe && k.moe_layers > 0 && k.moe.shared_fc1_width > 0) {
+      // the shared_experts module (MoEMLP::shared_backward): each MoE layer's shared expert's fc1 and
+      // activation again, its input gathered again under sequence parallelism (an FP8 layer gathering
+      // codes as attn.qkv's input is gathered: fp8_gather_bytes an element), in an FP8 layer after its cast
+      const double sf1 = k.moe.shared_fc1_width, act_pass = memory_bound(cb_ * act * N * k.moe.shared_ffn, 1);
+      const double gather16 = Nt < N ? collective(N * C * cb_, k.tp, 1, 1.0) : 0.0;
+      const bool codes = !k.moe.linears.empty() && k.moe.linears[0].fp8_gathered;
+      const double bf16_rerun = gemm(N, sf1, C) + act_pass + gather16;
+      const double fp8_rerun = m8 > 0 ? gemm_fp8(N, sf1, C) + act_pass +
+                                            (codes ? collective(N * C * k.fp8_gather_bytes, k.tp, 1, 1.0) : gather16) +
+                                            memory_bound((codes ? Nt : N) * C * cast.input, 1)
+                                      : 0.0;
+      w.recompute += (moe - m8) * bf16_rerun + m8 * fp8_rerun;
+    }
     if (k.first) {  // embedding lookup (+ positions) and its vocabulary-parallel all-reduce
       w.elem_f += memory_bound(3 * N * C * cb_, 2);
       w.elem_b += memory_bound(N * C * 4 * 2, 2);

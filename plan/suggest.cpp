@@ -48,7 +48,7 @@ std::vector<PlanSuggestion> plan_suggestions(const Config& c, const Plan& plan) 
   auto modules_change = [](const RecomputeModules& r) {
     std::string s = "training.recompute=selective \"training.recompute_modules=[core_attn";
     for (const auto& [on, name] : {std::pair<bool, const char*>{r.moe_act, "moe_act"}, {r.layernorm, "layernorm"},
-                                   {r.moe, "moe"}, {r.mlp, "mlp"}})
+                                   {r.moe, "moe"}, {r.mlp, "mlp"}, {r.shared_experts, "shared_experts"}})
       if (on) s += std::string(", ") + name;
     return s + "]\"";
   };

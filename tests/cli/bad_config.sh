@@ -133,15 +133,17 @@ check moe_width_not_dividing_etp "model.moe_ffn_hidden_size: 33|parallel.expert_
   plan --config "$BASE" --world-size 2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true \
   --set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=33
 # training.recompute_modules: core_attn must be listed, Megatron's other modules are named as not built,
-# moe_act needs an MoE model, mlp a dense layer
+# moe_act needs an MoE model, mlp a dense layer, shared_experts a shared expert
 MOE4=(--set model.num_moe_experts=4 --set model.moe_ffn_hidden_size=32)
 check recompute_modules_without_core_attn "training.recompute_modules: must list core_attn" -- plan --config "$BASE" \
   "${MOE4[@]}" --set training.recompute=selective --set "training.recompute_modules=[moe_act]"
-check recompute_modules_shared_experts "training.recompute_modules: Megatron's module 'shared_experts' is not built" -- \
-  plan --config "$BASE" --set training.recompute=selective --set "training.recompute_modules=[core_attn, shared_experts]"
+check recompute_modules_mla "training.recompute_modules: Megatron's module 'mla_up_proj' is not built" -- \
+  plan --config "$BASE" --set training.recompute=selective --set "training.recompute_modules=[core_attn, mla_up_proj]"
+check recompute_modules_no_shared_expert "training.recompute_modules|model.moe_shared_expert_intermediate_size|has none" -- \
+  plan --config "$BASE" "${MOE4[@]}" --set training.recompute=selective --set "training.recompute_modules=[core_attn, shared_experts]"
 check recompute_modules_mlp_all_moe "training.recompute_modules|model.moe_layer_freq|every layer is an MoE layer" -- \
   plan --config "$BASE" "${MOE4[@]}" --set training.recompute=selective --set "training.recompute_modules=[core_attn, mlp]"
-check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act | layernorm | moe | mlp" -- plan --config "$BASE" \
+check recompute_modules_unknown "unknown module 'moe_ac'|core_attn | moe_act | layernorm | moe | mlp | shared_experts" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_ac]"
 check recompute_modules_dense "training.recompute_modules|the model has none" -- plan --config "$BASE" \
   --set training.recompute=selective --set "training.recompute_modules=[core_attn, moe_act]"

@@ -177,7 +177,7 @@ same_bits layernorm_recompute_bitwise q_llama_qk_tp2_pp2_zb_selective q2_llama_q
 NP=2 run_case q3_gpt2_tp2_sp_layernorm_recompute parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
   training.recompute=selective "training.recompute_modules=[core_attn, layernorm]"
 # the mlp recompute module (fc1's output and SwiGLU's rerun in backward from the rerun ln2, gathered over
-# TP again): the Llama shape on TP 2 with sequence parallelism (tests/cli/recompute_mlp.sh: bit for bit)
+# TP again): the Llama shape on TP 2 with sequence parallelism (tests/cli/recompute_modules.sh: bit for bit)
 NP=2 run_case q4_llama_tp2_sp_mlp_recompute "${LLAMA[@]}" parallel.tensor_model_parallel_size=2 \
   parallel.sequence_parallel=true training.recompute=selective "training.recompute_modules=[core_attn, layernorm, mlp]"
 NP=2 run_case r_llama_qk_tp2_sp_distopt "${LLAMA[@]}" "${QK[@]}" parallel.tensor_model_parallel_size=2 \

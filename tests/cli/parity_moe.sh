@@ -202,6 +202,11 @@ NP=2 run_case u4_ep2_full_bound_1 "${AUX[@]}" "${Z[@]}" training.recompute=full 
   model.moe_dispatch_bound_factor=1
 NP=4 run_case v_tp2_sp_shared_gate "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
   parallel.expert_tensor_parallel_size=1 model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true
+# ... with the shared_experts recompute module (the shared expert's fc1 output and activation rerun in
+# backward; tests/cli/recompute_modules.sh: bit for bit without it)
+NP=4 run_case v3_tp2_sp_shared_gate_recompute "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \
+  parallel.expert_tensor_parallel_size=1 model.moe_shared_expert_intermediate_size=48 model.moe_shared_expert_gate=true \
+  training.recompute=selective "training.recompute_modules=[core_attn, shared_experts]"
 # the distributed optimizer where DP x CP is 1 but the experts have EDP = 2 replicas (TP 2, ETP 1):
 # the expert weights sharded over EDP, the dense ones whole
 NP=2 run_case v2_tp2_sp_edp2_distopt "${AUX[@]}" parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true \

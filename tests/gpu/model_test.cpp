@@ -187,7 +187,7 @@ TEST(GpuModel, LlamaBf16LayernormRecomputeWithinTheMixedPrecisionTolerance) {
 
 // ... and with the mlp module too (fc1's output and SwiGLU's rerun in backward by the forward's own
 // calls): the GPU run that keeps them bit for bit (the same kernels on the same values; on the CPU
-// tests/cli/recompute_mlp.sh holds the same).
+// tests/cli/recompute_modules.sh holds the same).
 TEST(GpuModel, LlamaBf16MlpRecomputeAsTheKeptRun) {
   Config kept = tiny_llama_config();
   kept.training.recompute = Recompute::Selective;

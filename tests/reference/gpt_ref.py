@@ -224,8 +224,8 @@ def _convert(where, kind, nullable, value):
         return moe_ref.convert_layer_freq(where, value, RefError)
     if kind == "modules":
         names = [value] if isinstance(value, str) else value
-        if not isinstance(names, list) or not all(n in ("core_attn", "moe_act", "layernorm", "moe", "mlp") for n in names):
-            raise RefError(f"config key {where}: expected a list of core_attn | moe_act | layernorm | moe | mlp, got {value!r}")
+        if not isinstance(names, list) or not all(n in ("core_attn", "moe_act", "layernorm", "moe", "mlp", "shared_experts") for n in names):
+            raise RefError(f"config key {where}: expected a list of core_attn | moe_act | layernorm | moe | mlp | shared_experts, got {value!r}")
         return names
     raise AssertionError(kind)
 
